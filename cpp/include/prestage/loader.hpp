@@ -1,0 +1,53 @@
+// Loader: the three-stage pipeline (plan -> stage -> decode) behind one object.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <optional>
+
+#include "prestage/batch.hpp"
+#include "prestage/catalog.hpp"
+#include "prestage/options.hpp"
+#include "prestage/stats.hpp"
+
+namespace prestage {
+
+class Loader {
+ public:
+  // Validates the options (ConfigError) and allocates the batch ring; threads start with the first
+  // start_epoch(), in the calling process.
+  Loader(Catalog catalog, LoaderOptions options);
+  ~Loader();  // stops and joins every thread
+  Loader(const Loader&) = delete;
+  Loader& operator=(const Loader&) = delete;
+
+  const Catalog& catalog() const noexcept;
+  const LoaderOptions& options() const noexcept;
+  uint64_t batches_per_epoch() const noexcept;
+
+  // Positions the loader at batch `first_batch` of `epoch` (resume). The pipeline runs on across epoch
+  // boundaries (the plan of epoch e + 1 is known), so starting epoch e + 1 right after epoch e ends
+  // loses nothing that was staged or decoded ahead; any other position restarts the pipeline.
+  void start_epoch(uint64_t epoch, uint64_t first_batch = 0);
+
+  // The next batch of the current epoch, or nullopt at its end. Blocks until it is ready. If the batch
+  // holds a sample that failed, throws that sample's error (IoError or DecodeError naming its path);
+  // the loader stays usable and next() goes on with the following batch.
+  std::optional<Batch> next();
+
+  enum class Wait { kBatch, kEndOfEpoch, kTimeout };
+  // As next(), but waits at most `timeout`; sets `out` only for kBatch.
+  Wait next_for(std::chrono::milliseconds timeout, std::optional<Batch>& out);
+
+  Stats stats() const;
+
+  // Stops the pipeline and joins its threads. Idempotent; batches already lent stay valid.
+  void close();
+
+ private:
+  class Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace prestage

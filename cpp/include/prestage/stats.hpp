@@ -1,0 +1,42 @@
+// Stats: always-on counters per stage, cheap enough to keep in production runs.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace prestage {
+
+struct StageStats {
+  double busy_s = 0;   // summed over the stage's threads
+  double idle_s = 0;   // threads x wall time - busy
+  uint64_t items = 0;  // samples dealt with
+  uint64_t bytes = 0;  // bytes read (stage 3) or copied (stage 2)
+};
+
+struct Stats {
+  double wall_s = 0;  // since the loader started its current run of epochs
+  uint64_t batches = 0;
+  uint64_t samples = 0;
+  double consumer_stall_s = 0;  // time the consumer waited in next(): the number that matters
+
+  StageStats plan;
+  StageStats stage;
+  StageStats decode;
+
+  // Stage 2.
+  uint64_t staged_files = 0;     // files copied to the stage directory in this run
+  uint64_t already_staged = 0;   // found staged (this run or an earlier one): not copied again
+  uint64_t stage_failures = 0;   // samples stage 2 gave up on (source or stage directory errors)
+  bool stage_dir_disabled = false;  // the stage directory failed; reads go to the source
+  std::string stage_dir_error;
+
+  // Stage 3: where the bytes came from.
+  uint64_t hits = 0;    // read from the stage directory
+  uint64_t misses = 0;  // read from the source (not staged in time, or no stage directory)
+  uint64_t bytes_from_source = 0;
+  uint64_t bytes_from_stage = 0;
+
+  bool pinned = false;  // batch buffers are page-locked
+};
+
+}  // namespace prestage

@@ -1,0 +1,344 @@
+#include "prestage/catalog.hpp"
+
+#include <algorithm>
+#include <bit>
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <system_error>
+#include <utility>
+
+#include "prestage/error.hpp"
+
+namespace prestage {
+
+namespace fs = std::filesystem;
+
+struct Catalog::Data {
+  fs::path root;
+  std::string blob;               // all relative paths, back to back
+  std::vector<uint64_t> offsets;  // size() + 1 offsets into blob
+  std::vector<int64_t> labels;
+  std::vector<std::string> classes;
+  uint64_t fingerprint = 0;
+};
+
+namespace {
+
+static_assert(std::endian::native == std::endian::little, "the catalog file format is little-endian");
+
+constexpr char kMagic[8] = {'P', 'S', 'T', 'G', 'C', 'A', 'T', '\0'};
+constexpr uint32_t kFormatVersion = 1;
+
+uint64_t fnv1a(std::string_view bytes, uint64_t hash = 0xcbf29ce484222325ULL) {
+  for (unsigned char c : bytes) {
+    hash ^= c;
+    hash *= 0x100000001b3ULL;
+  }
+  return hash;
+}
+
+// A relative path that stays under its root: not absolute, no "..", no empty or NUL-holding name.
+void check_relative(std::string_view path) {
+  auto refuse = [&](const char* why) {
+    throw ConfigError("catalog path '" + std::string(path) + "' " + why);
+  };
+  if (path.empty()) refuse("is empty");
+  if (path.front() == '/') refuse("is absolute; paths must be relative to the root");
+  if (path.find('\0') != std::string_view::npos) refuse("holds a NUL byte");
+  size_t start = 0;
+  while (start <= path.size()) {
+    size_t end = path.find('/', start);
+    if (end == std::string_view::npos) end = path.size();
+    std::string_view part = path.substr(start, end - start);
+    if (part == "..") refuse("escapes the root ('..')");
+    start = end + 1;
+  }
+  if (path.back() == '/') refuse("names a directory");
+}
+
+std::shared_ptr<Catalog::Data> make_data(const fs::path& root, const std::vector<std::string>& paths,
+                                         const std::vector<int64_t>& labels,
+                                         const std::vector<std::string>& classes) {
+  if (!labels.empty() && labels.size() != paths.size()) {
+    throw ConfigError("catalog: " + std::to_string(labels.size()) + " labels for " +
+                      std::to_string(paths.size()) + " paths");
+  }
+  auto data = std::make_shared<Catalog::Data>();
+  data->root = root;
+  data->classes = classes;
+  size_t total = 0;
+  for (const auto& p : paths) total += p.size();
+  data->blob.reserve(total);
+  data->offsets.reserve(paths.size() + 1);
+  data->offsets.push_back(0);
+  uint64_t hash = fnv1a(root.string());
+  for (const auto& p : paths) {
+    check_relative(p);
+    data->blob += p;
+    data->offsets.push_back(data->blob.size());
+    hash = fnv1a(std::string_view("\n", 1), fnv1a(p, hash));
+  }
+  data->fingerprint = hash;
+  data->labels = labels.empty() ? std::vector<int64_t>(paths.size(), -1) : labels;
+  return data;
+}
+
+bool has_extension(const fs::path& file, const std::vector<std::string>& extensions) {
+  if (extensions.empty()) return true;
+  std::string ext = file.extension().string();
+  std::transform(ext.begin(), ext.end(), ext.begin(), [](unsigned char c) { return std::tolower(c); });
+  for (const auto& want : extensions) {
+    std::string w = want;
+    std::transform(w.begin(), w.end(), w.begin(), [](unsigned char c) { return std::tolower(c); });
+    if (ext == w) return true;
+  }
+  return false;
+}
+
+[[noreturn]] void throw_fs_error(const fs::path& path, const std::error_code& ec, const char* what) {
+  throw IoError(path.string(), ec.value(), std::string(what) + " '" + path.string() + "': " + ec.message());
+}
+
+// Binary writer/reader for the catalog file.
+class Writer {
+ public:
+  explicit Writer(std::string& out) : out_(out) {}
+  template <typename T>
+  void pod(const T& v) {
+    out_.append(reinterpret_cast<const char*>(&v), sizeof(T));
+  }
+  void bytes(std::string_view s) {
+    pod<uint64_t>(s.size());
+    out_.append(s);
+  }
+  template <typename T>
+  void array(const std::vector<T>& v) {
+    pod<uint64_t>(v.size());
+    out_.append(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(T));
+  }
+
+ private:
+  std::string& out_;
+};
+
+class Reader {
+ public:
+  Reader(std::string_view in, std::string path) : in_(in), path_(std::move(path)) {}
+  template <typename T>
+  T pod() {
+    need(sizeof(T));
+    T v;
+    std::memcpy(&v, in_.data() + pos_, sizeof(T));
+    pos_ += sizeof(T);
+    return v;
+  }
+  std::string bytes() {
+    const uint64_t n = pod<uint64_t>();
+    need(n);
+    std::string s(in_.substr(pos_, n));
+    pos_ += n;
+    return s;
+  }
+  template <typename T>
+  std::vector<T> array() {
+    const uint64_t n = pod<uint64_t>();
+    if (n > (in_.size() - pos_) / sizeof(T)) fail("array length exceeds the file");
+    std::vector<T> v(n);
+    std::memcpy(v.data(), in_.data() + pos_, n * sizeof(T));
+    pos_ += n * sizeof(T);
+    return v;
+  }
+  size_t remaining() const { return in_.size() - pos_; }
+  [[noreturn]] void fail(const std::string& why) const {
+    throw DecodeError(path_, "not a valid catalog file: " + why);
+  }
+
+ private:
+  void need(uint64_t n) const {
+    if (n > in_.size() - pos_) fail("truncated");
+  }
+  std::string_view in_;
+  std::string path_;
+  size_t pos_ = 0;
+};
+
+}  // namespace
+
+Catalog::Catalog(std::shared_ptr<const Data> data) : data_(std::move(data)) {}
+
+Catalog Catalog::from_paths(const fs::path& root, const std::vector<std::string>& paths,
+                            const std::vector<int64_t>& labels, const std::vector<std::string>& classes) {
+  return Catalog(make_data(root, paths, labels, classes));
+}
+
+Catalog Catalog::from_folder(const fs::path& root, const std::vector<std::string>& extensions) {
+  std::error_code ec;
+  if (!fs::is_directory(root, ec)) {
+    throw IoError(root.string(), ec ? ec.value() : ENOTDIR,
+                  "data set root '" + root.string() + "' is not a directory");
+  }
+  std::vector<std::string> classes;
+  for (fs::directory_iterator it(root, ec), end; !ec && it != end; it.increment(ec)) {
+    if (it->is_directory(ec)) classes.push_back(it->path().filename().string());
+  }
+  if (ec) throw_fs_error(root, ec, "cannot list");
+  if (classes.empty()) {
+    throw ConfigError("no class folders under '" + root.string() +
+                      "': expected one sub-folder per class, as torchvision's ImageFolder");
+  }
+  std::sort(classes.begin(), classes.end());
+
+  std::vector<std::string> paths;
+  std::vector<int64_t> labels;
+  for (size_t label = 0; label < classes.size(); ++label) {
+    // Sorted by (folder, file name), the order of torchvision's sorted(os.walk(...)).
+    std::vector<std::pair<std::string, std::string>> files;
+    const fs::path class_dir = root / classes[label];
+    auto options = fs::directory_options::follow_directory_symlink;
+    for (fs::recursive_directory_iterator it(class_dir, options, ec), end; !ec && it != end;
+         it.increment(ec)) {
+      if (!it->is_regular_file(ec) || !has_extension(it->path(), extensions)) continue;
+      const fs::path rel = it->path().lexically_relative(root);
+      files.emplace_back(rel.parent_path().string(), rel.filename().string());
+    }
+    if (ec) throw_fs_error(class_dir, ec, "cannot list");
+    std::sort(files.begin(), files.end());
+    for (auto& [dir, name] : files) {
+      paths.push_back(dir + "/" + name);
+      labels.push_back(static_cast<int64_t>(label));
+    }
+  }
+  return Catalog(make_data(root, paths, labels, classes));
+}
+
+Catalog Catalog::from_list(const fs::path& list_file, const fs::path& root) {
+  std::ifstream in(list_file);
+  if (!in) {
+    const int err = errno;
+    throw IoError(list_file.string(), err,
+                  "cannot open file list '" + list_file.string() + "': " + std::strerror(err));
+  }
+  std::vector<std::string> paths;
+  std::vector<int64_t> labels;
+  std::string line;
+  size_t line_no = 0;
+  while (std::getline(in, line)) {
+    ++line_no;
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    if (line.empty() || line.front() == '#') continue;
+    int64_t label = -1;
+    const size_t comma = line.rfind(',');
+    if (comma != std::string::npos) {
+      const std::string field = line.substr(comma + 1);
+      size_t used = 0;
+      try {
+        label = std::stoll(field, &used);
+      } catch (const std::exception&) {
+        used = 0;
+      }
+      if (used == 0 || used != field.size()) {
+        throw ConfigError(list_file.string() + ":" + std::to_string(line_no) + ": label '" + field +
+                          "' is not an integer");
+      }
+      line.resize(comma);
+    }
+    paths.push_back(line);
+    labels.push_back(label);
+  }
+  if (in.bad()) {
+    throw IoError(list_file.string(), EIO, "cannot read file list '" + list_file.string() + "'");
+  }
+  return Catalog(make_data(root, paths, labels, {}));
+}
+
+void Catalog::save(const fs::path& file) const {
+  std::string out;
+  Writer w(out);
+  out.append(kMagic, sizeof(kMagic));
+  w.pod(kFormatVersion);
+  w.bytes(data_->root.string());
+  w.pod<uint64_t>(data_->classes.size());
+  for (const auto& c : data_->classes) w.bytes(c);
+  w.bytes(data_->blob);
+  w.array(data_->offsets);
+  w.array(data_->labels);
+  w.pod(fnv1a(out));  // checksum of everything before it
+
+  // Written to a temporary name, then renamed: a reader never sees half a catalog.
+  const fs::path tmp = file.string() + ".tmp";
+  {
+    std::ofstream os(tmp, std::ios::binary | std::ios::trunc);
+    os.write(out.data(), static_cast<std::streamsize>(out.size()));
+    os.flush();
+    if (!os) {
+      const int err = errno;
+      std::error_code ignored;
+      fs::remove(tmp, ignored);
+      throw IoError(file.string(), err, "cannot write catalog '" + file.string() + "'");
+    }
+  }
+  std::error_code ec;
+  fs::rename(tmp, file, ec);
+  if (ec) throw_fs_error(file, ec, "cannot write catalog");
+}
+
+Catalog Catalog::load(const fs::path& file) {
+  std::ifstream is(file, std::ios::binary);
+  if (!is) {
+    const int err = errno;
+    throw IoError(file.string(), err, "cannot open catalog '" + file.string() + "': " + std::strerror(err));
+  }
+  std::string in((std::istreambuf_iterator<char>(is)), std::istreambuf_iterator<char>());
+  Reader r(in, file.string());
+  if (in.size() < sizeof(kMagic) + sizeof(uint64_t) || std::memcmp(in.data(), kMagic, sizeof(kMagic)) != 0) {
+    r.fail("bad magic");
+  }
+  uint64_t stored_sum;
+  std::memcpy(&stored_sum, in.data() + in.size() - sizeof(uint64_t), sizeof(uint64_t));
+  if (fnv1a(std::string_view(in).substr(0, in.size() - sizeof(uint64_t))) != stored_sum) {
+    r.fail("checksum mismatch");
+  }
+  Reader body(std::string_view(in).substr(sizeof(kMagic), in.size() - sizeof(kMagic) - sizeof(uint64_t)),
+              file.string());
+  if (body.pod<uint32_t>() != kFormatVersion) body.fail("unsupported format version");
+  const fs::path root = body.bytes();
+  const uint64_t num_classes = body.pod<uint64_t>();
+  if (num_classes > body.remaining() / sizeof(uint64_t)) body.fail("class count exceeds the file");
+  std::vector<std::string> classes;
+  classes.reserve(num_classes);
+  for (uint64_t i = 0; i < num_classes; ++i) classes.push_back(body.bytes());
+  const std::string blob = body.bytes();
+  const auto offsets = body.array<uint64_t>();
+  const auto labels = body.array<int64_t>();
+  if (offsets.empty() || offsets.front() != 0 || offsets.back() != blob.size() ||
+      labels.size() + 1 != offsets.size() || !std::is_sorted(offsets.begin(), offsets.end())) {
+    body.fail("inconsistent path table");
+  }
+  std::vector<std::string> paths;
+  paths.reserve(labels.size());
+  for (size_t i = 0; i + 1 < offsets.size(); ++i) {
+    paths.emplace_back(blob.substr(offsets[i], offsets[i + 1] - offsets[i]));
+  }
+  return Catalog(make_data(root, paths, labels, classes));  // re-checks every path
+}
+
+size_t Catalog::size() const noexcept { return data_->labels.size(); }
+const fs::path& Catalog::root() const noexcept { return data_->root; }
+
+std::string_view Catalog::path(size_t i) const {
+  if (i >= size()) throw ConfigError("catalog index " + std::to_string(i) + " out of range");
+  return std::string_view(data_->blob).substr(data_->offsets[i], data_->offsets[i + 1] - data_->offsets[i]);
+}
+
+fs::path Catalog::source_path(size_t i) const { return data_->root / fs::path(path(i)); }
+
+int64_t Catalog::label(size_t i) const {
+  if (i >= size()) throw ConfigError("catalog index " + std::to_string(i) + " out of range");
+  return data_->labels[i];
+}
+
+const std::vector<std::string>& Catalog::classes() const noexcept { return data_->classes; }
+uint64_t Catalog::fingerprint() const noexcept { return data_->fingerprint; }
+
+}  // namespace prestage

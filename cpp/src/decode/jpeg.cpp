@@ -1,0 +1,272 @@
+#include "decode/jpeg.hpp"
+
+#include <turbojpeg.h>
+
+#include <algorithm>
+#include <climits>
+#include <limits>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "decode/resize.hpp"
+#include "prestage/error.hpp"
+
+namespace prestage::detail {
+namespace {
+
+constexpr uint64_t kRgbBytes = 3;
+constexpr uint64_t kCmykBytes = 4;
+
+template <typename T>
+void grow(std::vector<T>& buffer, size_t size) {
+  if (buffer.size() < size) buffer.resize(size);
+}
+
+// Python's round() of excess / 2 (half to even): torchvision's CenterCrop computes its offsets so.
+int64_t centre_offset(int64_t excess) {
+  const int64_t half = excess / 2;
+  return (excess % 2 == 1 && half % 2 == 1) ? half + 1 : half;
+}
+
+// Pillow reads every CMYK JPEG as Adobe-inverted ("CMYK;I") and converts it with cmyk2rgb, so the
+// same integer arithmetic here gives Pillow's pixels. TurboJPEG hands back the stored (inverted)
+// samples, and cannot convert CMYK to RGB itself. In place is allowed: pixel i is read before bytes
+// [3i, 3i + 3) are written, and those never reach pixel i + 1.
+void cmyk_to_rgb(const uint8_t* cmyk, uint8_t* rgb, size_t pixels) {
+  auto muldiv255 = [](int a, int b) {
+    const int t = a * b + 128;
+    return ((t >> 8) + t) >> 8;
+  };
+  for (size_t i = 0; i < pixels; ++i, cmyk += kCmykBytes, rgb += kRgbBytes) {
+    const int c = 255 - cmyk[0];
+    const int m = 255 - cmyk[1];
+    const int y = 255 - cmyk[2];
+    const int not_k = cmyk[3];
+    rgb[0] = static_cast<uint8_t>(not_k - muldiv255(c, not_k));
+    rgb[1] = static_cast<uint8_t>(not_k - muldiv255(m, not_k));
+    rgb[2] = static_cast<uint8_t>(not_k - muldiv255(y, not_k));
+  }
+}
+
+bool is_cmyk(int colorspace) { return colorspace == TJCS_CMYK || colorspace == TJCS_YCCK; }
+
+// Image dimensions are at most 65535 (JPEG's limit), so this only fails where size_t is 32 bits.
+size_t image_bytes(int width, int height, uint64_t bytes_per_pixel, const std::string& path) {
+  const uint64_t bytes =
+      static_cast<uint64_t>(width) * static_cast<uint64_t>(height) * bytes_per_pixel;
+  if (bytes > std::numeric_limits<size_t>::max()) {
+    throw DecodeError(path, "image too large for this platform");
+  }
+  return static_cast<size_t>(bytes);
+}
+
+}  // namespace
+
+struct JpegDecoder::Impl {
+  struct Header {
+    int width = 0;
+    int height = 0;
+    int colorspace = 0;
+  };
+
+  tjhandle handle = nullptr;
+  uint64_t max_pixels = 0;
+  // TurboJPEG's own table, in its own order (largest first): tjDecompress2 picks the first factor
+  // that fits the requested size, and so must we to know which one it used.
+  const tjscalingfactor* factors = nullptr;
+  int factor_count = 0;
+  // DCT-scaled or CMYK decodes land here before being resampled or converted.
+  std::vector<uint8_t> decoded;
+  ResizeScratch resize;
+
+  std::string error_message() const { return tjGetErrorStr2(handle); }
+
+  Header read_header(std::span<const std::byte> jpeg, const std::string& path) {
+    if (jpeg.empty()) throw DecodeError(path, "empty file");
+    if (jpeg.size() > ULONG_MAX) throw DecodeError(path, "file too large");
+    Header header;
+    int subsampling = 0;
+    if (tjDecompressHeader3(handle, reinterpret_cast<const unsigned char*>(jpeg.data()),
+                            static_cast<unsigned long>(jpeg.size()), &header.width, &header.height,
+                            &subsampling, &header.colorspace) != 0) {
+      throw DecodeError(path, "cannot read JPEG header: " + error_message());
+    }
+    if (header.width <= 0 || header.height <= 0) {
+      throw DecodeError(path, "JPEG header has size " + std::to_string(header.width) + " x " +
+                                  std::to_string(header.height));
+    }
+    const uint64_t pixels =
+        static_cast<uint64_t>(header.width) * static_cast<uint64_t>(header.height);
+    if (pixels > max_pixels) {
+      throw DecodeError(path, std::to_string(header.width) + " x " + std::to_string(header.height) +
+                                  " pixels exceeds max_pixels " + std::to_string(max_pixels));
+    }
+    return header;
+  }
+
+  // Every -1 is an error, warnings included: TurboJPEG reports a truncated file ("Premature end of
+  // JPEG file") as a warning after filling the missing rows with grey, which must not reach a
+  // batch. (tjGetErrorCode cannot tell the two apart reliably: it says "warning" for a fatal error
+  // that followed one.)
+  void decompress(std::span<const std::byte> jpeg, int width, int height, int pixel_format,
+                  uint8_t* dst, const std::string& path) {
+    const int pitch = width * tjPixelSize[pixel_format];
+    if (tjDecompress2(handle, reinterpret_cast<const unsigned char*>(jpeg.data()),
+                      static_cast<unsigned long>(jpeg.size()), dst, width, pitch, height,
+                      pixel_format, 0) != 0) {
+      throw DecodeError(path, "cannot decode JPEG data: " + error_message());
+    }
+  }
+
+  // Decodes at `width` x `height` (one of TurboJPEG's scaled sizes) into `decoded` as packed RGB.
+  void decompress_to_scratch(std::span<const std::byte> jpeg, const Header& header, int width,
+                             int height, const std::string& path) {
+    const bool cmyk = is_cmyk(header.colorspace);
+    grow(decoded, image_bytes(width, height, cmyk ? kCmykBytes : kRgbBytes, path));
+    decompress(jpeg, width, height, cmyk ? TJPF_CMYK : TJPF_RGB, decoded.data(), path);
+    if (cmyk) {
+      cmyk_to_rgb(decoded.data(), decoded.data(), image_bytes(width, height, 1, path));
+    }
+  }
+
+  // Full-size decode straight into `dst` (height x width x 3 bytes).
+  void decompress_full(std::span<const std::byte> jpeg, const Header& header, uint8_t* dst,
+                       const std::string& path) {
+    if (!is_cmyk(header.colorspace)) {
+      decompress(jpeg, header.width, header.height, TJPF_RGB, dst, path);
+      return;
+    }
+    grow(decoded, image_bytes(header.width, header.height, kCmykBytes, path));
+    decompress(jpeg, header.width, header.height, TJPF_CMYK, decoded.data(), path);
+    cmyk_to_rgb(decoded.data(), dst, image_bytes(header.width, header.height, 1, path));
+  }
+
+  // The factor tjDecompress2 will use when asked for `width` x `height`.
+  tjscalingfactor factor_chosen_for(const Header& header, int width, int height) const {
+    for (int i = 0; i < factor_count; ++i) {
+      if (TJSCALED(header.width, factors[i]) <= width &&
+          TJSCALED(header.height, factors[i]) <= height) {
+        return factors[i];
+      }
+    }
+    return tjscalingfactor{1, 1};
+  }
+};
+
+JpegDecoder::JpegDecoder(uint64_t max_pixels) : impl_(std::make_unique<Impl>()) {
+  impl_->max_pixels = max_pixels;
+  impl_->factors = tjGetScalingFactors(&impl_->factor_count);
+  if (impl_->factors == nullptr || impl_->factor_count <= 0) {
+    throw Error(std::string("TurboJPEG scaling factors unavailable: ") + tjGetErrorStr2(nullptr));
+  }
+  impl_->handle = tjInitDecompress();
+  if (impl_->handle == nullptr) {
+    throw Error(std::string("cannot create a TurboJPEG decompressor: ") + tjGetErrorStr2(nullptr));
+  }
+}
+
+JpegDecoder::~JpegDecoder() {
+  // tjDestroy fails only for an invalid handle, and a destructor has no one to report to.
+  if (impl_ && impl_->handle != nullptr) static_cast<void>(tjDestroy(impl_->handle));
+}
+
+ImageHeader JpegDecoder::header(std::span<const std::byte> jpeg, const std::string& path) {
+  const Impl::Header header = impl_->read_header(jpeg, path);
+  return ImageHeader{header.width, header.height};
+}
+
+void JpegDecoder::decode_exact(std::span<const std::byte> jpeg, ImageSize size,
+                               std::span<std::byte> out, const std::string& path) {
+  const Impl::Header header = impl_->read_header(jpeg, path);
+  if (static_cast<uint64_t>(header.width) != size.width ||
+      static_cast<uint64_t>(header.height) != size.height) {
+    throw DecodeError(path, "image is " + std::to_string(header.width) + "x" +
+                                std::to_string(header.height) + ", expected " +
+                                std::to_string(size.width) + "x" + std::to_string(size.height));
+  }
+  if (out.size() != image_bytes(header.width, header.height, kRgbBytes, path)) {
+    throw std::logic_error("JpegDecoder::decode_exact: output buffer has the wrong size");
+  }
+  impl_->decompress_full(jpeg, header, reinterpret_cast<uint8_t*>(out.data()), path);
+}
+
+void JpegDecoder::decode_resized(std::span<const std::byte> jpeg, ImageSize size,
+                                 std::span<std::byte> out, const std::string& path) {
+  if (size.height == 0 || size.width == 0 || size.height > INT_MAX || size.width > INT_MAX) {
+    throw std::logic_error("JpegDecoder::decode_resized: output size out of range");
+  }
+  const uint64_t out_bytes = uint64_t{size.height} * uint64_t{size.width} * kRgbBytes;
+  if (out.size() != out_bytes) {
+    throw std::logic_error("JpegDecoder::decode_resized: output buffer has the wrong size");
+  }
+  const Impl::Header header = impl_->read_header(jpeg, path);
+  const int out_h = static_cast<int>(size.height);
+  const int out_w = static_cast<int>(size.width);
+  uint8_t* dst = reinterpret_cast<uint8_t*>(out.data());
+
+  // The size that Resize would give: the side that binds is scaled to the output exactly and the
+  // other one is truncated, as torchvision's Resize(int) computes int(size * long / short).
+  // Integer arithmetic keeps that exact (dimensions are < 2^16, output sides < 2^31).
+  const int64_t h = header.height;
+  const int64_t w = header.width;
+  int64_t resized_h = out_h;
+  int64_t resized_w = out_w;
+  if (int64_t{out_h} * w >= int64_t{out_w} * h) {
+    resized_w = std::max<int64_t>(out_w, int64_t{out_h} * w / h);
+  } else {
+    resized_h = std::max<int64_t>(out_h, int64_t{out_w} * h / w);
+  }
+  const int64_t top = centre_offset(resized_h - out_h);
+  const int64_t left = centre_offset(resized_w - out_w);
+
+  // The most DCT reduction that still leaves at least the resized size, so the resampler only ever
+  // shrinks. Only 1/2, 1/4 and 1/8 are considered: the other factors (3/8, 5/8, ...) cost about as
+  // much as a full decode.
+  int decoded_w = header.width;
+  int decoded_h = header.height;
+  int best_denom = 1;
+  for (int i = 0; i < impl_->factor_count; ++i) {
+    const tjscalingfactor factor = impl_->factors[i];
+    if (factor.num != 1 || (factor.denom != 2 && factor.denom != 4 && factor.denom != 8) ||
+        factor.denom <= best_denom) {
+      continue;
+    }
+    const int scaled_w = TJSCALED(header.width, factor);
+    const int scaled_h = TJSCALED(header.height, factor);
+    if (scaled_w >= resized_w && scaled_h >= resized_h) {
+      decoded_w = scaled_w;
+      decoded_h = scaled_h;
+      best_denom = factor.denom;
+    }
+  }
+
+  if (decoded_w == out_w && decoded_h == out_h && decoded_w == header.width &&
+      decoded_h == header.height) {
+    impl_->decompress_full(jpeg, header, dst, path);
+    return;
+  }
+
+  // Another factor may give the same scaled size (tiny images); map coordinates with the one
+  // TurboJPEG actually applies.
+  const tjscalingfactor used = impl_->factor_chosen_for(header, decoded_w, decoded_h);
+  impl_->decompress_to_scratch(jpeg, header, decoded_w, decoded_h, path);
+
+  // The crop box in source pixels is [left, left + out_w) * width / resized_w (likewise in y);
+  // resampling that box straight to the output is Resize followed by CenterCrop in one pass.
+  const double to_decoded_x =
+      static_cast<double>(header.width) / static_cast<double>(resized_w) * used.num / used.denom;
+  const double to_decoded_y =
+      static_cast<double>(header.height) / static_cast<double>(resized_h) * used.num / used.denom;
+  const double x0 = static_cast<double>(left) * to_decoded_x;
+  const double y0 = static_cast<double>(top) * to_decoded_y;
+  const double x1 =
+      std::min(static_cast<double>(left + out_w) * to_decoded_x, static_cast<double>(decoded_w));
+  const double y1 =
+      std::min(static_cast<double>(top + out_h) * to_decoded_y, static_cast<double>(decoded_h));
+  resize_rgb(impl_->decoded.data(), decoded_w, decoded_h,
+             static_cast<size_t>(decoded_w) * kRgbBytes, x0, y0, x1, y1, dst, out_w, out_h,
+             static_cast<size_t>(out_w) * kRgbBytes, impl_->resize);
+}
+
+}  // namespace prestage::detail

@@ -1,0 +1,142 @@
+#include "memory/batch_ring.hpp"
+
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <memory>
+#include <new>
+#include <stdexcept>
+#include <utility>
+
+#include "prestage/batch.hpp"
+
+namespace prestage::detail {
+
+namespace {
+size_t page_size() {
+  static const size_t size = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+  return size;
+}
+}  // namespace
+
+PinnedBuffer::~PinnedBuffer() { free(); }
+
+void PinnedBuffer::free() noexcept {
+  if (data_ == nullptr) return;
+  if (locked_) ::munlock(data_, capacity_);
+  std::free(data_);
+  data_ = nullptr;
+  capacity_ = 0;
+  locked_ = false;
+}
+
+void PinnedBuffer::reserve(size_t bytes) {
+  if (bytes <= capacity_ && data_ != nullptr) return;
+  const size_t page = page_size();
+  size_t want = std::max(bytes, capacity_ + capacity_ / 2);
+  if (want > SIZE_MAX - page) throw std::bad_alloc();
+  want = (std::max<size_t>(want, 1) + page - 1) / page * page;
+  free();
+  void* p = std::aligned_alloc(page, want);
+  if (p == nullptr) throw std::bad_alloc();
+  data_ = static_cast<std::byte*>(p);
+  capacity_ = want;
+  // Page-locking can fail (RLIMIT_MEMLOCK); the buffer then stays pageable and says so.
+  locked_ = ::mlock(data_, capacity_) == 0;
+}
+
+BatchRing::BatchRing(size_t depth, size_t batch_size, size_t slot_bytes, DecodeMode mode) {
+  slots_.reserve(depth);
+  free_.reserve(depth);
+  for (size_t i = 0; i < depth; ++i) {
+    auto slot = std::make_unique<Slot>();
+    slot->data.reserve(slot_bytes);
+    slot->mode = mode;
+    slot->labels.reserve(batch_size);
+    slot->indices.reserve(batch_size);
+    if (mode == DecodeMode::kRaw) slot->offsets.reserve(batch_size + 1);
+    free_.push_back(slot.get());
+    slots_.push_back(std::move(slot));
+  }
+}
+
+Slot* BatchRing::acquire() {
+  std::lock_guard lock(mutex_);
+  if (free_.empty()) throw std::logic_error("batch ring: no free slot (limiter out of step)");
+  Slot* slot = free_.back();
+  free_.pop_back();
+  return slot;
+}
+
+void BatchRing::release(Slot* slot) noexcept {
+  {
+    std::lock_guard lock(mutex_);
+    slot->error = nullptr;
+    free_.push_back(slot);
+  }
+  // Held while the hook runs, so that set_release_hook() returns only when no call of the old hook is
+  // still running (its pipeline is about to be destroyed).
+  std::lock_guard hook_lock(hook_mutex_);
+  if (hook_) hook_();
+}
+
+void BatchRing::set_release_hook(std::function<void()> hook) {
+  std::lock_guard lock(hook_mutex_);
+  hook_ = std::move(hook);
+}
+
+size_t BatchRing::free_count() const {
+  std::lock_guard lock(mutex_);
+  return free_.size();
+}
+
+bool BatchRing::pinned() const noexcept {
+  for (const auto& s : slots_) {
+    if (!s->data.locked()) return false;
+  }
+  return !slots_.empty();
+}
+
+}  // namespace prestage::detail
+
+namespace prestage {
+
+Batch::Batch(std::shared_ptr<detail::BatchRing> ring, detail::Slot* slot) noexcept
+    : ring_(std::move(ring)), slot_(slot) {}
+
+Batch::Batch(Batch&& other) noexcept
+    : ring_(std::move(other.ring_)), slot_(std::exchange(other.slot_, nullptr)) {}
+
+Batch& Batch::operator=(Batch&& other) noexcept {
+  if (this != &other) {
+    release();
+    ring_ = std::move(other.ring_);
+    slot_ = std::exchange(other.slot_, nullptr);
+  }
+  return *this;
+}
+
+Batch::~Batch() { release(); }
+
+void Batch::release() noexcept {
+  if (slot_ != nullptr) ring_->release(slot_);
+  slot_ = nullptr;
+  ring_.reset();
+}
+
+uint64_t Batch::epoch() const noexcept { return slot_->epoch; }
+uint64_t Batch::index() const noexcept { return slot_->index; }
+size_t Batch::size() const noexcept { return slot_->indices.size(); }
+DecodeMode Batch::mode() const noexcept { return slot_->mode; }
+std::array<size_t, 4> Batch::shape() const noexcept { return slot_->shape; }
+std::span<const std::byte> Batch::data() const noexcept {
+  return {slot_->data.data(), slot_->data_bytes};
+}
+std::span<const uint64_t> Batch::offsets() const noexcept { return slot_->offsets; }
+std::span<const int64_t> Batch::labels() const noexcept { return slot_->labels; }
+std::span<const int64_t> Batch::indices() const noexcept { return slot_->indices; }
+bool Batch::pinned() const noexcept { return slot_->data.locked(); }
+
+}  // namespace prestage

@@ -1,0 +1,78 @@
+// The batch ring: `depth` batch buffers allocated once, page-aligned and page-locked when the system
+// allows, lent to the consumer and recycled.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "prestage/options.hpp"
+
+namespace prestage::detail {
+
+// A page-aligned buffer, page-locked (mlock) when RLIMIT_MEMLOCK allows. Grows only when asked to.
+class PinnedBuffer {
+ public:
+  PinnedBuffer() = default;
+  ~PinnedBuffer();
+  PinnedBuffer(const PinnedBuffer&) = delete;
+  PinnedBuffer& operator=(const PinnedBuffer&) = delete;
+
+  // Makes room for at least `bytes` (contents are not kept). Throws std::bad_alloc.
+  void reserve(size_t bytes);
+  std::byte* data() noexcept { return data_; }
+  const std::byte* data() const noexcept { return data_; }
+  size_t capacity() const noexcept { return capacity_; }
+  bool locked() const noexcept { return locked_; }
+
+ private:
+  void free() noexcept;
+  std::byte* data_ = nullptr;
+  size_t capacity_ = 0;
+  bool locked_ = false;
+};
+
+// One batch buffer and what travels with it to the consumer.
+struct Slot {
+  PinnedBuffer data;
+  std::vector<int64_t> labels;    // capacity batch_size, allocated once
+  std::vector<int64_t> indices;
+  std::vector<uint64_t> offsets;  // kRaw: count + 1
+  DecodeMode mode = DecodeMode::kJpeg;
+  std::array<size_t, 4> shape{};  // kJpeg: count, height, width, 3
+  size_t data_bytes = 0;          // bytes of data in use
+  uint64_t epoch = 0;
+  uint64_t index = 0;
+  std::exception_ptr error;  // the first failed sample's error, raised at the consumer
+};
+
+class BatchRing {
+ public:
+  // `slot_bytes`: each buffer's initial size (kJpeg: a whole batch of images).
+  BatchRing(size_t depth, size_t batch_size, size_t slot_bytes, DecodeMode mode);
+
+  // A free slot. The caller guarantees one is free (the pipeline's limiter counts them).
+  Slot* acquire();
+  // Returns a slot; then calls the release hook (the pipeline's back-pressure), if any. The hook
+  // must not block.
+  void release(Slot* slot) noexcept;
+  void set_release_hook(std::function<void()> hook);
+
+  size_t depth() const noexcept { return slots_.size(); }
+  size_t free_count() const;
+  bool pinned() const noexcept;
+
+ private:
+  std::vector<std::unique_ptr<Slot>> slots_;
+  mutable std::mutex mutex_;
+  std::vector<Slot*> free_;
+  std::mutex hook_mutex_;
+  std::function<void()> hook_;
+};
+
+}  // namespace prestage::detail

@@ -1,0 +1,360 @@
+#include "pipeline/graph.hpp"
+
+#include <algorithm>
+#include <condition_variable>
+#include <deque>
+#include <mutex>
+#include <optional>
+#include <stdexcept>
+#include <string>
+
+#include <oneapi/tbb/flow_graph.h>
+#include <oneapi/tbb/parallel_for.h>
+
+#include "prestage/error.hpp"
+#include "staging/file_io.hpp"
+
+namespace prestage::detail {
+
+namespace flow = tbb::flow;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+uint64_t elapsed_ns(Clock::time_point since) {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - since).count();
+}
+
+struct Work;
+using Ticket = Work*;
+using StageNode = flow::async_node<Ticket, Ticket>;
+
+// One batch in flight, from the plan source to the hand-off. Recycled: the pool holds as many as can
+// be in flight, so nothing is allocated per batch or per sample.
+struct Work {
+  uint64_t seq = 0;  // position in this pipeline's stream of batches: the sequencers' key
+  uint64_t epoch = 0;
+  uint64_t index = 0;
+  std::shared_ptr<const EpochPlan> plan;  // keeps `ids` alive
+  const uint64_t* ids = nullptr;
+  size_t count = 0;
+  StageTask stage;
+  StageNode::gateway_type* gateway = nullptr;
+  Slot* slot = nullptr;
+  std::vector<uint8_t> from_stage;  // kRaw: where each sample is read from
+  std::atomic<bool> in_use{false};
+};
+
+}  // namespace
+
+struct Pipeline::Impl {
+  Impl(Shared& s, std::shared_ptr<BatchRing> r, uint64_t first_epoch, uint64_t first_batch);
+  ~Impl();
+
+  Ticket next_batch(tbb::flow_control& fc);
+  void stage(Ticket t, StageNode::gateway_type& gateway);
+  Ticket decode(Ticket t);
+  void decode_images(Work& w, Slot& slot);
+  void copy_raw(Work& w, Slot& slot);
+  void hand_off(Ticket t);
+  // Reads sample `id`, from the stage directory if it is staged there, else from the source.
+  std::span<const std::byte> read_sample(uint64_t id, ReaderState& reader);
+
+  Shared& shared;
+  std::shared_ptr<BatchRing> ring;
+  std::atomic<bool> stopping{false};
+
+  // Stage 1 state, touched only by the source node's body (serial).
+  uint64_t next_seq = 0;
+  uint64_t epoch;
+  uint64_t batch;
+  std::shared_ptr<const EpochPlan> plan;
+  std::vector<std::unique_ptr<Work>> pool;
+
+  std::mutex ready_mutex;
+  std::condition_variable ready_cv;
+  std::deque<Slot*> ready;
+
+  std::optional<flow::graph> graph;
+  std::optional<flow::input_node<Ticket>> source;
+  std::optional<flow::limiter_node<Ticket>> window;  // batches between the source and the consumer
+  std::optional<StageNode> staging;
+  std::optional<flow::sequencer_node<Ticket>> staged_in_order;
+  std::optional<flow::limiter_node<Ticket>> buffers;  // free batch buffers
+  std::optional<flow::function_node<Ticket, Ticket>> decoding;
+  std::optional<flow::sequencer_node<Ticket>> decoded_in_order;
+  std::optional<flow::function_node<Ticket, flow::continue_msg>> handoff;
+};
+
+Pipeline::Impl::Impl(Shared& s, std::shared_ptr<BatchRing> r, uint64_t first_epoch,
+                     uint64_t first_batch)
+    : shared(s), ring(std::move(r)), epoch(first_epoch), batch(first_batch) {
+  const LoaderOptions& o = shared.options;
+  // In flight between the source and the consumer's release: at most window + 1 (the source holds one
+  // more when the window is full), so a pool of window + 1 works recycled by sequence number never
+  // gives out one that is still in use.
+  const size_t window_size = o.lookahead + o.depth;
+  for (size_t i = 0; i < window_size + 1; ++i) {
+    auto w = std::make_unique<Work>();
+    w->from_stage.reserve(o.batch_size);
+    pool.push_back(std::move(w));
+  }
+
+  shared.arena.execute([&] {
+    // Constructed inside the arena, the graph runs its tasks on the arena's `readers` threads.
+    graph.emplace();
+    flow::graph& g = *graph;
+
+    // Stage 1: the plan, one batch at a time, across epoch boundaries.
+    source.emplace(g, [this](tbb::flow_control& fc) { return next_batch(fc); });
+    // Back-pressure: a batch enters only when it can be staged and decoded within the window.
+    window.emplace(g, window_size);
+    // Stage 2 runs on the stager's own threads: a blocking read must not hold a TBB worker.
+    staging.emplace(g, flow::unlimited,
+                    [this](Ticket t, StageNode::gateway_type& gw) { stage(t, gw); });
+    // Batches take buffers in plan order, so a later batch can never hold the buffer that an earlier
+    // one (which the consumer waits for) needs.
+    staged_in_order.emplace(g, [](Ticket t) { return static_cast<size_t>(t->seq); });
+    buffers.emplace(g, o.depth);
+    // Stage 3: each batch decodes its samples in parallel on the arena's threads.
+    decoding.emplace(g, flow::unlimited, [this](Ticket t) { return decode(t); });
+    decoded_in_order.emplace(g, [](Ticket t) { return static_cast<size_t>(t->seq); });
+    // Serial: batches must reach the hand-off queue in the order the sequencer releases them.
+    handoff.emplace(g, flow::serial, [this](Ticket t) {
+      hand_off(t);
+      return flow::continue_msg();
+    });
+
+    flow::make_edge(*source, *window);
+    flow::make_edge(*window, *staging);
+    flow::make_edge(*staging, *staged_in_order);
+    flow::make_edge(*staged_in_order, *buffers);
+    flow::make_edge(*buffers, *decoding);
+    flow::make_edge(*decoding, *decoded_in_order);
+    flow::make_edge(*decoded_in_order, *handoff);
+
+    // The consumer's release of a buffer, from outside the graph, is what lets the next batch in.
+    graph->reserve_wait();
+    ring->set_release_hook([this] {
+      window->decrementer().try_put(flow::continue_msg());
+      buffers->decrementer().try_put(flow::continue_msg());
+    });
+    source->activate();
+  });
+}
+
+Pipeline::Impl::~Impl() {
+  stopping.store(true, std::memory_order_release);
+  ring->set_release_hook(nullptr);
+  shared.stager->cancel(true);  // queued copies complete at once
+  graph->release_wait();
+  shared.arena.execute([&] { graph->wait_for_all(); });
+  shared.stager->cancel(false);
+  std::lock_guard lock(ready_mutex);
+  for (Slot* slot : ready) ring->release(slot);
+  ready.clear();
+}
+
+Ticket Pipeline::Impl::next_batch(tbb::flow_control& fc) {
+  if (stopping.load(std::memory_order_acquire)) {
+    fc.stop();
+    return nullptr;
+  }
+  const auto start = Clock::now();
+  if (!plan || batch == plan->num_batches()) {
+    if (plan) {
+      ++epoch;
+      batch = 0;
+    }
+    plan = std::make_shared<const EpochPlan>(shared.plan, epoch);
+  }
+  Work& w = *pool[next_seq % pool.size()];
+  if (w.in_use.load(std::memory_order_acquire)) throw std::logic_error("pipeline: work pool exhausted");
+  w.in_use.store(true, std::memory_order_relaxed);
+  w.seq = next_seq++;
+  w.epoch = epoch;
+  w.index = batch++;
+  w.plan = plan;
+  w.ids = plan->batch(w.index);
+  w.count = plan->batch_size(w.index);
+  w.slot = nullptr;
+  shared.counters.plan_ns.fetch_add(elapsed_ns(start), std::memory_order_relaxed);
+  return &w;
+}
+
+void Pipeline::Impl::stage(Ticket t, StageNode::gateway_type& gateway) {
+  gateway.reserve_wait();
+  t->gateway = &gateway;
+  t->stage.ids = t->ids;
+  t->stage.count = t->count;
+  t->stage.context = t;
+  t->stage.done = [](void* context) {
+    Ticket done = static_cast<Ticket>(context);
+    StageNode::gateway_type* gw = done->gateway;  // `done` may be recycled once it is put
+    gw->try_put(done);
+    gw->release_wait();
+  };
+  shared.stager->submit(&t->stage);
+}
+
+Ticket Pipeline::Impl::decode(Ticket t) {
+  Slot& slot = *ring->acquire();
+  t->slot = &slot;
+  slot.epoch = t->epoch;
+  slot.index = t->index;
+  slot.error = nullptr;
+  slot.indices.assign(t->ids, t->ids + t->count);
+  slot.labels.resize(t->count);
+  for (size_t i = 0; i < t->count; ++i) slot.labels[i] = shared.catalog.label(t->ids[i]);
+  if (stopping.load(std::memory_order_acquire)) return t;  // nobody will look at it
+  if (shared.options.decode == DecodeMode::kRaw) {
+    copy_raw(*t, slot);
+  } else {
+    decode_images(*t, slot);
+  }
+  shared.counters.decoded.fetch_add(t->count, std::memory_order_relaxed);
+  return t;
+}
+
+namespace {
+// The error of the lowest-numbered failed sample of a batch, whatever the thread timing.
+class FirstError {
+ public:
+  void record(size_t sample) {
+    std::lock_guard lock(mutex_);
+    if (sample < sample_) {
+      sample_ = sample;
+      error_ = std::current_exception();
+    }
+  }
+  std::exception_ptr get() const { return error_; }
+
+ private:
+  std::mutex mutex_;
+  size_t sample_ = SIZE_MAX;
+  std::exception_ptr error_;
+};
+}  // namespace
+
+std::span<const std::byte> Pipeline::Impl::read_sample(uint64_t id, ReaderState& reader) {
+  if (shared.stage_dir && shared.stage_dir->is_staged(id)) {
+    try {
+      const size_t n = read_file(shared.stage_dir->staged_path(id), reader.buffer);
+      shared.counters.hits.fetch_add(1, std::memory_order_relaxed);
+      shared.counters.bytes_from_stage.fetch_add(n, std::memory_order_relaxed);
+      return {reader.buffer.data(), n};
+    } catch (const IoError&) {
+      // The copy vanished (the stage directory was cleaned or lost): read the source instead.
+    }
+  }
+  const size_t n = read_file(shared.catalog.source_path(id).string(), reader.buffer);
+  shared.counters.misses.fetch_add(1, std::memory_order_relaxed);
+  shared.counters.bytes_from_source.fetch_add(n, std::memory_order_relaxed);
+  return {reader.buffer.data(), n};
+}
+
+void Pipeline::Impl::decode_images(Work& w, Slot& slot) {
+  const ImageSize size = shared.image_size;
+  const size_t image_bytes = shared.image_bytes;
+  slot.shape = {w.count, size.height, size.width, 3};
+  slot.data_bytes = w.count * image_bytes;
+  FirstError first_error;
+  tbb::parallel_for(size_t{0}, w.count, [&](size_t i) {
+    const auto start = Clock::now();
+    ReaderState& reader = shared.readers.local();
+    if (!reader.jpeg) reader.jpeg = std::make_unique<JpegDecoder>(shared.options.max_pixels);
+    try {
+      const uint64_t id = w.ids[i];
+      const auto bytes = read_sample(id, reader);
+      shared.counters.bytes_read.fetch_add(bytes.size(), std::memory_order_relaxed);
+      std::span<std::byte> out(slot.data.data() + i * image_bytes, image_bytes);
+      const std::string path = shared.catalog.source_path(id).string();
+      if (shared.options.image_size.empty()) {
+        reader.jpeg->decode_exact(bytes, size, out, path);
+      } else {
+        reader.jpeg->decode_resized(bytes, size, out, path);
+      }
+    } catch (...) {
+      first_error.record(i);
+    }
+    shared.counters.decode_ns.fetch_add(elapsed_ns(start), std::memory_order_relaxed);
+  });
+  slot.error = first_error.get();
+}
+
+void Pipeline::Impl::copy_raw(Work& w, Slot& slot) {
+  // The batch's size is known only once every sample's size is: take the sizes, lay the samples out
+  // back to back, then read each straight into its place.
+  FirstError first_error;
+  w.from_stage.assign(w.count, 0);
+  slot.offsets.assign(w.count + 1, 0);
+  tbb::parallel_for(size_t{0}, w.count, [&](size_t i) {
+    const uint64_t id = w.ids[i];
+    try {
+      if (shared.stage_dir && shared.stage_dir->is_staged(id)) {
+        try {
+          slot.offsets[i + 1] = file_size(shared.stage_dir->staged_path(id));
+          w.from_stage[i] = 1;
+          return;
+        } catch (const IoError&) {
+        }
+      }
+      slot.offsets[i + 1] = file_size(shared.catalog.source_path(id).string());
+    } catch (...) {
+      first_error.record(i);
+    }
+  });
+  if ((slot.error = first_error.get())) return;
+  for (size_t i = 0; i < w.count; ++i) slot.offsets[i + 1] += slot.offsets[i];
+  slot.data.reserve(slot.offsets[w.count]);
+  slot.data_bytes = slot.offsets[w.count];
+  slot.shape = {w.count, 0, 0, 0};
+  tbb::parallel_for(size_t{0}, w.count, [&](size_t i) {
+    const auto start = Clock::now();
+    const uint64_t id = w.ids[i];
+    std::span<std::byte> out(slot.data.data() + slot.offsets[i], slot.offsets[i + 1] - slot.offsets[i]);
+    try {
+      auto& counters = shared.counters;
+      if (w.from_stage[i]) {
+        read_file_exact(shared.stage_dir->staged_path(id), out);
+        counters.hits.fetch_add(1, std::memory_order_relaxed);
+        counters.bytes_from_stage.fetch_add(out.size(), std::memory_order_relaxed);
+      } else {
+        read_file_exact(shared.catalog.source_path(id).string(), out);
+        counters.misses.fetch_add(1, std::memory_order_relaxed);
+        counters.bytes_from_source.fetch_add(out.size(), std::memory_order_relaxed);
+      }
+      counters.bytes_read.fetch_add(out.size(), std::memory_order_relaxed);
+    } catch (...) {
+      first_error.record(i);
+    }
+    shared.counters.decode_ns.fetch_add(elapsed_ns(start), std::memory_order_relaxed);
+  });
+  slot.error = first_error.get();
+}
+
+void Pipeline::Impl::hand_off(Ticket t) {
+  Slot* slot = t->slot;
+  t->plan.reset();
+  t->in_use.store(false, std::memory_order_release);  // the source may now recycle it
+  {
+    std::lock_guard lock(ready_mutex);
+    ready.push_back(slot);
+  }
+  ready_cv.notify_one();
+}
+
+Pipeline::Pipeline(Shared& shared, std::shared_ptr<BatchRing> ring, uint64_t epoch, uint64_t batch)
+    : impl_(std::make_unique<Impl>(shared, std::move(ring), epoch, batch)) {}
+
+Pipeline::~Pipeline() = default;
+
+Slot* Pipeline::pop(std::chrono::milliseconds timeout) {
+  std::unique_lock lock(impl_->ready_mutex);
+  if (!impl_->ready_cv.wait_for(lock, timeout, [&] { return !impl_->ready.empty(); })) return nullptr;
+  Slot* slot = impl_->ready.front();
+  impl_->ready.pop_front();
+  return slot;
+}
+
+}  // namespace prestage::detail

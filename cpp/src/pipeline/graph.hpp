@@ -1,0 +1,71 @@
+// The pipeline: one oneTBB flow graph that connects stage 1 (plan), stage 2 (stage) and stage 3
+// (decode) and hands decoded batches to the consumer in plan order.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include <oneapi/tbb/enumerable_thread_specific.h>
+#include <oneapi/tbb/global_control.h>
+#include <oneapi/tbb/task_arena.h>
+
+#include "decode/jpeg.hpp"
+#include "memory/batch_ring.hpp"
+#include "prestage/catalog.hpp"
+#include "prestage/options.hpp"
+#include "prestage/plan.hpp"
+#include "staging/stage_directory.hpp"
+#include "staging/stager.hpp"
+
+namespace prestage::detail {
+
+struct Counters {
+  std::atomic<uint64_t> plan_ns{0};
+  std::atomic<uint64_t> decode_ns{0}, decoded{0}, bytes_read{0};
+  std::atomic<uint64_t> hits{0}, misses{0}, bytes_from_source{0}, bytes_from_stage{0};
+};
+
+// What stage 3 keeps per reader thread, created once: the codec context and a read buffer.
+struct ReaderState {
+  std::unique_ptr<JpegDecoder> jpeg;
+  std::vector<std::byte> buffer;
+};
+
+// Everything the successive pipelines of one Loader share.
+struct Shared {
+  Shared(Catalog catalog_in, LoaderOptions options_in);
+
+  Catalog catalog;
+  LoaderOptions options;
+  PlanOptions plan;
+  ImageSize image_size;     // of every decoded image (kJpeg)
+  size_t image_bytes = 0;   // height * width * 3
+  std::unique_ptr<StageDirectory> stage_dir;  // null: direct reads
+  std::unique_ptr<Stager> stager;
+  tbb::task_scheduler_handle scheduler;  // lets close() join oneTBB's worker threads
+  tbb::task_arena arena;  // `readers` threads: stage 3 runs here
+  tbb::enumerable_thread_specific<ReaderState> readers;
+  Counters counters;
+};
+
+// One run of the graph from a position (epoch, batch) onwards, across epoch boundaries, until it is
+// destroyed. Destruction stops it: queued work completes without doing anything, threads are idle.
+class Pipeline {
+ public:
+  Pipeline(Shared& shared, std::shared_ptr<BatchRing> ring, uint64_t epoch, uint64_t batch);
+  ~Pipeline();
+  Pipeline(const Pipeline&) = delete;
+  Pipeline& operator=(const Pipeline&) = delete;
+
+  // The next decoded batch in plan order, or nullptr if none came within `timeout`.
+  Slot* pop(std::chrono::milliseconds timeout);
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace prestage::detail

@@ -1,0 +1,273 @@
+#include "prestage/loader.hpp"
+
+#include <unistd.h>
+
+#include <mutex>
+#include <new>
+#include <stdexcept>
+#include <string>
+
+#include <oneapi/tbb/global_control.h>
+#include <oneapi/tbb/info.h>
+
+#include "prestage/error.hpp"
+#include "pipeline/graph.hpp"
+#include "staging/file_io.hpp"
+
+namespace prestage {
+
+namespace detail {
+
+Shared::Shared(Catalog catalog_in, LoaderOptions options_in)
+    : catalog(std::move(catalog_in)),
+      options(std::move(options_in)),
+      // No slot is reserved for an outside thread: all `readers` slots go to worker threads.
+      arena(static_cast<int>(options.readers), 0) {
+  plan.num_samples = catalog.size();
+  plan.batch_size = options.batch_size;
+  plan.seed = options.seed;
+  plan.shuffle = options.shuffle;
+  plan.drop_last = options.drop_last;
+  plan.rank = options.rank;
+  plan.world_size = options.world_size;
+}
+
+namespace {
+
+// oneTBB starts at most (cores - 1) worker threads unless told otherwise; stage 3 needs `readers`
+// workers of its own whatever the core count. Only raised, never lowered, for the process's life.
+void allow_workers(size_t workers) {
+  static std::mutex mutex;
+  static size_t allowed = 0;
+  // Deliberately never destroyed: the limit must outlive every loader, up to process exit.
+  static tbb::global_control* control = nullptr;
+  std::lock_guard lock(mutex);
+  const size_t want = std::max(workers + 1, static_cast<size_t>(tbb::info::default_concurrency()));
+  if (want <= allowed) return;
+  // While several controls live the smallest wins, so the old one goes once the new one is in place.
+  auto* raised = new tbb::global_control(tbb::global_control::max_allowed_parallelism, want);
+  delete control;
+  control = raised;
+  allowed = want;
+}
+
+size_t checked_mul(size_t a, size_t b, const char* what) {
+  if (a != 0 && b > SIZE_MAX / a) throw ConfigError(std::string(what) + " is too large");
+  return a * b;
+}
+
+}  // namespace
+}  // namespace detail
+
+using Clock = std::chrono::steady_clock;
+
+class Loader::Impl {
+ public:
+  Impl(Catalog catalog, LoaderOptions options);
+  void start(uint64_t epoch, uint64_t batch);
+  Wait next_for(std::chrono::milliseconds timeout, std::optional<Batch>& out);
+  Stats stats() const;
+  void close();
+
+  // Kept apart from `shared`, which a forked child abandons.
+  Catalog catalog;
+  LoaderOptions options;
+  std::unique_ptr<detail::Shared> shared;
+  uint64_t batches_per_epoch = 0;
+
+ private:
+  void check_usable() const;
+  std::pair<uint64_t, uint64_t> normalized(uint64_t epoch, uint64_t batch) const {
+    return batch >= batches_per_epoch ? std::pair{epoch + 1, uint64_t{0}} : std::pair{epoch, batch};
+  }
+
+  size_t slot_bytes = 0;
+  std::shared_ptr<detail::BatchRing> ring;
+  std::unique_ptr<detail::Pipeline> pipeline;
+  std::pair<uint64_t, uint64_t> pipeline_next{0, 0};  // the batch the pipeline delivers next
+  uint64_t epoch = 0;  // the consumer's position: the batch next() returns
+  uint64_t batch = 0;
+  bool closed = false;
+  pid_t owner = 0;  // the process whose threads run the pipeline
+  std::string stage_dir_error;
+
+  Clock::time_point started;
+  uint64_t batches = 0;
+  uint64_t samples = 0;
+  uint64_t stall_ns = 0;
+};
+
+Loader::Impl::Impl(Catalog catalog_in, LoaderOptions options_in)
+    : catalog(std::move(catalog_in)), options(std::move(options_in)) {
+  options.validate();
+  if (catalog.size() == 0) throw ConfigError("the catalog is empty");
+  shared = std::make_unique<detail::Shared>(catalog, options);
+  const LoaderOptions& o = shared->options;
+  batches_per_epoch = prestage::batches_per_epoch(shared->plan);
+  if (batches_per_epoch == 0) {
+    throw ConfigError("no batch per epoch: " + std::to_string(shared->catalog.size()) +
+                      " samples are fewer than batch_size x world_size and drop_last is set");
+  }
+
+  if (o.decode == DecodeMode::kJpeg) {
+    ImageSize size = o.image_size;
+    if (size.empty()) {
+      // Every image must have the size of the catalog's first one.
+      std::vector<std::byte> bytes;
+      const std::string first = shared->catalog.source_path(0).string();
+      detail::read_file(first, bytes);
+      const auto header = detail::JpegDecoder(o.max_pixels).header(bytes, first);
+      size = {static_cast<uint32_t>(header.height), static_cast<uint32_t>(header.width)};
+    }
+    shared->image_size = size;
+    shared->image_bytes = detail::checked_mul(
+        detail::checked_mul(size.height, size.width, "image_size"), 3, "image_size");
+    slot_bytes = detail::checked_mul(shared->image_bytes, o.batch_size, "batch_size x image size");
+    if (static_cast<uint64_t>(size.height) * size.width > o.max_pixels) {
+      throw ConfigError("image_size exceeds max_pixels");
+    }
+  }
+
+  if (!o.stage_dir.empty()) {
+    try {
+      shared->stage_dir = std::make_unique<detail::StageDirectory>(o.stage_dir, shared->catalog);
+    } catch (const IoError& e) {
+      // A stage directory that cannot be used is not fatal: stage 3 reads the source.
+      stage_dir_error = e.what();
+    }
+  }
+  ring = std::make_shared<detail::BatchRing>(o.depth, o.batch_size, slot_bytes, o.decode);
+}
+
+void Loader::Impl::check_usable() const {
+  if (closed) throw Error("the loader is closed");
+  if (owner != 0 && owner != ::getpid()) {
+    throw Error("this loader's threads live in process " + std::to_string(owner) +
+                "; after fork() create a new loader in the child");
+  }
+}
+
+void Loader::Impl::start(uint64_t e, uint64_t b) {
+  check_usable();
+  if (b > batches_per_epoch) {
+    throw ConfigError("batch " + std::to_string(b) + " is past the end of an epoch of " +
+                      std::to_string(batches_per_epoch) + " batches");
+  }
+  const auto wanted = normalized(e, b);
+  if (!pipeline || pipeline_next != wanted) {
+    pipeline.reset();
+    if (owner == 0) {
+      // Threads start here, lazily, in the process that iterates.
+      owner = ::getpid();
+      started = Clock::now();
+      detail::allow_workers(shared->options.readers);
+      shared->scheduler = tbb::task_scheduler_handle(tbb::attach{});
+      shared->stager = std::make_unique<detail::Stager>(shared->catalog, shared->stage_dir.get(),
+                                                        shared->options.prefetchers);
+    }
+    if (ring->free_count() != ring->depth()) {
+      // Batches of the old run are still lent out: they keep their buffers, this run gets new ones.
+      const LoaderOptions& o = shared->options;
+      ring = std::make_shared<detail::BatchRing>(o.depth, o.batch_size, slot_bytes, o.decode);
+    }
+    pipeline = std::make_unique<detail::Pipeline>(*shared, ring, wanted.first, wanted.second);
+    pipeline_next = wanted;
+  }
+  epoch = e;
+  batch = b;
+}
+
+Loader::Wait Loader::Impl::next_for(std::chrono::milliseconds timeout, std::optional<Batch>& out) {
+  check_usable();
+  if (!pipeline) start(epoch, batch);
+  if (batch >= batches_per_epoch) return Wait::kEndOfEpoch;
+  const auto wait_start = Clock::now();
+  detail::Slot* slot = pipeline->pop(timeout);
+  stall_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - wait_start).count();
+  if (slot == nullptr) return Wait::kTimeout;
+  if (slot->epoch != epoch || slot->index != batch) {
+    throw std::logic_error("pipeline delivered batch " + std::to_string(slot->index) + " of epoch " +
+                           std::to_string(slot->epoch) + " out of order");
+  }
+  ++batch;
+  pipeline_next = normalized(epoch, batch);
+  ++batches;
+  samples += slot->indices.size();
+  Batch lent(ring, slot);
+  if (slot->error) std::rethrow_exception(slot->error);  // `lent` goes back to the ring
+  out.emplace(std::move(lent));
+  return Wait::kBatch;
+}
+
+Stats Loader::Impl::stats() const {
+  Stats s;
+  if (!shared) return s;
+  if (owner != 0) s.wall_s = std::chrono::duration<double>(Clock::now() - started).count();
+  s.batches = batches;
+  s.samples = samples;
+  s.consumer_stall_s = stall_ns * 1e-9;
+  const auto& c = shared->counters;
+  s.plan.busy_s = c.plan_ns.load() * 1e-9;
+  s.plan.idle_s = std::max(0.0, s.wall_s - s.plan.busy_s);
+  if (shared->stager) shared->stager->add_to(s, s.wall_s);
+  s.decode.busy_s = c.decode_ns.load() * 1e-9;
+  s.decode.idle_s = std::max(0.0, s.wall_s * shared->options.readers - s.decode.busy_s);
+  s.decode.items = c.decoded.load();
+  s.decode.bytes = c.bytes_read.load();
+  s.hits = c.hits.load();
+  s.misses = c.misses.load();
+  s.bytes_from_source = c.bytes_from_source.load();
+  s.bytes_from_stage = c.bytes_from_stage.load();
+  if (!stage_dir_error.empty()) {
+    s.stage_dir_disabled = true;
+    s.stage_dir_error = stage_dir_error;
+  }
+  s.pinned = ring->pinned();
+  return s;
+}
+
+void Loader::Impl::close() {
+  if (closed) return;
+  closed = true;
+  if (owner == 0) return;  // never started: no thread to join
+  if (owner != ::getpid()) {
+    // A forked child holds a copy of the parent's loader but none of its threads: joining or waiting
+    // would hang, so the copy is left as it is.
+    (void)pipeline.release();
+    (void)shared.release();
+    return;
+  }
+  pipeline.reset();
+  shared->stager.reset();
+  shared->readers.clear();
+  shared->arena.terminate();
+  // Joins oneTBB's workers when no other user of oneTBB in the process still needs them; otherwise
+  // they stay, idle, for that user.
+  (void)tbb::finalize(shared->scheduler, std::nothrow);
+}
+
+Loader::Loader(Catalog catalog, LoaderOptions options)
+    : impl_(std::make_unique<Impl>(std::move(catalog), std::move(options))) {}
+
+Loader::~Loader() { close(); }
+
+const Catalog& Loader::catalog() const noexcept { return impl_->catalog; }
+const LoaderOptions& Loader::options() const noexcept { return impl_->options; }
+uint64_t Loader::batches_per_epoch() const noexcept { return impl_->batches_per_epoch; }
+void Loader::start_epoch(uint64_t epoch, uint64_t first_batch) { impl_->start(epoch, first_batch); }
+
+std::optional<Batch> Loader::next() {
+  std::optional<Batch> out;
+  while (impl_->next_for(std::chrono::hours(1), out) == Wait::kTimeout) {
+  }
+  return out;
+}
+
+Loader::Wait Loader::next_for(std::chrono::milliseconds timeout, std::optional<Batch>& out) {
+  return impl_->next_for(timeout, out);
+}
+
+Stats Loader::stats() const { return impl_->stats(); }
+void Loader::close() { impl_->close(); }
+
+}  // namespace prestage

@@ -1,0 +1,42 @@
+#include <string>
+
+#include "prestage/error.hpp"
+#include "prestage/options.hpp"
+
+namespace prestage {
+
+namespace {
+void at_least(const char* name, uint64_t value, uint64_t minimum) {
+  if (value < minimum) {
+    throw ConfigError(std::string(name) + " must be at least " + std::to_string(minimum) + ", got " +
+                      std::to_string(value));
+  }
+}
+}  // namespace
+
+void LoaderOptions::validate() const {
+  at_least("batch_size", batch_size, 1);
+  at_least("world_size", world_size, 1);
+  if (rank >= world_size) {
+    throw ConfigError("rank must be below world_size (" + std::to_string(world_size) + "), got " +
+                      std::to_string(rank));
+  }
+  at_least("readers", readers, 1);
+  at_least("prefetchers", prefetchers, 1);
+  at_least("lookahead", lookahead, 1);
+  at_least("depth", depth, 1);
+  at_least("max_pixels", max_pixels, 1);
+  constexpr uint64_t kMaxThreads = 1024;
+  if (readers > kMaxThreads || prefetchers > kMaxThreads) {
+    throw ConfigError("readers and prefetchers must be at most " + std::to_string(kMaxThreads));
+  }
+  if (depth > 4096 || lookahead > 1 << 20) throw ConfigError("depth or lookahead is unreasonably large");
+  if ((image_size.height == 0) != (image_size.width == 0)) {
+    throw ConfigError("image_size needs both a height and a width (or neither)");
+  }
+  if (decode == DecodeMode::kRaw && !image_size.empty()) {
+    throw ConfigError("image_size does not apply to decode=raw");
+  }
+}
+
+}  // namespace prestage

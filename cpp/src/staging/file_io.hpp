@@ -1,0 +1,28 @@
+// POSIX file access shared by stage 2 (copies) and stage 3 (reads). Every failure is an IoError with
+// the path and errno.
+#pragma once
+
+#include <cstddef>
+#include <span>
+#include <string>
+#include <vector>
+
+namespace prestage::detail {
+
+// Reads a whole regular file into `buffer` (resized to fit; its capacity is reused across calls).
+// Returns the number of bytes read.
+size_t read_file(const std::string& path, std::vector<std::byte>& buffer);
+
+// The size of a regular file (one stat).
+size_t file_size(const std::string& path);
+
+// Reads a regular file of exactly out.size() bytes into `out`; a file of any other size is an IoError
+// (it changed since its size was taken).
+void read_file_exact(const std::string& path, std::span<std::byte> out);
+
+// Writes `bytes` to `tmp_path`, then renames it to `path`: a reader sees the whole file or none.
+// On failure the temporary file is removed.
+void write_file_atomically(const std::string& path, const std::string& tmp_path,
+                           std::span<const std::byte> bytes);
+
+}  // namespace prestage::detail

@@ -1,0 +1,113 @@
+#include "staging/stager.hpp"
+
+#include <algorithm>
+#include <chrono>
+
+#include "prestage/error.hpp"
+#include "staging/file_io.hpp"
+
+namespace prestage::detail {
+
+Stager::Stager(Catalog catalog, StageDirectory* directory, size_t threads)
+    : catalog_(std::move(catalog)), directory_(directory) {
+  if (directory_ == nullptr) return;
+  threads_.reserve(threads);
+  for (size_t i = 0; i < threads; ++i) threads_.emplace_back([this] { run(); });
+}
+
+Stager::~Stager() {
+  cancel(true);
+  {
+    std::lock_guard lock(mutex_);
+    exit_ = true;
+  }
+  wake_.notify_all();
+  for (auto& t : threads_) t.join();
+}
+
+void Stager::cancel(bool cancelled) { cancelled_.store(cancelled, std::memory_order_release); }
+
+void Stager::submit(StageTask* task) {
+  task->next.store(0, std::memory_order_relaxed);
+  task->remaining.store(task->count, std::memory_order_relaxed);
+  if (directory_ == nullptr || task->count == 0 || cancelled_.load(std::memory_order_acquire)) {
+    task->done(task->context);
+    return;
+  }
+  {
+    std::lock_guard lock(mutex_);
+    queue_.push_back(task);
+  }
+  wake_.notify_all();
+}
+
+void Stager::run() {
+  std::vector<std::byte> buffer;  // one per thread, reused for every copy
+  std::unique_lock lock(mutex_);
+  while (true) {
+    wake_.wait(lock, [&] { return exit_ || !queue_.empty(); });
+    if (queue_.empty()) return;  // exit_ and nothing left
+    StageTask* task = queue_.front();
+    const size_t i = task->next.fetch_add(1, std::memory_order_relaxed);
+    if (i + 1 >= task->count) queue_.pop_front();  // this was its last sample to hand out
+    if (i >= task->count) continue;
+    lock.unlock();
+    if (!cancelled_.load(std::memory_order_acquire)) stage_one(task->ids[i], buffer);
+    if (task->remaining.fetch_sub(1, std::memory_order_acq_rel) == 1) task->done(task->context);
+    lock.lock();
+  }
+}
+
+void Stager::stage_one(uint64_t id, std::vector<std::byte>& buffer) {
+  items_.fetch_add(1, std::memory_order_relaxed);
+  if (disabled_.load(std::memory_order_acquire)) return;
+  if (directory_->is_staged(id)) {
+    already_staged_.fetch_add(1, std::memory_order_relaxed);
+    return;
+  }
+  if (!directory_->try_claim(id)) return;  // another batch's task is copying it right now
+  const auto start = std::chrono::steady_clock::now();
+  try {
+    read_file(catalog_.source_path(id).string(), buffer);
+  } catch (const IoError&) {
+    // Stage 3 reads the source again and reports the error at the sample's batch.
+    directory_->abandon(id);
+    failures_.fetch_add(1, std::memory_order_relaxed);
+    return;
+  }
+  try {
+    directory_->publish(id, buffer);
+    staged_files_.fetch_add(1, std::memory_order_relaxed);
+    bytes_.fetch_add(buffer.size(), std::memory_order_relaxed);
+  } catch (const IoError& e) {
+    // Full, read-only or vanished stage directory: keep going on direct reads.
+    failures_.fetch_add(1, std::memory_order_relaxed);
+    disable(e.what());
+  }
+  busy_ns_.fetch_add(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                         std::chrono::steady_clock::now() - start)
+                         .count(),
+                     std::memory_order_relaxed);
+}
+
+void Stager::disable(const std::string& why) {
+  std::lock_guard lock(mutex_);
+  if (!disabled_.exchange(true)) disabled_reason_ = why;
+}
+
+void Stager::add_to(Stats& stats, double wall_s) const {
+  stats.stage.busy_s = busy_ns_.load() * 1e-9;
+  stats.stage.idle_s = std::max(0.0, wall_s * threads_.size() - stats.stage.busy_s);
+  stats.stage.items = items_.load();
+  stats.stage.bytes = bytes_.load();
+  stats.staged_files = staged_files_.load();
+  stats.already_staged = already_staged_.load();
+  stats.stage_failures = failures_.load();
+  stats.stage_dir_disabled = disabled_.load();
+  if (stats.stage_dir_disabled) {
+    std::lock_guard lock(mutex_);
+    stats.stage_dir_error = disabled_reason_;
+  }
+}
+
+}  // namespace prestage::detail

@@ -1,0 +1,73 @@
+// Stage 2: copies the samples of upcoming batches from the source (the PFS) to the stage directory,
+// on `prefetchers` threads of its own (blocking reads must not hold a TBB worker).
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "prestage/catalog.hpp"
+#include "prestage/stats.hpp"
+#include "staging/stage_directory.hpp"
+
+namespace prestage::detail {
+
+// The samples of one batch to stage. It lives in the pipeline's per-batch work, which is recycled: the
+// stager allocates nothing per batch.
+struct StageTask {
+  const uint64_t* ids = nullptr;
+  size_t count = 0;
+  void (*done)(void* context) = nullptr;  // called once every sample was dealt with
+  void* context = nullptr;
+
+  std::atomic<size_t> next{0};       // next sample to hand to a thread
+  std::atomic<size_t> remaining{0};  // samples not yet dealt with
+};
+
+class Stager {
+ public:
+  // `directory` may be null (no stage directory): then every task is done at once.
+  Stager(Catalog catalog, StageDirectory* directory, size_t threads);
+  ~Stager();  // joins; every submitted task must have completed
+  Stager(const Stager&) = delete;
+  Stager& operator=(const Stager&) = delete;
+
+  // Queues a task; tasks are served in submission order, their samples spread over the threads. A
+  // sample is "dealt with" when it is staged, found staged, being copied by another batch's task, or
+  // given up on (a source error: stage 3 will meet it again and report it; a stage directory error:
+  // staging is disabled and stage 3 reads the source). task->done runs exactly once, on a stager
+  // thread or, if the stager is cancelled or has no directory, on the caller's.
+  void submit(StageTask* task);
+
+  // While cancelled, queued and new tasks complete at once, without copying (a pipeline that stops
+  // drains this way).
+  void cancel(bool cancelled);
+
+  void add_to(Stats& stats, double wall_s) const;
+
+ private:
+  void run();
+  void stage_one(uint64_t id, std::vector<std::byte>& buffer);
+  void disable(const std::string& why);
+
+  Catalog catalog_;
+  StageDirectory* directory_;
+  mutable std::mutex mutex_;
+  std::condition_variable wake_;
+  std::deque<StageTask*> queue_;
+  bool exit_ = false;
+  std::atomic<bool> cancelled_{false};
+  std::atomic<bool> disabled_{false};
+  std::string disabled_reason_;  // guarded by mutex_
+
+  std::atomic<uint64_t> busy_ns_{0}, items_{0}, bytes_{0};
+  std::atomic<uint64_t> staged_files_{0}, already_staged_{0}, failures_{0};
+  std::vector<std::thread> threads_;
+};
+
+}  // namespace prestage::detail

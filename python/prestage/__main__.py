@@ -1,0 +1,5 @@
+import sys
+
+from prestage.cli import main
+
+sys.exit(main())

@@ -1,0 +1,1 @@
+"""``prestage demo``: placeholder replaced below."""

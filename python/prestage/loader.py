@@ -1,0 +1,170 @@
+"""prestage.Loader: the three-stage pipeline as a Python iterable of batches."""
+
+from __future__ import annotations
+
+import atexit
+import os
+import weakref
+from typing import Iterator, Optional, Tuple, Union
+
+from prestage import _core
+from prestage.errors import ConfigError
+
+_live_loaders: "weakref.WeakSet[Loader]" = weakref.WeakSet()
+
+
+@atexit.register
+def _close_live_loaders() -> None:
+    # Threads must be joined before the interpreter tears down the modules they may call back into.
+    for loader in list(_live_loaders):
+        loader.close()
+
+
+def _count(name: str, value: object, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigError(f"{name} must be an integer, got {value!r}")
+    if value < minimum:
+        raise ConfigError(f"{name} must be at least {minimum}, got {value}")
+    return value
+
+
+class Loader:
+    """Batches of a catalog, in a seeded global order, through the three stages.
+
+    Stage 2 copies the files of the next ``lookahead`` batches to ``stage_dir`` with ``prefetchers``
+    threads; stage 3 decodes each batch with ``readers`` threads into one of ``depth`` page-locked
+    buffers. Iterating gives one epoch of :class:`prestage.Batch` objects whose ``images``, ``labels``
+    and ``indices`` are zero-copy NumPy views; a buffer is reused once the batch and its views are
+    collected. Each completed epoch advances the epoch (and so the shuffle); ``set_epoch`` picks one.
+
+    Args:
+        catalog: the samples (:class:`prestage.Catalog`).
+        batch_size: samples per batch on this rank.
+        image_size: ``(height, width)``: resize the shorter side to cover it, then centre-crop
+            (torchvision ``Resize`` + ``CenterCrop``). ``None``: no resize; every image must have the
+            size of the catalog's first image.
+        shuffle: a new global permutation each epoch (else catalog order).
+        seed: the shuffle's seed; the same seed gives the same batches on any machine and for any
+            thread counts.
+        stage_dir: node-local directory for stage 2's copies; ``None`` reads the source directly.
+        prefetchers: stage 2 threads (I/O bound: more than cores is normal).
+        readers: stage 3 threads (CPU bound).
+        lookahead: batches stage 2 may work on ahead of stage 3.
+        depth: batch buffers: batches decoded ahead plus those the caller still holds.
+        rank, world_size: this process's share of every global batch (distributed training).
+        drop_last: drop the last, incomplete global batch (else ranks are padded to equal counts).
+        decode: ``"jpeg"`` (uint8 RGB images) or ``"raw"`` (the files' bytes: ``batch.data`` and
+            ``batch.offsets``).
+        max_pixels: images with more pixels are refused before decoding (decompression bombs).
+
+    >>> with prestage.Loader(catalog, batch_size=64, image_size=(224, 224)) as loader:
+    ...     for batch in loader:
+    ...         train_step(batch.images, batch.labels)
+    """
+
+    def __init__(
+        self,
+        catalog: _core.Catalog,
+        batch_size: int,
+        image_size: Optional[Tuple[int, int]] = None,
+        shuffle: bool = True,
+        seed: int = 0,
+        stage_dir: Union[str, os.PathLike, None] = None,
+        prefetchers: int = 4,
+        readers: int = 2,
+        lookahead: int = 4,
+        depth: int = 4,
+        rank: int = 0,
+        world_size: int = 1,
+        drop_last: bool = False,
+        decode: str = "jpeg",
+        max_pixels: int = 89_478_485,
+    ) -> None:
+        if not isinstance(catalog, _core.Catalog):
+            raise ConfigError(f"catalog must be a prestage.Catalog, got {type(catalog).__name__}")
+        options = _core.LoaderOptions()
+        options.batch_size = _count("batch_size", batch_size, 1)
+        if image_size is not None:
+            if len(image_size) != 2:
+                raise ConfigError(f"image_size must be (height, width) or None, got {image_size!r}")
+            options.image_size = (_count("image_size[0]", image_size[0], 1),
+                                  _count("image_size[1]", image_size[1], 1))
+        options.shuffle = bool(shuffle)
+        options.seed = _count("seed", seed, 0)
+        options.stage_dir = "" if stage_dir is None else os.fspath(stage_dir)
+        options.prefetchers = _count("prefetchers", prefetchers, 1)
+        options.readers = _count("readers", readers, 1)
+        options.lookahead = _count("lookahead", lookahead, 1)
+        options.depth = _count("depth", depth, 1)
+        options.rank = _count("rank", rank, 0)
+        options.world_size = _count("world_size", world_size, 1)
+        options.drop_last = bool(drop_last)
+        if decode not in ("jpeg", "raw"):
+            raise ConfigError(f"decode must be 'jpeg' or 'raw', got {decode!r}")
+        options.decode = getattr(_core.DecodeMode, decode)
+        options.max_pixels = _count("max_pixels", max_pixels, 1)
+        self._loader: Optional[_core.Loader] = _core.Loader(catalog, options)
+        self._options = options
+        self._epoch = 0
+        _live_loaders.add(self)
+
+    def __len__(self) -> int:
+        """Batches per epoch (the same on every rank)."""
+        return self._core.batches_per_epoch
+
+    @property
+    def epoch(self) -> int:
+        """The epoch the next iteration runs."""
+        return self._epoch
+
+    def set_epoch(self, epoch: int) -> None:
+        """Chooses the epoch (and so the order) of the next iteration."""
+        self._epoch = _count("epoch", epoch, 0)
+
+    def __iter__(self) -> Iterator[_core.Batch]:
+        return _EpochIterator(self, self._epoch)
+
+    def stats(self) -> dict:
+        """Per-stage counters and the consumer's stall time (seconds the caller waited)."""
+        return self._core.stats()
+
+    def close(self) -> None:
+        """Stops the pipeline and joins its threads. Idempotent; batches already lent stay valid."""
+        if self._loader is not None:
+            self._loader.close()
+            self._loader = None
+
+    def __enter__(self) -> "Loader":
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    @property
+    def _core(self) -> _core.Loader:
+        if self._loader is None:
+            raise ConfigError("the loader is closed")
+        return self._loader
+
+
+class _EpochIterator:
+    """One epoch's batches. An error of one batch is raised at that batch; iteration can go on."""
+
+    def __init__(self, loader: Loader, epoch: int) -> None:
+        self._loader = loader
+        self._epoch = epoch
+        self._done = False
+        loader._core.start_epoch(epoch, 0)
+
+    def __iter__(self) -> "_EpochIterator":
+        return self
+
+    def __next__(self) -> _core.Batch:
+        if self._done:
+            raise StopIteration
+        batch = self._loader._core.next()
+        if batch is None:
+            self._done = True
+            self._loader._epoch = self._epoch + 1
+            raise StopIteration
+        return batch

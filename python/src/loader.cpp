@@ -1,0 +1,164 @@
+#include <chrono>
+
+#include <pybind11/numpy.h>
+#include <pybind11/stl.h>
+
+#include "bindings.hpp"
+#include "prestage/batch.hpp"
+#include "prestage/error.hpp"
+#include "prestage/loader.hpp"
+
+namespace py = pybind11;
+
+namespace prestage::python {
+
+namespace {
+
+// A NumPy view of memory owned by `owner` (a Batch): no copy, and the batch goes back to the ring only
+// when the last view of it is collected.
+template <typename T>
+py::array view(py::handle owner, const T* data, std::vector<py::ssize_t> shape) {
+  return py::array(py::dtype::of<T>(), std::move(shape), {}, data, owner);
+}
+
+py::dict stage_dict(const StageStats& s) {
+  py::dict d;
+  d["busy_s"] = s.busy_s;
+  d["idle_s"] = s.idle_s;
+  d["items"] = s.items;
+  d["bytes"] = s.bytes;
+  return d;
+}
+
+py::dict stats_dict(const Stats& s) {
+  py::dict d;
+  d["wall_s"] = s.wall_s;
+  d["batches"] = s.batches;
+  d["samples"] = s.samples;
+  d["consumer_stall_s"] = s.consumer_stall_s;
+  d["plan"] = stage_dict(s.plan);
+  d["stage"] = stage_dict(s.stage);
+  d["decode"] = stage_dict(s.decode);
+  d["staged_files"] = s.staged_files;
+  d["already_staged"] = s.already_staged;
+  d["stage_failures"] = s.stage_failures;
+  d["stage_dir_disabled"] = s.stage_dir_disabled;
+  d["stage_dir_error"] = s.stage_dir_error;
+  d["hits"] = s.hits;
+  d["misses"] = s.misses;
+  d["bytes_from_source"] = s.bytes_from_source;
+  d["bytes_from_stage"] = s.bytes_from_stage;
+  d["pinned"] = s.pinned;
+  return d;
+}
+
+}  // namespace
+
+void register_loader(py::module_& m) {
+  py::enum_<DecodeMode>(m, "DecodeMode")
+      .value("jpeg", DecodeMode::kJpeg)
+      .value("raw", DecodeMode::kRaw);
+
+  py::class_<LoaderOptions>(m, "LoaderOptions", "Every option of a Loader; see prestage.Loader.")
+      .def(py::init<>())
+      .def_readwrite("batch_size", &LoaderOptions::batch_size)
+      .def_property(
+          "image_size",
+          [](const LoaderOptions& o) -> py::object {
+            if (o.image_size.empty()) return py::none();
+            return py::make_tuple(o.image_size.height, o.image_size.width);
+          },
+          [](LoaderOptions& o, std::optional<std::pair<uint32_t, uint32_t>> size) {
+            o.image_size = size ? ImageSize{size->first, size->second} : ImageSize{};
+          })
+      .def_readwrite("decode", &LoaderOptions::decode)
+      .def_readwrite("shuffle", &LoaderOptions::shuffle)
+      .def_readwrite("seed", &LoaderOptions::seed)
+      .def_readwrite("drop_last", &LoaderOptions::drop_last)
+      .def_readwrite("rank", &LoaderOptions::rank)
+      .def_readwrite("world_size", &LoaderOptions::world_size)
+      .def_readwrite("stage_dir", &LoaderOptions::stage_dir)
+      .def_readwrite("prefetchers", &LoaderOptions::prefetchers)
+      .def_readwrite("readers", &LoaderOptions::readers)
+      .def_readwrite("lookahead", &LoaderOptions::lookahead)
+      .def_readwrite("depth", &LoaderOptions::depth)
+      .def_readwrite("max_pixels", &LoaderOptions::max_pixels)
+      .def("validate", &LoaderOptions::validate);
+
+  py::class_<Batch, std::shared_ptr<Batch>>(m, "Batch", R"doc(
+A decoded batch, lent by the loader. Its arrays are views of a batch buffer of the loader's ring (no
+copy); the buffer is reused only after the batch and every array viewing it have been collected.
+)doc")
+      .def("__len__", &Batch::size)
+      .def_property_readonly("epoch", &Batch::epoch)
+      .def_property_readonly("index", &Batch::index, "Position in the epoch, from 0.")
+      .def_property_readonly("pinned", &Batch::pinned, "Whether the buffer is page-locked.")
+      .def_property_readonly(
+          "images",
+          [](py::object self) {
+            const auto& b = self.cast<const Batch&>();
+            if (b.mode() != DecodeMode::kJpeg) throw ConfigError("images: this loader decodes raw bytes");
+            const auto s = b.shape();
+            return view(self, reinterpret_cast<const uint8_t*>(b.data().data()),
+                        {static_cast<py::ssize_t>(s[0]), static_cast<py::ssize_t>(s[1]),
+                         static_cast<py::ssize_t>(s[2]), static_cast<py::ssize_t>(s[3])});
+          },
+          "uint8 array (N, H, W, 3), RGB.")
+      .def_property_readonly(
+          "data",
+          [](py::object self) {
+            const auto& b = self.cast<const Batch&>();
+            return view(self, reinterpret_cast<const uint8_t*>(b.data().data()),
+                        {static_cast<py::ssize_t>(b.data().size())});
+          },
+          "The whole batch buffer as a 1-D uint8 array (decode='raw': samples back to back).")
+      .def_property_readonly(
+          "offsets",
+          [](py::object self) {
+            const auto& b = self.cast<const Batch&>();
+            return view(self, b.offsets().data(), {static_cast<py::ssize_t>(b.offsets().size())});
+          },
+          "decode='raw': N + 1 offsets into data; sample i is data[offsets[i]:offsets[i + 1]].")
+      .def_property_readonly(
+          "labels",
+          [](py::object self) {
+            const auto& b = self.cast<const Batch&>();
+            return view(self, b.labels().data(), {static_cast<py::ssize_t>(b.labels().size())});
+          },
+          "int64 array (N,).")
+      .def_property_readonly(
+          "indices",
+          [](py::object self) {
+            const auto& b = self.cast<const Batch&>();
+            return view(self, b.indices().data(), {static_cast<py::ssize_t>(b.indices().size())});
+          },
+          "int64 array (N,): the samples' catalog indices.");
+
+  py::class_<Loader>(m, "Loader", "The C++ loader; use prestage.Loader.")
+      .def(py::init<Catalog, LoaderOptions>(), py::arg("catalog"), py::arg("options"),
+           py::call_guard<py::gil_scoped_release>())
+      .def_property_readonly("batches_per_epoch", &Loader::batches_per_epoch)
+      .def("start_epoch", &Loader::start_epoch, py::arg("epoch"), py::arg("first_batch") = 0,
+           py::call_guard<py::gil_scoped_release>())
+      .def(
+          "next",
+          [](Loader& loader) -> std::shared_ptr<Batch> {
+            // Waits without the GIL, waking every 50 ms so that Ctrl+C interrupts the wait.
+            while (true) {
+              std::optional<Batch> out;
+              Loader::Wait result;
+              {
+                py::gil_scoped_release release;
+                result = loader.next_for(std::chrono::milliseconds(50), out);
+              }
+              if (result == Loader::Wait::kBatch) return std::make_shared<Batch>(std::move(*out));
+              if (result == Loader::Wait::kEndOfEpoch) return nullptr;
+              if (PyErr_CheckSignals() != 0) throw py::error_already_set();
+            }
+          },
+          "The next batch of the epoch, or None at its end. Raises the error of a failed sample.")
+      .def("stats", [](const Loader& l) { return stats_dict(l.stats()); })
+      .def("close", &Loader::close, py::call_guard<py::gil_scoped_release>());
+}
+
+}  // namespace prestage::python

@@ -1,0 +1,11 @@
+#include "bindings.hpp"
+#include "prestage/prestage.hpp"
+
+PYBIND11_MODULE(_core, m) {
+  m.doc() = "prestage's C++ core. Use the `prestage` package, not this module.";
+  m.attr("__version__") = prestage::kVersion;
+  prestage::python::register_errors(m);
+  prestage::python::register_catalog(m);
+  prestage::python::register_plan(m);
+  prestage::python::register_loader(m);
+}

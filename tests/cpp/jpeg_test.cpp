@@ -1,0 +1,369 @@
+// Stage 3 JPEG codec: exact and resized decode, and refusal of every kind of bad input.
+#include "decode/jpeg.hpp"
+
+#include <doctest/doctest.h>
+#include <turbojpeg.h>
+
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "decode/resize.hpp"
+#include "prestage/error.hpp"
+#include "prestage/options.hpp"
+
+namespace {
+
+using prestage::DecodeError;
+using prestage::ImageSize;
+using prestage::detail::JpegDecoder;
+
+const uint64_t kDefaultMaxPixels = prestage::LoaderOptions{}.max_pixels;
+
+using Bytes = std::vector<std::byte>;
+
+// A smooth image with some structure at several scales, like a photograph's low frequencies.
+std::vector<uint8_t> smooth_rgb(int w, int h) {
+  std::vector<uint8_t> px(static_cast<size_t>(w) * h * 3);
+  for (int y = 0; y < h; ++y) {
+    for (int x = 0; x < w; ++x) {
+      for (int c = 0; c < 3; ++c) {
+        const double v = 128 + 60 * std::sin(x * 0.031 + c) + 40 * std::cos(y * 0.047 * (c + 1)) +
+                         20 * std::sin((x + y) * 0.11);
+        px[(static_cast<size_t>(y) * w + x) * 3 + c] = static_cast<uint8_t>(std::lround(v));
+      }
+    }
+  }
+  return px;
+}
+
+Bytes encode(const std::vector<uint8_t>& pixels, int w, int h, int pixel_format, int subsampling,
+             int quality = 95) {
+  tjhandle compressor = tjInitCompress();
+  REQUIRE(compressor != nullptr);
+  unsigned char* buffer = nullptr;
+  unsigned long size = 0;
+  const int rc = tjCompress2(compressor, pixels.data(), w, 0, h, pixel_format, &buffer, &size,
+                             subsampling, quality, 0);
+  INFO(tjGetErrorStr2(compressor));
+  REQUIRE(rc == 0);
+  Bytes jpeg(size);
+  std::memcpy(jpeg.data(), buffer, size);
+  tjFree(buffer);
+  tjDestroy(compressor);
+  return jpeg;
+}
+
+Bytes encode_rgb(int w, int h, int subsampling = TJSAMP_420, int quality = 95) {
+  return encode(smooth_rgb(w, h), w, h, TJPF_RGB, subsampling, quality);
+}
+
+// Offset of the first byte after the two-byte marker `code` (0xFF, code).
+size_t find_marker(const Bytes& jpeg, uint8_t code) {
+  for (size_t i = 0; i + 1 < jpeg.size(); ++i) {
+    if (jpeg[i] == std::byte{0xFF} && jpeg[i + 1] == std::byte{code}) return i + 2;
+  }
+  FAIL("marker not found");
+  return 0;
+}
+
+Bytes text_bytes(const std::string& text) {
+  Bytes bytes(text.size());
+  std::memcpy(bytes.data(), text.data(), text.size());
+  return bytes;
+}
+
+std::vector<uint8_t> decode(JpegDecoder& decoder, const Bytes& jpeg, int w, int h) {
+  std::vector<uint8_t> out(static_cast<size_t>(w) * h * 3);
+  decoder.decode_exact(jpeg, ImageSize{static_cast<uint32_t>(h), static_cast<uint32_t>(w)},
+                       std::as_writable_bytes(std::span(out)), "test.jpg");
+  return out;
+}
+
+std::vector<uint8_t> decode_resized(JpegDecoder& decoder, const Bytes& jpeg, int w, int h) {
+  std::vector<uint8_t> out(static_cast<size_t>(w) * h * 3);
+  decoder.decode_resized(jpeg, ImageSize{static_cast<uint32_t>(h), static_cast<uint32_t>(w)},
+                         std::as_writable_bytes(std::span(out)), "test.jpg");
+  return out;
+}
+
+double mean_abs_diff(const std::vector<uint8_t>& a, const std::vector<uint8_t>& b) {
+  REQUIRE(a.size() == b.size());
+  double total = 0;
+  for (size_t i = 0; i < a.size(); ++i) total += std::abs(int{a[i]} - int{b[i]});
+  return total / static_cast<double>(a.size());
+}
+
+// Every way of decoding must refuse `jpeg` with a DecodeError (and not crash).
+void check_refused(const Bytes& jpeg) {
+  JpegDecoder decoder(kDefaultMaxPixels);
+  std::vector<std::byte> out(64 * 48 * 3);
+  CHECK_THROWS_AS(decoder.decode_exact(jpeg, ImageSize{48, 64}, out, "bad.jpg"), DecodeError);
+  CHECK_THROWS_AS(decoder.decode_resized(jpeg, ImageSize{48, 64}, out, "bad.jpg"), DecodeError);
+}
+
+}  // namespace
+
+TEST_CASE("jpeg: header reports the image size") {
+  JpegDecoder decoder(kDefaultMaxPixels);
+  const auto header = decoder.header(encode_rgb(123, 45), "a.jpg");
+  CHECK(header.width == 123);
+  CHECK(header.height == 45);
+}
+
+TEST_CASE("jpeg: decode_exact round-trips a smooth image within JPEG's loss") {
+  const int w = 160;
+  const int h = 120;
+  const std::vector<uint8_t> original = smooth_rgb(w, h);
+  JpegDecoder decoder(kDefaultMaxPixels);
+  for (const int subsampling : {TJSAMP_444, TJSAMP_422, TJSAMP_420}) {
+    CAPTURE(subsampling);
+    const auto decoded = decode(decoder, encode(original, w, h, TJPF_RGB, subsampling, 95), w, h);
+    CHECK(mean_abs_diff(decoded, original) < 2.0);
+  }
+}
+
+TEST_CASE("jpeg: an image of another size than expected is a DecodeError") {
+  JpegDecoder decoder(kDefaultMaxPixels);
+  const Bytes jpeg = encode_rgb(64, 48);
+  std::vector<std::byte> out(48 * 64 * 3);
+  CHECK_THROWS_AS(decoder.decode_exact(jpeg, ImageSize{64, 48}, out, "a.jpg"), DecodeError);
+  CHECK_THROWS_AS(decoder.decode_exact(jpeg, ImageSize{48, 63}, out, "a.jpg"), DecodeError);
+}
+
+TEST_CASE("jpeg: an output buffer of the wrong size is a logic error") {
+  JpegDecoder decoder(kDefaultMaxPixels);
+  const Bytes jpeg = encode_rgb(64, 48);
+  std::vector<std::byte> out(48 * 64 * 3 - 1);
+  CHECK_THROWS_AS(decoder.decode_exact(jpeg, ImageSize{48, 64}, out, "a.jpg"), std::logic_error);
+  CHECK_THROWS_AS(decoder.decode_resized(jpeg, ImageSize{48, 64}, out, "a.jpg"), std::logic_error);
+}
+
+TEST_CASE("jpeg: a truncated file is a DecodeError") {
+  const Bytes jpeg = encode_rgb(64, 48);
+  check_refused(Bytes(jpeg.begin(), jpeg.begin() + static_cast<std::ptrdiff_t>(jpeg.size() / 2)));
+  check_refused(Bytes(jpeg.begin(), jpeg.end() - 2));  // only the end-of-image marker missing
+  check_refused(Bytes(jpeg.begin(), jpeg.begin() + 20));
+}
+
+TEST_CASE("jpeg: corrupt entropy-coded data is a DecodeError") {
+  // JPEG has no checksum: a flip that still spells valid Huffman codes decodes to wrong pixels
+  // unnoticed. What a decoder can catch is data that breaks the code structure, as flipping every
+  // bit of a long run does (stray markers, bad codes, a scan that ends early or late).
+  const Bytes original = encode_rgb(256, 192);
+  const size_t sos = find_marker(original, 0xDA);
+  const size_t scan = sos + ((std::to_integer<size_t>(original[sos]) << 8) |
+                             std::to_integer<size_t>(original[sos + 1]));
+  const size_t end = original.size() - 2;  // the end-of-image marker
+
+  Bytes flipped = original;
+  for (size_t i = scan + (end - scan) / 4; i < scan + (end - scan) / 2; ++i) {
+    flipped[i] ^= std::byte{0xFF};
+  }
+  check_refused(flipped);
+
+  Bytes stray_marker = original;
+  stray_marker[(scan + end) / 2] = std::byte{0xFF};
+  stray_marker[(scan + end) / 2 + 1] = std::byte{0x99};
+  check_refused(stray_marker);
+}
+
+TEST_CASE("jpeg: bytes that are not a JPEG are a DecodeError") {
+  check_refused(text_bytes(std::string("\x89PNG\r\n\x1a\n\0\0\0\rIHDR", 16)));
+  check_refused(text_bytes("path,label\nimages/cat.jpg,3\n"));
+  check_refused(text_bytes("\xFF\xD8"));  // a start-of-image marker and nothing else
+  JpegDecoder decoder(kDefaultMaxPixels);
+  CHECK_THROWS_AS(decoder.header(text_bytes("GIF89a"), "a.gif"), DecodeError);
+}
+
+TEST_CASE("jpeg: empty input is a DecodeError") {
+  check_refused(Bytes{});
+  JpegDecoder decoder(kDefaultMaxPixels);
+  CHECK_THROWS_AS(decoder.header(Bytes{}, "empty.jpg"), DecodeError);
+}
+
+TEST_CASE("jpeg: a header claiming 60000 x 60000 pixels is refused before decoding") {
+  Bytes jpeg = encode_rgb(64, 48);
+  // SOF0 segment: length (2 bytes), precision (1), height (2), width (2).
+  const size_t sof = find_marker(jpeg, 0xC0);
+  for (const size_t field : {sof + 3, sof + 5}) {
+    jpeg[field] = std::byte{60000 >> 8};
+    jpeg[field + 1] = std::byte{60000 & 0xFF};
+  }
+  JpegDecoder decoder(kDefaultMaxPixels);
+  CHECK_THROWS_AS(decoder.header(jpeg, "bomb.jpg"), DecodeError);
+  check_refused(jpeg);
+  std::vector<std::byte> out(3);
+  CHECK_THROWS_AS(decoder.decode_resized(jpeg, ImageSize{1, 1}, out, "bomb.jpg"), DecodeError);
+}
+
+TEST_CASE("jpeg: images over max_pixels are refused and images at the limit are not") {
+  const Bytes jpeg = encode_rgb(20, 10);
+  JpegDecoder strict(199);
+  CHECK_THROWS_AS(strict.header(jpeg, "a.jpg"), DecodeError);
+  JpegDecoder exact(200);
+  CHECK(exact.header(jpeg, "a.jpg").width == 20);
+}
+
+TEST_CASE("jpeg: the DecodeError names the file") {
+  JpegDecoder decoder(kDefaultMaxPixels);
+  try {
+    decoder.header(text_bytes("not a jpeg"), "dir/sample.jpg");
+    FAIL("no exception");
+  } catch (const DecodeError& error) {
+    CHECK(error.path() == "dir/sample.jpg");
+  }
+}
+
+TEST_CASE("jpeg: a greyscale JPEG decodes to RGB with equal channels") {
+  const int w = 50;
+  const int h = 30;
+  std::vector<uint8_t> grey(static_cast<size_t>(w) * h);
+  for (int i = 0; i < w * h; ++i) grey[static_cast<size_t>(i)] = static_cast<uint8_t>(i % w * 5);
+  const Bytes jpeg = encode(grey, w, h, TJPF_GRAY, TJSAMP_GRAY);
+  JpegDecoder decoder(kDefaultMaxPixels);
+  for (const auto& rgb : {decode(decoder, jpeg, w, h), decode_resized(decoder, jpeg, 20, 10)}) {
+    for (size_t i = 0; i < rgb.size(); i += 3) {
+      REQUIRE(rgb[i] == rgb[i + 1]);
+      REQUIRE(rgb[i] == rgb[i + 2]);
+    }
+  }
+  const auto rgb = decode(decoder, jpeg, w, h);
+  double error = 0;
+  for (size_t i = 0; i < grey.size(); ++i) error += std::abs(int{rgb[i * 3]} - int{grey[i]});
+  CHECK(error / static_cast<double>(grey.size()) < 2.0);
+}
+
+TEST_CASE("jpeg: a CMYK (YCCK) JPEG decodes to RGB") {
+  // Stored CMYK samples (Adobe-inverted, as in CMYK JPEGs): R = C * K / 255 and so on.
+  const int w = 48;
+  const int h = 32;
+  std::vector<uint8_t> cmyk(static_cast<size_t>(w) * h * 4);
+  for (int y = 0; y < h; ++y) {
+    for (int x = 0; x < w; ++x) {
+      uint8_t* p = &cmyk[(static_cast<size_t>(y) * w + x) * 4];
+      p[0] = static_cast<uint8_t>(x * 5);
+      p[1] = static_cast<uint8_t>(y * 7);
+      p[2] = 200;
+      p[3] = static_cast<uint8_t>(255 - x);
+    }
+  }
+  const Bytes jpeg = encode(cmyk, w, h, TJPF_CMYK, TJSAMP_444, 100);
+  JpegDecoder decoder(kDefaultMaxPixels);
+  const auto rgb = decode(decoder, jpeg, w, h);
+  double error = 0;
+  for (size_t i = 0; i < static_cast<size_t>(w) * h; ++i) {
+    for (size_t c = 0; c < 3; ++c) {
+      const double expected = cmyk[i * 4 + c] * cmyk[i * 4 + 3] / 255.0;
+      error += std::abs(rgb[i * 3 + c] - expected);
+    }
+  }
+  CHECK(error / (w * h * 3) < 2.0);
+  CHECK(decode_resized(decoder, jpeg, 24, 16).size() == 24 * 16 * 3);
+}
+
+TEST_CASE("jpeg: decode_resized gives the requested size for any aspect ratio") {
+  JpegDecoder decoder(kDefaultMaxPixels);
+  struct Case {
+    int w, h, out_w, out_h;
+  };
+  for (const Case& c :
+       {Case{400, 300, 224, 224}, Case{300, 400, 224, 224}, Case{224, 224, 224, 224},
+        Case{640, 480, 256, 160}, Case{100, 75, 224, 224}, Case{1, 1, 3, 2}, Case{999, 7, 5, 5}}) {
+    CAPTURE(c.w);
+    CAPTURE(c.h);
+    CAPTURE(c.out_w);
+    CAPTURE(c.out_h);
+    const std::vector<uint8_t> out =
+        decode_resized(decoder, encode_rgb(c.w, c.h), c.out_w, c.out_h);
+    CHECK(out.size() == static_cast<size_t>(c.out_w) * c.out_h * 3);
+  }
+}
+
+TEST_CASE("jpeg: decode_resized of an image already at the output size is decode_exact") {
+  JpegDecoder decoder(kDefaultMaxPixels);
+  const Bytes jpeg = encode_rgb(224, 160);
+  CHECK(decode_resized(decoder, jpeg, 224, 160) == decode(decoder, jpeg, 224, 160));
+}
+
+TEST_CASE("jpeg: decode_resized keeps a constant-colour image that colour") {
+  const int w = 640;
+  const int h = 480;
+  std::vector<uint8_t> flat(static_cast<size_t>(w) * h * 3);
+  for (size_t i = 0; i < flat.size(); i += 3) {
+    flat[i] = 200;
+    flat[i + 1] = 90;
+    flat[i + 2] = 30;
+  }
+  const Bytes jpeg = encode(flat, w, h, TJPF_RGB, TJSAMP_420, 95);
+  JpegDecoder decoder(kDefaultMaxPixels);
+  const std::vector<uint8_t> full = decode(decoder, jpeg, w, h);
+  // 224 x 224 is decoded at 1/2 scale; 500 x 400 at full scale.
+  for (const auto& [out_w, out_h] : {std::pair{224, 224}, std::pair{500, 400}, std::pair{64, 32}}) {
+    CAPTURE(out_w);
+    const std::vector<uint8_t> out = decode_resized(decoder, jpeg, out_w, out_h);
+    for (size_t i = 0; i < out.size(); ++i) REQUIRE(std::abs(int{out[i]} - int{full[i % 3]}) <= 1);
+  }
+}
+
+TEST_CASE("jpeg: decode_resized with DCT scaling agrees with a full decode then resize") {
+  // 2000 x 1500 -> 224 x 224: resized to 298 x 224, so TurboJPEG decodes at 1/4 (500 x 375).
+  const int w = 2000;
+  const int h = 1500;
+  const Bytes jpeg = encode_rgb(w, h, TJSAMP_420, 90);
+  JpegDecoder decoder(kDefaultMaxPixels);
+  const std::vector<uint8_t> scaled = decode_resized(decoder, jpeg, 224, 224);
+
+  const std::vector<uint8_t> full = decode(decoder, jpeg, w, h);
+  const int resized_w = 224 * w / h;  // 298, as torchvision's Resize(224) computes it
+  const int left = 37;                // round((298 - 224) / 2)
+  const double x0 = left * static_cast<double>(w) / resized_w;
+  const double x1 = (left + 224) * static_cast<double>(w) / resized_w;
+  std::vector<uint8_t> reference(224 * 224 * 3);
+  prestage::detail::ResizeScratch scratch;
+  prestage::detail::resize_rgb(full.data(), w, h, static_cast<size_t>(w) * 3, x0, 0, x1, h,
+                               reference.data(), 224, 224, 224 * 3, scratch);
+  CHECK(mean_abs_diff(scaled, reference) < 3.0);
+}
+
+TEST_CASE("jpeg: the centre crop is centred") {
+  // Left half black, right half white, wide image: the crop straddles the middle, so its left
+  // half must be dark and its right half bright.
+  const int w = 800;
+  const int h = 200;
+  std::vector<uint8_t> px(static_cast<size_t>(w) * h * 3);
+  for (int y = 0; y < h; ++y) {
+    for (int x = 0; x < w; ++x) {
+      for (int c = 0; c < 3; ++c)
+        px[(static_cast<size_t>(y) * w + x) * 3 + c] = x < w / 2 ? 0 : 255;
+    }
+  }
+  const Bytes jpeg = encode(px, w, h, TJPF_RGB, TJSAMP_444, 95);
+  JpegDecoder decoder(kDefaultMaxPixels);
+  const std::vector<uint8_t> out = decode_resized(decoder, jpeg, 100, 100);
+  for (int y = 0; y < 100; ++y) {
+    CHECK(out[(static_cast<size_t>(y) * 100 + 40) * 3] < 10);
+    CHECK(out[(static_cast<size_t>(y) * 100 + 59) * 3] > 245);
+  }
+}
+
+TEST_CASE("jpeg: a decoder reused across sizes and errors gives the same pixels as a fresh one") {
+  const Bytes small = encode_rgb(90, 70);
+  const Bytes big = encode_rgb(1200, 900);
+  JpegDecoder reused(kDefaultMaxPixels);
+  decode_resized(reused, big, 224, 224);
+  CHECK_THROWS_AS(decode(reused, text_bytes("junk"), 90, 70), DecodeError);
+  const Bytes truncated(big.begin(), big.begin() + static_cast<std::ptrdiff_t>(big.size() / 3));
+  CHECK_THROWS_AS(decode_resized(reused, truncated, 224, 224), DecodeError);
+  const auto resized_again = decode_resized(reused, small, 64, 48);
+  const auto exact_again = decode(reused, small, 90, 70);
+
+  JpegDecoder fresh(kDefaultMaxPixels);
+  CHECK(resized_again == decode_resized(fresh, small, 64, 48));
+  CHECK(exact_again == decode(fresh, small, 90, 70));
+}

@@ -1,0 +1,310 @@
+#include <doctest/doctest.h>
+
+#include <dirent.h>
+#include <turbojpeg.h>
+
+#include <chrono>
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <thread>
+
+#include "prestage/prestage.hpp"
+#include "test_util.hpp"
+
+using prestage::Catalog;
+using prestage::Loader;
+using prestage::LoaderOptions;
+using prestage::test::TempDir;
+
+namespace {
+
+struct Seen {
+  std::vector<int64_t> indices;
+  std::vector<int64_t> labels;
+  std::vector<std::byte> pixels;
+};
+
+Seen run_epoch(Loader& loader, uint64_t epoch) {
+  Seen seen;
+  loader.start_epoch(epoch);
+  while (auto batch = loader.next()) {
+    seen.indices.insert(seen.indices.end(), batch->indices().begin(), batch->indices().end());
+    seen.labels.insert(seen.labels.end(), batch->labels().begin(), batch->labels().end());
+    seen.pixels.insert(seen.pixels.end(), batch->data().begin(), batch->data().end());
+  }
+  return seen;
+}
+
+LoaderOptions options(uint64_t batch_size, const std::string& stage_dir = "") {
+  LoaderOptions o;
+  o.batch_size = batch_size;
+  o.seed = 3;
+  o.stage_dir = stage_dir;
+  return o;
+}
+
+std::vector<uint8_t> decode_with_turbojpeg(const std::filesystem::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::vector<unsigned char> bytes((std::istreambuf_iterator<char>(in)), {});
+  tjhandle h = tjInitDecompress();
+  int w, h_, sub, cs;
+  REQUIRE(tjDecompressHeader3(h, bytes.data(), bytes.size(), &w, &h_, &sub, &cs) == 0);
+  std::vector<uint8_t> rgb(static_cast<size_t>(w) * h_ * 3);
+  REQUIRE(tjDecompress2(h, bytes.data(), bytes.size(), rgb.data(), w, 0, h_, TJPF_RGB, 0) == 0);
+  tjDestroy(h);
+  return rgb;
+}
+
+int thread_count() {
+  int n = 0;
+  if (DIR* d = ::opendir("/proc/self/task")) {
+    while (::readdir(d) != nullptr) ++n;
+    ::closedir(d);
+  }
+  return n - 2;  // "." and ".."
+}
+
+}  // namespace
+
+TEST_CASE("loader: every sample once per epoch, each image as TurboJPEG decodes it") {
+  TempDir dir;
+  prestage::test::make_image_folder(dir / "data", 3, 9);  // 27 images: batches of 4 leave 3
+  const Catalog cat = Catalog::from_folder(dir / "data");
+  Loader loader(cat, options(4, (dir / "stage").string()));
+  CHECK(loader.batches_per_epoch() == 7);
+  const Seen seen = run_epoch(loader, 0);
+  REQUIRE(seen.indices.size() == 27);
+  std::vector<int64_t> sorted = seen.indices;
+  std::sort(sorted.begin(), sorted.end());
+  for (int64_t i = 0; i < 27; ++i) CHECK(sorted[i] == i);
+  const size_t image_bytes = 24 * 16 * 3;
+  for (size_t k = 0; k < seen.indices.size(); ++k) {
+    CHECK(seen.labels[k] == cat.label(seen.indices[k]));
+    const auto expected = decode_with_turbojpeg(cat.source_path(seen.indices[k]));
+    CHECK(std::memcmp(expected.data(), seen.pixels.data() + k * image_bytes, image_bytes) == 0);
+  }
+}
+
+TEST_CASE("loader: batches are identical for 1, 2 and 4 readers and prefetchers") {
+  TempDir dir;
+  prestage::test::make_image_folder(dir / "data", 2, 15);
+  const Catalog cat = Catalog::from_folder(dir / "data");
+  Seen reference;
+  for (uint64_t threads : {1, 2, 4}) {
+    CAPTURE(threads);
+    LoaderOptions o = options(4, (dir / ("stage" + std::to_string(threads))).string());
+    o.readers = threads;
+    o.prefetchers = threads;
+    o.image_size = {8, 8};
+    Loader loader(cat, o);
+    const Seen seen = run_epoch(loader, 1);
+    if (threads == 1) {
+      reference = seen;
+      continue;
+    }
+    CHECK(seen.indices == reference.indices);
+    CHECK(seen.labels == reference.labels);
+    CHECK(seen.pixels == reference.pixels);
+  }
+}
+
+TEST_CASE("loader: epochs run back to back, each a new order, without a restart") {
+  TempDir dir;
+  prestage::test::make_image_folder(dir / "data", 2, 10);
+  Loader loader(Catalog::from_folder(dir / "data"), options(3));
+  const Seen e0 = run_epoch(loader, 0);
+  const Seen e1 = run_epoch(loader, 1);
+  CHECK(e0.indices.size() == 20);
+  CHECK(e1.indices.size() == 20);
+  CHECK(e0.indices != e1.indices);
+  // The same epoch again gives the same order (a restart).
+  CHECK(run_epoch(loader, 0).indices == e0.indices);
+}
+
+TEST_CASE("loader: starting mid-epoch gives the rest of the epoch") {
+  TempDir dir;
+  prestage::test::make_image_folder(dir / "data", 2, 10);
+  Loader loader(Catalog::from_folder(dir / "data"), options(3));
+  const Seen full = run_epoch(loader, 4);
+  loader.start_epoch(4, 2);
+  std::vector<int64_t> rest;
+  while (auto b = loader.next()) rest.insert(rest.end(), b->indices().begin(), b->indices().end());
+  CHECK(rest == std::vector<int64_t>(full.indices.begin() + 6, full.indices.end()));
+}
+
+TEST_CASE("loader: a second run over the same stage directory copies nothing") {
+  TempDir dir;
+  prestage::test::make_image_folder(dir / "data", 2, 8);
+  const Catalog cat = Catalog::from_folder(dir / "data");
+  const std::string stage = (dir / "stage").string();
+  {
+    Loader first(cat, options(4, stage));
+    run_epoch(first, 0);
+    CHECK(first.stats().staged_files == 16);
+  }
+  Loader second(cat, options(4, stage));
+  run_epoch(second, 0);
+  const auto stats = second.stats();
+  CHECK(stats.staged_files == 0);
+  CHECK(stats.already_staged >= 16);
+  CHECK(stats.misses == 0);
+}
+
+TEST_CASE("loader: a missing or corrupt file raises at its batch, naming it, and the epoch goes on") {
+  TempDir dir;
+  prestage::test::make_image_folder(dir / "data", 1, 12);
+  const Catalog cat = Catalog::from_folder(dir / "data");
+  LoaderOptions o = options(4, (dir / "stage").string());
+  o.shuffle = false;  // catalog order: sample 5 is in batch 1, sample 10 in batch 2
+  // Sorted names: img_0, img_1, img_10, img_11, img_2, ... so find the indices by path.
+  int64_t missing = -1, corrupt = -1;
+  for (size_t i = 0; i < cat.size(); ++i) {
+    if (cat.path(i) == "class_0/img_5.jpg") missing = static_cast<int64_t>(i);
+    if (cat.path(i) == "class_0/img_9.jpg") corrupt = static_cast<int64_t>(i);
+  }
+  REQUIRE(missing / 4 != corrupt / 4);
+  std::filesystem::remove(cat.source_path(missing));
+  std::ofstream(cat.source_path(corrupt), std::ios::trunc) << "not a jpeg at all";
+  Loader loader(cat, o);
+  loader.start_epoch(0);
+  int batches = 0;
+  int io_errors = 0, decode_errors = 0;
+  for (int b = 0; b < 3; ++b) {
+    try {
+      auto batch = loader.next();
+      REQUIRE(batch.has_value());
+      CHECK(batch->index() == static_cast<uint64_t>(b));
+      ++batches;
+    } catch (const prestage::IoError& e) {
+      ++io_errors;
+      CHECK(b == missing / 4);
+      CHECK(e.path() == cat.source_path(missing).string());
+      CHECK(e.error_code() == ENOENT);
+    } catch (const prestage::DecodeError& e) {
+      ++decode_errors;
+      CHECK(b == corrupt / 4);
+      CHECK(e.path() == cat.source_path(corrupt).string());
+    }
+  }
+  CHECK(batches == 1);
+  CHECK(io_errors == 1);
+  CHECK(decode_errors == 1);
+  CHECK(!loader.next().has_value());  // end of epoch
+}
+
+TEST_CASE("loader: images of another size than the first are a DecodeError when image_size is unset") {
+  TempDir dir;
+  prestage::test::write_jpeg(dir / "data/a/0.jpg", 24, 16, 1);
+  prestage::test::write_jpeg(dir / "data/a/1.jpg", 30, 16, 2);
+  LoaderOptions o = options(2);
+  o.shuffle = false;
+  Loader loader(Catalog::from_folder(dir / "data"), o);
+  CHECK_THROWS_AS(loader.next(), prestage::DecodeError);
+}
+
+TEST_CASE("loader: a leftover temporary file in the stage directory is never served") {
+  TempDir dir;
+  prestage::test::make_image_folder(dir / "data", 1, 6);
+  const Catalog cat = Catalog::from_folder(dir / "data");
+  const std::string stage = (dir / "stage").string();
+  std::string area;
+  {
+    prestage::LoaderOptions o = options(6, stage);
+    Loader probe(cat, o);  // creates the area; learn its path from a staged copy
+    run_epoch(probe, 0);
+  }
+  // Replace every copy by a partial temporary file of a (pretend) running process: our own pid.
+  for (const auto& entry : std::filesystem::recursive_directory_iterator(stage)) {
+    if (!entry.is_regular_file()) continue;
+    const auto p = entry.path();
+    std::filesystem::remove(p);
+    std::ofstream(p.string() + ".tmp." + std::to_string(::getpid()) + ".0") << "\xff\xd8garbage";
+  }
+  Loader loader(cat, options(6, stage));
+  const Seen seen = run_epoch(loader, 0);
+  REQUIRE(seen.indices.size() == 6);
+  for (size_t k = 0; k < 6; ++k) {
+    const auto expected = decode_with_turbojpeg(cat.source_path(seen.indices[k]));
+    CHECK(std::memcmp(expected.data(), seen.pixels.data() + k * expected.size(), expected.size()) == 0);
+  }
+}
+
+TEST_CASE("loader: raw mode returns each file's bytes") {
+  TempDir dir;
+  std::vector<std::string> paths;
+  for (int i = 0; i < 7; ++i) {
+    paths.push_back("f" + std::to_string(i) + ".bin");
+    std::ofstream(dir / paths.back()) << std::string(static_cast<size_t>(i * 3), static_cast<char>('a' + i));
+  }
+  LoaderOptions o = options(3, (dir / "stage").string());
+  o.decode = prestage::DecodeMode::kRaw;
+  Loader loader(Catalog::from_paths(dir.path(), paths), o);
+  loader.start_epoch(0);
+  size_t samples = 0;
+  while (auto b = loader.next()) {
+    const auto offsets = b->offsets();
+    REQUIRE(offsets.size() == b->size() + 1);
+    for (size_t k = 0; k < b->size(); ++k) {
+      const int64_t id = b->indices()[k];
+      CHECK(offsets[k + 1] - offsets[k] == static_cast<uint64_t>(id * 3));
+      for (uint64_t j = offsets[k]; j < offsets[k + 1]; ++j) {
+        CHECK(static_cast<char>(b->data()[j]) == static_cast<char>('a' + id));
+      }
+      ++samples;
+    }
+  }
+  CHECK(samples == 7);
+}
+
+TEST_CASE("loader: options are checked at construction, naming the option") {
+  TempDir dir;
+  prestage::test::make_image_folder(dir / "data", 1, 4);
+  const Catalog cat = Catalog::from_folder(dir / "data");
+  auto bad = [&](auto change) {
+    LoaderOptions o = options(2);
+    change(o);
+    CHECK_THROWS_AS(Loader(cat, o), prestage::ConfigError);
+  };
+  bad([](LoaderOptions& o) { o.batch_size = 0; });
+  bad([](LoaderOptions& o) { o.readers = 0; });
+  bad([](LoaderOptions& o) { o.depth = 0; });
+  bad([](LoaderOptions& o) { o.rank = 2, o.world_size = 2; });
+  bad([](LoaderOptions& o) { o.image_size = {0, 5}; });
+  bad([](LoaderOptions& o) { o.batch_size = 5, o.drop_last = true; });  // no whole batch
+  CHECK_THROWS_AS(Loader(Catalog::from_paths(dir.path(), {}), options(2)), prestage::ConfigError);
+}
+
+TEST_CASE("loader: an unusable stage directory falls back to direct reads and says so") {
+  TempDir dir;
+  prestage::test::make_image_folder(dir / "data", 1, 5);
+  std::ofstream(dir / "not_a_dir") << "file";
+  Loader loader(Catalog::from_folder(dir / "data"), options(2, (dir / "not_a_dir").string()));
+  const Seen seen = run_epoch(loader, 0);
+  CHECK(seen.indices.size() == 5);
+  const auto stats = loader.stats();
+  CHECK(stats.stage_dir_disabled);
+  CHECK(!stats.stage_dir_error.empty());
+  CHECK(stats.misses >= 5);
+}
+
+TEST_CASE("loader: stopping mid-epoch joins every thread promptly") {
+  TempDir dir;
+  prestage::test::make_image_folder(dir / "data", 2, 20);
+  const Catalog cat = Catalog::from_folder(dir / "data");
+  const int before = thread_count();
+  for (uint64_t threads : {1, 2, 4}) {
+    LoaderOptions o = options(2, (dir / "stage").string());
+    o.readers = threads;
+    o.prefetchers = threads;
+    auto loader = std::make_unique<Loader>(cat, o);
+    loader->start_epoch(0);
+    auto held = loader->next();  // hold a batch past the loader's end: it must stay valid
+    REQUIRE(held.has_value());
+    const auto start = std::chrono::steady_clock::now();
+    loader.reset();
+    CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(1));
+    CHECK(held->size() == 2);
+  }
+  CHECK(thread_count() == before);
+}

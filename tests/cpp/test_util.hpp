@@ -1,0 +1,91 @@
+// Test fixtures: temporary directories and real JPEG files made with TurboJPEG.
+#pragma once
+
+#include <turbojpeg.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace prestage::test {
+
+class TempDir {
+ public:
+  TempDir() {
+    std::string pattern = (std::filesystem::temp_directory_path() / "prestage-test-XXXXXX").string();
+    if (::mkdtemp(pattern.data()) == nullptr) throw std::runtime_error("mkdtemp failed");
+    path_ = pattern;
+  }
+  ~TempDir() {
+    std::error_code ignored;
+    std::filesystem::remove_all(path_, ignored);
+  }
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  const std::filesystem::path& path() const { return path_; }
+  std::filesystem::path operator/(const std::string& name) const { return path_ / name; }
+
+ private:
+  std::filesystem::path path_;
+};
+
+// A smooth RGB test pattern that differs with `seed`, so every file decodes to different pixels.
+inline std::vector<uint8_t> pattern(int width, int height, uint32_t seed) {
+  std::vector<uint8_t> rgb(static_cast<size_t>(width) * height * 3);
+  for (int y = 0; y < height; ++y) {
+    for (int x = 0; x < width; ++x) {
+      uint8_t* p = &rgb[(static_cast<size_t>(y) * width + x) * 3];
+      p[0] = static_cast<uint8_t>((x * 255 / std::max(1, width - 1) + seed * 37) & 0xff);
+      p[1] = static_cast<uint8_t>((y * 255 / std::max(1, height - 1) + seed * 11) & 0xff);
+      p[2] = static_cast<uint8_t>(((x + y) * 2 + seed * 53) & 0xff);
+    }
+  }
+  return rgb;
+}
+
+inline std::vector<unsigned char> encode_jpeg(const std::vector<uint8_t>& rgb, int width, int height,
+                                              int quality = 90, int subsamp = TJSAMP_420) {
+  tjhandle handle = tjInitCompress();
+  unsigned char* out = nullptr;
+  unsigned long size = 0;
+  if (tjCompress2(handle, rgb.data(), width, 0, height, TJPF_RGB, &out, &size, subsamp, quality,
+                  0) != 0) {
+    tjDestroy(handle);
+    throw std::runtime_error("tjCompress2 failed");
+  }
+  std::vector<unsigned char> bytes(out, out + size);
+  tjFree(out);
+  tjDestroy(handle);
+  return bytes;
+}
+
+inline void write_file(const std::filesystem::path& path, const std::vector<unsigned char>& bytes) {
+  std::filesystem::create_directories(path.parent_path());
+  std::ofstream out(path, std::ios::binary);
+  out.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
+  if (!out) throw std::runtime_error("cannot write " + path.string());
+}
+
+inline void write_jpeg(const std::filesystem::path& path, int width, int height, uint32_t seed) {
+  write_file(path, encode_jpeg(pattern(width, height, seed), width, height));
+}
+
+// An ImageFolder tree: root/class_k/img_i.jpg, `per_class` images of width x height per class.
+inline void make_image_folder(const std::filesystem::path& root, int classes, int per_class,
+                              int width = 24, int height = 16) {
+  uint32_t seed = 0;
+  for (int c = 0; c < classes; ++c) {
+    for (int i = 0; i < per_class; ++i) {
+      write_jpeg(root / ("class_" + std::to_string(c)) / ("img_" + std::to_string(i) + ".jpg"), width,
+                 height, seed++);
+    }
+  }
+}
+
+}  // namespace prestage::test
