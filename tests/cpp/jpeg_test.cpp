@@ -303,9 +303,15 @@ TEST_CASE("jpeg: decode_resized keeps a constant-colour image that colour") {
   const Bytes jpeg = encode(flat, w, h, TJPF_RGB, TJSAMP_420, 95);
   JpegDecoder decoder(kDefaultMaxPixels);
   const std::vector<uint8_t> full = decode(decoder, jpeg, w, h);
-  // 224 x 224 is decoded at 1/2 scale; 500 x 400 at full scale.
-  for (const auto& [out_w, out_h] : {std::pair{224, 224}, std::pair{500, 400}, std::pair{64, 32}}) {
+  // 224 x 224 is decoded at 1/2 scale, 500 x 400 at full scale and 64 x 32 at 1/8.
+  struct Size {
+    int w, h;
+  };
+  for (const Size size : {Size{224, 224}, Size{500, 400}, Size{64, 32}}) {
+    const int out_w = size.w;
+    const int out_h = size.h;
     CAPTURE(out_w);
+    CAPTURE(out_h);
     const std::vector<uint8_t> out = decode_resized(decoder, jpeg, out_w, out_h);
     for (size_t i = 0; i < out.size(); ++i) REQUIRE(std::abs(int{out[i]} - int{full[i % 3]}) <= 1);
   }

@@ -81,8 +81,12 @@ TEST_CASE("resize: a constant image stays constant at every scale") {
     return c == 0 ? 200 : c == 1 ? 17 : 255;
   });
   ResizeScratch scratch;
-  for (const auto& [w, h] :
-       {std::pair{224, 224}, std::pair{13, 9}, std::pair{300, 40}, std::pair{1, 1}}) {
+  struct Size {
+    int w, h;
+  };
+  for (const Size size : {Size{224, 224}, Size{13, 9}, Size{300, 40}, Size{1, 1}}) {
+    const int w = size.w;
+    const int h = size.h;
     CAPTURE(w);
     CAPTURE(h);
     const Image dst = resize(src, 3.25, 1.5, 99.75, 70.125, w, h, scratch);

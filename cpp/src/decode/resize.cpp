@@ -45,6 +45,7 @@ void compute_taps(int in_size, double in0, double in1, int out_size, ResampleTap
   const size_t out = static_cast<size_t>(out_size);
 
   taps.taps_per_pixel = taps_per_pixel;
+  taps.uniform = false;
   grow(taps.first, out);
   grow(taps.count, out);
   grow(taps.weights, out * static_cast<size_t>(taps_per_pixel));
@@ -77,53 +78,117 @@ void compute_taps(int in_size, double in0, double in1, int out_size, ResampleTap
   }
 }
 
+// Gives every output pixel taps_per_pixel taps: zero weights are added around its own, and the
+// window is moved back inside the image at the right edge. The horizontal inner loop then has a
+// fixed trip count, where varying counts cost a mispredicted branch every few pixels. The sums are
+// of integers, so the pixels do not change.
+void make_uniform(ResampleTaps& taps, int in_size, int out_size) {
+  const int width = taps.taps_per_pixel;
+  if (in_size < width) return;
+  for (int xx = 0; xx < out_size; ++xx) {
+    const size_t i = static_cast<size_t>(xx);
+    int32_t* weights = &taps.weights[i * static_cast<size_t>(width)];
+    const int count = taps.count[i];
+    const int start = std::min(taps.first[i], in_size - width);
+    const int shift = taps.first[i] - start;
+    std::copy_backward(weights, weights + count, weights + shift + count);
+    std::fill(weights, weights + shift, 0);
+    std::fill(weights + shift + count, weights + width, 0);
+    taps.first[i] = start;
+    taps.count[i] = width;
+  }
+  taps.uniform = true;
+}
+
 // Resamples `rows` rows along x. `src` holds source column `column_offset` at the start of each
-// row.
+// row. The tables are read through local pointers: every byte stored to `dst` could otherwise alias
+// the vectors' internals and force the compiler to reload them. kTaps > 0: every pixel has that
+// many taps (see make_uniform), so the tap loop unrolls; kTaps == 0: counts vary.
+template <int kTaps>
 void horizontal_pass(const uint8_t* src, size_t src_stride, int column_offset, int rows,
                      const ResampleTaps& taps, int out_w, uint8_t* dst, size_t dst_stride) {
   const size_t taps_per_pixel = static_cast<size_t>(taps.taps_per_pixel);
+  const int32_t* const first = taps.first.data();
+  const int32_t* const count = taps.count.data();
+  const int32_t* const weights = taps.weights.data();
   for (int y = 0; y < rows; ++y) {
     const uint8_t* in = src + static_cast<size_t>(y) * src_stride;
     uint8_t* out = dst + static_cast<size_t>(y) * dst_stride;
-    for (int xx = 0; xx < out_w; ++xx) {
-      const size_t i = static_cast<size_t>(xx);
-      const int32_t* weights = &taps.weights[i * taps_per_pixel];
-      const uint8_t* p = in + static_cast<size_t>(taps.first[i] - column_offset) * kChannels;
+    const int32_t* w = weights;
+    for (int xx = 0; xx < out_w; ++xx, w += taps_per_pixel, out += kChannels) {
+      const uint8_t* p = in + static_cast<size_t>(first[xx] - column_offset) * kChannels;
+      const int32_t n = kTaps > 0 ? kTaps : count[xx];
       int32_t r = kRoundingBias;
       int32_t g = kRoundingBias;
       int32_t b = kRoundingBias;
-      for (int32_t k = 0; k < taps.count[i]; ++k, p += kChannels) {
-        r += p[0] * weights[k];
-        g += p[1] * weights[k];
-        b += p[2] * weights[k];
+#pragma GCC unroll 8
+      for (int32_t k = 0; k < n; ++k, p += kChannels) {
+        r += p[0] * w[k];
+        g += p[1] * w[k];
+        b += p[2] * w[k];
       }
-      out[i * kChannels + 0] = clip8(r);
-      out[i * kChannels + 1] = clip8(g);
-      out[i * kChannels + 2] = clip8(b);
+      out[0] = clip8(r);
+      out[1] = clip8(g);
+      out[2] = clip8(b);
     }
   }
 }
 
-// Resamples `columns` columns along y. `src` holds source row `row_offset` at its start. Whole rows
-// are accumulated at a time so that the inner loop runs over contiguous bytes (and vectorises).
+void horizontal_pass(const uint8_t* src, size_t src_stride, int column_offset, int rows,
+                     const ResampleTaps& taps, int out_w, uint8_t* dst, size_t dst_stride) {
+  // Widths 3, 5 and 7 cover every downscale up to 3x; after DCT scaling what is left is under 2x
+  // unless even 1/8 was not enough.
+  auto* pass = &horizontal_pass<0>;
+  if (taps.uniform) {
+    switch (taps.taps_per_pixel) {
+      case 3:
+        pass = &horizontal_pass<3>;
+        break;
+      case 5:
+        pass = &horizontal_pass<5>;
+        break;
+      case 7:
+        pass = &horizontal_pass<7>;
+        break;
+      default:
+        break;
+    }
+  }
+  pass(src, src_stride, column_offset, rows, taps, out_w, dst, dst_stride);
+}
+
+// Resamples `columns` columns along y. `src` holds source row `row_offset` at its start. Each
+// output row is computed in blocks of contiguous bytes whose sums stay in (vector) registers: the
+// fixed block length lets the compiler vectorise even at -O2, whose cost model refuses loops that
+// need alias checks or a scalar epilogue.
 void vertical_pass(const uint8_t* src, size_t src_stride, int row_offset, int columns,
-                   const ResampleTaps& taps, int out_h, uint8_t* dst, size_t dst_stride,
-                   std::vector<int32_t>& sums) {
+                   const ResampleTaps& taps, int out_h, uint8_t* dst, size_t dst_stride) {
+  constexpr size_t kBlock = 16;
   const size_t row_bytes = static_cast<size_t>(columns) * kChannels;
   const size_t taps_per_pixel = static_cast<size_t>(taps.taps_per_pixel);
-  grow(sums, row_bytes);
-  int32_t* acc = sums.data();
-  for (int yy = 0; yy < out_h; ++yy) {
-    const size_t i = static_cast<size_t>(yy);
-    const int32_t* weights = &taps.weights[i * taps_per_pixel];
-    const uint8_t* in = src + static_cast<size_t>(taps.first[i] - row_offset) * src_stride;
-    std::fill(acc, acc + row_bytes, kRoundingBias);
-    for (int32_t k = 0; k < taps.count[i]; ++k, in += src_stride) {
-      const int32_t w = weights[k];
-      for (size_t x = 0; x < row_bytes; ++x) acc[x] += in[x] * w;
+  const int32_t* const first = taps.first.data();
+  const int32_t* const count = taps.count.data();
+  const int32_t* w = taps.weights.data();
+  for (int yy = 0; yy < out_h; ++yy, w += taps_per_pixel) {
+    const uint8_t* in = src + static_cast<size_t>(first[yy] - row_offset) * src_stride;
+    uint8_t* out = dst + static_cast<size_t>(yy) * dst_stride;
+    const int32_t n = count[yy];
+    size_t x = 0;
+    for (; x + kBlock <= row_bytes; x += kBlock) {
+      int32_t sums[kBlock];
+      for (size_t j = 0; j < kBlock; ++j) sums[j] = kRoundingBias;
+      const uint8_t* p = in + x;
+      for (int32_t k = 0; k < n; ++k, p += src_stride) {
+        for (size_t j = 0; j < kBlock; ++j) sums[j] += p[j] * w[k];
+      }
+      for (size_t j = 0; j < kBlock; ++j) out[x + j] = clip8(sums[j]);
     }
-    uint8_t* out = dst + i * dst_stride;
-    for (size_t x = 0; x < row_bytes; ++x) out[x] = clip8(acc[x]);
+    for (; x < row_bytes; ++x) {
+      int32_t sum = kRoundingBias;
+      const uint8_t* p = in + x;
+      for (int32_t k = 0; k < n; ++k, p += src_stride) sum += *p * w[k];
+      out[x] = clip8(sum);
+    }
   }
 }
 
@@ -168,16 +233,18 @@ void resize_rgb(const uint8_t* src, int src_w, int src_h, size_t src_stride, dou
   }
   if (!need_vertical) {
     compute_taps(src_w, x0, x1, dst_w, horizontal);
+    make_uniform(horizontal, src_w, dst_w);
     horizontal_pass(src, src_stride, 0, src_h, horizontal, dst_w, dst, dst_stride);
     return;
   }
   if (!need_horizontal) {
     compute_taps(src_h, y0, y1, dst_h, vertical);
-    vertical_pass(src, src_stride, 0, src_w, vertical, dst_h, dst, dst_stride, scratch.sums);
+    vertical_pass(src, src_stride, 0, src_w, vertical, dst_h, dst, dst_stride);
     return;
   }
 
   compute_taps(src_w, x0, x1, dst_w, horizontal);
+  make_uniform(horizontal, src_w, dst_w);
   compute_taps(src_h, y0, y1, dst_h, vertical);
   // Pillow (from 13.0) runs the vertical pass first when the height shrinks by more than twice as
   // many pixels as the width; the intermediate image is rounded to 8 bits, so the order shows in
@@ -191,7 +258,7 @@ void resize_rgb(const uint8_t* src, int src_w, int src_h, size_t src_stride, dou
     const size_t row_bytes = static_cast<size_t>(columns) * kChannels;
     grow(scratch.rows, static_cast<size_t>(dst_h) * row_bytes);
     vertical_pass(src + static_cast<size_t>(first) * kChannels, src_stride, 0, columns, vertical,
-                  dst_h, scratch.rows.data(), row_bytes, scratch.sums);
+                  dst_h, scratch.rows.data(), row_bytes);
     horizontal_pass(scratch.rows.data(), row_bytes, first, dst_h, horizontal, dst_w, dst,
                     dst_stride);
   } else {
@@ -201,7 +268,7 @@ void resize_rgb(const uint8_t* src, int src_w, int src_h, size_t src_stride, dou
     horizontal_pass(src + static_cast<size_t>(first) * src_stride, src_stride, 0, rows, horizontal,
                     dst_w, scratch.rows.data(), dst_row_bytes);
     vertical_pass(scratch.rows.data(), dst_row_bytes, first, dst_w, vertical, dst_h, dst,
-                  dst_stride, scratch.sums);
+                  dst_stride);
   }
 }
 

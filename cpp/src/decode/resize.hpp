@@ -13,6 +13,7 @@ namespace prestage::detail {
 // owns it).
 struct ResampleTaps {
   int taps_per_pixel = 0;        // stride of `weights`
+  bool uniform = false;          // every count is taps_per_pixel
   std::vector<int32_t> first;    // first source index read by each output pixel
   std::vector<int32_t> count;    // number of source pixels read by each output pixel
   std::vector<int32_t> weights;  // fixed-point, taps_per_pixel per output pixel
@@ -25,7 +26,6 @@ struct ResizeScratch {
   ResampleTaps horizontal;
   ResampleTaps vertical;
   std::vector<uint8_t> rows;  // the image between the two passes
-  std::vector<int32_t> sums;  // one output row of vertical sums
 };
 
 // Resamples the box [x0, x1) x [y0, y1) of `src` (src_w x src_h RGB pixels, rows `src_stride` bytes

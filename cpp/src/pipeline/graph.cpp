@@ -40,6 +40,7 @@ struct Work {
   size_t count = 0;
   StageTask stage;
   StageNode::gateway_type* gateway = nullptr;
+  void* owner = nullptr;  // the Pipeline::Impl
   Slot* slot = nullptr;
   std::vector<uint8_t> from_stage;  // kRaw: where each sample is read from
   std::atomic<bool> in_use{false};
@@ -63,6 +64,12 @@ struct Pipeline::Impl {
   Shared& shared;
   std::shared_ptr<BatchRing> ring;
   std::atomic<bool> stopping{false};
+  // Batches handed to the stager and not yet back: teardown waits for zero, which also orders the
+  // stager threads' last touch of the graph before its destruction (visible to ThreadSanitizer,
+  // unlike oneTBB's own wait inside its uninstrumented library).
+  std::mutex stager_mutex;
+  std::condition_variable stager_cv;
+  int at_stager = 0;  // guarded by stager_mutex
 
   // Stage 1 state, touched only by the source node's body (serial).
   uint64_t next_seq = 0;
@@ -149,6 +156,10 @@ Pipeline::Impl::~Impl() {
   shared.stager->cancel(true);  // queued copies complete at once
   graph->release_wait();
   shared.arena.execute([&] { graph->wait_for_all(); });
+  {
+    std::unique_lock lock(stager_mutex);
+    stager_cv.wait(lock, [&] { return at_stager == 0; });
+  }
   shared.stager->cancel(false);
   std::lock_guard lock(ready_mutex);
   for (Slot* slot : ready) ring->release(slot);
@@ -184,15 +195,26 @@ Ticket Pipeline::Impl::next_batch(tbb::flow_control& fc) {
 
 void Pipeline::Impl::stage(Ticket t, StageNode::gateway_type& gateway) {
   gateway.reserve_wait();
+  {
+    std::lock_guard lock(stager_mutex);
+    ++at_stager;
+  }
   t->gateway = &gateway;
+  t->owner = this;
   t->stage.ids = t->ids;
   t->stage.count = t->count;
   t->stage.context = t;
   t->stage.done = [](void* context) {
     Ticket done = static_cast<Ticket>(context);
-    StageNode::gateway_type* gw = done->gateway;  // `done` may be recycled once it is put
+    // `done` may be recycled once it is put: read what is needed first.
+    StageNode::gateway_type* gw = done->gateway;
+    Impl* owner = static_cast<Impl*>(done->owner);
     gw->try_put(done);
     gw->release_wait();
+    // Notified under the lock: once teardown holds the lock and sees zero, nothing here touches
+    // `owner` again.
+    std::lock_guard lock(owner->stager_mutex);
+    if (--owner->at_stager == 0) owner->stager_cv.notify_all();
   };
   shared.stager->submit(&t->stage);
 }

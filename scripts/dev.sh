@@ -1,0 +1,92 @@
+#!/usr/bin/env bash
+# Sets up everything prestage needs on a Debian machine and runs its main jobs.
+#
+#   scripts/dev.sh setup   system packages (apt), .venv with the Python package and its test tools
+#   scripts/dev.sh demo    setup, then `prestage demo` on a built-in synthetic data set
+#   scripts/dev.sh test    setup, then the C++ tests (doctest through CTest) and the Python tests
+#
+# Each step skips what is already in place, so running it again is cheap.
+set -euo pipefail
+
+root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$root"
+
+APT_PACKAGES=(build-essential cmake ninja-build pkg-config python3-venv python3-dev
+              libtbb-dev libturbojpeg0-dev libjpeg62-turbo-dev libzstd-dev zlib1g-dev libhdf5-dev doctest-dev)
+PIP_BUILD=(scikit-build-core pybind11 numpy)
+PIP_RUN=(pillow scikit-image tqdm)
+PIP_TEST=(pytest)
+JOBS=${JOBS:-$(nproc)}
+
+log() { printf '\033[1m== %s\033[0m\n' "$*" >&2; }
+
+as_root() {
+  if [ "$(id -u)" -eq 0 ]; then "$@"; elif command -v sudo >/dev/null; then sudo "$@"; else
+    echo "need root to run: $*" >&2; exit 1; fi
+}
+
+setup_system() {
+  local missing=()
+  for p in "${APT_PACKAGES[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+  done
+  if [ ${#missing[@]} -gt 0 ]; then
+    log "installing system packages: ${missing[*]}"
+    as_root apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive as_root apt-get install -y -qq "${missing[@]}" >/dev/null
+  fi
+}
+
+setup_python() {
+  if [ ! -x .venv/bin/python ]; then
+    log "creating .venv"
+    python3 -m venv .venv
+  fi
+  local want=("${PIP_BUILD[@]}" "${PIP_RUN[@]}" "${PIP_TEST[@]}") missing=()
+  for p in "${want[@]}"; do
+    .venv/bin/python -m pip show -q "$p" >/dev/null 2>&1 || missing+=("$p")
+  done
+  if [ ${#missing[@]} -gt 0 ]; then
+    log "installing Python packages: ${missing[*]}"
+    .venv/bin/python -m pip install -q --upgrade pip
+    .venv/bin/python -m pip install -q "${missing[@]}"
+  fi
+  # Incremental: scikit-build-core keeps its CMake build in build/<wheel tag>.
+  log "building and installing prestage into .venv"
+  CMAKE_BUILD_PARALLEL_LEVEL=$JOBS .venv/bin/python -m pip install -q --no-build-isolation --no-deps .
+}
+
+build_cpp_tests() {
+  log "building the C++ tests"
+  cmake -S . -B build/cpp -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DPRESTAGE_BUILD_TESTS=ON >/dev/null
+  cmake --build build/cpp -j "$JOBS"
+}
+
+setup() {
+  setup_system
+  setup_python
+}
+
+cmd=${1:-}
+shift || true
+case "$cmd" in
+  setup)
+    setup
+    ;;
+  demo)
+    setup
+    .venv/bin/prestage demo "$@"
+    ;;
+  test)
+    setup
+    build_cpp_tests
+    log "C++ tests"
+    ctest --test-dir build/cpp --output-on-failure -j "$JOBS"
+    log "Python tests"
+    .venv/bin/python -m pytest "$@"
+    ;;
+  *)
+    sed -n '2,8p' "$0" | sed 's/^# \{0,1\}//'
+    exit 2
+    ;;
+esac

@@ -1,0 +1,73 @@
+"""Shared fixtures: small JPEG data sets written with Pillow (the oracle decodes them too)."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from pathlib import Path
+from typing import Callable, List
+
+import numpy as np
+import pytest
+from PIL import Image
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: List[pytest.Item]) -> None:
+    # torch, tf and gpu tests run where their framework (or device) is there, and are skipped elsewhere.
+    have = {
+        "torch": importlib.util.find_spec("torch") is not None,
+        "tf": importlib.util.find_spec("tensorflow") is not None,
+        "gpu": os.path.exists("/dev/nvidia0"),
+    }
+    for item in items:
+        for marker, present in have.items():
+            if marker in item.keywords and not present:
+                item.add_marker(pytest.mark.skip(reason=f"needs {marker}"))
+
+
+def photo_like(rng: np.random.Generator, height: int, width: int) -> np.ndarray:
+    """A smooth random image (blurred noise plus gradients): compresses like a photo, not like noise."""
+    small = rng.random((max(2, height // 8), max(2, width // 8), 3))
+    img = np.asarray(
+        Image.fromarray((small * 255).astype(np.uint8)).resize((width, height), Image.BICUBIC),
+        dtype=np.float64,
+    )
+    yy, xx = np.mgrid[0:height, 0:width]
+    img[..., 0] += 40 * np.sin(xx / 7.0)
+    img[..., 1] += 40 * np.cos(yy / 5.0)
+    return np.clip(img, 0, 255).astype(np.uint8)
+
+
+MakeFolder = Callable[..., Path]
+
+
+@pytest.fixture
+def make_folder(tmp_path: Path) -> MakeFolder:
+    """make_folder(classes, per_class, size=(h, w) or None for mixed sizes) -> root of an ImageFolder."""
+    counter = [0]
+
+    def make(classes: int = 3, per_class: int = 5, size=(32, 48), name: str = "data") -> Path:
+        root = tmp_path / f"{name}{counter[0]}"
+        counter[0] += 1
+        rng = np.random.default_rng(counter[0])
+        for c in range(classes):
+            (root / f"class_{c}").mkdir(parents=True)
+            for i in range(per_class):
+                h, w = size if size else (int(rng.integers(40, 120)), int(rng.integers(40, 120)))
+                Image.fromarray(photo_like(rng, h, w)).save(root / f"class_{c}" / f"img_{i:03d}.jpg",
+                                                            quality=90)
+        return root
+
+    return make
+
+
+@pytest.fixture
+def folder(make_folder: MakeFolder) -> Path:
+    """3 classes x 7 images of 32x48: 21 images, not a multiple of common batch sizes."""
+    return make_folder(3, 7)
+
+
+@pytest.fixture
+def native_threads() -> Callable[[], int]:
+    """Counts the process's threads, native ones included (threading.active_count() sees only Python's)."""
+    return lambda: len(os.listdir("/proc/self/task"))

@@ -1,0 +1,268 @@
+import gc
+import os
+import threading
+import time
+
+import numpy as np
+import pytest
+from PIL import Image
+
+import prestage
+
+
+def pil_rgb(path):
+    return np.asarray(Image.open(path).convert("RGB"))
+
+
+def pil_resize_center_crop(path, height, width):
+    """torchvision Resize (to cover) + CenterCrop, done with Pillow's antialiased bilinear."""
+    img = Image.open(path).convert("RGB")
+    w, h = img.size
+    scale = max(height / h, width / w)
+    rw, rh = max(width, round(w * scale)), max(height, round(h * scale))
+    img = img.resize((rw, rh), Image.BILINEAR)
+    top, left = int(round((rh - height) / 2.0)), int(round((rw - width) / 2.0))
+    return np.asarray(img.crop((left, top, left + width, top + height)))
+
+
+def epoch(loader):
+    """(indices, labels, images) of one epoch, copied out of the batches."""
+    idx, lab, img = [], [], []
+    for b in loader:
+        idx.append(b.indices.copy())
+        lab.append(b.labels.copy())
+        img.append(b.images.copy())
+    return np.concatenate(idx), np.concatenate(lab), np.concatenate(img)
+
+
+def test_native_size_decode_equals_pil(folder, tmp_path):
+    cat = prestage.Catalog.from_folder(folder)
+    with prestage.Loader(cat, batch_size=4, stage_dir=tmp_path / "stage") as loader:
+        idx, lab, img = epoch(loader)
+    assert sorted(idx.tolist()) == list(range(len(cat)))
+    assert img.shape == (len(cat), 32, 48, 3) and img.dtype == np.uint8
+    for k, i in enumerate(idx):
+        assert lab[k] == cat.label(int(i))
+        np.testing.assert_array_equal(img[k], pil_rgb(cat.source_path(int(i))))
+
+
+@pytest.mark.parametrize("size", [(24, 24), (16, 40), (50, 30)])
+def test_resize_and_center_crop_agree_with_pillow(make_folder, size):
+    root = make_folder(2, 4, size=None)  # mixed sizes, landscape and portrait
+    cat = prestage.Catalog.from_folder(root)
+    with prestage.Loader(cat, batch_size=3, image_size=size) as loader:
+        idx, _, img = epoch(loader)
+    assert img.shape == (len(cat), *size, 3)
+    for k, i in enumerate(idx):
+        expected = pil_resize_center_crop(cat.source_path(int(i)), *size).astype(int)
+        diff = np.abs(img[k].astype(int) - expected)
+        assert diff.mean() < 1.5, (cat.path(int(i)), diff.mean())
+        assert np.percentile(diff, 99) <= 8
+
+
+def test_batches_identical_for_1_2_4_threads(make_folder, tmp_path):
+    cat = prestage.Catalog.from_folder(make_folder(3, 10))
+    runs = []
+    for threads in (1, 2, 4):
+        with prestage.Loader(cat, batch_size=4, image_size=(16, 16), readers=threads,
+                             prefetchers=threads, stage_dir=tmp_path / f"s{threads}", seed=9) as loader:
+            loader.set_epoch(2)
+            runs.append(epoch(loader))
+    for other in runs[1:]:
+        for a, b in zip(runs[0], other):
+            np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("drop_last", [False, True])
+@pytest.mark.parametrize("world", [1, 2, 3])
+def test_every_sample_once_per_epoch_across_ranks(folder, world, drop_last):
+    cat = prestage.Catalog.from_folder(folder)  # 21 samples
+    bs = 4
+    seen, lengths = [], set()
+    for rank in range(world):
+        with prestage.Loader(cat, batch_size=bs, rank=rank, world_size=world, drop_last=drop_last,
+                             image_size=(8, 8), seed=5) as loader:
+            idx, _, _ = epoch(loader)
+            lengths.add(len(loader))
+            seen.extend(idx.tolist())
+    assert len(lengths) == 1
+    counts = np.bincount(seen, minlength=len(cat))
+    if drop_last:
+        assert counts.max() == 1
+        assert counts.sum() == len(cat) // (bs * world) * bs * world
+    else:
+        assert counts.min() == 1  # every sample
+        assert counts.sum() - len(cat) < world  # repeats only to even out the ranks
+
+
+def test_missing_and_corrupt_files_raise_at_their_batch_naming_them(folder, tmp_path):
+    cat = prestage.Catalog.from_folder(folder)
+    missing, corrupt = 5, 13  # with shuffle=False: batches 1 and 3 of size 4
+    cat.source_path(missing).unlink()
+    cat.source_path(corrupt).write_bytes(b"\xff\xd8\xff\xe0 this is not a jpeg")
+    loader = prestage.Loader(cat, batch_size=4, shuffle=False, stage_dir=tmp_path / "stage")
+    it = iter(loader)
+    outcomes = []
+    while True:
+        try:
+            b = next(it)
+        except StopIteration:
+            break
+        except prestage.IoError as e:
+            assert isinstance(e, OSError) and e.errno == 2
+            assert e.filename == str(cat.source_path(missing))
+            outcomes.append("io")
+        except prestage.DecodeError as e:
+            assert e.path == str(cat.source_path(corrupt))
+            assert str(cat.source_path(corrupt)) in str(e)
+            outcomes.append("decode")
+        else:
+            outcomes.append(b.index)
+    assert outcomes == [0, "io", 2, "decode", 4, 5]
+    loader.close()
+
+
+def test_second_run_over_the_same_stage_dir_copies_nothing(folder, tmp_path):
+    cat = prestage.Catalog.from_folder(folder)
+    with prestage.Loader(cat, batch_size=5, stage_dir=tmp_path / "stage") as first:
+        epoch(first)
+        assert first.stats()["staged_files"] == len(cat)
+    with prestage.Loader(cat, batch_size=5, stage_dir=tmp_path / "stage") as second:
+        epoch(second)
+        stats = second.stats()
+    assert stats["staged_files"] == 0
+    assert stats["misses"] == 0 and stats["hits"] >= len(cat)
+
+
+def test_leftover_partial_temporary_file_is_never_served(folder, tmp_path):
+    cat = prestage.Catalog.from_folder(folder)
+    stage = tmp_path / "stage"
+    with prestage.Loader(cat, batch_size=len(cat), stage_dir=stage) as first:
+        epoch(first)
+    # Turn every staged copy into a half-written temporary file of a live process (this one).
+    copies = [p for p in stage.rglob("*") if p.is_file()]
+    assert len(copies) == len(cat)
+    for p in copies:
+        data = p.read_bytes()
+        p.unlink()
+        p.with_name(f"{p.name}.tmp.{os.getpid()}.0").write_bytes(data[: len(data) // 2])
+    with prestage.Loader(cat, batch_size=4, stage_dir=stage) as loader:
+        idx, _, img = epoch(loader)
+    for k, i in enumerate(idx):
+        np.testing.assert_array_equal(img[k], pil_rgb(cat.source_path(int(i))))
+
+
+def test_breaking_mid_epoch_and_deleting_leaves_no_thread(make_folder, tmp_path, native_threads):
+    cat = prestage.Catalog.from_folder(make_folder(2, 20))
+    before = native_threads()
+    for threads in (1, 2, 4):
+        loader = prestage.Loader(cat, batch_size=2, readers=threads, prefetchers=threads,
+                                 stage_dir=tmp_path / "stage")
+        for b in loader:
+            held = b.images  # a view outliving the loader stays valid
+            break
+        start = time.monotonic()
+        del loader, b
+        gc.collect()
+        assert time.monotonic() - start < 1.0
+        assert held.shape == (2, 32, 48, 3) and int(held.sum()) > 0
+        del held
+    assert native_threads() == before
+
+
+def test_arrays_are_zero_copy_views_that_keep_their_buffer(folder):
+    cat = prestage.Catalog.from_folder(folder)
+    with prestage.Loader(cat, batch_size=4, depth=2, shuffle=False) as loader:
+        it = iter(loader)
+        first = next(it)
+        images = first.images
+        assert not images.flags.owndata
+        assert np.shares_memory(images, first.images)
+        snapshot = images.copy()
+        del first  # the array alone keeps the buffer lent
+        for _ in range(3):  # the other buffer cycles; ours must not be reused
+            next(it)
+        np.testing.assert_array_equal(images, snapshot)
+
+
+def test_gil_is_released_while_waiting(make_folder):
+    cat = prestage.Catalog.from_folder(make_folder(2, 30, size=(256, 256)))
+    ticks = [0]
+    stop = threading.Event()
+
+    def count():
+        while not stop.is_set():
+            ticks[0] += 1
+            time.sleep(0.0005)
+
+    t = threading.Thread(target=count)
+    t.start()
+    try:
+        with prestage.Loader(cat, batch_size=30, readers=1) as loader:
+            start = time.monotonic()
+            epoch(loader)
+            waited = loader.stats()["consumer_stall_s"]
+            elapsed = time.monotonic() - start
+    finally:
+        stop.set()
+        t.join()
+    assert waited > 0.01
+    assert ticks[0] > 0.25 * elapsed / 0.0005 * (waited / elapsed)
+
+
+def test_len_set_epoch_and_epochs_advance(folder):
+    cat = prestage.Catalog.from_folder(folder)
+    loader = prestage.Loader(cat, batch_size=4, image_size=(8, 8))
+    assert len(loader) == 6
+    e0 = epoch(loader)[0]
+    assert loader.epoch == 1
+    e1 = epoch(loader)[0]
+    assert not np.array_equal(e0, e1)
+    loader.set_epoch(0)
+    np.testing.assert_array_equal(epoch(loader)[0], e0)
+    loader.close()
+    loader.close()  # idempotent
+    with pytest.raises(prestage.ConfigError):
+        iter(loader)
+
+
+def test_stats_report_every_stage(folder, tmp_path):
+    cat = prestage.Catalog.from_folder(folder)
+    with prestage.Loader(cat, batch_size=4, stage_dir=tmp_path / "s") as loader:
+        epoch(loader)
+        s = loader.stats()
+    for stage in ("plan", "stage", "decode"):
+        assert set(s[stage]) == {"busy_s", "idle_s", "items", "bytes"}
+    assert s["batches"] == 6 and s["samples"] == len(cat)
+    assert s["decode"]["items"] >= len(cat) and s["decode"]["busy_s"] > 0
+    assert s["staged_files"] == len(cat)
+    assert s["consumer_stall_s"] >= 0 and s["wall_s"] > 0
+
+
+def test_raw_mode_returns_file_bytes(folder):
+    cat = prestage.Catalog.from_folder(folder)
+    with prestage.Loader(cat, batch_size=5, decode="raw") as loader:
+        for b in loader:
+            data, off = b.data, b.offsets
+            assert len(off) == len(b) + 1
+            for k, i in enumerate(b.indices):
+                assert data[off[k]:off[k + 1]].tobytes() == cat.source_path(int(i)).read_bytes()
+
+
+@pytest.mark.parametrize("kwargs", [
+    {"batch_size": 0}, {"readers": 0}, {"depth": 0}, {"rank": 2, "world_size": 2},
+    {"image_size": (0, 4)}, {"image_size": (4,)}, {"decode": "png"}, {"batch_size": 2.5},
+    {"batch_size": 100, "drop_last": True},
+])
+def test_bad_options_raise_config_error(folder, kwargs):
+    cat = prestage.Catalog.from_folder(folder)
+    args = {"batch_size": 4, **kwargs}
+    with pytest.raises(prestage.ConfigError):
+        prestage.Loader(cat, **args)
+
+
+def test_mixed_sizes_without_image_size_is_a_decode_error(make_folder):
+    cat = prestage.Catalog.from_folder(make_folder(1, 6, size=None))
+    with prestage.Loader(cat, batch_size=6) as loader:
+        with pytest.raises(prestage.DecodeError):
+            epoch(loader)
