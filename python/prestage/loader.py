@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import atexit
+import json
 import os
 import weakref
-from typing import Iterator, Optional, Tuple, Union
+from typing import Any, Dict, Iterator, Optional, Tuple, Union
 
 from prestage import _core
 from prestage.errors import ConfigError
@@ -56,6 +57,8 @@ class Loader:
         decode: ``"jpeg"`` (uint8 RGB images) or ``"raw"`` (the files' bytes: ``batch.data`` and
             ``batch.offsets``).
         max_pixels: images with more pixels are refused before decoding (decompression bombs).
+        tuned: a JSON file written by ``prestage tune``; its ``prefetchers``, ``readers``,
+            ``lookahead`` and ``depth`` replace those not given here explicitly.
 
     >>> with prestage.Loader(catalog, batch_size=64, image_size=(224, 224)) as loader:
     ...     for batch in loader:
@@ -79,7 +82,17 @@ class Loader:
         drop_last: bool = False,
         decode: str = "jpeg",
         max_pixels: int = 89_478_485,
+        tuned: Union[str, os.PathLike, None] = None,
     ) -> None:
+        if tuned is not None:
+            threads = {"prefetchers": prefetchers, "readers": readers, "lookahead": lookahead,
+                       "depth": depth}
+            defaults = {"prefetchers": 4, "readers": 2, "lookahead": 4, "depth": 4}
+            for name, value in load_tuned(tuned).items():
+                if threads[name] == defaults[name]:
+                    threads[name] = value
+            prefetchers, readers = threads["prefetchers"], threads["readers"]
+            lookahead, depth = threads["lookahead"], threads["depth"]
         if not isinstance(catalog, _core.Catalog):
             raise ConfigError(f"catalog must be a prestage.Catalog, got {type(catalog).__name__}")
         options = _core.LoaderOptions()
@@ -105,7 +118,10 @@ class Loader:
         options.max_pixels = _count("max_pixels", max_pixels, 1)
         self._loader: Optional[_core.Loader] = _core.Loader(catalog, options)
         self._options = options
+        self._num_samples = len(catalog)
         self._epoch = 0
+        self._first_batch = 0  # where the next iteration starts (load_state_dict)
+        self._position: Tuple[int, int] = (0, 0)  # (epoch, batches delivered) of the live iteration
         _live_loaders.add(self)
 
     def __len__(self) -> int:
@@ -120,9 +136,52 @@ class Loader:
     def set_epoch(self, epoch: int) -> None:
         """Chooses the epoch (and so the order) of the next iteration."""
         self._epoch = _count("epoch", epoch, 0)
+        self._first_batch = 0
 
     def __iter__(self) -> Iterator[_core.Batch]:
-        return _EpochIterator(self, self._epoch)
+        first, self._first_batch = self._first_batch, 0
+        return _EpochIterator(self, self._epoch, first)
+
+    def state_dict(self) -> Dict[str, Any]:
+        """Where the loader is: enough to resume exactly, mid-epoch, with any thread counts.
+
+        ``batch`` counts the batches of ``epoch`` already delivered to the caller.
+        """
+        epoch, batch = self._position
+        if batch >= len(self):
+            epoch, batch = epoch + 1, 0
+        o = self._options
+        return {
+            "epoch": epoch,
+            "batch": batch,
+            "seed": o.seed,
+            "shuffle": o.shuffle,
+            "batch_size": o.batch_size,
+            "world_size": o.world_size,
+            "drop_last": o.drop_last,
+            "num_samples": self._num_samples,
+        }
+
+    def load_state_dict(self, state: Dict[str, Any]) -> None:
+        """Makes the next iteration resume where ``state`` (from ``state_dict()``) was taken.
+
+        The plan must be the same: seed, shuffle, batch size, world size, drop_last and catalog size
+        are checked (ConfigError otherwise); thread counts and depths may differ.
+        """
+        o = self._options
+        mine = {"seed": o.seed, "shuffle": o.shuffle, "batch_size": o.batch_size,
+                "world_size": o.world_size, "drop_last": o.drop_last,
+                "num_samples": self._num_samples}
+        for key, value in mine.items():
+            if state.get(key) != value:
+                raise ConfigError(f"state_dict was taken with {key}={state.get(key)!r}, "
+                                  f"this loader has {key}={value!r}")
+        epoch = _count("state_dict['epoch']", state.get("epoch"), 0)
+        batch = _count("state_dict['batch']", state.get("batch"), 0)
+        if batch > len(self):
+            raise ConfigError(f"state_dict['batch']={batch} is past an epoch of {len(self)} batches")
+        self._epoch, self._first_batch = epoch, batch
+        self._position = (epoch, batch)
 
     def stats(self) -> dict:
         """Per-stage counters and the consumer's stall time (seconds the caller waited)."""
@@ -147,14 +206,30 @@ class Loader:
         return self._loader
 
 
+def load_tuned(path: Union[str, os.PathLike]) -> Dict[str, int]:
+    """The thread counts and depths in a file written by ``prestage tune``."""
+    keys = ("prefetchers", "readers", "lookahead", "depth")
+    try:
+        with open(path) as f:
+            data = json.load(f)
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"cannot read tuned options from {os.fspath(path)!r}: {e}") from e
+    options = data.get("options", data) if isinstance(data, dict) else None
+    if not isinstance(options, dict):
+        raise ConfigError(f"{os.fspath(path)!r} holds no options object")
+    return {k: _count(f"{k} in {os.fspath(path)!r}", options[k], 1) for k in keys if k in options}
+
+
 class _EpochIterator:
     """One epoch's batches. An error of one batch is raised at that batch; iteration can go on."""
 
-    def __init__(self, loader: Loader, epoch: int) -> None:
+    def __init__(self, loader: Loader, epoch: int, first_batch: int = 0) -> None:
         self._loader = loader
         self._epoch = epoch
+        self._delivered = first_batch
         self._done = False
-        loader._core.start_epoch(epoch, 0)
+        loader._core.start_epoch(epoch, first_batch)
+        loader._position = (epoch, first_batch)
 
     def __iter__(self) -> "_EpochIterator":
         return self
@@ -162,9 +237,18 @@ class _EpochIterator:
     def __next__(self) -> _core.Batch:
         if self._done:
             raise StopIteration
-        batch = self._loader._core.next()
+        try:
+            batch = self._loader._core.next()
+        except Exception:
+            self._advance()  # the failed batch counts as delivered: resume goes past it
+            raise
         if batch is None:
             self._done = True
             self._loader._epoch = self._epoch + 1
             raise StopIteration
+        self._advance()
         return batch
+
+    def _advance(self) -> None:
+        self._delivered += 1
+        self._loader._position = (self._epoch, self._delivered)
