@@ -5,8 +5,8 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <cstddef>
 #include <cstdint>
-#include <cstdlib>
 #include <stdexcept>
 #include <vector>
 

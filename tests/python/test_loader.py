@@ -54,10 +54,17 @@ def test_resize_and_center_crop_agree_with_pillow(make_folder, size):
         idx, _, img = epoch(loader)
     assert img.shape == (len(cat), *size, 3)
     for k, i in enumerate(idx):
-        expected = pil_resize_center_crop(cat.source_path(int(i)), *size).astype(int)
+        path = cat.source_path(int(i))
+        expected = pil_resize_center_crop(path, *size).astype(int)
         diff = np.abs(img[k].astype(int) - expected)
-        assert diff.mean() < 1.5, (cat.path(int(i)), diff.mean())
-        assert np.percentile(diff, 99) <= 8
+        w, h = Image.open(path).size
+        if max(size[0] / h, size[1] / w) > 0.5:
+            # Full-size decode, then the same antialiased bilinear resampling as Pillow's.
+            assert diff.max() <= 1, (cat.path(int(i)), diff.max())
+        else:
+            # libjpeg-turbo's DCT scaling (decode at 1/2, 1/4, 1/8) is sharper than Pillow's
+            # antialiasing filter: close, not equal (mean below 2.6 over 165 images measured).
+            assert diff.mean() < 3.0, (cat.path(int(i)), diff.mean())
 
 
 def test_batches_identical_for_1_2_4_threads(make_folder, tmp_path):

@@ -10,11 +10,20 @@
 
 namespace prestage {
 
-// A catalog is cheap to copy (its contents are shared and never change). Each sample is a path relative
-// to the data set's root plus an integer label. A path can never name a file outside the root: absolute
-// paths and ".." components are refused when the catalog is built or loaded.
+// A catalog is cheap to copy (its contents are shared and never change). Each sample is a locator plus
+// an integer label: a whole file, or a byte range of a file that holds many samples (TFRecord records,
+// archive members, ...). Files are named by paths relative to the data set's root; a path can never
+// name a file outside the root: absolute paths and ".." components are refused when the catalog is
+// built or loaded. Stage 2 stages files; stage 3 reads samples.
 class Catalog {
  public:
+  static constexpr uint64_t kWholeFile = ~uint64_t{0};
+  struct Locator {
+    uint64_t file = 0;    // index into the catalog's files
+    uint64_t offset = 0;  // first byte of the sample in the file
+    uint64_t length = kWholeFile;
+  };
+
   // One class per sub-folder of `root`, as torchvision's ImageFolder: label = index of the class folder
   // in sorted order; files are taken in sorted order within each class. Only files whose extension (case
   // insensitive) is in `extensions` are taken; an empty list takes every regular file.
@@ -30,15 +39,26 @@ class Catalog {
                             const std::vector<int64_t>& labels = {},
                             const std::vector<std::string>& classes = {});
 
+  // Samples that are byte ranges of shared files: `files` relative to `root`, one locator per sample.
+  static Catalog from_ranges(const std::filesystem::path& root, const std::vector<std::string>& files,
+                             const std::vector<Locator>& locators,
+                             const std::vector<int64_t>& labels = {},
+                             const std::vector<std::string>& classes = {});
+
   // Saves to / loads from one binary file, so a job does not walk the file system at every start.
   void save(const std::filesystem::path& file) const;
   static Catalog load(const std::filesystem::path& file);
 
-  size_t size() const noexcept;
+  size_t size() const noexcept;  // samples
   const std::filesystem::path& root() const noexcept;
-  std::string_view path(size_t i) const;             // relative to root()
+  std::string_view path(size_t i) const;             // sample i's file, relative to root()
   std::filesystem::path source_path(size_t i) const;  // root() / path(i)
   int64_t label(size_t i) const;
+  Locator locator(size_t i) const;
+
+  size_t num_files() const noexcept;
+  std::string_view file_path(size_t f) const;  // relative to root()
+  std::filesystem::path file_source_path(size_t f) const;
   const std::vector<std::string>& classes() const noexcept;  // class names (from_folder), else empty
 
   // A 64-bit digest of the root and every path: names the catalog's area of a shared stage directory.

@@ -16,8 +16,11 @@ namespace fs = std::filesystem;
 
 struct Catalog::Data {
   fs::path root;
-  std::string blob;               // all relative paths, back to back
-  std::vector<uint64_t> offsets;  // size() + 1 offsets into blob
+  std::string blob;               // the files' relative paths, back to back
+  std::vector<uint64_t> offsets;  // num_files + 1 offsets into blob
+  // One per sample; empty when sample i is all of file i (a folder or a file list), the common case,
+  // which then costs nothing per sample.
+  std::vector<Locator> locators;
   std::vector<int64_t> labels;
   std::vector<std::string> classes;
   uint64_t fingerprint = 0;
@@ -28,7 +31,7 @@ namespace {
 static_assert(std::endian::native == std::endian::little, "the catalog file format is little-endian");
 
 constexpr char kMagic[8] = {'P', 'S', 'T', 'G', 'C', 'A', 'T', '\0'};
-constexpr uint32_t kFormatVersion = 1;
+constexpr uint32_t kFormatVersion = 2;
 
 uint64_t fnv1a(std::string_view bytes, uint64_t hash = 0xcbf29ce484222325ULL) {
   for (unsigned char c : bytes) {
@@ -59,10 +62,18 @@ void check_relative(std::string_view path) {
 
 std::shared_ptr<Catalog::Data> make_data(const fs::path& root, const std::vector<std::string>& paths,
                                          const std::vector<int64_t>& labels,
-                                         const std::vector<std::string>& classes) {
-  if (!labels.empty() && labels.size() != paths.size()) {
+                                         const std::vector<std::string>& classes,
+                                         const std::vector<Catalog::Locator>& locators = {}) {
+  const size_t samples = locators.empty() ? paths.size() : locators.size();
+  if (!labels.empty() && labels.size() != samples) {
     throw ConfigError("catalog: " + std::to_string(labels.size()) + " labels for " +
-                      std::to_string(paths.size()) + " paths");
+                      std::to_string(samples) + " samples");
+  }
+  for (const auto& loc : locators) {
+    if (loc.file >= paths.size()) throw ConfigError("catalog: a locator names a file past the list");
+    if (loc.length != Catalog::kWholeFile && loc.offset > ~uint64_t{0} - loc.length) {
+      throw ConfigError("catalog: a locator's byte range overflows");
+    }
   }
   auto data = std::make_shared<Catalog::Data>();
   data->root = root;
@@ -80,7 +91,8 @@ std::shared_ptr<Catalog::Data> make_data(const fs::path& root, const std::vector
     hash = fnv1a(std::string_view("\n", 1), fnv1a(p, hash));
   }
   data->fingerprint = hash;
-  data->labels = labels.empty() ? std::vector<int64_t>(paths.size(), -1) : labels;
+  data->locators = locators;
+  data->labels = labels.empty() ? std::vector<int64_t>(samples, -1) : labels;
   return data;
 }
 
@@ -170,6 +182,13 @@ Catalog::Catalog(std::shared_ptr<const Data> data) : data_(std::move(data)) {}
 Catalog Catalog::from_paths(const fs::path& root, const std::vector<std::string>& paths,
                             const std::vector<int64_t>& labels, const std::vector<std::string>& classes) {
   return Catalog(make_data(root, paths, labels, classes));
+}
+
+Catalog Catalog::from_ranges(const fs::path& root, const std::vector<std::string>& files,
+                             const std::vector<Locator>& locators, const std::vector<int64_t>& labels,
+                             const std::vector<std::string>& classes) {
+  if (locators.empty()) return Catalog(make_data(root, {}, labels, classes));
+  return Catalog(make_data(root, files, labels, classes, locators));
 }
 
 Catalog Catalog::from_folder(const fs::path& root, const std::vector<std::string>& extensions) {
@@ -262,6 +281,7 @@ void Catalog::save(const fs::path& file) const {
   for (const auto& c : data_->classes) w.bytes(c);
   w.bytes(data_->blob);
   w.array(data_->offsets);
+  w.array(data_->locators);
   w.array(data_->labels);
   w.pod(fnv1a(out));  // checksum of everything before it
 
@@ -310,9 +330,11 @@ Catalog Catalog::load(const fs::path& file) {
   for (uint64_t i = 0; i < num_classes; ++i) classes.push_back(body.bytes());
   const std::string blob = body.bytes();
   const auto offsets = body.array<uint64_t>();
+  const auto locators = body.array<Locator>();
   const auto labels = body.array<int64_t>();
+  const size_t samples = locators.empty() ? offsets.size() - 1 : locators.size();
   if (offsets.empty() || offsets.front() != 0 || offsets.back() != blob.size() ||
-      labels.size() + 1 != offsets.size() || !std::is_sorted(offsets.begin(), offsets.end())) {
+      labels.size() != samples || !std::is_sorted(offsets.begin(), offsets.end())) {
     body.fail("inconsistent path table");
   }
   std::vector<std::string> paths;
@@ -320,16 +342,31 @@ Catalog Catalog::load(const fs::path& file) {
   for (size_t i = 0; i + 1 < offsets.size(); ++i) {
     paths.emplace_back(blob.substr(offsets[i], offsets[i + 1] - offsets[i]));
   }
-  return Catalog(make_data(root, paths, labels, classes));  // re-checks every path
+  try {
+    return Catalog(make_data(root, paths, labels, classes, locators));  // re-checks every path
+  } catch (const ConfigError& e) {
+    body.fail(e.what());
+  }
 }
 
 size_t Catalog::size() const noexcept { return data_->labels.size(); }
 const fs::path& Catalog::root() const noexcept { return data_->root; }
 
-std::string_view Catalog::path(size_t i) const {
+Catalog::Locator Catalog::locator(size_t i) const {
   if (i >= size()) throw ConfigError("catalog index " + std::to_string(i) + " out of range");
-  return std::string_view(data_->blob).substr(data_->offsets[i], data_->offsets[i + 1] - data_->offsets[i]);
+  return data_->locators.empty() ? Locator{i, 0, kWholeFile} : data_->locators[i];
 }
+
+size_t Catalog::num_files() const noexcept { return data_->offsets.size() - 1; }
+
+std::string_view Catalog::file_path(size_t f) const {
+  if (f >= num_files()) throw ConfigError("catalog file " + std::to_string(f) + " out of range");
+  return std::string_view(data_->blob).substr(data_->offsets[f], data_->offsets[f + 1] - data_->offsets[f]);
+}
+
+fs::path Catalog::file_source_path(size_t f) const { return data_->root / fs::path(file_path(f)); }
+
+std::string_view Catalog::path(size_t i) const { return file_path(locator(i).file); }
 
 fs::path Catalog::source_path(size_t i) const { return data_->root / fs::path(path(i)); }
 

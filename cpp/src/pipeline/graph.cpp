@@ -42,6 +42,7 @@ struct Work {
   StageNode::gateway_type* gateway = nullptr;
   void* owner = nullptr;  // the Pipeline::Impl
   Slot* slot = nullptr;
+  std::vector<uint64_t> files;       // the files that hold the batch's samples, for stage 2
   std::vector<uint8_t> from_stage;  // kRaw: where each sample is read from
   std::atomic<bool> in_use{false};
 };
@@ -104,6 +105,7 @@ Pipeline::Impl::Impl(Shared& s, std::shared_ptr<BatchRing> r, uint64_t first_epo
   for (size_t i = 0; i < window_size + 1; ++i) {
     auto w = std::make_unique<Work>();
     w->from_stage.reserve(o.batch_size);
+    w->files.reserve(o.batch_size);
     pool.push_back(std::move(w));
   }
 
@@ -201,8 +203,14 @@ void Pipeline::Impl::stage(Ticket t, StageNode::gateway_type& gateway) {
   }
   t->gateway = &gateway;
   t->owner = this;
-  t->stage.ids = t->ids;
-  t->stage.count = t->count;
+  // Stage 2 copies files; samples that share a file (records of one container) share its copy.
+  t->files.clear();
+  for (size_t i = 0; i < t->count; ++i) {
+    const uint64_t file = shared.catalog.locator(t->ids[i]).file;
+    if (t->files.empty() || t->files.back() != file) t->files.push_back(file);
+  }
+  t->stage.ids = t->files.data();
+  t->stage.count = t->files.size();
   t->stage.context = t;
   t->stage.done = [](void* context) {
     Ticket done = static_cast<Ticket>(context);
@@ -258,21 +266,42 @@ class FirstError {
 };
 }  // namespace
 
+namespace {
+void read_located(const std::string& path, const Catalog::Locator& loc, std::vector<std::byte>& buffer) {
+  if (loc.length == Catalog::kWholeFile) {
+    read_file(path, buffer);
+  } else {
+    buffer.resize(loc.length);
+    read_range(path, loc.offset, buffer);
+  }
+}
+
+// Reads a sample whose size is already known into `out`.
+void read_located(const std::string& path, const Catalog::Locator& loc, std::span<std::byte> out) {
+  if (loc.length == Catalog::kWholeFile) {
+    read_file_exact(path, out);
+  } else {
+    read_range(path, loc.offset, out);
+  }
+}
+}  // namespace
+
 std::span<const std::byte> Pipeline::Impl::read_sample(uint64_t id, ReaderState& reader) {
-  if (shared.stage_dir && shared.stage_dir->is_staged(id)) {
+  const Catalog::Locator loc = shared.catalog.locator(id);
+  if (shared.stage_dir && shared.stage_dir->is_staged(loc.file)) {
     try {
-      const size_t n = read_file(shared.stage_dir->staged_path(id), reader.buffer);
+      read_located(shared.stage_dir->staged_path(loc.file), loc, reader.buffer);
       shared.counters.hits.fetch_add(1, std::memory_order_relaxed);
-      shared.counters.bytes_from_stage.fetch_add(n, std::memory_order_relaxed);
-      return {reader.buffer.data(), n};
+      shared.counters.bytes_from_stage.fetch_add(reader.buffer.size(), std::memory_order_relaxed);
+      return reader.buffer;
     } catch (const IoError&) {
       // The copy vanished (the stage directory was cleaned or lost): read the source instead.
     }
   }
-  const size_t n = read_file(shared.catalog.source_path(id).string(), reader.buffer);
+  read_located(shared.catalog.file_source_path(loc.file).string(), loc, reader.buffer);
   shared.counters.misses.fetch_add(1, std::memory_order_relaxed);
-  shared.counters.bytes_from_source.fetch_add(n, std::memory_order_relaxed);
-  return {reader.buffer.data(), n};
+  shared.counters.bytes_from_source.fetch_add(reader.buffer.size(), std::memory_order_relaxed);
+  return reader.buffer;
 }
 
 void Pipeline::Impl::decode_images(Work& w, Slot& slot) {
@@ -311,17 +340,21 @@ void Pipeline::Impl::copy_raw(Work& w, Slot& slot) {
   w.from_stage.assign(w.count, 0);
   slot.offsets.assign(w.count + 1, 0);
   tbb::parallel_for(size_t{0}, w.count, [&](size_t i) {
-    const uint64_t id = w.ids[i];
+    const Catalog::Locator loc = shared.catalog.locator(w.ids[i]);
     try {
-      if (shared.stage_dir && shared.stage_dir->is_staged(id)) {
+      if (shared.stage_dir && shared.stage_dir->is_staged(loc.file)) {
         try {
-          slot.offsets[i + 1] = file_size(shared.stage_dir->staged_path(id));
+          slot.offsets[i + 1] = loc.length != Catalog::kWholeFile
+                                    ? loc.length
+                                    : file_size(shared.stage_dir->staged_path(loc.file));
           w.from_stage[i] = 1;
           return;
         } catch (const IoError&) {
         }
       }
-      slot.offsets[i + 1] = file_size(shared.catalog.source_path(id).string());
+      slot.offsets[i + 1] = loc.length != Catalog::kWholeFile
+                                ? loc.length
+                                : file_size(shared.catalog.file_source_path(loc.file).string());
     } catch (...) {
       first_error.record(i);
     }
@@ -333,16 +366,16 @@ void Pipeline::Impl::copy_raw(Work& w, Slot& slot) {
   slot.shape = {w.count, 0, 0, 0};
   tbb::parallel_for(size_t{0}, w.count, [&](size_t i) {
     const auto start = Clock::now();
-    const uint64_t id = w.ids[i];
+    const Catalog::Locator loc = shared.catalog.locator(w.ids[i]);
     std::span<std::byte> out(slot.data.data() + slot.offsets[i], slot.offsets[i + 1] - slot.offsets[i]);
     try {
       auto& counters = shared.counters;
       if (w.from_stage[i]) {
-        read_file_exact(shared.stage_dir->staged_path(id), out);
+        read_located(shared.stage_dir->staged_path(loc.file), loc, out);
         counters.hits.fetch_add(1, std::memory_order_relaxed);
         counters.bytes_from_stage.fetch_add(out.size(), std::memory_order_relaxed);
       } else {
-        read_file_exact(shared.catalog.source_path(id).string(), out);
+        read_located(shared.catalog.file_source_path(loc.file).string(), loc, out);
         counters.misses.fetch_add(1, std::memory_order_relaxed);
         counters.bytes_from_source.fetch_add(out.size(), std::memory_order_relaxed);
       }

@@ -70,6 +70,24 @@ size_t read_file(const std::string& path, std::vector<std::byte>& buffer) {
   return size;
 }
 
+void read_range(const std::string& path, uint64_t offset, std::span<std::byte> out) {
+  Fd fd = open_for_reading(path);
+  const size_t size = regular_file_size(path, fd.get());
+  const size_t length = out.size();
+  if (offset > size || length > size - offset) fail(path, EIO, "read (the file ends before the sample)");
+  size_t done = 0;
+  while (done < length) {
+    const ssize_t n = ::pread(fd.get(), out.data() + done, length - done,
+                              static_cast<off_t>(offset + done));
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      fail(path, errno, "read");
+    }
+    if (n == 0) fail(path, EIO, "read (the file shrank while being read)");
+    done += static_cast<size_t>(n);
+  }
+}
+
 size_t file_size(const std::string& path) {
   struct stat st;
   if (::stat(path.c_str(), &st) != 0) fail(path, errno, "stat");

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <span>
 #include <string>
 #include <vector>
@@ -12,6 +13,10 @@ namespace prestage::detail {
 // Reads a whole regular file into `buffer` (resized to fit; its capacity is reused across calls).
 // Returns the number of bytes read.
 size_t read_file(const std::string& path, std::vector<std::byte>& buffer);
+
+// Reads out.size() bytes at `offset` of a regular file into `out`. A file too short for the range is
+// an IoError.
+void read_range(const std::string& path, uint64_t offset, std::span<std::byte> out);
 
 // The size of a regular file (one stat).
 size_t file_size(const std::string& path);

@@ -37,8 +37,8 @@ bool process_alive(pid_t pid) { return ::kill(pid, 0) == 0 || errno == EPERM; }
 
 StageDirectory::StageDirectory(const fs::path& dir, const Catalog& catalog)
     : area_(dir / ("prestage-" + hex(catalog.fingerprint(), 16))),
-      size_(catalog.size()),
-      state_(new std::atomic<uint8_t>[catalog.size()]()) {
+      size_(catalog.num_files()),
+      state_(new std::atomic<uint8_t>[catalog.num_files()]()) {
   std::error_code ec;
   for (int shard = 0; shard < kShards; ++shard) {
     const fs::path shard_dir = area_ / hex(shard, 2);

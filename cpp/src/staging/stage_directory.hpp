@@ -1,5 +1,6 @@
-// Stage 2's view of the stage directory (node-local SSD): where each sample's copy lives and an
-// in-memory index of each sample's state.
+// Stage 2's view of the stage directory (node-local SSD): where each file's copy lives and an
+// in-memory index of each file's state. Ids here are the catalog's file ids (for a folder of images,
+// one file per sample).
 #pragma once
 
 #include <atomic>
@@ -14,7 +15,7 @@
 namespace prestage::detail {
 
 // Layout: <stage_dir>/prestage-<catalog fingerprint>/<id % 256, 2 hex digits>/<id, hex>. Names come
-// from sample ids alone, so no write can land outside the directory whatever the catalog's paths.
+// from file ids alone, so no write can land outside the directory whatever the catalog's paths.
 // A copy is written under "<name>.tmp.<pid>.<n>" and renamed: a file under its final name is complete,
 // and a temporary file left by a killed process is never served.
 class StageDirectory {

@@ -68,7 +68,7 @@ void Stager::stage_one(uint64_t id, std::vector<std::byte>& buffer) {
   if (!directory_->try_claim(id)) return;  // another batch's task is copying it right now
   const auto start = std::chrono::steady_clock::now();
   try {
-    read_file(catalog_.source_path(id).string(), buffer);
+    read_file(catalog_.file_source_path(id).string(), buffer);
   } catch (const IoError&) {
     // Stage 3 reads the source again and reports the error at the sample's batch.
     directory_->abandon(id);

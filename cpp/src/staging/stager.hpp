@@ -17,12 +17,12 @@
 
 namespace prestage::detail {
 
-// The samples of one batch to stage. It lives in the pipeline's per-batch work, which is recycled: the
+// The files of one batch to stage. It lives in the pipeline's per-batch work, which is recycled: the
 // stager allocates nothing per batch.
 struct StageTask {
-  const uint64_t* ids = nullptr;
+  const uint64_t* ids = nullptr;  // catalog file ids
   size_t count = 0;
-  void (*done)(void* context) = nullptr;  // called once every sample was dealt with
+  void (*done)(void* context) = nullptr;  // called once every file was dealt with
   void* context = nullptr;
 
   std::atomic<size_t> next{0};       // next sample to hand to a thread

@@ -93,14 +93,15 @@ _SOURCES: tuple[tuple[str, tuple[float, float, float, float]], ...] = (
     ("retina.jpg", (0.18, 0.18, 0.82, 0.82)),
     ("hubble_deep_field.jpg", (0.0, 0.0, 1.0, 1.0)),
     ("ihc.png", (0.0, 0.0, 1.0, 1.0)),
-    ("motorcycle_right.png", (0.0, 0.0, 1.0, 1.0)),
     ("camera.png", (0.0, 0.0, 1.0, 1.0)),
     ("coins.png", (0.0, 0.0, 1.0, 1.0)),
-    ("moon.png", (0.0, 0.0, 1.0, 1.0)),
-    ("brick.png", (0.0, 0.0, 1.0, 1.0)),
     ("grass.png", (0.0, 0.0, 1.0, 1.0)),
+    ("brick.png", (0.0, 0.0, 1.0, 1.0)),
     ("gravel.png", (0.0, 0.0, 1.0, 1.0)),
-    ("cell.png", (0.0, 0.0, 1.0, 1.0)),
+    ("moon.png", (0.0, 0.0, 1.0, 1.0)),
+    # The other half of a stereo pair: last, so that it shares a look with another class only when there
+    # are more classes than photos anyway.
+    ("motorcycle_right.png", (0.0, 0.0, 1.0, 1.0)),
 )
 _MIN_SOURCES = 4
 
@@ -214,7 +215,10 @@ def _hue_rotation(angle: float) -> np.ndarray:
 
 
 def _class_colour(k: int) -> tuple[np.ndarray, float]:
-    """Class ``k``'s colour transform (3x3, on linear-ish RGB) and its hue, a function of ``k`` only."""
+    """Class ``k``'s tint (an RGB colour with the luminance of white) and hue in [0, 1), from ``k`` only.
+
+    Hues step by the golden ratio, so consecutive classes get well separated colours for any class count.
+    """
     hue = (k * _GOLDEN) % 1.0
     tint = np.array(colorsys.hsv_to_rgb(hue, 0.6, 1.0))
     tint = tint / float(tint @ _LUMA)  # same luminance as white
@@ -269,10 +273,7 @@ def _grain_table(sigma: float) -> list[int]:
 
 
 def render_image(index: int, classes: int, seed: int, quality: int, sources: Sequence[_Source]) -> bytes:
-    """Return the JPEG bytes of image ``index``: a pure function of its arguments and of ``sources``.
-
-    Every step runs in Pillow's C code, which releases the GIL, so threads render in parallel.
-    """
+    """Return the JPEG bytes of image ``index``: a pure function of its arguments and of ``sources``."""
     rng = np.random.default_rng((seed, index))
     k = index % classes
     src = sources[k % len(sources)]
@@ -280,7 +281,7 @@ def render_image(index: int, classes: int, seed: int, quality: int, sources: Seq
     q = int(np.clip(quality + rng.integers(-2, 3), 1, 100))
     greyscale = bool(rng.random() < GREYSCALE_FRACTION)
     flip = bool(rng.random() < 0.5)
-    grain = float(rng.uniform(8.0, 14.0))
+    grain = float(rng.uniform(9.0, 15.0))
     box = _crop_box(src, width, height, _class_anchor(k, len(sources)), rng)
     matrix = _colour_matrix(k, src.image.mode == "L", rng)
     noise = Image.frombytes("L", (width, height), rng.bytes(width * height)).point(_grain_table(grain))
@@ -381,7 +382,7 @@ def _clear_previous(out: Path) -> None:
     """Remove what an earlier synth run wrote in ``out``; refuse if anything else is there."""
     strangers: list[str] = []
     for entry in out.iterdir():
-        if entry.name == SUMMARY_NAME and entry.is_file():
+        if entry.name in (SUMMARY_NAME, f".{SUMMARY_NAME}.part") and entry.is_file():
             continue
         if _CLASS_RE.match(entry.name) and entry.is_dir() and not entry.is_symlink():
             strangers += [
@@ -398,7 +399,10 @@ def _clear_previous(out: Path) -> None:
     # The summary goes first, so that a set interrupted from here on is visibly incomplete.
     (out / SUMMARY_NAME).unlink(missing_ok=True)
     for entry in out.iterdir():
-        shutil.rmtree(entry)
+        if entry.is_dir():
+            shutil.rmtree(entry)
+        else:
+            entry.unlink()
 
 
 def _make(
@@ -437,10 +441,17 @@ def _make(
             raise ValueError(
                 f"{out_path} is {reason}; choose another folder, or pass overwrite (--overwrite) to replace it"
             )
-        _clear_previous(out_path)
 
+    # Find the photos before touching ``out``, so that a missing dependency never costs an existing set.
     data_dir = _source_dir()
     source_names = _available_source_names(data_dir)
+    if len(source_names) < _MIN_SOURCES:
+        raise FileNotFoundError(
+            f"found only {len(source_names)} of scikit-image's sample photos in {data_dir} "
+            f"(need at least {_MIN_SOURCES}); reinstall it: pip install --force-reinstall scikit-image"
+        )
+    if out_path.is_dir() and any(out_path.iterdir()):
+        _clear_previous(out_path)
     job = _Job(str(out_path), images, classes, seed, quality, str(data_dir))
     out_path.mkdir(parents=True, exist_ok=True)
     for k in range(classes):
