@@ -11,15 +11,21 @@ import prestage
 
 
 def pil_rgb(path):
-    return np.asarray(Image.open(path).convert("RGB"))
+    with Image.open(path) as im:
+        return np.asarray(im.convert("RGB"))
 
 
 def pil_resize_center_crop(path, height, width):
     """torchvision Resize (to cover) + CenterCrop, done with Pillow's antialiased bilinear."""
-    img = Image.open(path).convert("RGB")
+    with Image.open(path) as im:
+        img = im.convert("RGB")
     w, h = img.size
-    scale = max(height / h, width / w)
-    rw, rh = max(width, round(w * scale)), max(height, round(h * scale))
+    # The side that binds is scaled to the output exactly; the other is truncated, as torchvision's
+    # Resize(int) computes int(size * long / short).
+    if height * w >= width * h:
+        rh, rw = height, max(width, height * w // h)
+    else:
+        rh, rw = max(height, width * h // w), width
     img = img.resize((rw, rh), Image.BILINEAR)
     top, left = int(round((rh - height) / 2.0)), int(round((rw - width) / 2.0))
     return np.asarray(img.crop((left, top, left + width, top + height)))
@@ -57,7 +63,8 @@ def test_resize_and_center_crop_agree_with_pillow(make_folder, size):
         path = cat.source_path(int(i))
         expected = pil_resize_center_crop(path, *size).astype(int)
         diff = np.abs(img[k].astype(int) - expected)
-        w, h = Image.open(path).size
+        with Image.open(path) as im:
+            w, h = im.size
         if max(size[0] / h, size[1] / w) > 0.5:
             # Full-size decode, then the same antialiased bilinear resampling as Pillow's.
             assert diff.max() <= 1, (cat.path(int(i)), diff.max())

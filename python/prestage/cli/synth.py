@@ -69,7 +69,7 @@ from statistics import NormalDist
 from typing import Any
 
 import numpy as np
-from PIL import Image, ImageChops
+from PIL import Image, ImageChops, ImageOps
 
 from .progress import progress as progress_bar
 
@@ -148,17 +148,14 @@ def _source_dir() -> Path:
     )
 
 
-@dataclasses.dataclass(frozen=True)
-class _Source:
-    """A decoded source photo and the box (in pixels) that crops are taken from."""
-
-    image: Image.Image
-    region: tuple[float, float, float, float]
-
-
 @functools.lru_cache(maxsize=4)
-def _load_sources(data_dir: str) -> tuple[_Source, ...]:
-    """Decode the available sample photos once per process (RGB or L)."""
+def _load_sources(data_dir: str) -> tuple[Image.Image, ...]:
+    """Decode the available sample photos once per process, as RGB or L images.
+
+    Each photo is cut to its useful region and its contrast stretched (0.5 % of the pixels clipped at each
+    end, tones kept), so that dim photos such as the moon or the retina still look like photographs once
+    the grain is added.
+    """
     sources = []
     for name, (left, top, right, bottom) in _SOURCES:
         path = Path(data_dir) / name
@@ -168,7 +165,8 @@ def _load_sources(data_dir: str) -> tuple[_Source, ...]:
             im.load()
             image = im.convert("L") if im.mode in ("L", "I", "I;16", "1") else im.convert("RGB")
         w, h = image.size
-        sources.append(_Source(image, (left * w, top * h, right * w, bottom * h)))
+        image = image.crop((round(left * w), round(top * h), round(right * w), round(bottom * h)))
+        sources.append(ImageOps.autocontrast(image, cutoff=0.5, preserve_tone=True))
     if len(sources) < _MIN_SOURCES:
         raise FileNotFoundError(
             f"found only {len(sources)} of scikit-image's sample photos in {data_dir} "
@@ -226,7 +224,7 @@ def _class_colour(k: int) -> tuple[np.ndarray, float]:
 
 
 def _class_anchor(k: int, n_sources: int) -> tuple[float, float]:
-    """Where in its source photo class ``k`` crops around (fractions of the region), from ``k`` only."""
+    """Where in its source photo class ``k`` crops around (fractions of width and height), from ``k`` only."""
     cycle = k // n_sources
     if cycle == 0:
         return 0.5, 0.5
@@ -251,19 +249,18 @@ def _colour_matrix(k: int, greyscale_source: bool, rng: np.random.Generator) -> 
 
 
 def _crop_box(
-    src: _Source, out_w: int, out_h: int, anchor: tuple[float, float], rng: np.random.Generator
+    src: Image.Image, out_w: int, out_h: int, anchor: tuple[float, float], rng: np.random.Generator
 ) -> tuple[float, float, float, float]:
-    """A random crop of ``src`` near ``anchor``: 25-100 % of the region's area, aspect near the output's."""
-    left, top, right, bottom = src.region
-    rw, rh = right - left, bottom - top
-    area = rw * rh * rng.uniform(0.25, 1.0)
+    """A random crop of ``src`` near ``anchor``: 25-100 % of its area, aspect ratio near the output's."""
+    sw, sh = src.size
+    area = sw * sh * rng.uniform(0.25, 1.0)
     aspect = (out_w / out_h) * math.exp(rng.uniform(-0.15, 0.15))
-    cw = min(math.sqrt(area * aspect), rw)
-    ch = min(math.sqrt(area / aspect), rh)
-    cx = left + rw * (anchor[0] + rng.normal(0.0, 0.12))
-    cy = top + rh * (anchor[1] + rng.normal(0.0, 0.12))
-    x0 = float(np.clip(cx - cw / 2.0, left, right - cw))
-    y0 = float(np.clip(cy - ch / 2.0, top, bottom - ch))
+    cw = min(math.sqrt(area * aspect), sw)
+    ch = min(math.sqrt(area / aspect), sh)
+    cx = sw * (anchor[0] + rng.normal(0.0, 0.12))
+    cy = sh * (anchor[1] + rng.normal(0.0, 0.12))
+    x0 = float(np.clip(cx - cw / 2.0, 0.0, sw - cw))
+    y0 = float(np.clip(cy - ch / 2.0, 0.0, sh - ch))
     return x0, y0, x0 + cw, y0 + ch
 
 
@@ -272,7 +269,9 @@ def _grain_table(sigma: float) -> list[int]:
     return [min(255, max(0, round(128.0 + q * sigma))) for q in _GAUSS_QUANTILES]
 
 
-def render_image(index: int, classes: int, seed: int, quality: int, sources: Sequence[_Source]) -> bytes:
+def render_image(
+    index: int, classes: int, seed: int, quality: int, sources: Sequence[Image.Image]
+) -> bytes:
     """Return the JPEG bytes of image ``index``: a pure function of its arguments and of ``sources``."""
     rng = np.random.default_rng((seed, index))
     k = index % classes
@@ -283,12 +282,12 @@ def render_image(index: int, classes: int, seed: int, quality: int, sources: Seq
     flip = bool(rng.random() < 0.5)
     grain = float(rng.uniform(9.0, 15.0))
     box = _crop_box(src, width, height, _class_anchor(k, len(sources)), rng)
-    matrix = _colour_matrix(k, src.image.mode == "L", rng)
+    matrix = _colour_matrix(k, src.mode == "L", rng)
     noise = Image.frombytes("L", (width, height), rng.bytes(width * height)).point(_grain_table(grain))
 
     # Lanczos keeps upscaled crops about as crisp as a camera photo; a separate sharpening pass would cost
     # more than the resize itself.
-    image = src.image.resize((width, height), Image.Resampling.LANCZOS, box=box)
+    image = src.resize((width, height), Image.Resampling.LANCZOS, box=box)
     if image.mode == "L":
         image = image.convert("RGB")
     image = image.convert("RGB", matrix=matrix)
