@@ -21,6 +21,9 @@ def _close_live_loaders() -> None:
         loader.close()
 
 
+_DECODE_MODES = ("jpeg", "raw", "npy", "npz", "hdf5")
+
+
 def _count(name: str, value: object, minimum: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise ConfigError(f"{name} must be an integer, got {value!r}")
@@ -48,15 +51,38 @@ class Loader:
         seed: the shuffle's seed; the same seed gives the same batches on any machine and for any
             thread counts.
         stage_dir: node-local directory for stage 2's copies; ``None`` reads the source directly.
+        cache_bytes: the most bytes the stage directory may hold (files being written included);
+            0: no bound. When full, a file is staged only by evicting one used later.
+        eviction: ``"clairvoyant"`` (evict the file whose next use in the plan is farthest away:
+            Belady's rule, optimal since the plan is known) or ``"lru"``.
         prefetchers: stage 2 threads (I/O bound: more than cores is normal).
         readers: stage 3 threads (CPU bound).
         lookahead: batches stage 2 may work on ahead of stage 3.
         depth: batch buffers: batches decoded ahead plus those the caller still holds.
         rank, world_size: this process's share of every global batch (distributed training).
         drop_last: drop the last, incomplete global batch (else ranks are padded to equal counts).
-        decode: ``"jpeg"`` (uint8 RGB images) or ``"raw"`` (the files' bytes: ``batch.data`` and
-            ``batch.offsets``).
+        decode: how a sample's bytes become its part of the batch (``batch.images`` for JPEG,
+            ``batch.arrays`` otherwise): ``"jpeg"`` (RGB images), ``"raw"`` (the bytes as they are:
+            ``batch.data`` and ``batch.offsets``), ``"npy"`` (a ``.npy`` array: any dtype and
+            shape, C or Fortran order), ``"npz"`` (one array of a ``.npz``, stored or deflated: see
+            ``array_name``), ``"hdf5"`` (rows of a :meth:`Catalog.from_hdf5` catalog). ``None``:
+            ``"hdf5"`` for an HDF5 catalog, else ``"jpeg"``. A sample that is a zstd frame
+            (``.zst``) is decompressed first (all but ``"raw"``). Arrays of one shape make one
+            ``(N, *shape)`` array; arrays of different shapes make a list (``batch.ragged``).
         max_pixels: images with more pixels are refused before decoding (decompression bombs).
+        transform: with ``image_size``: ``"center-crop"`` (torchvision ``Resize`` +
+            ``CenterCrop``: the eval path) or ``"random-resized-crop"`` (torchvision
+            ``RandomResizedCrop`` with scale (0.08, 1), ratio (3/4, 4/3), then a horizontal flip
+            with p = 0.5; drawn from (seed, epoch, sample index): a rerun gives the same pixels.
+            See :func:`prestage.transforms.random_resized_crop_params`).
+        layout: ``"NHWC"`` or ``"NCHW"`` (images).
+        dtype: ``"uint8"``, or ``"float32"``: ``(pixel / 255 - mean[c]) / std[c]`` (images).
+        mean, std: per-channel (R, G, B) normalisation for ``dtype="float32"``, on the 0..1 scale
+            as torchvision's ``Normalize`` after ``ToTensor``.
+        array_name: ``decode="npz"``: the member to take from each archive (without ``.npy``);
+            ``None``: the archive's only array.
+        max_sample_bytes: an array (or raw sample) larger than this is refused before any
+            allocation (lying headers, decompression bombs).
         tuned: a JSON file written by ``prestage tune``; its ``prefetchers``, ``readers``,
             ``lookahead`` and ``depth`` replace those not given here explicitly.
 
@@ -73,6 +99,8 @@ class Loader:
         shuffle: bool = True,
         seed: int = 0,
         stage_dir: Union[str, os.PathLike, None] = None,
+        cache_bytes: int = 0,
+        eviction: str = "clairvoyant",
         prefetchers: int = 4,
         readers: int = 2,
         lookahead: int = 4,
@@ -80,8 +108,15 @@ class Loader:
         rank: int = 0,
         world_size: int = 1,
         drop_last: bool = False,
-        decode: str = "jpeg",
+        decode: Optional[str] = None,
         max_pixels: int = 89_478_485,
+        transform: str = "center-crop",
+        layout: str = "NHWC",
+        dtype: str = "uint8",
+        mean: Tuple[float, float, float] = (0.0, 0.0, 0.0),
+        std: Tuple[float, float, float] = (1.0, 1.0, 1.0),
+        array_name: Optional[str] = None,
+        max_sample_bytes: int = 4 << 30,
         tuned: Union[str, os.PathLike, None] = None,
     ) -> None:
         if tuned is not None:
@@ -105,6 +140,10 @@ class Loader:
         options.shuffle = bool(shuffle)
         options.seed = _count("seed", seed, 0)
         options.stage_dir = "" if stage_dir is None else os.fspath(stage_dir)
+        options.cache_bytes = _count("cache_bytes", cache_bytes, 0)
+        if eviction not in ("clairvoyant", "lru"):
+            raise ConfigError(f"eviction must be 'clairvoyant' or 'lru', got {eviction!r}")
+        options.eviction = getattr(_core.Eviction, eviction)
         options.prefetchers = _count("prefetchers", prefetchers, 1)
         options.readers = _count("readers", readers, 1)
         options.lookahead = _count("lookahead", lookahead, 1)
@@ -112,10 +151,29 @@ class Loader:
         options.rank = _count("rank", rank, 0)
         options.world_size = _count("world_size", world_size, 1)
         options.drop_last = bool(drop_last)
-        if decode not in ("jpeg", "raw"):
-            raise ConfigError(f"decode must be 'jpeg' or 'raw', got {decode!r}")
+        if decode is None:
+            decode = "hdf5" if catalog.kind == "hdf5" else "jpeg"
+        if decode not in _DECODE_MODES:
+            raise ConfigError(f"decode must be one of {', '.join(map(repr, _DECODE_MODES))}, got {decode!r}")
         options.decode = getattr(_core.DecodeMode, decode)
         options.max_pixels = _count("max_pixels", max_pixels, 1)
+        transforms = {"center-crop": "center_crop", "random-resized-crop": "random_resized_crop"}
+        if transform not in transforms:
+            raise ConfigError(f"transform must be 'center-crop' or 'random-resized-crop', got {transform!r}")
+        options.transform = getattr(_core.Transform, transforms[transform])
+        if layout not in ("NHWC", "NCHW"):
+            raise ConfigError(f"layout must be 'NHWC' or 'NCHW', got {layout!r}")
+        options.layout = getattr(_core.Layout, layout)
+        if dtype not in ("uint8", "float32"):
+            raise ConfigError(f"dtype must be 'uint8' or 'float32', got {dtype!r}")
+        options.dtype = getattr(_core.OutputType, dtype)
+        try:
+            options.mean = [float(v) for v in mean]
+            options.std = [float(v) for v in std]
+        except (TypeError, ValueError) as e:
+            raise ConfigError(f"mean and std must be three numbers each: {e}") from e
+        options.array_name = "" if array_name is None else str(array_name)
+        options.max_sample_bytes = _count("max_sample_bytes", max_sample_bytes, 1)
         self._loader: Optional[_core.Loader] = _core.Loader(catalog, options)
         self._options = options
         self._num_samples = len(catalog)

@@ -9,5 +9,6 @@ void register_errors(pybind11::module_& m);
 void register_catalog(pybind11::module_& m);
 void register_plan(pybind11::module_& m);
 void register_loader(pybind11::module_& m);
+void register_transforms(pybind11::module_& m);
 
 }  // namespace prestage::python

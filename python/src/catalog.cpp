@@ -1,8 +1,13 @@
+#include <map>
+#include <optional>
+#include <string>
+
 #include <pybind11/stl.h>
 #include <pybind11/stl/filesystem.h>
 
 #include "bindings.hpp"
 #include "prestage/catalog.hpp"
+#include "prestage/error.hpp"
 
 namespace py = pybind11;
 
@@ -36,6 +41,55 @@ Explicit relative paths and labels (or no labels: -1).
 
 >>> prestage.Catalog.from_paths("/data", ["a/1.jpg", "b/2.jpg"], [0, 1])
 )doc")
+      .def_static(
+          "from_hdf5",
+          [](const std::vector<std::filesystem::path>& paths, const std::string& dataset,
+             const std::optional<std::string>& labels) {
+            py::gil_scoped_release release;
+            return Catalog::from_hdf5(paths, dataset, labels.value_or(""));
+          },
+          py::arg("paths"), py::arg("dataset"), py::arg("labels") = py::none(), R"doc(
+Samples are the rows along axis 0 of `dataset` in each file of `paths`, in order (one sample per file
+is a dataset of one row). `labels`: a 1-D integer dataset with as many rows, or None (-1). Decode
+with Loader(decode="hdf5"). HDF5 calls are serialised process-wide (the library is not
+thread-safe).
+
+>>> cat = prestage.Catalog.from_hdf5(["climate_0.h5", "climate_1.h5"], "fields", labels="labels")
+)doc")
+      .def_static(
+          "from_tfrecord",
+          [](const std::vector<std::filesystem::path>& paths, const std::map<std::string, std::string>& features) {
+            for (const auto& [key, value] : features) {
+              if (key != "image" && key != "label") {
+                throw ConfigError("from_tfrecord: features takes the keys 'image' and 'label', got '" + key + "'");
+              }
+            }
+            const auto image = features.find("image");
+            if (image == features.end()) throw ConfigError("from_tfrecord: features needs an 'image' entry");
+            const auto label = features.find("label");
+            py::gil_scoped_release release;
+            return Catalog::from_tfrecord(paths, image->second, label == features.end() ? "" : label->second);
+          },
+          py::arg("paths"), py::arg("features"), R"doc(
+Samples are the records (tf.train.Example) of the TFRecord files `paths`, in order. `features`:
+{"image": name of the bytes feature to decode (decode="jpeg", "raw", "npy" or "npz"),
+ "label": name of an int64 feature (optional)}. Reads every record once, checking its CRCs, to build
+the index of record offsets; save() the catalog to do that only once.
+
+>>> cat = prestage.Catalog.from_tfrecord(["train-0.tfrecord"],
+...                                      features={"image": "image/encoded", "label": "image/class/label"})
+)doc")
+      .def_property_readonly(
+          "kind", [](const Catalog& c) {
+            switch (c.kind()) {
+              case Catalog::Kind::kTfrecord: return "tfrecord";
+              case Catalog::Kind::kHdf5: return "hdf5";
+              default: return "files";
+            }
+          },
+          "'files', 'tfrecord' or 'hdf5': what a sample's locator names.")
+      .def_property_readonly("field", &Catalog::field,
+                             "The TFRecord data feature or the HDF5 dataset ('' for files).")
       .def_static("load", &Catalog::load, py::arg("path"), py::call_guard<py::gil_scoped_release>(),
                   "Loads a catalog saved by save().\n\n>>> prestage.Catalog.load('train.catalog')")
       .def("save", &Catalog::save, py::arg("path"), py::call_guard<py::gil_scoped_release>(),

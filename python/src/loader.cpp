@@ -1,4 +1,9 @@
+#include <algorithm>
+#include <array>
 #include <chrono>
+#include <stdexcept>
+#include <string>
+#include <vector>
 
 #include <pybind11/numpy.h>
 #include <pybind11/stl.h>
@@ -19,6 +24,18 @@ namespace {
 template <typename T>
 py::array view(py::handle owner, const T* data, std::vector<py::ssize_t> shape) {
   return py::array(py::dtype::of<T>(), std::move(shape), {}, data, owner);
+}
+
+// A typed NumPy view of bytes [begin, end) of a batch's buffer (the batch's dtype).
+py::array typed_view(py::handle owner, const Batch& b, std::vector<py::ssize_t> shape, uint64_t begin,
+                     uint64_t end) {
+  const py::dtype dtype(std::string(b.dtype()));
+  py::ssize_t count = 1;
+  for (const auto d : shape) count *= d;
+  if (static_cast<uint64_t>(count) * static_cast<uint64_t>(dtype.itemsize()) != end - begin) {
+    throw std::logic_error("batch buffer and shape disagree");
+  }
+  return py::array(dtype, std::move(shape), {}, b.data().data() + begin, owner);
 }
 
 py::dict stage_dict(const StageStats& s) {
@@ -49,6 +66,19 @@ py::dict stats_dict(const Stats& s) {
   d["bytes_from_source"] = s.bytes_from_source;
   d["bytes_from_stage"] = s.bytes_from_stage;
   d["pinned"] = s.pinned;
+  d["stage_bytes"] = s.stage_bytes;
+  d["stage_bytes_peak"] = s.stage_bytes_peak;
+  py::list epochs;
+  for (const auto& e : s.epochs) {
+    py::dict ed;
+    ed["epoch"] = e.epoch;
+    ed["hits"] = e.hits;
+    ed["misses"] = e.misses;
+    ed["evictions"] = e.evictions;
+    ed["bytes_from_source"] = e.bytes_from_source;
+    epochs.append(ed);
+  }
+  d["epochs"] = epochs;
   return d;
 }
 
@@ -57,7 +87,22 @@ py::dict stats_dict(const Stats& s) {
 void register_loader(py::module_& m) {
   py::enum_<DecodeMode>(m, "DecodeMode")
       .value("jpeg", DecodeMode::kJpeg)
-      .value("raw", DecodeMode::kRaw);
+      .value("raw", DecodeMode::kRaw)
+      .value("npy", DecodeMode::kNpy)
+      .value("npz", DecodeMode::kNpz)
+      .value("hdf5", DecodeMode::kHdf5);
+
+  py::enum_<Transform>(m, "Transform")
+      .value("center_crop", Transform::kCenterCrop)
+      .value("random_resized_crop", Transform::kRandomResizedCrop);
+  py::enum_<Layout>(m, "Layout").value("NHWC", Layout::kNHWC).value("NCHW", Layout::kNCHW);
+  py::enum_<OutputType>(m, "OutputType")
+      .value("uint8", OutputType::kUint8)
+      .value("float32", OutputType::kFloat32);
+
+  py::enum_<Eviction>(m, "Eviction")
+      .value("clairvoyant", Eviction::kClairvoyant)
+      .value("lru", Eviction::kLru);
 
   py::class_<LoaderOptions>(m, "LoaderOptions", "Every option of a Loader; see prestage.Loader.")
       .def(py::init<>())
@@ -78,11 +123,24 @@ void register_loader(py::module_& m) {
       .def_readwrite("rank", &LoaderOptions::rank)
       .def_readwrite("world_size", &LoaderOptions::world_size)
       .def_readwrite("stage_dir", &LoaderOptions::stage_dir)
+      .def_readwrite("cache_bytes", &LoaderOptions::cache_bytes)
+      .def_readwrite("eviction", &LoaderOptions::eviction)
       .def_readwrite("prefetchers", &LoaderOptions::prefetchers)
       .def_readwrite("readers", &LoaderOptions::readers)
       .def_readwrite("lookahead", &LoaderOptions::lookahead)
       .def_readwrite("depth", &LoaderOptions::depth)
       .def_readwrite("max_pixels", &LoaderOptions::max_pixels)
+      .def_readwrite("transform", &LoaderOptions::transform)
+      .def_readwrite("layout", &LoaderOptions::layout)
+      .def_readwrite("dtype", &LoaderOptions::dtype)
+      .def_property(
+          "mean", [](const LoaderOptions& o) { return std::vector<float>(o.mean, o.mean + 3); },
+          [](LoaderOptions& o, const std::array<float, 3>& v) { std::copy(v.begin(), v.end(), o.mean); })
+      .def_property(
+          "std", [](const LoaderOptions& o) { return std::vector<float>(o.stddev, o.stddev + 3); },
+          [](LoaderOptions& o, const std::array<float, 3>& v) { std::copy(v.begin(), v.end(), o.stddev); })
+      .def_readwrite("array_name", &LoaderOptions::array_name)
+      .def_readwrite("max_sample_bytes", &LoaderOptions::max_sample_bytes)
       .def("validate", &LoaderOptions::validate);
 
   py::class_<Batch, std::shared_ptr<Batch>>(m, "Batch", R"doc(
@@ -97,13 +155,52 @@ copy); the buffer is reused only after the batch and every array viewing it have
           "images",
           [](py::object self) {
             const auto& b = self.cast<const Batch&>();
-            if (b.mode() != DecodeMode::kJpeg) throw ConfigError("images: this loader decodes raw bytes");
+            if (b.mode() != DecodeMode::kJpeg) throw ConfigError("images: this loader does not decode JPEG");
             const auto s = b.shape();
-            return view(self, reinterpret_cast<const uint8_t*>(b.data().data()),
-                        {static_cast<py::ssize_t>(s[0]), static_cast<py::ssize_t>(s[1]),
-                         static_cast<py::ssize_t>(s[2]), static_cast<py::ssize_t>(s[3])});
+            return typed_view(self, b, {static_cast<py::ssize_t>(s[0]), static_cast<py::ssize_t>(s[1]),
+                                        static_cast<py::ssize_t>(s[2]), static_cast<py::ssize_t>(s[3])},
+                              0, b.data().size());
           },
-          "uint8 array (N, H, W, 3), RGB.")
+          "RGB images: (N, H, W, 3) or (N, 3, H, W) (layout=), uint8 or float32 (dtype=).")
+      .def_property_readonly(
+          "arrays",
+          [](py::object self) -> py::object {
+            const auto& b = self.cast<const Batch&>();
+            const auto shape_of = [&](size_t i) {
+              std::vector<py::ssize_t> shape;
+              for (const uint64_t d : b.sample_shape(i)) shape.push_back(static_cast<py::ssize_t>(d));
+              return shape;
+            };
+            if (!b.ragged() && b.size() > 0) {
+              std::vector<py::ssize_t> shape = shape_of(0);
+              shape.insert(shape.begin(), static_cast<py::ssize_t>(b.size()));
+              return typed_view(self, b, shape, 0, b.data().size());
+            }
+            py::list out;
+            for (size_t i = 0; i < b.size(); ++i) {
+              out.append(typed_view(self, b, shape_of(i), b.offsets()[i], b.offsets()[i + 1]));
+            }
+            return out;
+          },
+          "The samples as NumPy arrays (zero-copy): one (N, *shape) array when their shapes agree, else "
+          "a list of N arrays. decode='raw': uint8 arrays of the samples' bytes.")
+      .def_property_readonly("ragged", &Batch::ragged, "Whether the samples' shapes differ.")
+      .def_property_readonly(
+          "dtype", [](const Batch& b) { return py::dtype(std::string(b.dtype())); },
+          "The NumPy dtype of the samples' elements.")
+      .def_property_readonly(
+          "shapes",
+          [](const Batch& b) {
+            py::list out;
+            for (size_t i = 0; i < b.size(); ++i) {
+              py::tuple t(b.sample_shape(i).size());
+              size_t k = 0;
+              for (const uint64_t d : b.sample_shape(i)) t[k++] = d;
+              out.append(t);
+            }
+            return out;
+          },
+          "Each sample's shape, a list of tuples.")
       .def_property_readonly(
           "data",
           [](py::object self) {

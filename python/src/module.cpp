@@ -8,4 +8,6 @@ PYBIND11_MODULE(_core, m) {
   prestage::python::register_catalog(m);
   prestage::python::register_plan(m);
   prestage::python::register_loader(m);
+  auto transforms = m.def_submodule("transforms", "Stage 3's random transforms.");
+  prestage::python::register_transforms(transforms);
 }

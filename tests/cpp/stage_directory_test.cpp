@@ -86,7 +86,7 @@ TEST_CASE("stage directory: publishing into a vanished directory is an IoError, 
   CHECK(stage.try_claim(0));  // absent again: claimable
 }
 
-TEST_CASE("stager: copies every sample of a task, once, and calls done once") {
+TEST_CASE("stager: copies every claimed file of its tasks, and calls each task's done once") {
   for (size_t threads : {1, 2, 4}) {
     CAPTURE(threads);
     TempDir dir;
@@ -98,7 +98,10 @@ TEST_CASE("stager: copies every sample of a task, once, and calls done once") {
     const Catalog cat = Catalog::from_paths(dir.path(), paths);
     StageDirectory stage(dir / "stage", cat);
     std::vector<uint64_t> ids(40);
-    for (uint64_t i = 0; i < 40; ++i) ids[i] = (i * 7) % 40;
+    for (uint64_t i = 0; i < 40; ++i) {
+      ids[i] = (i * 7) % 40;
+      REQUIRE(stage.try_claim(ids[i]));  // stage 1 claims what stage 2 copies
+    }
     std::atomic<int> done{0};
     {
       prestage::detail::Stager stager(cat, &stage, threads);
@@ -109,21 +112,20 @@ TEST_CASE("stager: copies every sample of a task, once, and calls done once") {
       }
       a.ids = ids.data();
       a.count = 25;
-      b.ids = ids.data() + 20;  // overlaps a: 5 samples in both
-      b.count = 20;
+      b.ids = ids.data() + 25;
+      b.count = 15;
       stager.submit(&a);
       stager.submit(&b);
       while (done.load() < 2) std::this_thread::yield();
       prestage::Stats stats;
       stager.add_to(stats, 1.0);
-      CHECK(stats.staged_files + stats.already_staged <= 45);
-      CHECK(stats.staged_files <= 40);
+      CHECK(stats.staged_files == 40);
+      CHECK(stats.stage_failures == 0);
     }
     CHECK(done.load() == 2);
     for (uint64_t i = 0; i < 40; ++i) {
-      // A sample in both tasks may still be in flight when the second finds it claimed; both tasks
-      // are done, so every copy has been published.
       CHECK(stage.is_staged(i));
+      CHECK(stage.staged_size(i) == ("content " + std::to_string(i)).size());
       CHECK(read_text(stage.staged_path(i)) == "content " + std::to_string(i));
     }
   }
@@ -137,6 +139,8 @@ TEST_CASE("stager: a missing source file is given up on, and the other samples a
   std::atomic<int> done{0};
   prestage::detail::Stager stager(cat, &stage, 2);
   std::vector<uint64_t> ids{0, 1};
+  REQUIRE(stage.try_claim(0));
+  REQUIRE(stage.try_claim(1));
   prestage::detail::StageTask task;
   task.ids = ids.data();
   task.count = 2;
@@ -146,6 +150,7 @@ TEST_CASE("stager: a missing source file is given up on, and the other samples a
   while (done.load() < 1) std::this_thread::yield();
   CHECK(stage.is_staged(0));
   CHECK(!stage.is_staged(1));
+  CHECK(stage.is_absent(1));  // the claim was given back
   prestage::Stats stats;
   stager.add_to(stats, 1.0);
   CHECK(stats.stage_failures == 1);

@@ -71,3 +71,94 @@ def folder(make_folder: MakeFolder) -> Path:
 def native_threads() -> Callable[[], int]:
     """Counts the process's threads, native ones included (threading.active_count() sees only Python's)."""
     return lambda: len(os.listdir("/proc/self/task"))
+
+
+# TFRecord files written without TensorFlow: the framing and tf.train.Example's wire format, from their
+# specifications (the tf-marked tests check these bytes against TensorFlow's own writer).
+
+def _crc32c_table() -> List[int]:
+    table = []
+    for i in range(256):
+        c = i
+        for _ in range(8):
+            c = (c >> 1) ^ 0x82F63B78 if c & 1 else c >> 1
+        table.append(c)
+    return table
+
+
+_CRC32C = _crc32c_table()
+
+
+def masked_crc32c(data: bytes) -> int:
+    crc = 0xFFFFFFFF
+    for b in data:
+        crc = (crc >> 8) ^ _CRC32C[(crc ^ b) & 0xFF]
+    crc ^= 0xFFFFFFFF
+    return (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
+
+
+def _varint(n: int) -> bytes:
+    n &= (1 << 64) - 1
+    out = bytearray()
+    while True:
+        b = n & 0x7F
+        n >>= 7
+        out.append(b | (0x80 if n else 0))
+        if not n:
+            return bytes(out)
+
+
+def _field(number: int, payload: bytes) -> bytes:
+    return _varint(number << 3 | 2) + _varint(len(payload)) + payload
+
+
+def serialize_example(features: dict) -> bytes:
+    """tf.train.Example bytes: values are bytes (bytes_list), int or list of ints (int64_list, packed)."""
+    entries = b""
+    for key, value in features.items():
+        if isinstance(value, bytes):
+            feature = _field(1, _field(1, value))
+        else:
+            ints = value if isinstance(value, list) else [value]
+            feature = _field(3, _field(1, b"".join(_varint(v) for v in ints)))
+        entries += _field(1, _field(1, key.encode()) + _field(2, feature))
+    return _field(1, entries)
+
+
+def frame_record(data: bytes) -> bytes:
+    length = len(data).to_bytes(8, "little")
+    return (length + masked_crc32c(length).to_bytes(4, "little") + data
+            + masked_crc32c(data).to_bytes(4, "little"))
+
+
+@pytest.fixture
+def write_tfrecord() -> Callable[..., Path]:
+    """write_tfrecord(path, [features dict, ...]) -> path, with our own framing and Example encoder."""
+
+    def write(path: Path, examples: list) -> Path:
+        with open(path, "wb") as f:
+            for features in examples:
+                f.write(frame_record(serialize_example(features)))
+        return path
+
+    return write
+
+
+def jpeg_bytes(array: np.ndarray, **save_args) -> bytes:
+    """A JPEG of `array` encoded by Pillow."""
+    import io
+
+    out = io.BytesIO()
+    Image.fromarray(array).save(out, format="JPEG", **save_args)
+    return out.getvalue()
+
+
+@pytest.fixture
+def encode_jpeg() -> Callable[..., bytes]:
+    return jpeg_bytes
+
+
+@pytest.fixture
+def tfrecord_format():
+    """(serialize_example, frame_record): the encoders behind write_tfrecord."""
+    return serialize_example, frame_record

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <memory>
 #include <span>
+#include <string_view>
 
 #include "prestage/options.hpp"
 
@@ -31,12 +32,20 @@ class Batch {
   size_t size() const noexcept;     // samples in the batch
   DecodeMode mode() const noexcept;
 
-  // kJpeg: size() images of shape (height, width, 3), uint8, contiguous (NHWC).
+  // kJpeg: size() images of shape (height, width, 3) (NHWC) or (3, height, width) (NCHW), contiguous.
   std::array<size_t, 4> shape() const noexcept;
-  // The batch buffer: images (kJpeg) or the samples' bytes back to back (kRaw).
+  // The batch buffer: images (kJpeg), arrays (kNpy, kNpz, kHdf5: C order, back to back) or the
+  // samples' bytes back to back (kRaw).
   std::span<const std::byte> data() const noexcept;
-  // kRaw: size() + 1 offsets into data(); sample i is [offsets[i], offsets[i + 1]).
+  // size() + 1 offsets into data(); sample i is [offsets[i], offsets[i + 1]).
   std::span<const uint64_t> offsets() const noexcept;
+  // The elements' type as a NumPy array-interface type string: "|u1" for images and raw bytes, "<f4"
+  // for float32 images, an array's own ("<i8", ">f8", "|b1", ...) for kNpy, kNpz and kHdf5.
+  std::string_view dtype() const noexcept;
+  // Whether the samples' shapes differ. If not, data() is one (size(), *sample_shape(0)) array.
+  bool ragged() const noexcept;
+  // The shape of sample i (kRaw: its length in bytes). Valid while the Batch lives.
+  std::span<const uint64_t> sample_shape(size_t i) const noexcept;
   std::span<const int64_t> labels() const noexcept;
   std::span<const int64_t> indices() const noexcept;  // catalog indices
   bool pinned() const noexcept;  // the buffer is page-locked

@@ -45,6 +45,31 @@ class Catalog {
                              const std::vector<int64_t>& labels = {},
                              const std::vector<std::string>& classes = {});
 
+  // What a sample's locator means: the codec that reads it is chosen from this and decode=.
+  enum class Kind : uint8_t {
+    kFiles,     // whole files or byte ranges of files (the constructors above)
+    kTfrecord,  // framed TFRecord records (the locator's byte range); field() names the data feature
+    kHdf5,      // rows of an HDF5 dataset: locator.offset is the row; field() names the dataset
+  };
+
+  // Samples are the rows along axis 0 of `dataset` in each of `files`, in order (a file of one
+  // sample is a dataset of one row). `labels`: a 1-D integer dataset of as many rows in each file,
+  // or empty (-1). The root is the files' common folder. Opens each file once (IoError,
+  // DecodeError naming the file).
+  static Catalog from_hdf5(const std::vector<std::filesystem::path>& files, const std::string& dataset,
+                           const std::string& labels = "");
+
+  // Samples are the records of TFRecord `files` (tf.train.Example messages), in order. Reads every
+  // record once to build the index (offsets and lengths, checking both CRCs of each record, and
+  // that `data_feature` is there); `label_feature`, an int64 feature, gives the labels (else -1).
+  // Save the catalog to build the index only once.
+  static Catalog from_tfrecord(const std::vector<std::filesystem::path>& files,
+                               const std::string& data_feature,
+                               const std::string& label_feature = "");
+
+  Kind kind() const noexcept;
+  const std::string& field() const noexcept;  // kTfrecord: data feature; kHdf5: dataset; else ""
+
   // Saves to / loads from one binary file, so a job does not walk the file system at every start.
   void save(const std::filesystem::path& file) const;
   static Catalog load(const std::filesystem::path& file);
@@ -59,6 +84,10 @@ class Catalog {
   size_t num_files() const noexcept;
   std::string_view file_path(size_t f) const;  // relative to root()
   std::filesystem::path file_source_path(size_t f) const;
+  // The file's size when the catalog was built (from_folder and from_list record it), else
+  // kUnknownSize. A bounded stage directory needs it to plan its space.
+  static constexpr uint64_t kUnknownSize = ~uint64_t{0};
+  uint64_t file_size(size_t f) const;
   const std::vector<std::string>& classes() const noexcept;  // class names (from_folder), else empty
 
   // A 64-bit digest of the root and every path: names the catalog's area of a shared stage directory.

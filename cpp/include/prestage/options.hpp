@@ -7,9 +7,32 @@
 
 namespace prestage {
 
+// How stage 3 turns a sample's bytes into its part of the batch. The sample's bytes are what its
+// catalog names: a file, a byte range, a TFRecord record's data feature, an HDF5 row. A sample that
+// is a zstd frame is decompressed first (every mode but kRaw).
 enum class DecodeMode {
-  kJpeg,  // JPEG -> uint8 RGB, NHWC
+  kJpeg,  // JPEG -> RGB images (see Transform, Layout, OutputType)
   kRaw,   // the sample's bytes as they are (ragged: one buffer plus offsets)
+  kNpy,   // a .npy array: any dtype and shape, C or Fortran order
+  kNpz,   // one array of a .npz archive (stored or deflated members): LoaderOptions::array_name
+  kHdf5,  // a row along axis 0 of an HDF5 dataset (catalogs from Catalog::from_hdf5 only)
+};
+
+// kJpeg with an image_size: how each image is brought to it.
+enum class Transform {
+  kCenterCrop,         // resize the shorter side to cover, crop the centre (torchvision's eval path)
+  kRandomResizedCrop,  // torchvision's RandomResizedCrop + RandomHorizontalFlip(0.5), seeded
+};
+
+enum class Layout { kNHWC, kNCHW };
+
+// kJpeg: the element type of the images. kFloat32 is (pixel / 255 - mean[c]) / std[c].
+enum class OutputType { kUint8, kFloat32 };
+
+// Which staged file a full stage directory gives up.
+enum class Eviction {
+  kClairvoyant,  // the one whose next use in the plan is farthest away (Belady): optimal
+  kLru,          // the least recently used one
 };
 
 struct ImageSize {
@@ -33,6 +56,9 @@ struct LoaderOptions {
 
   // Node-local directory that stage 2 copies the samples to. Empty: stage 3 reads the source directly.
   std::string stage_dir;
+  // The most bytes the stage directory may hold, files being written included; 0: no bound.
+  uint64_t cache_bytes = 0;
+  Eviction eviction = Eviction::kClairvoyant;
 
   uint64_t prefetchers = 4;  // stage 2 threads (I/O bound: more than cores is normal)
   uint64_t readers = 2;      // stage 3 threads (CPU bound: about the cores you can spare)
@@ -41,6 +67,21 @@ struct LoaderOptions {
 
   // Images with more pixels than this are refused before any large allocation (decompression bombs).
   uint64_t max_pixels = 89'478'485;  // PIL's default MAX_IMAGE_PIXELS
+
+  // kJpeg with an image_size. Random crops are drawn from (seed, epoch, sample index): a rerun gives
+  // the same pixels whatever the thread counts.
+  Transform transform = Transform::kCenterCrop;
+  Layout layout = Layout::kNHWC;
+  OutputType dtype = OutputType::kUint8;
+  // kFloat32 only: per channel (R, G, B), on the 0..1 scale (torchvision's ToTensor + Normalize).
+  float mean[3] = {0.0f, 0.0f, 0.0f};
+  float stddev[3] = {1.0f, 1.0f, 1.0f};
+
+  // kNpz: the member to take from each archive, without ".npy"; empty: the archive's only array.
+  std::string array_name;
+  // kNpy, kNpz, kHdf5: a sample whose header claims more bytes than this is refused before any
+  // allocation (decompression bombs, lying headers).
+  uint64_t max_sample_bytes = uint64_t{4} << 30;
 
   // Throws ConfigError naming the first invalid option.
   void validate() const;

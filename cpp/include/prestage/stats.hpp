@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace prestage {
 
@@ -11,6 +12,16 @@ struct StageStats {
   double idle_s = 0;   // threads x wall time - busy
   uint64_t items = 0;  // samples dealt with
   uint64_t bytes = 0;  // bytes read (stage 3) or copied (stage 2)
+};
+
+// What one epoch's batches cost, counted when stage 1 plans them (so an epoch planned ahead shows
+// before it is consumed).
+struct EpochStats {
+  uint64_t epoch = 0;
+  uint64_t hits = 0;       // samples whose file was in the stage directory (or on its way) already
+  uint64_t misses = 0;     // samples read from the source: copied by stage 2, or read by stage 3
+  uint64_t evictions = 0;  // files removed from the stage directory to make room
+  uint64_t bytes_from_source = 0;  // sizes of the missed files
 };
 
 struct Stats {
@@ -37,6 +48,11 @@ struct Stats {
   uint64_t bytes_from_stage = 0;
 
   bool pinned = false;  // batch buffers are page-locked
+
+  // Bounded stage directory (cache_bytes): bytes held now and at most (files being written included).
+  uint64_t stage_bytes = 0;
+  uint64_t stage_bytes_peak = 0;
+  std::vector<EpochStats> epochs;  // in epoch order
 };
 
 }  // namespace prestage

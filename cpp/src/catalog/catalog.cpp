@@ -6,8 +6,11 @@
 #include <cstring>
 #include <fstream>
 #include <system_error>
+#include <tuple>
 #include <utility>
 
+#include "decode/hdf5.hpp"
+#include "decode/tfrecord.hpp"
 #include "prestage/error.hpp"
 
 namespace prestage {
@@ -23,6 +26,9 @@ struct Catalog::Data {
   std::vector<Locator> locators;
   std::vector<int64_t> labels;
   std::vector<std::string> classes;
+  std::vector<uint64_t> file_sizes;  // one per file, or empty: unknown
+  Kind kind = Kind::kFiles;
+  std::string field;  // kTfrecord: the data feature; kHdf5: the dataset
   uint64_t fingerprint = 0;
 };
 
@@ -31,7 +37,7 @@ namespace {
 static_assert(std::endian::native == std::endian::little, "the catalog file format is little-endian");
 
 constexpr char kMagic[8] = {'P', 'S', 'T', 'G', 'C', 'A', 'T', '\0'};
-constexpr uint32_t kFormatVersion = 2;
+constexpr uint32_t kFormatVersion = 3;
 
 uint64_t fnv1a(std::string_view bytes, uint64_t hash = 0xcbf29ce484222325ULL) {
   for (unsigned char c : bytes) {
@@ -63,7 +69,8 @@ void check_relative(std::string_view path) {
 std::shared_ptr<Catalog::Data> make_data(const fs::path& root, const std::vector<std::string>& paths,
                                          const std::vector<int64_t>& labels,
                                          const std::vector<std::string>& classes,
-                                         const std::vector<Catalog::Locator>& locators = {}) {
+                                         const std::vector<Catalog::Locator>& locators = {},
+                                         const std::vector<uint64_t>& file_sizes = {}) {
   const size_t samples = locators.empty() ? paths.size() : locators.size();
   if (!labels.empty() && labels.size() != samples) {
     throw ConfigError("catalog: " + std::to_string(labels.size()) + " labels for " +
@@ -91,6 +98,10 @@ std::shared_ptr<Catalog::Data> make_data(const fs::path& root, const std::vector
     hash = fnv1a(std::string_view("\n", 1), fnv1a(p, hash));
   }
   data->fingerprint = hash;
+  if (!file_sizes.empty() && file_sizes.size() != paths.size()) {
+    throw ConfigError("catalog: file size table does not match the files");
+  }
+  data->file_sizes = file_sizes;
   data->locators = locators;
   data->labels = labels.empty() ? std::vector<int64_t>(samples, -1) : labels;
   return data;
@@ -157,7 +168,7 @@ class Reader {
     const uint64_t n = pod<uint64_t>();
     if (n > (in_.size() - pos_) / sizeof(T)) fail("array length exceeds the file");
     std::vector<T> v(n);
-    std::memcpy(v.data(), in_.data() + pos_, n * sizeof(T));
+    if (n != 0) std::memcpy(v.data(), in_.data() + pos_, n * sizeof(T));
     pos_ += n * sizeof(T);
     return v;
   }
@@ -210,25 +221,35 @@ Catalog Catalog::from_folder(const fs::path& root, const std::vector<std::string
 
   std::vector<std::string> paths;
   std::vector<int64_t> labels;
+  std::vector<uint64_t> sizes;
   for (size_t label = 0; label < classes.size(); ++label) {
     // Sorted by (folder, file name), the order of torchvision's sorted(os.walk(...)).
-    std::vector<std::pair<std::string, std::string>> files;
+    struct Found {
+      std::string dir, name;
+      uint64_t size;
+      bool operator<(const Found& o) const { return std::tie(dir, name) < std::tie(o.dir, o.name); }
+    };
+    std::vector<Found> files;
     const fs::path class_dir = root / classes[label];
     auto options = fs::directory_options::follow_directory_symlink;
     for (fs::recursive_directory_iterator it(class_dir, options, ec), end; !ec && it != end;
          it.increment(ec)) {
       if (!it->is_regular_file(ec) || !has_extension(it->path(), extensions)) continue;
       const fs::path rel = it->path().lexically_relative(root);
-      files.emplace_back(rel.parent_path().string(), rel.filename().string());
+      std::error_code size_ec;
+      const uint64_t size = it->file_size(size_ec);
+      files.push_back({rel.parent_path().string(), rel.filename().string(),
+                       size_ec ? Catalog::kUnknownSize : size});
     }
     if (ec) throw_fs_error(class_dir, ec, "cannot list");
     std::sort(files.begin(), files.end());
-    for (auto& [dir, name] : files) {
-      paths.push_back(dir + "/" + name);
+    for (auto& f : files) {
+      paths.push_back(f.dir + "/" + f.name);
       labels.push_back(static_cast<int64_t>(label));
+      sizes.push_back(f.size);
     }
   }
-  return Catalog(make_data(root, paths, labels, classes));
+  return Catalog(make_data(root, paths, labels, classes, {}, sizes));
 }
 
 Catalog Catalog::from_list(const fs::path& list_file, const fs::path& root) {
@@ -268,7 +289,14 @@ Catalog Catalog::from_list(const fs::path& list_file, const fs::path& root) {
   if (in.bad()) {
     throw IoError(list_file.string(), EIO, "cannot read file list '" + list_file.string() + "'");
   }
-  return Catalog(make_data(root, paths, labels, {}));
+  auto data = make_data(root, paths, labels, {});
+  data->file_sizes.reserve(paths.size());
+  for (const auto& p : paths) {
+    std::error_code ec;
+    const uint64_t size = fs::file_size(root / p, ec);
+    data->file_sizes.push_back(ec ? kUnknownSize : size);
+  }
+  return Catalog(data);
 }
 
 void Catalog::save(const fs::path& file) const {
@@ -283,6 +311,9 @@ void Catalog::save(const fs::path& file) const {
   w.array(data_->offsets);
   w.array(data_->locators);
   w.array(data_->labels);
+  w.array(data_->file_sizes);
+  w.pod(static_cast<uint8_t>(data_->kind));
+  w.bytes(data_->field);
   w.pod(fnv1a(out));  // checksum of everything before it
 
   // Written to a temporary name, then renamed: a reader never sees half a catalog.
@@ -332,6 +363,10 @@ Catalog Catalog::load(const fs::path& file) {
   const auto offsets = body.array<uint64_t>();
   const auto locators = body.array<Locator>();
   const auto labels = body.array<int64_t>();
+  const auto file_sizes = body.array<uint64_t>();
+  const auto kind = body.pod<uint8_t>();
+  const std::string field = body.bytes();
+  if (kind > static_cast<uint8_t>(Kind::kHdf5)) body.fail("unknown catalog kind");
   const size_t samples = locators.empty() ? offsets.size() - 1 : locators.size();
   if (offsets.empty() || offsets.front() != 0 || offsets.back() != blob.size() ||
       labels.size() != samples || !std::is_sorted(offsets.begin(), offsets.end())) {
@@ -343,7 +378,10 @@ Catalog Catalog::load(const fs::path& file) {
     paths.emplace_back(blob.substr(offsets[i], offsets[i + 1] - offsets[i]));
   }
   try {
-    return Catalog(make_data(root, paths, labels, classes, locators));  // re-checks every path
+    auto data = make_data(root, paths, labels, classes, locators, file_sizes);  // re-checks paths
+    data->kind = static_cast<Kind>(kind);
+    data->field = field;
+    return Catalog(data);
   } catch (const ConfigError& e) {
     body.fail(e.what());
   }
@@ -366,6 +404,11 @@ std::string_view Catalog::file_path(size_t f) const {
 
 fs::path Catalog::file_source_path(size_t f) const { return data_->root / fs::path(file_path(f)); }
 
+uint64_t Catalog::file_size(size_t f) const {
+  if (f >= num_files()) throw ConfigError("catalog file " + std::to_string(f) + " out of range");
+  return data_->file_sizes.empty() ? kUnknownSize : data_->file_sizes[f];
+}
+
 std::string_view Catalog::path(size_t i) const { return file_path(locator(i).file); }
 
 fs::path Catalog::source_path(size_t i) const { return data_->root / fs::path(path(i)); }
@@ -376,6 +419,93 @@ int64_t Catalog::label(size_t i) const {
 }
 
 const std::vector<std::string>& Catalog::classes() const noexcept { return data_->classes; }
+Catalog::Kind Catalog::kind() const noexcept { return data_->kind; }
+const std::string& Catalog::field() const noexcept { return data_->field; }
+
+namespace {
+
+// The files' deepest common folder, and each file's path relative to it.
+std::pair<fs::path, std::vector<std::string>> common_root(const std::vector<fs::path>& files) {
+  if (files.empty()) throw ConfigError("no files given");
+  std::vector<fs::path> absolute;
+  absolute.reserve(files.size());
+  for (const auto& f : files) absolute.push_back(fs::absolute(f).lexically_normal());
+  fs::path root = absolute.front().parent_path();
+  for (const auto& f : absolute) {
+    while (!root.empty() && f.lexically_relative(root).native().starts_with("..")) {
+      root = root.parent_path();
+    }
+  }
+  std::vector<std::string> relative;
+  relative.reserve(files.size());
+  for (const auto& f : absolute) relative.push_back(f.lexically_relative(root).string());
+  return {root, relative};
+}
+
+}  // namespace
+
+Catalog Catalog::from_hdf5(const std::vector<fs::path>& files, const std::string& dataset,
+                           const std::string& labels_dataset) {
+  if (dataset.empty()) throw ConfigError("from_hdf5: the dataset name is empty");
+  auto [root, relative] = common_root(files);
+  std::vector<Locator> locators;
+  std::vector<int64_t> labels;
+  for (size_t f = 0; f < files.size(); ++f) {
+    const std::string path = (root / relative[f]).string();
+    const auto info = detail::hdf5::describe(path, dataset, ~uint64_t{0}, path);
+    for (uint64_t row = 0; row < info.rows; ++row) locators.push_back(Locator{f, row, kWholeFile});
+    if (!labels_dataset.empty()) {
+      const auto file_labels = detail::hdf5::read_labels(path, labels_dataset, path);
+      if (file_labels.size() != info.rows) {
+        throw DecodeError(path, "labels dataset '" + labels_dataset + "' has " +
+                                    std::to_string(file_labels.size()) + " rows, '" + dataset + "' has " +
+                                    std::to_string(info.rows));
+      }
+      labels.insert(labels.end(), file_labels.begin(), file_labels.end());
+    }
+  }
+  if (locators.empty()) throw ConfigError("from_hdf5: the datasets have no rows");
+  auto data = make_data(root, relative, labels, {}, locators);
+  data->kind = Kind::kHdf5;
+  data->field = dataset;
+  return Catalog(data);
+}
+
+Catalog Catalog::from_tfrecord(const std::vector<fs::path>& files, const std::string& data_feature,
+                               const std::string& label_feature) {
+  if (data_feature.empty()) throw ConfigError("from_tfrecord: the data feature name is empty");
+  auto [root, relative] = common_root(files);
+  std::vector<Locator> locators;
+  std::vector<int64_t> labels;
+  std::vector<uint64_t> sizes;
+  for (size_t f = 0; f < files.size(); ++f) {
+    const std::string path = (root / relative[f]).string();
+    uint64_t size = 0;
+    detail::scan_tfrecord(path, path, ~uint64_t{0} >> 8,
+                          [&](uint64_t offset, uint64_t framed, std::span<const std::byte> record) {
+                            std::span<const std::byte> value;
+                            if (!detail::example_bytes(record, data_feature, value, path)) {
+                              throw DecodeError(path, "the record at byte " + std::to_string(offset) +
+                                                          " has no feature '" + data_feature + "'");
+                            }
+                            int64_t label = -1;
+                            if (!label_feature.empty() &&
+                                !detail::example_int64(record, label_feature, label, path)) {
+                              throw DecodeError(path, "the record at byte " + std::to_string(offset) +
+                                                          " has no feature '" + label_feature + "'");
+                            }
+                            locators.push_back(Locator{f, offset, framed});
+                            labels.push_back(label);
+                            size = offset + framed;
+                          });
+    sizes.push_back(size);
+  }
+  if (locators.empty()) throw ConfigError("from_tfrecord: the files hold no record");
+  auto data = make_data(root, relative, labels, {}, locators, sizes);
+  data->kind = Kind::kTfrecord;
+  data->field = data_feature;
+  return Catalog(data);
+}
 uint64_t Catalog::fingerprint() const noexcept { return data_->fingerprint; }
 
 }  // namespace prestage

@@ -1,9 +1,15 @@
 #include "decode/jpeg.hpp"
 
 #include <turbojpeg.h>
+// jpeglib.h needs size_t and FILE declared first.
+#include <cstddef>
+#include <cstdio>
+#include <jpeglib.h>
 
 #include <algorithm>
 #include <climits>
+#include <cmath>
+#include <csetjmp>
 #include <limits>
 #include <stdexcept>
 #include <string>
@@ -61,6 +67,49 @@ size_t image_bytes(int width, int height, uint64_t bytes_per_pixel, const std::s
   return static_cast<size_t>(bytes);
 }
 
+// libjpeg reports errors by calling error_exit, which must not return: it jumps back to the
+// setjmp of the call in progress. Warnings (corrupt data that libjpeg papers over, such as a
+// premature end of file) are errors here too, as TurboJPEG's calls report them above.
+struct LibjpegErrors {
+  jpeg_error_mgr manager;
+  std::jmp_buf jump;
+  char message[JMSG_LENGTH_MAX];
+};
+
+[[noreturn]] void libjpeg_error_exit(j_common_ptr cinfo) {
+  auto* errors = reinterpret_cast<LibjpegErrors*>(cinfo->err);
+  (*cinfo->err->format_message)(cinfo, errors->message);
+  std::longjmp(errors->jump, 1);
+}
+
+void libjpeg_emit_message(j_common_ptr cinfo, int level) {
+  if (level >= 0) return;  // trace messages
+  auto* errors = reinterpret_cast<LibjpegErrors*>(cinfo->err);
+  (*cinfo->err->format_message)(cinfo, errors->message);
+  std::longjmp(errors->jump, 1);
+}
+
+// Whether the file ends with an end-of-image marker (trailing padding of up to 4 KiB allowed).
+// Inside entropy-coded data 0xFF is always followed by 0x00 or a restart marker, so 0xFF 0xD9
+// there is the real end.
+bool has_end_marker(std::span<const std::byte> jpeg) {
+  const size_t n = jpeg.size();
+  const size_t stop = n > 4096 ? n - 4096 : 0;
+  for (size_t i = n; i >= stop + 2; --i) {
+    if (jpeg[i - 2] == std::byte{0xFF} && jpeg[i - 1] == std::byte{0xD9}) return true;
+  }
+  return false;
+}
+
+void flip_rows(uint8_t* rgb, int width, int height) {
+  for (int y = 0; y < height; ++y) {
+    uint8_t* row = rgb + static_cast<size_t>(y) * static_cast<size_t>(width) * kRgbBytes;
+    for (int a = 0, b = width - 1; a < b; ++a, --b) {
+      std::swap_ranges(row + a * 3, row + a * 3 + 3, row + b * 3);
+    }
+  }
+}
+
 }  // namespace
 
 struct JpegDecoder::Impl {
@@ -79,6 +128,158 @@ struct JpegDecoder::Impl {
   // DCT-scaled or CMYK decodes land here before being resampled or converted.
   std::vector<uint8_t> decoded;
   ResizeScratch resize;
+  // The libjpeg API, for decoding a region only (TurboJPEG 2.1 cannot). Created once.
+  jpeg_decompress_struct cinfo{};
+  LibjpegErrors errors{};
+  bool cinfo_ready = false;
+
+  // Reads the header with libjpeg; leaves `cinfo` ready for start_region or aborts it on error.
+  // Returns false with errors.message set on failure. No C++ object lives across the setjmp.
+  bool libjpeg_header(std::span<const std::byte> jpeg) {
+    if (setjmp(errors.jump) != 0) {
+      jpeg_abort_decompress(&cinfo);
+      return false;
+    }
+    jpeg_mem_src(&cinfo, reinterpret_cast<const unsigned char*>(jpeg.data()),
+                 static_cast<unsigned long>(jpeg.size()));
+    if (jpeg_read_header(&cinfo, TRUE) != JPEG_HEADER_OK) {
+      std::snprintf(errors.message, sizeof(errors.message), "no image in the file");
+      jpeg_abort_decompress(&cinfo);
+      return false;
+    }
+    return true;
+  }
+
+  // Decodes rows [y0, y1) and columns from x0 (width w, widened by libjpeg to iMCU boundaries;
+  // the real first column comes back in *x_start, the row stride in *stride) of the image scaled by
+  // 1/denom, into `region`. `cmyk`: decode to CMYK, else RGB.
+  bool libjpeg_region(unsigned denom, bool cmyk, JDIMENSION x0, JDIMENSION w, JDIMENSION y0,
+                      JDIMENSION y1, JDIMENSION* x_start, JDIMENSION* out_w) {
+    if (setjmp(errors.jump) != 0) {
+      jpeg_abort_decompress(&cinfo);
+      return false;
+    }
+    cinfo.out_color_space = cmyk ? JCS_CMYK : JCS_EXT_RGB;
+    cinfo.scale_num = 1;
+    cinfo.scale_denom = denom;
+    cinfo.dct_method = JDCT_ISLOW;
+    cinfo.do_fancy_upsampling = TRUE;
+    jpeg_start_decompress(&cinfo);
+    JDIMENSION xoff = x0;
+    JDIMENSION width = w;
+    jpeg_crop_scanline(&cinfo, &xoff, &width);
+    const size_t stride = static_cast<size_t>(cinfo.output_width) * (cmyk ? kCmykBytes : kRgbBytes);
+    const size_t rows = y1 - y0;
+    if (decoded.size() < stride * rows) {
+      // The caller grew `decoded` for the largest possible region; reaching here is a bug, and
+      // longjmp must not cross a throw: report it as a failure instead.
+      std::snprintf(errors.message, sizeof(errors.message), "internal error: region buffer too small");
+      jpeg_abort_decompress(&cinfo);
+      return false;
+    }
+    if (y0 > 0 && jpeg_skip_scanlines(&cinfo, y0) != y0) {
+      std::snprintf(errors.message, sizeof(errors.message), "cannot skip to row %u", y0);
+      jpeg_abort_decompress(&cinfo);
+      return false;
+    }
+    for (size_t r = 0; r < rows; ++r) {
+      JSAMPROW row = decoded.data() + r * stride;
+      if (jpeg_read_scanlines(&cinfo, &row, 1) != 1) {
+        std::snprintf(errors.message, sizeof(errors.message), "cannot read row %zu", y0 + r);
+        jpeg_abort_decompress(&cinfo);
+        return false;
+      }
+    }
+    *x_start = xoff;
+    *out_w = cinfo.output_width;
+    // The rest of the image is not needed: abort rather than decode it.
+    jpeg_abort_decompress(&cinfo);
+    return true;
+  }
+
+  void ensure_libjpeg() {
+    if (cinfo_ready) return;
+    cinfo.err = jpeg_std_error(&errors.manager);
+    errors.manager.error_exit = libjpeg_error_exit;
+    errors.manager.emit_message = libjpeg_emit_message;
+    if (setjmp(errors.jump) != 0) throw Error(std::string("cannot create a libjpeg decompressor: ") + errors.message);
+    jpeg_create_decompress(&cinfo);
+    cinfo_ready = true;
+  }
+
+  // Reads the header with libjpeg and checks the size limit.
+  Header crop_header(std::span<const std::byte> jpeg, const std::string& path) {
+    if (jpeg.empty()) throw DecodeError(path, "empty file");
+    if (jpeg.size() > ULONG_MAX) throw DecodeError(path, "file too large");
+    ensure_libjpeg();
+    if (!libjpeg_header(jpeg)) throw DecodeError(path, std::string("cannot read JPEG header: ") + errors.message);
+    Header header;
+    header.width = static_cast<int>(cinfo.image_width);
+    header.height = static_cast<int>(cinfo.image_height);
+    const bool cmyk = cinfo.jpeg_color_space == JCS_CMYK || cinfo.jpeg_color_space == JCS_YCCK;
+    header.colorspace = cmyk ? TJCS_CMYK : TJCS_RGB;
+    const uint64_t pixels = uint64_t{cinfo.image_width} * uint64_t{cinfo.image_height};
+    if (header.width <= 0 || header.height <= 0 || pixels > max_pixels) {
+      jpeg_abort_decompress(&cinfo);
+      throw DecodeError(path, std::to_string(header.width) + " x " + std::to_string(header.height) +
+                                  " pixels exceeds max_pixels " + std::to_string(max_pixels));
+    }
+    if (!has_end_marker(jpeg)) {
+      jpeg_abort_decompress(&cinfo);
+      throw DecodeError(path, "truncated JPEG file (no end-of-image marker)");
+    }
+    return header;
+  }
+
+  // After crop_header: decodes `box` of the image into `dst` (out_w x out_h RGB).
+  void crop_resize(const Header& header, const CropBox& box, int out_w, int out_h, uint8_t* dst,
+                   const std::string& path) {
+    if (box.width <= 0 || box.height <= 0 || box.left < 0 || box.top < 0 ||
+        box.left + box.width > header.width || box.top + box.height > header.height) {
+      jpeg_abort_decompress(&cinfo);
+      throw std::logic_error("JpegDecoder::decode_crop: box outside the image");
+    }
+    // The most DCT reduction that leaves the box at least as large as the output.
+    unsigned denom = 1;
+    for (const unsigned d : {8u, 4u, 2u}) {
+      if (static_cast<int64_t>(box.width) >= int64_t{out_w} * d &&
+          static_cast<int64_t>(box.height) >= int64_t{out_h} * d) {
+        denom = d;
+        break;
+      }
+    }
+    // The box in scaled pixels (fractional), and the whole pixels that cover it.
+    const double scale = 1.0 / denom;
+    const double bx0 = box.left * scale, bx1 = (box.left + box.width) * scale;
+    const double by0 = box.top * scale, by1 = (box.top + box.height) * scale;
+    const auto scaled_w = static_cast<JDIMENSION>((static_cast<int64_t>(header.width) + denom - 1) / denom);
+    const auto scaled_h = static_cast<JDIMENSION>((static_cast<int64_t>(header.height) + denom - 1) / denom);
+    const auto x0 = static_cast<JDIMENSION>(std::floor(bx0));
+    const auto x1 = std::min(static_cast<JDIMENSION>(std::ceil(bx1)), scaled_w);
+    const auto y0 = static_cast<JDIMENSION>(std::floor(by0));
+    const auto y1 = std::min(static_cast<JDIMENSION>(std::ceil(by1)), scaled_h);
+    const bool cmyk = is_cmyk(header.colorspace);
+    // jpeg_crop_scanline widens the columns to iMCU boundaries (at most 32 pixels more on the left
+    // and the right); the whole scaled row is an upper bound.
+    grow(decoded, image_bytes(static_cast<int>(scaled_w), static_cast<int>(y1 - y0),
+                              cmyk ? kCmykBytes : kRgbBytes, path));
+    JDIMENSION x_start = 0, region_w = 0;
+    if (!libjpeg_region(denom, cmyk, x0, x1 - x0, y0, y1, &x_start, &region_w)) {
+      throw DecodeError(path, std::string("cannot decode JPEG data: ") + errors.message);
+    }
+    const size_t rows = y1 - y0;
+    if (cmyk) cmyk_to_rgb(decoded.data(), decoded.data(), static_cast<size_t>(region_w) * rows);
+    const size_t stride = static_cast<size_t>(region_w) * kRgbBytes;
+    // The resampler sees only the box's own pixels (columns [x0, x1) of the region), so that edges
+    // behave as after torchvision's crop.
+    const uint8_t* src = decoded.data() + static_cast<size_t>(x0 - x_start) * kRgbBytes;
+    const int src_w = static_cast<int>(x1 - x0);
+    const int src_h = static_cast<int>(rows);
+    resize_rgb(src, src_w, src_h, stride, bx0 - x0, by0 - y0, std::min(bx1 - x0, double(src_w)),
+               std::min(by1 - y0, double(src_h)), dst, out_w, out_h,
+               static_cast<size_t>(out_w) * kRgbBytes, resize);
+    if (box.flip) flip_rows(dst, out_w, out_h);
+  }
 
   std::string error_message() const { return tjGetErrorStr2(handle); }
 
@@ -169,6 +370,32 @@ JpegDecoder::JpegDecoder(uint64_t max_pixels) : impl_(std::make_unique<Impl>()) 
 JpegDecoder::~JpegDecoder() {
   // tjDestroy fails only for an invalid handle, and a destructor has no one to report to.
   if (impl_ && impl_->handle != nullptr) static_cast<void>(tjDestroy(impl_->handle));
+  if (impl_ && impl_->cinfo_ready) jpeg_destroy_decompress(&impl_->cinfo);
+}
+
+void JpegDecoder::decode_crop(std::span<const std::byte> jpeg, const CropBox& box, ImageSize size,
+                              std::span<std::byte> out, const std::string& path) {
+  if (size.height == 0 || size.width == 0 || size.height > INT_MAX || size.width > INT_MAX ||
+      out.size() != uint64_t{size.height} * uint64_t{size.width} * kRgbBytes) {
+    throw std::logic_error("JpegDecoder::decode_crop: output size out of range");
+  }
+  const Impl::Header header = impl_->crop_header(jpeg, path);
+  impl_->crop_resize(header, box, static_cast<int>(size.width), static_cast<int>(size.height),
+                     reinterpret_cast<uint8_t*>(out.data()), path);
+}
+
+CropBox JpegDecoder::decode_random_crop(std::span<const std::byte> jpeg, ImageSize size, uint64_t seed,
+                                        uint64_t epoch, uint64_t index, std::span<std::byte> out,
+                                        const std::string& path) {
+  if (size.height == 0 || size.width == 0 || size.height > INT_MAX || size.width > INT_MAX ||
+      out.size() != uint64_t{size.height} * uint64_t{size.width} * kRgbBytes) {
+    throw std::logic_error("JpegDecoder::decode_random_crop: output size out of range");
+  }
+  const Impl::Header header = impl_->crop_header(jpeg, path);
+  const CropBox box = random_resized_crop(seed, epoch, index, header.height, header.width);
+  impl_->crop_resize(header, box, static_cast<int>(size.width), static_cast<int>(size.height),
+                     reinterpret_cast<uint8_t*>(out.data()), path);
+  return box;
 }
 
 ImageHeader JpegDecoder::header(std::span<const std::byte> jpeg, const std::string& path) {

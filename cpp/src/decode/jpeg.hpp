@@ -1,4 +1,5 @@
-// Stage 3, JPEG codec (libjpeg-turbo). The only file that includes turbojpeg.h is jpeg.cpp.
+// Stage 3, JPEG codec (libjpeg-turbo). The only file that includes turbojpeg.h and jpeglib.h is
+// jpeg.cpp.
 #pragma once
 
 #include <cstddef>
@@ -7,6 +8,7 @@
 #include <span>
 #include <string>
 
+#include "decode/transform.hpp"
 #include "prestage/options.hpp"
 
 namespace prestage::detail {
@@ -38,6 +40,22 @@ class JpegDecoder {
   // scaling (decode at 1/2, 1/4 or 1/8) when the image is at least twice as large as needed.
   void decode_resized(std::span<const std::byte> jpeg, ImageSize size, std::span<std::byte> out,
                       const std::string& path);
+
+  // Decodes `box` of the image, resizes it to `size` with the same antialiased bilinear filter (as
+  // torchvision's resized_crop on a PIL image: crop, then resize; pixels outside the box are not
+  // used), flips it if box.flip, and writes size.height x size.width x 3 bytes into `out`. Only the
+  // box's rows and iMCU columns are decoded (libjpeg's jpeg_skip_scanlines and
+  // jpeg_crop_scanline), at 1/2, 1/4 or 1/8 scale when the box is at least that many times the
+  // output. The file must end with its end-of-image marker (truncation is refused even when the
+  // box lies before the missing part); corrupt data outside the decoded rows goes unnoticed.
+  void decode_crop(std::span<const std::byte> jpeg, const CropBox& box, ImageSize size,
+                   std::span<std::byte> out, const std::string& path);
+
+  // The training path: the box is drawn by random_resized_crop(seed, epoch, index, image height,
+  // image width), then decoded as decode_crop does. Returns the box.
+  CropBox decode_random_crop(std::span<const std::byte> jpeg, ImageSize size, uint64_t seed,
+                             uint64_t epoch, uint64_t index, std::span<std::byte> out,
+                             const std::string& path);
 
  private:
   struct Impl;

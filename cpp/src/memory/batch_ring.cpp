@@ -56,7 +56,9 @@ BatchRing::BatchRing(size_t depth, size_t batch_size, size_t slot_bytes, DecodeM
     slot->mode = mode;
     slot->labels.reserve(batch_size);
     slot->indices.reserve(batch_size);
-    if (mode == DecodeMode::kRaw) slot->offsets.reserve(batch_size + 1);
+    slot->offsets.reserve(batch_size + 1);
+    slot->dim_offsets.reserve(batch_size + 1);
+    slot->dims.reserve(batch_size * 4);
     free_.push_back(slot.get());
     slots_.push_back(std::move(slot));
   }
@@ -138,5 +140,12 @@ std::span<const uint64_t> Batch::offsets() const noexcept { return slot_->offset
 std::span<const int64_t> Batch::labels() const noexcept { return slot_->labels; }
 std::span<const int64_t> Batch::indices() const noexcept { return slot_->indices; }
 bool Batch::pinned() const noexcept { return slot_->data.locked(); }
+std::string_view Batch::dtype() const noexcept { return slot_->dtype; }
+bool Batch::ragged() const noexcept { return slot_->ragged; }
+std::span<const uint64_t> Batch::sample_shape(size_t i) const noexcept {
+  if (i + 1 >= slot_->dim_offsets.size()) return {};
+  return std::span<const uint64_t>(slot_->dims)
+      .subspan(slot_->dim_offsets[i], slot_->dim_offsets[i + 1] - slot_->dim_offsets[i]);
+}
 
 }  // namespace prestage

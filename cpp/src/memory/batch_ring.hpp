@@ -9,6 +9,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <vector>
 
 #include "prestage/options.hpp"
@@ -42,9 +43,13 @@ struct Slot {
   PinnedBuffer data;
   std::vector<int64_t> labels;    // capacity batch_size, allocated once
   std::vector<int64_t> indices;
-  std::vector<uint64_t> offsets;  // kRaw: count + 1
+  std::vector<uint64_t> offsets;  // count + 1 offsets into data
   DecodeMode mode = DecodeMode::kJpeg;
-  std::array<size_t, 4> shape{};  // kJpeg: count, height, width, 3
+  std::array<size_t, 4> shape{};  // kJpeg: count, height, width, 3 (NHWC) or count, 3, height, width
+  std::string dtype = "|u1";      // NumPy type string of the elements
+  bool ragged = false;            // the samples' shapes differ
+  std::vector<uint64_t> dims;         // every sample's shape, back to back
+  std::vector<uint64_t> dim_offsets;  // count + 1 offsets into dims
   size_t data_bytes = 0;          // bytes of data in use
   uint64_t epoch = 0;
   uint64_t index = 0;

@@ -42,8 +42,9 @@ struct Work {
   StageNode::gateway_type* gateway = nullptr;
   void* owner = nullptr;  // the Pipeline::Impl
   Slot* slot = nullptr;
-  std::vector<uint64_t> files;       // the files that hold the batch's samples, for stage 2
-  std::vector<uint8_t> from_stage;  // kRaw: where each sample is read from
+  std::vector<uint64_t> files;       // the files stage 2 copies for this batch (claimed by stage 1)
+  std::vector<uint8_t> from_stage;  // kRaw and arrays: where each sample is read from
+  std::vector<ArrayProbe> probes;    // arrays: each sample's header, between the two phases
   std::atomic<bool> in_use{false};
 };
 
@@ -58,9 +59,13 @@ struct Pipeline::Impl {
   Ticket decode(Ticket t);
   void decode_images(Work& w, Slot& slot);
   void copy_raw(Work& w, Slot& slot);
+  void decode_arrays(Work& w, Slot& slot);
   void hand_off(Ticket t);
   // Reads sample `id`, from the stage directory if it is staged there, else from the source.
   std::span<const std::byte> read_sample(uint64_t id, ReaderState& reader);
+  // The source path of catalog file `file`, built in the reader's own string (no allocation once
+  // warm); valid until the reader's next call.
+  const std::string& source_path(uint64_t file, ReaderState& reader) const;
 
   Shared& shared;
   std::shared_ptr<BatchRing> ring;
@@ -98,6 +103,7 @@ Pipeline::Impl::Impl(Shared& s, std::shared_ptr<BatchRing> r, uint64_t first_epo
                      uint64_t first_batch)
     : shared(s), ring(std::move(r)), epoch(first_epoch), batch(first_batch) {
   const LoaderOptions& o = shared.options;
+  if (shared.cache) shared.cache->restart(first_epoch, first_batch);
   // In flight between the source and the consumer's release: at most window + 1 (the source holds one
   // more when the window is full), so a pool of window + 1 works recycled by sequence number never
   // gives out one that is still in use.
@@ -191,6 +197,23 @@ Ticket Pipeline::Impl::next_batch(tbb::flow_control& fc) {
   w.ids = plan->batch(w.index);
   w.count = plan->batch_size(w.index);
   w.slot = nullptr;
+  // Decided here, in plan order, so that the stage directory's contents follow the plan exactly.
+  w.files.clear();
+  EpochStats costs;
+  if (shared.cache) {
+    shared.cache->admit(w.epoch, w.index, w.ids, w.count, w.files, costs);
+  } else {
+    costs.misses = w.count;
+  }
+  {
+    std::lock_guard lock(shared.epochs_mutex);
+    EpochStats& e = shared.epochs[w.epoch];
+    e.epoch = w.epoch;
+    e.hits += costs.hits;
+    e.misses += costs.misses;
+    e.evictions += costs.evictions;
+    e.bytes_from_source += costs.bytes_from_source;
+  }
   shared.counters.plan_ns.fetch_add(elapsed_ns(start), std::memory_order_relaxed);
   return &w;
 }
@@ -203,12 +226,6 @@ void Pipeline::Impl::stage(Ticket t, StageNode::gateway_type& gateway) {
   }
   t->gateway = &gateway;
   t->owner = this;
-  // Stage 2 copies files; samples that share a file (records of one container) share its copy.
-  t->files.clear();
-  for (size_t i = 0; i < t->count; ++i) {
-    const uint64_t file = shared.catalog.locator(t->ids[i]).file;
-    if (t->files.empty() || t->files.back() != file) t->files.push_back(file);
-  }
   t->stage.ids = t->files.data();
   t->stage.count = t->files.size();
   t->stage.context = t;
@@ -237,10 +254,12 @@ Ticket Pipeline::Impl::decode(Ticket t) {
   slot.labels.resize(t->count);
   for (size_t i = 0; i < t->count; ++i) slot.labels[i] = shared.catalog.label(t->ids[i]);
   if (stopping.load(std::memory_order_acquire)) return t;  // nobody will look at it
-  if (shared.options.decode == DecodeMode::kRaw) {
-    copy_raw(*t, slot);
-  } else {
+  if (shared.codec.mode == DecodeMode::kJpeg) {
     decode_images(*t, slot);
+  } else if (shared.codec.arrays()) {
+    decode_arrays(*t, slot);
+  } else {
+    copy_raw(*t, slot);
   }
   shared.counters.decoded.fetch_add(t->count, std::memory_order_relaxed);
   return t;
@@ -286,6 +305,13 @@ void read_located(const std::string& path, const Catalog::Locator& loc, std::spa
 }
 }  // namespace
 
+const std::string& Pipeline::Impl::source_path(uint64_t file, ReaderState& reader) const {
+  reader.path.assign(shared.catalog.root().native());
+  if (!reader.path.empty() && reader.path.back() != '/') reader.path += '/';
+  reader.path += shared.catalog.file_path(file);
+  return reader.path;
+}
+
 std::span<const std::byte> Pipeline::Impl::read_sample(uint64_t id, ReaderState& reader) {
   const Catalog::Locator loc = shared.catalog.locator(id);
   if (shared.stage_dir && shared.stage_dir->is_staged(loc.file)) {
@@ -298,7 +324,7 @@ std::span<const std::byte> Pipeline::Impl::read_sample(uint64_t id, ReaderState&
       // The copy vanished (the stage directory was cleaned or lost): read the source instead.
     }
   }
-  read_located(shared.catalog.file_source_path(loc.file).string(), loc, reader.buffer);
+  read_located(source_path(loc.file, reader), loc, reader.buffer);
   shared.counters.misses.fetch_add(1, std::memory_order_relaxed);
   shared.counters.bytes_from_source.fetch_add(reader.buffer.size(), std::memory_order_relaxed);
   return reader.buffer;
@@ -307,24 +333,141 @@ std::span<const std::byte> Pipeline::Impl::read_sample(uint64_t id, ReaderState&
 void Pipeline::Impl::decode_images(Work& w, Slot& slot) {
   const ImageSize size = shared.image_size;
   const size_t image_bytes = shared.image_bytes;
-  slot.shape = {w.count, size.height, size.width, 3};
+  const LoaderOptions& o = shared.options;
+  const bool nchw = o.layout == Layout::kNCHW;
+  // NHWC uint8 is what the codec writes: straight into the batch buffer. Anything else goes through
+  // the reader's RGB image and is converted into place.
+  const bool direct = !nchw && o.dtype == OutputType::kUint8;
+  const size_t rgb_bytes = size_t{size.height} * size.width * 3;
+  slot.shape = nchw ? std::array<size_t, 4>{w.count, 3, size.height, size.width}
+                    : std::array<size_t, 4>{w.count, size.height, size.width, 3};
+  slot.dtype = o.dtype == OutputType::kFloat32 ? "<f4" : "|u1";
+  slot.ragged = false;
   slot.data_bytes = w.count * image_bytes;
+  slot.offsets.resize(w.count + 1);
+  slot.dims.resize(w.count * 3);
+  slot.dim_offsets.resize(w.count + 1);
+  for (size_t i = 0; i <= w.count; ++i) {
+    slot.offsets[i] = i * image_bytes;
+    slot.dim_offsets[i] = i * 3;
+    if (i == w.count) break;
+    for (size_t d = 0; d < 3; ++d) slot.dims[i * 3 + d] = slot.shape[d + 1];
+  }
   FirstError first_error;
   tbb::parallel_for(size_t{0}, w.count, [&](size_t i) {
     const auto start = Clock::now();
     ReaderState& reader = shared.readers.local();
-    if (!reader.jpeg) reader.jpeg = std::make_unique<JpegDecoder>(shared.options.max_pixels);
     try {
+      if (!reader.decoder) reader.decoder = std::make_unique<SampleDecoder>(shared.codec);
       const uint64_t id = w.ids[i];
       const auto bytes = read_sample(id, reader);
       shared.counters.bytes_read.fetch_add(bytes.size(), std::memory_order_relaxed);
-      std::span<std::byte> out(slot.data.data() + i * image_bytes, image_bytes);
-      const std::string path = shared.catalog.source_path(id).string();
-      if (shared.options.image_size.empty()) {
-        reader.jpeg->decode_exact(bytes, size, out, path);
+      std::byte* const place = slot.data.data() + i * image_bytes;
+      if (!direct && reader.image.size() < rgb_bytes) reader.image.resize(rgb_bytes);
+      const std::span<std::byte> rgb(direct ? place : reinterpret_cast<std::byte*>(reader.image.data()),
+                                     rgb_bytes);
+      const std::string& path = source_path(shared.catalog.locator(id).file, reader);
+      const auto jpeg = reader.decoder->image_payload(bytes, path);
+      if (o.image_size.empty()) {
+        reader.decoder->jpeg.decode_exact(jpeg, size, rgb, path);
+      } else if (o.transform == Transform::kRandomResizedCrop) {
+        reader.decoder->jpeg.decode_random_crop(jpeg, size, o.seed, w.epoch, id, rgb, path);
       } else {
-        reader.jpeg->decode_resized(bytes, size, out, path);
+        reader.decoder->jpeg.decode_resized(jpeg, size, rgb, path);
       }
+      if (!direct) {
+        convert_image(reader.image.data(), static_cast<int>(size.height), static_cast<int>(size.width),
+                      o.layout, o.dtype, *shared.normalizer, place);
+      }
+    } catch (...) {
+      first_error.record(i);
+    }
+    shared.counters.decode_ns.fetch_add(elapsed_ns(start), std::memory_order_relaxed);
+  });
+  slot.error = first_error.get();
+}
+
+void Pipeline::Impl::decode_arrays(Work& w, Slot& slot) {
+  FirstError first_error;
+  w.probes.resize(w.count);
+  w.from_stage.assign(w.count, 0);
+  slot.shape = {w.count, 0, 0, 0};
+  slot.data_bytes = 0;
+  slot.ragged = false;
+  slot.offsets.assign(w.count + 1, 0);
+  slot.dim_offsets.assign(w.count + 1, 0);
+  slot.dims.clear();
+  // Phase 1: every sample's header, so that the batch buffer is sized once.
+  tbb::parallel_for(size_t{0}, w.count, [&](size_t i) {
+    const auto start = Clock::now();
+    ReaderState& reader = shared.readers.local();
+    try {
+      if (!reader.decoder) reader.decoder = std::make_unique<SampleDecoder>(shared.codec);
+      const Catalog::Locator loc = shared.catalog.locator(w.ids[i]);
+      const std::string& path = source_path(loc.file, reader);
+      if (shared.stage_dir && shared.stage_dir->is_staged(loc.file)) {
+        try {
+          const std::string staged = shared.stage_dir->staged_path(loc.file);
+          reader.decoder->probe(SampleLocation{staged, path, loc}, w.probes[i]);
+          w.from_stage[i] = 1;
+          return;
+        } catch (const IoError&) {
+          // The copy vanished: read the source instead.
+        }
+      }
+      reader.decoder->probe(SampleLocation{path, path, loc}, w.probes[i]);
+    } catch (...) {
+      first_error.record(i);
+    }
+    shared.counters.decode_ns.fetch_add(elapsed_ns(start), std::memory_order_relaxed);
+  });
+  if ((slot.error = first_error.get())) return;
+
+  // The batch's layout: one (N, *shape) array when the shapes agree, else ragged.
+  const ArrayInfo& first = w.probes[0].info;
+  slot.dtype = first.dtype;
+  uint64_t total = 0;
+  for (size_t i = 0; i < w.count; ++i) {
+    const ArrayInfo& info = w.probes[i].info;
+    const char* problem = info.dtype != first.dtype ? "its dtype differs from the batch's first sample's"
+                          : info.bytes > SIZE_MAX - total ? "the batch is too large for memory"
+                                                          : nullptr;
+    if (problem != nullptr) {
+      slot.error = std::make_exception_ptr(
+          DecodeError(shared.catalog.source_path(w.ids[i]).string(),
+                      std::string(problem) + " (" + info.dtype + " vs " + first.dtype + ")"));
+      return;
+    }
+    if (!info.same_layout(first)) slot.ragged = true;
+    total += info.bytes;
+    slot.offsets[i + 1] = total;
+    for (const uint64_t d : info.dims()) slot.dims.push_back(d);
+    slot.dim_offsets[i + 1] = slot.dims.size();
+  }
+  slot.data.reserve(static_cast<size_t>(total));
+  slot.data_bytes = static_cast<size_t>(total);
+
+  // Phase 2: each array straight into its place.
+  tbb::parallel_for(size_t{0}, w.count, [&](size_t i) {
+    const auto start = Clock::now();
+    ReaderState& reader = shared.readers.local();
+    try {
+      const Catalog::Locator loc = shared.catalog.locator(w.ids[i]);
+      const std::string& path = source_path(loc.file, reader);
+      std::span<std::byte> out(slot.data.data() + slot.offsets[i], slot.offsets[i + 1] - slot.offsets[i]);
+      auto& counters = shared.counters;
+      if (w.from_stage[i]) {
+        const std::string staged = shared.stage_dir->staged_path(loc.file);
+        reader.decoder->fill(SampleLocation{staged, path, loc}, w.probes[i], out);
+        counters.hits.fetch_add(1, std::memory_order_relaxed);
+        counters.bytes_from_stage.fetch_add(out.size(), std::memory_order_relaxed);
+      } else {
+        reader.decoder->fill(SampleLocation{path, path, loc}, w.probes[i], out);
+        counters.misses.fetch_add(1, std::memory_order_relaxed);
+        counters.bytes_from_source.fetch_add(out.size(), std::memory_order_relaxed);
+      }
+      // Decoded bytes: what a compressed sample took on disk is not tracked per read.
+      counters.bytes_read.fetch_add(out.size(), std::memory_order_relaxed);
     } catch (...) {
       first_error.record(i);
     }

@@ -5,7 +5,10 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <map>
 #include <memory>
+#include <mutex>
+#include <string>
 #include <vector>
 
 #include <oneapi/tbb/enumerable_thread_specific.h>
@@ -13,10 +16,13 @@
 #include <oneapi/tbb/task_arena.h>
 
 #include "decode/jpeg.hpp"
+#include "decode/registry.hpp"
+#include "decode/transform.hpp"
 #include "memory/batch_ring.hpp"
 #include "prestage/catalog.hpp"
 #include "prestage/options.hpp"
 #include "prestage/plan.hpp"
+#include "staging/stage_cache.hpp"
 #include "staging/stage_directory.hpp"
 #include "staging/stager.hpp"
 
@@ -28,10 +34,13 @@ struct Counters {
   std::atomic<uint64_t> hits{0}, misses{0}, bytes_from_source{0}, bytes_from_stage{0};
 };
 
-// What stage 3 keeps per reader thread, created once: the codec context and a read buffer.
+// What stage 3 keeps per reader thread, created once: the codec contexts and buffers that only
+// grow, so that once warm no sample allocates.
 struct ReaderState {
-  std::unique_ptr<JpegDecoder> jpeg;
-  std::vector<std::byte> buffer;
+  std::unique_ptr<SampleDecoder> decoder;
+  std::vector<std::byte> buffer;  // a sample's bytes as read
+  std::vector<uint8_t> image;     // an RGB image before its conversion to the batch's layout/type
+  std::string path;               // the current sample's source path
 };
 
 // Everything the successive pipelines of one Loader share.
@@ -42,9 +51,14 @@ struct Shared {
   LoaderOptions options;
   PlanOptions plan;
   ImageSize image_size;     // of every decoded image (kJpeg)
-  size_t image_bytes = 0;   // height * width * 3
+  size_t image_bytes = 0;   // of every decoded image in the batch buffer (any layout and type)
+  Codec codec;              // what stage 3 decodes, chosen once
+  std::unique_ptr<Normalizer> normalizer;  // kJpeg, float32 output
   std::unique_ptr<StageDirectory> stage_dir;  // null: direct reads
+  std::unique_ptr<StageCache> cache;          // with stage_dir: what to stage, what to evict
   std::unique_ptr<Stager> stager;
+  std::mutex epochs_mutex;
+  std::map<uint64_t, EpochStats> epochs;  // guarded by epochs_mutex
   tbb::task_scheduler_handle scheduler;  // lets close() join oneTBB's worker threads
   tbb::task_arena arena;  // `readers` threads: stage 3 runs here
   tbb::enumerable_thread_specific<ReaderState> readers;

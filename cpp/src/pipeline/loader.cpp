@@ -109,28 +109,42 @@ Loader::Impl::Impl(Catalog catalog_in, LoaderOptions options_in)
                       " samples are fewer than batch_size x world_size and drop_last is set");
   }
 
+  shared->codec = detail::Codec::choose(shared->catalog, o);
   if (o.decode == DecodeMode::kJpeg) {
     ImageSize size = o.image_size;
     if (size.empty()) {
       // Every image must have the size of the catalog's first one.
       std::vector<std::byte> bytes;
+      const Catalog::Locator first_loc = shared->catalog.locator(0);
       const std::string first = shared->catalog.source_path(0).string();
-      detail::read_file(first, bytes);
-      const auto header = detail::JpegDecoder(o.max_pixels).header(bytes, first);
+      if (first_loc.length == Catalog::kWholeFile) {
+        detail::read_file(first, bytes);
+      } else {
+        bytes.resize(first_loc.length);
+        detail::read_range(first, first_loc.offset, bytes);
+      }
+      detail::SampleDecoder decoder(shared->codec);
+      const auto header = decoder.jpeg.header(decoder.image_payload(bytes, first), first);
       size = {static_cast<uint32_t>(header.height), static_cast<uint32_t>(header.width)};
     }
     shared->image_size = size;
-    shared->image_bytes = detail::checked_mul(
-        detail::checked_mul(size.height, size.width, "image_size"), 3, "image_size");
-    slot_bytes = detail::checked_mul(shared->image_bytes, o.batch_size, "batch_size x image size");
     if (static_cast<uint64_t>(size.height) * size.width > o.max_pixels) {
       throw ConfigError("image_size exceeds max_pixels");
     }
+    detail::checked_mul(detail::checked_mul(size.height, size.width, "image_size"), 12, "image_size");
+    shared->image_bytes = detail::image_sample_bytes(size.height, size.width, o.dtype);
+    slot_bytes = detail::checked_mul(shared->image_bytes, o.batch_size, "batch_size x image size");
+    if (o.dtype == OutputType::kFloat32) shared->normalizer = std::make_unique<detail::Normalizer>(o);
   }
 
   if (!o.stage_dir.empty()) {
     try {
       shared->stage_dir = std::make_unique<detail::StageDirectory>(o.stage_dir, shared->catalog);
+      // Files of the batches in flight (planned, not yet decoded) are never evicted: the window of
+      // the pipeline, plus the batch the source holds when the window is full, plus the current one.
+      shared->cache = std::make_unique<detail::StageCache>(shared->catalog, shared->plan,
+                                                           *shared->stage_dir, o.cache_bytes,
+                                                           o.eviction, o.lookahead + o.depth + 2);
     } catch (const IoError& e) {
       // A stage directory that cannot be used is not fatal: stage 3 reads the source.
       stage_dir_error = e.what();
@@ -223,6 +237,17 @@ Stats Loader::Impl::stats() const {
     s.stage_dir_error = stage_dir_error;
   }
   s.pinned = ring->pinned();
+  if (shared->cache) {
+    s.stage_bytes = shared->cache->used_bytes();
+    s.stage_bytes_peak = shared->cache->peak_bytes();
+  }
+  {
+    std::lock_guard lock(shared->epochs_mutex);
+    for (const auto& [e, costs] : shared->epochs) {
+      s.epochs.push_back(costs);
+      s.already_staged += costs.hits;
+    }
+  }
   return s;
 }
 

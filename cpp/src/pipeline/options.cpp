@@ -34,9 +34,24 @@ void LoaderOptions::validate() const {
   if ((image_size.height == 0) != (image_size.width == 0)) {
     throw ConfigError("image_size needs both a height and a width (or neither)");
   }
-  if (decode == DecodeMode::kRaw && !image_size.empty()) {
-    throw ConfigError("image_size does not apply to decode=raw");
+  if (decode != DecodeMode::kJpeg && !image_size.empty()) {
+    throw ConfigError("image_size applies to decode=jpeg only");
   }
+  if (decode != DecodeMode::kJpeg &&
+      (layout != Layout::kNHWC || dtype != OutputType::kUint8 || transform != Transform::kCenterCrop)) {
+    throw ConfigError("transform, layout and dtype apply to decode=jpeg only");
+  }
+  if (transform == Transform::kRandomResizedCrop && image_size.empty()) {
+    throw ConfigError("transform=random-resized-crop needs an image_size");
+  }
+  for (int c = 0; c < 3; ++c) {
+    // Written so that NaN fails too.
+    if (!(stddev[c] > 0.0f) || !(mean[c] == mean[c]) || stddev[c] > 1e30f || mean[c] > 1e30f ||
+        mean[c] < -1e30f) {
+      throw ConfigError("std must be positive and mean and std finite, per channel");
+    }
+  }
+  at_least("max_sample_bytes", max_sample_bytes, 1);
 }
 
 }  // namespace prestage

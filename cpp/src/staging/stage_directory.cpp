@@ -38,7 +38,8 @@ bool process_alive(pid_t pid) { return ::kill(pid, 0) == 0 || errno == EPERM; }
 StageDirectory::StageDirectory(const fs::path& dir, const Catalog& catalog)
     : area_(dir / ("prestage-" + hex(catalog.fingerprint(), 16))),
       size_(catalog.num_files()),
-      state_(new std::atomic<uint8_t>[catalog.num_files()]()) {
+      state_(new std::atomic<uint8_t>[catalog.num_files()]()),
+      sizes_(new std::atomic<uint64_t>[catalog.num_files()]()) {
   std::error_code ec;
   for (int shard = 0; shard < kShards; ++shard) {
     const fs::path shard_dir = area_ / hex(shard, 2);
@@ -52,8 +53,11 @@ StageDirectory::StageDirectory(const fs::path& dir, const Catalog& catalog)
       const size_t dot = name.find('.');
       uint64_t id = 0;
       if (dot == std::string::npos) {
-        if (parse_hex(name, id) && id < size_ && static_cast<int>(id % kShards) == shard) {
+        std::error_code size_ec;
+        const uint64_t size = it->file_size(size_ec);
+        if (parse_hex(name, id) && id < size_ && static_cast<int>(id % kShards) == shard && !size_ec) {
           state_[id].store(kStaged, std::memory_order_relaxed);
+          sizes_[id].store(size, std::memory_order_relaxed);
           ++found_at_start_;
         }
         continue;
@@ -97,7 +101,13 @@ void StageDirectory::publish(uint64_t id, std::span<const std::byte> bytes) {
     abandon(id);
     throw;
   }
+  sizes_[id].store(bytes.size(), std::memory_order_relaxed);
   state_[id].store(kStaged, std::memory_order_release);
+}
+
+void StageDirectory::evict(uint64_t id) noexcept {
+  state_[id].store(kAbsent, std::memory_order_release);
+  ::unlink(staged_path(id).c_str());
 }
 
 void StageDirectory::abandon(uint64_t id) noexcept {

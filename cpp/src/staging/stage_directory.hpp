@@ -34,17 +34,28 @@ class StageDirectory {
   }
   std::string staged_path(uint64_t id) const;
 
+  bool is_absent(uint64_t id) const noexcept {
+    return state_[id].load(std::memory_order_acquire) == kAbsent;
+  }
+  // Size of the staged copy (valid while staged).
+  uint64_t staged_size(uint64_t id) const noexcept {
+    return sizes_[id].load(std::memory_order_relaxed);
+  }
+
   // True if the caller now owns the copy of `id` (it was absent); then it must publish() or abandon().
   bool try_claim(uint64_t id) noexcept;
-  // Writes `bytes` as the copy of a claimed sample and marks it staged. Throws IoError (then the
-  // sample is absent again).
+  // Writes `bytes` as the copy of a claimed file and marks it staged. Throws IoError (then the file
+  // is absent again).
   void publish(uint64_t id, std::span<const std::byte> bytes);
   void abandon(uint64_t id) noexcept;
+  // Removes a staged copy (eviction). The caller guarantees no reader still needs it.
+  void evict(uint64_t id) noexcept;
 
  private:
   std::filesystem::path area_;
   uint64_t size_;
   std::unique_ptr<std::atomic<uint8_t>[]> state_;
+  std::unique_ptr<std::atomic<uint64_t>[]> sizes_;
   std::atomic<uint64_t> tmp_counter_{0};
   uint64_t found_at_start_ = 0;
 };

@@ -31,6 +31,9 @@ void Stager::submit(StageTask* task) {
   task->next.store(0, std::memory_order_relaxed);
   task->remaining.store(task->count, std::memory_order_relaxed);
   if (directory_ == nullptr || task->count == 0 || cancelled_.load(std::memory_order_acquire)) {
+    if (directory_ != nullptr) {
+      for (size_t i = 0; i < task->count; ++i) directory_->abandon(task->ids[i]);
+    }
     task->done(task->context);
     return;
   }
@@ -52,7 +55,11 @@ void Stager::run() {
     if (i + 1 >= task->count) queue_.pop_front();  // this was its last sample to hand out
     if (i >= task->count) continue;
     lock.unlock();
-    if (!cancelled_.load(std::memory_order_acquire)) stage_one(task->ids[i], buffer);
+    if (cancelled_.load(std::memory_order_acquire)) {
+      directory_->abandon(task->ids[i]);  // claimed by stage 1: give the claim back
+    } else {
+      stage_one(task->ids[i], buffer);
+    }
     if (task->remaining.fetch_sub(1, std::memory_order_acq_rel) == 1) task->done(task->context);
     lock.lock();
   }
@@ -60,17 +67,22 @@ void Stager::run() {
 
 void Stager::stage_one(uint64_t id, std::vector<std::byte>& buffer) {
   items_.fetch_add(1, std::memory_order_relaxed);
-  if (disabled_.load(std::memory_order_acquire)) return;
-  if (directory_->is_staged(id)) {
-    already_staged_.fetch_add(1, std::memory_order_relaxed);
+  if (disabled_.load(std::memory_order_acquire)) {
+    directory_->abandon(id);
     return;
   }
-  if (!directory_->try_claim(id)) return;  // another batch's task is copying it right now
   const auto start = std::chrono::steady_clock::now();
   try {
     read_file(catalog_.file_source_path(id).string(), buffer);
   } catch (const IoError&) {
     // Stage 3 reads the source again and reports the error at the sample's batch.
+    directory_->abandon(id);
+    failures_.fetch_add(1, std::memory_order_relaxed);
+    return;
+  }
+  const uint64_t expected = catalog_.file_size(id);
+  if (expected != Catalog::kUnknownSize && expected != buffer.size()) {
+    // The file changed since the catalog was built: its space was planned for the old size.
     directory_->abandon(id);
     failures_.fetch_add(1, std::memory_order_relaxed);
     return;
@@ -101,7 +113,6 @@ void Stager::add_to(Stats& stats, double wall_s) const {
   stats.stage.items = items_.load();
   stats.stage.bytes = bytes_.load();
   stats.staged_files = staged_files_.load();
-  stats.already_staged = already_staged_.load();
   stats.stage_failures = failures_.load();
   stats.stage_dir_disabled = disabled_.load();
   if (stats.stage_dir_disabled) {

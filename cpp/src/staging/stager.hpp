@@ -17,7 +17,7 @@
 
 namespace prestage::detail {
 
-// The files of one batch to stage. It lives in the pipeline's per-batch work, which is recycled: the
+// The files of one batch to stage, each already claimed in the stage directory by stage 1. It lives in the pipeline's per-batch work, which is recycled: the
 // stager allocates nothing per batch.
 struct StageTask {
   const uint64_t* ids = nullptr;  // catalog file ids
@@ -37,10 +37,10 @@ class Stager {
   Stager(const Stager&) = delete;
   Stager& operator=(const Stager&) = delete;
 
-  // Queues a task; tasks are served in submission order, their samples spread over the threads. A
-  // sample is "dealt with" when it is staged, found staged, being copied by another batch's task, or
-  // given up on (a source error: stage 3 will meet it again and report it; a stage directory error:
-  // staging is disabled and stage 3 reads the source). task->done runs exactly once, on a stager
+  // Queues a task; tasks are served in submission order, their files spread over the threads. A file
+  // is "dealt with" when it is published, or given up on and its claim returned (a source error:
+  // stage 3 will meet it again and report it; a stage directory error: staging is disabled and stage 3
+  // reads the source). task->done runs exactly once, on a stager
   // thread or, if the stager is cancelled or has no directory, on the caller's.
   void submit(StageTask* task);
 
@@ -66,7 +66,7 @@ class Stager {
   std::string disabled_reason_;  // guarded by mutex_
 
   std::atomic<uint64_t> busy_ns_{0}, items_{0}, bytes_{0};
-  std::atomic<uint64_t> staged_files_{0}, already_staged_{0}, failures_{0};
+  std::atomic<uint64_t> staged_files_{0}, failures_{0};
   std::vector<std::thread> threads_;
 };
 

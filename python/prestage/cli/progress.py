@@ -107,9 +107,7 @@ class _TextBar(_NullBar):
         self._stream.flush()
 
 
-def progress(
-    iterable_or_total: Iterable[Any] | int, desc: str, unit: str, enabled: bool = True
-) -> Any:
+def progress(iterable_or_total: Iterable[Any] | int, desc: str, unit: str, enabled: bool = True) -> Any:
     """Return a progress bar over an iterable, or over a count of units to ``update()`` by hand.
 
     Args:
@@ -117,12 +115,15 @@ def progress(
             ``int`` total for a bar advanced with ``bar.update(n)``.
         desc: a short label printed before the bar.
         unit: the name of one unit of work, e.g. ``"img"``.
-        enabled: draw nothing when false (e.g. ``--quiet``). The bar is also off when stderr is not a terminal.
+        enabled: draw nothing when false (e.g. ``--quiet``). The bar is also off when stderr is not a
+            terminal.
 
     Returns:
         An object with ``update(n)``, ``close()``, iteration (when built from an iterable) and the context
         manager protocol: a ``tqdm`` bar when tqdm is installed, else a minimal stand-in.
     """
+    iterable: Iterable[Any] | None
+    total: int | None
     if isinstance(iterable_or_total, int):
         iterable, total = None, iterable_or_total
     else:

@@ -1,0 +1,119 @@
+#include "decode/array.hpp"
+
+#include <cstring>
+#include <string>
+
+#include "prestage/error.hpp"
+#include "staging/file_io.hpp"
+
+namespace prestage::detail {
+
+bool ArrayInfo::same_layout(const ArrayInfo& other) const {
+  if (dtype != other.dtype || ndim != other.ndim) return false;
+  for (uint32_t d = 0; d < ndim; ++d) {
+    if (shape[d] != other.shape[d]) return false;
+  }
+  return true;
+}
+
+void finish_array_info(ArrayInfo& info, uint64_t max_bytes, const std::string& path) {
+  const std::string& t = info.dtype;
+  auto refuse = [&](const std::string& why) {
+    throw DecodeError(path, "unsupported dtype '" + t + "': " + why);
+  };
+  if (t.size() < 3 || t.size() > 8) refuse("expected a simple type string such as '<f4'");
+  if (t[0] != '<' && t[0] != '>' && t[0] != '|' && t[0] != '=') refuse("unknown byte order");
+  if (std::string_view("biufcmM").find(t[1]) == std::string_view::npos) {
+    refuse("only bool, integer, float, complex and datetime types are supported");
+  }
+  uint64_t size = 0;
+  for (size_t i = 2; i < t.size(); ++i) {
+    if (t[i] < '0' || t[i] > '9') refuse("bad item size");
+    size = size * 10 + static_cast<uint64_t>(t[i] - '0');
+  }
+  if (size == 0 || size > 64) refuse("bad item size");
+  info.item_size = static_cast<size_t>(size);
+  if (info.ndim > kMaxDims) {
+    throw DecodeError(path, "array has " + std::to_string(info.ndim) + " dimensions, more than " +
+                                std::to_string(kMaxDims));
+  }
+  uint64_t bytes = size;
+  for (uint32_t d = 0; d < info.ndim; ++d) {
+    const uint64_t n = info.shape[d];
+    if (n != 0 && bytes > max_bytes / n) {
+      throw DecodeError(path, "array header claims more than max_sample_bytes (" +
+                                  std::to_string(max_bytes) + " bytes)");
+    }
+    bytes *= n;
+  }
+  if (bytes > max_bytes) {
+    throw DecodeError(path, "array of " + std::to_string(bytes) + " bytes exceeds max_sample_bytes (" +
+                                std::to_string(max_bytes) + ")");
+  }
+  info.bytes = bytes;
+}
+
+void fortran_to_c(const std::byte* src, std::byte* dst, const ArrayInfo& info) {
+  if (info.bytes == 0) return;
+  const size_t item = info.item_size;
+  const uint32_t n = info.ndim;
+  if (n <= 1) {
+    std::memcpy(dst, src, info.bytes);
+    return;
+  }
+  // Fortran strides, in elements: axis 0 is contiguous.
+  std::array<uint64_t, kMaxDims> stride{};
+  stride[0] = 1;
+  for (uint32_t d = 1; d < n; ++d) stride[d] = stride[d - 1] * info.shape[d - 1];
+  // Walk the destination in C order; the last axis is the inner loop.
+  std::array<uint64_t, kMaxDims> index{};
+  const uint64_t inner = info.shape[n - 1];
+  const uint64_t inner_stride = stride[n - 1] * item;
+  const uint64_t rows = info.bytes / item / inner;
+  uint64_t base = 0;  // source element offset of the current row's first element
+  for (uint64_t row = 0; row < rows; ++row) {
+    const std::byte* s = src + base * item;
+    for (uint64_t k = 0; k < inner; ++k, s += inner_stride, dst += item) std::memcpy(dst, s, item);
+    // Odometer over axes n-2 .. 0.
+    for (int d = static_cast<int>(n) - 2; d >= 0; --d) {
+      if (++index[d] < info.shape[d]) {
+        base += stride[d];
+        break;
+      }
+      base -= stride[d] * (index[d] - 1);
+      index[d] = 0;
+    }
+  }
+}
+
+void MemorySource::read(uint64_t offset, std::span<std::byte> out) const {
+  if (offset > bytes_.size() || out.size() > bytes_.size() - offset) {
+    throw DecodeError(path_, "truncated: needs " + std::to_string(offset + out.size()) +
+                                 " bytes, has " + std::to_string(bytes_.size()));
+  }
+  if (!out.empty()) std::memcpy(out.data(), bytes_.data() + offset, out.size());
+}
+
+void FileSource::read(uint64_t offset, std::span<std::byte> out) const {
+  if (offset > length_ || out.size() > length_ - offset) {
+    throw DecodeError(path_, "truncated: needs " + std::to_string(offset + out.size()) +
+                                 " bytes, has " + std::to_string(length_));
+  }
+  read_range(file_, offset_ + offset, out);
+}
+
+std::span<const std::byte> read_span(const ByteSource& source, uint64_t offset, uint64_t length,
+                                     std::vector<std::byte>& buffer) {
+  if (offset > source.size() || length > source.size() - offset) {
+    throw DecodeError(source.path(), "truncated: needs " + std::to_string(offset + length) +
+                                         " bytes, has " + std::to_string(source.size()));
+  }
+  const auto memory = source.memory();
+  if (!memory.empty() || source.size() == 0) return memory.subspan(offset, length);
+  if (buffer.size() < length) buffer.resize(length);
+  std::span<std::byte> out(buffer.data(), length);
+  source.read(offset, out);
+  return out;
+}
+
+}  // namespace prestage::detail

@@ -1,0 +1,43 @@
+// Stage 3, HDF5: samples are rows along axis 0 of a dataset. The only file that includes hdf5.h is
+// hdf5.cpp. Debian's HDF5 is built without thread safety, so every HDF5 call of the process goes
+// through one mutex there; open files and datasets are cached (at most kMaxOpen), so a row costs one
+// H5Dread under the lock.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "decode/array.hpp"
+
+namespace prestage::detail {
+
+struct Hdf5Dataset {
+  uint64_t rows = 0;
+  ArrayInfo row;  // the type and shape of one row (dims 1.. of the dataset), C order
+};
+
+// Every function is thread-safe (serialised) and throws DecodeError naming `path` (the catalog's
+// name of the file; `file` is the copy read, staged or source).
+namespace hdf5 {
+
+// Describes `dataset`: rows and one row's type and shape. Only integer and floating-point datasets
+// of rank >= 1 are accepted; one row over `max_bytes` is refused.
+Hdf5Dataset describe(const std::string& file, const std::string& dataset, uint64_t max_bytes,
+                     const std::string& path);
+
+// Reads row `row` of `dataset` into `out` (info.bytes bytes), little-endian, as `info` (from
+// describe) says.
+void read_row(const std::string& file, const std::string& dataset, uint64_t row, const ArrayInfo& info,
+              std::span<std::byte> out, const std::string& path);
+
+// A 1-D integer dataset, converted to int64.
+std::vector<int64_t> read_labels(const std::string& file, const std::string& dataset,
+                                 const std::string& path);
+
+// Closes every cached file (tests; files a loader held open).
+void close_all();
+
+}  // namespace hdf5
+}  // namespace prestage::detail

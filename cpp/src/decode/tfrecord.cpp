@@ -1,0 +1,308 @@
+#include "decode/tfrecord.hpp"
+
+#include <array>
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <vector>
+
+#include "prestage/error.hpp"
+
+#if defined(__x86_64__)
+#include <nmmintrin.h>
+#endif
+
+namespace prestage::detail {
+namespace {
+
+// Slicing-by-8 tables for the reflected Castagnoli polynomial.
+struct Tables {
+  uint32_t t[8][256];
+  Tables() {
+    for (uint32_t i = 0; i < 256; ++i) {
+      uint32_t c = i;
+      for (int k = 0; k < 8; ++k) c = (c & 1) ? (c >> 1) ^ 0x82F63B78u : c >> 1;
+      t[0][i] = c;
+    }
+    for (uint32_t i = 0; i < 256; ++i) {
+      for (int s = 1; s < 8; ++s) t[s][i] = (t[s - 1][i] >> 8) ^ t[0][t[s - 1][i] & 0xFF];
+    }
+  }
+};
+
+uint32_t crc32c_tables(const uint8_t* p, size_t n, uint32_t crc) {
+  static const Tables tables;
+  const auto& t = tables.t;
+  while (n >= 8) {
+    uint64_t word;
+    std::memcpy(&word, p, 8);
+    word ^= crc;
+    crc = t[7][word & 0xFF] ^ t[6][(word >> 8) & 0xFF] ^ t[5][(word >> 16) & 0xFF] ^
+          t[4][(word >> 24) & 0xFF] ^ t[3][(word >> 32) & 0xFF] ^ t[2][(word >> 40) & 0xFF] ^
+          t[1][(word >> 48) & 0xFF] ^ t[0][word >> 56];
+    p += 8;
+    n -= 8;
+  }
+  while (n-- > 0) crc = (crc >> 8) ^ t[0][(crc ^ *p++) & 0xFF];
+  return crc;
+}
+
+#if defined(__x86_64__)
+__attribute__((target("sse4.2"))) uint32_t crc32c_sse42(const uint8_t* p, size_t n, uint32_t crc) {
+  uint64_t c = crc;
+  while (n >= 8) {
+    uint64_t word;
+    std::memcpy(&word, p, 8);
+    c = _mm_crc32_u64(c, word);
+    p += 8;
+    n -= 8;
+  }
+  uint32_t c32 = static_cast<uint32_t>(c);
+  while (n-- > 0) c32 = _mm_crc32_u8(c32, *p++);
+  return c32;
+}
+#endif
+
+uint64_t load_u64(const std::byte* p) {
+  uint64_t v;
+  std::memcpy(&v, p, 8);
+  return v;  // little-endian (the catalog format requires a little-endian host too)
+}
+uint32_t load_u32(const std::byte* p) {
+  uint32_t v;
+  std::memcpy(&v, p, 4);
+  return v;
+}
+
+// Protocol buffer wire format, enough for tf.train.Example.
+class Wire {
+ public:
+  Wire(std::span<const std::byte> bytes, const std::string& path) : p_(bytes), path_(path) {}
+  bool done() const { return pos_ == p_.size(); }
+
+  // Reads a field key; returns false at the end.
+  bool next(uint32_t& field, uint32_t& type) {
+    if (done()) return false;
+    const uint64_t key = varint();
+    field = static_cast<uint32_t>(key >> 3);
+    type = static_cast<uint32_t>(key & 7);
+    if (field == 0) fail("field number 0");
+    return true;
+  }
+  uint64_t varint() {
+    uint64_t v = 0;
+    for (int shift = 0; shift < 64; shift += 7) {
+      if (pos_ >= p_.size()) fail("truncated varint");
+      const auto b = std::to_integer<uint8_t>(p_[pos_++]);
+      v |= uint64_t{b & 0x7Fu} << shift;
+      if ((b & 0x80) == 0) return v;
+    }
+    fail("varint too long");
+  }
+  std::span<const std::byte> bytes() {
+    const uint64_t n = varint();
+    if (n > p_.size() - pos_) fail("length-delimited field runs past the message");
+    auto out = p_.subspan(pos_, n);
+    pos_ += n;
+    return out;
+  }
+  void skip(uint32_t type) {
+    switch (type) {
+      case 0: varint(); return;
+      case 1: advance(8); return;
+      case 2: bytes(); return;
+      case 5: advance(4); return;
+      default: fail("unsupported wire type " + std::to_string(type));
+    }
+  }
+  [[noreturn]] void fail(const std::string& why) const {
+    throw DecodeError(path_, "malformed tf.train.Example: " + why);
+  }
+
+ private:
+  void advance(size_t n) {
+    if (n > p_.size() - pos_) fail("truncated fixed-size field");
+    pos_ += n;
+  }
+  std::span<const std::byte> p_;
+  const std::string& path_;
+  size_t pos_ = 0;
+};
+
+// Finds the Feature message of `name`; returns false if absent.
+bool find_feature(std::span<const std::byte> example, std::string_view name,
+                  std::span<const std::byte>& feature, const std::string& path) {
+  bool found = false;
+  Wire ex(example, path);
+  uint32_t field, type;
+  while (ex.next(field, type)) {
+    if (field != 1 || type != 2) {
+      ex.skip(type);
+      continue;
+    }
+    Wire features(ex.bytes(), path);
+    while (features.next(field, type)) {
+      if (field != 1 || type != 2) {
+        features.skip(type);
+        continue;
+      }
+      Wire entry(features.bytes(), path);
+      std::string_view key;
+      std::span<const std::byte> value;
+      bool has_value = false;
+      while (entry.next(field, type)) {
+        if (field == 1 && type == 2) {
+          const auto k = entry.bytes();
+          key = std::string_view(reinterpret_cast<const char*>(k.data()), k.size());
+        } else if (field == 2 && type == 2) {
+          value = entry.bytes();
+          has_value = true;
+        } else {
+          entry.skip(type);
+        }
+      }
+      if (key == name) {
+        feature = has_value ? value : std::span<const std::byte>();
+        found = true;
+      }
+    }
+  }
+  return found;
+}
+
+// The list message of `feature` if it is of kind `want` (1 bytes, 2 float, 3 int64).
+std::span<const std::byte> feature_list(std::span<const std::byte> feature, uint32_t want,
+                                        std::string_view name, const std::string& path) {
+  static const char* const kinds[] = {"empty", "bytes_list", "float_list", "int64_list"};
+  Wire f(feature, path);
+  uint32_t field, type;
+  uint32_t kind = 0;
+  std::span<const std::byte> list;
+  while (f.next(field, type)) {
+    if (field >= 1 && field <= 3 && type == 2) {
+      kind = field;
+      list = f.bytes();
+    } else {
+      f.skip(type);
+    }
+  }
+  if (kind != want) {
+    throw DecodeError(path, "feature '" + std::string(name) + "' is a " + kinds[kind] + ", expected a " +
+                                kinds[want]);
+  }
+  return list;
+}
+
+}  // namespace
+
+uint32_t crc32c(std::span<const std::byte> bytes, uint32_t crc) {
+  const auto* p = reinterpret_cast<const uint8_t*>(bytes.data());
+  crc = ~crc;
+#if defined(__x86_64__)
+  static const bool hardware = __builtin_cpu_supports("sse4.2");
+  crc = hardware ? crc32c_sse42(p, bytes.size(), crc) : crc32c_tables(p, bytes.size(), crc);
+#else
+  crc = crc32c_tables(p, bytes.size(), crc);
+#endif
+  return ~crc;
+}
+
+uint32_t masked_crc32c(std::span<const std::byte> bytes) {
+  const uint32_t crc = crc32c(bytes);
+  return ((crc >> 15) | (crc << 17)) + 0xa282ead8u;
+}
+
+std::span<const std::byte> unframe_record(std::span<const std::byte> framed, const std::string& path) {
+  if (framed.size() < kFramingBytes) throw DecodeError(path, "TFRecord: truncated record");
+  const uint64_t length = load_u64(framed.data());
+  if (load_u32(framed.data() + 8) != masked_crc32c(framed.first(8))) {
+    throw DecodeError(path, "TFRecord: bad CRC of the record length");
+  }
+  if (length != framed.size() - kFramingBytes) {
+    throw DecodeError(path, "TFRecord: record length " + std::to_string(length) + " does not match its " +
+                                std::to_string(framed.size() - kFramingBytes) + " bytes (truncated or changed)");
+  }
+  const auto data = framed.subspan(12, length);
+  if (load_u32(framed.data() + 12 + length) != masked_crc32c(data)) {
+    throw DecodeError(path, "TFRecord: bad CRC of the record data");
+  }
+  return data;
+}
+
+void scan_tfrecord(const std::string& file, const std::string& path, uint64_t max_record,
+                   const std::function<void(uint64_t, uint64_t, std::span<const std::byte>)>& record) {
+  std::ifstream in(file, std::ios::binary);
+  if (!in) {
+    const int err = errno;
+    throw IoError(path, err, "cannot open TFRecord file '" + path + "': " + std::strerror(err));
+  }
+  std::vector<std::byte> framed;
+  uint64_t offset = 0;
+  while (true) {
+    std::byte head[12];
+    in.read(reinterpret_cast<char*>(head), sizeof(head));
+    const auto got = static_cast<size_t>(in.gcount());
+    if (got == 0 && in.eof()) break;
+    if (got != sizeof(head)) {
+      throw DecodeError(path, "TFRecord: truncated record header at byte " + std::to_string(offset));
+    }
+    const uint64_t length = load_u64(head);
+    if (load_u32(head + 8) != masked_crc32c(std::span<const std::byte>(head, 8))) {
+      throw DecodeError(path, "TFRecord: bad CRC of the record length at byte " + std::to_string(offset));
+    }
+    if (length > max_record) {
+      throw DecodeError(path, "TFRecord: record of " + std::to_string(length) + " bytes at byte " +
+                                  std::to_string(offset) + " exceeds max_sample_bytes");
+    }
+    framed.resize(length + kFramingBytes);
+    std::memcpy(framed.data(), head, sizeof(head));
+    in.read(reinterpret_cast<char*>(framed.data() + sizeof(head)),
+            static_cast<std::streamsize>(length + 4));
+    if (static_cast<uint64_t>(in.gcount()) != length + 4) {
+      throw DecodeError(path, "TFRecord: truncated record at byte " + std::to_string(offset));
+    }
+    record(offset, framed.size(), unframe_record(framed, path));
+    offset += framed.size();
+  }
+  if (in.bad()) throw IoError(path, EIO, "cannot read TFRecord file '" + path + "'");
+}
+
+bool example_bytes(std::span<const std::byte> example, std::string_view name,
+                   std::span<const std::byte>& value, const std::string& path) {
+  std::span<const std::byte> feature;
+  if (!find_feature(example, name, feature, path)) return false;
+  Wire list(feature_list(feature, 1, name, path), path);
+  uint32_t field, type;
+  while (list.next(field, type)) {
+    if (field == 1 && type == 2) {
+      value = list.bytes();
+      return true;
+    }
+    list.skip(type);
+  }
+  throw DecodeError(path, "feature '" + std::string(name) + "' holds no bytes value");
+}
+
+bool example_int64(std::span<const std::byte> example, std::string_view name, int64_t& value,
+                   const std::string& path) {
+  std::span<const std::byte> feature;
+  if (!find_feature(example, name, feature, path)) return false;
+  Wire list(feature_list(feature, 3, name, path), path);
+  uint32_t field, type;
+  while (list.next(field, type)) {
+    if (field == 1 && type == 0) {  // unpacked
+      value = static_cast<int64_t>(list.varint());
+      return true;
+    }
+    if (field == 1 && type == 2) {  // packed
+      Wire packed(list.bytes(), path);
+      if (packed.done()) continue;
+      value = static_cast<int64_t>(packed.varint());
+      return true;
+    }
+    list.skip(type);
+  }
+  throw DecodeError(path, "feature '" + std::string(name) + "' holds no int64 value");
+}
+
+}  // namespace prestage::detail

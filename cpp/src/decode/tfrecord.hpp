@@ -1,0 +1,42 @@
+// Stage 3 (and the catalog), TFRecord: record framing with CRC32C checks, and a minimal reader of
+// the tf.train.Example protocol buffer (Features: map<string, Feature>, with bytes_list, float_list
+// and int64_list, packed or not). No TensorFlow or protobuf library is needed.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <span>
+#include <string>
+#include <string_view>
+
+namespace prestage::detail {
+
+// CRC-32C (Castagnoli), as TFRecord uses it; continues from `crc` (0 to start).
+uint32_t crc32c(std::span<const std::byte> bytes, uint32_t crc = 0);
+// TFRecord's masked CRC: ((crc >> 15) | (crc << 17)) + 0xa282ead8.
+uint32_t masked_crc32c(std::span<const std::byte> bytes);
+
+// A record on disk: u64 length, masked CRC of the length, `length` bytes of data, masked CRC of
+// the data. kFramingBytes is everything but the data.
+inline constexpr uint64_t kFramingBytes = 16;
+
+// Checks one framed record (both CRCs, the length against the bytes) and returns its data. Throws
+// DecodeError naming `path`.
+std::span<const std::byte> unframe_record(std::span<const std::byte> framed, const std::string& path);
+
+// Reads the TFRecord file `file` from start to end, checking every record, and calls `record` with
+// each record's offset, framed length and data (valid during the call). A truncated last record,
+// a bad CRC or a record longer than `max_record` is a DecodeError naming `path`.
+void scan_tfrecord(const std::string& file, const std::string& path, uint64_t max_record,
+                   const std::function<void(uint64_t offset, uint64_t framed_length,
+                                            std::span<const std::byte> data)>& record);
+
+// tf.train.Example accessors. Each finds feature `name` (the last entry wins, as in protobuf maps);
+// returns false if the Example has no such feature, throws DecodeError (naming `path`) if the
+// message is malformed or the feature is of another kind or empty.
+bool example_bytes(std::span<const std::byte> example, std::string_view name,
+                   std::span<const std::byte>& value, const std::string& path);
+bool example_int64(std::span<const std::byte> example, std::string_view name, int64_t& value,
+                   const std::string& path);
+
+}  // namespace prestage::detail

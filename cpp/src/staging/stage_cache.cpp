@@ -1,0 +1,185 @@
+#include "staging/stage_cache.hpp"
+
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <string>
+
+#include "prestage/error.hpp"
+
+namespace prestage::detail {
+
+StageCache::StageCache(const Catalog& catalog, const PlanOptions& plan, StageDirectory& directory,
+                       uint64_t capacity, Eviction eviction, uint64_t window)
+    : catalog_(catalog),
+      plan_(plan),
+      directory_(directory),
+      capacity_(capacity),
+      eviction_(eviction),
+      window_(window),
+      per_epoch_(0),
+      key_(catalog.num_files(), kNever),
+      last_batch_(catalog.num_files(), 0),
+      charged_(catalog.num_files(), 0) {
+  const uint64_t batches = batches_per_epoch(plan_);
+  per_epoch_ = batches * plan_.batch_size;  // positions are batch * batch_size + k: may skip a few
+  restart(0, 0);
+}
+
+uint64_t StageCache::position(uint64_t epoch, uint64_t batch, uint64_t k) const {
+  return epoch * per_epoch_ + batch * plan_.batch_size + k;
+}
+
+const std::vector<uint64_t>& StageCache::first_use(uint64_t epoch) {
+  EpochUses& slot = uses_[epoch % 3];
+  if (slot.epoch != epoch) {
+    slot.epoch = epoch;
+    slot.first.assign(catalog_.num_files(), kNever);
+    EpochPlan plan(plan_, epoch);
+    for (uint64_t b = 0; b < plan.num_batches(); ++b) {
+      const uint64_t* ids = plan.batch(b);
+      for (uint64_t k = 0; k < plan.batch_size(b); ++k) {
+        uint64_t& first = slot.first[catalog_.locator(ids[k]).file];
+        first = std::min(first, b * plan_.batch_size + k);
+      }
+    }
+  }
+  return slot.first;
+}
+
+// The first planned use of `file` at or after the given position, looking two epochs ahead; kNever if
+// none. A file used twice in one epoch (several samples of one container) counts its first use there.
+uint64_t StageCache::next_use_from(uint64_t file, uint64_t epoch, uint64_t position_in_epoch) {
+  const uint64_t here = first_use(epoch)[file];
+  if (here != kNever && here >= position_in_epoch) return epoch * per_epoch_ + here;
+  for (uint64_t e = epoch + 1; e <= epoch + 2; ++e) {
+    const uint64_t there = first_use(e)[file];
+    if (there != kNever) return e * per_epoch_ + there;
+  }
+  return kNever;
+}
+
+uint64_t StageCache::size_of(uint64_t file) const {
+  const uint64_t known = catalog_.file_size(file);
+  if (known != Catalog::kUnknownSize) return known;
+  // A catalog without sizes (from_paths): one stat, on the planning thread.
+  struct stat st;
+  const std::string path = catalog_.file_source_path(file).string();
+  if (::stat(path.c_str(), &st) != 0) return 0;  // stage 2 and 3 will report the error
+  return static_cast<uint64_t>(st.st_size);
+}
+
+void StageCache::track(uint64_t file, uint64_t key) {
+  if (key_[file] != kNever) tracked_.erase({key_[file], file});
+  key_[file] = key;
+  tracked_.insert({key, file});
+}
+
+void StageCache::untrack(uint64_t file) {
+  if (key_[file] == kNever) return;
+  tracked_.erase({key_[file], file});
+  key_[file] = kNever;
+  used_ -= charged_[file];
+  charged_[file] = 0;
+}
+
+void StageCache::restart(uint64_t epoch, uint64_t batch) {
+  batch_seq_ = 0;
+  std::fill(last_batch_.begin(), last_batch_.end(), 0);
+  tracked_.clear();
+  std::fill(key_.begin(), key_.end(), kNever);
+  std::fill(charged_.begin(), charged_.end(), 0);
+  used_ = 0;
+  if (capacity_ == 0) return;
+  // Every file in the directory (left by an earlier run, or staged before the restart) is tracked,
+  // keyed from the new position; then the directory is brought within its bound.
+  const uint64_t here = batch * plan_.batch_size;
+  for (uint64_t f = 0; f < catalog_.num_files(); ++f) {
+    if (directory_.is_absent(f)) continue;
+    charged_[f] = directory_.is_staged(f) ? directory_.staged_size(f) : size_of(f);
+    used_ += charged_[f];
+    track(f, eviction_ == Eviction::kClairvoyant ? next_use_from(f, epoch, here) : 0);
+  }
+  EpochStats ignored;
+  while (used_ > capacity_ && !tracked_.empty()) {
+    const auto victim = eviction_ == Eviction::kClairvoyant ? *tracked_.rbegin() : *tracked_.begin();
+    directory_.evict(victim.second);
+    untrack(victim.second);
+  }
+  publish_usage();
+}
+
+void StageCache::publish_usage() {
+  used_shown_.store(used_, std::memory_order_relaxed);
+  if (used_ > peak_.load(std::memory_order_relaxed)) peak_.store(used_, std::memory_order_relaxed);
+}
+
+bool StageCache::make_room(uint64_t need, uint64_t incoming_key, EpochStats& stats) {
+  if (need > capacity_) return false;
+  // Victims, best first, skipping files of the last `window` batches (possibly being read).
+  std::vector<std::pair<uint64_t, uint64_t>> victims;
+  uint64_t freed = 0;
+  auto consider = [&](const std::pair<uint64_t, uint64_t>& entry) {
+    const uint64_t file = entry.second;
+    if (last_batch_[file] != 0 && last_batch_[file] + window_ > batch_seq_) return true;
+    // Belady with bypass: only a file needed later than the incoming one is worth giving up.
+    if (eviction_ == Eviction::kClairvoyant && entry.first <= incoming_key) return false;
+    victims.push_back(entry);
+    freed += charged_[file];
+    return used_ - freed + need > capacity_;
+  };
+  if (eviction_ == Eviction::kClairvoyant) {
+    for (auto it = tracked_.rbegin(); it != tracked_.rend() && consider(*it); ++it) {
+    }
+  } else {
+    for (auto it = tracked_.begin(); it != tracked_.end() && consider(*it); ++it) {
+    }
+  }
+  if (used_ - freed + need > capacity_) return false;
+  for (const auto& [key, file] : victims) {
+    directory_.evict(file);
+    untrack(file);
+    ++stats.evictions;
+  }
+  return true;
+}
+
+void StageCache::admit(uint64_t epoch, uint64_t batch, const uint64_t* samples, size_t count,
+                       std::vector<uint64_t>& to_stage, EpochStats& stats) {
+  ++batch_seq_;
+  for (size_t k = 0; k < count; ++k) {
+    const uint64_t file = catalog_.locator(samples[k]).file;
+    const uint64_t here = batch * plan_.batch_size + k;
+    // Clairvoyant: keyed by the next use after this one; LRU: by this use.
+    const uint64_t key = eviction_ == Eviction::kClairvoyant ? next_use_from(file, epoch, here + 1)
+                                                             : position(epoch, batch, k);
+    last_batch_[file] = batch_seq_;
+    if (!directory_.is_absent(file)) {
+      ++stats.hits;
+      if (capacity_ != 0) {
+        if (key_[file] == kNever) {  // staged by a run before a restart that cleared the index
+          charged_[file] = directory_.is_staged(file) ? directory_.staged_size(file) : size_of(file);
+          used_ += charged_[file];
+        }
+        track(file, key);
+      }
+      continue;
+    }
+    // Absent: a copy that failed is still charged; forget it first.
+    untrack(file);
+    ++stats.misses;
+    const uint64_t size = size_of(file);
+    stats.bytes_from_source += size;
+    if (capacity_ != 0 && used_ + size > capacity_ && !make_room(size, key, stats)) continue;
+    if (!directory_.try_claim(file)) continue;
+    to_stage.push_back(file);
+    if (capacity_ != 0) {
+      charged_[file] = size;
+      used_ += size;
+      track(file, key);
+    }
+  }
+  publish_usage();
+}
+
+}  // namespace prestage::detail

@@ -1,0 +1,81 @@
+// The stage directory's admission and eviction policy. Stage 1 calls it for each batch, in plan order,
+// before the batch goes to stage 2: for every file of the batch it decides "already staged" (a hit),
+// "copy it" (the file is claimed for the stager) or "read it from the source" (a miss that is not
+// staged, because it would displace files needed sooner).
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <set>
+#include <utility>
+#include <vector>
+
+#include "prestage/catalog.hpp"
+#include "prestage/options.hpp"
+#include "prestage/plan.hpp"
+#include "prestage/stats.hpp"
+#include "staging/stage_directory.hpp"
+
+namespace prestage::detail {
+
+class StageCache {
+ public:
+  // capacity 0: no bound (every absent file is staged, nothing is evicted). `window`: a bound on the
+  // batches planned and not yet decoded; files of the current batch and the `window - 1` before it are
+  // never evicted, which covers every file stage 2 may be writing or stage 3 reading.
+  StageCache(const Catalog& catalog, const PlanOptions& plan, StageDirectory& directory,
+             uint64_t capacity, Eviction eviction, uint64_t window);
+
+  // Plans from batch `batch` of `epoch` on (after a restart or a resume).
+  void restart(uint64_t epoch, uint64_t batch);
+
+  // Decides for the files of one batch (the plan's next one). Appends the files to copy to `to_stage`
+  // (each claimed in the directory; the stager publishes or abandons it) and adds to `epoch_stats`.
+  void admit(uint64_t epoch, uint64_t batch, const uint64_t* samples, size_t count,
+             std::vector<uint64_t>& to_stage, EpochStats& epoch_stats);
+
+  // Read from any thread (stats()).
+  uint64_t used_bytes() const noexcept { return used_shown_.load(std::memory_order_relaxed); }
+  uint64_t peak_bytes() const noexcept { return peak_.load(std::memory_order_relaxed); }
+
+ private:
+  static constexpr uint64_t kNever = ~uint64_t{0};
+
+  uint64_t position(uint64_t epoch, uint64_t batch, uint64_t k) const;
+  const std::vector<uint64_t>& first_use(uint64_t epoch);  // per file, in-epoch position or kNever
+  uint64_t next_use_from(uint64_t file, uint64_t epoch, uint64_t position_in_epoch);
+  uint64_t size_of(uint64_t file) const;
+  void track(uint64_t file, uint64_t key);
+  void untrack(uint64_t file);
+  // Frees room for `need` bytes by evicting files whose key ranks them below `incoming_key`; false
+  // (and nothing evicted) if that is not possible.
+  bool make_room(uint64_t need, uint64_t incoming_key, EpochStats& stats);
+
+  const Catalog& catalog_;
+  PlanOptions plan_;
+  StageDirectory& directory_;
+  uint64_t capacity_;
+  Eviction eviction_;
+  uint64_t window_;
+  uint64_t per_epoch_;  // positions per epoch on this rank
+
+  uint64_t batch_seq_ = 0;       // batches planned since restart()
+  std::vector<uint64_t> key_;    // per file: its key in `tracked_`, kNever if not tracked
+  std::vector<uint64_t> last_batch_;  // per file: batch_seq_ + 1 of its last planned use, 0 if none
+  std::vector<uint64_t> charged_;     // per file: bytes charged to `used_` while tracked
+  std::set<std::pair<uint64_t, uint64_t>> tracked_;  // (key, file) for staged or claimed files
+  uint64_t used_ = 0;
+  std::atomic<uint64_t> used_shown_{0};
+  std::atomic<uint64_t> peak_{0};
+  void publish_usage();
+
+  // First use of each file in an epoch, for the two or three epochs around the current one.
+  struct EpochUses {
+    uint64_t epoch = kNever;
+    std::vector<uint64_t> first;
+  };
+  EpochUses uses_[3];
+};
+
+}  // namespace prestage::detail

@@ -1,0 +1,388 @@
+"""prestage.torch: the loader as PyTorch tensors, for single-process and DistributedDataParallel training.
+
+>>> import prestage, prestage.torch
+>>> catalog = prestage.Catalog.from_folder("/pfs/imagenet/train")
+>>> loader = prestage.torch.Loader(catalog, batch_size=256, image_size=(224, 224),
+...                                stage_dir="/local/ssd/stage")          # rank from torch.distributed
+>>> for epoch in range(start_epoch, 90):
+...     loader.set_epoch(epoch)
+...     for images, labels in loader:                   # uint8 (N, 3, 224, 224), int64 (N,): no copy
+...         images = images.to("cuda", non_blocking=True).float().div_(255)
+...         labels = labels.to("cuda", non_blocking=True)
+...         ...
+...         checkpoint = {"model": model.state_dict(), "loader": loader.state_dict()}
+
+Copies. With ``dtype=torch.uint8`` (the default) the tensors are views of the loader's page-locked batch
+buffer: ``torch.from_numpy`` on the batch's arrays, no copy. The buffer goes back to the loader's ring when
+both tensors (and every view of them) have been collected, so hold them only for the step that uses them.
+``layout="NCHW"`` is then a ``permute`` of the NHWC buffer: still no copy, but not contiguous in NCHW order;
+it *is* contiguous in ``torch.channels_last`` memory format, which convolutions take as it is. Call
+``.contiguous()`` for a plain NCHW tensor (a copy). ``dtype=torch.float32`` converts (and normalises) with a
+torch operation into a new tensor: one copy, into page-locked memory when CUDA is available, and the batch
+buffer goes back to the ring at once.
+
+Host-to-device copies. ``images.to("cuda", non_blocking=True)`` may still be reading the batch buffer when it
+returns. When CUDA is in use, the loader keeps each batch lent until the copies enqueued on the current CUDA
+stream before the next batch was asked for have finished (a CUDA event), so a buffer is never refilled under
+a copy in flight. Copies enqueued on another stream must be waited for by the caller.
+
+``import prestage`` does not import torch; ``import prestage.torch`` does.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+from typing import Any, Deque, Dict, Iterator, Optional, Sequence, Tuple, Union
+
+import torch
+import torch.utils.data
+
+from prestage import _core
+from prestage.errors import ConfigError
+from prestage.loader import Loader as _NumpyLoader
+
+__all__ = ["Loader", "as_tensors", "distributed_rank"]
+
+#: DataLoader keywords that have no meaning here, and what to use instead.
+_DATALOADER_ONLY = {
+    "num_workers": "prestage decodes on threads, not in worker processes: use readers= (decode threads) "
+                   "and prefetchers= (staging threads)",
+    "prefetch_factor": "use depth= (batch buffers decoded ahead) and lookahead= (batches staged ahead)",
+    "persistent_workers": "prestage's threads persist across epochs already",
+    "worker_init_fn": "there are no worker processes",
+    "multiprocessing_context": "there are no worker processes",
+    "sampler": "the order is prestage's seeded global shuffle: use shuffle=, seed=, set_epoch(), rank=, "
+               "world_size=",
+    "batch_sampler": "the batches are prestage's plan: use batch_size=, shuffle=, seed=, drop_last=",
+    "generator": "use seed=",
+    "collate_fn": "batches come out collated as (images, labels); transform the yielded tensors instead",
+}
+
+_Layout = str
+_DType = Union[torch.dtype, str]
+
+
+def distributed_rank(rank: Optional[int] = None, world_size: Optional[int] = None) -> Tuple[int, int]:
+    """This process's ``(rank, world_size)``: the arguments where given, else ``torch.distributed``'s when
+    it is initialised, else the ``RANK`` and ``WORLD_SIZE`` environment variables (as ``torchrun`` sets
+    them), else ``(0, 1)``.
+
+    >>> prestage.torch.distributed_rank()          # in a process of `torchrun --nproc-per-node 4`
+    (2, 4)
+    """
+    if rank is not None and world_size is not None:
+        return rank, world_size
+    dist = torch.distributed
+    if dist.is_available() and dist.is_initialized():
+        found = (dist.get_rank(), dist.get_world_size())
+    elif "RANK" in os.environ or "WORLD_SIZE" in os.environ:
+        found = (_env_int("RANK"), _env_int("WORLD_SIZE"))
+    else:
+        found = (0, 1)
+    return (found[0] if rank is None else rank, found[1] if world_size is None else world_size)
+
+
+def _env_int(name: str) -> int:
+    text = os.environ.get(name)
+    if text is None:
+        raise ConfigError("RANK and WORLD_SIZE must be set together (or pass rank= and world_size=); "
+                          f"{name} is not set")
+    try:
+        return int(text)
+    except ValueError:
+        raise ConfigError(f"environment variable {name}={text!r} is not an integer") from None
+
+
+class _Output:
+    """What a batch becomes: the layout, dtype and normalisation of the images.
+
+    The C++ core decodes to uint8 NHWC; the other forms are made here with torch operations. These options
+    mirror the ones the core is to take natively, which will then replace the conversion below.
+    """
+
+    def __init__(self, layout: _Layout, dtype: _DType, mean: Any, std: Any, pin_memory: bool) -> None:
+        if layout not in ("NCHW", "NHWC"):
+            raise ConfigError(f"layout must be 'NCHW' or 'NHWC', got {layout!r}")
+        dtypes = {"uint8": torch.uint8, "float32": torch.float32, torch.uint8: torch.uint8,
+                  torch.float32: torch.float32}
+        if not isinstance(dtype, (str, torch.dtype)) or dtype not in dtypes:
+            raise ConfigError(f"dtype must be torch.uint8 or torch.float32, got {dtype!r}")
+        self.layout = layout
+        self.dtype = dtypes[dtype]
+        if self.dtype == torch.uint8 and (mean is not None or std is not None):
+            raise ConfigError("mean and std need dtype=torch.float32 (uint8 images are not normalised)")
+        self.mean = _channels("mean", 0.0 if mean is None else mean)
+        self.std = _channels("std", 1.0 if std is None else std)
+        if any(s <= 0 for s in self.std):
+            raise ConfigError(f"std must be positive, got {std!r}")
+        self.pin_memory = bool(pin_memory)
+        self.zero_copy = self.dtype == torch.uint8
+        # (x / 255 - mean) / std, as torchvision's ToTensor + Normalize, in one pass: x * scale + shift.
+        self._scale = torch.tensor([1.0 / (255.0 * s) for s in self.std], dtype=torch.float32)
+        self._shift = torch.tensor([-m / s for m, s in zip(self.mean, self.std)], dtype=torch.float32)
+
+    def convert(self, batch: _core.Batch) -> Tuple[torch.Tensor, torch.Tensor]:
+        images = torch.from_numpy(batch.images)  # (N, H, W, 3) uint8, a view of the batch buffer
+        labels = torch.from_numpy(batch.labels)
+        if self.zero_copy:
+            return (images.permute(0, 3, 1, 2) if self.layout == "NCHW" else images), labels
+        n, h, w, c = images.shape
+        shape = (n, c, h, w) if self.layout == "NCHW" else (n, h, w, c)
+        pin = self.pin_memory and torch.cuda.is_available()
+        out = torch.empty(shape, dtype=self.dtype, pin_memory=pin)
+        view = out.permute(0, 2, 3, 1) if self.layout == "NCHW" else out  # NHWC view of `out`
+        view.copy_(images)
+        view.mul_(self._scale).add_(self._shift)  # per channel: the last dimension of the NHWC view
+        return out, labels.clone()  # the clone lets the batch buffer go back to the ring now
+
+
+def _channels(name: str, value: Any) -> Tuple[float, float, float]:
+    values = [value] * 3 if isinstance(value, (int, float)) else list(value)
+    if len(values) != 3 or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
+        raise ConfigError(f"{name} must be a number or 3 numbers (R, G, B), got {value!r}")
+    return tuple(float(v) for v in values)  # type: ignore[return-value]
+
+
+def as_tensors(batch: _core.Batch, layout: _Layout = "NCHW", dtype: _DType = torch.uint8,
+               mean: Any = None, std: Any = None,
+               pin_memory: bool = True) -> Tuple[torch.Tensor, torch.Tensor]:
+    """``(images, labels)`` tensors of a :class:`prestage.Batch` from :class:`prestage.Loader`.
+
+    Takes the options of :class:`Loader`. With ``dtype=torch.uint8`` both tensors view the batch buffer
+    (no copy; the buffer stays lent while they live); ``torch.float32`` is a converted copy.
+
+    >>> for batch in numpy_loader:
+    ...     images, labels = prestage.torch.as_tensors(batch)    # uint8 (N, 3, H, W), int64 (N,)
+    """
+    return _Output(layout, dtype, mean, std, pin_memory).convert(batch)
+
+
+def _cuda_in_use() -> bool:
+    return torch.cuda.is_available()
+
+
+def _record_stream_event() -> Optional[Any]:
+    """An event on the current CUDA stream (after the copies the caller has enqueued), or None without
+    CUDA. Something with ``query()`` and ``synchronize()``."""
+    if not torch.cuda.is_initialized():
+        return None
+    event = torch.cuda.Event()
+    event.record()
+    return event
+
+
+class _LentUntilCopied:
+    """Keeps zero-copy batches lent until the device copies made from them are done.
+
+    After a batch is yielded, the caller may enqueue ``tensor.to("cuda", non_blocking=True)``, which reads
+    the page-locked buffer asynchronously. When the next batch is asked for, an event is recorded on the
+    current stream and the previous batch's tensors are kept until it completes. At most ``limit`` batches
+    are kept, so that the ring always has a buffer for the pipeline: beyond that, the oldest is waited for.
+    """
+
+    def __init__(self, limit: int) -> None:
+        self._limit = limit
+        self._cuda = _cuda_in_use()
+        self._last: Optional[Tuple[torch.Tensor, torch.Tensor]] = None
+        self._held: Deque[Tuple[Any, Tuple[torch.Tensor, torch.Tensor]]] = collections.deque()
+
+    def yielded(self, tensors: Tuple[torch.Tensor, torch.Tensor]) -> None:
+        self._last = tensors if self._cuda else None
+
+    def next_requested(self) -> None:
+        last, self._last = self._last, None
+        if last is not None:
+            event = _record_stream_event()
+            if event is not None:
+                self._held.append((event, last))
+        while self._held and self._held[0][0].query():
+            self._held.popleft()
+        while len(self._held) > self._limit:
+            self._held.popleft()[0].synchronize()
+
+    def drain(self) -> None:
+        self.next_requested()
+        while self._held:
+            self._held.popleft()[0].synchronize()
+
+
+class Loader(torch.utils.data.IterableDataset):
+    """:class:`prestage.Loader` yielding ``(images, labels)`` torch tensors, ready for DDP.
+
+    Iterating gives one epoch: ``images`` uint8 ``(N, 3, H, W)`` (``layout="NCHW"``, the default) or
+    ``(N, H, W, 3)`` (``"NHWC"``), or float32 with ``dtype=torch.float32``; ``labels`` int64 ``(N,)``. See the
+    module docstring for when a copy happens. ``len(loader)`` is the number of batches per epoch. Each
+    completed epoch advances the epoch (and so the shuffle); ``set_epoch(e)`` picks one, as with
+    ``DistributedSampler``.
+
+    Distributed training: ``rank`` and ``world_size`` default to ``torch.distributed``'s when it is
+    initialised, else to ``RANK`` / ``WORLD_SIZE`` (:func:`distributed_rank`). All ranks must use the same
+    catalog, ``seed`` and ``batch_size``: each rank then takes its own slice of every global batch, the
+    ranks' samples are disjoint, and every rank gets ``len(loader)`` batches, so DDP never waits on a short
+    rank. With ``drop_last=False`` the epoch is padded by repeating its first few samples so that the ranks
+    are even (as ``DistributedSampler``); with ``drop_last=True`` the last incomplete global batch is
+    dropped.
+
+    Resume: ``state_dict()`` says how many batches of which epoch were delivered; ``load_state_dict()`` on
+    a new loader makes its next iteration yield exactly the remaining batches, whatever ``readers``,
+    ``prefetchers``, ``lookahead`` and ``depth`` are now.
+
+    It is also a ``torch.utils.data.IterableDataset``: ``DataLoader(loader, batch_size=None)`` (with
+    ``num_workers=0``, the default) yields the same batches, without a copy (and without ``pin_memory=True``,
+    which would copy each batch: the buffers are page-locked already).
+
+    Args:
+        catalog: the samples (:class:`prestage.Catalog`).
+        batch_size: samples per batch on this rank.
+        image_size: ``(height, width)``: resize the shorter side to cover it, then centre-crop; ``None``:
+            every image must have the size of the first.
+        shuffle, seed, drop_last: as for ``DataLoader`` / ``DistributedSampler``; the same ``seed`` gives
+            the same batches on any machine, rank layout aside.
+        layout: ``"NCHW"`` (PyTorch's convention; a zero-copy view for uint8) or ``"NHWC"``.
+        dtype: ``torch.uint8`` (zero copy) or ``torch.float32`` (``x / 255``, then ``(x - mean) / std``;
+            a copy).
+        mean, std: per-channel (R, G, B) or scalar, on the 0-1 scale as torchvision's ``Normalize``, e.g.
+            ``mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225)``; float32 only.
+        pin_memory: float32 output goes to page-locked memory when CUDA is available (uint8 output is
+            always in the loader's page-locked buffers).
+        rank, world_size: this process's place among the data-parallel ranks (see above).
+        stage_dir, prefetchers, readers, lookahead, depth, max_pixels, tuned: as for
+            :class:`prestage.Loader`.
+
+    Raises:
+        prestage.ConfigError: an invalid option; a ``DataLoader`` keyword with no meaning here (the message
+            says what to use instead).
+
+    >>> loader = prestage.torch.Loader(catalog, batch_size=128, image_size=(224, 224),
+    ...                                dtype=torch.float32, mean=(0.485, 0.456, 0.406),
+    ...                                std=(0.229, 0.224, 0.225))
+    >>> images, labels = next(iter(loader))
+    >>> images.shape, images.dtype
+    (torch.Size([128, 3, 224, 224]), torch.float32)
+    """
+
+    def __init__(
+        self,
+        catalog: _core.Catalog,
+        batch_size: int,
+        image_size: Optional[Tuple[int, int]] = None,
+        *,
+        shuffle: bool = True,
+        seed: int = 0,
+        drop_last: bool = False,
+        layout: _Layout = "NCHW",
+        dtype: _DType = torch.uint8,
+        mean: Union[float, Sequence[float], None] = None,
+        std: Union[float, Sequence[float], None] = None,
+        pin_memory: bool = True,
+        rank: Optional[int] = None,
+        world_size: Optional[int] = None,
+        stage_dir: Union[str, os.PathLike, None] = None,
+        prefetchers: int = 4,
+        readers: int = 2,
+        lookahead: int = 4,
+        depth: int = 4,
+        max_pixels: int = 89_478_485,
+        tuned: Union[str, os.PathLike, None] = None,
+        **dataloader_keywords: Any,
+    ) -> None:
+        super().__init__()
+        for name in dataloader_keywords:
+            if name in _DATALOADER_ONLY:
+                raise ConfigError(f"{name}= is a DataLoader option with no meaning for prestage.torch.Loader: "
+                                  f"{_DATALOADER_ONLY[name]}")
+            raise TypeError(f"Loader() got an unexpected keyword argument {name!r}")
+        self._output = _Output(layout, dtype, mean, std, pin_memory)
+        self._rank, self._world_size = distributed_rank(rank, world_size)
+        self._loader = _NumpyLoader(
+            catalog, batch_size, image_size=image_size, shuffle=shuffle, seed=seed, stage_dir=stage_dir,
+            prefetchers=prefetchers, readers=readers, lookahead=lookahead, depth=depth, rank=self._rank,
+            world_size=self._world_size, drop_last=drop_last, decode="jpeg", max_pixels=max_pixels,
+            tuned=tuned)
+        depth = self._loader._options.depth  # after `tuned`
+        self._lent = _LentUntilCopied(limit=max(0, depth - 1)) if self._output.zero_copy else None
+
+    @property
+    def rank(self) -> int:
+        return self._rank
+
+    @property
+    def world_size(self) -> int:
+        return self._world_size
+
+    @property
+    def epoch(self) -> int:
+        """The epoch the next iteration runs."""
+        return self._loader.epoch
+
+    def __len__(self) -> int:
+        """Batches per epoch: the same on every rank."""
+        return len(self._loader)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Chooses the epoch (and so the shuffle) of the next iteration, as ``DistributedSampler.set_epoch``."""
+        self._loader.set_epoch(epoch)
+
+    def __iter__(self) -> Iterator[Tuple[torch.Tensor, torch.Tensor]]:
+        if torch.utils.data.get_worker_info() is not None:
+            raise ConfigError("prestage.torch.Loader must be iterated in the process that made it: use "
+                              "DataLoader(loader, batch_size=None) with num_workers=0 (its threads do the work)")
+        return _Epoch(self, iter(self._loader))
+
+    def state_dict(self) -> Dict[str, Any]:
+        """Where the loader is (epoch, batches delivered, and the plan's parameters): a dict of plain
+        values for a checkpoint. See :meth:`prestage.Loader.state_dict`."""
+        return self._loader.state_dict()
+
+    def load_state_dict(self, state: Dict[str, Any]) -> None:
+        """Makes the next iteration yield the rest of the epoch where ``state`` was taken. Thread counts and
+        depths may differ; the plan (seed, shuffle, batch size, world size, drop_last, catalog size) must
+        not (``prestage.ConfigError``)."""
+        self._loader.load_state_dict(state)
+
+    def stats(self) -> dict:
+        """Per-stage counters; ``consumer_stall_s`` is the time the training loop waited for batches."""
+        return self._loader.stats()
+
+    def close(self) -> None:
+        """Waits for device copies from lent batches, then stops the loader's threads. Idempotent."""
+        if self._lent is not None:
+            self._lent.drain()
+        self._loader.close()
+
+    def __enter__(self) -> "Loader":
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def __getstate__(self) -> None:
+        raise ConfigError("a prestage.torch.Loader cannot be sent to another process (its threads and "
+                          "buffers live in this one): iterate it here, with DataLoader num_workers=0")
+
+    def __repr__(self) -> str:
+        o = self._loader._options
+        return (f"prestage.torch.Loader(batch_size={o.batch_size}, rank={self._rank}, "
+                f"world_size={self._world_size}, batches={len(self)}, layout={self._output.layout!r}, "
+                f"dtype={self._output.dtype})")
+
+
+class _Epoch:
+    """One epoch of ``(images, labels)``. An error of one batch is raised at that batch; iteration can go on."""
+
+    def __init__(self, owner: Loader, batches: Iterator[_core.Batch]) -> None:
+        self._owner = owner
+        self._batches = batches
+
+    def __iter__(self) -> "_Epoch":
+        return self
+
+    def __next__(self) -> Tuple[torch.Tensor, torch.Tensor]:
+        lent = self._owner._lent
+        if lent is not None:
+            lent.next_requested()
+        tensors = self._owner._output.convert(next(self._batches))
+        if lent is not None:
+            lent.yielded(tensors)
+        return tensors

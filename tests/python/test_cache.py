@@ -1,0 +1,145 @@
+"""The bounded stage directory against independent simulations of Belady's rule and of LRU."""
+
+import numpy as np
+import pytest
+
+import prestage
+
+FILE_BYTES = 1000
+N_FILES = 60
+BATCH = 4
+LOOKAHEAD, DEPTH = 2, 2
+# Files of the current batch and of the lookahead + depth + 1 batches before it may still be in flight
+# (planned, not yet decoded): the loader never evicts them, and neither do the simulations.
+PROTECTED_BATCHES = LOOKAHEAD + DEPTH + 2
+
+
+@pytest.fixture
+def equal_files(tmp_path):
+    root = tmp_path / "data"
+    rng = np.random.default_rng(0)
+    for c in range(3):
+        (root / f"c{c}").mkdir(parents=True)
+        for i in range(N_FILES // 3):
+            (root / f"c{c}" / f"{i:03d}.bin").write_bytes(rng.bytes(FILE_BYTES))
+    return root
+
+
+def plan_stream(n, epochs, seed):
+    """[(epoch, position, sample)] in plan order, from prestage.plan (checked against its own oracle)."""
+    stream = []
+    for e in range(epochs):
+        for b, batch in enumerate(prestage.plan.epoch_batches(n, BATCH, seed=seed, epoch=e)):
+            for k, s in enumerate(batch):
+                stream.append((e, b, b * BATCH + k, s))
+    return stream
+
+
+def simulate(n, capacity, epochs, seed, policy):
+    """Misses per epoch of a cache of `capacity` equal files. Belady: on a miss with a full cache, give
+    up the unprotected file used farthest in the future, unless the incoming one is used even later
+    (then read it without caching). LRU: give up the least recently used unprotected file."""
+    horizon = epochs + 3
+    first_use = {}
+    for e, b, pos, s in plan_stream(n, horizon, seed):
+        first_use.setdefault((e, s), pos)
+    per_epoch = (len(prestage.plan.epoch_batches(n, BATCH, seed=seed, epoch=0))) * BATCH
+
+    def next_use_from(s, e, pos):
+        if first_use.get((e, s), -1) >= pos:
+            return e * per_epoch + first_use[(e, s)]
+        for later in (e + 1, e + 2):
+            if (later, s) in first_use:
+                return later * per_epoch + first_use[(later, s)]
+        return float("inf")
+
+    cache = {}  # file -> key (Belady: next use; LRU: last use)
+    last_batch = {}
+    misses = [0] * epochs
+    seq = 0
+    stream = plan_stream(n, epochs, seed)
+    for i, (e, b, pos, s) in enumerate(stream):
+        if pos % BATCH == 0:
+            seq += 1
+        key = next_use_from(s, e, pos + 1) if policy == "belady" else e * per_epoch + pos
+        last_batch[s] = seq
+        if s in cache:
+            cache[s] = key
+            continue
+        misses[e] += 1
+        if len(cache) >= capacity:
+            order = sorted(((k, f) for f, k in cache.items()), reverse=(policy == "belady"))
+            victim = None
+            for k, f in order:
+                if last_batch.get(f, 0) + PROTECTED_BATCHES > seq:
+                    continue
+                if policy == "belady" and k <= key:
+                    break
+                victim = f
+                break
+            if victim is None:
+                continue  # not cached: read from the source
+            del cache[victim]
+        cache[s] = key
+    return misses
+
+
+def run_loader(root, stage, cache_bytes, eviction, epochs, seed):
+    cat = prestage.Catalog.from_folder(root, extensions=[".bin"])
+    contents = {i: cat.source_path(i).read_bytes() for i in range(len(cat))}
+    with prestage.Loader(cat, batch_size=BATCH, decode="raw", stage_dir=stage, seed=seed,
+                         cache_bytes=cache_bytes, eviction=eviction, lookahead=LOOKAHEAD,
+                         depth=DEPTH, prefetchers=3, readers=2) as loader:
+        for _ in range(epochs):
+            for batch in loader:
+                data, off = batch.data, batch.offsets
+                for k, i in enumerate(batch.indices):  # never wrong bytes, whatever was evicted
+                    assert data[off[k]:off[k + 1]].tobytes() == contents[int(i)]
+        stats = loader.stats()
+    on_disk = sum(p.stat().st_size for p in stage.rglob("*") if p.is_file())
+    return stats, on_disk
+
+
+@pytest.mark.parametrize("fraction", [0.1, 0.5, 0.9])
+@pytest.mark.parametrize("eviction", ["clairvoyant", "lru"])
+def test_misses_per_epoch_equal_the_simulation(equal_files, tmp_path, fraction, eviction):
+    capacity = int(fraction * N_FILES)
+    cache_bytes = capacity * FILE_BYTES
+    stats, on_disk = run_loader(equal_files, tmp_path / "stage", cache_bytes, eviction, 3, seed=7)
+    got = [e["misses"] for e in stats["epochs"][:3]]
+    expected = simulate(N_FILES, capacity, 3, 7, "belady" if eviction == "clairvoyant" else "lru")
+    assert got == expected
+    assert stats["stage_bytes_peak"] <= cache_bytes
+    assert on_disk <= cache_bytes
+    assert [e["epoch"] for e in stats["epochs"][:3]] == [0, 1, 2]
+    assert stats["epochs"][0]["misses"] == N_FILES  # a cold start misses everything once
+
+
+def test_clairvoyant_beats_lru_and_approaches_the_optimum(equal_files, tmp_path):
+    capacity = N_FILES // 2
+    misses = {}
+    for eviction in ("clairvoyant", "lru"):
+        stats, _ = run_loader(equal_files, tmp_path / eviction, capacity * FILE_BYTES, eviction, 4,
+                              seed=3)
+        misses[eviction] = sum(e["misses"] for e in stats["epochs"][1:4])
+    # Optimum without the protected window: (1 - 0.5) of the set per epoch after the first.
+    assert misses["clairvoyant"] < misses["lru"]
+    assert misses["clairvoyant"] <= 1.15 * 0.5 * N_FILES * 3
+
+
+def test_a_warm_restart_reuses_the_directory_and_stays_within_the_bound(equal_files, tmp_path):
+    stage = tmp_path / "stage"
+    bound = 30 * FILE_BYTES
+    run_loader(equal_files, stage, bound, "clairvoyant", 1, seed=5)
+    # Same seed, half the bound: the restart evicts down to it, then serves hits from what is left.
+    stats, on_disk = run_loader(equal_files, stage, bound // 2, "clairvoyant", 1, seed=5)
+    assert stats["epochs"][0]["hits"] > 0
+    assert stats["stage_bytes_peak"] <= bound // 2
+    assert on_disk <= bound // 2
+
+
+def test_unbounded_stage_directory_counts_hits_and_misses(equal_files, tmp_path):
+    stats, _ = run_loader(equal_files, tmp_path / "stage", 0, "clairvoyant", 2, seed=1)
+    assert stats["epochs"][0]["misses"] == N_FILES
+    assert stats["epochs"][1]["misses"] == 0 and stats["epochs"][1]["hits"] == N_FILES
+    assert all(e["evictions"] == 0 for e in stats["epochs"])
