@@ -51,8 +51,8 @@ class Loader:
         seed: the shuffle's seed; the same seed gives the same batches on any machine and for any
             thread counts.
         stage_dir: node-local directory for stage 2's copies; ``None`` reads the source directly.
-        cache_bytes: the most bytes the stage directory may hold (files being written included);
-            0: no bound. When full, a file is staged only by evicting one used later.
+        cache_bytes: the most bytes the stage directory's copies may take (files being written
+            included; its index adds 40 bytes per copy made); 0: no bound. When full, a file is staged only by evicting one used later.
         eviction: ``"clairvoyant"`` (evict the file whose next use in the plan is farthest away:
             Belady's rule, optimal since the plan is known) or ``"lru"``.
         prefetchers: stage 2 threads (I/O bound: more than cores is normal).

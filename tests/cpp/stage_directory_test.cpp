@@ -1,5 +1,9 @@
 #include <doctest/doctest.h>
 
+#include <fcntl.h>
+#include <sys/file.h>
+#include <unistd.h>
+
 #include <fstream>
 #include <thread>
 
@@ -15,9 +19,6 @@ using prestage::detail::StageDirectory;
 using prestage::test::TempDir;
 
 namespace {
-std::span<const std::byte> as_bytes(const std::string& s) {
-  return {reinterpret_cast<const std::byte*>(s.data()), s.size()};
-}
 std::string read_text(const std::string& path) {
   std::vector<std::byte> buffer;
   prestage::detail::read_file(path, buffer);
@@ -25,65 +26,154 @@ std::string read_text(const std::string& path) {
 }
 }  // namespace
 
-TEST_CASE("stage directory: a published copy is staged, under a name made from its id") {
+namespace {
+void write(const std::filesystem::path& p, const std::string& text) {
+  std::filesystem::create_directories(p.parent_path());
+  std::ofstream(p, std::ios::trunc) << text;
+}
+using Outcome = StageDirectory::Outcome;
+}  // namespace
+
+TEST_CASE("stage directory: a staged copy holds the source's bytes, under a name made from its id") {
   TempDir dir;
+  write(dir / "src/a", "alpha");
+  write(dir / "src/b", "hello");
   const Catalog cat = Catalog::from_paths(dir / "src", {"a", "b"});
   StageDirectory stage(dir / "stage", cat);
+  std::vector<std::byte> buffer;
   CHECK(!stage.is_staged(1));
   REQUIRE(stage.try_claim(1));
-  CHECK(!stage.try_claim(1));  // one copier per sample
-  stage.publish(1, as_bytes("hello"));
+  CHECK(!stage.try_claim(1));  // one copier per file
+  CHECK(stage.stage(1, cat.file_source_path(1).string(), buffer) == Outcome::kStaged);
   CHECK(stage.is_staged(1));
+  CHECK(!stage.unverified(1));
   CHECK(read_text(stage.staged_path(1)) == "hello");
   const auto rel = std::filesystem::path(stage.staged_path(1)).lexically_relative(dir / "stage");
   CHECK(rel.begin()->string().rfind("prestage-", 0) == 0);
   CHECK(rel.filename() == "1");
 }
 
-TEST_CASE("stage directory: a second run finds the copies of the first") {
+TEST_CASE("stage directory: a second run finds the copies of the first and checks their bytes") {
   TempDir dir;
-  const Catalog cat = Catalog::from_paths(dir / "src", {"a", "b", "c"});
+  write(dir / "src/a", "zero");
+  write(dir / "src/b", "one");
+  write(dir / "src/c", "two");
+  const Catalog cat = Catalog::from_list((write(dir / "list", "a\nb\nc\n"), dir / "list"), dir / "src");
+  std::vector<std::byte> buffer;
   {
     StageDirectory stage(dir / "stage", cat);
-    REQUIRE(stage.try_claim(0));
-    stage.publish(0, as_bytes("zero"));
-    REQUIRE(stage.try_claim(2));
-    stage.publish(2, as_bytes("two"));
+    for (uint64_t id : {0, 2}) {
+      REQUIRE(stage.try_claim(id));
+      REQUIRE(stage.stage(id, cat.file_source_path(id).string(), buffer) == Outcome::kStaged);
+    }
   }
   StageDirectory again(dir / "stage", cat);
   CHECK(again.found_at_start() == 2);
   CHECK(again.is_staged(0));
   CHECK(!again.is_staged(1));
-  CHECK(again.is_staged(2));
+  CHECK(again.unverified(2));
+  CHECK(again.verify(2, buffer));
+  CHECK(!again.unverified(2));
+  // A copy corrupted on the SSD fails its check and is evicted.
+  {
+    std::fstream f(again.staged_path(0), std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(1);
+    f.put('X');
+  }
+  CHECK(!again.verify(0, buffer));
+  CHECK(again.is_absent(0));
+  CHECK(!std::filesystem::exists(again.staged_path(0)));
   // Another catalog gets an area of its own.
-  StageDirectory other(dir / "stage", Catalog::from_paths(dir / "src", {"a", "b", "d"}));
+  StageDirectory other(dir / "stage", Catalog::from_paths(dir / "src", {"a", "b", "x"}));
   CHECK(other.found_at_start() == 0);
 }
 
-TEST_CASE("stage directory: a temporary file left by a dead process is neither served nor kept") {
+TEST_CASE("stage directory: a copy nobody vouched for, or a dead writer's part file, is removed") {
   TempDir dir;
+  write(dir / "src/a", "aaaa");
+  write(dir / "src/b", "bbbb");
   const Catalog cat = Catalog::from_paths(dir / "src", {"a", "b"});
-  std::string tmp;
+  std::string copy, part;
   {
     StageDirectory stage(dir / "stage", cat);
-    // A pid far above any pid_max: no such process.
-    tmp = stage.staged_path(1) + ".tmp.99999999.0";
-    std::ofstream(tmp) << "half a fi";
+    copy = stage.staged_path(0);
+    part = stage.staged_path(1) + ".part";
   }
+  write(copy, "aaaa");       // renamed into place, killed before its index record
+  write(part, "half a fi");  // killed while writing
   StageDirectory again(dir / "stage", cat);
+  CHECK(!again.is_staged(0));
   CHECK(!again.is_staged(1));
-  CHECK(!std::filesystem::exists(tmp));
+  CHECK(!std::filesystem::exists(copy));
+  CHECK(!std::filesystem::exists(part));
 }
 
-TEST_CASE("stage directory: publishing into a vanished directory is an IoError, and the sample is absent") {
+TEST_CASE("stage directory: a copy whose source changed since is not used") {
   TempDir dir;
-  const Catalog cat = Catalog::from_paths(dir / "src", {"a"});
+  write(dir / "src/c0/a.jpg", "original");
+  std::vector<std::byte> buffer;
+  {
+    const Catalog cat = Catalog::from_folder(dir / "src");
+    StageDirectory stage(dir / "stage", cat);
+    REQUIRE(stage.try_claim(0));
+    REQUIRE(stage.stage(0, cat.file_source_path(0).string(), buffer) == Outcome::kStaged);
+  }
+  write(dir / "src/c0/a.jpg", "replaced!");  // another size and time
+  const Catalog fresh = Catalog::from_folder(dir / "src");
+  StageDirectory again(dir / "stage", fresh);
+  CHECK(!again.is_staged(0));
+  REQUIRE(again.try_claim(0));
+  CHECK(again.stage(0, fresh.file_source_path(0).string(), buffer) == Outcome::kStaged);
+  CHECK(read_text(again.staged_path(0)) == "replaced!");
+  // A source that changes after its catalog was built is not staged from the stale catalog.
+  const Catalog stale = Catalog::from_folder(dir / "src");
+  write(dir / "src/c0/a.jpg", "changed once more");
+  StageDirectory third(dir / "stage2", stale);
+  REQUIRE(third.try_claim(0));
+  CHECK(third.stage(0, stale.file_source_path(0).string(), buffer) == Outcome::kChanged);
+  CHECK(third.is_absent(0));
+}
+
+TEST_CASE("stage directory: two processes sharing it never copy a file twice") {
+  TempDir dir;
+  write(dir / "src/a", "shared");
+  write(dir / "src/b", "other");
+  const Catalog cat = Catalog::from_paths(dir / "src", {"a", "b"});
+  StageDirectory first(dir / "stage", cat);
+  StageDirectory second(dir / "stage", cat);  // as another rank on the node would
+  std::vector<std::byte> buffer;
+  REQUIRE(first.try_claim(0));
+  REQUIRE(first.stage(0, cat.file_source_path(0).string(), buffer) == Outcome::kStaged);
+  std::filesystem::remove(dir / "src/a");  // the second must not need the source
+  REQUIRE(second.try_claim(0));
+  CHECK(second.stage(0, cat.file_source_path(0).string(), buffer) == Outcome::kAdopted);
+  CHECK(second.is_staged(0));
+  CHECK(second.verify(0, buffer));
+  // While one holds the lock of a copy in progress, the other leaves it alone.
+  const int fd = ::open((second.staged_path(1) + ".part").c_str(), O_CREAT | O_WRONLY, 0644);
+  REQUIRE(fd >= 0);
+  REQUIRE(::flock(fd, LOCK_EX) == 0);
+  REQUIRE(first.try_claim(1));
+  CHECK(first.stage(1, cat.file_source_path(1).string(), buffer) == Outcome::kBusy);
+  CHECK(first.is_absent(1));
+  StageDirectory third(dir / "stage", cat);  // a scan keeps a locked part file
+  CHECK(std::filesystem::exists(second.staged_path(1) + ".part"));
+  ::close(fd);
+}
+
+TEST_CASE("stage directory: source and directory failures give the claim back") {
+  TempDir dir;
+  write(dir / "src/a", "x");
+  const Catalog cat = Catalog::from_paths(dir / "src", {"a", "missing"});
   StageDirectory stage(dir / "stage", cat);
+  std::vector<std::byte> buffer;
+  REQUIRE(stage.try_claim(1));
+  CHECK_THROWS_AS(stage.stage(1, cat.file_source_path(1).string(), buffer), StageDirectory::SourceError);
+  CHECK(stage.is_absent(1));
   std::filesystem::remove_all(dir / "stage");
   REQUIRE(stage.try_claim(0));
-  CHECK_THROWS_AS(stage.publish(0, as_bytes("x")), prestage::IoError);
-  CHECK(!stage.is_staged(0));
-  CHECK(stage.try_claim(0));  // absent again: claimable
+  CHECK_THROWS_AS(stage.stage(0, cat.file_source_path(0).string(), buffer), prestage::IoError);
+  CHECK(stage.is_absent(0));
 }
 
 TEST_CASE("stager: copies every claimed file of its tasks, and calls each task's done once") {

@@ -148,22 +148,27 @@ def test_second_run_over_the_same_stage_dir_copies_nothing(folder, tmp_path):
     assert stats["misses"] == 0 and stats["hits"] >= len(cat)
 
 
-def test_leftover_partial_temporary_file_is_never_served(folder, tmp_path):
+def test_leftover_partial_files_are_never_served(folder, tmp_path):
     cat = prestage.Catalog.from_folder(folder)
     stage = tmp_path / "stage"
     with prestage.Loader(cat, batch_size=len(cat), stage_dir=stage) as first:
         epoch(first)
-    # Turn every staged copy into a half-written temporary file of a live process (this one).
-    copies = [p for p in stage.rglob("*") if p.is_file()]
+    copies = [p for p in stage.rglob("*") if p.is_file() and p.name != "index.log"]
     assert len(copies) == len(cat)
-    for p in copies:
+    # As a process killed mid-copy leaves them: half-written part files, and copies cut short.
+    for k, p in enumerate(copies):
         data = p.read_bytes()
-        p.unlink()
-        p.with_name(f"{p.name}.tmp.{os.getpid()}.0").write_bytes(data[: len(data) // 2])
+        if k % 2:
+            p.unlink()
+            p.with_name(p.name + ".part").write_bytes(data[: len(data) // 2])
+        else:
+            p.write_bytes(data[: len(data) // 2])
     with prestage.Loader(cat, batch_size=4, stage_dir=stage) as loader:
         idx, _, img = epoch(loader)
+        assert loader.stats()["staged_files"] == len(cat)  # every copy made again
     for k, i in enumerate(idx):
         np.testing.assert_array_equal(img[k], pil_rgb(cat.source_path(int(i))))
+    assert not list(stage.rglob("*.part"))
 
 
 def test_breaking_mid_epoch_and_deleting_leaves_no_thread(make_folder, tmp_path, native_threads):

@@ -1,6 +1,7 @@
 // Catalog: the immutable, indexed list of samples 0..N-1 of a data set.
 #pragma once
 
+#include <climits>
 #include <cstdint>
 #include <filesystem>
 #include <memory>
@@ -88,6 +89,9 @@ class Catalog {
   // kUnknownSize. A bounded stage directory needs it to plan its space.
   static constexpr uint64_t kUnknownSize = ~uint64_t{0};
   uint64_t file_size(size_t f) const;
+  // The file's modification time (ns since the epoch) when the catalog was built, else kUnknownMtime.
+  static constexpr int64_t kUnknownMtime = INT64_MIN;
+  int64_t file_mtime(size_t f) const;
   const std::vector<std::string>& classes() const noexcept;  // class names (from_folder), else empty
 
   // A 64-bit digest of the root and every path: names the catalog's area of a shared stage directory.

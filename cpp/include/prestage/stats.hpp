@@ -36,6 +36,7 @@ struct Stats {
 
   // Stage 2.
   uint64_t staged_files = 0;     // files copied to the stage directory in this run
+  uint64_t adopted_files = 0;    // copies another process (sharing the directory) made meanwhile
   uint64_t already_staged = 0;   // found staged (this run or an earlier one): not copied again
   uint64_t stage_failures = 0;   // samples stage 2 gave up on (source or stage directory errors)
   bool stage_dir_disabled = false;  // the stage directory failed; reads go to the source

@@ -6,6 +6,8 @@
 #include <cstring>
 #include <fstream>
 #include <system_error>
+
+#include <sys/stat.h>
 #include <tuple>
 #include <utility>
 
@@ -27,6 +29,7 @@ struct Catalog::Data {
   std::vector<int64_t> labels;
   std::vector<std::string> classes;
   std::vector<uint64_t> file_sizes;  // one per file, or empty: unknown
+  std::vector<int64_t> file_mtimes;  // ns since the epoch, one per file, or empty: unknown
   Kind kind = Kind::kFiles;
   std::string field;  // kTfrecord: the data feature; kHdf5: the dataset
   uint64_t fingerprint = 0;
@@ -186,6 +189,24 @@ class Reader {
   size_t pos_ = 0;
 };
 
+// Size and modification time of each file, for a stage directory to plan its space and to notice a
+// source that changed. One stat per file, when the catalog is built (and saved) only.
+void record_file_stats(Catalog::Data& data) {
+  const size_t files = data.offsets.size() - 1;
+  data.file_sizes.assign(files, Catalog::kUnknownSize);
+  data.file_mtimes.assign(files, Catalog::kUnknownMtime);
+  std::string path;
+  for (size_t f = 0; f < files; ++f) {
+    path = (data.root / std::string_view(data.blob).substr(data.offsets[f],
+                                                            data.offsets[f + 1] - data.offsets[f]))
+               .string();
+    struct stat st;
+    if (::stat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) continue;
+    data.file_sizes[f] = static_cast<uint64_t>(st.st_size);
+    data.file_mtimes[f] = static_cast<int64_t>(st.st_mtim.tv_sec) * 1'000'000'000 + st.st_mtim.tv_nsec;
+  }
+}
+
 }  // namespace
 
 Catalog::Catalog(std::shared_ptr<const Data> data) : data_(std::move(data)) {}
@@ -221,12 +242,10 @@ Catalog Catalog::from_folder(const fs::path& root, const std::vector<std::string
 
   std::vector<std::string> paths;
   std::vector<int64_t> labels;
-  std::vector<uint64_t> sizes;
   for (size_t label = 0; label < classes.size(); ++label) {
     // Sorted by (folder, file name), the order of torchvision's sorted(os.walk(...)).
     struct Found {
       std::string dir, name;
-      uint64_t size;
       bool operator<(const Found& o) const { return std::tie(dir, name) < std::tie(o.dir, o.name); }
     };
     std::vector<Found> files;
@@ -236,20 +255,18 @@ Catalog Catalog::from_folder(const fs::path& root, const std::vector<std::string
          it.increment(ec)) {
       if (!it->is_regular_file(ec) || !has_extension(it->path(), extensions)) continue;
       const fs::path rel = it->path().lexically_relative(root);
-      std::error_code size_ec;
-      const uint64_t size = it->file_size(size_ec);
-      files.push_back({rel.parent_path().string(), rel.filename().string(),
-                       size_ec ? Catalog::kUnknownSize : size});
+      files.push_back({rel.parent_path().string(), rel.filename().string()});
     }
     if (ec) throw_fs_error(class_dir, ec, "cannot list");
     std::sort(files.begin(), files.end());
     for (auto& f : files) {
       paths.push_back(f.dir + "/" + f.name);
       labels.push_back(static_cast<int64_t>(label));
-      sizes.push_back(f.size);
     }
   }
-  return Catalog(make_data(root, paths, labels, classes, {}, sizes));
+  auto data = make_data(root, paths, labels, classes);
+  record_file_stats(*data);
+  return Catalog(data);
 }
 
 Catalog Catalog::from_list(const fs::path& list_file, const fs::path& root) {
@@ -290,12 +307,7 @@ Catalog Catalog::from_list(const fs::path& list_file, const fs::path& root) {
     throw IoError(list_file.string(), EIO, "cannot read file list '" + list_file.string() + "'");
   }
   auto data = make_data(root, paths, labels, {});
-  data->file_sizes.reserve(paths.size());
-  for (const auto& p : paths) {
-    std::error_code ec;
-    const uint64_t size = fs::file_size(root / p, ec);
-    data->file_sizes.push_back(ec ? kUnknownSize : size);
-  }
+  record_file_stats(*data);
   return Catalog(data);
 }
 
@@ -312,6 +324,7 @@ void Catalog::save(const fs::path& file) const {
   w.array(data_->locators);
   w.array(data_->labels);
   w.array(data_->file_sizes);
+  w.array(data_->file_mtimes);
   w.pod(static_cast<uint8_t>(data_->kind));
   w.bytes(data_->field);
   w.pod(fnv1a(out));  // checksum of everything before it
@@ -364,6 +377,7 @@ Catalog Catalog::load(const fs::path& file) {
   const auto locators = body.array<Locator>();
   const auto labels = body.array<int64_t>();
   const auto file_sizes = body.array<uint64_t>();
+  const auto file_mtimes = body.array<int64_t>();
   const auto kind = body.pod<uint8_t>();
   const std::string field = body.bytes();
   if (kind > static_cast<uint8_t>(Kind::kHdf5)) body.fail("unknown catalog kind");
@@ -379,6 +393,10 @@ Catalog Catalog::load(const fs::path& file) {
   }
   try {
     auto data = make_data(root, paths, labels, classes, locators, file_sizes);  // re-checks paths
+    if (!file_mtimes.empty() && file_mtimes.size() != data->file_sizes.size()) {
+      body.fail("file time table does not match the files");
+    }
+    data->file_mtimes = file_mtimes;
     data->kind = static_cast<Kind>(kind);
     data->field = field;
     return Catalog(data);
@@ -403,6 +421,11 @@ std::string_view Catalog::file_path(size_t f) const {
 }
 
 fs::path Catalog::file_source_path(size_t f) const { return data_->root / fs::path(file_path(f)); }
+
+int64_t Catalog::file_mtime(size_t f) const {
+  if (f >= num_files()) throw ConfigError("catalog file " + std::to_string(f) + " out of range");
+  return data_->file_mtimes.empty() ? kUnknownMtime : data_->file_mtimes[f];
+}
 
 uint64_t Catalog::file_size(size_t f) const {
   if (f >= num_files()) throw ConfigError("catalog file " + std::to_string(f) + " out of range");

@@ -23,6 +23,8 @@ namespace {
 
 constexpr uint64_t kRgbBytes = 3;
 constexpr uint64_t kCmykBytes = 4;
+// Pixels decoded around a crop box (see crop_resize): two of the largest chroma blocks.
+constexpr unsigned kMargin = 16;
 
 template <typename T>
 void grow(std::vector<T>& buffer, size_t size) {
@@ -258,23 +260,29 @@ struct JpegDecoder::Impl {
     const auto x1 = std::min(static_cast<JDIMENSION>(std::ceil(bx1)), scaled_w);
     const auto y0 = static_cast<JDIMENSION>(std::floor(by0));
     const auto y1 = std::min(static_cast<JDIMENSION>(std::ceil(by1)), scaled_h);
+    // Chroma upsampling treats the decoded region's edges as the image's: decode a margin around
+    // the box so that its own pixels are those of a full decode.
+    const JDIMENSION rx0 = x0 > kMargin ? x0 - kMargin : 0;
+    const JDIMENSION rx1 = std::min(x1 + kMargin, scaled_w);
+    const JDIMENSION ry0 = y0 > kMargin ? y0 - kMargin : 0;
+    const JDIMENSION ry1 = std::min(y1 + kMargin, scaled_h);
     const bool cmyk = is_cmyk(header.colorspace);
     // jpeg_crop_scanline widens the columns to iMCU boundaries (at most 32 pixels more on the left
     // and the right); the whole scaled row is an upper bound.
-    grow(decoded, image_bytes(static_cast<int>(scaled_w), static_cast<int>(y1 - y0),
+    grow(decoded, image_bytes(static_cast<int>(scaled_w), static_cast<int>(ry1 - ry0),
                               cmyk ? kCmykBytes : kRgbBytes, path));
     JDIMENSION x_start = 0, region_w = 0;
-    if (!libjpeg_region(denom, cmyk, x0, x1 - x0, y0, y1, &x_start, &region_w)) {
+    if (!libjpeg_region(denom, cmyk, rx0, rx1 - rx0, ry0, ry1, &x_start, &region_w)) {
       throw DecodeError(path, std::string("cannot decode JPEG data: ") + errors.message);
     }
-    const size_t rows = y1 - y0;
-    if (cmyk) cmyk_to_rgb(decoded.data(), decoded.data(), static_cast<size_t>(region_w) * rows);
+    if (cmyk) cmyk_to_rgb(decoded.data(), decoded.data(), static_cast<size_t>(region_w) * (ry1 - ry0));
     const size_t stride = static_cast<size_t>(region_w) * kRgbBytes;
-    // The resampler sees only the box's own pixels (columns [x0, x1) of the region), so that edges
-    // behave as after torchvision's crop.
-    const uint8_t* src = decoded.data() + static_cast<size_t>(x0 - x_start) * kRgbBytes;
+    // The resampler sees only the box's own pixels (columns [x0, x1), rows [y0, y1)), so that
+    // edges behave as after torchvision's crop.
+    const uint8_t* src = decoded.data() + static_cast<size_t>(y0 - ry0) * stride +
+                         static_cast<size_t>(x0 - x_start) * kRgbBytes;
     const int src_w = static_cast<int>(x1 - x0);
-    const int src_h = static_cast<int>(rows);
+    const int src_h = static_cast<int>(y1 - y0);
     resize_rgb(src, src_w, src_h, stride, bx0 - x0, by0 - y0, std::min(bx1 - x0, double(src_w)),
                std::min(by1 - y0, double(src_h)), dst, out_w, out_h,
                static_cast<size_t>(out_w) * kRgbBytes, resize);

@@ -452,6 +452,8 @@ void Pipeline::Impl::decode_arrays(Work& w, Slot& slot) {
     const auto start = Clock::now();
     ReaderState& reader = shared.readers.local();
     try {
+      // Phase 2 may run sample i on a thread that did no probing.
+      if (!reader.decoder) reader.decoder = std::make_unique<SampleDecoder>(shared.codec);
       const Catalog::Locator loc = shared.catalog.locator(w.ids[i]);
       const std::string& path = source_path(loc.file, reader);
       std::span<std::byte> out(slot.data.data() + slot.offsets[i], slot.offsets[i + 1] - slot.offsets[i]);

@@ -34,10 +34,13 @@ class Fd {
   int fd_;
 };
 
-size_t regular_file_size(const std::string& path, int fd) {
+size_t regular_file_size(const std::string& path, int fd, int64_t* mtime_ns = nullptr) {
   struct stat st;
   if (::fstat(fd, &st) != 0) fail(path, errno, "stat");
   if (!S_ISREG(st.st_mode)) fail(path, S_ISDIR(st.st_mode) ? EISDIR : EINVAL, "read a non-regular file");
+  if (mtime_ns != nullptr) {
+    *mtime_ns = static_cast<int64_t>(st.st_mtim.tv_sec) * 1'000'000'000 + st.st_mtim.tv_nsec;
+  }
   return static_cast<size_t>(st.st_size);
 }
 
@@ -62,9 +65,9 @@ void read_all(const std::string& path, int fd, std::byte* out, size_t size) {
 
 }  // namespace
 
-size_t read_file(const std::string& path, std::vector<std::byte>& buffer) {
+size_t read_file(const std::string& path, std::vector<std::byte>& buffer, int64_t* mtime_ns) {
   Fd fd = open_for_reading(path);
-  const size_t size = regular_file_size(path, fd.get());
+  const size_t size = regular_file_size(path, fd.get(), mtime_ns);
   buffer.resize(size);
   read_all(path, fd.get(), buffer.data(), size);
   return size;

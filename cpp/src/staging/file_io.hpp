@@ -12,7 +12,8 @@ namespace prestage::detail {
 
 // Reads a whole regular file into `buffer` (resized to fit; its capacity is reused across calls).
 // Returns the number of bytes read.
-size_t read_file(const std::string& path, std::vector<std::byte>& buffer);
+// With `mtime_ns`, also gives the file's modification time (ns since the epoch) from the same open.
+size_t read_file(const std::string& path, std::vector<std::byte>& buffer, int64_t* mtime_ns = nullptr);
 
 // Reads out.size() bytes at `offset` of a regular file into `out`. A file too short for the range is
 // an IoError.

@@ -156,6 +156,8 @@ void StageCache::admit(uint64_t epoch, uint64_t batch, const uint64_t* samples, 
     last_batch_[file] = batch_seq_;
     if (!directory_.is_absent(file)) {
       ++stats.hits;
+      // A copy from an earlier run is checked (CRC) by stage 2 before its first use in this one.
+      if (directory_.unverified(file)) to_stage.push_back(file);
       if (capacity_ != 0) {
         if (key_[file] == kNever) {  // staged by a run before a restart that cleared the index
           charged_[file] = directory_.is_staged(file) ? directory_.staged_size(file) : size_of(file);

@@ -1,13 +1,17 @@
 #include "staging/stage_directory.hpp"
 
-#include <signal.h>
+#include <fcntl.h>
+#include <sys/file.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <charconv>
 #include <cstdio>
+#include <cstring>
 #include <system_error>
 
+#include "decode/tfrecord.hpp"  // crc32c
 #include "prestage/error.hpp"
 #include "staging/file_io.hpp"
 
@@ -18,6 +22,8 @@ namespace fs = std::filesystem;
 namespace {
 
 constexpr int kShards = 256;
+constexpr uint32_t kRecordMagic = 0x58444950;  // "PIDX"
+constexpr uint32_t kRecordVersion = 1;
 
 std::string hex(uint64_t v, int width) {
   char buf[17];
@@ -31,55 +37,103 @@ bool parse_hex(std::string_view s, uint64_t& out) {
   return ec == std::errc() && end == s.data() + s.size();
 }
 
-bool process_alive(pid_t pid) { return ::kill(pid, 0) == 0 || errno == EPERM; }
+[[noreturn]] void fail(const std::string& path, int err, const std::string& action) {
+  throw IoError(path, err, "cannot " + action + " '" + path + "': " + std::strerror(err));
+}
+
+// True if nobody holds a lock on the file (so no live process is writing it).
+bool unlocked(const fs::path& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return false;
+  const bool free = ::flock(fd, LOCK_EX | LOCK_NB) == 0;
+  ::close(fd);  // releases the lock, if taken
+  return free;
+}
 
 }  // namespace
 
+struct StageDirectory::Record {
+  uint32_t magic = kRecordMagic;
+  uint32_t version = kRecordVersion;
+  uint64_t id = 0;
+  uint64_t size = 0;
+  int64_t source_mtime = 0;
+  uint32_t crc = 0;         // of the copy's bytes
+  uint32_t record_crc = 0;  // of the fields above
+  uint32_t own_crc() const {
+    return crc32c({reinterpret_cast<const std::byte*>(this), offsetof(Record, record_crc)});
+  }
+};
+static_assert(sizeof(StageDirectory::Record) == 40, "index records are 40 bytes on disk");
+
 StageDirectory::StageDirectory(const fs::path& dir, const Catalog& catalog)
-    : area_(dir / ("prestage-" + hex(catalog.fingerprint(), 16))),
+    : catalog_(catalog),
+      area_(dir / ("prestage-" + hex(catalog.fingerprint(), 16))),
       size_(catalog.num_files()),
-      state_(new std::atomic<uint8_t>[catalog.num_files()]()),
-      sizes_(new std::atomic<uint64_t>[catalog.num_files()]()) {
+      state_(new std::atomic<uint8_t>[size_]()),
+      unverified_(new std::atomic<uint8_t>[size_]()),
+      sizes_(new std::atomic<uint64_t>[size_]()),
+      crcs_(new std::atomic<uint32_t>[size_]()) {
   std::error_code ec;
+  fs::create_directories(area_, ec);
+  if (ec) fail(area_.string(), ec.value(), "create stage directory");
+
+  // The index: the last valid record of each file vouches for its copy. A torn last record (a
+  // process killed mid-append) ends the valid part.
+  const std::string index = (area_ / "index.log").string();
+  index_fd_ = ::open(index.c_str(), O_RDWR | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+  if (index_fd_ < 0) fail(index, errno, "open");
+  std::vector<std::byte> bytes;
+  read_file(index, bytes);
+  std::vector<Record> latest(size_);
+  for (size_t at = 0; at + sizeof(Record) <= bytes.size(); at += sizeof(Record)) {
+    Record r;
+    std::memcpy(&r, bytes.data() + at, sizeof(Record));
+    if (r.magic != kRecordMagic || r.version != kRecordVersion || r.record_crc != r.own_crc()) break;
+    if (r.id < size_) latest[r.id] = r;
+  }
+
   for (int shard = 0; shard < kShards; ++shard) {
     const fs::path shard_dir = area_ / hex(shard, 2);
     fs::create_directories(shard_dir, ec);
-    if (ec) {
-      throw IoError(shard_dir.string(), ec.value(),
-                    "cannot create stage directory '" + shard_dir.string() + "': " + ec.message());
-    }
+    if (ec) fail(shard_dir.string(), ec.value(), "create stage directory");
     for (fs::directory_iterator it(shard_dir, ec), end; !ec && it != end; it.increment(ec)) {
       const std::string name = it->path().filename().string();
       const size_t dot = name.find('.');
       uint64_t id = 0;
-      if (dot == std::string::npos) {
-        std::error_code size_ec;
-        const uint64_t size = it->file_size(size_ec);
-        if (parse_hex(name, id) && id < size_ && static_cast<int>(id % kShards) == shard && !size_ec) {
-          state_[id].store(kStaged, std::memory_order_relaxed);
-          sizes_[id].store(size, std::memory_order_relaxed);
-          ++found_at_start_;
-        }
+      if (!parse_hex(std::string_view(name).substr(0, dot), id) || id >= size_ ||
+          static_cast<int>(id % kShards) != shard) {
+        continue;  // not ours
+      }
+      if (dot != std::string::npos) {
+        // "<id>.part": a copy being written, or left by a process that died.
+        if (name.substr(dot) == ".part" && unlocked(it->path())) fs::remove(it->path(), ec);
         continue;
       }
-      // "<id>.tmp.<pid>.<n>": a copy in progress, or left by a process that was killed.
-      const size_t pid_at = name.find(".tmp.");
-      uint64_t pid = 0;
-      if (pid_at != std::string::npos) {
-        const size_t pid_end = name.find('.', pid_at + 5);
-        std::string_view pid_text = std::string_view(name).substr(pid_at + 5, pid_end - pid_at - 5);
-        auto [p, e] = std::from_chars(pid_text.data(), pid_text.data() + pid_text.size(), pid);
-        if (e == std::errc() && !process_alive(static_cast<pid_t>(pid))) {
-          std::error_code ignored;
-          fs::remove(it->path(), ignored);
-        }
+      struct stat st;
+      const Record& r = latest[id];
+      const bool vouched =
+          ::stat(it->path().c_str(), &st) == 0 && r.magic == kRecordMagic &&
+          r.size == static_cast<uint64_t>(st.st_size) &&
+          (catalog.file_size(id) == Catalog::kUnknownSize || catalog.file_size(id) == r.size) &&
+          (catalog.file_mtime(id) == Catalog::kUnknownMtime || catalog.file_mtime(id) == r.source_mtime);
+      if (vouched) {
+        state_[id].store(kStaged, std::memory_order_relaxed);
+        unverified_[id].store(1, std::memory_order_relaxed);
+        sizes_[id].store(r.size, std::memory_order_relaxed);
+        crcs_[id].store(r.crc, std::memory_order_relaxed);
+        ++found_at_start_;
+      } else if (unlocked(it->path())) {
+        // Partial, stale (its source changed) or never vouched for: never served.
+        fs::remove(it->path(), ec);
       }
     }
-    if (ec) {
-      throw IoError(shard_dir.string(), ec.value(),
-                    "cannot list stage directory '" + shard_dir.string() + "': " + ec.message());
-    }
+    if (ec) fail(shard_dir.string(), ec.value(), "list stage directory");
   }
+}
+
+StageDirectory::~StageDirectory() {
+  if (index_fd_ >= 0) ::close(index_fd_);
 }
 
 std::string StageDirectory::staged_path(uint64_t id) const {
@@ -91,18 +145,8 @@ bool StageDirectory::try_claim(uint64_t id) noexcept {
   return state_[id].compare_exchange_strong(expected, kInFlight, std::memory_order_acq_rel);
 }
 
-void StageDirectory::publish(uint64_t id, std::span<const std::byte> bytes) {
-  const std::string final_path = staged_path(id);
-  const std::string tmp_path = final_path + ".tmp." + std::to_string(::getpid()) + "." +
-                               std::to_string(tmp_counter_.fetch_add(1, std::memory_order_relaxed));
-  try {
-    write_file_atomically(final_path, tmp_path, bytes);
-  } catch (...) {
-    abandon(id);
-    throw;
-  }
-  sizes_[id].store(bytes.size(), std::memory_order_relaxed);
-  state_[id].store(kStaged, std::memory_order_release);
+void StageDirectory::abandon(uint64_t id) noexcept {
+  state_[id].store(kAbsent, std::memory_order_release);
 }
 
 void StageDirectory::evict(uint64_t id) noexcept {
@@ -110,8 +154,122 @@ void StageDirectory::evict(uint64_t id) noexcept {
   ::unlink(staged_path(id).c_str());
 }
 
-void StageDirectory::abandon(uint64_t id) noexcept {
-  state_[id].store(kAbsent, std::memory_order_release);
+void StageDirectory::append_record(const Record& record) {
+  // One write of 40 bytes with O_APPEND: whole, and never interleaved with another process's.
+  const ssize_t n = ::write(index_fd_, &record, sizeof(record));
+  if (n != static_cast<ssize_t>(sizeof(record))) {
+    fail((area_ / "index.log").string(), n < 0 ? errno : ENOSPC, "append to");
+  }
+}
+
+bool StageDirectory::adopt(uint64_t id) {
+  struct stat st;
+  const std::string path = staged_path(id);
+  if (::stat(path.c_str(), &st) != 0) return false;
+  // Another process's copy: its record is at the index's end.
+  std::vector<std::byte> bytes;
+  read_file((area_ / "index.log").string(), bytes);
+  const Record* found = nullptr;
+  for (size_t at = 0; at + sizeof(Record) <= bytes.size(); at += sizeof(Record)) {
+    const Record* r = reinterpret_cast<const Record*>(bytes.data() + at);
+    if (r->magic != kRecordMagic || r->record_crc != r->own_crc()) break;
+    if (r->id == id) found = r;
+  }
+  if (found == nullptr || found->size != static_cast<uint64_t>(st.st_size)) return false;
+  sizes_[id].store(found->size, std::memory_order_relaxed);
+  crcs_[id].store(found->crc, std::memory_order_relaxed);
+  unverified_[id].store(1, std::memory_order_relaxed);
+  state_[id].store(kStaged, std::memory_order_release);
+  return true;
+}
+
+StageDirectory::Outcome StageDirectory::stage(uint64_t id, const std::string& source_path,
+                                              std::vector<std::byte>& buffer) {
+  const std::string final_path = staged_path(id);
+  const std::string part_path = final_path + ".part";
+  if (adopt(id)) return Outcome::kAdopted;
+  const int fd = ::open(part_path.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
+  if (fd < 0) {
+    const int err = errno;
+    abandon(id);
+    fail(part_path, err, "create");
+  }
+  struct Closer {
+    int fd;
+    ~Closer() { ::close(fd); }  // also releases the lock
+  } closer{fd};
+  if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    abandon(id);
+    return Outcome::kBusy;  // another process is writing it
+  }
+  auto give_up = [&] {
+    ::unlink(part_path.c_str());
+    abandon(id);
+  };
+  if (adopt(id)) {  // finished by another process between our first look and the lock
+    ::unlink(part_path.c_str());
+    return Outcome::kAdopted;
+  }
+
+  int64_t source_mtime = 0;
+  try {
+    read_file(source_path, buffer, &source_mtime);
+  } catch (...) {
+    give_up();
+    throw SourceError{std::current_exception()};
+  }
+  const uint64_t expected_size = catalog_.file_size(id);
+  const int64_t expected_mtime = catalog_.file_mtime(id);
+  if ((expected_size != Catalog::kUnknownSize && expected_size != buffer.size()) ||
+      (expected_mtime != Catalog::kUnknownMtime && expected_mtime != source_mtime)) {
+    give_up();
+    return Outcome::kChanged;
+  }
+
+  Record record;
+  record.id = id;
+  record.size = buffer.size();
+  record.source_mtime = source_mtime;
+  record.crc = crc32c(buffer);
+  record.record_crc = record.own_crc();
+  try {
+    if (::ftruncate(fd, 0) != 0) fail(part_path, errno, "truncate");
+    size_t done = 0;
+    while (done < buffer.size()) {
+      const ssize_t n = ::write(fd, buffer.data() + done, buffer.size() - done);
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) fail(part_path, errno, "write");
+      done += static_cast<size_t>(n);
+    }
+    if (::rename(part_path.c_str(), final_path.c_str()) != 0) fail(final_path, errno, "rename");
+    append_record(record);  // still holding the lock: a scan in another process leaves it alone
+  } catch (...) {
+    ::unlink(part_path.c_str());
+    ::unlink(final_path.c_str());
+    abandon(id);
+    throw;
+  }
+  sizes_[id].store(record.size, std::memory_order_relaxed);
+  crcs_[id].store(record.crc, std::memory_order_relaxed);
+  unverified_[id].store(0, std::memory_order_relaxed);
+  state_[id].store(kStaged, std::memory_order_release);
+  return Outcome::kStaged;
+}
+
+bool StageDirectory::verify(uint64_t id, std::vector<std::byte>& buffer) {
+  if (!is_staged(id)) return false;
+  try {
+    read_file(staged_path(id), buffer);
+  } catch (const IoError&) {
+    evict(id);
+    return false;
+  }
+  if (buffer.size() != staged_size(id) || crc32c(buffer) != crcs_[id].load(std::memory_order_relaxed)) {
+    evict(id);  // corrupted on the SSD: never served
+    return false;
+  }
+  unverified_[id].store(0, std::memory_order_release);
+  return true;
 }
 
 }  // namespace prestage::detail

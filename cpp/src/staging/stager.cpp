@@ -67,34 +67,37 @@ void Stager::run() {
 
 void Stager::stage_one(uint64_t id, std::vector<std::byte>& buffer) {
   items_.fetch_add(1, std::memory_order_relaxed);
-  if (disabled_.load(std::memory_order_acquire)) {
-    directory_->abandon(id);
-    return;
-  }
   const auto start = std::chrono::steady_clock::now();
-  try {
-    read_file(catalog_.file_source_path(id).string(), buffer);
-  } catch (const IoError&) {
-    // Stage 3 reads the source again and reports the error at the sample's batch.
+  if (directory_->is_staged(id)) {
+    // A copy from an earlier run, used for the first time in this one: check its bytes first.
+    if (directory_->unverified(id) && !directory_->verify(id, buffer)) {
+      failures_.fetch_add(1, std::memory_order_relaxed);
+    }
+  } else if (disabled_.load(std::memory_order_acquire)) {
     directory_->abandon(id);
-    failures_.fetch_add(1, std::memory_order_relaxed);
-    return;
-  }
-  const uint64_t expected = catalog_.file_size(id);
-  if (expected != Catalog::kUnknownSize && expected != buffer.size()) {
-    // The file changed since the catalog was built: its space was planned for the old size.
-    directory_->abandon(id);
-    failures_.fetch_add(1, std::memory_order_relaxed);
-    return;
-  }
-  try {
-    directory_->publish(id, buffer);
-    staged_files_.fetch_add(1, std::memory_order_relaxed);
-    bytes_.fetch_add(buffer.size(), std::memory_order_relaxed);
-  } catch (const IoError& e) {
-    // Full, read-only or vanished stage directory: keep going on direct reads.
-    failures_.fetch_add(1, std::memory_order_relaxed);
-    disable(e.what());
+  } else {
+    try {
+      switch (directory_->stage(id, catalog_.file_source_path(id).string(), buffer)) {
+        case StageDirectory::Outcome::kStaged:
+          staged_files_.fetch_add(1, std::memory_order_relaxed);
+          bytes_.fetch_add(buffer.size(), std::memory_order_relaxed);
+          break;
+        case StageDirectory::Outcome::kAdopted:
+          adopted_.fetch_add(1, std::memory_order_relaxed);
+          break;
+        case StageDirectory::Outcome::kBusy:
+        case StageDirectory::Outcome::kChanged:
+          failures_.fetch_add(1, std::memory_order_relaxed);
+          break;
+      }
+    } catch (const StageDirectory::SourceError&) {
+      // Stage 3 reads the source again and reports the error at the sample's batch.
+      failures_.fetch_add(1, std::memory_order_relaxed);
+    } catch (const IoError& e) {
+      // Full, read-only or vanished stage directory: keep going on direct reads.
+      failures_.fetch_add(1, std::memory_order_relaxed);
+      disable(e.what());
+    }
   }
   busy_ns_.fetch_add(std::chrono::duration_cast<std::chrono::nanoseconds>(
                          std::chrono::steady_clock::now() - start)
@@ -113,6 +116,7 @@ void Stager::add_to(Stats& stats, double wall_s) const {
   stats.stage.items = items_.load();
   stats.stage.bytes = bytes_.load();
   stats.staged_files = staged_files_.load();
+  stats.adopted_files = adopted_.load();
   stats.stage_failures = failures_.load();
   stats.stage_dir_disabled = disabled_.load();
   if (stats.stage_dir_disabled) {

@@ -17,7 +17,8 @@
 
 namespace prestage::detail {
 
-// The files of one batch to stage, each already claimed in the stage directory by stage 1. It lives in the pipeline's per-batch work, which is recycled: the
+// The files of one batch for stage 2: claimed in the stage directory by stage 1 (to copy), or staged
+// by an earlier run and not yet checked in this one (to verify). It lives in the pipeline's per-batch work, which is recycled: the
 // stager allocates nothing per batch.
 struct StageTask {
   const uint64_t* ids = nullptr;  // catalog file ids
@@ -66,7 +67,7 @@ class Stager {
   std::string disabled_reason_;  // guarded by mutex_
 
   std::atomic<uint64_t> busy_ns_{0}, items_{0}, bytes_{0};
-  std::atomic<uint64_t> staged_files_{0}, failures_{0};
+  std::atomic<uint64_t> staged_files_{0}, adopted_{0}, failures_{0};
   std::vector<std::thread> threads_;
 };
 

@@ -71,7 +71,7 @@ def run_torch(root: str, batch_size: int, image_size: Optional[Tuple[int, int]],
     start = time.perf_counter()
     dataset = datasets.ImageFolder(root, transform=transforms.Compose(steps))
     index_s = time.perf_counter() - start
-    workers = os.cpu_count() or 1 if workers is None else workers
+    workers = (os.cpu_count() or 1) if workers is None else workers
     generator = torch.Generator()
     generator.manual_seed(seed)
     loader = DataLoader(dataset, batch_size=batch_size, shuffle=True, num_workers=workers,

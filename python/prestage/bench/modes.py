@@ -118,6 +118,30 @@ def _pfs_delta(before: Optional[Dict[str, Any]], after: Optional[Dict[str, Any]]
             "queued_s": round(after["queued_s"] - before["queued_s"], 6)}
 
 
+def _cpu_seconds(emulator: Any) -> Tuple[float, float]:
+    """(CPU-seconds the whole machine has been busy, CPU-seconds of this benchmark: this process, its
+    waited-for children, the emulator), so that a run can report what other processes used."""
+    tick = os.sysconf("SC_CLK_TCK")
+    try:
+        with open("/proc/stat") as f:
+            fields = [int(v) for v in f.readline().split()[1:]]
+        # user nice system idle iowait irq softirq steal ...: busy is all but idle and iowait.
+        busy = (sum(fields[:8]) - fields[3] - fields[4]) / tick
+    except (OSError, ValueError, IndexError):
+        return 0.0, 0.0
+    t = os.times()
+    ours = t.user + t.system + t.children_user + t.children_system
+    pid = getattr(getattr(emulator, "_process", None), "pid", None)
+    if pid is not None:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                stat = f.read().rsplit(")", 1)[1].split()
+            ours += (int(stat[11]) + int(stat[12])) / tick  # utime, stime
+        except (OSError, ValueError, IndexError):
+            pass
+    return busy, ours
+
+
 def _loader_kwargs(setup: Setup) -> Dict[str, Any]:
     kwargs: Dict[str, Any] = {"batch_size": setup.batch_size, "image_size": setup.image_size,
                               "seed": setup.seed, "depth": setup.depth}
@@ -239,6 +263,7 @@ def run_mode(setup: Setup, mode: str, prefetchers: int, readers: int, lookahead:
     else:
         cache_state = setup.make_cold()
     before = setup.pfs_counters()
+    cpu_before = _cpu_seconds(setup.emulator)
     if mode == "direct":
         options = {"readers": readers, "depth": setup.depth}
         result = _run_loader(setup, setup.catalog(setup.pfs_root), None, 1, readers, lookahead, epoch,
@@ -271,6 +296,7 @@ def run_mode(setup: Setup, mode: str, prefetchers: int, readers: int, lookahead:
         result = _run_baseline(setup, mode, workers, epoch, batches)
         options = {"workers": result.pop("workers")}
     after = setup.pfs_counters()
+    cpu_after = _cpu_seconds(setup.emulator)
     seconds = result["epoch_s"] + (copy_s or 0.0)
     images = result["images"]
     nbytes = result.pop("bytes", None)
@@ -288,6 +314,9 @@ def run_mode(setup: Setup, mode: str, prefetchers: int, readers: int, lookahead:
         "mb_per_s": nbytes / seconds / 1e6 if seconds > 0 else 0.0,
         "cache": cache_state,
         "pfs": _pfs_delta(before, after),
+        # CPU-seconds that other processes of the machine used during the run (a shared machine's
+        # noise): the machine's busy time less this benchmark's (loader, baselines, emulator).
+        "other_cpu_s": max(0.0, (cpu_after[0] - cpu_before[0]) - (cpu_after[1] - cpu_before[1])),
         **result,
     }
 

@@ -1,0 +1,167 @@
+"""Stage 3 decode benchmark: the JPEG training path (random-resized-crop + flip) against the decode-only
+limit (tjbench on the same images) and a PyTorch DataLoader, plus what HDF5's serialisation costs.
+
+Reproducible from the repository alone: the images come from ``prestage synth``. Each figure is the
+median of ``--runs`` timed runs after one warm-up run; the JSON goes to ``--json`` (default stdout).
+
+    python benchmarks/decode_bench.py --images 2000 --runs 3 --torch-python /path/to/venv/bin/python
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+import prestage
+
+TORCH_SCRIPT = r"""
+import json, statistics, sys, time
+import torch
+from torchvision import datasets, transforms
+root, runs, workers, batch = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+torch.set_num_threads(1)
+tf = transforms.Compose([transforms.RandomResizedCrop(224), transforms.RandomHorizontalFlip(),
+                         transforms.PILToTensor()])
+loader = torch.utils.data.DataLoader(datasets.ImageFolder(root, transform=tf), batch_size=batch,
+                                     shuffle=True, num_workers=workers, persistent_workers=True)
+rates = []
+for run in range(runs + 1):
+    start, n = time.perf_counter(), 0
+    for images, labels in loader:
+        n += images.shape[0]
+    if run:
+        rates.append(n / (time.perf_counter() - start))
+print(json.dumps({"runs": rates, "torch": torch.__version__}))
+"""
+
+
+def epoch_rate(loader) -> float:
+    start, n = time.perf_counter(), 0
+    for batch in loader:
+        n += len(batch)
+    return n / (time.perf_counter() - start)
+
+
+def median_rate(make_loader, runs: int) -> dict:
+    with make_loader() as loader:
+        epoch_rate(loader)  # warm-up: page cache, buffers, thread start
+        rates = [epoch_rate(loader) for _ in range(runs)]
+    return {"median": statistics.median(rates), "runs": rates}
+
+
+def tjbench_limit(paths: list[Path]) -> dict:
+    """Decode-only images/s on one core: each image's frame rate from tjbench, combined as the rate of
+    decoding the whole sample once (n / sum of per-image times)."""
+    seconds = 0.0
+    for p in paths:
+        out = subprocess.run(["tjbench", str(p), "-rgb", "-benchtime", "0.3", "-warmup", "0.1"],
+                             capture_output=True, text=True, check=True).stdout
+        fps = float(re.search(r"Decompress\s+--> Frame rate:\s+([\d.]+) fps", out).group(1))
+        seconds += 1.0 / fps
+    return {"images": len(paths), "per_core": len(paths) / seconds}
+
+
+def hdf5_cost(work: Path, runs: int) -> dict:
+    """Rows/s reading the same arrays from HDF5 (calls serialised by one lock) and from .npy files
+    (lock-free), with 1 and 2 readers."""
+    import h5py
+
+    rows, shape = 512, (4, 128, 128)
+    rng = np.random.default_rng(0)
+    data = rng.normal(size=(rows, *shape)).astype(np.float32)
+    h5_dir, npy_dir = work / "h5", work / "npy" / "c"
+    h5_dir.mkdir(parents=True, exist_ok=True)
+    npy_dir.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for f in range(4):
+        path = h5_dir / f"part_{f}.h5"
+        with h5py.File(path, "w") as h5:
+            h5["x"] = data[f * rows // 4:(f + 1) * rows // 4]
+        paths.append(path)
+    for i in range(rows):
+        np.save(npy_dir / f"{i:04d}.npy", data[i])
+    result = {"rows": rows, "row_bytes": int(data[0].nbytes)}
+    h5_cat = prestage.Catalog.from_hdf5(paths, "x")
+    npy_cat = prestage.Catalog.from_folder(work / "npy", extensions=[".npy"])
+    for name, cat, decode in (("hdf5", h5_cat, "hdf5"), ("npy", npy_cat, "npy")):
+        for readers in (1, 2):
+            r = median_rate(lambda: prestage.Loader(cat, batch_size=32, decode=decode, readers=readers), runs)
+            result[f"{name}_readers{readers}"] = r
+    return result
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--images", type=int, default=2000)
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--readers", type=int, default=2)
+    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--tjbench-images", type=int, default=100, help="images timed with tjbench")
+    parser.add_argument("--data", default=None, help="where the synthetic set is made (default: a temp dir)")
+    parser.add_argument("--torch-python", default=None,
+                        help="a Python with torch and torchvision for the DataLoader baseline (default: none)")
+    parser.add_argument("--skip-hdf5", action="store_true")
+    parser.add_argument("--json", default=None, help="write the results here (default: stdout)")
+    args = parser.parse_args()
+
+    work = Path(args.data or tempfile.mkdtemp(prefix="prestage-decode-bench-"))
+    images = work / "imagenet-like"
+    subprocess.run([sys.executable, "-m", "prestage", "synth", str(images), "--images", str(args.images),
+                    "--classes", "10", "--seed", "0", "--quiet"], check=True)
+    cat = prestage.Catalog.from_folder(images)
+    results = {
+        "machine": {"cpus": os.cpu_count(), "processor": platform.processor() or platform.machine(),
+                    "python": platform.python_version(), "prestage": prestage.__version__},
+        "set": {"images": len(cat), "bytes": sum(cat.source_path(i).stat().st_size for i in range(len(cat)))},
+        "readers": args.readers, "batch_size": args.batch_size, "runs": args.runs,
+    }
+    common = dict(batch_size=args.batch_size, image_size=(224, 224), readers=args.readers, seed=0)
+    results["random_resized_crop"] = median_rate(
+        lambda: prestage.Loader(cat, transform="random-resized-crop", **common), args.runs)
+    results["center_crop"] = median_rate(lambda: prestage.Loader(cat, **common), args.runs)
+    results["random_resized_crop_1_reader"] = median_rate(
+        lambda: prestage.Loader(cat, transform="random-resized-crop", **{**common, "readers": 1}), args.runs)
+
+    if shutil.which("tjbench"):
+        step = max(1, len(cat) // args.tjbench_images)
+        sample = [cat.source_path(i) for i in range(0, len(cat), step)][: args.tjbench_images]
+        limit = tjbench_limit(sample)
+        limit["readers"] = limit["per_core"] * args.readers
+        results["tjbench_decode_only"] = limit
+    if args.torch_python:
+        out = subprocess.run([args.torch_python, "-c", TORCH_SCRIPT, str(images), str(args.runs),
+                              str(args.readers), str(args.batch_size)], capture_output=True, text=True,
+                             check=True).stdout
+        torch = json.loads(out.strip().splitlines()[-1])
+        results["pytorch_dataloader"] = {"median": statistics.median(torch["runs"]), "runs": torch["runs"],
+                                         "torch": torch["torch"], "num_workers": args.readers}
+    rrc = results["random_resized_crop"]["median"]
+    if "pytorch_dataloader" in results:
+        results["ratio_vs_pytorch"] = rrc / results["pytorch_dataloader"]["median"]
+    if "tjbench_decode_only" in results:
+        results["ratio_vs_decode_only"] = rrc / results["tjbench_decode_only"]["readers"]
+    if not args.skip_hdf5:
+        results["hdf5_serialisation"] = hdf5_cost(work / "arrays", args.runs)
+
+    text = json.dumps(results, indent=2)
+    if args.json:
+        Path(args.json).write_text(text + "\n")
+    else:
+        print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,300 @@
+"""prestage bench: how much faster, and with how many threads, on this machine's file systems.
+
+It runs the modes of Serizawa & Tatebe (BDCAT'19) on the same data, from cold caches, each --repeat
+times (medians are reported):
+
+  direct      stage 3 decodes straight from SOURCE (the PFS); no staging
+  stage-all   copy every file to the stage directory first (--prefetchers threads), then read the copy;
+              the copy time and the read time are both reported
+  pipelined   prestage: stage 2 copies the next --lookahead batches while stage 3 decodes
+  ideal       the data already on local disk and in the page cache (no I/O: the decode-only limit)
+  torch       PyTorch DataLoader + torchvision ImageFolder, same transform, num_workers = cores,
+              pin_memory=True, reading SOURCE
+  tf          tf.data: parallel map (AUTOTUNE) + prefetch(AUTOTUNE), reading SOURCE
+
+With --grid it first runs the grid prefetchers x readers x lookahead (a bounded number of batches per
+point) for the pipelined mode, and the other modes along the readers axis (and stage-all along the
+prefetchers axis); the best pipelined point is then used for the full runs.
+
+With --emulate, SOURCE is served through prestage-pfs, a FUSE file system that adds a latency per
+operation, a bandwidth cap and a concurrency cap: the paper's experiment on one machine.
+
+Output: a table (images/s, MB/s, times, consumer stall, per-stage busy/idle thread-seconds, PFS
+operations), the paper's ratios against their targets, and with --out DIR: results.json and PNG figures
+(elapsed time against prefetch threads and against decode threads).
+
+Example (the experiment of benchmarks/RESULTS.md):
+
+  prestage synth /data/synth-20k --images 20000 --classes 100
+  prestage bench /data/synth-20k --stage-dir /local/ssd --emulate --latency-ms 2 --bandwidth-mbs 200 \\
+      --grid --out results/
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import inspect
+import json
+import os
+import statistics
+import sys
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+from prestage.bench import report
+from prestage.bench.grid import Job, counts, run_jobs, summarize
+from prestage.bench.modes import MODES, run_mode
+from prestage.bench.session import (add_data_options, add_emulator_options, machine, note, positive,
+                                    session)
+
+
+def _modes(text: str) -> List[str]:
+    names = [m.strip() for m in text.split(",") if m.strip()]
+    unknown = [m for m in names if m not in MODES]
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(f"modes are {', '.join(MODES)}; got {text!r}")
+    return [m for m in MODES if m in names]  # the paper's order, whatever the order given
+
+
+def _default_readers() -> List[int]:
+    cores = os.cpu_count() or 1
+    values = {1, cores}
+    v = 2
+    while v < cores:
+        values.add(v)
+        v *= 2
+    return sorted(values)
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    p = subparsers.add_parser(
+        "bench",
+        help="compare direct, stage-all, pipelined and ideal loading, and PyTorch and tf.data",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add_data_options(p, default_batches=None)
+    g = p.add_argument_group("modes and threads")
+    g.add_argument("--modes", type=_modes, default=list(MODES), metavar="LIST",
+                   help=f"comma-separated modes to run, of {','.join(MODES)} (default: all; a baseline "
+                        "whose framework is not installed is skipped with a note)")
+    g.add_argument("--prefetchers", type=positive, default=8, metavar="N",
+                   help="stage 2 threads of pipelined, copy threads of stage-all (default 8; with "
+                        "--grid: the best grid point's)")
+    g.add_argument("--readers", type=positive, default=os.cpu_count() or 1, metavar="N",
+                   help="stage 3 (decode) threads of the prestage modes (default: the number of cores, "
+                        "%(default)s here; with --grid: the best grid point's)")
+    g.add_argument("--lookahead", type=positive, default=4, metavar="N",
+                   help="batches stage 2 works on ahead of stage 3 (default 4; with --grid: the best "
+                        "grid point's)")
+    g.add_argument("--workers", type=positive, default=None, metavar="N",
+                   help="PyTorch DataLoader workers and tf.data map calls (default: the number of cores "
+                        "for PyTorch, AUTOTUNE for tf.data)")
+    g.add_argument("--repeat", type=positive, default=3, metavar="N",
+                   help="runs of each mode; medians are reported (default 3)")
+    g = p.add_argument_group("grid")
+    g.add_argument("--grid", action="store_true",
+                   help="run the grid first and take its best pipelined point for the full runs")
+    g.add_argument("--grid-prefetchers", type=counts, default=[1, 2, 4, 8, 16, 32], metavar="LIST",
+                   help="stage 2 threads to try, comma-separated (default 1,2,4,8,16,32)")
+    g.add_argument("--grid-readers", type=counts, default=_default_readers(), metavar="LIST",
+                   help="stage 3 threads (and baseline workers) to try (default: 1, powers of two "
+                        "and the number of cores: %s here)" % ",".join(map(str, _default_readers())))
+    g.add_argument("--grid-lookahead", type=counts, default=[2, 8], metavar="LIST",
+                   help="lookahead values to try, in batches (default 2,8)")
+    g.add_argument("--grid-batches", type=positive, default=30, metavar="N",
+                   help="batches read at each grid point (default 30)")
+    g.add_argument("--grid-repeat", type=positive, default=None, metavar="N",
+                   help="runs of each grid point (default: --repeat)")
+    g.add_argument("--grid-only", action="store_true", help="run the grid only, not the full runs")
+    add_emulator_options(p)
+    g = p.add_argument_group("output")
+    g.add_argument("--out", type=Path, metavar="DIR",
+                   help="write results.json and the PNG figures into DIR (created)")
+    g.add_argument("--json", action="store_true", help="print the results as JSON instead of tables")
+    return p
+
+
+def _check_modes(args: argparse.Namespace) -> List[str]:
+    import prestage
+
+    modes = list(args.modes)
+    if args.transform != "center-crop" and "transform" not in inspect.signature(prestage.Loader).parameters:
+        raise ValueError(f"--transform {args.transform}: this prestage has no such transform")
+    needs = {"torch": ("torch", "torchvision"), "tf": ("tensorflow",)}
+    for mode, modules in needs.items():
+        if mode not in modes:
+            continue
+        missing = [m for m in modules if importlib.util.find_spec(m) is None]
+        if missing:
+            note(f"prestage bench: skipping the {mode} baseline: {', '.join(missing)} not installed "
+                 f"(scripts/bench-setup.sh installs them)")
+            modes.remove(mode)
+        elif mode == "tf" and args.transform != "center-crop":
+            note("prestage bench: skipping the tf baseline: it implements the center-crop transform only")
+            modes.remove(mode)
+    return modes
+
+
+def _grid_jobs(args: argparse.Namespace, modes: List[str]) -> List[Job]:
+    jobs: List[Job] = []
+    top_r = max(args.grid_readers)
+    for r in args.grid_readers:
+        if "pipelined" in modes:
+            jobs += [Job("pipelined", p, r, la) for p in args.grid_prefetchers for la in args.grid_lookahead]
+        if "stage-all" in modes:
+            jobs += [Job("stage-all", p, r, 1) for p in args.grid_prefetchers]
+        for mode in ("direct", "ideal"):
+            if mode in modes:
+                jobs.append(Job(mode, 1, r, 1))
+        for mode in ("torch", "tf"):
+            if mode in modes:
+                jobs.append(Job(mode, 1, top_r, 1, workers=r))
+    return jobs
+
+
+def _grid_ratios(grid: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
+    """pipelined (best prefetchers and lookahead) over direct, at each number of decode threads."""
+    out = []
+    for r in sorted({s["readers"] for s in grid if s["mode"] == "direct"}):
+        direct = [s for s in grid if s["mode"] == "direct" and s["readers"] == r]
+        pipelined = [s for s in grid if s["mode"] == "pipelined" and s["readers"] == r]
+        if direct and pipelined:
+            best = max(pipelined, key=lambda s: s["images_per_s"])
+            out.append({"readers": r, "prefetchers": best["prefetchers"], "lookahead": best["lookahead"],
+                        "pipelined_images_per_s": best["images_per_s"],
+                        "direct_images_per_s": direct[0]["images_per_s"],
+                        "speedup": best["images_per_s"] / direct[0]["images_per_s"]})
+    return out
+
+
+def run(args: argparse.Namespace) -> int:
+    import prestage
+
+    if args.grid_repeat is None:
+        args.grid_repeat = args.repeat
+    try:
+        modes = _check_modes(args)
+        with session(args, "bench") as (setup, info):
+            result: Dict[str, Any] = {
+                "argv": sys.argv[1:],
+                "machine": machine({"source": setup.source, "stage": setup.work_dir}),
+                "session": info,
+                "settings": {"batch_size": args.batch_size, "image_size": args.image_size,
+                             "transform": args.transform, "depth": args.depth, "compute_ms": args.compute_ms,
+                             "seed": args.seed, "cold": args.cold, "repeat": args.repeat,
+                             "batches": args.batches},
+                "grid": [], "grid_ratios": [], "headline": [], "ratios": [], "runs": [],
+            }
+            note(f"cold caches: {info['cache_method']}; {info['images_in_set']} images, "
+                 f"{info['mean_file_bytes'] / 1e3:.1f} KB on average")
+            prefetchers, readers, lookahead = args.prefetchers, args.readers, args.lookahead
+            if args.grid:
+                jobs = _grid_jobs(args, modes)
+                grid = run_jobs(setup, jobs, args.grid_batches, args.grid_repeat, "grid")
+                result["grid"] = grid
+                result["grid_ratios"] = _grid_ratios(grid)
+                best = max((s for s in grid if s["mode"] == "pipelined"),
+                           key=lambda s: s["images_per_s"], default=None)
+                if best is not None:
+                    prefetchers, readers, lookahead = best["prefetchers"], best["readers"], best["lookahead"]
+                    note(f"best grid point: prefetchers={prefetchers} readers={readers} "
+                         f"lookahead={lookahead} ({best['images_per_s']:.0f} images/s)")
+            result["chosen"] = {"prefetchers": prefetchers, "readers": readers, "lookahead": lookahead}
+            if not args.grid_only:
+                runs: Dict[str, List[Dict[str, Any]]] = {m: [] for m in modes}
+                for repeat in range(args.repeat):
+                    for mode in modes:
+                        r = run_mode(setup, mode, prefetchers, readers, lookahead, epoch=repeat,
+                                     batches=args.batches, workers=args.workers)
+                        runs[mode].append(r)
+                        result["runs"].append(r)
+                        if not args.quiet:
+                            note(f"  run {repeat + 1}/{args.repeat} {mode:<9} {r['seconds']:7.2f} s "
+                                 f"{r['images_per_s']:7.0f} images/s  stall {r['stall_s']:.2f} s")
+                headline = []
+                for mode in modes:
+                    s = summarize(Job(mode, prefetchers, readers, lookahead, args.workers), runs[mode])
+                    first = runs[mode][0]
+                    for key in ("options", "stages", "pfs", "cache", "hits", "misses", "pinned",
+                                "version", "index_s"):
+                        if key in first:
+                            s[key] = first[key]
+                    s["stages"] = _median_stages(runs[mode])
+                    s["seconds_all"] = [r["seconds"] for r in runs[mode]]
+                    s.pop("runs")
+                    headline.append(s)
+                result["headline"] = headline
+                result["ratios"] = report.ratios({s["mode"]: s for s in headline})
+            if args.out is not None:
+                _write_outputs(args, result)
+    except KeyboardInterrupt:
+        note("prestage bench: interrupted; the emulated PFS is unmounted and temporary files removed")
+        return 130
+    except (prestage.Error, ValueError, OSError, RuntimeError) as e:
+        note(f"prestage bench: {e}")
+        return 2
+    if args.json:
+        print(json.dumps(result, indent=1, default=str))
+    else:
+        print(format_result(result))
+    return 0
+
+
+def _median_stages(runs: List[Dict[str, Any]]) -> Optional[Dict[str, Any]]:
+    if not runs or not runs[0].get("stages"):
+        return None
+    return {name: {k: statistics.median(r["stages"][name][k] for r in runs) for k in ("busy_s", "idle_s")}
+            for name in runs[0]["stages"]}
+
+
+def _write_outputs(args: argparse.Namespace, result: Dict[str, Any]) -> None:
+    args.out.mkdir(parents=True, exist_ok=True)
+    chosen = result["chosen"]
+    batches = "whole epoch" if args.batches is None else f"{args.batches} batches"
+    try:
+        from prestage.bench.plots import plot_all
+
+        written = plot_all(args.out, result["grid"], result["headline"], chosen["readers"],
+                           chosen["prefetchers"], f"{args.grid_batches} batches of {args.batch_size}",
+                           f"{batches} of {args.batch_size}")
+        result["plots"] = [str(p) for p in written]
+    except ImportError:
+        note("prestage bench: no figures (matplotlib is not installed)")
+    (args.out / "results.json").write_text(json.dumps(result, indent=1, default=str) + "\n")
+
+
+def format_result(result: Dict[str, Any]) -> str:
+    info = result["session"]
+    m = result["machine"]
+    lines = [
+        f"machine   {m.get('cpu', '?')}, {m['cores']} cores, {m.get('memory_gib', '?')} GiB, "
+        f"Linux {m['kernel']}; source on {m.get('source_fs')}, stage directory on {m.get('stage_fs')}",
+        f"data      {info['images_in_set']} images, {info['mean_file_bytes'] / 1e3:.1f} KB mean, "
+        f"catalog built in {info['catalog_s']:.2f} s",
+    ]
+    if info["emulated"]:
+        e = info["emulator"]
+        lines.append(f"PFS       emulated: {e['latency_ms']:g} ms per operation, {e['bandwidth_mbs']:g} MB/s, "
+                     f"{e['max_ops']} operations at once")
+    else:
+        lines.append(f"PFS       {info['source']} as it is"
+                     + (f" (emulator unavailable: {info['emulator_error']})" if "emulator_error" in info
+                        else ""))
+    lines.append(f"caches    cold runs by {info['cache_method']}; ideal runs warm")
+    if result["grid"]:
+        lines += ["", "grid (median of each point's runs):", report.format_grid(result["grid"], limit=8)]
+        for g in result["grid_ratios"]:
+            lines.append(f"  readers={g['readers']}: pipelined (P={g['prefetchers']}, L={g['lookahead']}) "
+                         f"{g['pipelined_images_per_s']:.0f} images/s / direct {g['direct_images_per_s']:.0f}"
+                         f" = {g['speedup']:.2f}x")
+    if result["headline"]:
+        s = result["settings"]
+        what = "whole epoch" if s["batches"] is None else f"{s['batches']} batches"
+        lines += ["", f"full runs ({what}, median of {s['repeat']}):", report.format_table(result["headline"])]
+        if result["ratios"]:
+            lines += ["", report.format_ratios(result["ratios"])]
+    if result.get("plots"):
+        lines += ["", "figures: " + ", ".join(result["plots"])]
+    return "\n".join(lines)

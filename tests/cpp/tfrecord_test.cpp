@@ -1,0 +1,106 @@
+// Stage 3 TFRecord: CRC32C, record framing and the tf.train.Example reader.
+#include "decode/tfrecord.hpp"
+
+#include <doctest/doctest.h>
+
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "prestage/error.hpp"
+
+namespace {
+
+using prestage::DecodeError;
+using namespace prestage::detail;
+
+std::vector<std::byte> bytes(const std::string& s) {
+  std::vector<std::byte> out(s.size());
+  std::memcpy(out.data(), s.data(), s.size());
+  return out;
+}
+
+std::string varint(uint64_t v) {
+  std::string out;
+  do {
+    out += static_cast<char>((v & 0x7F) | (v > 0x7F ? 0x80 : 0));
+    v >>= 7;
+  } while (v);
+  return out;
+}
+
+std::string field(int number, const std::string& payload) {
+  return varint(static_cast<uint64_t>(number) << 3 | 2) + varint(payload.size()) + payload;
+}
+
+// Example { features { feature { key: k value { <list> } } } }
+std::string example(const std::string& key, int kind, const std::string& list) {
+  return field(1, field(1, field(1, key) + field(2, field(kind, list))));
+}
+
+std::vector<std::byte> frame(const std::vector<std::byte>& data) {
+  std::vector<std::byte> out(16 + data.size());
+  const uint64_t n = data.size();
+  std::memcpy(out.data(), &n, 8);
+  const uint32_t length_crc = masked_crc32c(std::span(out.data(), 8));
+  std::memcpy(out.data() + 8, &length_crc, 4);
+  std::memcpy(out.data() + 12, data.data(), data.size());
+  const uint32_t data_crc = masked_crc32c(data);
+  std::memcpy(out.data() + 12 + n, &data_crc, 4);
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("tfrecord: CRC-32C matches the standard check values") {
+  CHECK(crc32c(bytes("123456789")) == 0xE3069283u);  // RFC 3720's check value
+  CHECK(crc32c(bytes("")) == 0u);
+  CHECK(crc32c(std::vector<std::byte>(32, std::byte{0})) == 0x8A9136AAu);  // RFC 3720, B.4
+  const auto long_input = bytes(std::string(1000, 'a') + "tail");
+  CHECK(crc32c(std::span(long_input).subspan(500), crc32c(std::span(long_input).first(500))) == crc32c(long_input));
+}
+
+TEST_CASE("tfrecord: a framed record gives back its data, and any change is refused") {
+  const auto data = bytes("some record bytes");
+  const auto framed = frame(data);
+  const auto got = unframe_record(framed, "r.tfrecord");
+  CHECK(std::string(reinterpret_cast<const char*>(got.data()), got.size()) == "some record bytes");
+  for (const size_t at : {size_t{0}, size_t{9}, size_t{14}, framed.size() - 1}) {
+    CAPTURE(at);
+    auto bad = framed;
+    bad[at] ^= std::byte{1};
+    CHECK_THROWS_AS(unframe_record(bad, "r.tfrecord"), DecodeError);
+  }
+  CHECK_THROWS_AS(unframe_record(std::span(framed).first(framed.size() - 1), "r.tfrecord"), DecodeError);
+}
+
+TEST_CASE("tfrecord: Example features are found by name, int64 packed or not") {
+  const auto jpeg = bytes(example("image/encoded", 1, field(1, "JPEGDATA")));
+  std::span<const std::byte> value;
+  REQUIRE(example_bytes(jpeg, "image/encoded", value, "r"));
+  CHECK(value.size() == 8);
+  CHECK_FALSE(example_bytes(jpeg, "other", value, "r"));
+  int64_t label = 0;
+  CHECK_THROWS_AS(example_int64(jpeg, "image/encoded", label, "r"), DecodeError);  // a bytes_list
+
+  const auto packed = bytes(example("label", 3, field(1, varint(42) + varint(7))));
+  REQUIRE(example_int64(packed, "label", label, "r"));
+  CHECK(label == 42);
+  const auto unpacked = bytes(example("label", 3, varint(1 << 3) + varint(~uint64_t{0})));  // -1
+  REQUIRE(example_int64(unpacked, "label", label, "r"));
+  CHECK(label == -1);
+}
+
+TEST_CASE("tfrecord: malformed Examples are DecodeErrors, never crashes") {
+  const std::string good = example("image", 1, field(1, "abc"));
+  std::span<const std::byte> value;
+  for (size_t cut = 1; cut < good.size(); ++cut) {
+    const auto truncated = bytes(good.substr(0, cut));
+    try {
+      example_bytes(truncated, "image", value, "r");
+    } catch (const DecodeError&) {
+    }
+  }
+  CHECK_THROWS_AS(example_bytes(bytes(std::string("\x0b\x00", 2)), "image", value, "r"), DecodeError);  // group
+  CHECK_THROWS_AS(example_bytes(bytes(field(1, std::string("\x0a\xff", 2))), "image", value, "r"), DecodeError);
+}
