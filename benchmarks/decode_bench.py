@@ -26,24 +26,24 @@ import numpy as np
 
 import prestage
 
+# The PyTorch baseline runs in its own interpreter (torch may live in another environment) and times
+# one epoch each time it reads a line, so that its runs interleave with prestage's and share the
+# machine's conditions.
 TORCH_SCRIPT = r"""
-import json, statistics, sys, time
+import json, sys, time
 import torch
 from torchvision import datasets, transforms
-root, runs, workers, batch = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
-torch.set_num_threads(1)
+root, workers, batch = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 tf = transforms.Compose([transforms.RandomResizedCrop(224), transforms.RandomHorizontalFlip(),
                          transforms.PILToTensor()])
 loader = torch.utils.data.DataLoader(datasets.ImageFolder(root, transform=tf), batch_size=batch,
                                      shuffle=True, num_workers=workers, persistent_workers=True)
-rates = []
-for run in range(runs + 1):
+print(json.dumps({"torch": torch.__version__}), flush=True)
+for line in sys.stdin:
     start, n = time.perf_counter(), 0
     for images, labels in loader:
         n += images.shape[0]
-    if run:
-        rates.append(n / (time.perf_counter() - start))
-print(json.dumps({"runs": rates, "torch": torch.__version__}))
+    print(json.dumps({"rate": n / (time.perf_counter() - start)}), flush=True)
 """
 
 
@@ -55,22 +55,28 @@ def epoch_rate(loader) -> float:
 
 
 def median_rate(make_loader, runs: int) -> dict:
-    with make_loader() as loader:
-        epoch_rate(loader)  # warm-up: page cache, buffers, thread start
-        rates = [epoch_rate(loader) for _ in range(runs)]
+    """One epoch per new loader (a loader kept alive would decode the next epoch's first batches
+    between runs), after one warm-up epoch (page cache)."""
+
+    def once() -> float:
+        with make_loader() as loader:
+            return epoch_rate(loader)
+
+    once()
+    rates = [once() for _ in range(runs)]
     return {"median": statistics.median(rates), "runs": rates}
 
 
-def tjbench_limit(paths: list[Path]) -> dict:
-    """Decode-only images/s on one core: each image's frame rate from tjbench, combined as the rate of
-    decoding the whole sample once (n / sum of per-image times)."""
+def tjbench_limit(paths: list[Path]) -> float:
+    """Decode-only images/s on one core: each image's frame rate from tjbench (full decode to RGB),
+    combined as the rate of decoding the whole sample once (n / sum of per-image times)."""
     seconds = 0.0
     for p in paths:
-        out = subprocess.run(["tjbench", str(p), "-rgb", "-benchtime", "0.3", "-warmup", "0.1"],
+        out = subprocess.run(["tjbench", str(p), "-rgb", "-benchtime", "0.2", "-warmup", "0.05"],
                              capture_output=True, text=True, check=True).stdout
         fps = float(re.search(r"Decompress\s+--> Frame rate:\s+([\d.]+) fps", out).group(1))
         seconds += 1.0 / fps
-    return {"images": len(paths), "per_core": len(paths) / seconds}
+    return len(paths) / seconds
 
 
 def hdf5_cost(work: Path, runs: int) -> dict:
@@ -128,30 +134,56 @@ def main() -> int:
         "readers": args.readers, "batch_size": args.batch_size, "runs": args.runs,
     }
     common = dict(batch_size=args.batch_size, image_size=(224, 224), readers=args.readers, seed=0)
-    results["random_resized_crop"] = median_rate(
-        lambda: prestage.Loader(cat, transform="random-resized-crop", **common), args.runs)
     results["center_crop"] = median_rate(lambda: prestage.Loader(cat, **common), args.runs)
+
+    # The training path, tjbench and PyTorch in rounds: one run of each per round.
+    step = max(1, len(cat) // args.tjbench_images)
+    sample = [cat.source_path(i) for i in range(0, len(cat), step)][: args.tjbench_images]
+    torch = None
+    if args.torch_python:
+        torch = subprocess.Popen([args.torch_python, "-c", TORCH_SCRIPT, str(images), str(args.readers),
+                                  str(args.batch_size)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        results["pytorch_dataloader"] = {"torch": json.loads(torch.stdout.readline())["torch"],
+                                         "num_workers": args.readers, "runs": []}
+    rrc, limit, load = [], [], [os.getloadavg()[0]]
+    # A new loader per run (see median_rate), so that no run starts with batches decoded while the
+    # other contender ran.
+    def rrc_epoch() -> float:
+        with prestage.Loader(cat, transform="random-resized-crop", **common) as loader:
+            return epoch_rate(loader)
+
+    rrc_epoch()  # warm-up: page cache
+    if torch:
+        torch.stdin.write("warm-up\n")
+        torch.stdin.flush()
+        json.loads(torch.stdout.readline())
+    for _ in range(args.runs):
+        rrc.append(rrc_epoch())
+        if torch:
+            torch.stdin.write("run\n")
+            torch.stdin.flush()
+            results["pytorch_dataloader"]["runs"].append(json.loads(torch.stdout.readline())["rate"])
+        if shutil.which("tjbench"):
+            limit.append(tjbench_limit(sample))
+        load.append(os.getloadavg()[0])
+    if torch:
+        torch.stdin.close()
+        torch.wait()
+        results["pytorch_dataloader"]["median"] = statistics.median(results["pytorch_dataloader"]["runs"])
+    results["random_resized_crop"] = {"median": statistics.median(rrc), "runs": rrc}
+    if limit:
+        per_core = statistics.median(limit)
+        results["tjbench_decode_only"] = {"images": len(sample), "per_core_runs": limit,
+                                          "per_core": per_core, "readers": per_core * args.readers}
+    results["load_average_1min"] = load
     results["random_resized_crop_1_reader"] = median_rate(
         lambda: prestage.Loader(cat, transform="random-resized-crop", **{**common, "readers": 1}), args.runs)
 
-    if shutil.which("tjbench"):
-        step = max(1, len(cat) // args.tjbench_images)
-        sample = [cat.source_path(i) for i in range(0, len(cat), step)][: args.tjbench_images]
-        limit = tjbench_limit(sample)
-        limit["readers"] = limit["per_core"] * args.readers
-        results["tjbench_decode_only"] = limit
-    if args.torch_python:
-        out = subprocess.run([args.torch_python, "-c", TORCH_SCRIPT, str(images), str(args.runs),
-                              str(args.readers), str(args.batch_size)], capture_output=True, text=True,
-                             check=True).stdout
-        torch = json.loads(out.strip().splitlines()[-1])
-        results["pytorch_dataloader"] = {"median": statistics.median(torch["runs"]), "runs": torch["runs"],
-                                         "torch": torch["torch"], "num_workers": args.readers}
-    rrc = results["random_resized_crop"]["median"]
+    rate = results["random_resized_crop"]["median"]
     if "pytorch_dataloader" in results:
-        results["ratio_vs_pytorch"] = rrc / results["pytorch_dataloader"]["median"]
+        results["ratio_vs_pytorch"] = rate / results["pytorch_dataloader"]["median"]
     if "tjbench_decode_only" in results:
-        results["ratio_vs_decode_only"] = rrc / results["tjbench_decode_only"]["readers"]
+        results["ratio_vs_decode_only"] = rate / results["tjbench_decode_only"]["readers"]
     if not args.skip_hdf5:
         results["hdf5_serialisation"] = hdf5_cost(work / "arrays", args.runs)
 

@@ -12,10 +12,11 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 
 APT_PACKAGES=(build-essential cmake ninja-build pkg-config python3-venv python3-dev
-              libtbb-dev libturbojpeg0-dev libjpeg62-turbo-dev libzstd-dev zlib1g-dev libhdf5-dev doctest-dev)
+              libtbb-dev libturbojpeg0-dev libjpeg62-turbo-dev libzstd-dev zlib1g-dev libhdf5-dev doctest-dev
+              fuse3 libfuse3-dev)
 PIP_BUILD=(scikit-build-core pybind11 numpy)
-PIP_RUN=(pillow scikit-image tqdm)
-PIP_TEST=(pytest)
+PIP_RUN=(pillow scikit-image tqdm matplotlib)
+PIP_TEST=(pytest h5py zstandard torch==2.13.0 tensorflow-cpu)  # torch pinned: a range pulls a CUDA build
 JOBS=${JOBS:-$(nproc)}
 
 log() { printf '\033[1m== %s\033[0m\n' "$*" >&2; }
@@ -82,6 +83,14 @@ case "$cmd" in
     build_cpp_tests
     log "C++ tests"
     ctest --test-dir build/cpp --output-on-failure -j "$JOBS"
+    log "C++ example, built against the installed package"
+    rm -rf build/install
+    cmake --install build/cpp --prefix build/install >/dev/null
+    cmake -S examples/cpp -B build/example -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+          -DCMAKE_PREFIX_PATH="$root/build/install" >/dev/null
+    cmake --build build/example
+    .venv/bin/prestage synth build/example-data --images 48 --classes 3 --quiet --overwrite
+    build/example/prestage_example build/example-data --batch-size 16 --image-size 32 32 --epochs 2
     log "Python tests"
     .venv/bin/python -m pytest "$@"
     ;;

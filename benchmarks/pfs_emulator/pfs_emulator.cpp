@@ -1,9 +1,9 @@
 // prestage-pfs: a slow parallel file system on one machine, for benchmarks.
 //
 // A read-only FUSE pass-through of a local directory that makes every operation as slow as asked:
-// a latency per operation (open, read, getattr/lookup, readdir), an aggregate read-bandwidth cap and
-// a cap on concurrent operations (see throttle.hpp). Everything a benchmark compares reads through
-// it, so every loader meets the same slow storage. This file alone includes the libfuse3 headers.
+// a latency per operation (open, read, getattr/lookup, readdir), an aggregate read-bandwidth cap
+// and a cap on concurrent operations (see throttle.hpp). Everything a benchmark compares reads
+// through it, so every loader meets the same slow storage. This file alone includes libfuse3.
 //
 // The emulator's counters are readable, without any latency, as JSON from the hidden file
 // MOUNTPOINT/.prestage-pfs-stats (not listed in its directory).
@@ -21,6 +21,7 @@
 #include <sys/statvfs.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <csignal>
@@ -74,13 +75,15 @@ bool is_stats(const char* path) { return std::strcmp(path, kStatsPath) == 0; }
 std::string stats_json(const FileSystem& f) {
   const ThrottleCounters c = f.throttle->counters();
   const ThrottleConfig& t = f.throttle->config();
-  const double uptime = std::chrono::duration<double>(std::chrono::steady_clock::now() - f.started).count();
+  const double uptime =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - f.started).count();
   std::string ops, latency;
   for (size_t i = 0; i < kOpCount; ++i) {
     const char* name = op_name(static_cast<Op>(i));
     ops += std::string(i ? ", " : "") + "\"" + name + "\": " + std::to_string(c.ops[i]);
     char ms[64];
-    std::snprintf(ms, sizeof ms, "%s\"%s\": %.6g", i ? ", " : "", name, t.latency[i].count() * 1e-6);
+    std::snprintf(ms, sizeof ms, "%s\"%s\": %.6g", i ? ", " : "", name,
+                  t.latency[i].count() * 1e-6);
     latency += ms;
   }
   char tail[512];
@@ -110,7 +113,8 @@ void* op_init(fuse_conn_info* conn, fuse_config* cfg) {
   return &f;
 }
 
-int op_getattr(const char* path, struct stat* st, fuse_file_info* fi) {
+// By path even for an open file (fstat): fi->fh is a Handle for files but a DIR* for directories.
+int op_getattr(const char* path, struct stat* st, fuse_file_info*) {
   FileSystem& f = fs();
   if (is_stats(path)) {
     std::memset(st, 0, sizeof *st);
@@ -121,10 +125,7 @@ int op_getattr(const char* path, struct stat* st, fuse_file_info* fi) {
     return 0;
   }
   Throttle::Operation op(*f.throttle, Op::kGetattr);
-  const int rc = fi != nullptr && fi->fh != 0
-                     ? ::fstat(reinterpret_cast<Handle*>(fi->fh)->fd, st)
-                     : ::fstatat(f.root_fd, relative(path), st, AT_SYMLINK_NOFOLLOW);
-  return rc == 0 ? 0 : -errno;
+  return ::fstatat(f.root_fd, relative(path), st, AT_SYMLINK_NOFOLLOW) == 0 ? 0 : -errno;
 }
 
 int op_readlink(const char* path, char* buf, size_t size) {
@@ -154,10 +155,9 @@ int op_open(const char* path, fuse_file_info* fi) {
   return 0;
 }
 
-int op_read(const char* path, char* buf, size_t size, off_t offset, fuse_file_info* fi) {
+int op_read(const char*, char* buf, size_t size, off_t offset, fuse_file_info* fi) {
   Handle& h = *reinterpret_cast<Handle*>(fi->fh);
-  if (h.fd < 0) {
-    (void)path;
+  if (h.fd < 0) {  // the stats file
     if (offset < 0 || static_cast<size_t>(offset) >= h.text.size()) return 0;
     const size_t n = std::min(size, h.text.size() - static_cast<size_t>(offset));
     std::memcpy(buf, h.text.data() + offset, n);
@@ -266,7 +266,8 @@ bool parse_number(const char* text, double minimum, double* out) {
   char* end = nullptr;
   errno = 0;
   const double value = std::strtod(text, &end);
-  if (errno != 0 || end == text || *end != '\0' || !(value >= minimum) || value > 1e12) return false;
+  if (errno != 0 || end == text || *end != '\0') return false;
+  if (!(value >= minimum) || value > 1e12) return false;
   *out = value;
   return true;
 }
@@ -340,8 +341,8 @@ int parse_args(int argc, char** argv, Config* config) {
   }
   config->throttle.bytes_per_s = bandwidth * 1e6;
   config->throttle.max_ops = static_cast<unsigned>(max_ops);
-  config->threads = threads > 0 ? static_cast<unsigned>(threads)
-                                : (config->throttle.max_ops == 0 ? 64 : config->throttle.max_ops + 8);
+  const unsigned cap = config->throttle.max_ops;
+  config->threads = threads > 0 ? static_cast<unsigned>(threads) : (cap == 0 ? 64 : cap + 8);
   return 0;
 }
 

@@ -1,10 +1,10 @@
 // Throttle: the slowness of the emulated parallel file system, independent of FUSE.
 //
-// Every operation first waits for one of `max_ops` service slots (first come, first served: the queue
-// of a busy metadata or object server), then sleeps its latency (the round trip of one RPC). A read
-// then waits for its turn on one shared link of `bytes_per_s`: transfers are served back to back, so
-// the aggregate rate never exceeds the cap, whatever the number of readers. The slot is held until
-// the operation completes.
+// Every operation first waits for one of `max_ops` service slots (first come, first served: the
+// queue of a busy metadata or object server), then sleeps its latency (the round trip of one RPC).
+// A read then waits for its turn on one shared link of `bytes_per_s`: transfers are served back to
+// back, so the aggregate rate never exceeds the cap, whatever the number of readers. The slot is
+// held until the operation completes.
 //
 // Thread-safety: every member function may be called from any number of threads at once.
 #pragma once

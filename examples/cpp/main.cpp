@@ -98,7 +98,8 @@ int main(int argc, char** argv) {
       while (std::optional<prestage::Batch> batch = loader.next()) {
         const auto shape = batch->shape();
         if (batch->index() < 2 || batch->index() + 1 == loader.batches_per_epoch()) {
-          std::printf("epoch %llu batch %llu: images uint8 [%zu, %zu, %zu, %zu] (NHWC), labels [%zu]%s\n",
+          std::printf("epoch %llu batch %llu: images uint8 [%zu, %zu, %zu, %zu] (NHWC), "
+                      "labels [%zu]%s\n",
                       static_cast<unsigned long long>(epoch),
                       static_cast<unsigned long long>(batch->index()), shape[0], shape[1], shape[2],
                       shape[3], batch->labels().size(), batch->pinned() ? ", pinned" : "");
@@ -110,7 +111,8 @@ int main(int argc, char** argv) {
           std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
       std::printf("epoch %llu: %llu images in %.2f s, %.0f images/s (label sum %lld)\n",
                   static_cast<unsigned long long>(epoch), static_cast<unsigned long long>(images),
-                  seconds, static_cast<double>(images) / seconds, static_cast<long long>(label_sum));
+                  seconds, static_cast<double>(images) / seconds,
+                  static_cast<long long>(label_sum));
     }
     const prestage::Stats stats = loader.stats();
     std::printf("consumer stall %.2f s; decode busy %.2f s; stage hits %llu, misses %llu\n",

@@ -4,7 +4,7 @@
 >>> catalog = prestage.Catalog.from_folder("/pfs/imagenet/train")
 >>> train = prestage.tf.dataset(catalog, batch_size=256, image_size=(224, 224),
 ...                             stage_dir="/local/ssd/stage")
->>> model.fit(train, epochs=90)      # each pass over the dataset is the loader's next epoch
+>>> model.fit(train, epochs=90, shuffle=False)   # each pass is the loader's next epoch (a new shuffle)
 
 ``import prestage`` does not import TensorFlow; ``import prestage.tf`` does.
 """
@@ -37,9 +37,16 @@ def dataset(
     shuffle: bool = True,
     seed: int = 0,
     drop_last: bool = False,
+    transform: str = "center-crop",
+    layout: str = "NHWC",
+    dtype: str = "uint8",
+    mean: Tuple[float, float, float] = (0.0, 0.0, 0.0),
+    std: Tuple[float, float, float] = (1.0, 1.0, 1.0),
     rank: int = 0,
     world_size: int = 1,
     stage_dir: Union[str, os.PathLike, None] = None,
+    cache_bytes: int = 0,
+    eviction: str = "clairvoyant",
     prefetchers: int = 4,
     readers: int = 2,
     lookahead: int = 4,
@@ -49,8 +56,9 @@ def dataset(
 ) -> tf.data.Dataset:
     """A ``tf.data.Dataset`` of ``(images, labels)`` batches: the batches of :class:`prestage.Loader`.
 
-    Elements are ``images`` uint8 ``(N, H, W, 3)`` (NHWC, Keras's ``channels_last``) and ``labels`` int64
-    ``(N,)``, in the order the NumPy loader with the same arguments gives. The ``output_signature`` is complete:
+    Elements are ``images`` ``(N, H, W, 3)`` (``layout="NHWC"``, Keras's ``channels_last``; or ``"NCHW"``),
+    uint8 or normalised float32 (``dtype``), and ``labels`` int64 ``(N,)``: the batches the NumPy loader
+    gives with the same arguments, in the same order. The ``output_signature`` is complete:
     ``H`` and ``W`` come from ``image_size`` (or, when it is ``None``, from the first image's JPEG header);
     the batch dimension is ``batch_size`` when every batch is full (``drop_last=True``, or the rank's share
     of the set is a multiple of ``batch_size``), else ``None``. The cardinality is the number of batches
@@ -59,11 +67,13 @@ def dataset(
 
     Copies: one per batch, from the loader's page-locked buffer into memory that TensorFlow then owns
     (aligned so that TensorFlow takes it without a second copy); the buffer goes back to the loader's
-    ring at once, so ``.prefetch()`` and Keras may hold as many elements as they like. Scale, normalise and
-    augment on the device, in the model (``keras.layers.Rescaling(1 / 255)``) or with ``.map()``.
+    ring at once, so ``.prefetch()`` and Keras may hold as many elements as they like.
 
-    Args: as :class:`prestage.Loader`; ``rank``/``world_size`` give this worker its slice of every global
-    batch (all workers get the same number of batches).
+    Keras's own ``shuffle`` does not apply (the order is prestage's global shuffle): pass ``shuffle=False``
+    to ``model.fit`` to silence its warning.
+
+    Args: as :class:`prestage.Loader` (``dtype`` and ``layout`` as strings); ``rank``/``world_size`` give
+    this worker its slice of every global batch (all workers get the same number of batches).
 
     Raises:
         prestage.ConfigError: an invalid option.
@@ -74,9 +84,10 @@ def dataset(
      TensorSpec(shape=(None,), dtype=tf.int64, name='labels'))
     """
     loader = Loader(catalog, batch_size, image_size=image_size, shuffle=shuffle, seed=seed,
-                    stage_dir=stage_dir, prefetchers=prefetchers, readers=readers, lookahead=lookahead,
-                    depth=depth, rank=rank, world_size=world_size, drop_last=drop_last, decode="jpeg",
-                    max_pixels=max_pixels, tuned=tuned)
+                    stage_dir=stage_dir, cache_bytes=cache_bytes, eviction=eviction,
+                    prefetchers=prefetchers, readers=readers, lookahead=lookahead, depth=depth, rank=rank,
+                    world_size=world_size, drop_last=drop_last, decode="jpeg", max_pixels=max_pixels,
+                    transform=transform, layout=layout, dtype=dtype, mean=mean, std=std, tuned=tuned)
     if image_size is not None:
         height, width = image_size
     else:
@@ -84,7 +95,8 @@ def dataset(
     per_rank = math.ceil(len(catalog) / world_size)
     full = drop_last or per_rank % batch_size == 0
     n = batch_size if full else None
-    signature = (tf.TensorSpec((n, height, width, 3), tf.uint8, name="images"),
+    shape = (n, 3, height, width) if layout == "NCHW" else (n, height, width, 3)
+    signature = (tf.TensorSpec(shape, tf.as_dtype(dtype), name="images"),
                  tf.TensorSpec((n,), tf.int64, name="labels"))
 
     def batches() -> Iterator[Tuple[np.ndarray, np.ndarray]]:

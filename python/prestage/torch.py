@@ -12,14 +12,10 @@
 ...         ...
 ...         checkpoint = {"model": model.state_dict(), "loader": loader.state_dict()}
 
-Copies. With ``dtype=torch.uint8`` (the default) the tensors are views of the loader's page-locked batch
-buffer: ``torch.from_numpy`` on the batch's arrays, no copy. The buffer goes back to the loader's ring when
-both tensors (and every view of them) have been collected, so hold them only for the step that uses them.
-``layout="NCHW"`` is then a ``permute`` of the NHWC buffer: still no copy, but not contiguous in NCHW order;
-it *is* contiguous in ``torch.channels_last`` memory format, which convolutions take as it is. Call
-``.contiguous()`` for a plain NCHW tensor (a copy). ``dtype=torch.float32`` converts (and normalises) with a
-torch operation into a new tensor: one copy, into page-locked memory when CUDA is available, and the batch
-buffer goes back to the ring at once.
+Copies: none. The core decodes straight into the layout and dtype asked for (uint8 or normalised float32,
+NCHW or NHWC) in a page-locked batch buffer of its ring, and the tensors are ``torch.from_numpy`` views of
+it. The buffer goes back to the ring when both tensors (and every view of them) have been collected, so hold
+them only for the step that uses them; ``.clone()`` what must outlive it.
 
 Host-to-device copies. ``images.to("cuda", non_blocking=True)`` may still be reading the batch buffer when it
 returns. When CUDA is in use, the loader keeps each batch lent until the copies enqueued on the current CUDA
@@ -57,9 +53,10 @@ _DATALOADER_ONLY = {
     "batch_sampler": "the batches are prestage's plan: use batch_size=, shuffle=, seed=, drop_last=",
     "generator": "use seed=",
     "collate_fn": "batches come out collated as (images, labels); transform the yielded tensors instead",
+    "pin_memory": "the batch buffers are page-locked already (stats()['pinned'] says whether the system "
+                  "allowed it)",
 }
 
-_Layout = str
 _DType = Union[torch.dtype, str]
 
 
@@ -94,47 +91,11 @@ def _env_int(name: str) -> int:
         raise ConfigError(f"environment variable {name}={text!r} is not an integer") from None
 
 
-class _Output:
-    """What a batch becomes: the layout, dtype and normalisation of the images.
-
-    The C++ core decodes to uint8 NHWC; the other forms are made here with torch operations. These options
-    mirror the ones the core is to take natively, which will then replace the conversion below.
-    """
-
-    def __init__(self, layout: _Layout, dtype: _DType, mean: Any, std: Any, pin_memory: bool) -> None:
-        if layout not in ("NCHW", "NHWC"):
-            raise ConfigError(f"layout must be 'NCHW' or 'NHWC', got {layout!r}")
-        dtypes = {"uint8": torch.uint8, "float32": torch.float32, torch.uint8: torch.uint8,
-                  torch.float32: torch.float32}
-        if not isinstance(dtype, (str, torch.dtype)) or dtype not in dtypes:
-            raise ConfigError(f"dtype must be torch.uint8 or torch.float32, got {dtype!r}")
-        self.layout = layout
-        self.dtype = dtypes[dtype]
-        if self.dtype == torch.uint8 and (mean is not None or std is not None):
-            raise ConfigError("mean and std need dtype=torch.float32 (uint8 images are not normalised)")
-        self.mean = _channels("mean", 0.0 if mean is None else mean)
-        self.std = _channels("std", 1.0 if std is None else std)
-        if any(s <= 0 for s in self.std):
-            raise ConfigError(f"std must be positive, got {std!r}")
-        self.pin_memory = bool(pin_memory)
-        self.zero_copy = self.dtype == torch.uint8
-        # (x / 255 - mean) / std, as torchvision's ToTensor + Normalize, in one pass: x * scale + shift.
-        self._scale = torch.tensor([1.0 / (255.0 * s) for s in self.std], dtype=torch.float32)
-        self._shift = torch.tensor([-m / s for m, s in zip(self.mean, self.std)], dtype=torch.float32)
-
-    def convert(self, batch: _core.Batch) -> Tuple[torch.Tensor, torch.Tensor]:
-        images = torch.from_numpy(batch.images)  # (N, H, W, 3) uint8, a view of the batch buffer
-        labels = torch.from_numpy(batch.labels)
-        if self.zero_copy:
-            return (images.permute(0, 3, 1, 2) if self.layout == "NCHW" else images), labels
-        n, h, w, c = images.shape
-        shape = (n, c, h, w) if self.layout == "NCHW" else (n, h, w, c)
-        pin = self.pin_memory and torch.cuda.is_available()
-        out = torch.empty(shape, dtype=self.dtype, pin_memory=pin)
-        view = out.permute(0, 2, 3, 1) if self.layout == "NCHW" else out  # NHWC view of `out`
-        view.copy_(images)
-        view.mul_(self._scale).add_(self._shift)  # per channel: the last dimension of the NHWC view
-        return out, labels.clone()  # the clone lets the batch buffer go back to the ring now
+def _dtype_name(dtype: _DType) -> str:
+    names = {"uint8": "uint8", "float32": "float32", torch.uint8: "uint8", torch.float32: "float32"}
+    if not isinstance(dtype, (str, torch.dtype)) or dtype not in names:
+        raise ConfigError(f"dtype must be torch.uint8 or torch.float32, got {dtype!r}")
+    return names[dtype]
 
 
 def _channels(name: str, value: Any) -> Tuple[float, float, float]:
@@ -144,18 +105,14 @@ def _channels(name: str, value: Any) -> Tuple[float, float, float]:
     return tuple(float(v) for v in values)  # type: ignore[return-value]
 
 
-def as_tensors(batch: _core.Batch, layout: _Layout = "NCHW", dtype: _DType = torch.uint8,
-               mean: Any = None, std: Any = None,
-               pin_memory: bool = True) -> Tuple[torch.Tensor, torch.Tensor]:
-    """``(images, labels)`` tensors of a :class:`prestage.Batch` from :class:`prestage.Loader`.
-
-    Takes the options of :class:`Loader`. With ``dtype=torch.uint8`` both tensors view the batch buffer
-    (no copy; the buffer stays lent while they live); ``torch.float32`` is a converted copy.
+def as_tensors(batch: _core.Batch) -> Tuple[torch.Tensor, torch.Tensor]:
+    """``(images, labels)`` tensors viewing a :class:`prestage.Batch` of :class:`prestage.Loader`: no copy;
+    the batch's buffer stays lent while they live. Layout and dtype are the loader's.
 
     >>> for batch in numpy_loader:
-    ...     images, labels = prestage.torch.as_tensors(batch)    # uint8 (N, 3, H, W), int64 (N,)
+    ...     images, labels = prestage.torch.as_tensors(batch)
     """
-    return _Output(layout, dtype, mean, std, pin_memory).convert(batch)
+    return torch.from_numpy(batch.images), torch.from_numpy(batch.labels)
 
 
 def _cuda_in_use() -> bool:
@@ -210,11 +167,11 @@ class _LentUntilCopied:
 class Loader(torch.utils.data.IterableDataset):
     """:class:`prestage.Loader` yielding ``(images, labels)`` torch tensors, ready for DDP.
 
-    Iterating gives one epoch: ``images`` uint8 ``(N, 3, H, W)`` (``layout="NCHW"``, the default) or
-    ``(N, H, W, 3)`` (``"NHWC"``), or float32 with ``dtype=torch.float32``; ``labels`` int64 ``(N,)``. See the
-    module docstring for when a copy happens. ``len(loader)`` is the number of batches per epoch. Each
-    completed epoch advances the epoch (and so the shuffle); ``set_epoch(e)`` picks one, as with
-    ``DistributedSampler``.
+    Iterating gives one epoch: ``images`` ``(N, 3, H, W)`` (``layout="NCHW"``, the default) or
+    ``(N, H, W, 3)`` (``"NHWC"``), uint8 or normalised float32 (``dtype``); ``labels`` int64 ``(N,)``. Both
+    are views of the loader's page-locked batch buffer (no copy: see the module docstring). ``len(loader)``
+    is the number of batches per epoch. Each completed epoch advances the epoch (and so the shuffle);
+    ``set_epoch(e)`` picks one, as with ``DistributedSampler``.
 
     Distributed training: ``rank`` and ``world_size`` default to ``torch.distributed``'s when it is
     initialised, else to ``RANK`` / ``WORLD_SIZE`` (:func:`distributed_rank`). All ranks must use the same
@@ -229,25 +186,25 @@ class Loader(torch.utils.data.IterableDataset):
     ``prefetchers``, ``lookahead`` and ``depth`` are now.
 
     It is also a ``torch.utils.data.IterableDataset``: ``DataLoader(loader, batch_size=None)`` (with
-    ``num_workers=0``, the default) yields the same batches, without a copy (and without ``pin_memory=True``,
-    which would copy each batch: the buffers are page-locked already).
+    ``num_workers=0``, the default) yields the same batches, without a copy. (``pin_memory=True`` there would
+    copy every batch into another page-locked buffer: leave it out.)
 
     Args:
         catalog: the samples (:class:`prestage.Catalog`).
         batch_size: samples per batch on this rank.
-        image_size: ``(height, width)``: resize the shorter side to cover it, then centre-crop; ``None``:
-            every image must have the size of the first.
+        image_size: ``(height, width)`` of the output; ``None``: every image must have the size of the
+            first.
         shuffle, seed, drop_last: as for ``DataLoader`` / ``DistributedSampler``; the same ``seed`` gives
-            the same batches on any machine, rank layout aside.
-        layout: ``"NCHW"`` (PyTorch's convention; a zero-copy view for uint8) or ``"NHWC"``.
-        dtype: ``torch.uint8`` (zero copy) or ``torch.float32`` (``x / 255``, then ``(x - mean) / std``;
-            a copy).
-        mean, std: per-channel (R, G, B) or scalar, on the 0-1 scale as torchvision's ``Normalize``, e.g.
-            ``mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225)``; float32 only.
-        pin_memory: float32 output goes to page-locked memory when CUDA is available (uint8 output is
-            always in the loader's page-locked buffers).
+            the same batches on any machine.
+        transform: ``"center-crop"`` (torchvision ``Resize`` + ``CenterCrop``: evaluation) or
+            ``"random-resized-crop"`` (``RandomResizedCrop`` + ``RandomHorizontalFlip``: training; drawn
+            from seed, epoch and sample, so a resumed run gets the same pixels).
+        layout: ``"NCHW"`` (PyTorch's convention) or ``"NHWC"``; either is contiguous.
+        dtype: ``torch.uint8``, or ``torch.float32``: ``(x / 255 - mean) / std``.
+        mean, std: per channel (R, G, B) or one number, on the 0-1 scale as torchvision's ``Normalize``
+            (e.g. ``mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225)``); float32 only.
         rank, world_size: this process's place among the data-parallel ranks (see above).
-        stage_dir, prefetchers, readers, lookahead, depth, max_pixels, tuned: as for
+        stage_dir, cache_bytes, eviction, prefetchers, readers, lookahead, depth, max_pixels, tuned: as for
             :class:`prestage.Loader`.
 
     Raises:
@@ -255,8 +212,8 @@ class Loader(torch.utils.data.IterableDataset):
             says what to use instead).
 
     >>> loader = prestage.torch.Loader(catalog, batch_size=128, image_size=(224, 224),
-    ...                                dtype=torch.float32, mean=(0.485, 0.456, 0.406),
-    ...                                std=(0.229, 0.224, 0.225))
+    ...                                transform="random-resized-crop", dtype=torch.float32,
+    ...                                mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225))
     >>> images, labels = next(iter(loader))
     >>> images.shape, images.dtype
     (torch.Size([128, 3, 224, 224]), torch.float32)
@@ -271,14 +228,16 @@ class Loader(torch.utils.data.IterableDataset):
         shuffle: bool = True,
         seed: int = 0,
         drop_last: bool = False,
-        layout: _Layout = "NCHW",
+        transform: str = "center-crop",
+        layout: str = "NCHW",
         dtype: _DType = torch.uint8,
         mean: Union[float, Sequence[float], None] = None,
         std: Union[float, Sequence[float], None] = None,
-        pin_memory: bool = True,
         rank: Optional[int] = None,
         world_size: Optional[int] = None,
         stage_dir: Union[str, os.PathLike, None] = None,
+        cache_bytes: int = 0,
+        eviction: str = "clairvoyant",
         prefetchers: int = 4,
         readers: int = 2,
         lookahead: int = 4,
@@ -290,18 +249,25 @@ class Loader(torch.utils.data.IterableDataset):
         super().__init__()
         for name in dataloader_keywords:
             if name in _DATALOADER_ONLY:
-                raise ConfigError(f"{name}= is a DataLoader option with no meaning for prestage.torch.Loader: "
-                                  f"{_DATALOADER_ONLY[name]}")
+                raise ConfigError(f"{name}= is a DataLoader option with no meaning for "
+                                  f"prestage.torch.Loader: {_DATALOADER_ONLY[name]}")
             raise TypeError(f"Loader() got an unexpected keyword argument {name!r}")
-        self._output = _Output(layout, dtype, mean, std, pin_memory)
+        dtype_name = _dtype_name(dtype)
+        if dtype_name == "uint8" and (mean is not None or std is not None):
+            raise ConfigError("mean and std need dtype=torch.float32 (uint8 images are not normalised)")
+        mean3 = _channels("mean", 0.0 if mean is None else mean)
+        std3 = _channels("std", 1.0 if std is None else std)
+        if any(s <= 0 for s in std3):
+            raise ConfigError(f"std must be positive, got {std!r}")
         self._rank, self._world_size = distributed_rank(rank, world_size)
         self._loader = _NumpyLoader(
             catalog, batch_size, image_size=image_size, shuffle=shuffle, seed=seed, stage_dir=stage_dir,
-            prefetchers=prefetchers, readers=readers, lookahead=lookahead, depth=depth, rank=self._rank,
-            world_size=self._world_size, drop_last=drop_last, decode="jpeg", max_pixels=max_pixels,
-            tuned=tuned)
-        depth = self._loader._options.depth  # after `tuned`
-        self._lent = _LentUntilCopied(limit=max(0, depth - 1)) if self._output.zero_copy else None
+            cache_bytes=cache_bytes, eviction=eviction, prefetchers=prefetchers, readers=readers,
+            lookahead=lookahead, depth=depth, rank=self._rank, world_size=self._world_size,
+            drop_last=drop_last, decode="jpeg", max_pixels=max_pixels, transform=transform, layout=layout,
+            dtype=dtype_name, mean=mean3, std=std3, tuned=tuned)
+        self._layout, self._dtype = layout, dtype_name
+        self._lent = _LentUntilCopied(limit=max(0, self._loader._options.depth - 1))  # depth after `tuned`
 
     @property
     def rank(self) -> int:
@@ -321,14 +287,16 @@ class Loader(torch.utils.data.IterableDataset):
         return len(self._loader)
 
     def set_epoch(self, epoch: int) -> None:
-        """Chooses the epoch (and so the shuffle) of the next iteration, as ``DistributedSampler.set_epoch``."""
+        """Chooses the epoch (and so the shuffle) of the next iteration, as
+        ``DistributedSampler.set_epoch``."""
         self._loader.set_epoch(epoch)
 
     def __iter__(self) -> Iterator[Tuple[torch.Tensor, torch.Tensor]]:
         if torch.utils.data.get_worker_info() is not None:
             raise ConfigError("prestage.torch.Loader must be iterated in the process that made it: use "
-                              "DataLoader(loader, batch_size=None) with num_workers=0 (its threads do the work)")
-        return _Epoch(self, iter(self._loader))
+                              "DataLoader(loader, batch_size=None) with num_workers=0 (its threads do "
+                              "the work)")
+        return _Epoch(self._lent, iter(self._loader))
 
     def state_dict(self) -> Dict[str, Any]:
         """Where the loader is (epoch, batches delivered, and the plan's parameters): a dict of plain
@@ -347,8 +315,7 @@ class Loader(torch.utils.data.IterableDataset):
 
     def close(self) -> None:
         """Waits for device copies from lent batches, then stops the loader's threads. Idempotent."""
-        if self._lent is not None:
-            self._lent.drain()
+        self._lent.drain()
         self._loader.close()
 
     def __enter__(self) -> "Loader":
@@ -362,27 +329,24 @@ class Loader(torch.utils.data.IterableDataset):
                           "buffers live in this one): iterate it here, with DataLoader num_workers=0")
 
     def __repr__(self) -> str:
-        o = self._loader._options
-        return (f"prestage.torch.Loader(batch_size={o.batch_size}, rank={self._rank}, "
-                f"world_size={self._world_size}, batches={len(self)}, layout={self._output.layout!r}, "
-                f"dtype={self._output.dtype})")
+        return (f"prestage.torch.Loader(batch_size={self._loader._options.batch_size}, rank={self._rank}, "
+                f"world_size={self._world_size}, batches={len(self)}, layout={self._layout!r}, "
+                f"dtype={self._dtype!r})")
 
 
 class _Epoch:
-    """One epoch of ``(images, labels)``. An error of one batch is raised at that batch; iteration can go on."""
+    """One epoch of ``(images, labels)``. An error of one batch is raised at that batch; iteration can go
+    on."""
 
-    def __init__(self, owner: Loader, batches: Iterator[_core.Batch]) -> None:
-        self._owner = owner
+    def __init__(self, lent: _LentUntilCopied, batches: Iterator[_core.Batch]) -> None:
+        self._lent = lent
         self._batches = batches
 
     def __iter__(self) -> "_Epoch":
         return self
 
     def __next__(self) -> Tuple[torch.Tensor, torch.Tensor]:
-        lent = self._owner._lent
-        if lent is not None:
-            lent.next_requested()
-        tensors = self._owner._output.convert(next(self._batches))
-        if lent is not None:
-            lent.yielded(tensors)
+        self._lent.next_requested()
+        tensors = as_tensors(next(self._batches))
+        self._lent.yielded(tensors)
         return tensors

@@ -57,6 +57,7 @@ py::dict stats_dict(const Stats& s) {
   d["stage"] = stage_dict(s.stage);
   d["decode"] = stage_dict(s.decode);
   d["staged_files"] = s.staged_files;
+  d["adopted_files"] = s.adopted_files;
   d["already_staged"] = s.already_staged;
   d["stage_failures"] = s.stage_failures;
   d["stage_dir_disabled"] = s.stage_dir_disabled;

@@ -374,3 +374,102 @@ TEST_CASE("jpeg: a decoder reused across sizes and errors gives the same pixels 
   CHECK(resized_again == decode_resized(fresh, small, 64, 48));
   CHECK(exact_again == decode(fresh, small, 90, 70));
 }
+
+TEST_CASE("jpeg: decode_crop without DCT scaling equals a full decode, cropped, then resized") {
+  const int w = 300;
+  const int h = 200;
+  JpegDecoder decoder(kDefaultMaxPixels);
+  for (const int subsampling : {TJSAMP_420, TJSAMP_444, TJSAMP_GRAY}) {
+    CAPTURE(subsampling);
+    const std::vector<uint8_t> rgb = smooth_rgb(w, h);
+    const Bytes jpeg = subsampling == TJSAMP_GRAY
+                           ? encode(std::vector<uint8_t>(rgb.begin(), rgb.begin() + w * h), w, h, TJPF_GRAY,
+                                    TJSAMP_GRAY)
+                           : encode_rgb(w, h, subsampling);
+    const std::vector<uint8_t> full = decode(decoder, jpeg, w, h);
+    for (const prestage::detail::CropBox box :
+         // Each box is less than twice the 48 x 40 output along one side, so no DCT scaling applies.
+         {prestage::detail::CropBox{0, 0, 79, 300, false}, prestage::detail::CropBox{17, 33, 60, 95, true},
+          prestage::detail::CropBox{150, 250, 50, 50, false}, prestage::detail::CropBox{1, 2, 63, 47, true},
+          prestage::detail::CropBox{121, 204, 79, 96, false}}) {
+      CAPTURE(box.top);
+      CAPTURE(box.left);
+      std::vector<uint8_t> out(48 * 40 * 3);
+      decoder.decode_crop(jpeg, box, ImageSize{40, 48}, std::as_writable_bytes(std::span(out)), "a.jpg");
+      std::vector<uint8_t> expected(out.size());
+      prestage::detail::ResizeScratch scratch;
+      const uint8_t* corner = full.data() + (static_cast<size_t>(box.top) * w + box.left) * 3;
+      prestage::detail::resize_rgb(corner, box.width, box.height, static_cast<size_t>(w) * 3, 0, 0, box.width,
+                                   box.height, expected.data(), 48, 40, 48 * 3, scratch);
+      if (box.flip) {
+        for (int y = 0; y < 40; ++y) {
+          for (int a = 0, b = 47; a < b; ++a, --b) {
+            std::swap_ranges(&expected[(y * 48 + a) * 3], &expected[(y * 48 + a) * 3 + 3], &expected[(y * 48 + b) * 3]);
+          }
+        }
+      }
+      CHECK(out == expected);
+    }
+  }
+}
+
+TEST_CASE("jpeg: decode_crop with DCT scaling stays close to a full decode, cropped, then resized") {
+  const int w = 1200;
+  const int h = 900;
+  const Bytes jpeg = encode_rgb(w, h, TJSAMP_420, 90);
+  JpegDecoder decoder(kDefaultMaxPixels);
+  const std::vector<uint8_t> full = decode(decoder, jpeg, w, h);
+  // 8x, 4x and 2x the 64 x 64 output: decoded at 1/8, 1/4 and 1/2.
+  for (const int side : {512, 300, 150}) {
+    CAPTURE(side);
+    const prestage::detail::CropBox box{101, 333, side, side, false};
+    std::vector<uint8_t> out(64 * 64 * 3);
+    decoder.decode_crop(jpeg, box, ImageSize{64, 64}, std::as_writable_bytes(std::span(out)), "a.jpg");
+    std::vector<uint8_t> expected(out.size());
+    prestage::detail::ResizeScratch scratch;
+    prestage::detail::resize_rgb(full.data() + (static_cast<size_t>(box.top) * w + box.left) * 3, side, side,
+                                 static_cast<size_t>(w) * 3, 0, 0, side, side, expected.data(), 64, 64, 64 * 3,
+                                 scratch);
+    CHECK(mean_abs_diff(out, expected) < 3.0);
+  }
+}
+
+TEST_CASE("jpeg: decode_random_crop draws its box from (seed, epoch, index) and the image size") {
+  const Bytes jpeg = encode_rgb(500, 375);
+  JpegDecoder decoder(kDefaultMaxPixels);
+  std::vector<std::byte> a(224 * 224 * 3), b(224 * 224 * 3);
+  const auto box = decoder.decode_random_crop(jpeg, ImageSize{224, 224}, 1, 2, 3, a, "a.jpg");
+  const auto expected = prestage::detail::random_resized_crop(1, 2, 3, 375, 500);
+  CHECK(box.top == expected.top);
+  CHECK(box.width == expected.width);
+  decoder.decode_random_crop(jpeg, ImageSize{224, 224}, 1, 2, 3, b, "a.jpg");
+  CHECK(a == b);
+}
+
+TEST_CASE("jpeg: the crop path refuses truncated, corrupt, foreign and oversized data") {
+  const Bytes jpeg = encode_rgb(256, 192);
+  JpegDecoder decoder(kDefaultMaxPixels);
+  std::vector<std::byte> out(32 * 32 * 3);
+  const prestage::detail::CropBox top_rows{0, 0, 32, 32, false};  // before any truncation point
+  CHECK_THROWS_AS(decoder.decode_crop(Bytes(jpeg.begin(), jpeg.end() - 2), top_rows, ImageSize{32, 32}, out, "a.jpg"),
+                  DecodeError);
+  CHECK_THROWS_AS(decoder.decode_crop(Bytes(jpeg.begin(), jpeg.begin() + 200), top_rows, ImageSize{32, 32}, out, "a.jpg"),
+                  DecodeError);
+  CHECK_THROWS_AS(decoder.decode_crop(text_bytes("not a jpeg at all"), top_rows, ImageSize{32, 32}, out, "a.jpg"),
+                  DecodeError);
+  Bytes bomb = jpeg;
+  const size_t sof = find_marker(bomb, 0xC0);
+  for (const size_t field : {sof + 3, sof + 5}) {
+    bomb[field] = std::byte{60000 >> 8};
+    bomb[field + 1] = std::byte{60000 & 0xFF};
+  }
+  CHECK_THROWS_AS(decoder.decode_random_crop(bomb, ImageSize{32, 32}, 0, 0, 0, out, "a.jpg"), DecodeError);
+  Bytes flipped = jpeg;
+  const size_t sos = find_marker(flipped, 0xDA);
+  for (size_t i = sos + 20; i < flipped.size() - 2; ++i) flipped[i] ^= std::byte{0xFF};
+  CHECK_THROWS_AS(decoder.decode_crop(flipped, prestage::detail::CropBox{0, 0, 192, 256, false}, ImageSize{32, 32},
+                                      out, "a.jpg"),
+                  DecodeError);
+  // The decoder is still usable.
+  CHECK_NOTHROW(decoder.decode_crop(jpeg, top_rows, ImageSize{32, 32}, out, "a.jpg"));
+}

@@ -273,7 +273,7 @@ TEST_CASE("loader: options are checked at construction, naming the option") {
   };
   bad([](LoaderOptions& o) { o.batch_size = 0; });
   bad([](LoaderOptions& o) { o.readers = 0; });
-  bad([](LoaderOptions& o) { o.depth = 0; });
+  bad([](LoaderOptions& o) { o.depth = 1; });  // a loop holds one batch while asking for the next
   bad([](LoaderOptions& o) { o.rank = 2, o.world_size = 2; });
   bad([](LoaderOptions& o) { o.image_size = {0, 5}; });
   bad([](LoaderOptions& o) { o.batch_size = 5, o.drop_last = true; });  // no whole batch
@@ -324,9 +324,9 @@ TEST_CASE("loader: a bounded stage directory never holds more than its bound and
     CAPTURE(threads);
     for (auto eviction : {prestage::Eviction::kClairvoyant, prestage::Eviction::kLru}) {
       LoaderOptions o = options(2, (dir / ("stage" + std::to_string(threads))).string());
-      // The files of (lookahead + depth + 2) batches are protected: 8 files, well below the bound.
+      // The files of (lookahead + depth + 2) batches are protected: 10 files, half the bound.
       o.lookahead = 1;
-      o.depth = 1;
+      o.depth = 2;
       o.cache_bytes = total / 3;
       o.eviction = eviction;
       o.readers = threads;
@@ -361,4 +361,18 @@ TEST_CASE("loader: a bounded stage directory never holds more than its bound and
       CHECK(on_disk <= o.cache_bytes);
     }
   }
+}
+
+TEST_CASE("loader: a caller holding every buffer gets an error, not a hang") {
+  TempDir dir;
+  prestage::test::make_image_folder(dir / "data", 1, 8);
+  LoaderOptions o = options(2);
+  o.depth = 2;
+  Loader loader(Catalog::from_folder(dir / "data"), o);
+  loader.start_epoch(0);
+  auto a = loader.next();
+  auto b = loader.next();
+  CHECK_THROWS_AS(loader.next(), prestage::ConfigError);
+  a.reset();
+  CHECK(loader.next().has_value());  // one buffer free again: the loader goes on
 }

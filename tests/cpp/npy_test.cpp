@@ -117,3 +117,21 @@ TEST_CASE("npy: fortran_to_c transposes three dimensions") {
     for (int j = 0; j < 3; ++j)
       for (int k = 0; k < 4; ++k) REQUIRE(c[(i * 3 + j) * 4 + k] == 100 * i + 10 * j + k);
 }
+
+TEST_CASE("npy: every single-byte change or truncation decodes or is a DecodeError, never a crash") {
+  const auto good = npy("{'descr': '<i2', 'fortran_order': True, 'shape': (2, 3), }", {1, 0, 2, 0, 3, 0, 4, 0, 5, 0, 6, 0});
+  for (size_t at = 0; at < good.size(); ++at) {
+    for (const uint8_t mask : {uint8_t{0x01}, uint8_t{0x10}, uint8_t{0xFF}}) {
+      auto bad = good;
+      bad[at] ^= std::byte{mask};
+      ArrayInfo info;
+      try {
+        decode(bad, info);
+      } catch (const DecodeError&) {
+      }
+    }
+    ArrayInfo info;
+    CHECK_THROWS_AS(decode(std::vector<std::byte>(good.begin(), good.begin() + static_cast<std::ptrdiff_t>(at)), info),
+                    DecodeError);
+  }
+}

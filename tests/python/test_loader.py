@@ -266,10 +266,12 @@ def test_raw_mode_returns_file_bytes(folder):
             assert len(off) == len(b) + 1
             for k, i in enumerate(b.indices):
                 assert data[off[k]:off[k + 1]].tobytes() == cat.source_path(int(i)).read_bytes()
+                assert b.arrays[k].tobytes() == cat.source_path(int(i)).read_bytes()
+            assert b.shapes == [(int(off[k + 1] - off[k]),) for k in range(len(b))]
 
 
 @pytest.mark.parametrize("kwargs", [
-    {"batch_size": 0}, {"readers": 0}, {"depth": 0}, {"rank": 2, "world_size": 2},
+    {"batch_size": 0}, {"readers": 0}, {"depth": 1}, {"rank": 2, "world_size": 2},
     {"image_size": (0, 4)}, {"image_size": (4,)}, {"decode": "png"}, {"batch_size": 2.5},
     {"batch_size": 100, "drop_last": True},
 ])
@@ -285,3 +287,12 @@ def test_mixed_sizes_without_image_size_is_a_decode_error(make_folder):
     with prestage.Loader(cat, batch_size=6) as loader:
         with pytest.raises(prestage.DecodeError):
             epoch(loader)
+
+
+def test_holding_every_buffer_raises_instead_of_hanging(folder):
+    cat = prestage.Catalog.from_folder(folder)
+    with prestage.Loader(cat, batch_size=2, depth=3) as loader:
+        held = []
+        with pytest.raises(prestage.ConfigError, match="depth"):
+            for b in loader:
+                held.append(b.images)  # a view keeps its buffer lent

@@ -34,6 +34,20 @@ def tensors_epoch(loader):
     return [(images.permute(0, 2, 3, 1).numpy().copy(), labels.numpy().copy()) for images, labels in loader]
 
 
+def locked_kib(address):
+    """The page-locked kB of the mapping that holds `address`, as the kernel reports it (0 if none)."""
+    with open("/proc/self/smaps") as f:
+        inside = False
+        for line in f:
+            head = line.split()[0]
+            if not head.endswith(":"):  # a mapping's first line: "start-end perms ..."
+                start, end = (int(x, 16) for x in head.split("-"))
+                inside = start <= address < end
+            elif inside and head == "Locked:":
+                return int(line.split()[1])
+    return 0
+
+
 def assert_same_batches(got, expected):
     assert len(got) == len(expected)
     for (gi, gl), (ei, el) in zip(got, expected):
@@ -47,18 +61,17 @@ def test_import_prestage_does_not_import_the_frameworks():
     assert out.stdout.strip() == "[]"
 
 
-def test_as_tensors_views_the_batch_buffer(folder):
+@pytest.mark.parametrize("layout,dtype", [("NHWC", "uint8"), ("NCHW", "float32")])
+def test_as_tensors_views_the_batch_buffer(folder, layout, dtype):
     cat = prestage.Catalog.from_folder(folder)
-    with prestage.Loader(cat, batch_size=4) as loader:
+    with prestage.Loader(cat, batch_size=4, layout=layout, dtype=dtype) as loader:
         batch = next(iter(loader))
-        images, labels = pt.as_tensors(batch, layout="NHWC")
+        images, labels = pt.as_tensors(batch)
         assert images.data_ptr() == batch.images.ctypes.data
         assert labels.data_ptr() == batch.labels.ctypes.data
-        nchw, _ = pt.as_tensors(batch)  # NCHW: a permuted view, channels_last in memory
-        assert nchw.shape == (4, 3, 32, 48) and nchw.dtype == torch.uint8
-        assert nchw.data_ptr() == batch.images.ctypes.data
-        assert not nchw.is_contiguous() and nchw.is_contiguous(memory_format=torch.channels_last)
-        np.testing.assert_array_equal(nchw.numpy(), batch.images.transpose(0, 3, 1, 2))
+        assert images.is_contiguous() and images.dtype == getattr(torch, dtype)
+        assert images.shape == ((4, 32, 48, 3) if layout == "NHWC" else (4, 3, 32, 48))
+        np.testing.assert_array_equal(images.numpy(), batch.images)
         np.testing.assert_array_equal(labels.numpy(), batch.labels)
 
 
@@ -71,14 +84,19 @@ def test_tensors_share_the_ring_and_stay_valid_while_referenced(folder):
         snapshot = held.clone()
         pointers = set()
         # With `held` lent, every other batch must go through the ring's one other buffer: so each is
-        # given back when its tensors are collected, and never copied.
-        for k, (images, labels) in enumerate(it, start=1):
+        # given back when its tensors are collected, and never copied. (No enumerate(): it would keep the
+        # previous batch referenced while the next is asked for, and depth=2 leaves no room for that.)
+        k = 0
+        for images, labels in it:
+            k += 1
             assert images.data_ptr() != held.data_ptr()
             pointers.add(images.data_ptr())
             np.testing.assert_array_equal(images.numpy(), expected[k][0])
             np.testing.assert_array_equal(labels.numpy(), expected[k][1])
             del images, labels
         assert k == 5 and len(pointers) == 1
+        if loader.stats()["pinned"]:  # the ring's buffers are page-locked; a copy would not be
+            assert locked_kib(held.data_ptr()) > 0 and locked_kib(next(iter(pointers))) > 0
         torch.testing.assert_close(held, snapshot, rtol=0, atol=0)
         np.testing.assert_array_equal(held.numpy(), expected[0][0])
         np.testing.assert_array_equal(held_labels.numpy(), expected[0][1])
@@ -101,29 +119,34 @@ def test_yields_the_numpy_loaders_batches_directly_and_through_a_dataloader(fold
 
 
 @pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
-def test_float32_output_is_normalised_like_torchvision(folder, layout):
+def test_float32_output_is_normalised_like_torchvision_without_a_copy(folder, layout):
     cat = prestage.Catalog.from_folder(folder)
     mean, std = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
-    expected = numpy_epochs(cat, 1, batch_size=8, shuffle=False)[0]
+    expected = numpy_epochs(cat, 1, batch_size=8, shuffle=False)[0]  # uint8 NHWC
     with pt.Loader(cat, batch_size=8, shuffle=False, layout=layout, dtype=torch.float32, mean=mean,
                    std=std) as loader:
+        pinned = loader.stats()["pinned"]
         for (images, labels), (ei, el) in zip(loader, expected):
             assert images.dtype == torch.float32 and images.is_contiguous()
+            if pinned:  # decoded in place into the ring's page-locked buffer
+                assert locked_kib(images.data_ptr()) > 0
             want = (ei.astype(np.float32) / 255 - np.float32(mean)) / np.float32(std)
             if layout == "NCHW":
                 want = want.transpose(0, 3, 1, 2)
             np.testing.assert_allclose(images.numpy(), want, rtol=1e-5, atol=1e-5)
             np.testing.assert_array_equal(labels.numpy(), el)
-    with pt.Loader(cat, batch_size=8, dtype="float32") as loader:  # no mean/std: scaled to [0, 1]
+    with pt.Loader(cat, batch_size=8, shuffle=False, dtype="float32", std=0.5) as loader:  # mean 0
         images, _ = next(iter(loader))
-        assert 0.0 <= float(images.min()) and float(images.max()) <= 1.0 and float(images.max()) > 0.5
+        want = expected[0][0].astype(np.float32).transpose(0, 3, 1, 2) / 255 / 0.5
+        np.testing.assert_allclose(images.numpy(), want, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("world_size,rank", [(1, 0), (2, 1)])
 def test_resume_mid_epoch_gives_the_remaining_batches_with_other_thread_counts(make_folder, world_size,
                                                                              rank):
     cat = prestage.Catalog.from_folder(make_folder(3, 9))  # 27 samples
-    plan = dict(batch_size=3, image_size=(8, 8), seed=11, rank=rank, world_size=world_size)
+    plan = dict(batch_size=3, image_size=(8, 8), seed=11, rank=rank, world_size=world_size,
+                transform="random-resized-crop")  # the augmentation is replayed too
     reference = pt.Loader(cat, **plan)
     epochs = [tensors_epoch(reference) for _ in range(3)]
     reference.close()
@@ -182,8 +205,8 @@ def test_rank_and_world_size_come_from_the_environment(folder, monkeypatch):
 @pytest.mark.parametrize("kwargs", [
     {"layout": "CHW"}, {"dtype": torch.float16}, {"dtype": "int8"}, {"mean": 0.5},
     {"dtype": torch.float32, "std": 0}, {"dtype": torch.float32, "mean": (0.5, 0.5)},
-    {"num_workers": 4}, {"sampler": None}, {"collate_fn": None}, {"batch_size": 0},
-    {"rank": 3, "world_size": 2},
+    {"num_workers": 4}, {"sampler": None}, {"collate_fn": None}, {"pin_memory": True},
+    {"batch_size": 0}, {"rank": 3, "world_size": 2}, {"transform": "flip"},
 ])
 def test_bad_options_raise_config_error(folder, kwargs):
     cat = prestage.Catalog.from_folder(folder)

@@ -20,6 +20,7 @@ struct Slot;
 
 class Batch {
  public:
+  // Takes a slot lent to the consumer (BatchRing::lend()); gives it back when destroyed.
   Batch(std::shared_ptr<detail::BatchRing> ring, detail::Slot* slot) noexcept;
   Batch(Batch&& other) noexcept;
   Batch& operator=(Batch&& other) noexcept;

@@ -63,7 +63,9 @@ struct LoaderOptions {
   uint64_t prefetchers = 4;  // stage 2 threads (I/O bound: more than cores is normal)
   uint64_t readers = 2;      // stage 3 threads (CPU bound: about the cores you can spare)
   uint64_t lookahead = 4;    // batches that stage 2 may work on ahead of stage 3
-  uint64_t depth = 4;        // batch buffers in the ring: batches decoded ahead plus those lent out
+  // Batch buffers in the ring: batches decoded ahead plus those the caller holds. At least 2: a loop
+  // holds one batch while it asks for the next.
+  uint64_t depth = 4;
 
   // Images with more pixels than this are refused before any large allocation (decompression bombs).
   uint64_t max_pixels = 89'478'485;  // PIL's default MAX_IMAGE_PIXELS

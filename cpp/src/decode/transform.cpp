@@ -1,7 +1,6 @@
 #include "decode/transform.hpp"
 
 #include <algorithm>
-#include <cfenv>
 #include <cmath>
 #include <cstring>
 

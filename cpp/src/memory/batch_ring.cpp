@@ -72,7 +72,8 @@ Slot* BatchRing::acquire() {
   return slot;
 }
 
-void BatchRing::release(Slot* slot) noexcept {
+void BatchRing::release(Slot* slot, bool lent) noexcept {
+  if (lent) lent_.fetch_sub(1, std::memory_order_relaxed);
   {
     std::lock_guard lock(mutex_);
     slot->error = nullptr;
@@ -123,7 +124,7 @@ Batch& Batch::operator=(Batch&& other) noexcept {
 Batch::~Batch() { release(); }
 
 void Batch::release() noexcept {
-  if (slot_ != nullptr) ring_->release(slot_);
+  if (slot_ != nullptr) ring_->release(slot_, /*lent=*/true);
   slot_ = nullptr;
   ring_.reset();
 }

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <array>
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <exception>
@@ -65,8 +66,12 @@ class BatchRing {
   Slot* acquire();
   // Returns a slot; then calls the release hook (the pipeline's back-pressure), if any. The hook
   // must not block.
-  void release(Slot* slot) noexcept;
+  void release(Slot* slot, bool lent = false) noexcept;
   void set_release_hook(std::function<void()> hook);
+
+  // A slot handed to the consumer (as a Batch), until its release.
+  void lend() noexcept { lent_.fetch_add(1, std::memory_order_relaxed); }
+  size_t lent() const noexcept { return lent_.load(std::memory_order_relaxed); }
 
   size_t depth() const noexcept { return slots_.size(); }
   size_t free_count() const;
@@ -76,6 +81,7 @@ class BatchRing {
   std::vector<std::unique_ptr<Slot>> slots_;
   mutable std::mutex mutex_;
   std::vector<Slot*> free_;
+  std::atomic<size_t> lent_{0};
   std::mutex hook_mutex_;
   std::function<void()> hook_;
 };

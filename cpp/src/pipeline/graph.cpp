@@ -505,6 +505,17 @@ void Pipeline::Impl::copy_raw(Work& w, Slot& slot) {
     }
   });
   if ((slot.error = first_error.get())) return;
+  // Each sample is a 1-D uint8 array of its length.
+  slot.dtype = "|u1";
+  slot.ragged = false;
+  slot.dims.resize(w.count);
+  slot.dim_offsets.resize(w.count + 1);
+  for (size_t i = 0; i <= w.count; ++i) {
+    slot.dim_offsets[i] = i;
+    if (i == w.count) break;
+    slot.dims[i] = slot.offsets[i + 1];
+    slot.ragged = slot.ragged || slot.dims[i] != slot.dims[0];
+  }
   for (size_t i = 0; i < w.count; ++i) slot.offsets[i + 1] += slot.offsets[i];
   slot.data.reserve(slot.offsets[w.count]);
   slot.data_bytes = slot.offsets[w.count];

@@ -195,6 +195,12 @@ Loader::Wait Loader::Impl::next_for(std::chrono::milliseconds timeout, std::opti
   check_usable();
   if (!pipeline) start(epoch, batch);
   if (batch >= batches_per_epoch) return Wait::kEndOfEpoch;
+  if (ring->lent() >= ring->depth()) {
+    // Waiting would never end: every buffer is held by the caller.
+    throw ConfigError("all " + std::to_string(ring->depth()) +
+                      " batch buffers (depth) are held by the caller: let go of earlier batches "
+                      "(and of arrays or tensors viewing them) or raise depth");
+  }
   const auto wait_start = Clock::now();
   detail::Slot* slot = pipeline->pop(timeout);
   stall_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - wait_start).count();
@@ -207,6 +213,7 @@ Loader::Wait Loader::Impl::next_for(std::chrono::milliseconds timeout, std::opti
   pipeline_next = normalized(epoch, batch);
   ++batches;
   samples += slot->indices.size();
+  ring->lend();
   Batch lent(ring, slot);
   if (slot->error) std::rethrow_exception(slot->error);  // `lent` goes back to the ring
   out.emplace(std::move(lent));

@@ -24,7 +24,7 @@ void LoaderOptions::validate() const {
   at_least("readers", readers, 1);
   at_least("prefetchers", prefetchers, 1);
   at_least("lookahead", lookahead, 1);
-  at_least("depth", depth, 1);
+  at_least("depth", depth, 2);
   at_least("max_pixels", max_pixels, 1);
   constexpr uint64_t kMaxThreads = 1024;
   if (readers > kMaxThreads || prefetchers > kMaxThreads) {

@@ -60,8 +60,12 @@ def unavailable_reason(binary: Optional[Path]) -> Optional[str]:
                 f"found; or pass its path)")
     if not os.path.exists("/dev/fuse"):
         return "no /dev/fuse on this machine"
-    if os.geteuid() != 0 and shutil.which("fusermount3") is None:
-        return "not root and fusermount3 is not installed (Debian: apt-get install fuse3)"
+    if os.geteuid() != 0:
+        # libfuse opens /dev/fuse itself before it asks fusermount3 to mount.
+        if not os.access("/dev/fuse", os.R_OK | os.W_OK):
+            return "not root, and /dev/fuse is not readable and writable by this user"
+        if shutil.which("fusermount3") is None:
+            return "not root, and fusermount3 is not installed (Debian: apt-get install fuse3)"
     return None
 
 

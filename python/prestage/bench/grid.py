@@ -13,12 +13,12 @@ import statistics
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence
 
 from prestage.bench.modes import Setup, run_mode
-from prestage.cli.progress import progress
 
 __all__ = ["Job", "counts", "run_jobs", "summarize", "pipelined_jobs", "best"]
 
 #: The figures a summary gives the median of (over a point's repeats).
-MEDIAN_KEYS = ("seconds", "images_per_s", "mb_per_s", "stall_s", "epoch_s", "copy_s", "other_cpu_s")
+MEDIAN_KEYS = ("seconds", "images_per_s", "mb_per_s", "stall_s", "epoch_s", "copy_s", "other_cpu_s",
+               "window_s")
 
 
 def counts(text: str) -> List[int]:
@@ -76,6 +76,7 @@ def run_jobs(setup: Setup, jobs: Sequence[Job], batches: Optional[int], repeat: 
     shown = setup.show_progress
     setup.show_progress = False  # one bar for the grid, none per run
     try:
+        from prestage.cli.progress import progress  # here: prestage.cli imports this package
         with progress(total, desc=desc, unit="run", enabled=show_progress and shown) as bar:
             for _ in range(repeat):
                 for job in jobs:

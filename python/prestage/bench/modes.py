@@ -2,7 +2,8 @@
 
 - ``direct``: stage 3 decodes straight from the PFS; no stage directory.
 - ``stage-all``: first copy every file the run needs from the PFS to the stage directory (``prefetchers``
-  threads), then read the copy; both times are reported (``copy_s``, ``epoch_s``).
+  threads), then read the copy; both times are reported (``copy_s``, ``epoch_s``), and the copy counts
+  as stall time (training cannot start before it ends).
 - ``pipelined``: prestage: stage 2 copies the next ``lookahead`` batches while stage 3 decodes.
 - ``ideal``: the data already on local disk and in the page cache: no I/O at all, so this is also the
   decode-only limit of the machine.
@@ -29,7 +30,6 @@ from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 from prestage.bench import cache
-from prestage.cli.progress import progress
 
 __all__ = ["MODES", "PRESTAGE_MODES", "BASELINES", "Setup", "run_mode"]
 
@@ -76,14 +76,18 @@ class Setup:
         """Where ``ideal`` finds the data set on local disk."""
         return self.work_dir / "local-copy"
 
-    def catalog(self, root: Path) -> Any:
-        """The benchmark's catalog rooted at ``root`` (same samples, same order, so the same plan)."""
+    def catalog(self, root: Path, keep: bool = True) -> Any:
+        """The benchmark's catalog rooted at ``root`` (same samples, same order, so the same plan);
+        kept for the next call unless ``keep`` is false (a directory of one run)."""
         import prestage
 
         key = os.fspath(root)
-        if key not in self._catalogs:
-            self._catalogs[key] = prestage.Catalog.from_paths(root, self.paths, self.labels, self.classes)
-        return self._catalogs[key]
+        if key in self._catalogs:
+            return self._catalogs[key]
+        catalog = prestage.Catalog.from_paths(root, self.paths, self.labels, self.classes)
+        if keep:
+            self._catalogs[key] = catalog
+        return catalog
 
     def batches_of(self, epoch: int, batches: Optional[int]) -> List[List[int]]:
         import prestage
@@ -156,6 +160,7 @@ def _consume(batches: Iterator[Any], count: int, compute_s: float, size_of: Any,
     images = 0
     stall = 0.0
     start = time.perf_counter()
+    from prestage.cli.progress import progress  # here: prestage.cli imports this package
     with progress(count, desc=desc, unit="batch", enabled=show_progress) as bar:
         for _ in range(count):
             t = time.perf_counter()
@@ -214,6 +219,7 @@ def _copy_files(pairs: Sequence[Tuple[Path, Path]], threads: int, desc: str, sho
     for parent in {dst.parent for _, dst in pairs}:
         parent.mkdir(parents=True, exist_ok=True)
     total = 0
+    from prestage.cli.progress import progress  # here: prestage.cli imports this package
     with progress(len(pairs), desc=desc, unit="file", enabled=show_progress) as bar:
         with concurrent.futures.ThreadPoolExecutor(max_workers=threads) as pool:
             futures = [pool.submit(copy, pair) for pair in pairs]
@@ -264,6 +270,7 @@ def run_mode(setup: Setup, mode: str, prefetchers: int, readers: int, lookahead:
         cache_state = setup.make_cold()
     before = setup.pfs_counters()
     cpu_before = _cpu_seconds(setup.emulator)
+    window_start = time.perf_counter()
     if mode == "direct":
         options = {"readers": readers, "depth": setup.depth}
         result = _run_loader(setup, setup.catalog(setup.pfs_root), None, 1, readers, lookahead, epoch,
@@ -284,8 +291,9 @@ def run_mode(setup: Setup, mode: str, prefetchers: int, readers: int, lookahead:
             _copy_files([(setup.pfs_root / p, copy_dir / p) for p in files], prefetchers,
                         "stage-all copy", setup.show_progress)
             copy_s = time.perf_counter() - start
-            result = _run_loader(setup, setup.catalog(copy_dir), None, 1, readers, lookahead, epoch,
-                                 batches, "stage-all read")
+            result = _run_loader(setup, setup.catalog(copy_dir, keep=False), None, 1, readers,
+                                 lookahead, epoch, batches, "stage-all read")
+            result["stall_s"] += copy_s  # the trainer cannot start before the copy is done
         finally:
             shutil.rmtree(copy_dir, ignore_errors=True)
     elif mode == "ideal":
@@ -297,6 +305,7 @@ def run_mode(setup: Setup, mode: str, prefetchers: int, readers: int, lookahead:
         options = {"workers": result.pop("workers")}
     after = setup.pfs_counters()
     cpu_after = _cpu_seconds(setup.emulator)
+    window_s = time.perf_counter() - window_start
     seconds = result["epoch_s"] + (copy_s or 0.0)
     images = result["images"]
     nbytes = result.pop("bytes", None)
@@ -317,6 +326,7 @@ def run_mode(setup: Setup, mode: str, prefetchers: int, readers: int, lookahead:
         # CPU-seconds that other processes of the machine used during the run (a shared machine's
         # noise): the machine's busy time less this benchmark's (loader, baselines, emulator).
         "other_cpu_s": max(0.0, (cpu_after[0] - cpu_before[0]) - (cpu_after[1] - cpu_before[1])),
+        "window_s": window_s,  # the wall time other_cpu_s was counted over (a baseline's includes its start)
         **result,
     }
 

@@ -2,12 +2,14 @@
 
 Each figure has two panels. Left: the median elapsed time of the grid's runs, one line per mode and
 baseline (modes that do not use the axis's threads are drawn flat, dashed). Right: where the time of the
-two staging modes goes, stacked: stage-all's copy, then its read; pipelined's time waiting for data,
-then the rest (overlapped). matplotlib is imported here only, with the Agg backend (no display needed).
+two staging modes goes, stacked: stage-all's copy, then its read; pipelined's stage 3 (decode) busy
+time per thread, then the time it waited (on stage 2, or on the consumer). matplotlib is imported here
+only, with the Agg backend (no display needed).
 """
 
 from __future__ import annotations
 
+import statistics
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
@@ -53,6 +55,20 @@ def _series(summaries: Sequence[Dict[str, Any]], axis: str, values: Sequence[int
     return out
 
 
+def _decode_busy_per_thread(point: Dict[str, Any]) -> float:
+    """Median over a point's runs of stage 3's busy time per reader thread, in seconds."""
+    values = [r["stages"]["decode"]["busy_s"] / max(1, r["options"].get("readers", 1))
+              for r in point.get("runs", []) if r.get("stages")]
+    return statistics.median(values) if values else 0.0
+
+
+def _seconds_axis(axis: Any) -> None:
+    from matplotlib.ticker import FuncFormatter
+
+    axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    axis.set_minor_formatter(FuncFormatter(lambda v, _: f"{v:g}" if str(f"{v:g}")[0] in "25" else ""))
+
+
 def _figure(summaries: Sequence[Dict[str, Any]], axis: str, values: Sequence[int], readers: int,
             prefetchers: int, title: str, out: Path, batches_note: str) -> Path:
     import matplotlib
@@ -72,6 +88,7 @@ def _figure(summaries: Sequence[Dict[str, Any]], axis: str, values: Sequence[int
     left.set_xticks(list(values))
     left.set_xticklabels([str(v) for v in values])
     left.set_yscale("log")
+    _seconds_axis(left.yaxis)
     left.set_xlabel({"prefetchers": "prefetch (stage 2) threads",
                      "readers": "decode threads (stage 3 readers; baselines: workers)"}[axis])
     left.set_ylabel(f"elapsed time, s ({batches_note})")
@@ -90,9 +107,9 @@ def _figure(summaries: Sequence[Dict[str, Any]], axis: str, values: Sequence[int
             top = [(p["seconds"] - (p["copy_s"] or 0)) if p else 0 for p in row]
             labels = ("stage-all: copy", "stage-all: read")
         else:
-            bottom = [min(p["stall_s"] or 0, p["seconds"]) if p else 0 for p in row]
+            bottom = [min(_decode_busy_per_thread(p), p["seconds"]) if p else 0 for p in row]
             top = [(p["seconds"] - b) if p else 0 for p, b in zip(row, bottom)]
-            labels = ("pipelined: waiting for data", "pipelined: overlapped")
+            labels = ("pipelined: stage 3 busy", "pipelined: stage 3 waiting")
         xs = [i + offset for i in positions]
         right.bar(xs, bottom, width, color=_COLORS[mode], alpha=0.9, label=labels[0])
         right.bar(xs, top, width, bottom=bottom, color=_COLORS[mode], alpha=0.4, hatch="//",

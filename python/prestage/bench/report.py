@@ -51,15 +51,16 @@ def format_table(rows: Sequence[Dict[str, Any]]) -> str:
         lines.append(
             f"{r['mode']:<10} {format_options(r.get('options', {})):<18} {r['images']:>7} "
             f"{r['images_per_s']:>9.0f} {r['mb_per_s']:>7.1f} {r['seconds']:>8.2f} "
-            f"{_f(r.get('copy_s'), '.2f'):>7} {_f(r.get('epoch_s'), '.2f'):>7} {_f(r.get('stall_s'), '.2f'):>8} "
+            f"{_f(r.get('copy_s'), '.2f'):>7} {_f(r.get('epoch_s'), '.2f'):>7} "
+            f"{_f(r.get('stall_s'), '.2f'):>8} "
             f"{busy2:>19} {busy3:>19} {ops:>22} {_others(r):>6}  {r.get('cache', '-')}")
     return "\n".join(lines)
 
 
 def _others(r: Dict[str, Any]) -> str:
     """Cores that other processes kept busy during the run, on average (a shared machine's noise)."""
-    other = r.get("other_cpu_s")
-    return "-" if other is None or not r.get("seconds") else f"{other / r['seconds']:.2f}"
+    other, window = r.get("other_cpu_s"), r.get("window_s")
+    return "-" if other is None or not window else f"{other / window:.2f}"
 
 
 def ratios(by_mode: Dict[str, Dict[str, Any]]) -> List[Dict[str, Any]]:

@@ -40,7 +40,7 @@ import os
 import statistics
 import sys
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 from prestage.bench import report
 from prestage.bench.grid import Job, counts, run_jobs, summarize
@@ -154,6 +154,20 @@ def _grid_jobs(args: argparse.Namespace, modes: List[str]) -> List[Job]:
     return jobs
 
 
+def _log_run(args: argparse.Namespace, total: int) -> Optional[Callable[[Job, Dict[str, Any]], None]]:
+    """A line per grid run for logs (stderr not a terminal: no progress bar there)."""
+    if args.quiet or sys.stderr.isatty():
+        return None
+    done = [0]
+
+    def log(job: Job, r: Dict[str, Any]) -> None:
+        done[0] += 1
+        note(f"  grid {done[0]}/{total} {job.mode:<9} {report.format_options(r['options']):<18} "
+             f"{r['seconds']:7.2f} s {r['images_per_s']:7.0f} images/s")
+
+    return log
+
+
 def _grid_ratios(grid: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
     """pipelined (best prefetchers and lookahead) over direct, at each number of decode threads."""
     out = []
@@ -192,7 +206,8 @@ def run(args: argparse.Namespace) -> int:
             prefetchers, readers, lookahead = args.prefetchers, args.readers, args.lookahead
             if args.grid:
                 jobs = _grid_jobs(args, modes)
-                grid = run_jobs(setup, jobs, args.grid_batches, args.grid_repeat, "grid")
+                grid = run_jobs(setup, jobs, args.grid_batches, args.grid_repeat, "grid",
+                                on_run=_log_run(args, len(jobs) * args.grid_repeat))
                 result["grid"] = grid
                 result["grid_ratios"] = _grid_ratios(grid)
                 best = max((s for s in grid if s["mode"] == "pipelined"),
@@ -276,8 +291,8 @@ def format_result(result: Dict[str, Any]) -> str:
     ]
     if info["emulated"]:
         e = info["emulator"]
-        lines.append(f"PFS       emulated: {e['latency_ms']:g} ms per operation, {e['bandwidth_mbs']:g} MB/s, "
-                     f"{e['max_ops']} operations at once")
+        lines.append(f"PFS       emulated: {e['latency_ms']:g} ms per operation, "
+                     f"{e['bandwidth_mbs']:g} MB/s, {e['max_ops']} operations at once")
     else:
         lines.append(f"PFS       {info['source']} as it is"
                      + (f" (emulator unavailable: {info['emulator_error']})" if "emulator_error" in info
@@ -292,7 +307,8 @@ def format_result(result: Dict[str, Any]) -> str:
     if result["headline"]:
         s = result["settings"]
         what = "whole epoch" if s["batches"] is None else f"{s['batches']} batches"
-        lines += ["", f"full runs ({what}, median of {s['repeat']}):", report.format_table(result["headline"])]
+        lines += ["", f"full runs ({what}, median of {s['repeat']}):",
+                  report.format_table(result["headline"])]
         if result["ratios"]:
             lines += ["", report.format_ratios(result["ratios"])]
     if result.get("plots"):

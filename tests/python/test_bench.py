@@ -1,0 +1,301 @@
+"""prestage bench and prestage tune: every mode and baseline runs and is reported, the grid gives figures,
+tune writes what prestage.Loader reads, and the emulated PFS never outlives the command (errors,
+Ctrl+C, SIGTERM)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import List, Tuple
+
+import pytest
+
+import prestage
+from prestage.bench import report
+from prestage.bench.emulator import find_emulator, is_mounted, unavailable_reason
+from prestage.bench.grid import counts
+from prestage.cli import main
+
+FUSE_REASON = unavailable_reason(find_emulator())
+needs_fuse = pytest.mark.skipif(FUSE_REASON is not None, reason=f"cannot mount FUSE here: {FUSE_REASON}")
+
+# Small and quick: 32x32 outputs, batches of 4, caches evicted file by file (not the whole machine's).
+QUICK = ["--batch-size", "4", "--image-size", "32", "--cold", "fadvise", "--quiet"]
+
+
+@pytest.fixture
+def data(make_folder) -> Path:
+    """3 classes x 10 images: 30 images, 8 batches of 4 (the last one of 2)."""
+    return make_folder(3, 10, size=(48, 64))
+
+
+@pytest.fixture
+def private_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Temporary files of the command (the emulator's mount point among them) go here."""
+    path = tmp_path / "tmp"
+    path.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(path))
+    return path
+
+
+def run_cli(capsys: pytest.CaptureFixture, *args: str) -> Tuple[int, str, str]:
+    rc = main(list(args))
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def mounts_under(path: Path) -> List[str]:
+    prefix = os.path.realpath(path) + "/"
+    with open("/proc/self/mountinfo") as f:
+        return [line.split()[4] for line in f if line.split()[4].startswith(prefix)]
+
+
+def subcommand(name: str) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser()
+    from prestage.cli import bench, tune
+
+    sub = parser.add_subparsers()
+    return {"bench": bench, "tune": tune}[name].add_parser(sub)
+
+
+# ----------------------------------------------------------------------------------------------------
+# Pieces
+
+
+def test_counts_are_sorted_positive_integers() -> None:
+    assert counts("4,1,2,2") == [1, 2, 4]
+    for bad in ("", "0,1", "a,2", "-1"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            counts(bad)
+
+
+def test_ratios_compare_pipelined_with_each_mode() -> None:
+    by_mode = {
+        "pipelined": {"seconds": 10.0, "images_per_s": 700.0},
+        "direct": {"seconds": 100.0, "images_per_s": 100.0},
+        "ideal": {"seconds": 9.0, "images_per_s": 800.0},
+        "stage-all": {"seconds": 20.0, "images_per_s": 350.0},
+        "torch": {"seconds": 40.0, "images_per_s": 200.0},
+    }
+    got = {r["denominator"]: r for r in report.ratios(by_mode)}
+    assert got["direct"]["value"] == pytest.approx(7.0) and got["direct"]["met"]
+    assert got["ideal"]["value"] == pytest.approx(0.875) and not got["ideal"]["met"]
+    assert got["stage-all"]["value"] == pytest.approx(0.5) and got["stage-all"]["met"]
+    assert got["torch"]["value"] == pytest.approx(3.5) and got["torch"]["met"]
+    assert "tf" not in got  # not measured: not reported
+
+
+@pytest.mark.parametrize("name", ["bench", "tune"])
+def test_every_option_is_explained_with_its_unit(name: str) -> None:
+    parser = subcommand(name)
+    for action in parser._actions:
+        assert action.help, f"{name}: {action.option_strings or action.dest} has no help"
+    helps = {opt: a.help for a in parser._actions for opt in a.option_strings}
+    units = {"--latency-ms": "milliseconds", "--bandwidth-mbs": "MB/s", "--compute-ms": "milliseconds",
+             "--batch-size": "images", "--image-size": "pixels", "--max-ops": "operations",
+             "--batches": "batches", "--depth": "buffers", "--stage-dir": "directory"}
+    for option, unit in units.items():
+        assert unit in helps[option], f"{name} {option}: no unit ({unit})"
+    lookahead = helps["--lookahead"]
+    assert "batches" in lookahead and "threads" in helps["--prefetchers"] and "threads" in helps["--readers"]
+
+
+# ----------------------------------------------------------------------------------------------------
+# prestage bench
+
+
+def test_bench_runs_every_prestage_mode_and_cleans_up(data: Path, tmp_path: Path, capsys) -> None:
+    stage = tmp_path / "stage"
+    rc, out, err = run_cli(capsys, "bench", str(data), "--stage-dir", str(stage), *QUICK,
+                           "--modes", "direct,stage-all,pipelined,ideal", "--repeat", "2", "--json")
+    assert rc == 0, err
+    result = json.loads(out)
+    modes = {s["mode"]: s for s in result["headline"]}
+    assert list(modes) == ["direct", "stage-all", "pipelined", "ideal"]
+    for s in modes.values():
+        assert s["images"] == 30 and s["repeats"] == 2 and s["images_per_s"] > 0
+        assert s["seconds"] >= s["stall_s"] >= 0
+    assert modes["stage-all"]["copy_s"] > 0
+    assert modes["stage-all"]["seconds"] == pytest.approx(modes["stage-all"]["copy_s"]
+                                                          + modes["stage-all"]["epoch_s"])
+    assert modes["pipelined"]["stages"]["stage"]["busy_s"] > 0
+    assert modes["ideal"]["cache"] == "warm" and modes["direct"]["cache"] == "fadvise"
+    assert result["session"]["cache_method"] == "fadvise"
+    assert {r["denominator"] for r in result["ratios"]} == {"direct", "ideal", "stage-all"}
+    assert len(result["runs"]) == 8
+    assert list(stage.iterdir()) == []  # the benchmark's own directory is gone
+
+
+def test_bench_prints_a_table_and_the_ratios(data: Path, tmp_path: Path, capsys) -> None:
+    rc, out, err = run_cli(capsys, "bench", str(data), "--stage-dir", str(tmp_path), *QUICK,
+                           "--modes", "direct,pipelined", "--repeat", "1", "--compute-ms", "2")
+    assert rc == 0, err
+    assert "images/s" in out and "stall s" in out and "stage2 busy/idle s" in out
+    assert "pipelined / direct (speed-up)" in out
+    assert "cold runs by fadvise" in out
+
+
+def test_bench_reads_the_plain_directory_when_it_cannot_emulate(data: Path, tmp_path: Path, capsys) -> None:
+    rc, out, err = run_cli(capsys, "bench", str(data), "--stage-dir", str(tmp_path), *QUICK,
+                           "--modes", "direct", "--repeat", "1", "--json", "--emulate",
+                           "--emulator", str(tmp_path / "no-such-binary"))
+    assert rc == 0, err
+    assert "cannot emulate a PFS" in err
+    result = json.loads(out)
+    assert result["session"]["emulated"] is False and "emulator_error" in result["session"]
+    assert result["headline"][0]["images"] == 30
+
+
+def test_bench_says_why_it_cannot_emulate_without_root_or_dev_fuse(
+        data: Path, tmp_path: Path, capsys, monkeypatch: pytest.MonkeyPatch) -> None:
+    from prestage.bench import emulator
+
+    real_exists, real_access = os.path.exists, os.access
+    monkeypatch.setattr(emulator.os, "geteuid", lambda: 1000)
+    monkeypatch.setattr(emulator.os, "access",
+                        lambda path, mode: False if path == "/dev/fuse" else real_access(path, mode))
+    assert "not root" in (emulator.unavailable_reason(Path(sys.executable)) or "")
+    monkeypatch.setattr(emulator.os.path, "exists",
+                        lambda path: False if path == "/dev/fuse" else real_exists(path))
+    rc, out, err = run_cli(capsys, "bench", str(data), "--stage-dir", str(tmp_path), *QUICK,
+                           "--modes", "pipelined", "--repeat", "1", "--json", "--emulate",
+                           "--emulator", sys.executable)  # an executable; never run: no /dev/fuse
+    assert rc == 0, err
+    assert "cannot emulate a PFS (no /dev/fuse" in err
+    assert json.loads(out)["headline"][0]["images"] == 30
+
+
+@pytest.mark.slow
+def test_bench_grid_writes_json_and_figures(data: Path, tmp_path: Path, capsys) -> None:
+    pytest.importorskip("matplotlib")
+    out_dir = tmp_path / "out"
+    rc, out, err = run_cli(capsys, "bench", str(data), "--stage-dir", str(tmp_path), *QUICK,
+                           "--modes", "direct,stage-all,pipelined,ideal", "--repeat", "1", "--grid",
+                           "--grid-prefetchers", "1,4", "--grid-readers", "1,2", "--grid-lookahead", "2",
+                           "--grid-batches", "3", "--out", str(out_dir))
+    assert rc == 0, err
+    result = json.loads((out_dir / "results.json").read_text())
+    pipelined = [s for s in result["grid"] if s["mode"] == "pipelined"]
+    assert len(pipelined) == 4 and all(s["images"] == 12 for s in pipelined)
+    best = max(pipelined, key=lambda s: s["images_per_s"])
+    assert result["chosen"] == {k: best[k] for k in ("prefetchers", "readers", "lookahead")}
+    assert {g["readers"] for g in result["grid_ratios"]} == {1, 2}
+    for name in ("elapsed_vs_prefetchers.png", "elapsed_vs_decode_threads.png", "modes.png"):
+        png = out_dir / name
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        assert png.stat().st_size < 200_000
+
+
+@needs_fuse
+@pytest.mark.slow
+def test_emulated_bench_reads_through_the_pfs_and_unmounts(data: Path, tmp_path: Path, private_tmp: Path,
+                                                           capsys) -> None:
+    rc, out, err = run_cli(capsys, "bench", str(data), "--stage-dir", str(tmp_path / "stage"), *QUICK,
+                           "--modes", "direct,pipelined", "--repeat", "1", "--json", "--emulate",
+                           "--latency-ms", "1", "--bandwidth-mbs", "100")
+    assert rc == 0, err
+    result = json.loads(out)
+    assert result["session"]["emulated"] is True
+    for s in result["headline"]:
+        assert s["pfs"]["ops"]["open"] >= 30 and s["pfs"]["bytes_read"] > 0
+    assert mounts_under(private_tmp) == [] and list(private_tmp.iterdir()) == []
+
+
+@needs_fuse
+def test_an_error_after_mounting_unmounts(tmp_path: Path, private_tmp: Path, capsys) -> None:
+    empty = tmp_path / "empty" / "class_0"
+    empty.mkdir(parents=True)
+    (empty / "notes.txt").write_text("no images here")
+    rc, out, err = run_cli(capsys, "bench", str(empty.parent), "--stage-dir", str(tmp_path), *QUICK,
+                           "--emulate")
+    assert rc == 2
+    assert "holds no JPEG" in err
+    assert mounts_under(private_tmp) == []
+
+
+@needs_fuse
+@pytest.mark.slow
+@pytest.mark.parametrize("sig, code", [(signal.SIGINT, 130), (signal.SIGTERM, 128 + signal.SIGTERM)])
+def test_interrupting_the_bench_unmounts(data: Path, tmp_path: Path, sig: int, code: int) -> None:
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    cmd = [sys.executable, "-m", "prestage", "bench", str(data), "--stage-dir", str(tmp_path / "stage"),
+           *QUICK, "--modes", "direct", "--repeat", "1000", "--emulate", "--latency-ms", "5"]
+    process = subprocess.Popen(cmd, env=dict(os.environ, TMPDIR=str(tmp)), stdout=subprocess.DEVNULL,
+                               stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 30
+        while not mounts_under(tmp) and time.monotonic() < deadline and process.poll() is None:
+            time.sleep(0.05)
+        assert mounts_under(tmp), "the emulator never mounted"
+        time.sleep(1.0)  # well into the runs
+        process.send_signal(sig)
+        assert process.wait(timeout=30) == code
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+        stderr = process.stderr.read().decode() if process.stderr else ""
+        if process.stderr:
+            process.stderr.close()
+    assert mounts_under(tmp) == [], stderr
+    assert list(tmp.iterdir()) == []
+    assert list((tmp_path / "stage").iterdir()) == []
+
+
+@pytest.mark.slow
+@pytest.mark.torch
+def test_bench_pytorch_baseline(data: Path, tmp_path: Path, capsys) -> None:
+    pytest.importorskip("torchvision")
+    rc, out, err = run_cli(capsys, "bench", str(data), "--stage-dir", str(tmp_path), *QUICK,
+                           "--modes", "pipelined,torch", "--repeat", "1", "--workers", "2", "--json")
+    assert rc == 0, err
+    torch_run = {s["mode"]: s for s in json.loads(out)["headline"]}["torch"]
+    assert torch_run["images"] == 30 and torch_run["options"] == {"workers": 2}
+    assert "torchvision" in torch_run["version"]
+
+
+@pytest.mark.slow
+@pytest.mark.tf
+def test_bench_tf_data_baseline(data: Path, tmp_path: Path, capsys) -> None:
+    rc, out, err = run_cli(capsys, "bench", str(data), "--stage-dir", str(tmp_path), *QUICK,
+                           "--modes", "pipelined,tf", "--repeat", "1", "--json")
+    assert rc == 0, err
+    tf_run = {s["mode"]: s for s in json.loads(out)["headline"]}["tf"]
+    assert tf_run["images"] == 30 and tf_run["options"] == {"workers": "AUTOTUNE"}
+
+
+# ----------------------------------------------------------------------------------------------------
+# prestage tune
+
+
+def test_tune_writes_the_options_that_the_loader_reads(data: Path, tmp_path: Path, capsys) -> None:
+    tuned = tmp_path / "tuned.json"
+    rc, out, err = run_cli(capsys, "tune", str(data), "--stage-dir", str(tmp_path / "stage"), *QUICK,
+                           "--prefetchers", "1,3", "--readers", "1,2", "--lookahead", "2",
+                           "--batches", "2", "--depth", "3", "--write", str(tuned))
+    assert rc == 0, err
+    assert "best: prefetchers=" in out and "images/s" in out
+    written = json.loads(tuned.read_text())
+    options = written["options"]
+    assert options["prefetchers"] in (1, 3) and options["readers"] in (1, 2)
+    assert options["lookahead"] == 2 and options["depth"] == 3
+    assert len(written["grid"]) == 4 and written["images_per_s"] == max(
+        g["images_per_s"] for g in written["grid"])
+    catalog = prestage.Catalog.from_folder(data)
+    with prestage.Loader(catalog, batch_size=4, image_size=(32, 32), tuned=tuned) as loader:
+        o = loader._options
+        assert (o.prefetchers, o.readers, o.lookahead, o.depth) == (
+            options["prefetchers"], options["readers"], options["lookahead"], options["depth"])
+
+
+def test_tune_rejects_a_missing_source(tmp_path: Path, capsys) -> None:
+    rc, out, err = run_cli(capsys, "tune", str(tmp_path / "missing"), "--stage-dir", str(tmp_path), *QUICK)
+    assert rc == 2 and "is not a directory" in err

@@ -1,0 +1,232 @@
+"""Faults injected for real: a full, read-only or vanishing stage directory, a process killed while
+staging, a source replaced after staging, processes sharing a stage directory, and every way a
+loader's life can end. In each case the loader goes on and serves exactly the source's bytes."""
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+import prestage
+
+
+def pil_rgb(path):
+    with Image.open(path) as im:
+        return np.asarray(im.convert("RGB"))
+
+
+def check_epoch(loader, cat):
+    """Runs an epoch and checks every image against Pillow; returns the samples seen."""
+    seen = []
+    for b in loader:
+        for k, i in enumerate(b.indices):
+            np.testing.assert_array_equal(b.images[k], pil_rgb(cat.source_path(int(i))))
+            seen.append(int(i))
+    assert sorted(seen) == list(range(len(cat)))
+    return seen
+
+
+@pytest.fixture
+def tmpfs(tmp_path):
+    """A small tmpfs of our own (needs mount permission; skipped elsewhere)."""
+    mounts = []
+
+    def mount(size_kb):
+        point = tmp_path / f"tmpfs{len(mounts)}"
+        point.mkdir()
+        r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size_kb}k", "tmpfs", str(point)],
+                           capture_output=True)
+        if r.returncode != 0:
+            pytest.skip("cannot mount a tmpfs here: " + r.stderr.decode().strip())
+        mounts.append(point)
+        return point
+
+    yield mount
+    for point in mounts:
+        subprocess.run(["umount", "-l", str(point)], capture_output=True)
+
+
+def test_a_stage_directory_that_fills_up_falls_back_to_direct_reads(make_folder, tmpfs):
+    cat = prestage.Catalog.from_folder(make_folder(3, 12, size=(64, 96)))
+    total = sum(cat.source_path(i).stat().st_size for i in range(len(cat)))
+    small = tmpfs(max(16, total // 2048))  # room for about half the set
+    with prestage.Loader(cat, batch_size=4, stage_dir=small) as loader:
+        check_epoch(loader, cat)
+        check_epoch(loader, cat)
+        s = loader.stats()
+    assert s["stage_dir_disabled"]
+    assert "No space left" in s["stage_dir_error"]
+    assert 0 < s["staged_files"] < len(cat)
+
+
+def test_a_read_only_stage_directory_is_not_fatal(folder, tmpfs):
+    cat = prestage.Catalog.from_folder(folder)
+    ro = tmpfs(1024)
+    subprocess.run(["mount", "-o", "remount,ro", str(ro)], check=True)
+    with prestage.Loader(cat, batch_size=4, stage_dir=ro) as loader:
+        check_epoch(loader, cat)
+        s = loader.stats()
+    assert s["stage_dir_disabled"] and "Read-only" in s["stage_dir_error"]
+    assert s["misses"] >= len(cat)
+
+
+def test_a_stage_directory_that_disappears_mid_epoch(make_folder, tmp_path):
+    cat = prestage.Catalog.from_folder(make_folder(3, 10))
+    stage = tmp_path / "stage"
+    with prestage.Loader(cat, batch_size=3, stage_dir=stage, lookahead=1, depth=2) as loader:
+        seen = []
+        for k, b in enumerate(loader):
+            if k == 2:
+                subprocess.run(["rm", "-rf", str(stage)], check=True)
+            for j, i in enumerate(b.indices):
+                np.testing.assert_array_equal(b.images[j], pil_rgb(cat.source_path(int(i))))
+                seen.append(int(i))
+        assert sorted(seen) == list(range(len(cat)))
+        del b  # holds a buffer
+        check_epoch(loader, cat)  # copies gone: read from the source
+        s = loader.stats()
+    assert s["stage_dir_disabled"] or s["misses"] > 0
+
+
+KILLED_RUN = textwrap.dedent("""
+    import sys, time, prestage
+    cat = prestage.Catalog.from_folder(sys.argv[1])
+    loader = prestage.Loader(cat, batch_size=2, stage_dir=sys.argv[2], prefetchers=8, lookahead=64,
+                             depth=2, decode="raw")
+    for b in loader:
+        print("batch", flush=True)
+        time.sleep(0.05)  # a slow consumer: stage 2 runs far ahead, copying
+""")
+
+
+def test_killed_while_staging_then_restarted_serves_nothing_partial(make_folder, tmp_path):
+    root = make_folder(4, 40, size=(256, 256))
+    stage = tmp_path / "stage"
+    proc = subprocess.Popen([sys.executable, "-c", KILLED_RUN, str(root), str(stage)],
+                            stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "batch"
+    time.sleep(0.3)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    proc.stdout.close()
+    cat = prestage.Catalog.from_folder(root)
+    with prestage.Loader(cat, batch_size=8, stage_dir=stage) as loader:
+        check_epoch(loader, cat)
+        s = loader.stats()
+    assert s["staged_files"] + s["already_staged"] >= len(cat)
+    assert not list(stage.rglob("*.part"))
+
+
+def test_a_source_replaced_after_staging_is_staged_again(folder, tmp_path):
+    cat = prestage.Catalog.from_folder(folder)
+    stage = tmp_path / "stage"
+    with prestage.Loader(cat, batch_size=4, stage_dir=stage) as loader:
+        check_epoch(loader, cat)
+    victim = cat.source_path(3)
+    time.sleep(0.01)  # a distinct modification time
+    Image.fromarray(np.full((32, 48, 3), 200, np.uint8)).save(victim, quality=95)
+    fresh = prestage.Catalog.from_folder(folder)  # a new job builds (or reloads) its catalog
+    with prestage.Loader(fresh, batch_size=4, stage_dir=stage) as loader:
+        check_epoch(loader, fresh)
+        s = loader.stats()
+    assert s["staged_files"] == 1  # only the replaced file
+
+
+SHARED_RUN = textwrap.dedent("""
+    import json, sys, prestage
+    cat = prestage.Catalog.from_folder(sys.argv[1])
+    with prestage.Loader(cat, batch_size=4, stage_dir=sys.argv[2], seed=int(sys.argv[3]),
+                         decode="raw") as loader:
+        for b in loader:
+            for k, i in enumerate(b.indices):
+                data = b.data[b.offsets[k]:b.offsets[k + 1]].tobytes()
+                assert data == cat.source_path(int(i)).read_bytes(), cat.path(int(i))
+        s = loader.stats()
+    print(json.dumps({"staged": s["staged_files"], "adopted": s["adopted_files"]}))
+""")
+
+
+def test_processes_sharing_a_stage_directory_stage_each_file_once(make_folder, tmp_path):
+    import json
+
+    root = make_folder(4, 25, size=(128, 128))
+    stage = tmp_path / "stage"
+    procs = [subprocess.Popen([sys.executable, "-c", SHARED_RUN, str(root), str(stage), str(seed)],
+                              stdout=subprocess.PIPE, text=True) for seed in (1, 2, 3)]
+    results = [json.loads(p.communicate(timeout=120)[0]) for p in procs]
+    assert all(p.returncode == 0 for p in procs)
+    assert sum(r["staged"] for r in results) == 100  # each file copied by one process only
+    copies = [p for p in stage.rglob("*") if p.is_file() and p.name != "index.log"]
+    assert len(copies) == 100
+
+
+def test_keyboard_interrupt_while_waiting_is_prompt_and_clean(make_folder, native_threads):
+    import _thread
+
+    cat = prestage.Catalog.from_folder(make_folder(2, 40, size=(512, 512)))
+    before = native_threads()
+    loader = prestage.Loader(cat, batch_size=40, readers=1, depth=2)
+    timer = threading.Timer(0.05, _thread.interrupt_main)
+    start = time.monotonic()
+    timer.start()
+    with pytest.raises(KeyboardInterrupt):
+        for _ in loader:
+            pass
+    assert time.monotonic() - start < 1.5
+    start = time.monotonic()
+    loader.close()
+    assert time.monotonic() - start < 1.0
+    assert native_threads() == before
+
+
+def test_an_exception_in_the_training_loop_leaves_no_thread(folder, native_threads):
+    cat = prestage.Catalog.from_folder(folder)
+    before = native_threads()
+    with pytest.raises(RuntimeError):
+        with prestage.Loader(cat, batch_size=2) as loader:
+            for _ in loader:
+                raise RuntimeError("training step failed")
+    assert native_threads() == before
+
+
+def test_interpreter_exit_with_a_live_loader_is_clean(folder):
+    code = textwrap.dedent(f"""
+        import prestage
+        cat = prestage.Catalog.from_folder({str(folder)!r})
+        loader = prestage.Loader(cat, batch_size=2, prefetchers=4, stage_dir={str(folder.parent / 'ex')!r})
+        it = iter(loader)
+        next(it)
+        print("exiting", flush=True)
+    """)
+    start = time.monotonic()
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30)
+    assert r.returncode == 0, r.stderr
+    assert "exiting" in r.stdout
+    assert time.monotonic() - start < 10
+
+
+def test_a_loader_used_after_fork_refuses_clearly(folder):
+    cat = prestage.Catalog.from_folder(folder)
+    loader = prestage.Loader(cat, batch_size=2)
+    next(iter(loader))
+    pid = os.fork()
+    if pid == 0:  # child: must get a clear error, not a hang or a crash
+        code = 3
+        try:
+            next(iter(loader))
+        except prestage.Error as e:
+            code = 0 if "fork" in str(e) else 4
+        except BaseException:
+            code = 5
+        os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.WEXITSTATUS(status) == 0
+    loader.close()

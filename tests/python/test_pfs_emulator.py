@@ -1,0 +1,211 @@
+"""prestage-pfs, the emulated parallel file system: it serves files read-only, honours its latency,
+bandwidth and concurrency caps within 10 %, and never outlives the process that started it."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+from prestage.bench.emulator import (EmulatorError, PfsEmulator, find_emulator, is_mounted,
+                                     lazy_unmount, unavailable_reason)
+
+BINARY = find_emulator()
+REASON = unavailable_reason(BINARY)
+pytestmark = pytest.mark.skipif(REASON is not None, reason=f"cannot mount FUSE here: {REASON}")
+
+SMALL = 4096
+BIG = 2 * 1000 * 1000
+
+
+@pytest.fixture
+def backing(tmp_path: Path) -> Path:
+    """24 small files in two folders, 8 files of 2 MB."""
+    root = tmp_path / "backing"
+    for folder in ("a", "b"):
+        (root / folder).mkdir(parents=True)
+        for i in range(12):
+            (root / folder / f"small_{i:02d}.bin").write_bytes(bytes([i]) * SMALL)
+    (root / "big").mkdir()
+    for i in range(8):
+        (root / "big" / f"big_{i}.bin").write_bytes(os.urandom(BIG))
+    return root
+
+
+@pytest.fixture
+def mount(tmp_path: Path) -> Iterator[Path]:
+    path = tmp_path / "mnt"
+    path.mkdir()
+    yield path
+    left_mounted = is_mounted(path)
+    if left_mounted:
+        lazy_unmount(path)
+    assert not left_mounted, "a test left the emulator mounted"
+
+
+def emulator(backing: Path, mount: Path, **kwargs: float) -> PfsEmulator:
+    defaults = dict(latency_ms=0.0, bandwidth_mbs=0.0, max_ops=0)
+    defaults.update(kwargs)
+    return PfsEmulator(backing, mount, **defaults)
+
+
+def median_ms(samples: list) -> float:
+    return statistics.median(samples) * 1e3
+
+
+def test_serves_the_source_read_only(backing: Path, mount: Path) -> None:
+    with emulator(backing, mount) as pfs:
+        assert is_mounted(mount)
+        assert sorted(os.listdir(mount)) == ["a", "b", "big"]  # the stats file is not listed
+        assert (mount / "a" / "small_03.bin").read_bytes() == bytes([3]) * SMALL
+        assert (mount / "big" / "big_1.bin").read_bytes() == (backing / "big" / "big_1.bin").read_bytes()
+        assert os.stat(mount / "big" / "big_1.bin").st_size == BIG
+        with pytest.raises(OSError):
+            (mount / "a" / "new.bin").write_bytes(b"x")
+        with pytest.raises(OSError):
+            with open(mount / "a" / "small_00.bin", "r+b"):
+                pass
+        stats = pfs.stats()
+        assert stats["ops"]["open"] >= 2
+        assert stats["bytes_read"] >= SMALL + BIG
+    assert not is_mounted(mount)
+
+
+def test_open_latency_is_honoured(backing: Path, mount: Path) -> None:
+    with emulator(backing, mount, open_ms=20, read_ms=0, getattr_ms=0):
+        os.listdir(mount / "a")
+        samples = []
+        for i in range(12):
+            start = time.perf_counter()
+            fd = os.open(mount / "a" / f"small_{i:02d}.bin", os.O_RDONLY)
+            samples.append(time.perf_counter() - start)
+            os.close(fd)
+    assert median_ms(samples) == pytest.approx(20, rel=0.10)
+
+
+def test_read_latency_is_honoured_per_request(backing: Path, mount: Path) -> None:
+    with emulator(backing, mount, open_ms=0, read_ms=20, getattr_ms=0) as pfs:
+        samples = []
+        before = pfs.stats()["ops"]["read"]
+        for i in range(12):
+            fd = os.open(mount / "b" / f"small_{i:02d}.bin", os.O_RDONLY)
+            start = time.perf_counter()
+            data = os.read(fd, SMALL)
+            samples.append(time.perf_counter() - start)
+            os.close(fd)
+            assert len(data) == SMALL
+        reads = pfs.stats()["ops"]["read"] - before
+    assert reads == 12  # a 4 KB file is one read request
+    assert median_ms(samples) == pytest.approx(20, rel=0.10)
+
+
+def test_getattr_latency_is_honoured(backing: Path, mount: Path) -> None:
+    with emulator(backing, mount, open_ms=0, read_ms=0, getattr_ms=20):
+        os.stat(mount / "a")  # the folder's own lookup, once
+        samples = []
+        for i in range(12):  # a name not looked up before: one lookup each
+            start = time.perf_counter()
+            os.stat(mount / "a" / f"small_{i:02d}.bin")
+            samples.append(time.perf_counter() - start)
+    assert median_ms(samples) == pytest.approx(20, rel=0.10)
+
+
+def test_bandwidth_cap_is_honoured_in_aggregate(backing: Path, mount: Path) -> None:
+    files = [mount / "big" / f"big_{i}.bin" for i in range(8)]
+    with emulator(backing, mount, bandwidth_mbs=20):
+        start = time.perf_counter()
+        with concurrent.futures.ThreadPoolExecutor(4) as pool:
+            sizes = list(pool.map(lambda p: len(p.read_bytes()), files))
+        elapsed = time.perf_counter() - start
+    assert sum(sizes) == 8 * BIG
+    assert sum(sizes) / elapsed / 1e6 == pytest.approx(20, rel=0.10)
+
+
+def test_concurrency_cap_queues_operations(backing: Path, mount: Path) -> None:
+    with emulator(backing, mount, open_ms=50, read_ms=0, getattr_ms=0, max_ops=2) as pfs:
+        os.listdir(mount / "a")
+        for i in range(8):
+            os.stat(mount / "a" / f"small_{i:02d}.bin")  # names cached: only the opens remain
+
+        def open_close(i: int) -> None:
+            os.close(os.open(mount / "a" / f"small_{i:02d}.bin", os.O_RDONLY))
+
+        start = time.perf_counter()
+        with concurrent.futures.ThreadPoolExecutor(8) as pool:
+            list(pool.map(open_close, range(8)))
+        elapsed = time.perf_counter() - start
+        stats = pfs.stats()
+    assert stats["max_in_flight"] == 2
+    assert elapsed == pytest.approx(8 / 2 * 0.050, rel=0.10)  # four rounds of two
+
+
+def test_sigterm_unmounts(backing: Path, mount: Path) -> None:
+    process = subprocess.Popen([str(BINARY), str(backing), str(mount)], stdout=subprocess.PIPE)
+    try:
+        assert process.stdout is not None and process.stdout.readline().startswith(b"mounted")
+        assert is_mounted(mount)
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=10) == 0
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+        if process.stdout is not None:
+            process.stdout.close()
+    assert not is_mounted(mount)
+
+
+def test_unmounted_on_error_inside_the_context(backing: Path, mount: Path) -> None:
+    with pytest.raises(RuntimeError, match="boom"):
+        with emulator(backing, mount):
+            assert is_mounted(mount)
+            raise RuntimeError("boom")
+    assert not is_mounted(mount)
+
+
+def test_unmounted_when_its_parent_is_killed(backing: Path, mount: Path) -> None:
+    # A parent killed outright (SIGKILL: no finally block runs) still leaves nothing mounted.
+    script = textwrap.dedent(f"""
+        import sys, time
+        from prestage.bench.emulator import PfsEmulator
+        pfs = PfsEmulator({str(backing)!r}, {str(mount)!r}, latency_ms=0, bandwidth_mbs=0, max_ops=0)
+        pfs.start()
+        print("up", flush=True)
+        time.sleep(60)
+    """)
+    parent = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE)
+    try:
+        assert parent.stdout is not None and parent.stdout.readline() == b"up\n"
+        assert is_mounted(mount)
+        parent.kill()
+        parent.wait()
+        deadline = time.monotonic() + 10
+        while is_mounted(mount) and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        if parent.stdout is not None:
+            parent.stdout.close()
+    assert not is_mounted(mount)
+
+
+def test_a_missing_source_is_an_error_and_mounts_nothing(tmp_path: Path, mount: Path) -> None:
+    with pytest.raises(EmulatorError):
+        emulator(tmp_path / "missing", mount).start()
+    assert not is_mounted(mount)
+
+
+def test_help_gives_units() -> None:
+    out = subprocess.run([str(BINARY), "--help"], capture_output=True, text=True, check=True).stdout
+    for option in ("--latency-ms MS", "--bandwidth-mbs MBS", "--max-ops N", "--open-ms", "--read-ms",
+                   "--getattr-ms", "--attr-timeout S"):
+        assert option in out
+    assert "MB/s" in out and "milliseconds" in out

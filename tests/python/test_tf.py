@@ -1,0 +1,72 @@
+"""prestage.tf: a tf.data.Dataset with the NumPy loader's batches, for model.fit. TensorFlow is slow to
+import, so these tests are few."""
+
+import numpy as np
+import pytest
+
+import prestage
+
+tf = pytest.importorskip("tensorflow")
+import prestage.tf  # noqa: E402  (after the importorskip)
+
+pytestmark = pytest.mark.tf
+
+
+def numpy_epochs(cat, epochs, **kwargs):
+    """The NumPy loader's batches, copied: the oracle."""
+    with prestage.Loader(cat, **kwargs) as loader:
+        return [[(b.images.copy(), b.labels.copy()) for b in loader] for _ in range(epochs)]
+
+
+def test_dataset_yields_the_numpy_loaders_batches_with_a_full_signature(make_folder):
+    cat = prestage.Catalog.from_folder(make_folder(3, 7, size=(20, 30)))  # 21 samples
+    kwargs = dict(batch_size=4, seed=5)
+    expected = numpy_epochs(cat, 2, **kwargs)
+    # depth=2, the least: TensorFlow holds every element below, so each buffer must be free again as
+    # soon as its batch has been handed over.
+    ds = prestage.tf.dataset(cat, depth=2, **kwargs)
+    images_spec, labels_spec = ds.element_spec
+    assert images_spec.shape.as_list() == [None, 20, 30, 3] and images_spec.dtype == tf.uint8
+    assert labels_spec.shape.as_list() == [None] and labels_spec.dtype == tf.int64
+    assert int(ds.cardinality()) == len(expected[0]) == 6
+    for epoch in range(2):  # each pass is the next epoch
+        got = list(ds.prefetch(8))
+        assert len(got) == 6
+        for (images, labels), (ei, el) in zip(got, expected[epoch]):
+            np.testing.assert_array_equal(images.numpy(), ei)
+            np.testing.assert_array_equal(labels.numpy(), el)
+
+    kwargs = dict(batch_size=4, image_size=(8, 8), drop_last=True, rank=1, world_size=2, layout="NCHW",
+                  dtype="float32", mean=(0.5, 0.4, 0.3), std=(0.2, 0.3, 0.4))
+    fixed = prestage.tf.dataset(cat, **kwargs)
+    assert [s.shape.as_list() for s in fixed.element_spec] == [[4, 3, 8, 8], [4]]
+    assert fixed.element_spec[0].dtype == tf.float32
+    assert int(fixed.cardinality()) == 21 // 8
+    got, want = list(fixed), numpy_epochs(cat, 1, **kwargs)[0]
+    assert len(got) == len(want)
+    for (images, labels), (ei, el) in zip(got, want):
+        np.testing.assert_array_equal(images.numpy(), ei)
+        np.testing.assert_array_equal(labels.numpy(), el)
+    with pytest.raises(prestage.ConfigError):
+        prestage.tf.dataset(cat, batch_size=0)
+
+
+def test_dataset_feeds_model_fit(make_folder):
+    cat = prestage.Catalog.from_folder(make_folder(2, 8, size=(16, 16)))
+    ds = prestage.tf.dataset(cat, batch_size=4, seed=1)
+    keras = tf.keras
+    model = keras.Sequential([
+        keras.Input(shape=(16, 16, 3), dtype="uint8"),
+        keras.layers.Rescaling(1 / 255),
+        keras.layers.Conv2D(4, 3, activation="relu"),
+        keras.layers.GlobalAveragePooling2D(),
+        keras.layers.Dense(2),
+    ])
+    model.compile(optimizer="adam", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                  metrics=["accuracy"])
+    steps = []
+    count = keras.callbacks.LambdaCallback(on_train_batch_end=lambda batch, logs: steps.append(batch))
+    history = model.fit(ds, epochs=2, shuffle=False, verbose=0, callbacks=[count])  # prestage shuffles
+    assert steps == [0, 1, 2, 3] * 2  # every batch of both epochs
+    assert len(history.history["loss"]) == 2 and all(np.isfinite(history.history["loss"]))
+    assert 0.0 <= model.evaluate(ds, verbose=0, return_dict=True)["accuracy"] <= 1.0
