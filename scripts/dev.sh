@@ -38,14 +38,15 @@ setup_system() {
   fi
 }
 
+# setup_python PACKAGE...: the packages (pip requirement strings) that are missing, then prestage.
 setup_python() {
   if [ ! -x .venv/bin/python ]; then
     log "creating .venv"
     python3 -m venv .venv
   fi
-  local want=("${PIP_BUILD[@]}" "${PIP_RUN[@]}" "${PIP_TEST[@]}") missing=()
-  for p in "${want[@]}"; do
-    .venv/bin/python -m pip show -q "$p" >/dev/null 2>&1 || missing+=("$p")
+  local missing=()
+  for p in "$@"; do
+    .venv/bin/python -m pip show -q "${p%%[=<>]*}" >/dev/null 2>&1 || missing+=("$p")
   done
   if [ ${#missing[@]} -gt 0 ]; then
     log "installing Python packages: ${missing[*]}"
@@ -65,21 +66,21 @@ build_cpp_tests() {
 
 setup() {
   setup_system
-  setup_python
+  setup_python "${PIP_BUILD[@]}" "${PIP_RUN[@]}" "$@"
 }
 
 cmd=${1:-}
 shift || true
 case "$cmd" in
   setup)
-    setup
+    setup "${PIP_TEST[@]}"
     ;;
   demo)
     setup
     .venv/bin/prestage demo "$@"
     ;;
   test)
-    setup
+    setup "${PIP_TEST[@]}"
     build_cpp_tests
     log "C++ tests"
     ctest --test-dir build/cpp --output-on-failure -j "$JOBS"

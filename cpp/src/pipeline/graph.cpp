@@ -203,7 +203,13 @@ Ticket Pipeline::Impl::next_batch(tbb::flow_control& fc) {
   if (shared.cache) {
     shared.cache->admit(w.epoch, w.index, w.ids, w.count, w.files, costs);
   } else {
-    costs.misses = w.count;
+    costs.misses = w.count;  // no stage directory: every sample is read from the source
+    for (size_t i = 0; i < w.count; ++i) {
+      const Catalog::Locator loc = shared.catalog.locator(w.ids[i]);
+      const uint64_t size =
+          loc.length != Catalog::kWholeFile ? loc.length : shared.catalog.file_size(loc.file);
+      if (size != Catalog::kUnknownSize) costs.bytes_from_source += size;
+    }
   }
   {
     std::lock_guard lock(shared.epochs_mutex);
