@@ -70,6 +70,9 @@ class Loader:
             (``.zst``) is decompressed first (all but ``"raw"``). Arrays of one shape make one
             ``(N, *shape)`` array; arrays of different shapes make a list (``batch.ragged``).
         max_pixels: images with more pixels are refused before decoding (decompression bombs).
+        io_timeout: seconds a read may take before it fails (``IoError``, ``errno.ETIMEDOUT``, at its
+            sample's batch) instead of hanging on a stalled file system; ``None``: no limit.
+            Process-wide: the last loader started sets it.
         transform: with ``image_size``: ``"center-crop"`` (torchvision ``Resize`` +
             ``CenterCrop``: the eval path) or ``"random-resized-crop"`` (torchvision
             ``RandomResizedCrop`` with scale (0.08, 1), ratio (3/4, 4/3), then a horizontal flip
@@ -117,6 +120,7 @@ class Loader:
         std: Tuple[float, float, float] = (1.0, 1.0, 1.0),
         array_name: Optional[str] = None,
         max_sample_bytes: int = 4 << 30,
+        io_timeout: Optional[float] = None,
         tuned: Union[str, os.PathLike, None] = None,
     ) -> None:
         if tuned is not None:
@@ -157,6 +161,10 @@ class Loader:
             raise ConfigError(f"decode must be one of {', '.join(map(repr, _DECODE_MODES))}, got {decode!r}")
         options.decode = getattr(_core.DecodeMode, decode)
         options.max_pixels = _count("max_pixels", max_pixels, 1)
+        if io_timeout is not None:
+            if isinstance(io_timeout, bool) or not isinstance(io_timeout, (int, float)) or io_timeout <= 0:
+                raise ConfigError(f"io_timeout must be a positive number of seconds, got {io_timeout!r}")
+            options.io_timeout_ms = max(1, round(io_timeout * 1000))
         transforms = {"center-crop": "center_crop", "random-resized-crop": "random_resized_crop"}
         if transform not in transforms:
             raise ConfigError(f"transform must be 'center-crop' or 'random-resized-crop', got {transform!r}")

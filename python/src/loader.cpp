@@ -27,8 +27,8 @@ py::array view(py::handle owner, const T* data, std::vector<py::ssize_t> shape) 
 }
 
 // A typed NumPy view of bytes [begin, end) of a batch's buffer (the batch's dtype).
-py::array typed_view(py::handle owner, const Batch& b, std::vector<py::ssize_t> shape, uint64_t begin,
-                     uint64_t end) {
+py::array typed_view(py::handle owner, const Batch& b, std::vector<py::ssize_t> shape,
+                     uint64_t begin, uint64_t end) {
   const py::dtype dtype(std::string(b.dtype()));
   py::ssize_t count = 1;
   for (const auto d : shape) count *= d;
@@ -131,15 +131,20 @@ void register_loader(py::module_& m) {
       .def_readwrite("lookahead", &LoaderOptions::lookahead)
       .def_readwrite("depth", &LoaderOptions::depth)
       .def_readwrite("max_pixels", &LoaderOptions::max_pixels)
+      .def_readwrite("io_timeout_ms", &LoaderOptions::io_timeout_ms)
       .def_readwrite("transform", &LoaderOptions::transform)
       .def_readwrite("layout", &LoaderOptions::layout)
       .def_readwrite("dtype", &LoaderOptions::dtype)
       .def_property(
           "mean", [](const LoaderOptions& o) { return std::vector<float>(o.mean, o.mean + 3); },
-          [](LoaderOptions& o, const std::array<float, 3>& v) { std::copy(v.begin(), v.end(), o.mean); })
+          [](LoaderOptions& o, const std::array<float, 3>& v) {
+            std::copy(v.begin(), v.end(), o.mean);
+          })
       .def_property(
           "std", [](const LoaderOptions& o) { return std::vector<float>(o.stddev, o.stddev + 3); },
-          [](LoaderOptions& o, const std::array<float, 3>& v) { std::copy(v.begin(), v.end(), o.stddev); })
+          [](LoaderOptions& o, const std::array<float, 3>& v) {
+            std::copy(v.begin(), v.end(), o.stddev);
+          })
       .def_readwrite("array_name", &LoaderOptions::array_name)
       .def_readwrite("max_sample_bytes", &LoaderOptions::max_sample_bytes)
       .def("validate", &LoaderOptions::validate);
@@ -156,10 +161,12 @@ copy); the buffer is reused only after the batch and every array viewing it have
           "images",
           [](py::object self) {
             const auto& b = self.cast<const Batch&>();
-            if (b.mode() != DecodeMode::kJpeg) throw ConfigError("images: this loader does not decode JPEG");
+            if (b.mode() != DecodeMode::kJpeg)
+              throw ConfigError("images: this loader does not decode JPEG");
             const auto s = b.shape();
-            return typed_view(self, b, {static_cast<py::ssize_t>(s[0]), static_cast<py::ssize_t>(s[1]),
-                                        static_cast<py::ssize_t>(s[2]), static_cast<py::ssize_t>(s[3])},
+            return typed_view(self, b,
+                              {static_cast<py::ssize_t>(s[0]), static_cast<py::ssize_t>(s[1]),
+                               static_cast<py::ssize_t>(s[2]), static_cast<py::ssize_t>(s[3])},
                               0, b.data().size());
           },
           "RGB images: (N, H, W, 3) or (N, 3, H, W) (layout=), uint8 or float32 (dtype=).")
@@ -169,7 +176,8 @@ copy); the buffer is reused only after the batch and every array viewing it have
             const auto& b = self.cast<const Batch&>();
             const auto shape_of = [&](size_t i) {
               std::vector<py::ssize_t> shape;
-              for (const uint64_t d : b.sample_shape(i)) shape.push_back(static_cast<py::ssize_t>(d));
+              for (const uint64_t d : b.sample_shape(i))
+                shape.push_back(static_cast<py::ssize_t>(d));
               return shape;
             };
             if (!b.ragged() && b.size() > 0) {
@@ -183,7 +191,8 @@ copy); the buffer is reused only after the batch and every array viewing it have
             }
             return out;
           },
-          "The samples as NumPy arrays (zero-copy): one (N, *shape) array when their shapes agree, else "
+          "The samples as NumPy arrays (zero-copy): one (N, *shape) array when their shapes agree, "
+          "else "
           "a list of N arrays. decode='raw': uint8 arrays of the samples' bytes.")
       .def_property_readonly("ragged", &Batch::ragged, "Whether the samples' shapes differ.")
       .def_property_readonly(

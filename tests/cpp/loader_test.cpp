@@ -1,6 +1,9 @@
 #include <doctest/doctest.h>
 
 #include <dirent.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
 #include <turbojpeg.h>
 
 #include <chrono>
@@ -10,6 +13,7 @@
 #include <thread>
 
 #include "prestage/prestage.hpp"
+#include "staging/file_io.hpp"
 #include "test_util.hpp"
 
 using prestage::Catalog;
@@ -375,4 +379,37 @@ TEST_CASE("loader: a caller holding every buffer gets an error, not a hang") {
   CHECK_THROWS_AS(loader.next(), prestage::ConfigError);
   a.reset();
   CHECK(loader.next().has_value());  // one buffer free again: the loader goes on
+}
+
+TEST_CASE("loader: a read that stalls fails after io_timeout instead of hanging") {
+  TempDir dir;
+  prestage::test::make_image_folder(dir / "data", 1, 5);
+  // A FIFO with no writer: opening it blocks, as a read from a hung file server does.
+  REQUIRE(::mkfifo((dir / "data/class_0/stalled.jpg").c_str(), 0644) == 0);
+  const Catalog cat = Catalog::from_paths(
+      dir / "data", {"class_0/img_0.jpg", "class_0/img_1.jpg", "class_0/stalled.jpg",
+                     "class_0/img_2.jpg", "class_0/img_3.jpg", "class_0/img_4.jpg"});
+  LoaderOptions o = options(2, (dir / "stage").string());
+  o.shuffle = false;
+  o.io_timeout_ms = 300;
+  const auto start = std::chrono::steady_clock::now();
+  {
+    Loader loader(cat, o);
+    loader.start_epoch(0);
+    CHECK(loader.next().has_value());
+    try {
+      loader.next();
+      FAIL("the stalled read did not fail");
+    } catch (const prestage::IoError& e) {
+      CHECK(e.error_code() == ETIMEDOUT);
+      CHECK(e.path() == cat.source_path(2).string());
+    }
+    CHECK(loader.next().has_value());  // the epoch goes on
+    CHECK(!loader.next().has_value());
+  }
+  CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(10));
+  prestage::detail::set_io_timeout(std::chrono::milliseconds(0));
+  // Let the abandoned reads finish: a writer unblocks their open().
+  const int fd = ::open((dir / "data/class_0/stalled.jpg").c_str(), O_WRONLY | O_NONBLOCK);
+  if (fd >= 0) ::close(fd);
 }

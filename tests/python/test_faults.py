@@ -230,3 +230,38 @@ def test_a_loader_used_after_fork_refuses_clearly(folder):
     _, status = os.waitpid(pid, 0)
     assert os.WEXITSTATUS(status) == 0
     loader.close()
+
+
+def test_a_stalled_read_times_out_instead_of_hanging(folder, tmp_path):
+    import errno
+
+    cat = prestage.Catalog.from_folder(folder)
+    paths = [cat.path(i) for i in range(len(cat))]
+    fifo = folder / "class_0" / "stalled.jpg"
+    os.mkfifo(fifo)  # no writer: opening it blocks, as a read from a hung file server does
+    paths.insert(5, "class_0/stalled.jpg")
+    stalled = prestage.Catalog.from_paths(folder, paths)
+    outcomes = []
+    start = time.monotonic()
+    try:
+        with prestage.Loader(stalled, batch_size=4, shuffle=False, stage_dir=tmp_path / "s",
+                             io_timeout=0.3) as loader:
+            it = iter(loader)
+            while True:
+                try:
+                    b = next(it)
+                except StopIteration:
+                    break
+                except prestage.IoError as e:
+                    assert e.errno == errno.ETIMEDOUT and e.filename == str(fifo)
+                    outcomes.append("timeout")
+                else:
+                    outcomes.append(len(b))
+    finally:
+        try:  # release the abandoned reads, if any still waits
+            os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+        except OSError:
+            pass
+        prestage.Loader(cat, batch_size=4).close()  # a loader without a limit resets it
+    assert outcomes == [4, "timeout", 4, 4, 4, 2]
+    assert time.monotonic() - start < 10

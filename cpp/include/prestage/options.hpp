@@ -67,6 +67,11 @@ struct LoaderOptions {
   // holds one batch while it asks for the next.
   uint64_t depth = 4;
 
+  // A read of the source (or of the stage directory) that takes longer than this fails (an IoError,
+  // ETIMEDOUT, at its sample's batch) instead of hanging on a stalled file system; 0: no limit.
+  // Process-wide: the last loader started sets it.
+  uint64_t io_timeout_ms = 0;
+
   // Images with more pixels than this are refused before any large allocation (decompression bombs).
   uint64_t max_pixels = 89'478'485;  // PIL's default MAX_IMAGE_PIXELS
 

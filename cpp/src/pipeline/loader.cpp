@@ -175,6 +175,7 @@ void Loader::Impl::start(uint64_t e, uint64_t b) {
       owner = ::getpid();
       started = Clock::now();
       detail::allow_workers(shared->options.readers);
+      detail::set_io_timeout(std::chrono::milliseconds(shared->options.io_timeout_ms));
       shared->scheduler = tbb::task_scheduler_handle(tbb::attach{});
       shared->stager = std::make_unique<detail::Stager>(shared->catalog, shared->stage_dir.get(),
                                                         shared->options.prefetchers);

@@ -5,7 +5,15 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <atomic>
+#include <condition_variable>
 #include <cstring>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <thread>
 #include <utility>
 
 #include "prestage/error.hpp"
@@ -63,9 +71,8 @@ void read_all(const std::string& path, int fd, std::byte* out, size_t size) {
   }
 }
 
-}  // namespace
 
-size_t read_file(const std::string& path, std::vector<std::byte>& buffer, int64_t* mtime_ns) {
+size_t read_file_now(const std::string& path, std::vector<std::byte>& buffer, int64_t* mtime_ns) {
   Fd fd = open_for_reading(path);
   const size_t size = regular_file_size(path, fd.get(), mtime_ns);
   buffer.resize(size);
@@ -73,7 +80,7 @@ size_t read_file(const std::string& path, std::vector<std::byte>& buffer, int64_
   return size;
 }
 
-void read_range(const std::string& path, uint64_t offset, std::span<std::byte> out) {
+void read_range_now(const std::string& path, uint64_t offset, std::span<std::byte> out) {
   Fd fd = open_for_reading(path);
   const size_t size = regular_file_size(path, fd.get());
   const size_t length = out.size();
@@ -91,17 +98,156 @@ void read_range(const std::string& path, uint64_t offset, std::span<std::byte> o
   }
 }
 
-size_t file_size(const std::string& path) {
+size_t file_size_now(const std::string& path) {
   struct stat st;
   if (::stat(path.c_str(), &st) != 0) fail(path, errno, "stat");
   if (!S_ISREG(st.st_mode)) fail(path, S_ISDIR(st.st_mode) ? EISDIR : EINVAL, "read a non-regular file");
   return static_cast<size_t>(st.st_size);
 }
 
-void read_file_exact(const std::string& path, std::span<std::byte> out) {
+void read_file_exact_now(const std::string& path, std::span<std::byte> out) {
   Fd fd = open_for_reading(path);
   if (regular_file_size(path, fd.get()) != out.size()) fail(path, EIO, "read (the file changed size)");
   read_all(path, fd.get(), out.data(), out.size());
+}
+
+std::atomic<int64_t> io_timeout_ms{0};
+
+// Threads that run reads under a deadline. A thread stuck in a read that never returns is left there;
+// the others serve on, and new ones are started while none is idle (up to a bound). Idle threads
+// leave after a while. Never destroyed: stuck threads may outlive everything else.
+class DeadlineThreads {
+ public:
+  static DeadlineThreads& instance() {
+    static auto* threads = new DeadlineThreads();
+    return *threads;
+  }
+
+  template <typename Result>
+  Result run(const std::string& path, std::chrono::milliseconds timeout,
+             std::function<Result()> work) {
+    struct State {
+      std::mutex mutex;
+      std::condition_variable done_cv;
+      bool done = false;
+      std::optional<Result> value;
+      std::exception_ptr error;
+    };
+    auto state = std::make_shared<State>();
+    // The work touches only what it owns (and `state`, kept alive by this capture), so a caller that
+    // gave up is never written to.
+    submit([state, work = std::move(work)] {
+      try {
+        state->value.emplace(work());
+      } catch (...) {
+        state->error = std::current_exception();
+      }
+      std::lock_guard lock(state->mutex);
+      state->done = true;
+      state->done_cv.notify_all();
+    });
+    std::unique_lock lock(state->mutex);
+    if (!state->done_cv.wait_for(lock, timeout, [&] { return state->done; })) {
+      throw IoError(path, ETIMEDOUT, "reading '" + path + "' took more than " +
+                                         std::to_string(timeout.count()) + " ms (io_timeout)");
+    }
+    if (state->error) std::rethrow_exception(state->error);
+    return std::move(*state->value);
+  }
+
+ private:
+  static constexpr size_t kMaxThreads = 256;
+
+  void submit(std::function<void()> task) {
+    std::lock_guard lock(mutex_);
+    queue_.push_back(std::move(task));
+    if (idle_ == 0 && threads_ < kMaxThreads) {
+      ++threads_;
+      std::thread([this] { serve(); }).detach();
+    }
+    wake_.notify_one();
+  }
+
+  void serve() {
+    std::unique_lock lock(mutex_);
+    while (true) {
+      ++idle_;
+      const bool got = wake_.wait_for(lock, std::chrono::seconds(2), [&] { return !queue_.empty(); });
+      --idle_;
+      if (!got) {
+        --threads_;
+        return;
+      }
+      auto task = std::move(queue_.front());
+      queue_.pop_front();
+      lock.unlock();
+      task();
+      lock.lock();
+    }
+  }
+
+  std::mutex mutex_;
+  std::condition_variable wake_;
+  std::deque<std::function<void()>> queue_;
+  size_t idle_ = 0;
+  size_t threads_ = 0;
+};
+
+std::chrono::milliseconds current_timeout() {
+  return std::chrono::milliseconds(io_timeout_ms.load(std::memory_order_relaxed));
+}
+
+}  // namespace
+
+void set_io_timeout(std::chrono::milliseconds timeout) {
+  io_timeout_ms.store(timeout.count(), std::memory_order_relaxed);
+}
+
+size_t read_file(const std::string& path, std::vector<std::byte>& buffer, int64_t* mtime_ns) {
+  const auto timeout = current_timeout();
+  if (timeout.count() == 0) return read_file_now(path, buffer, mtime_ns);
+  struct Read {
+    std::vector<std::byte> bytes;
+    int64_t mtime = 0;
+  };
+  Read read = DeadlineThreads::instance().run<Read>(path, timeout, [path] {
+    Read r;
+    read_file_now(path, r.bytes, &r.mtime);
+    return r;
+  });
+  buffer = std::move(read.bytes);
+  if (mtime_ns != nullptr) *mtime_ns = read.mtime;
+  return buffer.size();
+}
+
+void read_range(const std::string& path, uint64_t offset, std::span<std::byte> out) {
+  const auto timeout = current_timeout();
+  if (timeout.count() == 0) return read_range_now(path, offset, out);
+  const size_t length = out.size();
+  auto bytes = DeadlineThreads::instance().run<std::vector<std::byte>>(path, timeout, [=] {
+    std::vector<std::byte> b(length);
+    read_range_now(path, offset, b);
+    return b;
+  });
+  std::memcpy(out.data(), bytes.data(), length);
+}
+
+size_t file_size(const std::string& path) {
+  const auto timeout = current_timeout();
+  if (timeout.count() == 0) return file_size_now(path);
+  return DeadlineThreads::instance().run<size_t>(path, timeout, [path] { return file_size_now(path); });
+}
+
+void read_file_exact(const std::string& path, std::span<std::byte> out) {
+  const auto timeout = current_timeout();
+  if (timeout.count() == 0) return read_file_exact_now(path, out);
+  const size_t length = out.size();
+  auto bytes = DeadlineThreads::instance().run<std::vector<std::byte>>(path, timeout, [=] {
+    std::vector<std::byte> b(length);
+    read_file_exact_now(path, b);
+    return b;
+  });
+  std::memcpy(out.data(), bytes.data(), length);
 }
 
 void write_file_atomically(const std::string& path, const std::string& tmp_path,

@@ -2,6 +2,7 @@
 // the path and errno.
 #pragma once
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <span>
@@ -9,6 +10,12 @@
 #include <vector>
 
 namespace prestage::detail {
+
+// A read (of the functions below) that takes longer than this fails with an IoError (ETIMEDOUT)
+// instead of hanging on a stalled file system: with a limit, each read runs on a helper thread, which
+// is left behind if the read never returns. 0 (the default): no limit, reads run on the caller's
+// thread. Process-wide.
+void set_io_timeout(std::chrono::milliseconds timeout);
 
 // Reads a whole regular file into `buffer` (resized to fit; its capacity is reused across calls).
 // Returns the number of bytes read.
