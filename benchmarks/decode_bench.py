@@ -14,6 +14,7 @@ import json
 import os
 import platform
 import re
+import resource
 import shutil
 import statistics
 import subprocess
@@ -30,7 +31,7 @@ import prestage
 # one epoch each time it reads a line, so that its runs interleave with prestage's and share the
 # machine's conditions.
 TORCH_SCRIPT = r"""
-import json, sys, time
+import json, os, sys, time
 import torch
 from torchvision import datasets, transforms
 root, workers, batch = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
@@ -38,19 +39,39 @@ tf = transforms.Compose([transforms.RandomResizedCrop(224), transforms.RandomHor
                          transforms.PILToTensor()])
 loader = torch.utils.data.DataLoader(datasets.ImageFolder(root, transform=tf), batch_size=batch,
                                      shuffle=True, num_workers=workers, persistent_workers=True)
+def cpu_seconds():
+    # This process and its worker processes (utime + stime from /proc).
+    pids = [os.getpid()]
+    for task in os.listdir("/proc/self/task"):
+        with open(f"/proc/self/task/{task}/children") as f:
+            pids += [int(p) for p in f.read().split()]
+    total = 0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            total += int(fields[11]) + int(fields[12])
+        except OSError:
+            pass
+    return total / os.sysconf("SC_CLK_TCK")
 print(json.dumps({"torch": torch.__version__}), flush=True)
 for line in sys.stdin:
-    start, n = time.perf_counter(), 0
+    start, cpu, n = time.perf_counter(), cpu_seconds(), 0
     for images, labels in loader:
         n += images.shape[0]
-    print(json.dumps({"rate": n / (time.perf_counter() - start)}), flush=True)
+    print(json.dumps({"rate": n / (time.perf_counter() - start), "cpu_rate": n / (cpu_seconds() - cpu)}),
+          flush=True)
 """
 
 
-def epoch_rate(loader) -> float:
-    start, n = time.perf_counter(), 0
+def epoch_rate(loader, cpu: list | None = None) -> float:
+    """Images/s of one epoch; appends images per CPU-second of this process (all its threads) to
+    `cpu` if given."""
+    start, cpu_start, n = time.perf_counter(), time.process_time(), 0
     for batch in loader:
         n += len(batch)
+    if cpu is not None:
+        cpu.append(n / (time.process_time() - cpu_start))
     return n / (time.perf_counter() - start)
 
 
@@ -67,16 +88,23 @@ def median_rate(make_loader, runs: int) -> dict:
     return {"median": statistics.median(rates), "runs": rates}
 
 
-def tjbench_limit(paths: list[Path]) -> float:
+def tjbench_limit(paths: list[Path]) -> tuple[float, float]:
     """Decode-only images/s on one core: each image's frame rate from tjbench (full decode to RGB),
-    combined as the rate of decoding the whole sample once (n / sum of per-image times)."""
-    seconds = 0.0
+    combined as the rate of decoding the whole sample once (n / sum of per-image times). Also the
+    same per CPU-second: each frame rate scaled by tjbench's wall time over its CPU time (the share
+    of a core it got on a shared machine)."""
+    seconds = cpu_seconds = 0.0
     for p in paths:
+        before, wall = resource.getrusage(resource.RUSAGE_CHILDREN), time.perf_counter()
         out = subprocess.run(["tjbench", str(p), "-rgb", "-benchtime", "0.2", "-warmup", "0.05"],
                              capture_output=True, text=True, check=True).stdout
+        wall = time.perf_counter() - wall
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
         fps = float(re.search(r"Decompress\s+--> Frame rate:\s+([\d.]+) fps", out).group(1))
         seconds += 1.0 / fps
-    return len(paths) / seconds
+        cpu_seconds += 1.0 / (fps * wall / cpu)
+    return len(paths) / seconds, len(paths) / cpu_seconds
 
 
 def hdf5_cost(work: Path, runs: int) -> dict:
@@ -145,12 +173,12 @@ def main() -> int:
                                   str(args.batch_size)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         results["pytorch_dataloader"] = {"torch": json.loads(torch.stdout.readline())["torch"],
                                          "num_workers": args.readers, "runs": []}
-    rrc, limit, load = [], [], [os.getloadavg()[0]]
+    rrc, rrc_cpu, limit, limit_cpu, torch_cpu, load = [], [], [], [], [], [os.getloadavg()[0]]
     # A new loader per run (see median_rate), so that no run starts with batches decoded while the
     # other contender ran.
-    def rrc_epoch() -> float:
+    def rrc_epoch(cpu: list | None = None) -> float:
         with prestage.Loader(cat, transform="random-resized-crop", **common) as loader:
-            return epoch_rate(loader)
+            return epoch_rate(loader, cpu)
 
     rrc_epoch()  # warm-up: page cache
     if torch:
@@ -158,23 +186,30 @@ def main() -> int:
         torch.stdin.flush()
         json.loads(torch.stdout.readline())
     for _ in range(args.runs):
-        rrc.append(rrc_epoch())
+        rrc.append(rrc_epoch(rrc_cpu))
         if torch:
             torch.stdin.write("run\n")
             torch.stdin.flush()
-            results["pytorch_dataloader"]["runs"].append(json.loads(torch.stdout.readline())["rate"])
+            run = json.loads(torch.stdout.readline())
+            results["pytorch_dataloader"]["runs"].append(run["rate"])
+            torch_cpu.append(run["cpu_rate"])
         if shutil.which("tjbench"):
-            limit.append(tjbench_limit(sample))
+            wall, cpu = tjbench_limit(sample)
+            limit.append(wall)
+            limit_cpu.append(cpu)
         load.append(os.getloadavg()[0])
     if torch:
         torch.stdin.close()
         torch.wait()
         results["pytorch_dataloader"]["median"] = statistics.median(results["pytorch_dataloader"]["runs"])
-    results["random_resized_crop"] = {"median": statistics.median(rrc), "runs": rrc}
+        results["pytorch_dataloader"]["per_cpu_second"] = statistics.median(torch_cpu)
+    results["random_resized_crop"] = {"median": statistics.median(rrc), "runs": rrc,
+                                      "per_cpu_second": statistics.median(rrc_cpu)}
     if limit:
         per_core = statistics.median(limit)
         results["tjbench_decode_only"] = {"images": len(sample), "per_core_runs": limit,
-                                          "per_core": per_core, "readers": per_core * args.readers}
+                                          "per_core": per_core, "readers": per_core * args.readers,
+                                          "per_cpu_second": statistics.median(limit_cpu)}
     results["load_average_1min"] = load
     results["random_resized_crop_1_reader"] = median_rate(
         lambda: prestage.Loader(cat, transform="random-resized-crop", **{**common, "readers": 1}), args.runs)
@@ -184,6 +219,12 @@ def main() -> int:
         results["ratio_vs_pytorch"] = rate / results["pytorch_dataloader"]["median"]
     if "tjbench_decode_only" in results:
         results["ratio_vs_decode_only"] = rate / results["tjbench_decode_only"]["readers"]
+    # The same ratios per CPU-second: what each would do on dedicated cores, on a shared machine.
+    per_cpu = results["random_resized_crop"]["per_cpu_second"]
+    if "pytorch_dataloader" in results:
+        results["ratio_vs_pytorch_per_cpu_second"] = per_cpu / results["pytorch_dataloader"]["per_cpu_second"]
+    if "tjbench_decode_only" in results:
+        results["ratio_vs_decode_only_per_cpu_second"] = per_cpu / results["tjbench_decode_only"]["per_cpu_second"]
     if not args.skip_hdf5:
         results["hdf5_serialisation"] = hdf5_cost(work / "arrays", args.runs)
 

@@ -13,6 +13,16 @@ namespace py = pybind11;
 
 namespace prestage::python {
 
+namespace {
+// One path (str or os.PathLike) or a sequence of them.
+std::vector<std::filesystem::path> path_list(py::handle paths) {
+  if (py::isinstance<py::str>(paths) || py::hasattr(paths, "__fspath__")) {
+    return {paths.cast<std::filesystem::path>()};
+  }
+  return paths.cast<std::vector<std::filesystem::path>>();
+}
+}  // namespace
+
 void register_catalog(py::module_& m) {
   py::class_<Catalog>(m, "Catalog", R"doc(
 The immutable, indexed list of samples 0..N-1 of a data set: a path relative to the root and a label.
@@ -43,10 +53,10 @@ Explicit relative paths and labels (or no labels: -1).
 )doc")
       .def_static(
           "from_hdf5",
-          [](const std::vector<std::filesystem::path>& paths, const std::string& dataset,
-             const std::optional<std::string>& labels) {
+          [](py::handle paths, const std::string& dataset, const std::optional<std::string>& labels) {
+            const auto files = path_list(paths);
             py::gil_scoped_release release;
-            return Catalog::from_hdf5(paths, dataset, labels.value_or(""));
+            return Catalog::from_hdf5(files, dataset, labels.value_or(""));
           },
           py::arg("paths"), py::arg("dataset"), py::arg("labels") = py::none(), R"doc(
 Samples are the rows along axis 0 of `dataset` in each file of `paths`, in order (one sample per file
@@ -58,17 +68,23 @@ thread-safe).
 )doc")
       .def_static(
           "from_tfrecord",
-          [](const std::vector<std::filesystem::path>& paths, const std::map<std::string, std::string>& features) {
+          [](py::handle paths,
+             const std::map<std::string, std::string>& features) {
             for (const auto& [key, value] : features) {
               if (key != "image" && key != "label") {
-                throw ConfigError("from_tfrecord: features takes the keys 'image' and 'label', got '" + key + "'");
+                throw ConfigError(
+                    "from_tfrecord: features takes the keys 'image' and 'label', got '" + key +
+                    "'");
               }
             }
             const auto image = features.find("image");
-            if (image == features.end()) throw ConfigError("from_tfrecord: features needs an 'image' entry");
+            if (image == features.end())
+              throw ConfigError("from_tfrecord: features needs an 'image' entry");
             const auto label = features.find("label");
+            const auto files = path_list(paths);
             py::gil_scoped_release release;
-            return Catalog::from_tfrecord(paths, image->second, label == features.end() ? "" : label->second);
+            return Catalog::from_tfrecord(files, image->second,
+                                          label == features.end() ? "" : label->second);
           },
           py::arg("paths"), py::arg("features"), R"doc(
 Samples are the records (tf.train.Example) of the TFRecord files `paths`, in order. `features`:
@@ -80,11 +96,15 @@ the index of record offsets; save() the catalog to do that only once.
 ...                                      features={"image": "image/encoded", "label": "image/class/label"})
 )doc")
       .def_property_readonly(
-          "kind", [](const Catalog& c) {
+          "kind",
+          [](const Catalog& c) {
             switch (c.kind()) {
-              case Catalog::Kind::kTfrecord: return "tfrecord";
-              case Catalog::Kind::kHdf5: return "hdf5";
-              default: return "files";
+              case Catalog::Kind::kTfrecord:
+                return "tfrecord";
+              case Catalog::Kind::kHdf5:
+                return "hdf5";
+              default:
+                return "files";
             }
           },
           "'files', 'tfrecord' or 'hdf5': what a sample's locator names.")
@@ -98,8 +118,9 @@ the index of record offsets; save() the catalog to do that only once.
       .def_property_readonly("root", &Catalog::root)
       .def_property_readonly("classes", &Catalog::classes)
       .def_property_readonly("fingerprint", &Catalog::fingerprint)
-      .def("path", [](const Catalog& c, size_t i) { return std::string(c.path(i)); }, py::arg("i"),
-           "The relative path of sample i.")
+      .def(
+          "path", [](const Catalog& c, size_t i) { return std::string(c.path(i)); }, py::arg("i"),
+          "The relative path of sample i.")
       .def("source_path", &Catalog::source_path, py::arg("i"), "root / path(i).")
       .def("label", &Catalog::label, py::arg("i"))
       .def("__repr__", [](const Catalog& c) {

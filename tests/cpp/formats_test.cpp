@@ -1,5 +1,5 @@
-// The loader over each format: arrays land in the batch buffer with their dtype and shapes, whatever
-// the number of reader threads.
+// The loader over each format: arrays land in the batch buffer with their dtype and shapes,
+// whatever the number of reader threads.
 #include <doctest/doctest.h>
 #include <hdf5.h>
 
@@ -20,7 +20,8 @@ using prestage::test::TempDir;
 namespace {
 
 // A version 1.0 .npy file of int16 values 0, 1, ... of the given shape.
-void write_npy(const std::filesystem::path& path, const std::string& shape, size_t count, int16_t base) {
+void write_npy(const std::filesystem::path& path, const std::string& shape, size_t count,
+               int16_t base) {
   std::string header = "{'descr': '<i2', 'fortran_order': False, 'shape': " + shape + ", }";
   while ((10 + header.size() + 1) % 64 != 0) header += ' ';
   header += '\n';
@@ -33,13 +34,15 @@ void write_npy(const std::filesystem::path& path, const std::string& shape, size
 }
 
 // sample catalog index -> its decoded bytes and shape
-std::map<int64_t, std::pair<std::vector<std::byte>, std::vector<uint64_t>>> run(Loader& loader, bool* ragged) {
+std::map<int64_t, std::pair<std::vector<std::byte>, std::vector<uint64_t>>> run(Loader& loader,
+                                                                                bool* ragged) {
   std::map<int64_t, std::pair<std::vector<std::byte>, std::vector<uint64_t>>> out;
   loader.start_epoch(0);
   while (auto batch = loader.next()) {
     *ragged = *ragged || batch->ragged();
     for (size_t i = 0; i < batch->size(); ++i) {
-      const auto data = batch->data().subspan(batch->offsets()[i], batch->offsets()[i + 1] - batch->offsets()[i]);
+      const auto data =
+          batch->data().subspan(batch->offsets()[i], batch->offsets()[i + 1] - batch->offsets()[i]);
       const auto shape = batch->sample_shape(i);
       out[batch->indices()[i]] = {{data.begin(), data.end()}, {shape.begin(), shape.end()}};
     }
@@ -49,13 +52,15 @@ std::map<int64_t, std::pair<std::vector<std::byte>, std::vector<uint64_t>>> run(
 
 }  // namespace
 
-TEST_CASE("formats: npy samples of two shapes give ragged batches, the same for 1, 2 and 4 readers") {
+TEST_CASE(
+    "formats: npy samples of two shapes give ragged batches, the same for 1, 2 and 4 readers") {
   TempDir dir;
   std::vector<std::string> paths;
   for (int i = 0; i < 10; ++i) {
     const bool big = i % 3 == 0;
     paths.push_back("c/" + std::to_string(i) + ".npy");
-    write_npy(dir / paths.back(), big ? "(3, 4)" : "(2, 2)", big ? 12 : 4, static_cast<int16_t>(i * 100));
+    write_npy(dir / paths.back(), big ? "(3, 4)" : "(2, 2)", big ? 12 : 4,
+              static_cast<int16_t>(i * 100));
   }
   const Catalog cat = Catalog::from_paths(dir.path(), paths);
   std::map<int64_t, std::pair<std::vector<std::byte>, std::vector<uint64_t>>> first;
@@ -93,7 +98,8 @@ TEST_CASE("formats: HDF5 rows across files, in order, with 1, 2 and 4 readers") 
     std::vector<int64_t> rows(dims[0] * 5);
     for (auto& r : rows) r = value++;
     const hid_t space = H5Screate_simple(2, dims, nullptr);
-    const hid_t d = H5Dcreate2(file, "x", H5T_STD_I64LE, space, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
+    const hid_t d =
+        H5Dcreate2(file, "x", H5T_STD_I64LE, space, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
     REQUIRE(H5Dwrite(d, H5T_NATIVE_INT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, rows.data()) >= 0);
     H5Dclose(d);
     H5Sclose(space);

@@ -1,5 +1,5 @@
-// Stage 3 HDF5 rows: type and shape description, row reads, labels, and refusal of unsupported types.
-// The fixtures are written with the HDF5 C API (the library's own writer is the oracle).
+// Stage 3 HDF5 rows: type and shape description, row reads, labels, and refusal of unsupported
+// types. The fixtures are written with the HDF5 C API (the library's own writer is the oracle).
 #include "decode/hdf5.hpp"
 
 #include <doctest/doctest.h>
@@ -20,7 +20,8 @@ using namespace prestage::detail;
 
 template <typename T>
 void write_dataset(const std::string& file, const char* name, hid_t file_type, hid_t memory_type,
-                   const std::vector<hsize_t>& dims, const std::vector<T>& values, bool create = false) {
+                   const std::vector<hsize_t>& dims, const std::vector<T>& values,
+                   bool create = false) {
   const hid_t f = create ? H5Fcreate(file.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT)
                          : H5Fopen(file.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
   REQUIRE(f >= 0);
@@ -41,7 +42,8 @@ TEST_CASE("hdf5: rows of a dataset are read as the library wrote them, big-endia
   std::vector<int32_t> values(5 * 2 * 3);
   for (size_t i = 0; i < values.size(); ++i) values[i] = static_cast<int32_t>(i * 1000 - 7);
   write_dataset(file, "x", H5T_STD_I32BE, H5T_NATIVE_INT32, {5, 2, 3}, values, true);
-  write_dataset(file, "labels", H5T_STD_I64LE, H5T_NATIVE_INT64, {5}, std::vector<int64_t>{4, 3, 2, 1, 0});
+  write_dataset(file, "labels", H5T_STD_I64LE, H5T_NATIVE_INT64, {5},
+                std::vector<int64_t>{4, 3, 2, 1, 0});
   const Hdf5Dataset d = hdf5::describe(file, "x", 1 << 20, file);
   CHECK(d.rows == 5);
   CHECK(d.row.dtype == "<i4");
@@ -51,7 +53,8 @@ TEST_CASE("hdf5: rows of a dataset are read as the library wrote them, big-endia
   hdf5::read_row(file, "x", 3, d.row, std::as_writable_bytes(std::span(row)), file);
   for (size_t i = 0; i < 6; ++i) CHECK(row[i] == values[18 + i]);
   CHECK(hdf5::read_labels(file, "labels", file) == std::vector<int64_t>{4, 3, 2, 1, 0});
-  CHECK_THROWS_AS(hdf5::read_row(file, "x", 5, d.row, std::as_writable_bytes(std::span(row)), file), DecodeError);
+  CHECK_THROWS_AS(hdf5::read_row(file, "x", 5, d.row, std::as_writable_bytes(std::span(row)), file),
+                  DecodeError);
   hdf5::close_all();
 }
 
@@ -69,7 +72,8 @@ TEST_CASE("hdf5: concurrent readers are serialised and all get their rows") {
       std::vector<float> row(100);
       for (uint64_t r = static_cast<uint64_t>(t); r < 64; r += 4) {
         hdf5::read_row(file, "x", r, d.row, std::as_writable_bytes(std::span(row)), file);
-        ok[static_cast<size_t>(t)] += row[0] == static_cast<float>(r * 100) && row[99] == static_cast<float>(r * 100 + 99);
+        ok[static_cast<size_t>(t)] +=
+            row[0] == static_cast<float>(r * 100) && row[99] == static_cast<float>(r * 100 + 99);
       }
     });
   }
@@ -78,14 +82,18 @@ TEST_CASE("hdf5: concurrent readers are serialised and all get their rows") {
   hdf5::close_all();
 }
 
-TEST_CASE("hdf5: strings, scalars, missing datasets and non-HDF5 files are DecodeErrors naming the file") {
+TEST_CASE(
+    "hdf5: strings, scalars, missing datasets and non-HDF5 files are DecodeErrors naming the "
+    "file") {
   prestage::test::TempDir dir;
   const std::string file = (dir / "c.h5").string();
   const hid_t string_type = H5Tcopy(H5T_C_S1);
   H5Tset_size(string_type, 4);
-  write_dataset(file, "names", string_type, string_type, {2}, std::vector<char>{'a', 0, 0, 0, 'b', 0, 0, 0}, true);
+  write_dataset(file, "names", string_type, string_type, {2},
+                std::vector<char>{'a', 0, 0, 0, 'b', 0, 0, 0}, true);
   H5Tclose(string_type);
-  write_dataset(file, "floats", H5T_IEEE_F64LE, H5T_NATIVE_DOUBLE, {3}, std::vector<double>{1, 2, 3});
+  write_dataset(file, "floats", H5T_IEEE_F64LE, H5T_NATIVE_DOUBLE, {3},
+                std::vector<double>{1, 2, 3});
   for (const char* name : {"names", "missing"}) {
     CAPTURE(name);
     try {

@@ -383,28 +383,33 @@ TEST_CASE("jpeg: decode_crop without DCT scaling equals a full decode, cropped, 
     CAPTURE(subsampling);
     const std::vector<uint8_t> rgb = smooth_rgb(w, h);
     const Bytes jpeg = subsampling == TJSAMP_GRAY
-                           ? encode(std::vector<uint8_t>(rgb.begin(), rgb.begin() + w * h), w, h, TJPF_GRAY,
-                                    TJSAMP_GRAY)
+                           ? encode(std::vector<uint8_t>(rgb.begin(), rgb.begin() + w * h), w, h,
+                                    TJPF_GRAY, TJSAMP_GRAY)
                            : encode_rgb(w, h, subsampling);
     const std::vector<uint8_t> full = decode(decoder, jpeg, w, h);
     for (const prestage::detail::CropBox box :
-         // Each box is less than twice the 48 x 40 output along one side, so no DCT scaling applies.
-         {prestage::detail::CropBox{0, 0, 79, 300, false}, prestage::detail::CropBox{17, 33, 60, 95, true},
-          prestage::detail::CropBox{150, 250, 50, 50, false}, prestage::detail::CropBox{1, 2, 63, 47, true},
+         // Each box is less than twice the 48 x 40 output along one side, so no DCT scaling
+         // applies.
+         {prestage::detail::CropBox{0, 0, 79, 300, false},
+          prestage::detail::CropBox{17, 33, 60, 95, true},
+          prestage::detail::CropBox{150, 250, 50, 50, false},
+          prestage::detail::CropBox{1, 2, 63, 47, true},
           prestage::detail::CropBox{121, 204, 79, 96, false}}) {
       CAPTURE(box.top);
       CAPTURE(box.left);
       std::vector<uint8_t> out(48 * 40 * 3);
-      decoder.decode_crop(jpeg, box, ImageSize{40, 48}, std::as_writable_bytes(std::span(out)), "a.jpg");
+      decoder.decode_crop(jpeg, box, ImageSize{40, 48}, std::as_writable_bytes(std::span(out)),
+                          "a.jpg");
       std::vector<uint8_t> expected(out.size());
       prestage::detail::ResizeScratch scratch;
       const uint8_t* corner = full.data() + (static_cast<size_t>(box.top) * w + box.left) * 3;
-      prestage::detail::resize_rgb(corner, box.width, box.height, static_cast<size_t>(w) * 3, 0, 0, box.width,
-                                   box.height, expected.data(), 48, 40, 48 * 3, scratch);
+      prestage::detail::resize_rgb(corner, box.width, box.height, static_cast<size_t>(w) * 3, 0, 0,
+                                   box.width, box.height, expected.data(), 48, 40, 48 * 3, scratch);
       if (box.flip) {
         for (int y = 0; y < 40; ++y) {
           for (int a = 0, b = 47; a < b; ++a, --b) {
-            std::swap_ranges(&expected[(y * 48 + a) * 3], &expected[(y * 48 + a) * 3 + 3], &expected[(y * 48 + b) * 3]);
+            std::swap_ranges(&expected[(y * 48 + a) * 3], &expected[(y * 48 + a) * 3 + 3],
+                             &expected[(y * 48 + b) * 3]);
           }
         }
       }
@@ -413,7 +418,8 @@ TEST_CASE("jpeg: decode_crop without DCT scaling equals a full decode, cropped, 
   }
 }
 
-TEST_CASE("jpeg: decode_crop with DCT scaling stays close to a full decode, cropped, then resized") {
+TEST_CASE(
+    "jpeg: decode_crop with DCT scaling stays close to a full decode, cropped, then resized") {
   const int w = 1200;
   const int h = 900;
   const Bytes jpeg = encode_rgb(w, h, TJSAMP_420, 90);
@@ -424,12 +430,13 @@ TEST_CASE("jpeg: decode_crop with DCT scaling stays close to a full decode, crop
     CAPTURE(side);
     const prestage::detail::CropBox box{101, 333, side, side, false};
     std::vector<uint8_t> out(64 * 64 * 3);
-    decoder.decode_crop(jpeg, box, ImageSize{64, 64}, std::as_writable_bytes(std::span(out)), "a.jpg");
+    decoder.decode_crop(jpeg, box, ImageSize{64, 64}, std::as_writable_bytes(std::span(out)),
+                        "a.jpg");
     std::vector<uint8_t> expected(out.size());
     prestage::detail::ResizeScratch scratch;
-    prestage::detail::resize_rgb(full.data() + (static_cast<size_t>(box.top) * w + box.left) * 3, side, side,
-                                 static_cast<size_t>(w) * 3, 0, 0, side, side, expected.data(), 64, 64, 64 * 3,
-                                 scratch);
+    prestage::detail::resize_rgb(full.data() + (static_cast<size_t>(box.top) * w + box.left) * 3,
+                                 side, side, static_cast<size_t>(w) * 3, 0, 0, side, side,
+                                 expected.data(), 64, 64, 64 * 3, scratch);
     CHECK(mean_abs_diff(out, expected) < 3.0);
   }
 }
@@ -451,11 +458,14 @@ TEST_CASE("jpeg: the crop path refuses truncated, corrupt, foreign and oversized
   JpegDecoder decoder(kDefaultMaxPixels);
   std::vector<std::byte> out(32 * 32 * 3);
   const prestage::detail::CropBox top_rows{0, 0, 32, 32, false};  // before any truncation point
-  CHECK_THROWS_AS(decoder.decode_crop(Bytes(jpeg.begin(), jpeg.end() - 2), top_rows, ImageSize{32, 32}, out, "a.jpg"),
+  CHECK_THROWS_AS(decoder.decode_crop(Bytes(jpeg.begin(), jpeg.end() - 2), top_rows,
+                                      ImageSize{32, 32}, out, "a.jpg"),
                   DecodeError);
-  CHECK_THROWS_AS(decoder.decode_crop(Bytes(jpeg.begin(), jpeg.begin() + 200), top_rows, ImageSize{32, 32}, out, "a.jpg"),
+  CHECK_THROWS_AS(decoder.decode_crop(Bytes(jpeg.begin(), jpeg.begin() + 200), top_rows,
+                                      ImageSize{32, 32}, out, "a.jpg"),
                   DecodeError);
-  CHECK_THROWS_AS(decoder.decode_crop(text_bytes("not a jpeg at all"), top_rows, ImageSize{32, 32}, out, "a.jpg"),
+  CHECK_THROWS_AS(decoder.decode_crop(text_bytes("not a jpeg at all"), top_rows, ImageSize{32, 32},
+                                      out, "a.jpg"),
                   DecodeError);
   Bytes bomb = jpeg;
   const size_t sof = find_marker(bomb, 0xC0);
@@ -463,12 +473,13 @@ TEST_CASE("jpeg: the crop path refuses truncated, corrupt, foreign and oversized
     bomb[field] = std::byte{60000 >> 8};
     bomb[field + 1] = std::byte{60000 & 0xFF};
   }
-  CHECK_THROWS_AS(decoder.decode_random_crop(bomb, ImageSize{32, 32}, 0, 0, 0, out, "a.jpg"), DecodeError);
+  CHECK_THROWS_AS(decoder.decode_random_crop(bomb, ImageSize{32, 32}, 0, 0, 0, out, "a.jpg"),
+                  DecodeError);
   Bytes flipped = jpeg;
   const size_t sos = find_marker(flipped, 0xDA);
   for (size_t i = sos + 20; i < flipped.size() - 2; ++i) flipped[i] ^= std::byte{0xFF};
-  CHECK_THROWS_AS(decoder.decode_crop(flipped, prestage::detail::CropBox{0, 0, 192, 256, false}, ImageSize{32, 32},
-                                      out, "a.jpg"),
+  CHECK_THROWS_AS(decoder.decode_crop(flipped, prestage::detail::CropBox{0, 0, 192, 256, false},
+                                      ImageSize{32, 32}, out, "a.jpg"),
                   DecodeError);
   // The decoder is still usable.
   CHECK_NOTHROW(decoder.decode_crop(jpeg, top_rows, ImageSize{32, 32}, out, "a.jpg"));

@@ -18,7 +18,8 @@ using namespace prestage::detail;
 const std::string kPath = "a.npy";
 
 // A .npy file as NumPy writes version 1.0: magic, version, header length, padded dict, data.
-std::vector<std::byte> npy(const std::string& dict, const std::vector<uint8_t>& data, int major = 1) {
+std::vector<std::byte> npy(const std::string& dict, const std::vector<uint8_t>& data,
+                           int major = 1) {
   std::string header = dict;
   const size_t preamble = major == 1 ? 10 : 12;
   while ((preamble + header.size() + 1) % 64 != 0) header += ' ';
@@ -64,13 +65,17 @@ TEST_CASE("npy: a C-order array of any version decodes to its bytes") {
 TEST_CASE("npy: a Fortran-order array comes out in C order") {
   ArrayInfo info;
   // Column-major [[1, 2, 3], [4, 5, 6]] is stored 1 4 2 5 3 6.
-  const auto out = decode(npy("{'descr': '|u1', 'fortran_order': True, 'shape': (2, 3), }", {1, 4, 2, 5, 3, 6}), info);
+  const auto out = decode(
+      npy("{'descr': '|u1', 'fortran_order': True, 'shape': (2, 3), }", {1, 4, 2, 5, 3, 6}), info);
   for (int i = 0; i < 6; ++i) CHECK(std::to_integer<int>(out[i]) == i + 1);
 }
 
 TEST_CASE("npy: a scalar and an empty array have the right sizes") {
   ArrayInfo info;
-  CHECK(decode(npy("{'descr': '<f8', 'fortran_order': False, 'shape': (), }", std::vector<uint8_t>(8, 0)), info).size() == 8);
+  CHECK(decode(npy("{'descr': '<f8', 'fortran_order': False, 'shape': (), }",
+                   std::vector<uint8_t>(8, 0)),
+               info)
+            .size() == 8);
   CHECK(info.ndim == 0);
   CHECK(decode(npy("{'shape': (0, 5), 'fortran_order': False, 'descr': '>f4'}", {}), info).empty());
 }
@@ -78,18 +83,23 @@ TEST_CASE("npy: a scalar and an empty array have the right sizes") {
 TEST_CASE("npy: a header that lies about the data's size is a DecodeError") {
   ArrayInfo info;
   CHECK_THROWS_AS(decode(npy("{'descr': '<f4', 'fortran_order': False, 'shape': (99, 10), }",
-                             std::vector<uint8_t>(400, 0)), info),
+                             std::vector<uint8_t>(400, 0)),
+                         info),
                   DecodeError);
   // A shape whose byte count overflows 64 bits.
-  CHECK_THROWS_AS(decode(npy("{'descr': '<f8', 'fortran_order': False, 'shape': (4294967296, 4294967296), }", {}), info),
-                  DecodeError);
+  CHECK_THROWS_AS(
+      decode(
+          npy("{'descr': '<f8', 'fortran_order': False, 'shape': (4294967296, 4294967296), }", {}),
+          info),
+      DecodeError);
 }
 
 TEST_CASE("npy: malformed headers and other files are DecodeErrors") {
   ArrayInfo info;
   for (const char* dict : {"{'descr': [('a', '<i4')], 'fortran_order': False, 'shape': (1,), }",
                            "{'descr': '<i4', 'fortran_order': maybe, 'shape': (1,), }",
-                           "{'descr': '<i4', 'shape': (1,), }", "{'descr': 'O', 'fortran_order': False, 'shape': (1,), }",
+                           "{'descr': '<i4', 'shape': (1,), }",
+                           "{'descr': 'O', 'fortran_order': False, 'shape': (1,), }",
                            "{'descr': '<i4', 'fortran_order': False, 'shape': (1,"}) {
     CAPTURE(dict);
     CHECK_THROWS_AS(decode(npy(dict, {0, 0, 0, 0}), info), DecodeError);
@@ -111,15 +121,19 @@ TEST_CASE("npy: fortran_to_c transposes three dimensions") {
   // Element (i, j, k) holds 100 i + 10 j + k; Fortran offset i + 2 j + 6 k.
   for (int i = 0; i < 2; ++i)
     for (int j = 0; j < 3; ++j)
-      for (int k = 0; k < 4; ++k) f[i + 2 * j + 6 * k] = static_cast<uint16_t>(100 * i + 10 * j + k);
-  fortran_to_c(reinterpret_cast<const std::byte*>(f.data()), reinterpret_cast<std::byte*>(c.data()), info);
+      for (int k = 0; k < 4; ++k)
+        f[i + 2 * j + 6 * k] = static_cast<uint16_t>(100 * i + 10 * j + k);
+  fortran_to_c(reinterpret_cast<const std::byte*>(f.data()), reinterpret_cast<std::byte*>(c.data()),
+               info);
   for (int i = 0; i < 2; ++i)
     for (int j = 0; j < 3; ++j)
       for (int k = 0; k < 4; ++k) REQUIRE(c[(i * 3 + j) * 4 + k] == 100 * i + 10 * j + k);
 }
 
-TEST_CASE("npy: every single-byte change or truncation decodes or is a DecodeError, never a crash") {
-  const auto good = npy("{'descr': '<i2', 'fortran_order': True, 'shape': (2, 3), }", {1, 0, 2, 0, 3, 0, 4, 0, 5, 0, 6, 0});
+TEST_CASE(
+    "npy: every single-byte change or truncation decodes or is a DecodeError, never a crash") {
+  const auto good = npy("{'descr': '<i2', 'fortran_order': True, 'shape': (2, 3), }",
+                        {1, 0, 2, 0, 3, 0, 4, 0, 5, 0, 6, 0});
   for (size_t at = 0; at < good.size(); ++at) {
     for (const uint8_t mask : {uint8_t{0x01}, uint8_t{0x10}, uint8_t{0xFF}}) {
       auto bad = good;
@@ -131,7 +145,9 @@ TEST_CASE("npy: every single-byte change or truncation decodes or is a DecodeErr
       }
     }
     ArrayInfo info;
-    CHECK_THROWS_AS(decode(std::vector<std::byte>(good.begin(), good.begin() + static_cast<std::ptrdiff_t>(at)), info),
-                    DecodeError);
+    CHECK_THROWS_AS(
+        decode(std::vector<std::byte>(good.begin(), good.begin() + static_cast<std::ptrdiff_t>(at)),
+               info),
+        DecodeError);
   }
 }

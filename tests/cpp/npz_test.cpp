@@ -1,5 +1,6 @@
-// Stage 3 .npz codec: stored and deflated members found through the central directory, CRCs checked,
-// and damaged archives refused. The archives are written here with zlib, as Python's zipfile does.
+// Stage 3 .npz codec: stored and deflated members found through the central directory, CRCs
+// checked, and damaged archives refused. The archives are written here with zlib, as Python's
+// zipfile does.
 #include "decode/npz.hpp"
 
 #include <doctest/doctest.h>
@@ -19,11 +20,13 @@ using namespace prestage::detail;
 
 std::string npy(const std::string& descr, const std::string& shape, const std::string& data,
                 bool fortran = false) {
-  std::string header = "{'descr': '" + descr + "', 'fortran_order': " + (fortran ? "True" : "False") +
+  std::string header = "{'descr': '" + descr +
+                       "', 'fortran_order': " + (fortran ? "True" : "False") +
                        ", 'shape': " + shape + ", }";
   while ((10 + header.size() + 1) % 64 != 0) header += ' ';
   header += '\n';
-  return std::string("\x93NUMPY\x01\x00", 8) + char(header.size() & 0xFF) + char(header.size() >> 8) + header + data;
+  return std::string("\x93NUMPY\x01\x00", 8) + char(header.size() & 0xFF) +
+         char(header.size() >> 8) + header + data;
 }
 
 void put16(std::string& s, uint32_t v) { s += {char(v & 0xFF), char((v >> 8) & 0xFF)}; }
@@ -54,8 +57,8 @@ struct Member {
 std::vector<std::byte> zip(const std::vector<Member>& members) {
   std::string file, directory;
   for (const auto& m : members) {
-    const uint32_t crc = static_cast<uint32_t>(crc32(0, reinterpret_cast<const Bytef*>(m.data.data()),
-                                                     static_cast<uInt>(m.data.size())));
+    const uint32_t crc = static_cast<uint32_t>(
+        crc32(0, reinterpret_cast<const Bytef*>(m.data.data()), static_cast<uInt>(m.data.size())));
     const std::string stored = m.deflated ? deflate_raw(m.data) : m.data;
     const uint32_t offset = static_cast<uint32_t>(file.size());
     std::string common;
@@ -94,7 +97,8 @@ std::vector<std::byte> zip(const std::vector<Member>& members) {
   return out;
 }
 
-std::vector<uint8_t> decode(const std::vector<std::byte>& archive, const std::string& name, ArrayInfo& info) {
+std::vector<uint8_t> decode(const std::vector<std::byte>& archive, const std::string& name,
+                            ArrayInfo& info) {
   const std::string path = "a.npz";
   MemorySource source(archive, path);
   NpzDecoder decoder;
@@ -150,7 +154,8 @@ TEST_CASE("npz: damaged archives are DecodeErrors") {
   CHECK_THROWS_AS(decode(text, "x", info), DecodeError);
 }
 
-TEST_CASE("npz: every single-byte change or truncation decodes or is a DecodeError, never a crash") {
+TEST_CASE(
+    "npz: every single-byte change or truncation decodes or is a DecodeError, never a crash") {
   for (const bool deflated : {false, true}) {
     CAPTURE(deflated);
     const auto good = zip({{"x.npy", npy("<i4", "(3,)", kBytes), deflated}});
@@ -165,7 +170,9 @@ TEST_CASE("npz: every single-byte change or truncation decodes or is a DecodeErr
         }
       }
       ArrayInfo info;
-      CHECK_THROWS_AS(decode(std::vector<std::byte>(good.begin(), good.begin() + static_cast<std::ptrdiff_t>(at)), "x", info),
+      CHECK_THROWS_AS(decode(std::vector<std::byte>(good.begin(),
+                                                    good.begin() + static_cast<std::ptrdiff_t>(at)),
+                             "x", info),
                       DecodeError);
     }
   }

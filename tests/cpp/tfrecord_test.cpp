@@ -57,7 +57,8 @@ TEST_CASE("tfrecord: CRC-32C matches the standard check values") {
   CHECK(crc32c(bytes("")) == 0u);
   CHECK(crc32c(std::vector<std::byte>(32, std::byte{0})) == 0x8A9136AAu);  // RFC 3720, B.4
   const auto long_input = bytes(std::string(1000, 'a') + "tail");
-  CHECK(crc32c(std::span(long_input).subspan(500), crc32c(std::span(long_input).first(500))) == crc32c(long_input));
+  CHECK(crc32c(std::span(long_input).subspan(500), crc32c(std::span(long_input).first(500))) ==
+        crc32c(long_input));
 }
 
 TEST_CASE("tfrecord: a framed record gives back its data, and any change is refused") {
@@ -71,7 +72,8 @@ TEST_CASE("tfrecord: a framed record gives back its data, and any change is refu
     bad[at] ^= std::byte{1};
     CHECK_THROWS_AS(unframe_record(bad, "r.tfrecord"), DecodeError);
   }
-  CHECK_THROWS_AS(unframe_record(std::span(framed).first(framed.size() - 1), "r.tfrecord"), DecodeError);
+  CHECK_THROWS_AS(unframe_record(std::span(framed).first(framed.size() - 1), "r.tfrecord"),
+                  DecodeError);
 }
 
 TEST_CASE("tfrecord: Example features are found by name, int64 packed or not") {
@@ -101,12 +103,15 @@ TEST_CASE("tfrecord: malformed Examples are DecodeErrors, never crashes") {
     } catch (const DecodeError&) {
     }
   }
-  CHECK_THROWS_AS(example_bytes(bytes(std::string("\x0b\x00", 2)), "image", value, "r"), DecodeError);  // group
-  CHECK_THROWS_AS(example_bytes(bytes(field(1, std::string("\x0a\xff", 2))), "image", value, "r"), DecodeError);
+  CHECK_THROWS_AS(example_bytes(bytes(std::string("\x0b\x00", 2)), "image", value, "r"),
+                  DecodeError);  // group
+  CHECK_THROWS_AS(example_bytes(bytes(field(1, std::string("\x0a\xff", 2))), "image", value, "r"),
+                  DecodeError);
 }
 
 TEST_CASE("tfrecord: every single-byte change of an Example is parsed or refused, never a crash") {
-  const std::string good = example("image", 1, field(1, "abc")) + example("label", 3, field(1, varint(3)));
+  const std::string good =
+      example("image", 1, field(1, "abc")) + example("label", 3, field(1, varint(3)));
   int parsed = 0, refused = 0;
   for (size_t at = 0; at < good.size(); ++at) {
     for (const char mask : {'\x01', '\x80', '\xff'}) {

@@ -64,7 +64,8 @@ TEST_CASE("zstd: output over the limit is refused") {
   ZstdDecoder decoder;
   std::vector<std::byte> out;
   for (const bool stated : {true, false}) {
-    CHECK_THROWS_AS(decoder.decompress(compress(data(100000), stated), out, 99999, "a.zst"), DecodeError);
+    CHECK_THROWS_AS(decoder.decompress(compress(data(100000), stated), out, 99999, "a.zst"),
+                    DecodeError);
   }
 }
 

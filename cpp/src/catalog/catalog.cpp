@@ -481,8 +481,8 @@ Catalog Catalog::from_hdf5(const std::vector<fs::path>& files, const std::string
       const auto file_labels = detail::hdf5::read_labels(path, labels_dataset, path);
       if (file_labels.size() != info.rows) {
         throw DecodeError(path, "labels dataset '" + labels_dataset + "' has " +
-                                    std::to_string(file_labels.size()) + " rows, '" + dataset + "' has " +
-                                    std::to_string(info.rows));
+                                    std::to_string(file_labels.size()) + " rows, '" + dataset +
+                                    "' has " + std::to_string(info.rows));
       }
       labels.insert(labels.end(), file_labels.begin(), file_labels.end());
     }
@@ -504,23 +504,24 @@ Catalog Catalog::from_tfrecord(const std::vector<fs::path>& files, const std::st
   for (size_t f = 0; f < files.size(); ++f) {
     const std::string path = (root / relative[f]).string();
     uint64_t size = 0;
-    detail::scan_tfrecord(path, path, ~uint64_t{0} >> 8,
-                          [&](uint64_t offset, uint64_t framed, std::span<const std::byte> record) {
-                            std::span<const std::byte> value;
-                            if (!detail::example_bytes(record, data_feature, value, path)) {
-                              throw DecodeError(path, "the record at byte " + std::to_string(offset) +
-                                                          " has no feature '" + data_feature + "'");
-                            }
-                            int64_t label = -1;
-                            if (!label_feature.empty() &&
-                                !detail::example_int64(record, label_feature, label, path)) {
-                              throw DecodeError(path, "the record at byte " + std::to_string(offset) +
-                                                          " has no feature '" + label_feature + "'");
-                            }
-                            locators.push_back(Locator{f, offset, framed});
-                            labels.push_back(label);
-                            size = offset + framed;
-                          });
+    detail::scan_tfrecord(
+        path, path, ~uint64_t{0} >> 8,
+        [&](uint64_t offset, uint64_t framed, std::span<const std::byte> record) {
+          std::span<const std::byte> value;
+          if (!detail::example_bytes(record, data_feature, value, path)) {
+            throw DecodeError(path, "the record at byte " + std::to_string(offset) +
+                                        " has no feature '" + data_feature + "'");
+          }
+          int64_t label = -1;
+          if (!label_feature.empty() &&
+              !detail::example_int64(record, label_feature, label, path)) {
+            throw DecodeError(path, "the record at byte " + std::to_string(offset) +
+                                        " has no feature '" + label_feature + "'");
+          }
+          locators.push_back(Locator{f, offset, framed});
+          labels.push_back(label);
+          size = offset + framed;
+        });
     sizes.push_back(size);
   }
   if (locators.empty()) throw ConfigError("from_tfrecord: the files hold no record");

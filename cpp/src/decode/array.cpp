@@ -47,8 +47,9 @@ void finish_array_info(ArrayInfo& info, uint64_t max_bytes, const std::string& p
     bytes *= n;
   }
   if (bytes > max_bytes) {
-    throw DecodeError(path, "array of " + std::to_string(bytes) + " bytes exceeds max_sample_bytes (" +
-                                std::to_string(max_bytes) + ")");
+    throw DecodeError(path, "array of " + std::to_string(bytes) +
+                                " bytes exceeds max_sample_bytes (" + std::to_string(max_bytes) +
+                                ")");
   }
   info.bytes = bytes;
 }

@@ -67,23 +67,34 @@ State& state() {
 
 const char* class_name(H5T_class_t c) {
   switch (c) {
-    case H5T_INTEGER: return "integer";
-    case H5T_FLOAT: return "float";
-    case H5T_STRING: return "string";
-    case H5T_BITFIELD: return "bitfield";
-    case H5T_OPAQUE: return "opaque";
-    case H5T_COMPOUND: return "compound";
-    case H5T_REFERENCE: return "reference";
-    case H5T_ENUM: return "enum";
-    case H5T_VLEN: return "variable-length";
-    case H5T_ARRAY: return "array";
-    default: return "unknown";
+    case H5T_INTEGER:
+      return "integer";
+    case H5T_FLOAT:
+      return "float";
+    case H5T_STRING:
+      return "string";
+    case H5T_BITFIELD:
+      return "bitfield";
+    case H5T_OPAQUE:
+      return "opaque";
+    case H5T_COMPOUND:
+      return "compound";
+    case H5T_REFERENCE:
+      return "reference";
+    case H5T_ENUM:
+      return "enum";
+    case H5T_VLEN:
+      return "variable-length";
+    case H5T_ARRAY:
+      return "array";
+    default:
+      return "unknown";
   }
 }
 
 // Opens (or finds) `dataset` of `file`. Called with the lock held.
-Open& open_dataset(State& s, const std::string& file, const std::string& dataset, uint64_t max_bytes,
-                   const std::string& path) {
+Open& open_dataset(State& s, const std::string& file, const std::string& dataset,
+                   uint64_t max_bytes, const std::string& path) {
   for (auto it = s.open.begin(); it != s.open.end(); ++it) {
     if (it->file == file && it->dataset == dataset) {
       s.open.splice(s.open.begin(), s.open, it);
@@ -116,7 +127,8 @@ Open& open_dataset(State& s, const std::string& file, const std::string& dataset
     kind = 'f';
   }
   if (kind == 0 || (size != 1 && size != 2 && size != 4 && size != 8)) {
-    fail(path, "dataset '" + dataset + "' holds " + class_name(cls) + " data of " + std::to_string(size) +
+    fail(path, "dataset '" + dataset + "' holds " + class_name(cls) + " data of " +
+                   std::to_string(size) +
                    "-byte elements; only integer and floating-point datasets can be decoded");
   }
   if (kind == 'f' && size == 1) fail(path, "dataset '" + dataset + "' holds 1-byte floats");
@@ -128,7 +140,8 @@ Open& open_dataset(State& s, const std::string& file, const std::string& dataset
   Id space(H5Dget_space(o.dataset_id.get()), H5Sclose);
   const int rank = space.valid() ? H5Sget_simple_extent_ndims(space.get()) : -1;
   if (rank < 1) fail(path, "dataset '" + dataset + "' is a scalar or has no simple shape: no rows");
-  if (static_cast<size_t>(rank) > kMaxDims + 1) fail(path, "dataset '" + dataset + "' has too many dimensions");
+  if (static_cast<size_t>(rank) > kMaxDims + 1)
+    fail(path, "dataset '" + dataset + "' has too many dimensions");
   hsize_t dims[kMaxDims + 1];
   if (H5Sget_simple_extent_dims(space.get(), dims, nullptr) != rank) {
     fail(path, "cannot read the shape of '" + dataset + "'");
@@ -152,8 +165,8 @@ Hdf5Dataset describe(const std::string& file, const std::string& dataset, uint64
   return open_dataset(s, file, dataset, max_bytes, path).info;
 }
 
-void read_row(const std::string& file, const std::string& dataset, uint64_t row, const ArrayInfo& info,
-              std::span<std::byte> out, const std::string& path) {
+void read_row(const std::string& file, const std::string& dataset, uint64_t row,
+              const ArrayInfo& info, std::span<std::byte> out, const std::string& path) {
   if (out.size() != info.bytes) throw std::logic_error("hdf5::read_row: output of the wrong size");
   State& s = state();
   std::lock_guard lock(s.mutex);
@@ -178,9 +191,10 @@ void read_row(const std::string& file, const std::string& dataset, uint64_t row,
   }
   Id memory_space(H5Screate_simple(static_cast<int>(rank), count, nullptr), H5Sclose);
   if (!memory_space.valid()) fail(path, "cannot create a memory space");
-  if (H5Dread(o.dataset_id.get(), o.memory_type.get(), memory_space.get(), file_space.get(), H5P_DEFAULT,
-              out.data()) < 0) {
-    fail(path, "cannot read row " + std::to_string(row) + " of '" + dataset + "' (corrupt or truncated file)");
+  if (H5Dread(o.dataset_id.get(), o.memory_type.get(), memory_space.get(), file_space.get(),
+              H5P_DEFAULT, out.data()) < 0) {
+    fail(path, "cannot read row " + std::to_string(row) + " of '" + dataset +
+                   "' (corrupt or truncated file)");
   }
 }
 
@@ -193,8 +207,8 @@ std::vector<int64_t> read_labels(const std::string& file, const std::string& dat
     fail(path, "labels dataset '" + dataset + "' must be a 1-D integer dataset");
   }
   std::vector<int64_t> labels(o.info.rows);
-  if (!labels.empty() && H5Dread(o.dataset_id.get(), H5T_NATIVE_INT64, H5S_ALL, H5S_ALL, H5P_DEFAULT,
-                                 labels.data()) < 0) {
+  if (!labels.empty() && H5Dread(o.dataset_id.get(), H5T_NATIVE_INT64, H5S_ALL, H5S_ALL,
+                                 H5P_DEFAULT, labels.data()) < 0) {
     fail(path, "cannot read labels dataset '" + dataset + "'");
   }
   return labels;

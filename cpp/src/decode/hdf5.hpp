@@ -1,7 +1,7 @@
 // Stage 3, HDF5: samples are rows along axis 0 of a dataset. The only file that includes hdf5.h is
 // hdf5.cpp. Debian's HDF5 is built without thread safety, so every HDF5 call of the process goes
-// through one mutex there; open files and datasets are cached (at most kMaxOpen), so a row costs one
-// H5Dread under the lock.
+// through one mutex there; open files and datasets are cached (at most kMaxOpen), so a row costs
+// one H5Dread under the lock.
 #pragma once
 
 #include <cstdint>
@@ -29,8 +29,8 @@ Hdf5Dataset describe(const std::string& file, const std::string& dataset, uint64
 
 // Reads row `row` of `dataset` into `out` (info.bytes bytes), little-endian, as `info` (from
 // describe) says.
-void read_row(const std::string& file, const std::string& dataset, uint64_t row, const ArrayInfo& info,
-              std::span<std::byte> out, const std::string& path);
+void read_row(const std::string& file, const std::string& dataset, uint64_t row,
+              const ArrayInfo& info, std::span<std::byte> out, const std::string& path);
 
 // A 1-D integer dataset, converted to int64.
 std::vector<int64_t> read_labels(const std::string& file, const std::string& dataset,

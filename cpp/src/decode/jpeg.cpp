@@ -2,14 +2,14 @@
 
 #include <turbojpeg.h>
 // jpeglib.h needs size_t and FILE declared first.
-#include <cstddef>
-#include <cstdio>
 #include <jpeglib.h>
 
 #include <algorithm>
 #include <climits>
 #include <cmath>
 #include <csetjmp>
+#include <cstddef>
+#include <cstdio>
 #include <limits>
 #include <stdexcept>
 #include <string>
@@ -23,8 +23,9 @@ namespace {
 
 constexpr uint64_t kRgbBytes = 3;
 constexpr uint64_t kCmykBytes = 4;
-// Pixels decoded around a crop box (see crop_resize): two of the largest chroma blocks.
-constexpr unsigned kMargin = 16;
+// Pixels decoded around a crop box (see crop_resize): fancy upsampling reads one chroma sample
+// beyond each output pixel, up to 4 pixels away with 4:1:1 subsampling.
+constexpr unsigned kMargin = 4;
 
 template <typename T>
 void grow(std::vector<T>& buffer, size_t size) {
@@ -175,7 +176,8 @@ struct JpegDecoder::Impl {
     if (decoded.size() < stride * rows) {
       // The caller grew `decoded` for the largest possible region; reaching here is a bug, and
       // longjmp must not cross a throw: report it as a failure instead.
-      std::snprintf(errors.message, sizeof(errors.message), "internal error: region buffer too small");
+      std::snprintf(errors.message, sizeof(errors.message),
+                    "internal error: region buffer too small");
       jpeg_abort_decompress(&cinfo);
       return false;
     }
@@ -184,13 +186,20 @@ struct JpegDecoder::Impl {
       jpeg_abort_decompress(&cinfo);
       return false;
     }
-    for (size_t r = 0; r < rows; ++r) {
-      JSAMPROW row = decoded.data() + r * stride;
-      if (jpeg_read_scanlines(&cinfo, &row, 1) != 1) {
+    // Several rows per call: with 2x2 chroma subsampling, libjpeg makes two rows at a time and
+    // a one-row request goes through an extra copy.
+    constexpr size_t kRowsPerCall = 16;
+    JSAMPROW row_pointers[kRowsPerCall];
+    for (size_t r = 0; r < rows;) {
+      const size_t want = std::min(kRowsPerCall, rows - r);
+      for (size_t k = 0; k < want; ++k) row_pointers[k] = decoded.data() + (r + k) * stride;
+      const JDIMENSION got = jpeg_read_scanlines(&cinfo, row_pointers, static_cast<JDIMENSION>(want));
+      if (got == 0) {
         std::snprintf(errors.message, sizeof(errors.message), "cannot read row %zu", y0 + r);
         jpeg_abort_decompress(&cinfo);
         return false;
       }
+      r += got;
     }
     *x_start = xoff;
     *out_w = cinfo.output_width;
@@ -204,7 +213,8 @@ struct JpegDecoder::Impl {
     cinfo.err = jpeg_std_error(&errors.manager);
     errors.manager.error_exit = libjpeg_error_exit;
     errors.manager.emit_message = libjpeg_emit_message;
-    if (setjmp(errors.jump) != 0) throw Error(std::string("cannot create a libjpeg decompressor: ") + errors.message);
+    if (setjmp(errors.jump) != 0)
+      throw Error(std::string("cannot create a libjpeg decompressor: ") + errors.message);
     jpeg_create_decompress(&cinfo);
     cinfo_ready = true;
   }
@@ -214,7 +224,8 @@ struct JpegDecoder::Impl {
     if (jpeg.empty()) throw DecodeError(path, "empty file");
     if (jpeg.size() > ULONG_MAX) throw DecodeError(path, "file too large");
     ensure_libjpeg();
-    if (!libjpeg_header(jpeg)) throw DecodeError(path, std::string("cannot read JPEG header: ") + errors.message);
+    if (!libjpeg_header(jpeg))
+      throw DecodeError(path, std::string("cannot read JPEG header: ") + errors.message);
     Header header;
     header.width = static_cast<int>(cinfo.image_width);
     header.height = static_cast<int>(cinfo.image_height);
@@ -254,8 +265,10 @@ struct JpegDecoder::Impl {
     const double scale = 1.0 / denom;
     const double bx0 = box.left * scale, bx1 = (box.left + box.width) * scale;
     const double by0 = box.top * scale, by1 = (box.top + box.height) * scale;
-    const auto scaled_w = static_cast<JDIMENSION>((static_cast<int64_t>(header.width) + denom - 1) / denom);
-    const auto scaled_h = static_cast<JDIMENSION>((static_cast<int64_t>(header.height) + denom - 1) / denom);
+    const auto scaled_w =
+        static_cast<JDIMENSION>((static_cast<int64_t>(header.width) + denom - 1) / denom);
+    const auto scaled_h =
+        static_cast<JDIMENSION>((static_cast<int64_t>(header.height) + denom - 1) / denom);
     const auto x0 = static_cast<JDIMENSION>(std::floor(bx0));
     const auto x1 = std::min(static_cast<JDIMENSION>(std::ceil(bx1)), scaled_w);
     const auto y0 = static_cast<JDIMENSION>(std::floor(by0));
@@ -275,7 +288,8 @@ struct JpegDecoder::Impl {
     if (!libjpeg_region(denom, cmyk, rx0, rx1 - rx0, ry0, ry1, &x_start, &region_w)) {
       throw DecodeError(path, std::string("cannot decode JPEG data: ") + errors.message);
     }
-    if (cmyk) cmyk_to_rgb(decoded.data(), decoded.data(), static_cast<size_t>(region_w) * (ry1 - ry0));
+    if (cmyk)
+      cmyk_to_rgb(decoded.data(), decoded.data(), static_cast<size_t>(region_w) * (ry1 - ry0));
     const size_t stride = static_cast<size_t>(region_w) * kRgbBytes;
     // The resampler sees only the box's own pixels (columns [x0, x1), rows [y0, y1)), so that
     // edges behave as after torchvision's crop.
@@ -392,9 +406,9 @@ void JpegDecoder::decode_crop(std::span<const std::byte> jpeg, const CropBox& bo
                      reinterpret_cast<uint8_t*>(out.data()), path);
 }
 
-CropBox JpegDecoder::decode_random_crop(std::span<const std::byte> jpeg, ImageSize size, uint64_t seed,
-                                        uint64_t epoch, uint64_t index, std::span<std::byte> out,
-                                        const std::string& path) {
+CropBox JpegDecoder::decode_random_crop(std::span<const std::byte> jpeg, ImageSize size,
+                                        uint64_t seed, uint64_t epoch, uint64_t index,
+                                        std::span<std::byte> out, const std::string& path) {
   if (size.height == 0 || size.width == 0 || size.height > INT_MAX || size.width > INT_MAX ||
       out.size() != uint64_t{size.height} * uint64_t{size.width} * kRgbBytes) {
     throw std::logic_error("JpegDecoder::decode_random_crop: output size out of range");

@@ -53,7 +53,8 @@ class HeaderParser {
       skip_space();
       if (peek() != '}') fail("expected ',' or '}'");
     }
-    if (!have_descr || !have_order || !have_shape) fail("header lacks descr, fortran_order or shape");
+    if (!have_descr || !have_order || !have_shape)
+      fail("header lacks descr, fortran_order or shape");
   }
 
  private:
@@ -152,7 +153,8 @@ uint64_t parse_npy_header(std::span<const std::byte> prefix, ArrayInfo& info, ui
       *needed = 12;
       return 0;
     }
-    header_len = uint64_t{p[8]} | uint64_t{p[9]} << 8 | uint64_t{p[10]} << 16 | uint64_t{p[11]} << 24;
+    header_len =
+        uint64_t{p[8]} | uint64_t{p[9]} << 8 | uint64_t{p[10]} << 16 | uint64_t{p[11]} << 24;
     start = 12;
   } else {
     throw DecodeError(path, "unsupported .npy version " + std::to_string(major));

@@ -15,13 +15,13 @@ namespace prestage::detail {
 bool is_npy(std::span<const std::byte> bytes);
 
 // Parses the header at the start of `prefix`. Returns the offset of the array data (the header's
-// length) and fills `info` (finished: see finish_array_info). Returns 0 when `prefix` is too short to
-// hold the whole header; then `*needed` says how many bytes would do.
+// length) and fills `info` (finished: see finish_array_info). Returns 0 when `prefix` is too short
+// to hold the whole header; then `*needed` says how many bytes would do.
 uint64_t parse_npy_header(std::span<const std::byte> prefix, ArrayInfo& info, uint64_t max_bytes,
                           const std::string& path, uint64_t* needed);
 
-// Reads the header of the .npy held by `source` (reading only its first bytes when it is a file) and
-// checks that the data that follows it has exactly info.bytes bytes. Returns the data offset.
+// Reads the header of the .npy held by `source` (reading only its first bytes when it is a file)
+// and checks that the data that follows it has exactly info.bytes bytes. Returns the data offset.
 uint64_t probe_npy(const ByteSource& source, ArrayInfo& info, uint64_t max_bytes,
                    std::vector<std::byte>& scratch);
 

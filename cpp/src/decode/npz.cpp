@@ -24,7 +24,8 @@ constexpr uint64_t kMaxDirectoryBytes = 64 << 20;
 constexpr size_t kHeaderRead = 1 << 16;
 
 uint16_t u16(const std::byte* p) {
-  return static_cast<uint16_t>(std::to_integer<uint16_t>(p[0]) | std::to_integer<uint16_t>(p[1]) << 8);
+  return static_cast<uint16_t>(std::to_integer<uint16_t>(p[0]) | std::to_integer<uint16_t>(p[1])
+                                                                     << 8);
 }
 uint32_t u32(const std::byte* p) { return uint32_t{u16(p)} | uint32_t{u16(p + 2)} << 16; }
 uint64_t u64(const std::byte* p) { return uint64_t{u32(p)} | uint64_t{u32(p + 4)} << 32; }
@@ -74,9 +75,9 @@ bool is_zip(std::span<const std::byte> bytes) {
 struct NpzDecoder::Impl {
   z_stream stream{};
   bool stream_ready = false;
-  std::vector<std::byte> scratch;    // compressed data, directory, prefixes
-  std::vector<std::byte> header;     // an inflated .npy header
-  std::vector<std::byte> unpacked;   // a Fortran-order member, inflated
+  std::vector<std::byte> scratch;   // compressed data, directory, prefixes
+  std::vector<std::byte> header;    // an inflated .npy header
+  std::vector<std::byte> unpacked;  // a Fortran-order member, inflated
 
   [[noreturn]] static void fail(const ByteSource& source, const std::string& why) {
     throw DecodeError(source.path(), "npz: " + why);
@@ -88,8 +89,8 @@ struct NpzDecoder::Impl {
     stream_ready = true;
   }
 
-  // Inflates from stream.next_in into [out, out + size). Returns the bytes written; stops early only
-  // at the end of the deflate stream (`*ended`).
+  // Inflates from stream.next_in into [out, out + size). Returns the bytes written; stops early
+  // only at the end of the deflate stream (`*ended`).
   size_t inflate_to(const ByteSource& source, std::byte* out, size_t size, bool* ended) {
     *ended = false;
     size_t written = 0;
@@ -130,7 +131,8 @@ struct NpzDecoder::Impl {
         break;
       }
     }
-    if (eocd < 0) fail(source, "no end-of-central-directory record (not a zip archive, or truncated)");
+    if (eocd < 0)
+      fail(source, "no end-of-central-directory record (not a zip archive, or truncated)");
     const std::byte* e = tail.data() + eocd;
     uint64_t entries = u16(e + 10);
     uint64_t dir_size = u32(e + 12);
@@ -173,7 +175,8 @@ struct NpzDecoder::Impl {
       entry.uncompressed = u32(c + 24);
       const uint64_t name_len = u16(c + 28), extra_len = u16(c + 30), comment_len = u16(c + 32);
       entry.offset = u32(c + 42);
-      if (dir_size - pos - 46 < name_len + extra_len + comment_len) fail(source, "corrupt central directory");
+      if (dir_size - pos - 46 < name_len + extra_len + comment_len)
+        fail(source, "corrupt central directory");
       const std::string name(reinterpret_cast<const char*>(c + 46), name_len);
       // Zip64 extra field: the 64-bit values of the fields that hold 0xFFFFFFFF, in this order.
       const std::byte* x = c + 46 + name_len;
@@ -242,11 +245,13 @@ NpzMember NpzDecoder::probe(const ByteSource& archive, const std::string& name, 
   member.uncompressed = entry.uncompressed;
   member.crc = entry.crc;
   member.deflated = entry.method == 8;
-  if (member.data_start > archive.size() || member.compressed > archive.size() - member.data_start) {
+  if (member.data_start > archive.size() ||
+      member.compressed > archive.size() - member.data_start) {
     Impl::fail(archive, "member data runs past the end of the archive");
   }
   if (!member.deflated) {
-    if (member.compressed != member.uncompressed) Impl::fail(archive, "stored member sizes disagree");
+    if (member.compressed != member.uncompressed)
+      Impl::fail(archive, "stored member sizes disagree");
     const RangeSource data(archive, member.data_start, member.compressed);
     member.npy_offset = probe_npy(data, info, max_bytes, m.scratch);
     return member;
@@ -264,13 +269,14 @@ NpzMember NpzDecoder::probe(const ByteSource& archive, const std::string& name, 
     bool ended = false;
     const size_t got = m.inflate_to(archive, m.header.data(), header_bytes, &ended);
     uint64_t needed = 0;
-    const uint64_t offset = parse_npy_header(std::span(m.header.data(), got), info, max_bytes,
-                                             archive.path(), &needed);
+    const uint64_t offset =
+        parse_npy_header(std::span(m.header.data(), got), info, max_bytes, archive.path(), &needed);
     if (offset != 0) {
       if (member.uncompressed < offset || member.uncompressed - offset != info.bytes) {
-        Impl::fail(archive, ".npy header describes " + std::to_string(info.bytes) +
-                                " bytes of data, the member holds " +
-                                std::to_string(member.uncompressed - std::min(offset, member.uncompressed)));
+        Impl::fail(archive,
+                   ".npy header describes " + std::to_string(info.bytes) +
+                       " bytes of data, the member holds " +
+                       std::to_string(member.uncompressed - std::min(offset, member.uncompressed)));
       }
       member.npy_offset = offset;
       return member;
@@ -285,7 +291,8 @@ NpzMember NpzDecoder::probe(const ByteSource& archive, const std::string& name, 
 void NpzDecoder::decode(const ByteSource& archive, const NpzMember& member, const ArrayInfo& info,
                         std::span<std::byte> out) {
   Impl& m = *impl_;
-  if (out.size() != info.bytes) throw std::logic_error("NpzDecoder::decode: output of the wrong size");
+  if (out.size() != info.bytes)
+    throw std::logic_error("NpzDecoder::decode: output of the wrong size");
   if (!member.deflated) {
     const RangeSource data(archive, member.data_start, member.compressed);
     const auto header = read_span(data, 0, member.npy_offset, m.header);
@@ -328,12 +335,13 @@ void NpzDecoder::decode(const ByteSource& archive, const NpzMember& member, cons
   uint64_t written = 0;
   while (!ended && written < info.bytes) {
     refill();
-    const size_t n = m.inflate_to(archive, target + written,
-                                  static_cast<size_t>(info.bytes - written), &ended);
+    const size_t n =
+        m.inflate_to(archive, target + written, static_cast<size_t>(info.bytes - written), &ended);
     if (n == 0 && m.stream.avail_in == 0 && fed == in.size()) break;
     written += n;
   }
-  if (got != member.npy_offset || written != info.bytes) Impl::fail(archive, "truncated deflate data");
+  if (got != member.npy_offset || written != info.bytes)
+    Impl::fail(archive, "truncated deflate data");
   // The stream must end exactly here.
   std::byte probe[1];
   refill();

@@ -25,8 +25,8 @@ struct NpzMember {
   uint64_t npy_offset = 0;  // the array's data within the uncompressed member (after its header)
 };
 
-// One per reader thread, created once (an inflate stream plus scratch). Not thread-safe. Every error
-// is a DecodeError naming the source's path.
+// One per reader thread, created once (an inflate stream plus scratch). Not thread-safe. Every
+// error is a DecodeError naming the source's path.
 class NpzDecoder {
  public:
   NpzDecoder();

@@ -15,11 +15,16 @@ constexpr size_t kHeaderPrefix = 1 << 16;
 
 const char* mode_name(DecodeMode mode) {
   switch (mode) {
-    case DecodeMode::kJpeg: return "jpeg";
-    case DecodeMode::kRaw: return "raw";
-    case DecodeMode::kNpy: return "npy";
-    case DecodeMode::kNpz: return "npz";
-    case DecodeMode::kHdf5: return "hdf5";
+    case DecodeMode::kJpeg:
+      return "jpeg";
+    case DecodeMode::kRaw:
+      return "raw";
+    case DecodeMode::kNpy:
+      return "npy";
+    case DecodeMode::kNpz:
+      return "npz";
+    case DecodeMode::kHdf5:
+      return "hdf5";
   }
   return "?";
 }
@@ -52,6 +57,10 @@ const ByteSource& SampleDecoder::payload(const SampleLocation& where) {
     file_source_.emplace(where.file, loc.length == Catalog::kWholeFile ? 0 : loc.offset, length,
                          where.path);
     return *file_source_;
+  }
+  if (length > codec_.max_bytes + kFramingBytes) {
+    throw DecodeError(where.path, "TFRecord record of " + std::to_string(length) +
+                                      " bytes exceeds max_sample_bytes");
   }
   if (record_.size() < length) record_.resize(length);
   std::span<std::byte> framed(record_.data(), length);
@@ -86,8 +95,9 @@ void SampleDecoder::probe(const SampleLocation& where, ArrayProbe& probe) {
   if (codec_.kind == Catalog::Kind::kHdf5) {
     const Hdf5Dataset d = hdf5::describe(where.file, codec_.field, codec_.max_bytes, where.path);
     if (where.locator.offset >= d.rows) {
-      throw DecodeError(where.path, "row " + std::to_string(where.locator.offset) + " is past the " +
-                                        std::to_string(d.rows) + " rows of '" + codec_.field + "'");
+      throw DecodeError(where.path, "row " + std::to_string(where.locator.offset) +
+                                        " is past the " + std::to_string(d.rows) + " rows of '" +
+                                        codec_.field + "'");
     }
     probe.info = d.row;
     probe.kind = ArrayProbe::Kind::kHdf5;
@@ -95,7 +105,8 @@ void SampleDecoder::probe(const SampleLocation& where, ArrayProbe& probe) {
   }
   const ByteSource& source = payload(where);
   if (codec_.mode == DecodeMode::kRaw) {
-    if (source.size() > codec_.max_bytes) throw DecodeError(where.path, "sample exceeds max_sample_bytes");
+    if (source.size() > codec_.max_bytes)
+      throw DecodeError(where.path, "sample exceeds max_sample_bytes");
     probe.info = ArrayInfo{};
     probe.info.dtype = "|u1";
     probe.info.item_size = 1;
@@ -124,7 +135,8 @@ void SampleDecoder::probe(const SampleLocation& where, ArrayProbe& probe) {
     size_t want = kHeaderPrefix;
     while (true) {
       if (scratch_.size() < want) scratch_.resize(want);
-      const size_t got = zstd_.decompress_prefix(packed, std::span(scratch_.data(), want), where.path);
+      const size_t got =
+          zstd_.decompress_prefix(packed, std::span(scratch_.data(), want), where.path);
       uint64_t needed = 0;
       const uint64_t offset = parse_npy_header(std::span(scratch_.data(), got), probe.info,
                                                codec_.max_bytes, where.path, &needed);
@@ -144,14 +156,16 @@ void SampleDecoder::probe(const SampleLocation& where, ArrayProbe& probe) {
     return;
   }
   if (!is_npy(head)) {
-    throw DecodeError(where.path, is_zip(head) ? "a .npz archive, not a .npy file (use decode='npz')"
-                                               : "not a .npy file (bad magic)");
+    throw DecodeError(where.path, is_zip(head)
+                                      ? "a .npz archive, not a .npy file (use decode='npz')"
+                                      : "not a .npy file (bad magic)");
   }
   probe.data_offset = probe_npy(source, probe.info, codec_.max_bytes, scratch_);
   probe.kind = ArrayProbe::Kind::kNpy;
 }
 
-void SampleDecoder::fill(const SampleLocation& where, const ArrayProbe& probe, std::span<std::byte> out) {
+void SampleDecoder::fill(const SampleLocation& where, const ArrayProbe& probe,
+                         std::span<std::byte> out) {
   if (probe.kind == ArrayProbe::Kind::kHdf5) {
     hdf5::read_row(where.file, codec_.field, where.locator.offset, probe.info, out, where.path);
     return;
@@ -175,8 +189,8 @@ void SampleDecoder::fill(const SampleLocation& where, const ArrayProbe& probe, s
         return;
       }
       if (unpacked_.size() < probe.info.bytes) unpacked_.resize(probe.info.bytes);
-      zstd_.decompress_into(packed, probe.data_offset, std::span(unpacked_.data(), probe.info.bytes),
-                            where.path);
+      zstd_.decompress_into(packed, probe.data_offset,
+                            std::span(unpacked_.data(), probe.info.bytes), where.path);
       fortran_to_c(unpacked_.data(), out.data(), probe.info);
       return;
     }

@@ -2,10 +2,10 @@
 // (whole files or byte ranges, TFRecord records, HDF5 rows), and each reader thread holds one
 // SampleDecoder with every codec context it may need, created once.
 //
-// Arrays (npy, npz, HDF5, raw TFRecord features) are decoded in two phases, so that a batch's buffer
-// is sized once and each array is written straight into its place: probe() reads only headers
-// (a .npy header, a zip directory, a zstd frame's first bytes, HDF5 metadata) and fill() decodes the
-// data into the batch buffer.
+// Arrays (npy, npz, HDF5, raw TFRecord features) are decoded in two phases, so that a batch's
+// buffer is sized once and each array is written straight into its place: probe() reads only
+// headers (a .npy header, a zip directory, a zstd frame's first bytes, HDF5 metadata) and fill()
+// decodes the data into the batch buffer.
 #pragma once
 
 #include <cstdint>
@@ -34,7 +34,10 @@ struct Codec {
 
   // Checks that `options.decode` fits the catalog (ConfigError otherwise).
   static Codec choose(const Catalog& catalog, const LoaderOptions& options);
-  bool arrays() const { return mode != DecodeMode::kJpeg && !(mode == DecodeMode::kRaw && kind == Catalog::Kind::kFiles); }
+  bool arrays() const {
+    return mode != DecodeMode::kJpeg &&
+           !(mode == DecodeMode::kRaw && kind == Catalog::Kind::kFiles);
+  }
 };
 
 // Where one sample is read from: the copy to read (staged or source) and the name errors give.
@@ -49,8 +52,9 @@ struct ArrayProbe {
   enum class Kind : uint8_t { kNpy, kZstdNpy, kNpz, kZstdNpz, kHdf5, kBytes };
   ArrayInfo info;
   Kind kind = Kind::kNpy;
-  uint64_t data_offset = 0;  // kNpy, kZstdNpy: the array data's offset in the (decompressed) payload
-  NpzMember member;          // kNpz, kZstdNpz
+  uint64_t data_offset =
+      0;             // kNpy, kZstdNpy: the array data's offset in the (decompressed) payload
+  NpzMember member;  // kNpz, kZstdNpz
 };
 
 class SampleDecoder {
@@ -59,7 +63,8 @@ class SampleDecoder {
 
   // The bytes a JPEG is decoded from, given the sample's bytes as read: the TFRecord feature taken
   // out of its record, a zstd frame decompressed. May point into `sample` or into this decoder.
-  std::span<const std::byte> image_payload(std::span<const std::byte> sample, const std::string& path);
+  std::span<const std::byte> image_payload(std::span<const std::byte> sample,
+                                           const std::string& path);
 
   void probe(const SampleLocation& where, ArrayProbe& probe);
   void fill(const SampleLocation& where, const ArrayProbe& probe, std::span<std::byte> out);

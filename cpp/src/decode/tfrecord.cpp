@@ -108,11 +108,20 @@ class Wire {
   }
   void skip(uint32_t type) {
     switch (type) {
-      case 0: varint(); return;
-      case 1: advance(8); return;
-      case 2: bytes(); return;
-      case 5: advance(4); return;
-      default: fail("unsupported wire type " + std::to_string(type));
+      case 0:
+        varint();
+        return;
+      case 1:
+        advance(8);
+        return;
+      case 2:
+        bytes();
+        return;
+      case 5:
+        advance(4);
+        return;
+      default:
+        fail("unsupported wire type " + std::to_string(type));
     }
   }
   [[noreturn]] void fail(const std::string& why) const {
@@ -187,8 +196,8 @@ std::span<const std::byte> feature_list(std::span<const std::byte> feature, uint
     }
   }
   if (kind != want) {
-    throw DecodeError(path, "feature '" + std::string(name) + "' is a " + kinds[kind] + ", expected a " +
-                                kinds[want]);
+    throw DecodeError(path, "feature '" + std::string(name) + "' is a " + kinds[kind] +
+                                ", expected a " + kinds[want]);
   }
   return list;
 }
@@ -212,15 +221,17 @@ uint32_t masked_crc32c(std::span<const std::byte> bytes) {
   return ((crc >> 15) | (crc << 17)) + 0xa282ead8u;
 }
 
-std::span<const std::byte> unframe_record(std::span<const std::byte> framed, const std::string& path) {
+std::span<const std::byte> unframe_record(std::span<const std::byte> framed,
+                                          const std::string& path) {
   if (framed.size() < kFramingBytes) throw DecodeError(path, "TFRecord: truncated record");
   const uint64_t length = load_u64(framed.data());
   if (load_u32(framed.data() + 8) != masked_crc32c(framed.first(8))) {
     throw DecodeError(path, "TFRecord: bad CRC of the record length");
   }
   if (length != framed.size() - kFramingBytes) {
-    throw DecodeError(path, "TFRecord: record length " + std::to_string(length) + " does not match its " +
-                                std::to_string(framed.size() - kFramingBytes) + " bytes (truncated or changed)");
+    throw DecodeError(
+        path, "TFRecord: record length " + std::to_string(length) + " does not match its " +
+                  std::to_string(framed.size() - kFramingBytes) + " bytes (truncated or changed)");
   }
   const auto data = framed.subspan(12, length);
   if (load_u32(framed.data() + 12 + length) != masked_crc32c(data)) {
@@ -229,8 +240,9 @@ std::span<const std::byte> unframe_record(std::span<const std::byte> framed, con
   return data;
 }
 
-void scan_tfrecord(const std::string& file, const std::string& path, uint64_t max_record,
-                   const std::function<void(uint64_t, uint64_t, std::span<const std::byte>)>& record) {
+void scan_tfrecord(
+    const std::string& file, const std::string& path, uint64_t max_record,
+    const std::function<void(uint64_t, uint64_t, std::span<const std::byte>)>& record) {
   std::ifstream in(file, std::ios::binary);
   if (!in) {
     const int err = errno;
@@ -244,11 +256,13 @@ void scan_tfrecord(const std::string& file, const std::string& path, uint64_t ma
     const auto got = static_cast<size_t>(in.gcount());
     if (got == 0 && in.eof()) break;
     if (got != sizeof(head)) {
-      throw DecodeError(path, "TFRecord: truncated record header at byte " + std::to_string(offset));
+      throw DecodeError(path,
+                        "TFRecord: truncated record header at byte " + std::to_string(offset));
     }
     const uint64_t length = load_u64(head);
     if (load_u32(head + 8) != masked_crc32c(std::span<const std::byte>(head, 8))) {
-      throw DecodeError(path, "TFRecord: bad CRC of the record length at byte " + std::to_string(offset));
+      throw DecodeError(path,
+                        "TFRecord: bad CRC of the record length at byte " + std::to_string(offset));
     }
     if (length > max_record) {
       throw DecodeError(path, "TFRecord: record of " + std::to_string(length) + " bytes at byte " +

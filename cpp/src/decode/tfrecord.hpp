@@ -22,7 +22,8 @@ inline constexpr uint64_t kFramingBytes = 16;
 
 // Checks one framed record (both CRCs, the length against the bytes) and returns its data. Throws
 // DecodeError naming `path`.
-std::span<const std::byte> unframe_record(std::span<const std::byte> framed, const std::string& path);
+std::span<const std::byte> unframe_record(std::span<const std::byte> framed,
+                                          const std::string& path);
 
 // Reads the TFRecord file `file` from start to end, checking every record, and calls `record` with
 // each record's offset, framed length and data (valid during the call). A truncated last record,

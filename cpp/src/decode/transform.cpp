@@ -20,7 +20,8 @@ constexpr uint64_t kCropTag = 0x6372'6f70'5f72'7263ULL;
 // A generator of its own for each (seed, epoch, sample).
 class Draws {
  public:
-  Draws(uint64_t seed, uint64_t epoch, uint64_t index) : rng_(seed ^ kCropTag, stream(epoch, index)) {}
+  Draws(uint64_t seed, uint64_t epoch, uint64_t index)
+      : rng_(seed ^ kCropTag, stream(epoch, index)) {}
   double uniform() { return static_cast<double>(rng_.next() >> 11) * 0x1.0p-53; }
 
  private:
@@ -40,7 +41,8 @@ int64_t round_half_even(double x) {
 
 // torch.randint(0, n): a value in [0, n).
 int randint(double u, int64_t n) {
-  return static_cast<int>(std::min<int64_t>(static_cast<int64_t>(u * static_cast<double>(n)), n - 1));
+  return static_cast<int>(
+      std::min<int64_t>(static_cast<int64_t>(u * static_cast<double>(n)), n - 1));
 }
 
 }  // namespace

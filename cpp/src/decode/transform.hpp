@@ -1,6 +1,6 @@
 // Stage 3, image transforms around the JPEG codec: torchvision's RandomResizedCrop parameters drawn
-// from a per-(seed, epoch, sample) generator, and the conversion of decoded RGB images to the batch's
-// layout and element type.
+// from a per-(seed, epoch, sample) generator, and the conversion of decoded RGB images to the
+// batch's layout and element type.
 #pragma once
 
 #include <cstddef>
@@ -20,12 +20,12 @@ struct CropBox {
   bool flip = false;
 };
 
-// torchvision's RandomResizedCrop.get_params with scale (0.08, 1) and ratio (3/4, 4/3): ten tries of
-// area = scale * H * W and a log-uniform aspect ratio, w = round(sqrt(area * ratio)),
-// h = round(sqrt(area / ratio)) (half to even, as Python's round), accepted if it fits; else the
-// centre crop with the ratio clamped. Then RandomHorizontalFlip(0.5). Every random number is a
-// uniform double u in [0, 1) from CropDraws (randint(0, n) is floor(u * n)), so the same
-// (seed, epoch, index) gives the same box on every machine.
+// torchvision's RandomResizedCrop.get_params with scale (0.08, 1) and ratio (3/4, 4/3): ten tries
+// of area = scale * H * W and a log-uniform aspect ratio, w = round(sqrt(area * ratio)), h =
+// round(sqrt(area / ratio)) (half to even, as Python's round), accepted if it fits; else the centre
+// crop with the ratio clamped. Then RandomHorizontalFlip(0.5). Every random number is a uniform
+// double u in [0, 1) from CropDraws (randint(0, n) is floor(u * n)), so the same (seed, epoch,
+// index) gives the same box on every machine.
 CropBox random_resized_crop(uint64_t seed, uint64_t epoch, uint64_t index, int height, int width);
 
 // The uniform doubles that random_resized_crop(seed, epoch, index, ...) consumes, in order (at most
@@ -38,8 +38,8 @@ struct Normalizer {
   explicit Normalizer(const LoaderOptions& options);
 };
 
-// Writes an RGB image (height x width x 3, packed) as one sample of the batch: NHWC or NCHW, uint8 or
-// float32 (through `normalizer`, which kUint8 ignores).
+// Writes an RGB image (height x width x 3, packed) as one sample of the batch: NHWC or NCHW, uint8
+// or float32 (through `normalizer`, which kUint8 ignores).
 void convert_image(const uint8_t* rgb, int height, int width, Layout layout, OutputType type,
                    const Normalizer& normalizer, std::byte* out);
 

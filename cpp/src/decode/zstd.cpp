@@ -59,8 +59,8 @@ std::span<const std::byte> ZstdDecoder::decompress(std::span<const std::byte> in
   uint64_t capacity = 1 << 16;
   if (stated != ZSTD_CONTENTSIZE_UNKNOWN) {
     if (stated > max_bytes) {
-      Impl::fail(path, "frame claims " + std::to_string(stated) + " bytes, over max_sample_bytes (" +
-                           std::to_string(max_bytes) + ")");
+      Impl::fail(path, "frame claims " + std::to_string(stated) +
+                           " bytes, over max_sample_bytes (" + std::to_string(max_bytes) + ")");
     }
     capacity = std::max<uint64_t>(stated, 1);
   }
@@ -91,7 +91,8 @@ std::span<const std::byte> ZstdDecoder::decompress(std::span<const std::byte> in
     const size_t before_in = src.pos, before_out = dst.pos;
     hint = impl_->step(src, dst, path);
     if (src.pos == src.size && hint == 0) break;
-    if (src.pos == src.size && dst.pos < dst.size && before_in == src.pos && before_out == dst.pos) {
+    if (src.pos == src.size && dst.pos < dst.size && before_in == src.pos &&
+        before_out == dst.pos) {
       Impl::fail(path, "truncated frame");
     }
   }
@@ -146,7 +147,8 @@ void ZstdDecoder::decompress_into(std::span<const std::byte> in, uint64_t skip,
   }
   run(out.data(), out.size(), true);
   std::byte probe[1];
-  if (run(probe, 1, false) != 0) Impl::fail(path, "frame holds more data than its array header describes");
+  if (run(probe, 1, false) != 0)
+    Impl::fail(path, "frame holds more data than its array header describes");
   if (!(src.pos == src.size && hint == 0)) Impl::fail(path, "truncated frame");
 }
 

@@ -4,6 +4,7 @@
 #include <condition_variable>
 #include <deque>
 #include <mutex>
+#include <new>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -370,8 +371,8 @@ void Pipeline::Impl::decode_images(Work& w, Slot& slot) {
       shared.counters.bytes_read.fetch_add(bytes.size(), std::memory_order_relaxed);
       std::byte* const place = slot.data.data() + i * image_bytes;
       if (!direct && reader.image.size() < rgb_bytes) reader.image.resize(rgb_bytes);
-      const std::span<std::byte> rgb(direct ? place : reinterpret_cast<std::byte*>(reader.image.data()),
-                                     rgb_bytes);
+      const std::span<std::byte> rgb(
+          direct ? place : reinterpret_cast<std::byte*>(reader.image.data()), rgb_bytes);
       const std::string& path = source_path(shared.catalog.locator(id).file, reader);
       const auto jpeg = reader.decoder->image_payload(bytes, path);
       if (o.image_size.empty()) {
@@ -382,8 +383,8 @@ void Pipeline::Impl::decode_images(Work& w, Slot& slot) {
         reader.decoder->jpeg.decode_resized(jpeg, size, rgb, path);
       }
       if (!direct) {
-        convert_image(reader.image.data(), static_cast<int>(size.height), static_cast<int>(size.width),
-                      o.layout, o.dtype, *shared.normalizer, place);
+        convert_image(reader.image.data(), static_cast<int>(size.height),
+                      static_cast<int>(size.width), o.layout, o.dtype, *shared.normalizer, place);
       }
     } catch (...) {
       first_error.record(i);
@@ -435,7 +436,8 @@ void Pipeline::Impl::decode_arrays(Work& w, Slot& slot) {
   uint64_t total = 0;
   for (size_t i = 0; i < w.count; ++i) {
     const ArrayInfo& info = w.probes[i].info;
-    const char* problem = info.dtype != first.dtype ? "its dtype differs from the batch's first sample's"
+    const char* problem = info.dtype != first.dtype
+                              ? "its dtype differs from the batch's first sample's"
                           : info.bytes > SIZE_MAX - total ? "the batch is too large for memory"
                                                           : nullptr;
     if (problem != nullptr) {
@@ -450,7 +452,13 @@ void Pipeline::Impl::decode_arrays(Work& w, Slot& slot) {
     for (const uint64_t d : info.dims()) slot.dims.push_back(d);
     slot.dim_offsets[i + 1] = slot.dims.size();
   }
-  slot.data.reserve(static_cast<size_t>(total));
+  try {
+    slot.data.reserve(static_cast<size_t>(total));
+  } catch (const std::bad_alloc&) {
+    // No exception may leave a graph node: the batch carries it to the consumer.
+    slot.error = std::current_exception();
+    return;
+  }
   slot.data_bytes = static_cast<size_t>(total);
 
   // Phase 2: each array straight into its place.
@@ -462,7 +470,8 @@ void Pipeline::Impl::decode_arrays(Work& w, Slot& slot) {
       if (!reader.decoder) reader.decoder = std::make_unique<SampleDecoder>(shared.codec);
       const Catalog::Locator loc = shared.catalog.locator(w.ids[i]);
       const std::string& path = source_path(loc.file, reader);
-      std::span<std::byte> out(slot.data.data() + slot.offsets[i], slot.offsets[i + 1] - slot.offsets[i]);
+      std::span<std::byte> out(slot.data.data() + slot.offsets[i],
+                               slot.offsets[i + 1] - slot.offsets[i]);
       auto& counters = shared.counters;
       if (w.from_stage[i]) {
         const std::string staged = shared.stage_dir->staged_path(loc.file);
@@ -523,7 +532,12 @@ void Pipeline::Impl::copy_raw(Work& w, Slot& slot) {
     slot.ragged = slot.ragged || slot.dims[i] != slot.dims[0];
   }
   for (size_t i = 0; i < w.count; ++i) slot.offsets[i + 1] += slot.offsets[i];
-  slot.data.reserve(slot.offsets[w.count]);
+  try {
+    slot.data.reserve(slot.offsets[w.count]);
+  } catch (const std::bad_alloc&) {
+    slot.error = std::current_exception();  // carried to the consumer, as any sample's error
+    return;
+  }
   slot.data_bytes = slot.offsets[w.count];
   slot.shape = {w.count, 0, 0, 0};
   tbb::parallel_for(size_t{0}, w.count, [&](size_t i) {

@@ -102,10 +102,27 @@ def _image_folder(root: str) -> Tuple[List[str], List[int]]:
     return paths, labels
 
 
+def _import_tensorflow() -> Any:
+    """TensorFlow, imported with stderr closed: its C++ start-up log (oneDNN notes, absl warnings)
+    would break the progress bars; an ImportError still surfaces as an exception."""
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    sys.stderr.flush()
+    saved = os.dup(2)
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, 2)
+        import tensorflow as tf
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(devnull)
+    return tf
+
+
 def run_tf(root: str, batch_size: int, image_size: Optional[Tuple[int, int]], transform: str,
            workers: Optional[int], batches: Optional[int], seed: int, compute_ms: float,
            show_progress: bool) -> Dict[str, Any]:
-    import tensorflow as tf
+    tf = _import_tensorflow()
 
     start = time.perf_counter()
     paths, labels = _image_folder(root)
