@@ -246,3 +246,28 @@ TEST_CASE("stager: a missing source file is given up on, and the other samples a
   CHECK(stats.stage_failures == 1);
   CHECK(!stats.stage_dir_disabled);
 }
+
+TEST_CASE("stage directory: records appended after a torn one still vouch for their copies") {
+  TempDir dir;
+  write(dir / "src/a", "first");
+  write(dir / "src/b", "second");
+  const Catalog cat = Catalog::from_paths(dir / "src", {"a", "b"});
+  std::vector<std::byte> buffer;
+  std::string index;
+  {
+    StageDirectory stage(dir / "stage", cat);
+    REQUIRE(stage.try_claim(0));
+    REQUIRE(stage.stage(0, cat.file_source_path(0).string(), buffer) == Outcome::kStaged);
+    index = (stage.path() / "index.log").string();
+  }
+  std::ofstream(index, std::ios::app | std::ios::binary) << "torn: a short append";
+  {
+    StageDirectory stage(dir / "stage", cat);  // appends its record after the torn bytes
+    REQUIRE(stage.try_claim(1));
+    REQUIRE(stage.stage(1, cat.file_source_path(1).string(), buffer) == Outcome::kStaged);
+  }
+  StageDirectory again(dir / "stage", cat);
+  CHECK(again.found_at_start() == 2);
+  CHECK(again.is_staged(0));
+  CHECK(again.is_staged(1));
+}

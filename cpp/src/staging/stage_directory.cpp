@@ -9,6 +9,7 @@
 #include <charconv>
 #include <cstdio>
 #include <cstring>
+#include <optional>
 #include <system_error>
 
 #include "decode/tfrecord.hpp"  // crc32c
@@ -66,6 +67,27 @@ struct StageDirectory::Record {
 };
 static_assert(sizeof(StageDirectory::Record) == 40, "index records are 40 bytes on disk");
 
+namespace {
+// Calls `found` with every valid record of an index, in order. A torn record (a process killed
+// mid-append) is skipped by looking for the next valid one byte by byte, so that the records
+// appended after it still count; a record's own CRC makes a false match practically impossible.
+template <typename Found>
+void for_each_record(const std::vector<std::byte>& bytes, Found found) {
+  using Record = StageDirectory::Record;
+  size_t at = 0;
+  while (at + sizeof(Record) <= bytes.size()) {
+    Record r;
+    std::memcpy(&r, bytes.data() + at, sizeof(Record));
+    if (r.magic == kRecordMagic && r.version == kRecordVersion && r.record_crc == r.own_crc()) {
+      found(r);
+      at += sizeof(Record);
+    } else {
+      ++at;
+    }
+  }
+}
+}  // namespace
+
 StageDirectory::StageDirectory(const fs::path& dir, const Catalog& catalog)
     : catalog_(catalog),
       area_(dir / ("prestage-" + hex(catalog.fingerprint(), 16))),
@@ -78,20 +100,16 @@ StageDirectory::StageDirectory(const fs::path& dir, const Catalog& catalog)
   fs::create_directories(area_, ec);
   if (ec) fail(area_.string(), ec.value(), "create stage directory");
 
-  // The index: the last valid record of each file vouches for its copy. A torn last record (a
-  // process killed mid-append) ends the valid part.
+  // The index: the last valid record of each file vouches for its copy.
   const std::string index = (area_ / "index.log").string();
   index_fd_ = ::open(index.c_str(), O_RDWR | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
   if (index_fd_ < 0) fail(index, errno, "open");
   std::vector<std::byte> bytes;
   read_file(index, bytes);
   std::vector<Record> latest(size_);
-  for (size_t at = 0; at + sizeof(Record) <= bytes.size(); at += sizeof(Record)) {
-    Record r;
-    std::memcpy(&r, bytes.data() + at, sizeof(Record));
-    if (r.magic != kRecordMagic || r.version != kRecordVersion || r.record_crc != r.own_crc()) break;
+  for_each_record(bytes, [&](const Record& r) {
     if (r.id < size_) latest[r.id] = r;
-  }
+  });
 
   for (int shard = 0; shard < kShards; ++shard) {
     const fs::path shard_dir = area_ / hex(shard, 2);
@@ -169,13 +187,11 @@ bool StageDirectory::adopt(uint64_t id) {
   // Another process's copy: its record is at the index's end.
   std::vector<std::byte> bytes;
   read_file((area_ / "index.log").string(), bytes);
-  const Record* found = nullptr;
-  for (size_t at = 0; at + sizeof(Record) <= bytes.size(); at += sizeof(Record)) {
-    const Record* r = reinterpret_cast<const Record*>(bytes.data() + at);
-    if (r->magic != kRecordMagic || r->record_crc != r->own_crc()) break;
-    if (r->id == id) found = r;
-  }
-  if (found == nullptr || found->size != static_cast<uint64_t>(st.st_size)) return false;
+  std::optional<Record> found;
+  for_each_record(bytes, [&](const Record& r) {
+    if (r.id == id) found = r;
+  });
+  if (!found || found->size != static_cast<uint64_t>(st.st_size)) return false;
   sizes_[id].store(found->size, std::memory_order_relaxed);
   crcs_[id].store(found->crc, std::memory_order_relaxed);
   unverified_[id].store(1, std::memory_order_relaxed);
