@@ -131,23 +131,24 @@ for n in "${runnable[@]}"; do
 done
 wait || true
 
-printf '%-12s %8s %14s %8s %s\n' harness seconds executions corpus result
+printf '%-12s %8s %14s %12s %s\n' harness seconds executions corpus result
 for n in "${harnesses[@]}"; do
   if [ -n "${blocked[$n]:-}" ]; then
-    printf '%-12s %8s %14s %8s %s\n' "$n" - - - "not fuzzed: open finding ${blocked[$n]}"
+    printf '%-12s %8s %14s %12s %s\n' "$n" - - - "not fuzzed: open finding ${blocked[$n]}"
     continue
   fi
   logf="$build/logs/$n.log"
   rc=$(cat "$build/logs/$n.rc" 2>/dev/null || echo missing)
   execs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$logf" | tail -n 1)
   secs=$(sed -n 's/^Done [0-9]* runs in \([0-9]*\) second.*/\1/p' "$logf" | tail -n 1)
-  corpus=$(find "$build/corpus/$n" -type f | wc -l)
+  # libFuzzer's corpus at the end: inputs/bytes, after it dropped those that add nothing.
+  corpus=$(sed -n 's/^#[0-9]*[[:space:]]*DONE .* corp: \([^ ]*\) .*/\1/p' "$logf" | tail -n 1)
   result=ok
   if [ "$rc" != 0 ]; then
     result="FAILED (exit $rc; log: $logf)"
     status=1
   fi
-  printf '%-12s %8s %14s %8s %s\n' "$n" "${secs:--}" "${execs:--}" "$corpus" "$result"
+  printf '%-12s %8s %14s %12s %s\n' "$n" "${secs:--}" "${execs:--}" "${corpus:--}" "$result"
 done
 for n in "${runnable[@]}"; do
   if [ "$(cat "$build/logs/$n.rc" 2>/dev/null || echo 1)" != 0 ]; then

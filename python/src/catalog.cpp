@@ -53,7 +53,8 @@ Explicit relative paths and labels (or no labels: -1).
 )doc")
       .def_static(
           "from_hdf5",
-          [](py::handle paths, const std::string& dataset, const std::optional<std::string>& labels) {
+          [](py::handle paths, const std::string& dataset,
+             const std::optional<std::string>& labels) {
             const auto files = path_list(paths);
             py::gil_scoped_release release;
             return Catalog::from_hdf5(files, dataset, labels.value_or(""));
@@ -68,8 +69,7 @@ thread-safe).
 )doc")
       .def_static(
           "from_tfrecord",
-          [](py::handle paths,
-             const std::map<std::string, std::string>& features) {
+          [](py::handle paths, const std::map<std::string, std::string>& features) {
             for (const auto& [key, value] : features) {
               if (key != "image" && key != "label") {
                 throw ConfigError(

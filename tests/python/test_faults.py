@@ -184,7 +184,7 @@ def test_keyboard_interrupt_while_waiting_is_prompt_and_clean(make_folder, nativ
     start = time.monotonic()
     loader.close()
     assert time.monotonic() - start < 1.0
-    assert native_threads() == before
+    assert native_threads() <= before  # threads of earlier tests may still be leaving
 
 
 def test_an_exception_in_the_training_loop_leaves_no_thread(folder, native_threads):
@@ -194,7 +194,7 @@ def test_an_exception_in_the_training_loop_leaves_no_thread(folder, native_threa
         with prestage.Loader(cat, batch_size=2) as loader:
             for _ in loader:
                 raise RuntimeError("training step failed")
-    assert native_threads() == before
+    assert native_threads() <= before  # threads of earlier tests may still be leaving
 
 
 def test_interpreter_exit_with_a_live_loader_is_clean(folder):

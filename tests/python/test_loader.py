@@ -186,7 +186,7 @@ def test_breaking_mid_epoch_and_deleting_leaves_no_thread(make_folder, tmp_path,
         assert time.monotonic() - start < 1.0
         assert held.shape == (2, 32, 48, 3) and int(held.sum()) > 0
         del held
-    assert native_threads() == before
+    assert native_threads() <= before  # threads of earlier tests may still be leaving
 
 
 def test_arrays_are_zero_copy_views_that_keep_their_buffer(folder):

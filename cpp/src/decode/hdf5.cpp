@@ -2,6 +2,8 @@
 
 #include <hdf5.h>
 
+#include <algorithm>
+#include <filesystem>
 #include <list>
 #include <mutex>
 #include <stdexcept>
@@ -47,6 +49,11 @@ struct Open {
   std::string file, dataset;
   Id file_id, dataset_id, memory_type;
   Hdf5Dataset info;
+  bool chunked = false;
+  hsize_t chunk[kMaxDims + 1] = {};  // chunked: the chunk shape
+  uint64_t chunk_bytes = 0;          // chunked: a whole chunk, decoded
+  bool filtered = false;             // chunked: stored chunks are compressed (sizes vary)
+  uint64_t file_bytes = 0;           // chunked: the file's size when opened
 };
 
 // The one lock and the cache of open datasets, most recently used first.
@@ -89,6 +96,119 @@ const char* class_name(H5T_class_t c) {
       return "array";
     default:
       return "unknown";
+  }
+}
+
+// HDF5 allocates a whole chunk's buffer before it reads (and inflates) the chunk: a corrupt chunk
+// shape, size or address could make it ask for gigabytes. A chunk's decoded size must stay under
+// kMaxChunkBytes (checked at open) and every chunk a row touches must lie inside the file (checked
+// before each read: a lookup per chunk, one for the usual chunking of one or more whole rows).
+constexpr uint64_t kMaxChunkBytes = uint64_t{1} << 30;
+
+// Checks one stored chunk (address HADDR_UNDEF: not stored) against the file and the chunk shape.
+void check_chunk(const Open& o, haddr_t address, hsize_t stored, const std::string& path) {
+  if (address == HADDR_UNDEF) return;
+  if (address > o.file_bytes || stored > o.file_bytes - address) {
+    fail(path, "a chunk of '" + o.dataset + "' lies outside the file (corrupt chunk index)");
+  }
+  // HDF5 1.10 copies an unfiltered chunk out of a buffer of its stored size, trusting the chunk
+  // shape: a shorter chunk would be read past its end.
+  if (!o.filtered && stored != o.chunk_bytes) {
+    fail(path, "a chunk of '" + o.dataset + "' stores " + std::to_string(stored) + " bytes, not " +
+                   std::to_string(o.chunk_bytes) + " (corrupt)");
+  }
+}
+
+void read_layout(Open& o, const std::string& file, const std::string& dataset,
+                 const std::string& path) {
+  Id plist(H5Dget_create_plist(o.dataset_id.get()), H5Pclose);
+  if (!plist.valid()) fail(path, "cannot read the storage layout of '" + dataset + "'");
+  const H5D_layout_t layout = H5Pget_layout(plist.get());
+  if (layout == H5D_COMPACT) {
+    // HDF5 1.10 copies a compact dataset out of the buffer it read from the header, trusting the
+    // dataspace: data shorter than rows x row bytes would be read past its end.
+    const uint64_t stored = H5Dget_storage_size(o.dataset_id.get());
+    const uint64_t row_bytes = o.info.row.bytes;
+    if (row_bytes != 0 && (o.info.rows > stored / row_bytes)) {
+      fail(path, "dataset '" + dataset + "' stores fewer bytes than its shape needs (corrupt)");
+    }
+    return;
+  }
+  if (layout != H5D_CHUNKED) return;
+  const int rank = H5Pget_chunk(plist.get(), static_cast<int>(kMaxDims + 1), o.chunk);
+  if (rank != static_cast<int>(o.info.row.ndim) + 1) {
+    fail(path, "cannot read the chunk shape of '" + dataset + "'");
+  }
+  uint64_t chunk_bytes = std::max<uint64_t>(o.info.row.item_size, 1);
+  for (int d = 0; d < rank; ++d) {
+    if (o.chunk[d] == 0 || chunk_bytes > kMaxChunkBytes / o.chunk[d]) {
+      fail(path, "dataset '" + dataset + "' has chunks over 1 GiB");
+    }
+    chunk_bytes *= o.chunk[d];
+  }
+  o.chunk_bytes = chunk_bytes;
+  const int filters = H5Pget_nfilters(plist.get());
+  if (filters < 0) fail(path, "cannot read the filters of '" + dataset + "'");
+  o.filtered = filters > 0;
+  std::error_code ec;
+  o.file_bytes = std::filesystem::file_size(file, ec);
+  if (ec) fail(path, "cannot stat the file");
+  // The chunks' stored sizes add up to this: more than the file holds is a corrupt chunk index.
+  if (H5Dget_storage_size(o.dataset_id.get()) > o.file_bytes) {
+    fail(path, "dataset '" + dataset + "' claims more stored bytes than the file holds (corrupt)");
+  }
+  o.chunked = true;
+  // A small index is checked whole, entry by entry (HDF5 1.10 finds an entry by its position in
+  // linear time, so a large index is left to the per-row checks).
+  constexpr hsize_t kCheckedChunks = 4096;
+  Id space(H5Dget_space(o.dataset_id.get()), H5Sclose);
+  hsize_t chunks = 0;
+  if (!space.valid() || H5Dget_num_chunks(o.dataset_id.get(), space.get(), &chunks) < 0) {
+    fail(path, "cannot read the chunk index of '" + dataset + "'");
+  }
+  if (chunks > kCheckedChunks) return;
+  for (hsize_t i = 0; i < chunks; ++i) {
+    hsize_t offset[kMaxDims + 1] = {};
+    unsigned filter_mask = 0;
+    haddr_t address = HADDR_UNDEF;
+    hsize_t stored = 0;
+    if (H5Dget_chunk_info(o.dataset_id.get(), space.get(), i, offset, &filter_mask, &address,
+                          &stored) < 0) {
+      fail(path, "cannot read the chunk index of '" + dataset + "'");
+    }
+    for (int d = 0; d < rank; ++d) {
+      const hsize_t extent = d == 0 ? o.info.rows : o.info.row.shape[static_cast<size_t>(d - 1)];
+      if (offset[d] % o.chunk[d] != 0 || offset[d] >= std::max<hsize_t>(extent, 1)) {
+        fail(path, "dataset '" + dataset + "' has a corrupt chunk index");
+      }
+    }
+    check_chunk(o, address, stored, path);
+  }
+}
+
+// Checks that every stored chunk that row `row` touches lies inside the file.
+void check_row_chunks(const Open& o, uint64_t row, const std::string& path) {
+  if (!o.chunked) return;
+  const uint32_t n = o.info.row.ndim;
+  hsize_t coord[kMaxDims + 1] = {};
+  coord[0] = row / o.chunk[0] * o.chunk[0];
+  while (true) {
+    unsigned filter_mask = 0;
+    haddr_t address = HADDR_UNDEF;
+    hsize_t stored = 0;
+    if (H5Dget_chunk_info_by_coord(o.dataset_id.get(), coord, &filter_mask, &address, &stored) <
+        0) {
+      fail(path, "cannot look up a chunk of '" + o.dataset + "' (corrupt chunk index)");
+    }
+    check_chunk(o, address, stored, path);
+    // Next chunk along the row's axes (odometer, last axis fastest).
+    int d = static_cast<int>(n);
+    for (; d >= 1; --d) {
+      coord[d] += o.chunk[d];
+      if (coord[d] < o.info.row.shape[static_cast<size_t>(d - 1)]) break;
+      coord[d] = 0;
+    }
+    if (d < 1) return;
   }
 }
 
@@ -151,6 +271,18 @@ Open& open_dataset(State& s, const std::string& file, const std::string& dataset
   o.info.row.ndim = static_cast<uint32_t>(rank - 1);
   for (int d = 1; d < rank; ++d) o.info.row.shape[static_cast<size_t>(d - 1)] = dims[d];
   finish_array_info(o.info.row, max_bytes, path);
+  read_layout(o, file, dataset, path);
+  // Each row becomes a catalog entry (and a label): a corrupt header claiming far more rows than
+  // the file stores is refused before anything is allocated for them. Compression can shrink
+  // data, but not a thousandfold.
+  const uint64_t stored = H5Dget_storage_size(o.dataset_id.get());
+  const uint64_t row_bytes = std::max<uint64_t>(o.info.row.bytes, 1);
+  constexpr uint64_t kMaxRatio = 1024;
+  if (o.info.rows > (stored * kMaxRatio + (uint64_t{1} << 20)) / row_bytes) {
+    fail(path, "dataset '" + dataset + "' claims " + std::to_string(o.info.rows) + " rows of " +
+                   std::to_string(row_bytes) + " bytes but stores " + std::to_string(stored) +
+                   " bytes");
+  }
   if (s.open.size() >= kMaxOpen) s.open.pop_back();
   s.open.push_front(std::move(o));
   return s.open.front();
@@ -178,6 +310,7 @@ void read_row(const std::string& file, const std::string& dataset, uint64_t row,
     fail(path, "row " + std::to_string(row) + " is past the " + std::to_string(o.info.rows) +
                    " rows of '" + dataset + "'");
   }
+  check_row_chunks(o, row, path);
   Id file_space(H5Dget_space(o.dataset_id.get()), H5Sclose);
   if (!file_space.valid()) fail(path, "cannot read the shape of '" + dataset + "'");
   const uint32_t rank = info.ndim + 1;
@@ -205,6 +338,9 @@ std::vector<int64_t> read_labels(const std::string& file, const std::string& dat
   Open& o = open_dataset(s, file, dataset, ~uint64_t{0}, path);
   if (o.info.row.ndim != 0 || o.info.row.dtype[1] == 'f') {
     fail(path, "labels dataset '" + dataset + "' must be a 1-D integer dataset");
+  }
+  if (o.chunked) {
+    for (uint64_t row = 0; row < o.info.rows; row += o.chunk[0]) check_row_chunks(o, row, path);
   }
   std::vector<int64_t> labels(o.info.rows);
   if (!labels.empty() && H5Dread(o.dataset_id.get(), H5T_NATIVE_INT64, H5S_ALL, H5S_ALL,

@@ -193,7 +193,8 @@ struct JpegDecoder::Impl {
     for (size_t r = 0; r < rows;) {
       const size_t want = std::min(kRowsPerCall, rows - r);
       for (size_t k = 0; k < want; ++k) row_pointers[k] = decoded.data() + (r + k) * stride;
-      const JDIMENSION got = jpeg_read_scanlines(&cinfo, row_pointers, static_cast<JDIMENSION>(want));
+      const JDIMENSION got =
+          jpeg_read_scanlines(&cinfo, row_pointers, static_cast<JDIMENSION>(want));
       if (got == 0) {
         std::snprintf(errors.message, sizeof(errors.message), "cannot read row %zu", y0 + r);
         jpeg_abort_decompress(&cinfo);

@@ -248,6 +248,12 @@ void scan_tfrecord(
     const int err = errno;
     throw IoError(path, err, "cannot open TFRecord file '" + path + "': " + std::strerror(err));
   }
+  // The file's size bounds every record's length before anything is allocated for it.
+  in.seekg(0, std::ios::end);
+  const std::streamoff end = in.tellg();
+  in.seekg(0, std::ios::beg);
+  if (end < 0 || !in) throw IoError(path, EIO, "cannot read TFRecord file '" + path + "'");
+  const auto file_size = static_cast<uint64_t>(end);
   std::vector<std::byte> framed;
   uint64_t offset = 0;
   while (true) {
@@ -263,6 +269,11 @@ void scan_tfrecord(
     if (load_u32(head + 8) != masked_crc32c(std::span<const std::byte>(head, 8))) {
       throw DecodeError(path,
                         "TFRecord: bad CRC of the record length at byte " + std::to_string(offset));
+    }
+    if (offset + sizeof(head) > file_size || length > file_size - offset - sizeof(head) ||
+        file_size - offset - sizeof(head) - length < 4) {
+      throw DecodeError(path, "TFRecord: truncated record at byte " + std::to_string(offset) +
+                                  " (its length says " + std::to_string(length) + " bytes)");
     }
     if (length > max_record) {
       throw DecodeError(path, "TFRecord: record of " + std::to_string(length) + " bytes at byte " +
