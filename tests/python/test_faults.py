@@ -161,8 +161,14 @@ def test_processes_sharing_a_stage_directory_stage_each_file_once(make_folder, t
     stage = tmp_path / "stage"
     procs = [subprocess.Popen([sys.executable, "-c", SHARED_RUN, str(root), str(stage), str(seed)],
                               stdout=subprocess.PIPE, text=True) for seed in (1, 2, 3)]
-    results = [json.loads(p.communicate(timeout=120)[0]) for p in procs]
+    try:
+        outputs = [p.communicate(timeout=120)[0] for p in procs]
+    finally:
+        for p in procs:  # none outlives the test, whatever happened
+            p.kill()
+            p.wait()
     assert all(p.returncode == 0 for p in procs)
+    results = [json.loads(out) for out in outputs]
     assert sum(r["staged"] for r in results) == 100  # each file copied by one process only
     copies = [p for p in stage.rglob("*") if p.is_file() and p.name != "index.log"]
     assert len(copies) == 100

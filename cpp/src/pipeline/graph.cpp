@@ -474,11 +474,16 @@ void Pipeline::Impl::decode_arrays(Work& w, Slot& slot) {
                                slot.offsets[i + 1] - slot.offsets[i]);
       auto& counters = shared.counters;
       if (w.from_stage[i]) {
-        const std::string staged = shared.stage_dir->staged_path(loc.file);
-        reader.decoder->fill(SampleLocation{staged, path, loc}, w.probes[i], out);
-        counters.hits.fetch_add(1, std::memory_order_relaxed);
-        counters.bytes_from_stage.fetch_add(out.size(), std::memory_order_relaxed);
-      } else {
+        try {
+          const std::string staged = shared.stage_dir->staged_path(loc.file);
+          reader.decoder->fill(SampleLocation{staged, path, loc}, w.probes[i], out);
+          counters.hits.fetch_add(1, std::memory_order_relaxed);
+          counters.bytes_from_stage.fetch_add(out.size(), std::memory_order_relaxed);
+        } catch (const IoError&) {
+          w.from_stage[i] = 0;  // the copy vanished since it was probed: the source has the same bytes
+        }
+      }
+      if (!w.from_stage[i]) {
         reader.decoder->fill(SampleLocation{path, path, loc}, w.probes[i], out);
         counters.misses.fetch_add(1, std::memory_order_relaxed);
         counters.bytes_from_source.fetch_add(out.size(), std::memory_order_relaxed);
@@ -547,10 +552,15 @@ void Pipeline::Impl::copy_raw(Work& w, Slot& slot) {
     try {
       auto& counters = shared.counters;
       if (w.from_stage[i]) {
-        read_located(shared.stage_dir->staged_path(loc.file), loc, out);
-        counters.hits.fetch_add(1, std::memory_order_relaxed);
-        counters.bytes_from_stage.fetch_add(out.size(), std::memory_order_relaxed);
-      } else {
+        try {
+          read_located(shared.stage_dir->staged_path(loc.file), loc, out);
+          counters.hits.fetch_add(1, std::memory_order_relaxed);
+          counters.bytes_from_stage.fetch_add(out.size(), std::memory_order_relaxed);
+        } catch (const IoError&) {
+          w.from_stage[i] = 0;  // the copy vanished since it was sized: the source has the same bytes
+        }
+      }
+      if (!w.from_stage[i]) {
         read_located(shared.catalog.file_source_path(loc.file).string(), loc, out);
         counters.misses.fetch_add(1, std::memory_order_relaxed);
         counters.bytes_from_source.fetch_add(out.size(), std::memory_order_relaxed);

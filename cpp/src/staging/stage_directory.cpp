@@ -42,13 +42,19 @@ bool parse_hex(std::string_view s, uint64_t& out) {
   throw IoError(path, err, "cannot " + action + " '" + path + "': " + std::strerror(err));
 }
 
-// True if nobody holds a lock on the file (so no live process is writing it).
-bool unlocked(const fs::path& path) {
+// True if `fd` is still the file at `path`: a file unlinked or replaced since it was opened is not.
+bool still_at(int fd, const std::string& path) {
+  struct stat by_fd, by_path;
+  return ::fstat(fd, &by_fd) == 0 && ::stat(path.c_str(), &by_path) == 0 && by_fd.st_dev == by_path.st_dev &&
+         by_fd.st_ino == by_path.st_ino;
+}
+
+// Removes a file nobody holds a lock on (so no live process is writing it), under the lock.
+void remove_unlocked(const fs::path& path) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return false;
-  const bool free = ::flock(fd, LOCK_EX | LOCK_NB) == 0;
+  if (fd < 0) return;
+  if (::flock(fd, LOCK_EX | LOCK_NB) == 0 && still_at(fd, path.string())) ::unlink(path.c_str());
   ::close(fd);  // releases the lock, if taken
-  return free;
 }
 
 }  // namespace
@@ -104,12 +110,26 @@ StageDirectory::StageDirectory(const fs::path& dir, const Catalog& catalog)
   const std::string index = (area_ / "index.log").string();
   index_fd_ = ::open(index.c_str(), O_RDWR | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
   if (index_fd_ < 0) fail(index, errno, "open");
-  std::vector<std::byte> bytes;
-  read_file(index, bytes);
   std::vector<Record> latest(size_);
-  for_each_record(bytes, [&](const Record& r) {
-    if (r.id < size_) latest[r.id] = r;
-  });
+  off_t index_read = -1;  // the index's size when last read
+  auto read_index = [&] {
+    struct stat st;
+    if (::fstat(index_fd_, &st) != 0) fail(index, errno, "stat");
+    if (st.st_size == index_read) return;  // nothing appended since
+    std::vector<std::byte> bytes;
+    read_file(index, bytes);
+    index_read = static_cast<off_t>(bytes.size());
+    for_each_record(bytes, [&](const Record& r) {
+      if (r.id < size_) latest[r.id] = r;
+    });
+  };
+  read_index();
+  auto vouched = [&](uint64_t id, const struct stat& st) {
+    const Record& r = latest[id];
+    return r.magic == kRecordMagic && r.size == static_cast<uint64_t>(st.st_size) &&
+           (catalog.file_size(id) == Catalog::kUnknownSize || catalog.file_size(id) == r.size) &&
+           (catalog.file_mtime(id) == Catalog::kUnknownMtime || catalog.file_mtime(id) == r.source_mtime);
+  };
 
   for (int shard = 0; shard < kShards; ++shard) {
     const fs::path shard_dir = area_ / hex(shard, 2);
@@ -125,25 +145,34 @@ StageDirectory::StageDirectory(const fs::path& dir, const Catalog& catalog)
       }
       if (dot != std::string::npos) {
         // "<id>.part": a copy being written, or left by a process that died.
-        if (name.substr(dot) == ".part" && unlocked(it->path())) fs::remove(it->path(), ec);
+        if (name.substr(dot) == ".part") remove_unlocked(it->path());
         continue;
       }
       struct stat st;
-      const Record& r = latest[id];
-      const bool vouched =
-          ::stat(it->path().c_str(), &st) == 0 && r.magic == kRecordMagic &&
-          r.size == static_cast<uint64_t>(st.st_size) &&
-          (catalog.file_size(id) == Catalog::kUnknownSize || catalog.file_size(id) == r.size) &&
-          (catalog.file_mtime(id) == Catalog::kUnknownMtime || catalog.file_mtime(id) == r.source_mtime);
-      if (vouched) {
+      if (::stat(it->path().c_str(), &st) != 0) continue;  // removed by another process meanwhile
+      bool ok = vouched(id, st);
+      if (!ok) {
+        // Another process may have published this copy after the index was read: its writer appends
+        // the record before it lets go of the lock, so look again while holding the lock.
+        const int fd = ::open(it->path().c_str(), O_RDONLY | O_CLOEXEC);
+        if (fd < 0) continue;
+        struct Closer {
+          int fd;
+          ~Closer() { ::close(fd); }
+        } closer{fd};
+        if (::flock(fd, LOCK_EX | LOCK_NB) != 0) continue;  // being written: not ours to judge
+        read_index();
+        ok = ::fstat(fd, &st) == 0 && vouched(id, st);
+        // Partial, stale (its source changed) or never vouched for: never served.
+        if (!ok && still_at(fd, it->path().string())) ::unlink(it->path().c_str());
+      }
+      if (ok) {
+        const Record& r = latest[id];
         state_[id].store(kStaged, std::memory_order_relaxed);
         unverified_[id].store(1, std::memory_order_relaxed);
         sizes_[id].store(r.size, std::memory_order_relaxed);
         crcs_[id].store(r.crc, std::memory_order_relaxed);
         ++found_at_start_;
-      } else if (unlocked(it->path())) {
-        // Partial, stale (its source changed) or never vouched for: never served.
-        fs::remove(it->path(), ec);
       }
     }
     if (ec) fail(shard_dir.string(), ec.value(), "list stage directory");
@@ -214,9 +243,9 @@ StageDirectory::Outcome StageDirectory::stage(uint64_t id, const std::string& so
     int fd;
     ~Closer() { ::close(fd); }  // also releases the lock
   } closer{fd};
-  if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+  if (::flock(fd, LOCK_EX | LOCK_NB) != 0 || !still_at(fd, part_path)) {
     abandon(id);
-    return Outcome::kBusy;  // another process is writing it
+    return Outcome::kBusy;  // another process is writing it, or has just published or removed it
   }
   auto give_up = [&] {
     ::unlink(part_path.c_str());
