@@ -185,7 +185,10 @@ def test_bench_grid_writes_json_and_figures(data: Path, tmp_path: Path, capsys) 
     pipelined = [s for s in result["grid"] if s["mode"] == "pipelined"]
     assert len(pipelined) == 4 and all(s["images"] == 12 for s in pipelined)
     best = max(pipelined, key=lambda s: s["images_per_s"])
-    assert result["chosen"] == {k: best[k] for k in ("prefetchers", "readers", "lookahead")}
+    assert {k: result["chosen"][k] for k in ("prefetchers", "readers", "lookahead")} == {
+        k: best[k] for k in ("prefetchers", "readers", "lookahead")}
+    stage_all = {s["mode"]: s for s in result["headline"]}["stage-all"]
+    assert stage_all["options"]["prefetchers"] == result["chosen"]["stage_all_prefetchers"]
     assert {g["readers"] for g in result["grid_ratios"]} == {1, 2}
     for name in ("elapsed_vs_prefetchers.png", "elapsed_vs_decode_threads.png", "modes.png"):
         png = out_dir / name

@@ -89,6 +89,10 @@ class Setup:
             self._catalogs[key] = catalog
         return catalog
 
+    def keep_catalog(self, root: Path, catalog: Any) -> None:
+        """Makes ``catalog`` (the same samples in the same order) the one used for ``root``."""
+        self._catalogs[os.fspath(root)] = catalog
+
     def batches_of(self, epoch: int, batches: Optional[int]) -> List[List[int]]:
         import prestage
 

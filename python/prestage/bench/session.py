@@ -156,18 +156,21 @@ def _default_source(images: int, quiet: bool) -> Path:
     return default_source(images, 10, quiet)
 
 
-def _catalog_lists(source: Path) -> Tuple[List[str], List[int], List[str], float]:
+def _catalog(pfs_root: Path, source: Path) -> Tuple[Any, List[str], List[int], List[str], float]:
+    """The catalog the loaders read the PFS with, built from the PFS itself as a training job would
+    (once; then saved): it records each file's size and mtime, so that no stage has to stat the PFS
+    again. Also the paths, labels and classes (to build the same catalog on other roots) and the mean
+    file size (for the baselines' MB/s), taken from the full-speed ``source``."""
     import prestage
 
-    catalog = prestage.Catalog.from_folder(source)
+    catalog = prestage.Catalog.from_folder(pfs_root)
     if len(catalog) == 0:
         raise ValueError(f"{source} holds no JPEG files in class folders")
     paths = [catalog.path(i) for i in range(len(catalog))]
     labels = [catalog.label(i) for i in range(len(catalog))]
-    # The mean file size (for MB/s of the baselines): every file, or a sample of a large set.
     sample = paths if len(paths) <= 5000 else random.Random(0).sample(paths, 5000)
     mean = sum(os.stat(source / p).st_size for p in sample) / len(sample)
-    return paths, labels, list(catalog.classes), mean
+    return catalog, paths, labels, list(catalog.classes), mean
 
 
 def _raise_on_sigterm(signum: int, frame: Any) -> None:
@@ -207,8 +210,10 @@ def session(args: argparse.Namespace, purpose: str) -> Iterator[Tuple[Setup, Dic
                 emulator = None
                 info["emulator_error"] = str(e)
                 note(f"prestage {purpose}: cannot emulate a PFS ({e}); reading {source} directly")
+        if not args.quiet:
+            note(f"building the catalog of {pfs_root} (one stat per file)")
         start = time.perf_counter()
-        paths, labels, classes, mean = _catalog_lists(source)
+        catalog, paths, labels, classes, mean = _catalog(pfs_root, source)
         info["catalog_s"] = time.perf_counter() - start
         info["images_in_set"] = len(paths)
         info["mean_file_bytes"] = mean
@@ -217,6 +222,7 @@ def session(args: argparse.Namespace, purpose: str) -> Iterator[Tuple[Setup, Dic
                       image_size=args.image_size, transform=args.transform, depth=args.depth,
                       seed=args.seed, compute_ms=args.compute_ms, cold=args.cold, emulator=emulator,
                       show_progress=not args.quiet)
+        setup.keep_catalog(pfs_root, catalog)
         info["cache_method"] = cache.make_cold(args.cold, [source])  # also tells which one works
         yield setup, info
     finally:

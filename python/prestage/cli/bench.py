@@ -14,7 +14,8 @@ times (medians are reported):
 
 With --grid it first runs the grid prefetchers x readers x lookahead (a bounded number of batches per
 point) for the pipelined mode, and the other modes along the readers axis (and stage-all along the
-prefetchers axis); the best pipelined point is then used for the full runs.
+prefetchers axis); the best pipelined point is then used for the full runs, and stage-all copies with
+its own best number of threads.
 
 With --emulate, SOURCE is served through prestage-pfs, a FUSE file system that adds a latency per
 operation, a bandwidth cap and a concurrency cap: the paper's experiment on one machine.
@@ -81,7 +82,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                         "whose framework is not installed is skipped with a note)")
     g.add_argument("--prefetchers", type=positive, default=8, metavar="N",
                    help="stage 2 threads of pipelined, copy threads of stage-all (default 8; with "
-                        "--grid: the best grid point's)")
+                        "--grid: the best grid point's of each)")
     g.add_argument("--readers", type=positive, default=os.cpu_count() or 1, metavar="N",
                    help="stage 3 (decode) threads of the prestage modes (default: the number of cores, "
                         "%(default)s here; with --grid: the best grid point's)")
@@ -204,6 +205,7 @@ def run(args: argparse.Namespace) -> int:
             note(f"cold caches: {info['cache_method']}; {info['images_in_set']} images, "
                  f"{info['mean_file_bytes'] / 1e3:.1f} KB on average")
             prefetchers, readers, lookahead = args.prefetchers, args.readers, args.lookahead
+            copy_threads = prefetchers  # stage-all's
             if args.grid:
                 jobs = _grid_jobs(args, modes)
                 grid = run_jobs(setup, jobs, args.grid_batches, args.grid_repeat, "grid",
@@ -216,12 +218,18 @@ def run(args: argparse.Namespace) -> int:
                     prefetchers, readers, lookahead = best["prefetchers"], best["readers"], best["lookahead"]
                     note(f"best grid point: prefetchers={prefetchers} readers={readers} "
                          f"lookahead={lookahead} ({best['images_per_s']:.0f} images/s)")
-            result["chosen"] = {"prefetchers": prefetchers, "readers": readers, "lookahead": lookahead}
+                # stage-all gets its own best copy threads (at the same readers), not pipelined's.
+                copies = [s for s in grid if s["mode"] == "stage-all" and s["readers"] == readers]
+                copy_threads = max(copies, key=lambda s: s["images_per_s"])["prefetchers"] \
+                    if copies else prefetchers
+            result["chosen"] = {"prefetchers": prefetchers, "readers": readers, "lookahead": lookahead,
+                                "stage_all_prefetchers": copy_threads}
             if not args.grid_only:
                 runs: Dict[str, List[Dict[str, Any]]] = {m: [] for m in modes}
                 for repeat in range(args.repeat):
                     for mode in modes:
-                        r = run_mode(setup, mode, prefetchers, readers, lookahead, epoch=repeat,
+                        threads = copy_threads if mode == "stage-all" else prefetchers
+                        r = run_mode(setup, mode, threads, readers, lookahead, epoch=repeat,
                                      batches=args.batches, workers=args.workers)
                         runs[mode].append(r)
                         result["runs"].append(r)
@@ -230,7 +238,8 @@ def run(args: argparse.Namespace) -> int:
                                  f"{r['images_per_s']:7.0f} images/s  stall {r['stall_s']:.2f} s")
                 headline = []
                 for mode in modes:
-                    s = summarize(Job(mode, prefetchers, readers, lookahead, args.workers), runs[mode])
+                    threads = copy_threads if mode == "stage-all" else prefetchers
+                    s = summarize(Job(mode, threads, readers, lookahead, args.workers), runs[mode])
                     first = runs[mode][0]
                     for key in ("options", "stages", "pfs", "cache", "hits", "misses", "pinned",
                                 "version", "index_s"):
@@ -267,13 +276,13 @@ def _median_stages(runs: List[Dict[str, Any]]) -> Optional[Dict[str, Any]]:
 def _write_outputs(args: argparse.Namespace, result: Dict[str, Any]) -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     chosen = result["chosen"]
-    batches = "whole epoch" if args.batches is None else f"{args.batches} batches"
+    batches = "one epoch" if args.batches is None else f"{args.batches} batches"
     try:
         from prestage.bench.plots import plot_all
 
         written = plot_all(args.out, result["grid"], result["headline"], chosen["readers"],
                            chosen["prefetchers"], f"{args.grid_batches} batches of {args.batch_size}",
-                           f"{batches} of {args.batch_size}")
+                           f"{batches}, batches of {args.batch_size}")
         result["plots"] = [str(p) for p in written]
     except ImportError:
         note("prestage bench: no figures (matplotlib is not installed)")
@@ -287,7 +296,7 @@ def format_result(result: Dict[str, Any]) -> str:
         f"machine   {m.get('cpu', '?')}, {m['cores']} cores, {m.get('memory_gib', '?')} GiB, "
         f"Linux {m['kernel']}; source on {m.get('source_fs')}, stage directory on {m.get('stage_fs')}",
         f"data      {info['images_in_set']} images, {info['mean_file_bytes'] / 1e3:.1f} KB mean, "
-        f"catalog built in {info['catalog_s']:.2f} s",
+        f"catalog walked through the PFS in {info['catalog_s']:.1f} s (once; a training job saves it)",
     ]
     if info["emulated"]:
         e = info["emulator"]
