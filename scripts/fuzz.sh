@@ -4,9 +4,9 @@
 # crash, a sanitizer error, an uncaught exception, a timeout, a leak or an allocation over the limit,
 # or if a saved reproducer of a fixed finding fails again.
 #
-#   scripts/fuzz.sh                 every harness for 30 s (CI)
-#   scripts/fuzz.sh 600             every harness for 10 minutes
-#   scripts/fuzz.sh 600 jpeg npz    only these harnesses
+#   scripts/fuzz.sh                 every harness for 30 s (CI), hdf5 excepted
+#   scripts/fuzz.sh 600             every harness for 10 minutes, hdf5 excepted
+#   scripts/fuzz.sh 600 jpeg hdf5   only these harnesses
 #   scripts/fuzz.sh replay          every seed and every saved reproducer once (no fuzzing)
 #
 # Saved reproducers of findings (fuzz/crashes/) run first: fuzz/README.md says how they and the
@@ -35,13 +35,15 @@ if [ $# -gt 0 ]; then
   esac
   shift
 fi
+# hdf5 runs only when named: the parsing it reaches is Debian's HDF5 library's, which is not
+# instrumented and has open findings of its own (fuzz/README.md), so it would make CI fail at random.
 if [ $# -gt 0 ]; then
   harnesses=("$@")
 else
   harnesses=()
   for f in fuzz/*_fuzzer.cpp; do
     n=$(basename "$f" _fuzzer.cpp)
-    harnesses+=("$n")
+    [ "$n" = hdf5 ] || harnesses+=("$n")
   done
 fi
 
@@ -63,6 +65,9 @@ export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
 export LSAN_OPTIONS=${LSAN_OPTIONS:-suppressions=$root/fuzz/lsan.supp}
 
 bin_of() { echo "$build/fuzz/$1_fuzzer"; }
+# A unit slower than 10 s is a hang; more than 2 GB resident or one allocation over 512 MB is a
+# finding (every harness bounds its own outputs far below that).
+limits=(-timeout=10 -rss_limit_mb=2048 -malloc_limit_mb=512)
 
 mkdir -p "$build/logs"
 status=0
@@ -76,7 +81,7 @@ declare -A blocked=()
 for n in "${harnesses[@]}"; do
   for r in fuzz/crashes/"$n"-*; do
     [ -e "$r" ] || continue
-    if "$(bin_of "$n")" -runs=1 "$r" >"$build/logs/reproducer-$(basename "$r").log" 2>&1; then
+    if "$(bin_of "$n")" "${limits[@]}" -runs=1 "$r" >"$build/logs/reproducer-$(basename "$r").log" 2>&1; then
       if listed_open "$r"; then log "$r no longer fails: take it off $open_list"; fi
     elif listed_open "$r"; then
       log "$n: open finding $r (see $open_list): not fuzzed"
@@ -93,7 +98,7 @@ if [ "$mode" = replay ]; then
     [ -z "${blocked[$n]:-}" ] || continue
     inputs=(fuzz/corpus/"$n"/*)
     log "$n: replaying ${#inputs[@]} seeds"
-    if ! "$(bin_of "$n")" -runs=1 "${inputs[@]}" >"$build/logs/replay-$n.log" 2>&1; then
+    if ! "$(bin_of "$n")" "${limits[@]}" -runs=1 "${inputs[@]}" >"$build/logs/replay-$n.log" 2>&1; then
       tail -n 40 "$build/logs/replay-$n.log" >&2
       log "$n: FAILED (log: $build/logs/replay-$n.log)"
       status=1
@@ -110,8 +115,8 @@ run_one() {
   mkdir -p "$work" "$artifacts"
   local rc=0
   # New inputs go to the first directory (the work corpus); fuzz/corpus/<name> is only read.
-  nice -n "$niceness" "$(bin_of "$n")" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 \
-    -malloc_limit_mb=512 -print_final_stats=1 -artifact_prefix="$artifacts/" \
+  nice -n "$niceness" "$(bin_of "$n")" -max_total_time="$seconds" "${limits[@]}" \
+    -print_final_stats=1 -artifact_prefix="$artifacts/" \
     "$work" "fuzz/corpus/$n" >"$build/logs/$n.log" 2>&1 || rc=$?
   echo "$rc" >"$build/logs/$n.rc"
 }
