@@ -3,10 +3,14 @@
 // A read-only FUSE pass-through of a local directory that makes every operation as slow as asked:
 // a latency per operation (open, read, getattr/lookup, readdir), an aggregate read-bandwidth cap
 // and a cap on concurrent operations (see throttle.hpp). Everything a benchmark compares reads
-// through it, so every loader meets the same slow storage. This file alone includes libfuse3.
+// through it, so every loader meets the same slow storage. It can also fail or stall the opens and
+// reads of chosen files (see faults.hpp), for the reliability tests. This file alone includes
+// libfuse3.
 //
 // The emulator's counters are readable, without any latency, as JSON from the hidden file
-// MOUNTPOINT/.prestage-pfs-stats (not listed in its directory).
+// MOUNTPOINT/.prestage-pfs-stats (not listed in its directory). Fault rules are written to, and
+// listed by, the hidden file MOUNTPOINT/.prestage-pfs-faults. The mount itself is not `ro`, so that
+// this one file can be written; every other change is refused with EROFS by the emulator.
 //
 // It runs in the foreground, prints "mounted MOUNTPOINT" on stdout once the mount is in place, and
 // unmounts on SIGINT, SIGTERM or SIGHUP (and, with --exit-with-parent, when its parent dies).
@@ -15,6 +19,7 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <fuse.h>
+#include <fuse_lowlevel.h>
 #include <getopt.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
@@ -22,7 +27,9 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
+#include <cmath>
 #include <chrono>
 #include <csignal>
 #include <cstdio>
@@ -32,17 +39,20 @@
 #include <string>
 #include <vector>
 
+#include "faults.hpp"
 #include "throttle.hpp"
 
 namespace prestage::pfs {
 namespace {
 
 constexpr const char* kStatsPath = "/.prestage-pfs-stats";
+constexpr const char* kFaultsPath = "/.prestage-pfs-faults";
 
 struct Config {
   std::string source;
   std::string mountpoint;
   ThrottleConfig throttle;
+  std::string fault_rules;  // from the command line, in the syntax of faults.hpp
   unsigned threads = 0;  // 0: max_ops + 8, or 64 without a cap
   double attr_timeout_s = 1.0;
   bool direct_io = false;
@@ -56,10 +66,13 @@ struct FileSystem {
   Config config;
   int root_fd = -1;
   std::unique_ptr<Throttle> throttle;
+  std::unique_ptr<Faults> faults;
+  std::atomic<fuse_session*> session{nullptr};
   std::chrono::steady_clock::time_point started = std::chrono::steady_clock::now();
 };
 
-// What fi->fh points to for an open file: a descriptor of the source file, or the stats snapshot.
+// What fi->fh points to for an open file: a descriptor of the source file, or the text of a hidden
+// file (a snapshot taken at open).
 struct Handle {
   int fd = -1;
   std::string text;
@@ -71,6 +84,7 @@ FileSystem& fs() { return *static_cast<FileSystem*>(fuse_get_context()->private_
 const char* relative(const char* path) { return path[1] == '\0' ? "." : path + 1; }
 
 bool is_stats(const char* path) { return std::strcmp(path, kStatsPath) == 0; }
+bool is_faults(const char* path) { return std::strcmp(path, kFaultsPath) == 0; }
 
 std::string stats_json(const FileSystem& f) {
   const ThrottleCounters c = f.throttle->counters();
@@ -86,6 +100,16 @@ std::string stats_json(const FileSystem& f) {
                   t.latency[i].count() * 1e-6);
     latency += ms;
   }
+  const FaultCounters fc = f.faults->counters();
+  char faults[256];
+  std::snprintf(faults, sizeof faults,
+                "\"faults\": {\"eio_open\": %llu, \"eio_read\": %llu, \"stall_open\": %llu, "
+                "\"stall_read\": %llu, \"stalled_now\": %llu}, ",
+                static_cast<unsigned long long>(fc.eio_open),
+                static_cast<unsigned long long>(fc.eio_read),
+                static_cast<unsigned long long>(fc.stall_open),
+                static_cast<unsigned long long>(fc.stall_read),
+                static_cast<unsigned long long>(fc.stalled_now));
   char tail[512];
   std::snprintf(tail, sizeof tail,
                 "\"bytes_read\": %llu, \"queued_s\": %.6f, \"transfer_s\": %.6f, "
@@ -94,7 +118,7 @@ std::string stats_json(const FileSystem& f) {
                 static_cast<unsigned long long>(c.bytes), c.queued_s, c.transfer_s, c.max_in_flight,
                 uptime, t.bytes_per_s / 1e6, t.max_ops, f.config.threads, f.config.attr_timeout_s,
                 f.config.direct_io ? "true" : "false");
-  return "{\"ops\": {" + ops + "}, " + tail + "\"latency_ms\": {" + latency + "}}}\n";
+  return "{\"ops\": {" + ops + "}, " + faults + tail + "\"latency_ms\": {" + latency + "}}}\n";
 }
 
 void* op_init(fuse_conn_info* conn, fuse_config* cfg) {
@@ -116,9 +140,9 @@ void* op_init(fuse_conn_info* conn, fuse_config* cfg) {
 // By path even for an open file (fstat): fi->fh is a Handle for files but a DIR* for directories.
 int op_getattr(const char* path, struct stat* st, fuse_file_info*) {
   FileSystem& f = fs();
-  if (is_stats(path)) {
+  if (is_stats(path) || is_faults(path)) {
     std::memset(st, 0, sizeof *st);
-    st->st_mode = S_IFREG | 0444;
+    st->st_mode = S_IFREG | (is_faults(path) ? 0644 : 0444);
     st->st_nlink = 1;
     st->st_uid = ::getuid();
     st->st_gid = ::getgid();
@@ -139,12 +163,18 @@ int op_readlink(const char* path, char* buf, size_t size) {
 
 int op_open(const char* path, fuse_file_info* fi) {
   FileSystem& f = fs();
-  if ((fi->flags & O_ACCMODE) != O_RDONLY) return -EROFS;
   auto handle = std::make_unique<Handle>();
-  if (is_stats(path)) {
+  if (is_faults(path)) {
+    handle->text = f.faults->rules_text();
+    fi->direct_io = 1;  // each write() reaches op_write as it is: one write, whole lines
+  } else if ((fi->flags & O_ACCMODE) != O_RDONLY) {
+    return -EROFS;
+  } else if (is_stats(path)) {
     handle->text = stats_json(f);
     fi->direct_io = 1;  // its size is not known in advance, and each open is a new snapshot
   } else {
+    // Before the service queue: a stalled open holds no slot, the others are served meanwhile.
+    if (const int rc = f.faults->before(Op::kOpen, relative(path)); rc != 0) return rc;
     Throttle::Operation op(*f.throttle, Op::kOpen);
     handle->fd = ::openat(f.root_fd, relative(path), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
     if (handle->fd < 0) return -errno;
@@ -155,13 +185,17 @@ int op_open(const char* path, fuse_file_info* fi) {
   return 0;
 }
 
-int op_read(const char*, char* buf, size_t size, off_t offset, fuse_file_info* fi) {
+int op_read(const char* path, char* buf, size_t size, off_t offset, fuse_file_info* fi) {
   Handle& h = *reinterpret_cast<Handle*>(fi->fh);
-  if (h.fd < 0) {  // the stats file
+  if (h.fd < 0) {  // a hidden file
     if (offset < 0 || static_cast<size_t>(offset) >= h.text.size()) return 0;
     const size_t n = std::min(size, h.text.size() - static_cast<size_t>(offset));
     std::memcpy(buf, h.text.data() + offset, n);
     return static_cast<int>(n);
+  }
+  // By path at each request, so that a rule added after the open still applies.
+  if (path != nullptr) {
+    if (const int rc = fs().faults->before(Op::kRead, relative(path)); rc != 0) return rc;
   }
   Throttle::Operation op(*fs().throttle, Op::kRead);
   size_t done = 0;
@@ -177,6 +211,30 @@ int op_read(const char*, char* buf, size_t size, off_t offset, fuse_file_info* f
   op.transfer(done);
   return static_cast<int>(done);
 }
+
+int op_write(const char* path, const char* buf, size_t size, off_t, fuse_file_info*) {
+  if (!is_faults(path)) return -EROFS;
+  std::string error;
+  if (!fs().faults->apply(std::string_view(buf, size), &error)) {
+    std::fprintf(stderr, "prestage-pfs: %s: %s\n", kFaultsPath + 1, error.c_str());
+    return -EINVAL;
+  }
+  return static_cast<int>(size);
+}
+
+// Opening the faults file with O_TRUNC truncates it first: nothing to do. Any other change: EROFS.
+int op_truncate(const char* path, off_t, fuse_file_info*) { return is_faults(path) ? 0 : -EROFS; }
+int op_utimens(const char* path, const timespec*, fuse_file_info*) {
+  return is_faults(path) ? 0 : -EROFS;
+}
+int op_refuse_path(const char*) { return -EROFS; }
+int op_refuse_two_paths(const char*, const char*) { return -EROFS; }
+int op_refuse_mode(const char*, mode_t) { return -EROFS; }
+int op_mknod(const char*, mode_t, dev_t) { return -EROFS; }
+int op_rename(const char*, const char*, unsigned) { return -EROFS; }
+int op_chmod(const char*, mode_t, fuse_file_info*) { return -EROFS; }
+int op_chown(const char*, uid_t, gid_t, fuse_file_info*) { return -EROFS; }
+int op_create(const char*, mode_t, fuse_file_info*) { return -EROFS; }
 
 int op_release(const char*, fuse_file_info* fi) {
   std::unique_ptr<Handle> handle(reinterpret_cast<Handle*>(fi->fh));
@@ -230,6 +288,19 @@ fuse_operations make_operations() {
   ops.readlink = op_readlink;
   ops.open = op_open;
   ops.read = op_read;
+  ops.write = op_write;
+  ops.truncate = op_truncate;
+  ops.utimens = op_utimens;
+  ops.mknod = op_mknod;
+  ops.mkdir = op_refuse_mode;
+  ops.unlink = op_refuse_path;
+  ops.rmdir = op_refuse_path;
+  ops.symlink = op_refuse_two_paths;
+  ops.link = op_refuse_two_paths;
+  ops.rename = op_rename;
+  ops.chmod = op_chmod;
+  ops.chown = op_chown;
+  ops.create = op_create;
   ops.release = op_release;
   ops.statfs = op_statfs;
   ops.opendir = op_opendir;
@@ -245,6 +316,18 @@ system: each operation waits for a service slot, then its latency; reads then sh
 fixed bandwidth. Runs in the foreground; SIGINT/SIGTERM/SIGHUP unmount and exit. Counters (JSON) are
 in MOUNTPOINT/.prestage-pfs-stats.
 
+It can also fail or stall chosen files (faults). A fault is a rule naming files by GLOB, a shell
+pattern matched against the path relative to SOURCE (`*` also matches `/`; no white space). Rules are
+given with the options below, or written at any time, one per line, to MOUNTPOINT/.prestage-pfs-faults
+(reading it lists the rules in force; a line not understood fails the write with EINVAL):
+  eio-open GLOB         opening a matching file fails with EIO
+  eio-read GLOB         every read request of a matching file fails with EIO (its open succeeds)
+  stall-open GLOB [MS]  opening a matching file blocks MS ms first (0 or none: until cleared)
+  stall-read GLOB [MS]  every read request of a matching file blocks MS ms first (same)
+  clear [GLOB]          removes every rule, or those of exactly this GLOB; what they stalled goes on
+A stall never delays unmounting by more than a few tens of ms: the stalled operation then fails
+with EIO. Injected faults are counted under "faults" in the stats file.
+
 options (times in milliseconds, bandwidth in MB/s = 10^6 bytes per second):
   --latency-ms MS      latency of every operation (default 2)
   --open-ms MS         latency of open (default: --latency-ms)
@@ -258,6 +341,12 @@ options (times in milliseconds, bandwidth in MB/s = 10^6 bytes per second):
   --direct-io          bypass the kernel page cache: every read() becomes requests of its size
   --allow-other        let other users read the mount (needs user_allow_other unless root)
   --exit-with-parent   unmount and exit when the parent process dies
+  --eio-open GLOB      rule `eio-open GLOB` (repeatable)
+  --eio-read GLOB      rule `eio-read GLOB` (repeatable)
+  --stall-open GLOB    rule `stall-open GLOB --stall-ms` (repeatable)
+  --stall-read GLOB    rule `stall-read GLOB --stall-ms` (repeatable)
+  --stall-ms MS        how long the stalls of --stall-open/--stall-read last; 0: until cleared or
+                       unmounted (default 0)
   --debug              print every FUSE request (libfuse's -d)
   -h, --help           this text
 )";
@@ -279,7 +368,8 @@ std::chrono::nanoseconds from_ms(double ms) {
 // Returns 0 and fills `config`, or the exit code for --help (-1 then) or a usage error (2).
 int parse_args(int argc, char** argv, Config* config) {
   enum { kLatency = 256, kOpen, kRead, kGetattr, kReaddir, kBandwidth, kMaxOps, kThreads,
-         kAttrTimeout, kDirectIo, kAllowOther, kExitWithParent, kDebug };
+         kAttrTimeout, kDirectIo, kAllowOther, kExitWithParent, kDebug, kEioOpen, kEioRead,
+         kStallOpen, kStallRead, kStallMs };
   static const option long_options[] = {
       {"latency-ms", required_argument, nullptr, kLatency},
       {"open-ms", required_argument, nullptr, kOpen},
@@ -294,10 +384,16 @@ int parse_args(int argc, char** argv, Config* config) {
       {"allow-other", no_argument, nullptr, kAllowOther},
       {"exit-with-parent", no_argument, nullptr, kExitWithParent},
       {"debug", no_argument, nullptr, kDebug},
+      {"eio-open", required_argument, nullptr, kEioOpen},
+      {"eio-read", required_argument, nullptr, kEioRead},
+      {"stall-open", required_argument, nullptr, kStallOpen},
+      {"stall-read", required_argument, nullptr, kStallRead},
+      {"stall-ms", required_argument, nullptr, kStallMs},
       {"help", no_argument, nullptr, 'h'},
       {nullptr, 0, nullptr, 0},
   };
-  double latency = 2, bandwidth = 200, max_ops = 16, threads = 0;
+  double latency = 2, bandwidth = 200, max_ops = 16, threads = 0, stall_ms = 0;
+  std::vector<std::pair<std::string, std::string>> fault_options;  // (rule, GLOB)
   double per_op[kOpCount] = {-1, -1, -1, -1};
   int c;
   while ((c = getopt_long(argc, argv, "h", long_options, nullptr)) != -1) {
@@ -320,6 +416,10 @@ int parse_args(int argc, char** argv, Config* config) {
       case kAllowOther: config->allow_other = true; break;
       case kExitWithParent: config->exit_with_parent = true; break;
       case kDebug: config->debug = true; break;
+      case kEioOpen: case kEioRead: case kStallOpen: case kStallRead:
+        fault_options.emplace_back(long_options[c - kLatency].name, optarg);
+        break;
+      case kStallMs: target = &stall_ms; break;
       default:
         std::fputs(kUsage, stderr);
         return 2;
@@ -333,6 +433,12 @@ int parse_args(int argc, char** argv, Config* config) {
   if (argc - optind != 2) {
     std::fputs(kUsage, stderr);
     return 2;
+  }
+  for (const auto& [rule, glob] : fault_options) {
+    std::string& rules = config->fault_rules;
+    rules.append(rule).append(" ").append(glob);
+    if (rule.starts_with("stall")) rules.append(" ").append(std::to_string(std::llround(stall_ms)));
+    rules.append("\n");
   }
   config->source = argv[optind];
   config->mountpoint = argv[optind + 1];
@@ -357,8 +463,17 @@ int run(int argc, char** argv) {
     return 1;
   }
   f.throttle = std::make_unique<Throttle>(f.config.throttle);
+  f.faults = std::make_unique<Faults>([&f] {
+    fuse_session* session = f.session.load(std::memory_order_acquire);
+    return session != nullptr && fuse_session_exited(session) != 0;
+  });
+  if (std::string error; !f.faults->apply(f.config.fault_rules, &error)) {
+    std::fprintf(stderr, "prestage-pfs: invalid fault option: %s\n", error.c_str());
+    ::close(f.root_fd);
+    return 2;
+  }
 
-  std::string options = "ro,default_permissions,fsname=prestage-pfs,subtype=prestage-pfs";
+  std::string options = "default_permissions,fsname=prestage-pfs,subtype=prestage-pfs";
   if (f.config.allow_other) options += ",allow_other";
   std::vector<std::string> words = {"prestage-pfs", "-o", options};
   if (f.config.debug) words.push_back("-d");
@@ -379,6 +494,7 @@ int run(int argc, char** argv) {
     return 1;
   }
   fuse_session* session = fuse_get_session(handle);
+  f.session.store(session, std::memory_order_release);
   int rc = 1;
   if (fuse_set_signal_handlers(session) == 0) {
     if (f.config.exit_with_parent) {

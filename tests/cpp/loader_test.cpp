@@ -413,3 +413,26 @@ TEST_CASE("loader: a read that stalls fails after io_timeout instead of hanging"
   const int fd = ::open((dir / "data/class_0/stalled.jpg").c_str(), O_WRONLY | O_NONBLOCK);
   if (fd >= 0) ::close(fd);
 }
+
+TEST_CASE("loader: a first image that stalls fails after io_timeout when the loader is built") {
+  // Without image_size, the constructor reads the catalog's first image to learn the batch's shape.
+  TempDir dir;
+  prestage::test::make_image_folder(dir / "data", 1, 2);
+  REQUIRE(::mkfifo((dir / "data/class_0/stalled.jpg").c_str(), 0644) == 0);
+  const Catalog cat = Catalog::from_paths(
+      dir / "data", {"class_0/stalled.jpg", "class_0/img_0.jpg", "class_0/img_1.jpg"});
+  LoaderOptions o = options(2);
+  o.io_timeout_ms = 300;
+  const auto start = std::chrono::steady_clock::now();
+  try {
+    Loader loader(cat, o);
+    FAIL("the stalled read did not fail");
+  } catch (const prestage::IoError& e) {
+    CHECK(e.error_code() == ETIMEDOUT);
+    CHECK(e.path() == cat.source_path(0).string());
+  }
+  CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(5));
+  prestage::detail::set_io_timeout(std::chrono::milliseconds(0));
+  const int fd = ::open((dir / "data/class_0/stalled.jpg").c_str(), O_WRONLY | O_NONBLOCK);
+  if (fd >= 0) ::close(fd);
+}

@@ -1,6 +1,7 @@
 """Faults injected for real: a full, read-only or vanishing stage directory, a process killed while
-staging, a source replaced after staging, processes sharing a stage directory, and every way a
-loader's life can end. In each case the loader goes on and serves exactly the source's bytes."""
+staging, a source replaced after staging, processes sharing a stage directory, read errors (EIO) and
+stalls of the source (through the emulated parallel file system), and every way a loader's life can
+end. In each case the loader goes on and serves exactly the source's bytes."""
 
 import os
 import signal
@@ -271,3 +272,155 @@ def test_a_stalled_read_times_out_instead_of_hanging(folder, tmp_path):
         prestage.Loader(cat, batch_size=4).close()  # a loader without a limit resets it
     assert outcomes == [4, "timeout", 4, 4, 4, 2]
     assert time.monotonic() - start < 10
+
+
+# Read errors and stalls of the source, injected by the emulated parallel file system (FUSE): the
+# files are served through a mount, and the emulator makes chosen ones fail with EIO or stall.
+
+@pytest.fixture
+def pfs():
+    """pfs(source, **PfsEmulator options) -> a mounted PfsEmulator serving `source` (skipped where FUSE
+    cannot be mounted); unmounted at the end of the test."""
+    from prestage.bench.emulator import PfsEmulator, find_emulator, unavailable_reason
+
+    reason = unavailable_reason(find_emulator())
+    if reason is not None:
+        pytest.skip(f"cannot mount FUSE here: {reason}")
+    started = []
+
+    def start(source, **options):
+        emulator = PfsEmulator(source, latency_ms=0, bandwidth_mbs=0, max_ops=0, **options)
+        emulator.start()
+        started.append(emulator)
+        return emulator
+
+    yield start
+    for emulator in started:
+        emulator.stop()
+
+
+def epoch_outcomes(loader, backing, cat):
+    """Runs an epoch to its end through the per-sample errors of its batches: one entry per batch,
+    either the list of its sample ids, each image checked against Pillow's decode of its file under
+    `backing` on arrival (no batch is held), or the IoError or DecodeError the batch raised."""
+    outcomes = []
+    it = iter(loader)
+    while True:
+        try:
+            b = next(it)
+        except StopIteration:
+            return outcomes
+        except (prestage.IoError, prestage.DecodeError) as e:
+            outcomes.append(e)
+            continue
+        ids = [int(i) for i in b.indices]
+        for k, i in enumerate(ids):
+            np.testing.assert_array_equal(b.images[k], pil_rgb(backing / cat.path(i)))
+        outcomes.append(ids)
+        del b
+
+
+def check_batches(outcomes, plan, cat, failing):
+    """Checks an epoch's outcomes against its plan: a batch with a sample of `failing` (catalog path ->
+    the errno expected of it) raised an IoError naming one of them, with its errno; every other batch
+    holds exactly its planned samples."""
+    assert len(outcomes) == len(plan)
+    for planned, outcome in zip(plan, outcomes):
+        bad = {cat.path(i) for i in planned} & set(failing)
+        if bad:
+            assert isinstance(outcome, prestage.IoError), outcome
+            name = Path(outcome.filename).relative_to(cat.root).as_posix()
+            assert name in bad and outcome.errno == failing[name]
+        else:
+            assert outcome == list(planned)
+
+
+@pytest.mark.parametrize("where", ["open", "read"])
+def test_eio_from_the_source_fails_only_its_batches_and_staging_goes_on(make_folder, pfs, tmp_path,
+                                                                        where):
+    import errno
+
+    backing = make_folder(3, 8)
+    emulator = pfs(backing)
+    cat = prestage.Catalog.from_folder(emulator.mountpoint)
+    # The files fail only after the catalog was built, as on a file system that breaks mid-job.
+    victims = ["class_0/img_002.jpg", "class_2/img_005.jpg"]
+    emulator.inject(*(f"eio-{where} {v}" for v in victims))
+    plan = prestage.plan.epoch_batches(len(cat), 4, seed=7, epoch=0)
+    with prestage.Loader(cat, batch_size=4, seed=7, stage_dir=tmp_path / "stage") as loader:
+        check_batches(epoch_outcomes(loader, backing, cat), plan, cat, {v: errno.EIO for v in victims})
+        s = loader.stats()
+        # Stage 2 gave up on the two files (again for the next epoch, if its look-ahead reached it)
+        # and staged every other one.
+        assert not s["stage_dir_disabled"]
+        assert s["stage_failures"] >= len(victims)
+        assert s["staged_files"] == len(cat) - len(victims)
+        assert emulator.stats()["faults"][f"eio_{where}"] >= 2 * len(victims)  # stages 2 and 3
+
+        # The source recovers: the next epochs serve every sample, and the two files get staged (not
+        # at once: batches planned before the recovery, up to `lookahead + depth` and more, read the
+        # two files from the source).
+        emulator.clear()
+        for epoch in (1, 2, 3):
+            check_batches(epoch_outcomes(loader, backing, cat),
+                          prestage.plan.epoch_batches(len(cat), 4, seed=7, epoch=epoch), cat, {})
+        assert loader.stats()["staged_files"] == len(cat)
+
+
+def test_a_read_stalled_on_the_source_times_out_and_unmounting_is_prompt(make_folder, pfs, tmp_path):
+    import errno
+
+    backing = make_folder(3, 6)
+    emulator = pfs(backing, stall_read=["class_1/img_004.jpg"])  # for ever, until unmounted
+    cat = prestage.Catalog.from_folder(emulator.mountpoint)
+    plan = prestage.plan.epoch_batches(len(cat), 4, seed=3, epoch=0)
+    start = time.monotonic()
+    loader = prestage.Loader(cat, batch_size=4, seed=3, stage_dir=tmp_path / "stage", io_timeout=0.3)
+    try:
+        check_batches(epoch_outcomes(loader, backing, cat), plan, cat,
+                      {"class_1/img_004.jpg": errno.ETIMEDOUT})
+        # Stage 2 and stage 3 each wait for the file, then give it up: timeouts, not a hang.
+        assert time.monotonic() - start < 5
+        assert loader.stats()["stage_failures"] >= 1
+        # The abandoned reads are still stalled (a second read of the same page may wait for the
+        # first in the kernel instead of reaching the emulator).
+        assert emulator.stats()["faults"]["stalled_now"] >= 1
+    finally:
+        closing = time.monotonic()
+        loader.close()
+        assert time.monotonic() - closing < 1.0
+    stopping = time.monotonic()
+    emulator.stop()  # the reads left stalled in the emulator are failed by the unmount
+    assert time.monotonic() - stopping < 2.0
+
+
+def test_a_slow_read_within_io_timeout_is_not_an_error(make_folder, pfs, tmp_path):
+    backing = make_folder(2, 6)
+    emulator = pfs(backing, stall_read=["class_0/img_00[0-2].jpg"], stall_ms=100)
+    cat = prestage.Catalog.from_folder(emulator.mountpoint)
+    plan = prestage.plan.epoch_batches(len(cat), 4, seed=1, epoch=0)
+    with prestage.Loader(cat, batch_size=4, seed=1, stage_dir=tmp_path / "stage",
+                         io_timeout=2.0) as loader:
+        check_batches(epoch_outcomes(loader, backing, cat), plan, cat, {})
+        assert loader.stats()["stage_failures"] == 0
+    assert emulator.stats()["faults"]["stall_read"] >= 3
+
+
+def test_a_first_file_that_stalls_times_out_when_the_loader_is_built(make_folder, pfs):
+    # Without image_size, the loader reads the catalog's first image to learn the batch's shape.
+    import errno
+
+    backing = make_folder(2, 3)
+    emulator = pfs(backing)
+    cat = prestage.Catalog.from_folder(emulator.mountpoint)
+    emulator.inject(f"stall-read {cat.path(0)}")
+    watchdog = threading.Timer(5.0, emulator.clear)  # a hang becomes a failure, not a stuck suite
+    watchdog.start()
+    start = time.monotonic()
+    try:
+        with pytest.raises(prestage.IoError) as error:
+            prestage.Loader(cat, batch_size=2, io_timeout=0.3)
+    finally:
+        watchdog.cancel()
+    assert time.monotonic() - start < 2.0
+    assert error.value.errno == errno.ETIMEDOUT and error.value.filename == str(cat.source_path(0))

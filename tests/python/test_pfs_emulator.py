@@ -1,9 +1,11 @@
 """prestage-pfs, the emulated parallel file system: it serves files read-only, honours its latency,
-bandwidth and concurrency caps within 10 %, and never outlives the process that started it."""
+bandwidth and concurrency caps within 10 %, fails or stalls the files it is told to, and never
+outlives the process that started it."""
 
 from __future__ import annotations
 
 import concurrent.futures
+import errno
 import os
 import signal
 import statistics
@@ -52,7 +54,7 @@ def mount(tmp_path: Path) -> Iterator[Path]:
     assert not left_mounted, "a test left the emulator mounted"
 
 
-def emulator(backing: Path, mount: Path, **kwargs: float) -> PfsEmulator:
+def emulator(backing: Path, mount: Path, **kwargs) -> PfsEmulator:
     defaults = dict(latency_ms=0.0, bandwidth_mbs=0.0, max_ops=0)
     defaults.update(kwargs)
     return PfsEmulator(backing, mount, **defaults)
@@ -206,6 +208,88 @@ def test_a_missing_source_is_an_error_and_mounts_nothing(tmp_path: Path, mount: 
 def test_help_gives_units() -> None:
     out = subprocess.run([str(BINARY), "--help"], capture_output=True, text=True, check=True).stdout
     for option in ("--latency-ms MS", "--bandwidth-mbs MBS", "--max-ops N", "--open-ms", "--read-ms",
-                   "--getattr-ms", "--attr-timeout S"):
+                   "--getattr-ms", "--attr-timeout S", "--eio-open GLOB", "--eio-read GLOB",
+                   "--stall-open GLOB", "--stall-read GLOB", "--stall-ms MS", ".prestage-pfs-faults"):
         assert option in out
     assert "MB/s" in out and "milliseconds" in out
+
+
+def test_injected_eio_reaches_a_plain_open_or_read_and_is_counted(backing: Path, mount: Path) -> None:
+    with emulator(backing, mount, eio_read=["a/small_03.bin"], eio_open=["b/small_0[01].bin"]) as pfs:
+        with open(mount / "a" / "small_03.bin", "rb") as f:  # the open succeeds, the read fails
+            with pytest.raises(OSError) as read_error:
+                f.read()
+        assert read_error.value.errno == errno.EIO
+        for name in ("small_00.bin", "small_01.bin"):
+            with pytest.raises(OSError) as open_error:
+                open(mount / "b" / name, "rb")
+            assert open_error.value.errno == errno.EIO
+        assert (mount / "b" / "small_02.bin").read_bytes() == bytes([2]) * SMALL  # others are served
+        faults = pfs.stats()["faults"]
+        assert faults["eio_open"] == 2
+        assert faults["eio_read"] >= 1  # the kernel may retry a failed read-ahead page by page
+        assert pfs.faults() == ["eio-open b/small_0[01].bin", "eio-read a/small_03.bin"]
+
+        # Rules change at run time, and apply to a file opened before the change.
+        pfs.clear()
+        assert (mount / "a" / "small_03.bin").read_bytes() == bytes([3]) * SMALL
+        with open(mount / "big" / "big_0.bin", "rb") as f:
+            pfs.inject("eio-read big/*")
+            with pytest.raises(OSError) as late_error:
+                f.read(SMALL)
+        assert late_error.value.errno == errno.EIO
+        assert pfs.faults() == ["eio-read big/*"]
+
+
+def test_a_fault_rule_not_understood_is_refused_whole(backing: Path, mount: Path) -> None:
+    with emulator(backing, mount) as pfs:
+        with pytest.raises(EmulatorError):
+            pfs.inject("eio-read a/*", "stall-read b/* soon")
+        with pytest.raises(EmulatorError):
+            pfs.inject("fail a/*")
+        assert pfs.faults() == []
+        assert (mount / "a" / "small_00.bin").read_bytes() == bytes([0]) * SMALL
+
+
+def test_a_stall_lasts_its_time_or_until_cleared(backing: Path, mount: Path) -> None:
+    with emulator(backing, mount, stall_read=["a/small_0[0-3].bin"], stall_ms=150) as pfs:
+        start = time.perf_counter()
+        assert (mount / "a" / "small_00.bin").read_bytes() == bytes([0]) * SMALL
+        assert time.perf_counter() - start == pytest.approx(0.150, abs=0.05)
+
+        pfs.inject("clear", "stall-read a/small_05.bin")  # for ever, until cleared
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            start = time.perf_counter()
+            read = pool.submit((mount / "a" / "small_05.bin").read_bytes)
+            deadline = time.monotonic() + 5
+            while pfs.stats()["faults"]["stalled_now"] == 0 and time.monotonic() < deadline:
+                time.sleep(0.01)
+            time.sleep(0.2)
+            assert not read.done()
+            pfs.clear()
+            assert read.result(timeout=5) == bytes([5]) * SMALL
+        assert time.perf_counter() - start >= 0.2
+        faults = pfs.stats()["faults"]
+    assert faults["stall_read"] == 2 and faults["stalled_now"] == 0
+
+
+def test_unmounting_is_prompt_while_a_read_is_stalled_for_ever(backing: Path, mount: Path) -> None:
+    pfs = emulator(backing, mount, stall_read=["big/big_3.bin"], stall_open=["a/small_07.bin"])
+    pfs.start()
+    try:
+        pool = concurrent.futures.ThreadPoolExecutor(2)
+        stalled = [pool.submit((mount / "big" / "big_3.bin").read_bytes),
+                   pool.submit((mount / "a" / "small_07.bin").read_bytes)]
+        deadline = time.monotonic() + 5
+        while pfs.stats()["faults"]["stalled_now"] < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert pfs.stats()["faults"]["stalled_now"] == 2
+        start = time.perf_counter()
+    finally:
+        pfs.stop()
+    assert time.perf_counter() - start < 1.0
+    assert not is_mounted(mount)
+    for future in stalled:  # the stalled callers are released with an error, not left hanging
+        with pytest.raises(OSError):
+            future.result(timeout=5)
+    pool.shutdown()

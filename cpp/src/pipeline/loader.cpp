@@ -113,7 +113,9 @@ Loader::Impl::Impl(Catalog catalog_in, LoaderOptions options_in)
   if (o.decode == DecodeMode::kJpeg) {
     ImageSize size = o.image_size;
     if (size.empty()) {
-      // Every image must have the size of the catalog's first one.
+      // Every image must have the size of the catalog's first one. Reading it may stall like any
+      // read of the source, so this loader's limit applies from here on (start() sets it again).
+      if (o.io_timeout_ms != 0) detail::set_io_timeout(std::chrono::milliseconds(o.io_timeout_ms));
       std::vector<std::byte> bytes;
       const Catalog::Locator first_loc = shared->catalog.locator(0);
       const std::string first = shared->catalog.source_path(0).string();

@@ -4,6 +4,10 @@
 ...     run_something(pfs.mountpoint)      # every read meets the emulated latency and bandwidth
 ...     pfs.stats()                        # the emulator's counters (operations, bytes)
 
+Faults, for reliability tests: reads or opens of chosen files fail with EIO or stall, from the start
+(``eio_read=["class_0/*_003.jpg"]``) or from any moment on (``pfs.inject("eio-read class_0/*_003.jpg")``,
+``pfs.clear()``); ``pfs.stats()["faults"]`` counts what was injected.
+
 The emulator runs in a session of its own (a terminal's Ctrl+C reaches only this process, which then
 unmounts in order) and with ``--exit-with-parent`` (if this process is killed outright, the emulator
 still unmounts). :meth:`PfsEmulator.stop` sends SIGTERM, and falls back to a lazy unmount
@@ -21,12 +25,13 @@ import subprocess
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Union
+from typing import Any, Dict, List, Optional, Sequence, Union
 
 __all__ = ["EmulatorError", "PfsEmulator", "find_emulator", "is_mounted", "unavailable_reason"]
 
 BINARY_NAME = "prestage-pfs"
 STATS_NAME = ".prestage-pfs-stats"
+FAULTS_NAME = ".prestage-pfs-faults"
 ENV_BINARY = "PRESTAGE_PFS_EMULATOR"
 
 PathLike = Union[str, "os.PathLike[str]"]
@@ -104,6 +109,10 @@ def lazy_unmount(path: PathLike) -> bool:
     return not is_mounted(path)
 
 
+def _globs(globs: Union[str, Sequence[str]]) -> List[str]:
+    return [globs] if isinstance(globs, str) else list(globs)
+
+
 class PfsEmulator:
     """``source`` served read-only at a mount point, as slowly as a busy parallel file system.
 
@@ -116,6 +125,13 @@ class PfsEmulator:
         max_ops: operations served at once (the others queue); 0: no cap.
         binary: the ``prestage-pfs`` executable (default: :func:`find_emulator`).
         mount_timeout_s: how long to wait for the mount.
+        eio_open, eio_read: globs (shell patterns over the path relative to ``source``; ``*`` also
+            matches ``/``) of files whose opens, or whose reads, fail with EIO.
+        stall_open, stall_read: globs of files whose opens, or each of whose read requests, block for
+            ``stall_ms`` first.
+        stall_ms: how long those stalls last, in ms; 0: until :meth:`clear` or unmount (an unmount is
+            never held up by a stall: the stalled operation fails).
+        extra_args: more command-line arguments for ``prestage-pfs``.
 
     Thread-safety: start and stop from one thread; :meth:`stats` from any.
     """
@@ -133,6 +149,11 @@ class PfsEmulator:
         binary: Optional[PathLike] = None,
         mount_timeout_s: float = 10.0,
         extra_args: Optional[List[str]] = None,
+        eio_open: Sequence[str] = (),
+        eio_read: Sequence[str] = (),
+        stall_open: Sequence[str] = (),
+        stall_read: Sequence[str] = (),
+        stall_ms: float = 0.0,
     ) -> None:
         self.source = Path(source)
         self._requested_mountpoint = Path(mountpoint) if mountpoint is not None else None
@@ -146,6 +167,9 @@ class PfsEmulator:
             "bandwidth_mbs": float(bandwidth_mbs),
             "max_ops": int(max_ops),
         }
+        self.faults_at_start = {"eio-open": _globs(eio_open), "eio-read": _globs(eio_read),
+                                "stall-open": _globs(stall_open), "stall-read": _globs(stall_read)}
+        self.stall_ms = float(stall_ms)
         self._extra_args = list(extra_args or [])
         self._mount_timeout_s = mount_timeout_s
         self._process: Optional[subprocess.Popen] = None
@@ -160,6 +184,11 @@ class PfsEmulator:
         for name in ("open_ms", "read_ms", "getattr_ms"):
             if c[name] is not None:
                 cmd += [f"--{name.replace('_', '-')}", f"{c[name]:g}"]
+        for option, globs in self.faults_at_start.items():
+            for glob in globs:
+                cmd += [f"--{option}", glob]
+        if self.stall_ms:
+            cmd += ["--stall-ms", f"{self.stall_ms:g}"]
         return cmd + self._extra_args + [os.fspath(self.source), os.fspath(mountpoint)]
 
     def start(self) -> Path:
@@ -205,12 +234,44 @@ class PfsEmulator:
         raise EmulatorError(f"{BINARY_NAME} did not mount within {self._mount_timeout_s:g} s")
 
     def stats(self) -> Dict[str, Any]:
-        """The emulator's counters: ``ops`` per operation, ``bytes_read``, ``queued_s``, ...; read from
-        the mount's hidden stats file, without any emulated latency."""
+        """The emulator's counters: ``ops`` per operation, ``bytes_read``, ``queued_s``, ..., and
+        ``faults`` (``eio_open``, ``eio_read``: operations failed; ``stall_open``, ``stall_read``:
+        operations stalled; ``stalled_now``); read from the mount's hidden stats file, without any
+        emulated latency."""
         if self.mountpoint is None:
             raise EmulatorError("the emulator is not running")
         with open(self.mountpoint / STATS_NAME, "rb") as f:
             return json.loads(f.read().decode())
+
+    def inject(self, *rules: str) -> None:
+        """Adds fault rules, in force for every operation that starts after this returns:
+        ``"eio-open GLOB"``, ``"eio-read GLOB"``, ``"stall-open GLOB [MS]"``, ``"stall-read GLOB [MS]"``
+        (no MS: until cleared), or ``"clear [GLOB]"``. Raises EmulatorError for a rule not understood
+        (then none of ``rules`` applies).
+
+        >>> pfs.inject("eio-read class_0/img_003.jpg", "stall-open class_1/*")
+        """
+        text = "".join(rule.strip() + "\n" for rule in rules)
+        if self.mountpoint is None:
+            raise EmulatorError("the emulator is not running")
+        fd = os.open(self.mountpoint / FAULTS_NAME, os.O_WRONLY)
+        try:
+            os.write(fd, text.encode())  # one write: the emulator takes all of it or none
+        except OSError as e:
+            raise EmulatorError(f"{BINARY_NAME} refused the fault rules {list(rules)!r}: {e}") from e
+        finally:
+            os.close(fd)
+
+    def clear(self, glob: Optional[str] = None) -> None:
+        """Removes every fault rule (or those of exactly ``glob``); what they stalled goes on."""
+        self.inject("clear" if glob is None else f"clear {glob}")
+
+    def faults(self) -> List[str]:
+        """The fault rules in force, as :meth:`inject` takes them."""
+        if self.mountpoint is None:
+            raise EmulatorError("the emulator is not running")
+        with open(self.mountpoint / FAULTS_NAME) as f:
+            return f.read().splitlines()
 
     def stop(self, timeout_s: float = 10.0) -> None:
         """Unmounts and waits for the emulator to exit. Idempotent; never raises for a lost mount."""
