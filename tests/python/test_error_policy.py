@@ -1,5 +1,7 @@
 """on_error: a sample that cannot be read or decoded raises at its batch ("raise"), or is replaced by the
-next good sample of this rank's epoch ("skip"), identically for any thread counts."""
+next good sample of this rank's epoch ("skip"), identically for any thread counts. The adaptors' on_error
+is tested in test_torch.py and test_tf.py (importing a framework here would leave its threads running
+into the thread-counting tests of test_loader.py)."""
 
 import time
 
@@ -229,24 +231,3 @@ def test_npy_truncated_after_its_header_is_replaced_by_one_of_its_shape(tmp_path
             np.testing.assert_array_equal(arrays[k], np.full((3, 4), sample, dtype=np.int32))
     assert stats["skipped"] == 2
     assert [s["sample"] for s in stats["skipped_samples"]] == [4, 7]
-
-
-@pytest.mark.torch
-def test_torch_adaptor_passes_on_error(faulty):
-    import prestage.torch
-
-    cat, bad = faulty
-    loader = prestage.torch.Loader(cat, batch_size=6, seed=2, on_error="skip")
-    shapes = [tuple(images.shape) for images, _ in loader]
-    assert shapes == [(6, 3, 32, 48)] * 4
-    assert loader.stats()["skipped"] == len(bad)
-    loader.close()
-
-
-@pytest.mark.tf
-def test_tf_adaptor_passes_on_error(faulty):
-    import prestage.tf
-
-    cat, bad = faulty
-    ds = prestage.tf.dataset(cat, batch_size=6, seed=2, on_error="skip")
-    assert [tuple(images.shape) for images, _ in ds] == [(6, 32, 48, 3)] * 4
