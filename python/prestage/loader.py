@@ -73,6 +73,18 @@ class Loader:
         io_timeout: seconds a read may take before it fails (``IoError``, ``errno.ETIMEDOUT``, at its
             sample's batch) instead of hanging on a stalled file system; ``None``: no limit.
             Process-wide: the last loader started sets it.
+        on_error: what a sample that cannot be read or decoded (``IoError``, ``DecodeError``, a
+            timed-out read) does. ``"raise"``: its error, naming its path, is raised at its batch.
+            ``"skip"``: it is replaced in its batch by the next good sample of this rank's epoch
+            (the samples that follow it in the order this rank's batches run through the epoch,
+            wrapping around), so batches keep their size and shape; ``batch.indices`` and
+            ``batch.labels`` are the replacement's. The choice depends on the plan and the data
+            alone, not on thread counts. At most 32 samples are tried; if none is good, the error
+            is raised after all. ``stats()["skipped"]`` counts the replaced samples and
+            ``stats()["skipped_samples"]`` lists the first 1000 (path, error, sample,
+            replacement, epoch, batch). With ``decode="raw"`` or arrays, a sample that fails only
+            once its batch is laid out (its size or header read, its data not) is replaced by one
+            of the same size, or dtype and shape.
         transform: with ``image_size``: ``"center-crop"`` (torchvision ``Resize`` +
             ``CenterCrop``: the eval path) or ``"random-resized-crop"`` (torchvision
             ``RandomResizedCrop`` with scale (0.08, 1), ratio (3/4, 4/3), then a horizontal flip
@@ -121,6 +133,7 @@ class Loader:
         array_name: Optional[str] = None,
         max_sample_bytes: int = 4 << 30,
         io_timeout: Optional[float] = None,
+        on_error: str = "raise",
         tuned: Union[str, os.PathLike, None] = None,
     ) -> None:
         if tuned is not None:
@@ -165,6 +178,9 @@ class Loader:
             if isinstance(io_timeout, bool) or not isinstance(io_timeout, (int, float)) or io_timeout <= 0:
                 raise ConfigError(f"io_timeout must be a positive number of seconds, got {io_timeout!r}")
             options.io_timeout_ms = max(1, round(io_timeout * 1000))
+        if on_error not in ("raise", "skip"):
+            raise ConfigError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
+        options.on_error = getattr(_core.OnError, on_error)
         transforms = {"center-crop": "center_crop", "random-resized-crop": "random_resized_crop"}
         if transform not in transforms:
             raise ConfigError(f"transform must be 'center-crop' or 'random-resized-crop', got {transform!r}")
@@ -250,7 +266,8 @@ class Loader:
         self._position = (epoch, batch)
 
     def stats(self) -> dict:
-        """Per-stage counters and the consumer's stall time (seconds the caller waited)."""
+        """Per-stage counters and the consumer's stall time (seconds the caller waited); with
+        ``on_error="skip"``, ``skipped`` and ``skipped_samples``."""
         return self._core.stats()
 
     def close(self) -> None:

@@ -52,6 +52,7 @@ def dataset(
     lookahead: int = 4,
     depth: int = 4,
     max_pixels: int = 89_478_485,
+    on_error: str = "raise",
     tuned: Union[str, os.PathLike, None] = None,
 ) -> tf.data.Dataset:
     """A ``tf.data.Dataset`` of ``(images, labels)`` batches: the batches of :class:`prestage.Loader`.
@@ -74,6 +75,8 @@ def dataset(
 
     Args: as :class:`prestage.Loader` (``dtype`` and ``layout`` as strings); ``rank``/``world_size`` give
     this worker its slice of every global batch (all workers get the same number of batches).
+    ``on_error="skip"`` replaces a sample that cannot be read or decoded by the next good one, so
+    batches keep their shape (``on_error="raise"``, the default, raises at its batch).
 
     Raises:
         prestage.ConfigError: an invalid option.
@@ -87,7 +90,8 @@ def dataset(
                     stage_dir=stage_dir, cache_bytes=cache_bytes, eviction=eviction,
                     prefetchers=prefetchers, readers=readers, lookahead=lookahead, depth=depth, rank=rank,
                     world_size=world_size, drop_last=drop_last, decode="jpeg", max_pixels=max_pixels,
-                    transform=transform, layout=layout, dtype=dtype, mean=mean, std=std, tuned=tuned)
+                    transform=transform, layout=layout, dtype=dtype, mean=mean, std=std,
+                    on_error=on_error, tuned=tuned)
     if image_size is not None:
         height, width = image_size
     else:

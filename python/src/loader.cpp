@@ -66,6 +66,19 @@ py::dict stats_dict(const Stats& s) {
   d["misses"] = s.misses;
   d["bytes_from_source"] = s.bytes_from_source;
   d["bytes_from_stage"] = s.bytes_from_stage;
+  d["skipped"] = s.skipped;
+  py::list skipped;
+  for (const auto& k : s.skipped_samples) {
+    py::dict kd;
+    kd["path"] = k.path;
+    kd["error"] = k.error;
+    kd["sample"] = k.sample;
+    kd["replacement"] = k.replacement;
+    kd["epoch"] = k.epoch;
+    kd["batch"] = k.batch;
+    skipped.append(kd);
+  }
+  d["skipped_samples"] = skipped;
   d["pinned"] = s.pinned;
   d["stage_bytes"] = s.stage_bytes;
   d["stage_bytes_peak"] = s.stage_bytes_peak;
@@ -105,6 +118,8 @@ void register_loader(py::module_& m) {
       .value("clairvoyant", Eviction::kClairvoyant)
       .value("lru", Eviction::kLru);
 
+  py::enum_<OnError>(m, "OnError").value("raise", OnError::kRaise).value("skip", OnError::kSkip);
+
   py::class_<LoaderOptions>(m, "LoaderOptions", "Every option of a Loader; see prestage.Loader.")
       .def(py::init<>())
       .def_readwrite("batch_size", &LoaderOptions::batch_size)
@@ -132,6 +147,7 @@ void register_loader(py::module_& m) {
       .def_readwrite("depth", &LoaderOptions::depth)
       .def_readwrite("max_pixels", &LoaderOptions::max_pixels)
       .def_readwrite("io_timeout_ms", &LoaderOptions::io_timeout_ms)
+      .def_readwrite("on_error", &LoaderOptions::on_error)
       .def_readwrite("transform", &LoaderOptions::transform)
       .def_readwrite("layout", &LoaderOptions::layout)
       .def_readwrite("dtype", &LoaderOptions::dtype)

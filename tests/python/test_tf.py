@@ -70,3 +70,11 @@ def test_dataset_feeds_model_fit(make_folder):
     assert steps == [0, 1, 2, 3] * 2  # every batch of both epochs
     assert len(history.history["loss"]) == 2 and all(np.isfinite(history.history["loss"]))
     assert 0.0 <= model.evaluate(ds, verbose=0, return_dict=True)["accuracy"] <= 1.0
+
+
+def test_on_error_skip_is_passed_through(make_folder):
+    cat = prestage.Catalog.from_folder(make_folder(3, 8))  # 24 images of 32x48
+    for i in (3, 11, 17):
+        cat.source_path(i).write_bytes(b"not a jpeg")
+    ds = prestage.tf.dataset(cat, batch_size=6, seed=2, on_error="skip")
+    assert [tuple(images.shape) for images, _ in ds] == [(6, 32, 48, 3)] * 4

@@ -365,3 +365,17 @@ def test_non_blocking_copies_to_cuda_get_the_batches(make_folder):
     torch.cuda.synchronize()
     assert_same_batches([(i.permute(0, 2, 3, 1).cpu().numpy(), lab.cpu().numpy()) for i, lab in on_device],
                         expected)
+
+
+def test_on_error_skip_is_passed_through(make_folder):
+    cat = prestage.Catalog.from_folder(make_folder(3, 8))  # 24 images of 32x48
+    bad = [3, 11, 17]
+    for i in bad:
+        cat.source_path(i).write_bytes(b"not a jpeg")
+    with pt.Loader(cat, batch_size=6, seed=2) as loader, pytest.raises(prestage.DecodeError):
+        for _ in loader:
+            pass
+    with pt.Loader(cat, batch_size=6, seed=2, on_error="skip") as loader:
+        batches = [(images.shape, labels.shape) for images, labels in loader]
+        assert loader.stats()["skipped"] == len(bad)
+    assert batches == [(torch.Size([6, 3, 32, 48]), torch.Size([6]))] * 4

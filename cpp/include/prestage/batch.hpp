@@ -48,7 +48,9 @@ class Batch {
   // The shape of sample i (kRaw: its length in bytes). Valid while the Batch lives.
   std::span<const uint64_t> sample_shape(size_t i) const noexcept;
   std::span<const int64_t> labels() const noexcept;
-  std::span<const int64_t> indices() const noexcept;  // catalog indices
+  // Catalog indices of the samples delivered: with on_error=skip, a replaced sample's is its
+  // replacement's (as is its label).
+  std::span<const int64_t> indices() const noexcept;
   bool pinned() const noexcept;  // the buffer is page-locked
 
  private:

@@ -33,7 +33,8 @@ class Loader {
 
   // The next batch of the current epoch, or nullopt at its end. Blocks until it is ready. If the batch
   // holds a sample that failed, throws that sample's error (IoError or DecodeError naming its path);
-  // the loader stays usable and next() goes on with the following batch.
+  // the loader stays usable and next() goes on with the following batch. With on_error=skip a
+  // failed sample is replaced instead (see OnError); its error is thrown only if none is found.
   std::optional<Batch> next();
 
   enum class Wait { kBatch, kEndOfEpoch, kTimeout };

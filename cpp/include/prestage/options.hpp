@@ -35,6 +35,22 @@ enum class Eviction {
   kLru,          // the least recently used one
 };
 
+// What stage 3 does with a sample that cannot be read or decoded (IoError, DecodeError, a timed-out
+// read included).
+enum class OnError {
+  kRaise,  // the consumer gets the sample's error (naming its path) at that sample's batch
+  // The sample is replaced, in its place in the batch, by the next sample of this rank's epoch that
+  // reads and decodes: the samples that follow it in the order the rank's batches run through the
+  // epoch (batch by batch, position by position), wrapping around to the epoch's first. At most
+  // kSkipCandidates are tried; if none is good the batch raises the sample's error. The choice
+  // depends only on the plan and the data, never on thread timing. Batch::indices() and labels()
+  // name the replacement; Stats::skipped counts the replaced samples.
+  kSkip,
+};
+
+// on_error=skip: the most samples tried in place of a failed one before its error is raised.
+inline constexpr uint64_t kSkipCandidates = 32;
+
 struct ImageSize {
   uint32_t height = 0;
   uint32_t width = 0;
@@ -71,6 +87,8 @@ struct LoaderOptions {
   // ETIMEDOUT, at its sample's batch) instead of hanging on a stalled file system; 0: no limit.
   // Process-wide: the last loader started sets it.
   uint64_t io_timeout_ms = 0;
+  // A sample that cannot be read or decoded: raise its error at its batch, or skip it (OnError).
+  OnError on_error = OnError::kRaise;
 
   // Images with more pixels than this are refused before any large allocation (decompression bombs).
   uint64_t max_pixels = 89'478'485;  // PIL's default MAX_IMAGE_PIXELS

@@ -1,6 +1,7 @@
 // Stats: always-on counters per stage, cheap enough to keep in production runs.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -22,6 +23,16 @@ struct EpochStats {
   uint64_t misses = 0;     // samples read from the source: copied by stage 2, or read by stage 3
   uint64_t evictions = 0;  // files removed from the stage directory to make room
   uint64_t bytes_from_source = 0;  // sizes of the missed files
+};
+
+// on_error=skip: a sample that failed and was replaced in its batch by another.
+struct SkippedSample {
+  uint64_t epoch = 0;
+  uint64_t batch = 0;        // the batch's index in its epoch
+  uint64_t sample = 0;       // the failed sample's catalog index
+  uint64_t replacement = 0;  // the catalog index of the sample delivered in its place
+  std::string path;          // the failed sample's source path
+  std::string error;         // why it failed (the error on_error=raise would have raised)
 };
 
 struct Stats {
@@ -47,6 +58,12 @@ struct Stats {
   uint64_t misses = 0;  // read from the source (not staged in time, or no stage directory)
   uint64_t bytes_from_source = 0;
   uint64_t bytes_from_stage = 0;
+
+  // on_error=skip: samples replaced in the batches delivered so far (a sample that fails in two
+  // epochs counts twice), and the first kMaxSkippedListed of them, in delivery order.
+  static constexpr size_t kMaxSkippedListed = 1000;
+  uint64_t skipped = 0;
+  std::vector<SkippedSample> skipped_samples;
 
   bool pinned = false;  // batch buffers are page-locked
 

@@ -55,6 +55,14 @@ struct Slot {
   uint64_t epoch = 0;
   uint64_t index = 0;
   std::exception_ptr error;  // the first failed sample's error, raised at the consumer
+  // on_error=skip: the samples of the plan replaced in this batch, by position; the replacement is
+  // indices[position].
+  struct Skip {
+    size_t position = 0;
+    uint64_t sample = 0;  // catalog index of the failed sample
+    std::string error;
+  };
+  std::vector<Skip> skipped;
 };
 
 class BatchRing {

@@ -46,8 +46,61 @@ struct Work {
   std::vector<uint64_t> files;       // the files stage 2 copies for this batch (claimed by stage 1)
   std::vector<uint8_t> from_stage;  // kRaw and arrays: where each sample is read from
   std::vector<ArrayProbe> probes;    // arrays: each sample's header, between the two phases
+  std::mutex skip_mutex;             // guards the slot's `skipped` while the batch decodes
   std::atomic<bool> in_use{false};
 };
+
+// The error of the lowest-numbered failed sample of a batch, whatever the thread timing.
+class FirstError {
+ public:
+  void record(size_t sample, std::exception_ptr error) {
+    std::lock_guard lock(mutex_);
+    if (sample < sample_) {
+      sample_ = sample;
+      error_ = std::move(error);
+    }
+  }
+  void record(size_t sample) { record(sample, std::current_exception()); }
+  std::exception_ptr get() const { return error_; }
+
+ private:
+  std::mutex mutex_;
+  size_t sample_ = SIZE_MAX;
+  std::exception_ptr error_;
+};
+
+// A sample's own failure, which on_error=skip may skip: not a bug or an exhausted machine.
+bool sample_failure(const std::exception_ptr& error) {
+  try {
+    std::rethrow_exception(error);
+  } catch (const IoError&) {
+    return true;
+  } catch (const DecodeError&) {
+    return true;
+  } catch (...) {
+    return false;
+  }
+}
+
+std::string message(const std::exception_ptr& error) {
+  try {
+    std::rethrow_exception(error);
+  } catch (const std::exception& e) {
+    return e.what();
+  } catch (...) {
+    return "unknown error";
+  }
+}
+
+// This rank's samples of an epoch, its batches laid end to end: how many, and the one at
+// `position`.
+uint64_t rank_samples(const EpochPlan& plan, uint64_t batch_size) {
+  const uint64_t last = plan.num_batches() - 1;
+  return last * batch_size + plan.batch_size(last);
+}
+uint64_t rank_sample(const EpochPlan& plan, uint64_t batch_size, uint64_t position) {
+  return plan.batch(position / batch_size)[position % batch_size];
+}
 
 }  // namespace
 
@@ -60,8 +113,35 @@ struct Pipeline::Impl {
   Ticket decode(Ticket t);
   void decode_images(Work& w, Slot& slot);
   void copy_raw(Work& w, Slot& slot);
+  // Raw files, sample i of the batch read from catalog sample `id`: its size (and where it is read
+  // from, into w.from_stage[i]), then its bytes into `out`.
+  uint64_t raw_size(Work& w, size_t i, uint64_t id);
+  void read_raw(Work& w, size_t i, uint64_t id, std::span<std::byte> out);
   void decode_arrays(Work& w, Slot& slot);
+  // Arrays, sample i of the batch read from catalog sample `id`: its header into w.probes[i] (and
+  // where it is read from into w.from_stage[i]), then its data into `out`.
+  void probe_array(Work& w, size_t i, uint64_t id, ReaderState& reader);
+  void fill_array(Work& w, size_t i, uint64_t id, ReaderState& reader, std::span<std::byte> out);
   void hand_off(Ticket t);
+  // Called in a handler of sample i's failure. on_error=skip: tries `attempt(id)` on the samples
+  // that follow sample i in this rank's epoch (see OnError) and makes the first that succeeds
+  // sample i of the batch. Otherwise, or if none does, the batch carries the failure.
+  template <typename Attempt>
+  void replace_or_fail(Work& w, Slot& slot, size_t i, FirstError& first_error,
+                       const Attempt& attempt);
+  // Calls `call` with the reader's decoder, made on the thread's first use. A decoder whose call
+  // failed is not trusted with the next sample: a TurboJPEG handle that failed on a corrupt image
+  // can fail the following, good ones.
+  template <typename Call>
+  void with_decoder(ReaderState& reader, const Call& call) {
+    if (!reader.decoder) reader.decoder = std::make_unique<SampleDecoder>(shared.codec);
+    try {
+      call(*reader.decoder);
+    } catch (const DecodeError&) {
+      reader.decoder.reset();
+      throw;
+    }
+  }
   // Reads sample `id`, from the stage directory if it is staged there, else from the source.
   std::span<const std::byte> read_sample(uint64_t id, ReaderState& reader);
   // The source path of catalog file `file`, built in the reader's own string (no allocation once
@@ -257,6 +337,7 @@ Ticket Pipeline::Impl::decode(Ticket t) {
   slot.epoch = t->epoch;
   slot.index = t->index;
   slot.error = nullptr;
+  slot.skipped.clear();
   slot.indices.assign(t->ids, t->ids + t->count);
   slot.labels.resize(t->count);
   for (size_t i = 0; i < t->count; ++i) slot.labels[i] = shared.catalog.label(t->ids[i]);
@@ -268,29 +349,50 @@ Ticket Pipeline::Impl::decode(Ticket t) {
   } else {
     copy_raw(*t, slot);
   }
+  // Recorded in thread order: listed in batch order.
+  std::sort(slot.skipped.begin(), slot.skipped.end(),
+            [](const Slot::Skip& a, const Slot::Skip& b) { return a.position < b.position; });
   shared.counters.decoded.fetch_add(t->count, std::memory_order_relaxed);
   return t;
 }
 
-namespace {
-// The error of the lowest-numbered failed sample of a batch, whatever the thread timing.
-class FirstError {
- public:
-  void record(size_t sample) {
-    std::lock_guard lock(mutex_);
-    if (sample < sample_) {
-      sample_ = sample;
-      error_ = std::current_exception();
-    }
+template <typename Attempt>
+void Pipeline::Impl::replace_or_fail(Work& w, Slot& slot, size_t i, FirstError& first_error,
+                                     const Attempt& attempt) {
+  const std::exception_ptr error = std::current_exception();
+  if (shared.options.on_error != OnError::kSkip || !sample_failure(error)) {
+    first_error.record(i, error);
+    return;
   }
-  std::exception_ptr get() const { return error_; }
-
- private:
-  std::mutex mutex_;
-  size_t sample_ = SIZE_MAX;
-  std::exception_ptr error_;
-};
-}  // namespace
+  // Candidates come from the plan alone, tried in a fixed order: the same run skips alike for any
+  // thread counts. This rank's own samples: the ones its stager copies.
+  const uint64_t batch_size = shared.options.batch_size;
+  const uint64_t samples = rank_samples(*w.plan, batch_size);
+  const uint64_t position = w.index * batch_size + i;
+  const uint64_t tries = std::min(samples - 1, kSkipCandidates);
+  for (uint64_t k = 1; k <= tries; ++k) {
+    if (stopping.load(std::memory_order_acquire)) break;  // nobody will look at the batch
+    const uint64_t candidate = rank_sample(*w.plan, batch_size, (position + k) % samples);
+    try {
+      attempt(candidate);
+    } catch (...) {
+      if (sample_failure(std::current_exception())) continue;
+      first_error.record(i);
+      return;
+    }
+    std::lock_guard lock(w.skip_mutex);
+    // Arrays and raw samples may be replaced twice (the first replacement failing in the second
+    // phase): the plan's sample is listed once.
+    if (std::none_of(slot.skipped.begin(), slot.skipped.end(),
+                     [&](const Slot::Skip& s) { return s.position == i; })) {
+      slot.skipped.push_back({i, w.ids[i], message(error)});
+    }
+    slot.indices[i] = static_cast<int64_t>(candidate);
+    slot.labels[i] = shared.catalog.label(candidate);
+    return;
+  }
+  first_error.record(i, error);
+}
 
 namespace {
 void read_located(const std::string& path, const Catalog::Locator& loc, std::vector<std::byte>& buffer) {
@@ -364,30 +466,33 @@ void Pipeline::Impl::decode_images(Work& w, Slot& slot) {
   tbb::parallel_for(size_t{0}, w.count, [&](size_t i) {
     const auto start = Clock::now();
     ReaderState& reader = shared.readers.local();
-    try {
-      if (!reader.decoder) reader.decoder = std::make_unique<SampleDecoder>(shared.codec);
-      const uint64_t id = w.ids[i];
+    std::byte* const place = slot.data.data() + i * image_bytes;
+    const auto decode_into_place = [&](uint64_t id) {
       const auto bytes = read_sample(id, reader);
       shared.counters.bytes_read.fetch_add(bytes.size(), std::memory_order_relaxed);
-      std::byte* const place = slot.data.data() + i * image_bytes;
       if (!direct && reader.image.size() < rgb_bytes) reader.image.resize(rgb_bytes);
       const std::span<std::byte> rgb(
           direct ? place : reinterpret_cast<std::byte*>(reader.image.data()), rgb_bytes);
       const std::string& path = source_path(shared.catalog.locator(id).file, reader);
-      const auto jpeg = reader.decoder->image_payload(bytes, path);
-      if (o.image_size.empty()) {
-        reader.decoder->jpeg.decode_exact(jpeg, size, rgb, path);
-      } else if (o.transform == Transform::kRandomResizedCrop) {
-        reader.decoder->jpeg.decode_random_crop(jpeg, size, o.seed, w.epoch, id, rgb, path);
-      } else {
-        reader.decoder->jpeg.decode_resized(jpeg, size, rgb, path);
-      }
+      with_decoder(reader, [&](SampleDecoder& decoder) {
+        const auto jpeg = decoder.image_payload(bytes, path);
+        if (o.image_size.empty()) {
+          decoder.jpeg.decode_exact(jpeg, size, rgb, path);
+        } else if (o.transform == Transform::kRandomResizedCrop) {
+          decoder.jpeg.decode_random_crop(jpeg, size, o.seed, w.epoch, id, rgb, path);
+        } else {
+          decoder.jpeg.decode_resized(jpeg, size, rgb, path);
+        }
+      });
       if (!direct) {
         convert_image(reader.image.data(), static_cast<int>(size.height),
                       static_cast<int>(size.width), o.layout, o.dtype, *shared.normalizer, place);
       }
+    };
+    try {
+      decode_into_place(w.ids[i]);
     } catch (...) {
-      first_error.record(i);
+      replace_or_fail(w, slot, i, first_error, decode_into_place);
     }
     shared.counters.decode_ns.fetch_add(elapsed_ns(start), std::memory_order_relaxed);
   });
@@ -409,22 +514,10 @@ void Pipeline::Impl::decode_arrays(Work& w, Slot& slot) {
     const auto start = Clock::now();
     ReaderState& reader = shared.readers.local();
     try {
-      if (!reader.decoder) reader.decoder = std::make_unique<SampleDecoder>(shared.codec);
-      const Catalog::Locator loc = shared.catalog.locator(w.ids[i]);
-      const std::string& path = source_path(loc.file, reader);
-      if (shared.stage_dir && shared.stage_dir->is_staged(loc.file)) {
-        try {
-          const std::string staged = shared.stage_dir->staged_path(loc.file);
-          reader.decoder->probe(SampleLocation{staged, path, loc}, w.probes[i]);
-          w.from_stage[i] = 1;
-          return;
-        } catch (const IoError&) {
-          // The copy vanished: read the source instead.
-        }
-      }
-      reader.decoder->probe(SampleLocation{path, path, loc}, w.probes[i]);
+      probe_array(w, i, w.ids[i], reader);
     } catch (...) {
-      first_error.record(i);
+      replace_or_fail(w, slot, i, first_error,
+                      [&](uint64_t id) { probe_array(w, i, id, reader); });
     }
     shared.counters.decode_ns.fetch_add(elapsed_ns(start), std::memory_order_relaxed);
   });
@@ -442,7 +535,7 @@ void Pipeline::Impl::decode_arrays(Work& w, Slot& slot) {
                                                           : nullptr;
     if (problem != nullptr) {
       slot.error = std::make_exception_ptr(
-          DecodeError(shared.catalog.source_path(w.ids[i]).string(),
+          DecodeError(shared.catalog.source_path(slot.indices[i]).string(),
                       std::string(problem) + " (" + info.dtype + " vs " + first.dtype + ")"));
       return;
     }
@@ -465,37 +558,73 @@ void Pipeline::Impl::decode_arrays(Work& w, Slot& slot) {
   tbb::parallel_for(size_t{0}, w.count, [&](size_t i) {
     const auto start = Clock::now();
     ReaderState& reader = shared.readers.local();
+    std::span<std::byte> out(slot.data.data() + slot.offsets[i],
+                             slot.offsets[i + 1] - slot.offsets[i]);
     try {
-      // Phase 2 may run sample i on a thread that did no probing.
-      if (!reader.decoder) reader.decoder = std::make_unique<SampleDecoder>(shared.codec);
-      const Catalog::Locator loc = shared.catalog.locator(w.ids[i]);
-      const std::string& path = source_path(loc.file, reader);
-      std::span<std::byte> out(slot.data.data() + slot.offsets[i],
-                               slot.offsets[i + 1] - slot.offsets[i]);
-      auto& counters = shared.counters;
-      if (w.from_stage[i]) {
-        try {
-          const std::string staged = shared.stage_dir->staged_path(loc.file);
-          reader.decoder->fill(SampleLocation{staged, path, loc}, w.probes[i], out);
-          counters.hits.fetch_add(1, std::memory_order_relaxed);
-          counters.bytes_from_stage.fetch_add(out.size(), std::memory_order_relaxed);
-        } catch (const IoError&) {
-          w.from_stage[i] = 0;  // the copy vanished since it was probed: the source has the same bytes
-        }
-      }
-      if (!w.from_stage[i]) {
-        reader.decoder->fill(SampleLocation{path, path, loc}, w.probes[i], out);
-        counters.misses.fetch_add(1, std::memory_order_relaxed);
-        counters.bytes_from_source.fetch_add(out.size(), std::memory_order_relaxed);
-      }
-      // Decoded bytes: what a compressed sample took on disk is not tracked per read.
-      counters.bytes_read.fetch_add(out.size(), std::memory_order_relaxed);
+      fill_array(w, i, static_cast<uint64_t>(slot.indices[i]), reader, out);
     } catch (...) {
-      first_error.record(i);
+      // The batch is laid out: a replacement must fit this sample's place.
+      const ArrayInfo place = w.probes[i].info;
+      replace_or_fail(w, slot, i, first_error, [&](uint64_t id) {
+        probe_array(w, i, id, reader);
+        if (!w.probes[i].info.same_layout(place)) {
+          throw DecodeError(shared.catalog.source_path(id).string(),
+                            "its dtype or shape differs from the failed sample's");
+        }
+        fill_array(w, i, id, reader, out);
+      });
     }
     shared.counters.decode_ns.fetch_add(elapsed_ns(start), std::memory_order_relaxed);
   });
   slot.error = first_error.get();
+}
+
+void Pipeline::Impl::probe_array(Work& w, size_t i, uint64_t id, ReaderState& reader) {
+  const Catalog::Locator loc = shared.catalog.locator(id);
+  const std::string& path = source_path(loc.file, reader);
+  w.from_stage[i] = 0;
+  if (shared.stage_dir && shared.stage_dir->is_staged(loc.file)) {
+    try {
+      const std::string staged = shared.stage_dir->staged_path(loc.file);
+      with_decoder(reader, [&](SampleDecoder& d) {
+        d.probe(SampleLocation{staged, path, loc}, w.probes[i]);
+      });
+      w.from_stage[i] = 1;
+      return;
+    } catch (const IoError&) {
+      // The copy vanished: read the source instead.
+    }
+  }
+  with_decoder(reader,
+               [&](SampleDecoder& d) { d.probe(SampleLocation{path, path, loc}, w.probes[i]); });
+}
+
+void Pipeline::Impl::fill_array(Work& w, size_t i, uint64_t id, ReaderState& reader,
+                                std::span<std::byte> out) {
+  const Catalog::Locator loc = shared.catalog.locator(id);
+  const std::string& path = source_path(loc.file, reader);
+  auto& counters = shared.counters;
+  if (w.from_stage[i]) {
+    try {
+      const std::string staged = shared.stage_dir->staged_path(loc.file);
+      with_decoder(reader, [&](SampleDecoder& d) {
+        d.fill(SampleLocation{staged, path, loc}, w.probes[i], out);
+      });
+      counters.hits.fetch_add(1, std::memory_order_relaxed);
+      counters.bytes_from_stage.fetch_add(out.size(), std::memory_order_relaxed);
+    } catch (const IoError&) {
+      w.from_stage[i] = 0;  // the copy vanished since it was probed: the source has the same bytes
+    }
+  }
+  if (!w.from_stage[i]) {
+    with_decoder(reader, [&](SampleDecoder& d) {
+      d.fill(SampleLocation{path, path, loc}, w.probes[i], out);
+    });
+    counters.misses.fetch_add(1, std::memory_order_relaxed);
+    counters.bytes_from_source.fetch_add(out.size(), std::memory_order_relaxed);
+  }
+  // Decoded bytes: what a compressed sample took on disk is not tracked per read.
+  counters.bytes_read.fetch_add(out.size(), std::memory_order_relaxed);
 }
 
 void Pipeline::Impl::copy_raw(Work& w, Slot& slot) {
@@ -505,23 +634,11 @@ void Pipeline::Impl::copy_raw(Work& w, Slot& slot) {
   w.from_stage.assign(w.count, 0);
   slot.offsets.assign(w.count + 1, 0);
   tbb::parallel_for(size_t{0}, w.count, [&](size_t i) {
-    const Catalog::Locator loc = shared.catalog.locator(w.ids[i]);
+    const auto size_sample = [&](uint64_t id) { slot.offsets[i + 1] = raw_size(w, i, id); };
     try {
-      if (shared.stage_dir && shared.stage_dir->is_staged(loc.file)) {
-        try {
-          slot.offsets[i + 1] = loc.length != Catalog::kWholeFile
-                                    ? loc.length
-                                    : file_size(shared.stage_dir->staged_path(loc.file));
-          w.from_stage[i] = 1;
-          return;
-        } catch (const IoError&) {
-        }
-      }
-      slot.offsets[i + 1] = loc.length != Catalog::kWholeFile
-                                ? loc.length
-                                : file_size(shared.catalog.file_source_path(loc.file).string());
+      size_sample(w.ids[i]);
     } catch (...) {
-      first_error.record(i);
+      replace_or_fail(w, slot, i, first_error, size_sample);
     }
   });
   if ((slot.error = first_error.get())) return;
@@ -547,31 +664,60 @@ void Pipeline::Impl::copy_raw(Work& w, Slot& slot) {
   slot.shape = {w.count, 0, 0, 0};
   tbb::parallel_for(size_t{0}, w.count, [&](size_t i) {
     const auto start = Clock::now();
-    const Catalog::Locator loc = shared.catalog.locator(w.ids[i]);
     std::span<std::byte> out(slot.data.data() + slot.offsets[i], slot.offsets[i + 1] - slot.offsets[i]);
     try {
-      auto& counters = shared.counters;
-      if (w.from_stage[i]) {
-        try {
-          read_located(shared.stage_dir->staged_path(loc.file), loc, out);
-          counters.hits.fetch_add(1, std::memory_order_relaxed);
-          counters.bytes_from_stage.fetch_add(out.size(), std::memory_order_relaxed);
-        } catch (const IoError&) {
-          w.from_stage[i] = 0;  // the copy vanished since it was sized: the source has the same bytes
-        }
-      }
-      if (!w.from_stage[i]) {
-        read_located(shared.catalog.file_source_path(loc.file).string(), loc, out);
-        counters.misses.fetch_add(1, std::memory_order_relaxed);
-        counters.bytes_from_source.fetch_add(out.size(), std::memory_order_relaxed);
-      }
-      counters.bytes_read.fetch_add(out.size(), std::memory_order_relaxed);
+      read_raw(w, i, static_cast<uint64_t>(slot.indices[i]), out);
     } catch (...) {
-      first_error.record(i);
+      // The batch is laid out: a replacement must have this sample's size.
+      replace_or_fail(w, slot, i, first_error, [&](uint64_t id) {
+        if (raw_size(w, i, id) != out.size()) {
+          throw DecodeError(shared.catalog.source_path(id).string(),
+                            "its size differs from the failed sample's");
+        }
+        read_raw(w, i, id, out);
+      });
     }
     shared.counters.decode_ns.fetch_add(elapsed_ns(start), std::memory_order_relaxed);
   });
   slot.error = first_error.get();
+}
+
+uint64_t Pipeline::Impl::raw_size(Work& w, size_t i, uint64_t id) {
+  const Catalog::Locator loc = shared.catalog.locator(id);
+  w.from_stage[i] = 0;
+  if (shared.stage_dir && shared.stage_dir->is_staged(loc.file)) {
+    try {
+      const uint64_t size = loc.length != Catalog::kWholeFile
+                                ? loc.length
+                                : file_size(shared.stage_dir->staged_path(loc.file));
+      w.from_stage[i] = 1;
+      return size;
+    } catch (const IoError&) {
+    }
+  }
+  return loc.length != Catalog::kWholeFile
+             ? loc.length
+             : file_size(shared.catalog.file_source_path(loc.file).string());
+}
+
+void Pipeline::Impl::read_raw(Work& w, size_t i, uint64_t id, std::span<std::byte> out) {
+  const Catalog::Locator loc = shared.catalog.locator(id);
+  auto& counters = shared.counters;
+  if (w.from_stage[i]) {
+    try {
+      read_located(shared.stage_dir->staged_path(loc.file), loc, out);
+      counters.hits.fetch_add(1, std::memory_order_relaxed);
+      counters.bytes_from_stage.fetch_add(out.size(), std::memory_order_relaxed);
+    } catch (const IoError&) {
+      w.from_stage[i] = 0;  // the copy vanished since it was sized: the source has the same bytes
+    }
+  }
+  if (!w.from_stage[i]) {
+    read_located(shared.catalog.file_source_path(loc.file).string(), loc, out);
+    counters.misses.fetch_add(1, std::memory_order_relaxed);
+    counters.bytes_from_source.fetch_add(out.size(), std::memory_order_relaxed);
+  }
+  counters.bytes_read.fetch_add(out.size(), std::memory_order_relaxed);
 }
 
 void Pipeline::Impl::hand_off(Ticket t) {

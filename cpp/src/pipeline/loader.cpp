@@ -95,6 +95,8 @@ class Loader::Impl {
   uint64_t batches = 0;
   uint64_t samples = 0;
   uint64_t stall_ns = 0;
+  uint64_t skipped = 0;
+  std::vector<SkippedSample> skipped_samples;  // the first Stats::kMaxSkippedListed
 };
 
 Loader::Impl::Impl(Catalog catalog_in, LoaderOptions options_in)
@@ -113,21 +115,34 @@ Loader::Impl::Impl(Catalog catalog_in, LoaderOptions options_in)
   if (o.decode == DecodeMode::kJpeg) {
     ImageSize size = o.image_size;
     if (size.empty()) {
-      // Every image must have the size of the catalog's first one. Reading it may stall like any
-      // read of the source, so this loader's limit applies from here on (start() sets it again).
+      // Every image must have the size of the catalog's first one (on_error=skip: of its first good
+      // one, among as many as a failed sample's replacement is sought from). Reading it may stall like
+      // any read of the source, so this loader's limit applies from here on (start() sets it again).
       if (o.io_timeout_ms != 0) detail::set_io_timeout(std::chrono::milliseconds(o.io_timeout_ms));
       std::vector<std::byte> bytes;
-      const Catalog::Locator first_loc = shared->catalog.locator(0);
-      const std::string first = shared->catalog.source_path(0).string();
-      if (first_loc.length == Catalog::kWholeFile) {
-        detail::read_file(first, bytes);
-      } else {
-        bytes.resize(first_loc.length);
-        detail::read_range(first, first_loc.offset, bytes);
+      const auto look_further = [&](size_t i) {
+        return o.on_error == OnError::kSkip && i < kSkipCandidates &&
+               i + 1 < shared->catalog.size();
+      };
+      for (size_t i = 0; size.empty(); ++i) {
+        const Catalog::Locator loc = shared->catalog.locator(i);
+        const std::string path = shared->catalog.source_path(i).string();
+        try {
+          if (loc.length == Catalog::kWholeFile) {
+            detail::read_file(path, bytes);
+          } else {
+            bytes.resize(loc.length);
+            detail::read_range(path, loc.offset, bytes);
+          }
+          detail::SampleDecoder decoder(shared->codec);  // fresh: one that failed may fail again
+          const auto header = decoder.jpeg.header(decoder.image_payload(bytes, path), path);
+          size = {static_cast<uint32_t>(header.height), static_cast<uint32_t>(header.width)};
+        } catch (const IoError&) {
+          if (!look_further(i)) throw;
+        } catch (const DecodeError&) {
+          if (!look_further(i)) throw;
+        }
       }
-      detail::SampleDecoder decoder(shared->codec);
-      const auto header = decoder.jpeg.header(decoder.image_payload(bytes, first), first);
-      size = {static_cast<uint32_t>(header.height), static_cast<uint32_t>(header.width)};
     }
     shared->image_size = size;
     if (static_cast<uint64_t>(size.height) * size.width > o.max_pixels) {
@@ -219,6 +234,15 @@ Loader::Wait Loader::Impl::next_for(std::chrono::milliseconds timeout, std::opti
   ring->lend();
   Batch lent(ring, slot);
   if (slot->error) std::rethrow_exception(slot->error);  // `lent` goes back to the ring
+  // Counted here, in delivery order, so that a batch decoded ahead but never delivered is not.
+  for (const detail::Slot::Skip& skip : slot->skipped) {
+    ++skipped;
+    if (skipped_samples.size() < Stats::kMaxSkippedListed) {
+      skipped_samples.push_back({slot->epoch, slot->index, skip.sample,
+                                 static_cast<uint64_t>(slot->indices[skip.position]),
+                                 catalog.source_path(skip.sample).string(), skip.error});
+    }
+  }
   out.emplace(std::move(lent));
   return Wait::kBatch;
 }
@@ -246,6 +270,8 @@ Stats Loader::Impl::stats() const {
     s.stage_dir_disabled = true;
     s.stage_dir_error = stage_dir_error;
   }
+  s.skipped = skipped;
+  s.skipped_samples = skipped_samples;
   s.pinned = ring->pinned();
   if (shared->cache) {
     s.stage_bytes = shared->cache->used_bytes();

@@ -52,6 +52,10 @@ void LoaderOptions::validate() const {
     }
   }
   at_least("max_sample_bytes", max_sample_bytes, 1);
+  if (on_error != OnError::kRaise && on_error != OnError::kSkip) {
+    throw ConfigError("on_error must be raise or skip, got " +
+                      std::to_string(static_cast<int>(on_error)));
+  }
 }
 
 }  // namespace prestage
