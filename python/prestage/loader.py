@@ -72,7 +72,7 @@ class Loader:
         max_pixels: images with more pixels are refused before decoding (decompression bombs).
         io_timeout: seconds a read may take before it fails (``IoError``, ``errno.ETIMEDOUT``, at its
             sample's batch) instead of hanging on a stalled file system; ``None``: no limit.
-            Process-wide: the last loader started sets it.
+            Each loader has its own limit.
         on_error: what a sample that cannot be read or decoded (``IoError``, ``DecodeError``, a
             timed-out read) does. ``"raise"``: its error, naming its path, is raised at its batch.
             ``"skip"``: it is replaced in its batch by the next good sample of this rank's epoch

@@ -53,6 +53,7 @@ def dataset(
     depth: int = 4,
     max_pixels: int = 89_478_485,
     on_error: str = "raise",
+    io_timeout: Optional[float] = None,
     tuned: Union[str, os.PathLike, None] = None,
 ) -> tf.data.Dataset:
     """A ``tf.data.Dataset`` of ``(images, labels)`` batches: the batches of :class:`prestage.Loader`.
@@ -91,7 +92,7 @@ def dataset(
                     prefetchers=prefetchers, readers=readers, lookahead=lookahead, depth=depth, rank=rank,
                     world_size=world_size, drop_last=drop_last, decode="jpeg", max_pixels=max_pixels,
                     transform=transform, layout=layout, dtype=dtype, mean=mean, std=std,
-                    on_error=on_error, tuned=tuned)
+                    on_error=on_error, io_timeout=io_timeout, tuned=tuned)
     if image_size is not None:
         height, width = image_size
     else:

@@ -204,8 +204,8 @@ class Loader(torch.utils.data.IterableDataset):
         mean, std: per channel (R, G, B) or one number, on the 0-1 scale as torchvision's ``Normalize``
             (e.g. ``mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225)``); float32 only.
         rank, world_size: this process's place among the data-parallel ranks (see above).
-        stage_dir, cache_bytes, eviction, prefetchers, readers, lookahead, depth, max_pixels, tuned: as for
-            :class:`prestage.Loader`.
+        stage_dir, cache_bytes, eviction, prefetchers, readers, lookahead, depth, max_pixels, io_timeout,
+            tuned: as for :class:`prestage.Loader`.
         on_error: ``"raise"`` (a sample that cannot be read or decoded raises at its batch) or ``"skip"``
             (it is replaced by the next good sample of the epoch; batches keep their shape, ``stats()``
             counts and lists the skipped samples): as for :class:`prestage.Loader`.
@@ -247,6 +247,7 @@ class Loader(torch.utils.data.IterableDataset):
         depth: int = 4,
         max_pixels: int = 89_478_485,
         on_error: str = "raise",
+        io_timeout: Optional[float] = None,
         tuned: Union[str, os.PathLike, None] = None,
         **dataloader_keywords: Any,
     ) -> None:
@@ -269,7 +270,7 @@ class Loader(torch.utils.data.IterableDataset):
             cache_bytes=cache_bytes, eviction=eviction, prefetchers=prefetchers, readers=readers,
             lookahead=lookahead, depth=depth, rank=self._rank, world_size=self._world_size,
             drop_last=drop_last, decode="jpeg", max_pixels=max_pixels, transform=transform, layout=layout,
-            dtype=dtype_name, mean=mean3, std=std3, on_error=on_error, tuned=tuned)
+            dtype=dtype_name, mean=mean3, std=std3, on_error=on_error, io_timeout=io_timeout, tuned=tuned)
         self._layout, self._dtype = layout, dtype_name
         self._lent = _LentUntilCopied(limit=max(0, self._loader._options.depth - 1))  # depth after `tuned`
 

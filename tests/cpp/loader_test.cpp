@@ -9,6 +9,9 @@
 #include <chrono>
 #include <cstring>
 #include <fstream>
+#include <cstdlib>
+#include <cstdio>
+#include <future>
 #include <map>
 #include <thread>
 
@@ -408,8 +411,50 @@ TEST_CASE("loader: a read that stalls fails after io_timeout instead of hanging"
     CHECK(!loader.next().has_value());
   }
   CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(10));
-  prestage::detail::set_io_timeout(std::chrono::milliseconds(0));
   // Let the abandoned reads finish: a writer unblocks their open().
+  const int fd = ::open((dir / "data/class_0/stalled.jpg").c_str(), O_WRONLY | O_NONBLOCK);
+  if (fd >= 0) ::close(fd);
+}
+
+TEST_CASE("loader: each loader keeps its own io_timeout") {
+  // A loader without a limit, started while another with one runs, must not lift the other's limit.
+  TempDir dir;
+  prestage::test::make_image_folder(dir / "data", 1, 24);
+  REQUIRE(::mkfifo((dir / "data/class_0/stalled.jpg").c_str(), 0644) == 0);
+  std::vector<std::string> paths;
+  for (int i = 0; i < 24; ++i) paths.push_back("class_0/img_" + std::to_string(i) + ".jpg");
+  paths.insert(paths.begin() + 20, "class_0/stalled.jpg");  // far beyond the first batches
+  const Catalog cat = Catalog::from_paths(dir / "data", paths);
+  LoaderOptions limited = options(2, (dir / "stage").string());
+  limited.shuffle = false;
+  limited.depth = 2;
+  limited.lookahead = 1;
+  limited.io_timeout_ms = 300;
+  Loader a(cat, limited);
+  a.start_epoch(0);
+  REQUIRE(a.next().has_value());
+
+  prestage::test::make_image_folder(dir / "other", 1, 4);
+  Loader b(Catalog::from_folder(dir / "other"), options(2));  // no limit
+  b.start_epoch(0);
+  REQUIRE(b.next().has_value());
+
+  // Without a limit of its own the stalled read would never return: watch it from outside.
+  auto rest = std::async(std::launch::async, [&] {
+    size_t timed_out = 0;
+    while (true) {
+      try {
+        if (!a.next().has_value()) return timed_out;
+      } catch (const prestage::IoError& e) {
+        if (e.error_code() == ETIMEDOUT && e.path() == cat.source_path(20).string()) ++timed_out;
+      }
+    }
+  });
+  if (rest.wait_for(std::chrono::seconds(20)) != std::future_status::ready) {
+    std::fprintf(stderr, "loader_test: a read of the loader with io_timeout hung\n");
+    std::_Exit(1);  // the hung thread cannot be joined
+  }
+  CHECK(rest.get() == 1);
   const int fd = ::open((dir / "data/class_0/stalled.jpg").c_str(), O_WRONLY | O_NONBLOCK);
   if (fd >= 0) ::close(fd);
 }
@@ -432,7 +477,6 @@ TEST_CASE("loader: a first image that stalls fails after io_timeout when the loa
     CHECK(e.path() == cat.source_path(0).string());
   }
   CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(5));
-  prestage::detail::set_io_timeout(std::chrono::milliseconds(0));
   const int fd = ::open((dir / "data/class_0/stalled.jpg").c_str(), O_WRONLY | O_NONBLOCK);
   if (fd >= 0) ::close(fd);
 }

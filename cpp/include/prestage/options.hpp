@@ -85,7 +85,7 @@ struct LoaderOptions {
 
   // A read of the source (or of the stage directory) that takes longer than this fails (an IoError,
   // ETIMEDOUT, at its sample's batch) instead of hanging on a stalled file system; 0: no limit.
-  // Process-wide: the last loader started sets it.
+  // Each loader has its own limit, on the threads that read for it.
   uint64_t io_timeout_ms = 0;
   // A sample that cannot be read or decoded: raise its error at its batch, or skip it (OnError).
   OnError on_error = OnError::kRaise;

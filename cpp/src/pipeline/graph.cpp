@@ -244,7 +244,11 @@ Pipeline::Impl::~Impl() {
   ring->set_release_hook(nullptr);
   shared.stager->cancel(true);  // queued copies complete at once
   graph->release_wait();
-  shared.arena.execute([&] { graph->wait_for_all(); });
+  shared.arena.execute([&] {
+    // This thread may run the last decodes: under the loader's limit, as the arena's own threads.
+    const IoTimeoutScope timeout(std::chrono::milliseconds(shared.options.io_timeout_ms));
+    graph->wait_for_all();
+  });
   {
     std::unique_lock lock(stager_mutex);
     stager_cv.wait(lock, [&] { return at_stager == 0; });

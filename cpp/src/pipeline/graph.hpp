@@ -8,12 +8,14 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include <oneapi/tbb/enumerable_thread_specific.h>
 #include <oneapi/tbb/global_control.h>
 #include <oneapi/tbb/task_arena.h>
+#include <oneapi/tbb/task_scheduler_observer.h>
 
 #include "decode/jpeg.hpp"
 #include "decode/registry.hpp"
@@ -24,6 +26,7 @@
 #include "prestage/plan.hpp"
 #include "staging/stage_cache.hpp"
 #include "staging/stage_directory.hpp"
+#include "staging/file_io.hpp"
 #include "staging/stager.hpp"
 
 namespace prestage::detail {
@@ -44,6 +47,22 @@ struct ReaderState {
 };
 
 // Everything the successive pipelines of one Loader share.
+// Gives every thread that joins the loader's arena the loader's io_timeout, and takes it back when
+// the thread leaves: oneTBB's workers serve any arena of the process, and each loader keeps its own.
+class ArenaIoTimeout : public tbb::task_scheduler_observer {
+ public:
+  ArenaIoTimeout(tbb::task_arena& arena, std::chrono::milliseconds timeout)
+      : tbb::task_scheduler_observer(arena), timeout_(timeout) {
+    observe(true);
+  }
+  ~ArenaIoTimeout() override { observe(false); }
+  void on_scheduler_entry(bool) override { set_io_timeout(timeout_); }
+  void on_scheduler_exit(bool) override { set_io_timeout(std::chrono::milliseconds(0)); }
+
+ private:
+  std::chrono::milliseconds timeout_;
+};
+
 struct Shared {
   Shared(Catalog catalog_in, LoaderOptions options_in);
 
@@ -61,6 +80,7 @@ struct Shared {
   std::map<uint64_t, EpochStats> epochs;  // guarded by epochs_mutex
   tbb::task_scheduler_handle scheduler;  // lets close() join oneTBB's worker threads
   tbb::task_arena arena;  // `readers` threads: stage 3 runs here
+  std::optional<ArenaIoTimeout> arena_io_timeout;  // while the arena runs
   tbb::enumerable_thread_specific<ReaderState> readers;
   Counters counters;
 };

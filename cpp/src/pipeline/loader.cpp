@@ -117,8 +117,8 @@ Loader::Impl::Impl(Catalog catalog_in, LoaderOptions options_in)
     if (size.empty()) {
       // Every image must have the size of the catalog's first one (on_error=skip: of its first good
       // one, among as many as a failed sample's replacement is sought from). Reading it may stall like
-      // any read of the source, so this loader's limit applies from here on (start() sets it again).
-      if (o.io_timeout_ms != 0) detail::set_io_timeout(std::chrono::milliseconds(o.io_timeout_ms));
+      // any read of the source, so this loader's limit applies.
+      const detail::IoTimeoutScope timeout(std::chrono::milliseconds(o.io_timeout_ms));
       std::vector<std::byte> bytes;
       const auto look_further = [&](size_t i) {
         return o.on_error == OnError::kSkip && i < kSkipCandidates &&
@@ -192,10 +192,12 @@ void Loader::Impl::start(uint64_t e, uint64_t b) {
       owner = ::getpid();
       started = Clock::now();
       detail::allow_workers(shared->options.readers);
-      detail::set_io_timeout(std::chrono::milliseconds(shared->options.io_timeout_ms));
+      const std::chrono::milliseconds timeout(shared->options.io_timeout_ms);
       shared->scheduler = tbb::task_scheduler_handle(tbb::attach{});
+      shared->arena.initialize();
+      shared->arena_io_timeout.emplace(shared->arena, timeout);
       shared->stager = std::make_unique<detail::Stager>(shared->catalog, shared->stage_dir.get(),
-                                                        shared->options.prefetchers);
+                                                        shared->options.prefetchers, timeout);
     }
     if (ring->free_count() != ring->depth()) {
       // Batches of the old run are still lent out: they keep their buffers, this run gets new ones.
@@ -301,6 +303,7 @@ void Loader::Impl::close() {
   pipeline.reset();
   shared->stager.reset();
   shared->readers.clear();
+  shared->arena_io_timeout.reset();
   shared->arena.terminate();
   // Joins oneTBB's workers when no other user of oneTBB in the process still needs them; otherwise
   // they stay, idle, for that user.

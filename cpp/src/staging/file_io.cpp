@@ -111,7 +111,7 @@ void read_file_exact_now(const std::string& path, std::span<std::byte> out) {
   read_all(path, fd.get(), out.data(), out.size());
 }
 
-std::atomic<int64_t> io_timeout_ms{0};
+thread_local int64_t io_timeout_ms = 0;  // this thread's limit
 
 // Threads that run reads under a deadline. A thread stuck in a read that never returns is left there;
 // the others serve on, and new ones are started while none is idle (up to a bound). Idle threads
@@ -193,18 +193,15 @@ class DeadlineThreads {
   size_t threads_ = 0;
 };
 
-std::chrono::milliseconds current_timeout() {
-  return std::chrono::milliseconds(io_timeout_ms.load(std::memory_order_relaxed));
-}
 
 }  // namespace
 
-void set_io_timeout(std::chrono::milliseconds timeout) {
-  io_timeout_ms.store(timeout.count(), std::memory_order_relaxed);
-}
+void set_io_timeout(std::chrono::milliseconds timeout) { io_timeout_ms = timeout.count(); }
+
+std::chrono::milliseconds io_timeout() { return std::chrono::milliseconds(io_timeout_ms); }
 
 size_t read_file(const std::string& path, std::vector<std::byte>& buffer, int64_t* mtime_ns) {
-  const auto timeout = current_timeout();
+  const auto timeout = io_timeout();
   if (timeout.count() == 0) return read_file_now(path, buffer, mtime_ns);
   struct Read {
     std::vector<std::byte> bytes;
@@ -221,7 +218,7 @@ size_t read_file(const std::string& path, std::vector<std::byte>& buffer, int64_
 }
 
 void read_range(const std::string& path, uint64_t offset, std::span<std::byte> out) {
-  const auto timeout = current_timeout();
+  const auto timeout = io_timeout();
   if (timeout.count() == 0) return read_range_now(path, offset, out);
   const size_t length = out.size();
   auto bytes = DeadlineThreads::instance().run<std::vector<std::byte>>(path, timeout, [=] {
@@ -233,13 +230,13 @@ void read_range(const std::string& path, uint64_t offset, std::span<std::byte> o
 }
 
 size_t file_size(const std::string& path) {
-  const auto timeout = current_timeout();
+  const auto timeout = io_timeout();
   if (timeout.count() == 0) return file_size_now(path);
   return DeadlineThreads::instance().run<size_t>(path, timeout, [path] { return file_size_now(path); });
 }
 
 void read_file_exact(const std::string& path, std::span<std::byte> out) {
-  const auto timeout = current_timeout();
+  const auto timeout = io_timeout();
   if (timeout.count() == 0) return read_file_exact_now(path, out);
   const size_t length = out.size();
   auto bytes = DeadlineThreads::instance().run<std::vector<std::byte>>(path, timeout, [=] {

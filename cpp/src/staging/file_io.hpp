@@ -14,8 +14,24 @@ namespace prestage::detail {
 // A read (of the functions below) that takes longer than this fails with an IoError (ETIMEDOUT)
 // instead of hanging on a stalled file system: with a limit, each read runs on a helper thread, which
 // is left behind if the read never returns. 0 (the default): no limit, reads run on the caller's
-// thread. Process-wide.
+// thread. Per thread: each loader sets its own limit on the threads that read for it, so loaders in
+// one process keep their own limits.
 void set_io_timeout(std::chrono::milliseconds timeout);
+std::chrono::milliseconds io_timeout();
+
+// Sets this thread's limit for a scope, and restores the one it had.
+class IoTimeoutScope {
+ public:
+  explicit IoTimeoutScope(std::chrono::milliseconds timeout) : previous_(io_timeout()) {
+    set_io_timeout(timeout);
+  }
+  ~IoTimeoutScope() { set_io_timeout(previous_); }
+  IoTimeoutScope(const IoTimeoutScope&) = delete;
+  IoTimeoutScope& operator=(const IoTimeoutScope&) = delete;
+
+ private:
+  std::chrono::milliseconds previous_;
+};
 
 // Reads a whole regular file into `buffer` (resized to fit; its capacity is reused across calls).
 // Returns the number of bytes read.

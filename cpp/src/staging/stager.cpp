@@ -8,11 +8,17 @@
 
 namespace prestage::detail {
 
-Stager::Stager(Catalog catalog, StageDirectory* directory, size_t threads)
+Stager::Stager(Catalog catalog, StageDirectory* directory, size_t threads,
+               std::chrono::milliseconds io_timeout)
     : catalog_(std::move(catalog)), directory_(directory) {
   if (directory_ == nullptr) return;
   threads_.reserve(threads);
-  for (size_t i = 0; i < threads; ++i) threads_.emplace_back([this] { run(); });
+  for (size_t i = 0; i < threads; ++i) {
+    threads_.emplace_back([this, io_timeout] {
+      set_io_timeout(io_timeout);
+      run();
+    });
+  }
 }
 
 Stager::~Stager() {

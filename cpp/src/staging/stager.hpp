@@ -8,6 +8,7 @@
 #include <deque>
 #include <mutex>
 #include <string>
+#include <chrono>
 #include <thread>
 #include <vector>
 
@@ -33,7 +34,9 @@ struct StageTask {
 class Stager {
  public:
   // `directory` may be null (no stage directory): then every task is done at once.
-  Stager(Catalog catalog, StageDirectory* directory, size_t threads);
+  // Each thread reads under `io_timeout` (0: no limit).
+  Stager(Catalog catalog, StageDirectory* directory, size_t threads,
+         std::chrono::milliseconds io_timeout = std::chrono::milliseconds(0));
   ~Stager();  // joins; every submitted task must have completed
   Stager(const Stager&) = delete;
   Stager& operator=(const Stager&) = delete;
