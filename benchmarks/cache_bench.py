@@ -73,7 +73,9 @@ def run(source, catalog, stage_root, cache_bytes, policy, epochs, pfs):
     kwargs = dict(batch_size=64, decode="raw", seed=0, prefetchers=16, readers=2, lookahead=4,
                   depth=4)
     if policy != "none":
-        kwargs.update(stage_dir=stage, cache_bytes=cache_bytes, eviction=policy)
+        # Stage 3 waits for stage 2 (stage_patience=None): the bytes read then measure the eviction
+        # policy alone, not how far the copies lag behind the consumer.
+        kwargs.update(stage_dir=stage, cache_bytes=cache_bytes, eviction=policy, stage_patience=None)
     served_after_first = None
     start = time.perf_counter()
     with prestage.Loader(catalog, **kwargs) as loader:

@@ -73,6 +73,11 @@ class Loader:
         io_timeout: seconds a read may take before it fails (``IoError``, ``errno.ETIMEDOUT``, at its
             sample's batch) instead of hanging on a stalled file system; ``None``: no limit.
             Each loader has its own limit.
+        stage_patience: seconds the next batch may wait for stage 2 to finish its copies; then stage 3
+            takes it and reads the files no copy has started from the source itself (misses, counted
+            in ``stats()["stage_expedited"]``), so a slow stage 2 never stalls training for more than
+            the copies under way. ``None``: always wait for stage 2 (what is staged then follows the
+            plan exactly, whatever the timing).
         on_error: what a sample that cannot be read or decoded (``IoError``, ``DecodeError``, a
             timed-out read) does. ``"raise"``: its error, naming its path, is raised at its batch.
             ``"skip"``: it is replaced in its batch by the next good sample of this rank's epoch
@@ -133,6 +138,7 @@ class Loader:
         array_name: Optional[str] = None,
         max_sample_bytes: int = 4 << 30,
         io_timeout: Optional[float] = None,
+        stage_patience: Optional[float] = 0.05,
         on_error: str = "raise",
         tuned: Union[str, os.PathLike, None] = None,
     ) -> None:
@@ -178,6 +184,14 @@ class Loader:
             if isinstance(io_timeout, bool) or not isinstance(io_timeout, (int, float)) or io_timeout <= 0:
                 raise ConfigError(f"io_timeout must be a positive number of seconds, got {io_timeout!r}")
             options.io_timeout_ms = max(1, round(io_timeout * 1000))
+        if stage_patience is None:
+            options.stage_patience_ms = 2**64 - 1  # LoaderOptions::kWaitForStaging
+        elif isinstance(stage_patience, bool) or not isinstance(stage_patience, (int, float)) \
+                or stage_patience < 0:
+            raise ConfigError(f"stage_patience must be a number of seconds >= 0 or None, "
+                              f"got {stage_patience!r}")
+        else:
+            options.stage_patience_ms = min(round(stage_patience * 1000), 2**64 - 2)
         if on_error not in ("raise", "skip"):
             raise ConfigError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
         options.on_error = getattr(_core.OnError, on_error)

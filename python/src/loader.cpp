@@ -60,6 +60,7 @@ py::dict stats_dict(const Stats& s) {
   d["adopted_files"] = s.adopted_files;
   d["already_staged"] = s.already_staged;
   d["stage_failures"] = s.stage_failures;
+  d["stage_expedited"] = s.stage_expedited;
   d["stage_dir_disabled"] = s.stage_dir_disabled;
   d["stage_dir_error"] = s.stage_dir_error;
   d["hits"] = s.hits;
@@ -147,6 +148,7 @@ void register_loader(py::module_& m) {
       .def_readwrite("depth", &LoaderOptions::depth)
       .def_readwrite("max_pixels", &LoaderOptions::max_pixels)
       .def_readwrite("io_timeout_ms", &LoaderOptions::io_timeout_ms)
+      .def_readwrite("stage_patience_ms", &LoaderOptions::stage_patience_ms)
       .def_readwrite("on_error", &LoaderOptions::on_error)
       .def_readwrite("transform", &LoaderOptions::transform)
       .def_readwrite("layout", &LoaderOptions::layout)

@@ -48,6 +48,8 @@ LoaderOptions options(uint64_t batch_size, const std::string& stage_dir = "") {
   o.batch_size = batch_size;
   o.seed = 3;
   o.stage_dir = stage_dir;
+  // Stage 3 waits for stage 2, so what is staged follows the plan exactly, however slow the machine.
+  o.stage_patience_ms = LoaderOptions::kWaitForStaging;
   return o;
 }
 

@@ -2,8 +2,11 @@
 
 #include <fcntl.h>
 #include <sys/file.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
+#include <chrono>
 #include <fstream>
 #include <thread>
 
@@ -245,6 +248,42 @@ TEST_CASE("stager: a missing source file is given up on, and the other samples a
   stager.add_to(stats, 1.0);
   CHECK(stats.stage_failures == 1);
   CHECK(!stats.stage_dir_disabled);
+}
+
+TEST_CASE("stager: an expedited task completes once the copies under way finish") {
+  TempDir dir;
+  // The first file is a FIFO with no writer: the one stager thread blocks in it, as on a slow PFS.
+  REQUIRE(::mkfifo((dir / "slow").c_str(), 0644) == 0);
+  for (const char* name : {"b", "c", "d"}) std::ofstream(dir / name) << name;
+  const Catalog cat = Catalog::from_paths(dir.path(), {"slow", "b", "c", "d"});
+  StageDirectory stage(dir / "stage", cat);
+  std::atomic<int> done{0};
+  prestage::detail::Stager stager(cat, &stage, 1);
+  std::vector<uint64_t> ids{0, 1, 2, 3};
+  for (const uint64_t id : ids) REQUIRE(stage.try_claim(id));
+  prestage::detail::StageTask task;
+  task.ids = ids.data();
+  task.count = ids.size();
+  task.done = [](void* c) { static_cast<std::atomic<int>*>(c)->fetch_add(1); };
+  task.context = &done;
+  stager.submit(&task);
+  while (task.next.load() == 0) std::this_thread::yield();  // the thread has taken "slow"
+
+  stager.expedite(&task);
+  for (const uint64_t id : {1, 2, 3}) CHECK(stage.is_absent(id));  // given back: stage 3 reads them
+  CHECK(done.load() == 0);  // the copy under way is not abandoned
+  stager.expedite(&task);  // a second call changes nothing
+  const int fd = ::open((dir / "slow").c_str(), O_WRONLY | O_NONBLOCK);  // lets the copy finish
+  REQUIRE(fd >= 0);
+  ::close(fd);
+  while (done.load() == 0) std::this_thread::yield();
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  CHECK(done.load() == 1);  // exactly once
+  prestage::Stats stats;
+  stager.add_to(stats, 1.0);
+  CHECK(stats.stage_expedited == 3);
+  CHECK(stats.staged_files + stats.stage_failures == 1);  // only "slow" was dealt with
+  for (const uint64_t id : {1, 2, 3}) CHECK(!stage.is_staged(id));
 }
 
 TEST_CASE("stage directory: records appended after a torn one still vouch for their copies") {

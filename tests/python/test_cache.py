@@ -87,8 +87,9 @@ def simulate(n, capacity, epochs, seed, policy):
 def run_loader(root, stage, cache_bytes, eviction, epochs, seed):
     cat = prestage.Catalog.from_folder(root, extensions=[".bin"])
     contents = {i: cat.source_path(i).read_bytes() for i in range(len(cat))}
+    # stage_patience=None: stage 3 always waits for stage 2, so what is staged follows the plan exactly.
     with prestage.Loader(cat, batch_size=BATCH, decode="raw", stage_dir=stage, seed=seed,
-                         cache_bytes=cache_bytes, eviction=eviction, lookahead=LOOKAHEAD,
+                         stage_patience=None, cache_bytes=cache_bytes, eviction=eviction, lookahead=LOOKAHEAD,
                          depth=DEPTH, prefetchers=3, readers=2) as loader:
         for _ in range(epochs):
             for batch in loader:

@@ -129,13 +129,13 @@ def test_killed_while_staging_then_restarted_serves_nothing_partial(make_folder,
 def test_a_source_replaced_after_staging_is_staged_again(folder, tmp_path):
     cat = prestage.Catalog.from_folder(folder)
     stage = tmp_path / "stage"
-    with prestage.Loader(cat, batch_size=4, stage_dir=stage) as loader:
+    with prestage.Loader(cat, batch_size=4, stage_patience=None, stage_dir=stage) as loader:
         check_epoch(loader, cat)
     victim = cat.source_path(3)
     time.sleep(0.01)  # a distinct modification time
     Image.fromarray(np.full((32, 48, 3), 200, np.uint8)).save(victim, quality=95)
     fresh = prestage.Catalog.from_folder(folder)  # a new job builds (or reloads) its catalog
-    with prestage.Loader(fresh, batch_size=4, stage_dir=stage) as loader:
+    with prestage.Loader(fresh, batch_size=4, stage_patience=None, stage_dir=stage) as loader:
         check_epoch(loader, fresh)
         s = loader.stats()
     assert s["staged_files"] == 1  # only the replaced file
@@ -144,7 +144,7 @@ def test_a_source_replaced_after_staging_is_staged_again(folder, tmp_path):
 SHARED_RUN = textwrap.dedent("""
     import json, sys, prestage
     cat = prestage.Catalog.from_folder(sys.argv[1])
-    with prestage.Loader(cat, batch_size=4, stage_dir=sys.argv[2], seed=int(sys.argv[3]),
+    with prestage.Loader(cat, batch_size=4, stage_patience=None, stage_dir=sys.argv[2], seed=int(sys.argv[3]),
                          decode="raw") as loader:
         for b in loader:
             for k, i in enumerate(b.indices):
@@ -346,7 +346,7 @@ def test_eio_from_the_source_fails_only_its_batches_and_staging_goes_on(make_fol
     victims = ["class_0/img_002.jpg", "class_2/img_005.jpg"]
     emulator.inject(*(f"eio-{where} {v}" for v in victims))
     plan = prestage.plan.epoch_batches(len(cat), 4, seed=7, epoch=0)
-    with prestage.Loader(cat, batch_size=4, seed=7, stage_dir=tmp_path / "stage") as loader:
+    with prestage.Loader(cat, batch_size=4, seed=7, stage_patience=None, stage_dir=tmp_path / "stage") as loader:
         check_batches(epoch_outcomes(loader, backing, cat), plan, cat, {v: errno.EIO for v in victims})
         s = loader.stats()
         # Stage 2 gave up on the two files (again for the next epoch, if its look-ahead reached it)
@@ -423,3 +423,26 @@ def test_a_first_file_that_stalls_times_out_when_the_loader_is_built(make_folder
         watchdog.cancel()
     assert time.monotonic() - start < 2.0
     assert error.value.errno == errno.ETIMEDOUT and error.value.filename == str(cat.source_path(0))
+
+
+def test_stage_3_does_not_wait_for_a_slow_stage_2(make_folder, pfs, tmp_path):
+    # One prefetcher against 10 ms per PFS operation cannot keep up with 2 readers: when the
+    # consumer's next batch is still being staged, stage 3 takes it and reads the files no copy has
+    # started from the source itself.
+    root = make_folder(2, 24)
+    emulator = pfs(root, open_ms=10, read_ms=10)
+    cat = prestage.Catalog.from_folder(emulator.mountpoint)
+    with prestage.Loader(cat, batch_size=16, seed=1, stage_dir=tmp_path / "stage", prefetchers=1,
+                         readers=2, lookahead=2) as loader:
+        check_epoch(loader, cat)
+        s = loader.stats()
+    assert s["stage_expedited"] > 0
+    assert s["misses"] >= s["stage_expedited"]  # each given-up file was read by stage 3
+    assert s["staged_files"] + s["stage_expedited"] + s["stage_failures"] >= len(cat)
+    with prestage.Loader(cat, batch_size=16, seed=1, stage_dir=tmp_path / "waits", prefetchers=1,
+                         readers=2, lookahead=2, stage_patience=None) as loader:
+        check_epoch(loader, cat)
+        s = loader.stats()
+    assert s["stage_expedited"] == 0 and s["staged_files"] == len(cat)  # waited for every copy
+    with pytest.raises(prestage.ConfigError, match="stage_patience"):
+        prestage.Loader(cat, batch_size=16, stage_patience=-1)

@@ -138,10 +138,10 @@ def test_missing_and_corrupt_files_raise_at_their_batch_naming_them(folder, tmp_
 
 def test_second_run_over_the_same_stage_dir_copies_nothing(folder, tmp_path):
     cat = prestage.Catalog.from_folder(folder)
-    with prestage.Loader(cat, batch_size=5, stage_dir=tmp_path / "stage") as first:
+    with prestage.Loader(cat, batch_size=5, stage_patience=None, stage_dir=tmp_path / "stage") as first:
         epoch(first)
         assert first.stats()["staged_files"] == len(cat)
-    with prestage.Loader(cat, batch_size=5, stage_dir=tmp_path / "stage") as second:
+    with prestage.Loader(cat, batch_size=5, stage_patience=None, stage_dir=tmp_path / "stage") as second:
         epoch(second)
         stats = second.stats()
     assert stats["staged_files"] == 0
@@ -151,7 +151,7 @@ def test_second_run_over_the_same_stage_dir_copies_nothing(folder, tmp_path):
 def test_leftover_partial_files_are_never_served(folder, tmp_path):
     cat = prestage.Catalog.from_folder(folder)
     stage = tmp_path / "stage"
-    with prestage.Loader(cat, batch_size=len(cat), stage_dir=stage) as first:
+    with prestage.Loader(cat, batch_size=len(cat), stage_patience=None, stage_dir=stage) as first:
         epoch(first)
     copies = [p for p in stage.rglob("*") if p.is_file() and p.name != "index.log"]
     assert len(copies) == len(cat)
@@ -163,7 +163,7 @@ def test_leftover_partial_files_are_never_served(folder, tmp_path):
             p.with_name(p.name + ".part").write_bytes(data[: len(data) // 2])
         else:
             p.write_bytes(data[: len(data) // 2])
-    with prestage.Loader(cat, batch_size=4, stage_dir=stage) as loader:
+    with prestage.Loader(cat, batch_size=4, stage_patience=None, stage_dir=stage) as loader:
         idx, _, img = epoch(loader)
         assert loader.stats()["staged_files"] == len(cat)  # every copy made again
     for k, i in enumerate(idx):
@@ -247,7 +247,7 @@ def test_len_set_epoch_and_epochs_advance(folder):
 
 def test_stats_report_every_stage(folder, tmp_path):
     cat = prestage.Catalog.from_folder(folder)
-    with prestage.Loader(cat, batch_size=4, stage_dir=tmp_path / "s") as loader:
+    with prestage.Loader(cat, batch_size=4, stage_patience=None, stage_dir=tmp_path / "s") as loader:
         epoch(loader)
         s = loader.stats()
     for stage in ("plan", "stage", "decode"):

@@ -87,6 +87,12 @@ struct LoaderOptions {
   // ETIMEDOUT, at its sample's batch) instead of hanging on a stalled file system; 0: no limit.
   // Each loader has its own limit, on the threads that read for it.
   uint64_t io_timeout_ms = 0;
+  // How long the consumer's next batch may wait for stage 2 to finish its copies before stage 3 takes
+  // it and reads the files no copy has started straight from the source (counted as misses and in
+  // Stats::stage_expedited): stage 3 never waits for more than the copies under way.
+  // kWaitForStaging: it always waits for stage 2 (what is staged then follows the plan exactly).
+  static constexpr uint64_t kWaitForStaging = UINT64_MAX;
+  uint64_t stage_patience_ms = 50;
   // A sample that cannot be read or decoded: raise its error at its batch, or skip it (OnError).
   OnError on_error = OnError::kRaise;
 

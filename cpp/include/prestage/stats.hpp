@@ -50,6 +50,8 @@ struct Stats {
   uint64_t adopted_files = 0;    // copies another process (sharing the directory) made meanwhile
   uint64_t already_staged = 0;   // found staged (this run or an earlier one): not copied again
   uint64_t stage_failures = 0;   // samples stage 2 gave up on (source or stage directory errors)
+  uint64_t stage_expedited = 0;  // samples stage 3 read itself because stage 2 had not started them
+                                 // when the consumer's next batch was due
   bool stage_dir_disabled = false;  // the stage directory failed; reads go to the source
   std::string stage_dir_error;
 

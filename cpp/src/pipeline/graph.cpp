@@ -47,6 +47,7 @@ struct Work {
   std::vector<uint8_t> from_stage;  // kRaw and arrays: where each sample is read from
   std::vector<ArrayProbe> probes;    // arrays: each sample's header, between the two phases
   std::mutex skip_mutex;             // guards the slot's `skipped` while the batch decodes
+  bool staging = false;              // at the stager (guarded by the pipeline's stager_mutex)
   std::atomic<bool> in_use{false};
 };
 
@@ -110,6 +111,7 @@ struct Pipeline::Impl {
 
   Ticket next_batch(tbb::flow_control& fc);
   void stage(Ticket t, StageNode::gateway_type& gateway);
+  void expedite(uint64_t seq);
   Ticket decode(Ticket t);
   void decode_images(Work& w, Slot& slot);
   void copy_raw(Work& w, Slot& slot);
@@ -168,6 +170,9 @@ struct Pipeline::Impl {
   std::mutex ready_mutex;
   std::condition_variable ready_cv;
   std::deque<Slot*> ready;
+  uint64_t delivered = 0;  // batches popped: the seq of the one the consumer waits for (ready_mutex)
+  uint64_t waited_seq = UINT64_MAX;  // the batch the consumer has been waiting for, since when
+  Clock::time_point waited_since;
 
   std::optional<flow::graph> graph;
   std::optional<flow::input_node<Ticket>> source;
@@ -314,6 +319,7 @@ void Pipeline::Impl::stage(Ticket t, StageNode::gateway_type& gateway) {
   {
     std::lock_guard lock(stager_mutex);
     ++at_stager;
+    t->staging = true;
   }
   t->gateway = &gateway;
   t->owner = this;
@@ -330,6 +336,7 @@ void Pipeline::Impl::stage(Ticket t, StageNode::gateway_type& gateway) {
     // Notified under the lock: once teardown holds the lock and sees zero, nothing here touches
     // `owner` again.
     std::lock_guard lock(owner->stager_mutex);
+    done->staging = false;  // not recycled before the consumer has it: still this batch's
     if (--owner->at_stager == 0) owner->stager_cv.notify_all();
   };
   shared.stager->submit(&t->stage);
@@ -740,11 +747,42 @@ Pipeline::Pipeline(Shared& shared, std::shared_ptr<BatchRing> ring, uint64_t epo
 
 Pipeline::~Pipeline() = default;
 
+void Pipeline::Impl::expedite(uint64_t seq) {
+  // Batches pass stage 2 in order, so while the consumer's next batch is still being staged stage 3
+  // has nothing to do: after `stage_patience_ms` it takes the batch and reads the files no copy has
+  // started straight from the source (misses): it never waits for more than the copies under way.
+  // The batch cannot be recycled meanwhile: the consumer, this caller, has not had it yet.
+  Work& w = *pool[seq % pool.size()];
+  {
+    std::lock_guard lock(stager_mutex);
+    if (!w.staging || w.seq != seq) return;
+  }
+  shared.stager->expedite(&w.stage);
+}
+
 Slot* Pipeline::pop(std::chrono::milliseconds timeout) {
-  std::unique_lock lock(impl_->ready_mutex);
-  if (!impl_->ready_cv.wait_for(lock, timeout, [&] { return !impl_->ready.empty(); })) return nullptr;
-  Slot* slot = impl_->ready.front();
-  impl_->ready.pop_front();
+  Impl& impl = *impl_;
+  const auto deadline = Clock::now() + timeout;
+  const auto ready = [&] { return !impl.ready.empty(); };
+  std::unique_lock lock(impl.ready_mutex);
+  const uint64_t patience_ms = impl.shared.options.stage_patience_ms;
+  if (!ready() && patience_ms != LoaderOptions::kWaitForStaging) {
+    const uint64_t wanted = impl.delivered;
+    if (impl.waited_seq != wanted) {
+      impl.waited_seq = wanted;
+      impl.waited_since = Clock::now();
+    }
+    const auto patience_ends = impl.waited_since + std::chrono::milliseconds(patience_ms);
+    if (patience_ends < deadline && !impl.ready_cv.wait_until(lock, patience_ends, ready)) {
+      lock.unlock();
+      impl.expedite(wanted);
+      lock.lock();
+    }
+  }
+  if (!impl.ready_cv.wait_until(lock, deadline, ready)) return nullptr;
+  Slot* slot = impl.ready.front();
+  impl.ready.pop_front();
+  ++impl.delivered;
   return slot;
 }
 

@@ -37,6 +37,7 @@ void Stager::submit(StageTask* task) {
   task->next.store(0, std::memory_order_relaxed);
   task->remaining.store(task->count, std::memory_order_relaxed);
   if (directory_ == nullptr || task->count == 0 || cancelled_.load(std::memory_order_acquire)) {
+    task->next.store(task->count, std::memory_order_relaxed);  // nothing left to expedite
     if (directory_ != nullptr) {
       for (size_t i = 0; i < task->count; ++i) directory_->abandon(task->ids[i]);
     }
@@ -48,6 +49,22 @@ void Stager::submit(StageTask* task) {
     queue_.push_back(task);
   }
   wake_.notify_all();
+}
+
+void Stager::expedite(StageTask* task) {
+  size_t from = 0;
+  {
+    std::lock_guard lock(mutex_);  // as run() hands samples out
+    from = task->next.load(std::memory_order_relaxed);
+    if (from >= task->count) return;
+    task->next.store(task->count, std::memory_order_relaxed);
+    const auto it = std::find(queue_.begin(), queue_.end(), task);
+    if (it != queue_.end()) queue_.erase(it);
+  }
+  const size_t given_up = task->count - from;
+  for (size_t i = from; i < task->count; ++i) directory_->abandon(task->ids[i]);
+  expedited_.fetch_add(given_up, std::memory_order_relaxed);
+  if (task->remaining.fetch_sub(given_up, std::memory_order_acq_rel) == given_up) task->done(task->context);
 }
 
 void Stager::run() {
@@ -124,6 +141,7 @@ void Stager::add_to(Stats& stats, double wall_s) const {
   stats.staged_files = staged_files_.load();
   stats.adopted_files = adopted_.load();
   stats.stage_failures = failures_.load();
+  stats.stage_expedited = expedited_.load();
   stats.stage_dir_disabled = disabled_.load();
   if (stats.stage_dir_disabled) {
     std::lock_guard lock(mutex_);

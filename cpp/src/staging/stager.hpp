@@ -48,6 +48,11 @@ class Stager {
   // thread or, if the stager is cancelled or has no directory, on the caller's.
   void submit(StageTask* task);
 
+  // Completes `task` as soon as the copies under way finish: the files no thread has started are
+  // given up (their claims given back, so stage 3 reads them from the source). No-op for a task
+  // already complete or fully handed out.
+  void expedite(StageTask* task);
+
   // While cancelled, queued and new tasks complete at once, without copying (a pipeline that stops
   // drains this way).
   void cancel(bool cancelled);
@@ -70,7 +75,7 @@ class Stager {
   std::string disabled_reason_;  // guarded by mutex_
 
   std::atomic<uint64_t> busy_ns_{0}, items_{0}, bytes_{0};
-  std::atomic<uint64_t> staged_files_{0}, adopted_{0}, failures_{0};
+  std::atomic<uint64_t> staged_files_{0}, adopted_{0}, failures_{0}, expedited_{0};
   std::vector<std::thread> threads_;
 };
 
