@@ -273,7 +273,12 @@ TEST_CASE("stager: an expedited task completes once the copies under way finish"
   for (const uint64_t id : {1, 2, 3}) CHECK(stage.is_absent(id));  // given back: stage 3 reads them
   CHECK(done.load() == 0);  // the copy under way is not abandoned
   stager.expedite(&task);  // a second call changes nothing
-  const int fd = ::open((dir / "slow").c_str(), O_WRONLY | O_NONBLOCK);  // lets the copy finish
+  // A writer lets the copy finish; opening fails (ENXIO) until the thread has opened its end.
+  int fd = -1;
+  for (int tries = 0; fd < 0 && tries < 1000; ++tries) {
+    fd = ::open((dir / "slow").c_str(), O_WRONLY | O_NONBLOCK);
+    if (fd < 0) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
   REQUIRE(fd >= 0);
   ::close(fd);
   while (done.load() == 0) std::this_thread::yield();
@@ -309,4 +314,44 @@ TEST_CASE("stage directory: records appended after a torn one still vouch for th
   CHECK(again.found_at_start() == 2);
   CHECK(again.is_staged(0));
   CHECK(again.is_staged(1));
+}
+
+TEST_CASE("stage directory: an index of mostly dead records is compacted by a process alone") {
+  constexpr uint64_t kRecord = 40;  // bytes of an index record
+  TempDir dir;
+  write(dir / "src/a", "kept");
+  write(dir / "src/b", "churned");
+  const Catalog cat = Catalog::from_paths(dir / "src", {"a", "b"});
+  std::vector<std::byte> buffer;
+  std::filesystem::path index;
+  {
+    StageDirectory stage(dir / "stage", cat);
+    index = std::filesystem::path(stage.path()) / "index.log";
+    REQUIRE(stage.try_claim(0));
+    REQUIRE(stage.stage(0, cat.file_source_path(0).string(), buffer) == Outcome::kStaged);
+    for (int i = 0; i < 2000; ++i) {  // staged, evicted, staged again: one record each time
+      REQUIRE(stage.try_claim(1));
+      REQUIRE(stage.stage(1, cat.file_source_path(1).string(), buffer) == Outcome::kStaged);
+      if (i + 1 < 2000) stage.evict(1);
+    }
+  }
+  const auto grown = std::filesystem::file_size(index);
+  CHECK(grown == 2001 * kRecord);
+  {
+    StageDirectory keeper(dir / "stage", cat);  // compacts: nobody else uses the directory
+    CHECK(std::filesystem::file_size(index) == 2 * kRecord);
+    CHECK(keeper.found_at_start() == 2);
+    CHECK(read_text(keeper.staged_path(1)) == "churned");
+    // A second user meanwhile shares the index: it finds the same copies, and never compacts.
+    REQUIRE(keeper.try_claim(1) == false);
+    StageDirectory other(dir / "stage", cat);
+    CHECK(other.found_at_start() == 2);
+    keeper.evict(0);
+    REQUIRE(keeper.try_claim(0));
+    REQUIRE(keeper.stage(0, cat.file_source_path(0).string(), buffer) == Outcome::kStaged);
+    CHECK(std::filesystem::file_size(index) == 3 * kRecord);  // appended
+  }
+  StageDirectory again(dir / "stage", cat);
+  CHECK(again.found_at_start() == 2);  // small index: left as it is
+  CHECK(std::filesystem::file_size(index) == 3 * kRecord);
 }

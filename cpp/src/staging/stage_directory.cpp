@@ -25,6 +25,7 @@ namespace {
 constexpr int kShards = 256;
 constexpr uint32_t kRecordMagic = 0x58444950;  // "PIDX"
 constexpr uint32_t kRecordVersion = 1;
+constexpr off_t kCompactAbove = 64 << 10;  // index bytes under which compaction is not worth it
 
 std::string hex(uint64_t v, int width) {
   char buf[17];
@@ -108,8 +109,7 @@ StageDirectory::StageDirectory(const fs::path& dir, const Catalog& catalog)
 
   // The index: the last valid record of each file vouches for its copy.
   const std::string index = (area_ / "index.log").string();
-  index_fd_ = ::open(index.c_str(), O_RDWR | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
-  if (index_fd_ < 0) fail(index, errno, "open");
+  const bool alone = open_index(index);
   std::vector<Record> latest(size_);
   off_t index_read = -1;  // the index's size when last read
   auto read_index = [&] {
@@ -177,6 +177,50 @@ StageDirectory::StageDirectory(const fs::path& dir, const Catalog& catalog)
     }
     if (ec) fail(shard_dir.string(), ec.value(), "list stage directory");
   }
+  if (alone) {
+    // Every copy staged, evicted and staged again left a record: rewrite the index with the live
+    // ones once it is mostly dead, so that it stays as bounded as the copies.
+    if (index_read > kCompactAbove && static_cast<uint64_t>(index_read) > 2 * sizeof(Record) * found_at_start_) {
+      compact_index(index, latest);
+    }
+    ::flock(index_fd_, LOCK_SH);  // others may join now
+  }
+}
+
+bool StageDirectory::open_index(const std::string& index) {
+  // Each process holds a shared lock on the index for as long as it uses the directory; one that
+  // finds nobody else there holds it exclusively until its start-up is done (and may compact).
+  while (true) {
+    index_fd_ = ::open(index.c_str(), O_RDWR | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+    if (index_fd_ < 0) fail(index, errno, "open");
+    bool alone = ::flock(index_fd_, LOCK_EX | LOCK_NB) == 0;
+    if (!alone) {
+      while (::flock(index_fd_, LOCK_SH) != 0) {
+        if (errno != EINTR) fail(index, errno, "lock");
+      }
+    }
+    if (still_at(index_fd_, index)) return alone;
+    ::close(index_fd_);  // replaced by another process's compaction meanwhile: open the new one
+  }
+}
+
+void StageDirectory::compact_index(const std::string& index, const std::vector<Record>& latest) {
+  std::vector<std::byte> live;
+  live.reserve(found_at_start_ * sizeof(Record));
+  for (uint64_t id = 0; id < size_; ++id) {
+    if (state_[id].load(std::memory_order_relaxed) != kStaged) continue;
+    const auto* bytes = reinterpret_cast<const std::byte*>(&latest[id]);
+    live.insert(live.end(), bytes, bytes + sizeof(Record));
+  }
+  const std::string tmp = index + ".compact";
+  ::unlink(tmp.c_str());  // left by a process that died compacting: nobody else is here
+  try {
+    write_file_atomically(index, tmp, live);
+  } catch (const IoError&) {
+    return;  // a full disk, say: the old index still serves
+  }
+  ::close(index_fd_);  // waiters on the old index wake, see it replaced and open the new one
+  open_index(index);
 }
 
 StageDirectory::~StageDirectory() {

@@ -85,6 +85,8 @@ class StageDirectory {
  private:
   bool adopt(uint64_t id);  // a copy another process finished, with its record
   void append_record(const Record& record);
+  bool open_index(const std::string& index);
+  void compact_index(const std::string& index, const std::vector<Record>& latest);
 
   Catalog catalog_;
   std::filesystem::path area_;
