@@ -257,7 +257,15 @@ bool StageDirectory::adopt(uint64_t id) {
   struct stat st;
   const std::string path = staged_path(id);
   if (::stat(path.c_str(), &st) != 0) return false;
-  // Another process's copy: its record is at the index's end.
+  // Another process's copy. Its writer publishes it, then appends its record, then lets go of its
+  // lock: waiting for the lock means the record, if any, is there.
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return false;
+  while (::flock(fd, LOCK_SH) != 0 && errno == EINTR) {
+  }
+  const bool found_file = ::fstat(fd, &st) == 0;
+  ::close(fd);
+  if (!found_file) return false;
   std::vector<std::byte> bytes;
   read_file((area_ / "index.log").string(), bytes);
   std::optional<Record> found;
