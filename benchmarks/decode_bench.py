@@ -10,6 +10,7 @@ median of ``--runs`` timed runs after one warm-up run; the JSON goes to ``--json
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import json
 import os
 import platform
@@ -108,6 +109,25 @@ def tjbench_limit(paths: list[Path], benchtime: float) -> tuple[float, float]:
     return len(paths) / seconds, len(paths) / cpu_seconds
 
 
+def tjbench_concurrent(paths: list[Path], benchtime: float, processes: int) -> float:
+    """Decode-only images/s of `processes` tjbench processes running at once, each on every
+    `processes`-th image of the sample: what the machine gives that many decoding threads now.
+    On an idle machine it is `processes` times the one-core figure; on a shared one it can be
+    less, because other jobs hold some of the cores."""
+
+    def rate(part: list[Path]) -> float:
+        seconds = 0.0
+        for p in part:
+            out = subprocess.run(["tjbench", str(p), "-rgb", "-benchtime", str(benchtime),
+                                  "-warmup", str(benchtime / 4)],
+                                 capture_output=True, text=True, check=True).stdout
+            seconds += 1.0 / float(re.search(r"Decompress\s+--> Frame rate:\s+([\d.]+) fps", out).group(1))
+        return len(part) / seconds
+
+    with concurrent.futures.ThreadPoolExecutor(processes) as pool:
+        return sum(pool.map(rate, [paths[k::processes] for k in range(processes)]))
+
+
 def hdf5_cost(work: Path, runs: int) -> dict:
     """Rows/s reading the same arrays from HDF5 (calls serialised by one lock) and from .npy files
     (lock-free), with 1 and 2 readers."""
@@ -181,7 +201,7 @@ def main() -> int:
                                   str(args.batch_size)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         results["pytorch_dataloader"] = {"torch": json.loads(torch.stdout.readline())["torch"],
                                          "num_workers": args.readers, "runs": []}
-    rrc, rrc_cpu, limit, limit_cpu, torch_cpu, load = [], [], [], [], [], [os.getloadavg()[0]]
+    rrc, rrc_cpu, limit, limit_cpu, limit_together, torch_cpu, load = [], [], [], [], [], [], [os.getloadavg()[0]]
     # A new loader per run (see median_rate), so that no run starts with batches decoded while the
     # other contender ran.
     def rrc_epoch(cpu: list | None = None) -> float:
@@ -205,6 +225,7 @@ def main() -> int:
             wall, cpu = tjbench_limit(sample, args.tjbench_time)
             limit.append(wall)
             limit_cpu.append(cpu)
+            limit_together.append(tjbench_concurrent(sample, args.tjbench_time, args.readers))
         load.append(os.getloadavg()[0])
     if torch:
         torch.stdin.close()
@@ -221,6 +242,8 @@ def main() -> int:
                                           "mean_bytes": statistics.mean(p.stat().st_size for p in sample),
                                           "per_core_runs": limit, "per_cpu_second_runs": limit_cpu,
                                           "per_core": per_core, "readers": per_core * args.readers,
+                                          "concurrent_runs": limit_together,
+                                          "concurrent": statistics.median(limit_together),
                                           "per_cpu_second": statistics.median(limit_cpu)}
     results["load_average_1min"] = load
     results["random_resized_crop_1_reader"] = median_rate(
@@ -231,12 +254,14 @@ def main() -> int:
         results["ratio_vs_pytorch"] = rate / results["pytorch_dataloader"]["median"]
     if "tjbench_decode_only" in results:
         results["ratio_vs_decode_only"] = rate / results["tjbench_decode_only"]["readers"]
+        results["ratio_vs_concurrent_decode_only"] = rate / results["tjbench_decode_only"]["concurrent"]
     # Each round's own ratio, its contenders having run back to back: steadier than a ratio of
     # medians when the machine's load drifts between rounds.
     if "pytorch_dataloader" in results:
         results["ratio_vs_pytorch_rounds"] = [a / b for a, b in zip(rrc, results["pytorch_dataloader"]["runs"])]
     if limit:
         results["ratio_vs_decode_only_rounds"] = [a / (b * args.readers) for a, b in zip(rrc, limit)]
+        results["ratio_vs_concurrent_decode_only_rounds"] = [a / b for a, b in zip(rrc, limit_together)]
     # The same ratios per CPU-second: what each would do on dedicated cores, on a shared machine.
     per_cpu = results["random_resized_crop"]["per_cpu_second"]
     if "pytorch_dataloader" in results:

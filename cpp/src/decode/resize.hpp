@@ -1,6 +1,6 @@
 // Stage 3: antialiased bilinear resampling of interleaved 8-bit RGB images, with the crop folded
-// in. Matches Pillow's Image.resize((w, h), Image.BILINEAR, box=...) to within rounding, so that
-// batches look like the ones torchvision pipelines produce.
+// in. Gives the pixels of Pillow's Image.resize((w, h), Image.BILINEAR, box=...) exactly (the same
+// fixed-point taps and sums), so that batches are the ones torchvision pipelines produce.
 #pragma once
 
 #include <cstddef>
