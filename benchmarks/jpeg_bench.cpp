@@ -8,7 +8,7 @@
 // Prints JSON, milliseconds per image:
 //   full_decode        TurboJPEG tjDecompress2 to RGB, whole image (what tjbench times)
 //   crop_path          JpegDecoder::decode_random_crop to S x S (seed 0, epoch 0, index = position)
-//   entropy_to_crop    libjpeg: Huffman decoding of every row down to the crop's last one, nothing else
+//   entropy_to_crop    libjpeg: Huffman decoding of every row down to the crop's last one only
 //   crop_region        libjpeg: the crop's rows and columns (plus the codec's margin) at full scale
 //   resize             resize_rgb of that region to S x S, flipped as drawn
 // The last three split crop_path for crops decoded at full scale (all but the few at least twice
@@ -100,7 +100,9 @@ class Libjpeg {
     for (int y = y0; y < y1;) {
       JSAMPROW rows[16];
       const int want = std::min(16, y1 - y);
-      for (int k = 0; k < want; ++k) rows[k] = region.data() + static_cast<size_t>(y - y0 + k) * *stride;
+      for (int k = 0; k < want; ++k) {
+        rows[k] = region.data() + static_cast<size_t>(y - y0 + k) * *stride;
+      }
       y += static_cast<int>(jpeg_read_scanlines(&cinfo_, rows, static_cast<JDIMENSION>(want)));
     }
     jpeg_abort_decompress(&cinfo_);

@@ -142,7 +142,9 @@ void vertical_pass(const uint8_t* src, size_t src_stride, int row_offset, int co
     uint8_t* out = dst + static_cast<size_t>(yy) * dst_stride;
     const int32_t n = count[yy];
     size_t x = 0;
-    for (; x + kWide <= row_bytes; x += kWide) convolve<kWide, 0>(in + x, src_stride, w, n, out + x);
+    for (; x + kWide <= row_bytes; x += kWide) {
+      convolve<kWide, 0>(in + x, src_stride, w, n, out + x);
+    }
     for (; x + kNarrow <= row_bytes; x += kNarrow) {
       convolve<kNarrow, 0>(in + x, src_stride, w, n, out + x);
     }
