@@ -10,6 +10,7 @@ median of ``--runs`` timed runs after one warm-up run; the JSON goes to ``--json
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import json
 import os
 import platform
@@ -88,7 +89,7 @@ def median_rate(make_loader, runs: int) -> dict:
     return {"median": statistics.median(rates), "runs": rates}
 
 
-def tjbench_limit(paths: list[Path]) -> tuple[float, float]:
+def tjbench_limit(paths: list[Path], benchtime: float) -> tuple[float, float]:
     """Decode-only images/s on one core: each image's frame rate from tjbench (full decode to RGB),
     combined as the rate of decoding the whole sample once (n / sum of per-image times). Also the
     same per CPU-second: each frame rate scaled by tjbench's wall time over its CPU time (the share
@@ -96,7 +97,8 @@ def tjbench_limit(paths: list[Path]) -> tuple[float, float]:
     seconds = cpu_seconds = 0.0
     for p in paths:
         before, wall = resource.getrusage(resource.RUSAGE_CHILDREN), time.perf_counter()
-        out = subprocess.run(["tjbench", str(p), "-rgb", "-benchtime", "0.2", "-warmup", "0.05"],
+        out = subprocess.run(["tjbench", str(p), "-rgb", "-benchtime", str(benchtime),
+                              "-warmup", str(benchtime / 4)],
                              capture_output=True, text=True, check=True).stdout
         wall = time.perf_counter() - wall
         after = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -105,6 +107,25 @@ def tjbench_limit(paths: list[Path]) -> tuple[float, float]:
         seconds += 1.0 / fps
         cpu_seconds += 1.0 / (fps * wall / cpu)
     return len(paths) / seconds, len(paths) / cpu_seconds
+
+
+def tjbench_concurrent(paths: list[Path], benchtime: float, processes: int) -> float:
+    """Decode-only images/s of `processes` tjbench processes running at once, each on every
+    `processes`-th image of the sample: what the machine gives that many decoding threads now.
+    On an idle machine it is `processes` times the one-core figure; on a shared one it can be
+    less, because other jobs hold some of the cores."""
+
+    def rate(part: list[Path]) -> float:
+        seconds = 0.0
+        for p in part:
+            out = subprocess.run(["tjbench", str(p), "-rgb", "-benchtime", str(benchtime),
+                                  "-warmup", str(benchtime / 4)],
+                                 capture_output=True, text=True, check=True).stdout
+            seconds += 1.0 / float(re.search(r"Decompress\s+--> Frame rate:\s+([\d.]+) fps", out).group(1))
+        return len(part) / seconds
+
+    with concurrent.futures.ThreadPoolExecutor(processes) as pool:
+        return sum(pool.map(rate, [paths[k::processes] for k in range(processes)]))
 
 
 def hdf5_cost(work: Path, runs: int) -> dict:
@@ -142,7 +163,9 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--readers", type=int, default=2)
     parser.add_argument("--batch-size", type=int, default=64)
-    parser.add_argument("--tjbench-images", type=int, default=100, help="images timed with tjbench")
+    parser.add_argument("--tjbench-images", type=int, default=400,
+                        help="images timed with tjbench, evenly spaced in order of file size (0: every image)")
+    parser.add_argument("--tjbench-time", type=float, default=0.1, help="tjbench's -benchtime per image, seconds")
     parser.add_argument("--data", default=None, help="where the synthetic set is made (default: a temp dir)")
     parser.add_argument("--torch-python", default=None,
                         help="a Python with torch and torchvision for the DataLoader baseline (default: none)")
@@ -165,15 +188,20 @@ def main() -> int:
     results["center_crop"] = median_rate(lambda: prestage.Loader(cat, **common), args.runs)
 
     # The training path, tjbench and PyTorch in rounds: one run of each per round.
-    step = max(1, len(cat) // args.tjbench_images)
-    sample = [cat.source_path(i) for i in range(0, len(cat), step)][: args.tjbench_images]
+    # A sample with the set's distribution of file sizes (decode time follows the bytes): the
+    # set's sizes follow the image index with short periods, so every k-th image in index order
+    # can be far from the set's mean (every 20th: 75 KB and 150 kpx on average, against 100 KB and
+    # 207 kpx for the set).
+    by_size = sorted(range(len(cat)), key=lambda i: (cat.source_path(i).stat().st_size, i))
+    n = args.tjbench_images if 0 < args.tjbench_images < len(cat) else len(cat)
+    sample = [cat.source_path(by_size[(2 * k + 1) * len(cat) // (2 * n)]) for k in range(n)]
     torch = None
     if args.torch_python:
         torch = subprocess.Popen([args.torch_python, "-c", TORCH_SCRIPT, str(images), str(args.readers),
                                   str(args.batch_size)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         results["pytorch_dataloader"] = {"torch": json.loads(torch.stdout.readline())["torch"],
                                          "num_workers": args.readers, "runs": []}
-    rrc, rrc_cpu, limit, limit_cpu, torch_cpu, load = [], [], [], [], [], [os.getloadavg()[0]]
+    rrc, rrc_cpu, limit, limit_cpu, limit_together, torch_cpu, load = [], [], [], [], [], [], [os.getloadavg()[0]]
     # A new loader per run (see median_rate), so that no run starts with batches decoded while the
     # other contender ran.
     def rrc_epoch(cpu: list | None = None) -> float:
@@ -194,21 +222,28 @@ def main() -> int:
             results["pytorch_dataloader"]["runs"].append(run["rate"])
             torch_cpu.append(run["cpu_rate"])
         if shutil.which("tjbench"):
-            wall, cpu = tjbench_limit(sample)
+            wall, cpu = tjbench_limit(sample, args.tjbench_time)
             limit.append(wall)
             limit_cpu.append(cpu)
+            limit_together.append(tjbench_concurrent(sample, args.tjbench_time, args.readers))
         load.append(os.getloadavg()[0])
     if torch:
         torch.stdin.close()
         torch.wait()
         results["pytorch_dataloader"]["median"] = statistics.median(results["pytorch_dataloader"]["runs"])
         results["pytorch_dataloader"]["per_cpu_second"] = statistics.median(torch_cpu)
+        results["pytorch_dataloader"]["per_cpu_second_runs"] = torch_cpu
     results["random_resized_crop"] = {"median": statistics.median(rrc), "runs": rrc,
-                                      "per_cpu_second": statistics.median(rrc_cpu)}
+                                      "per_cpu_second": statistics.median(rrc_cpu), "per_cpu_second_runs": rrc_cpu}
     if limit:
         per_core = statistics.median(limit)
-        results["tjbench_decode_only"] = {"images": len(sample), "per_core_runs": limit,
+        results["tjbench_decode_only"] = {"images": len(sample), "benchtime": args.tjbench_time,
+                                          "set_mean_bytes": results["set"]["bytes"] / len(cat),
+                                          "mean_bytes": statistics.mean(p.stat().st_size for p in sample),
+                                          "per_core_runs": limit, "per_cpu_second_runs": limit_cpu,
                                           "per_core": per_core, "readers": per_core * args.readers,
+                                          "concurrent_runs": limit_together,
+                                          "concurrent": statistics.median(limit_together),
                                           "per_cpu_second": statistics.median(limit_cpu)}
     results["load_average_1min"] = load
     results["random_resized_crop_1_reader"] = median_rate(
@@ -219,6 +254,14 @@ def main() -> int:
         results["ratio_vs_pytorch"] = rate / results["pytorch_dataloader"]["median"]
     if "tjbench_decode_only" in results:
         results["ratio_vs_decode_only"] = rate / results["tjbench_decode_only"]["readers"]
+        results["ratio_vs_concurrent_decode_only"] = rate / results["tjbench_decode_only"]["concurrent"]
+    # Each round's own ratio, its contenders having run back to back: steadier than a ratio of
+    # medians when the machine's load drifts between rounds.
+    if "pytorch_dataloader" in results:
+        results["ratio_vs_pytorch_rounds"] = [a / b for a, b in zip(rrc, results["pytorch_dataloader"]["runs"])]
+    if limit:
+        results["ratio_vs_decode_only_rounds"] = [a / (b * args.readers) for a, b in zip(rrc, limit)]
+        results["ratio_vs_concurrent_decode_only_rounds"] = [a / b for a, b in zip(rrc, limit_together)]
     # The same ratios per CPU-second: what each would do on dedicated cores, on a shared machine.
     per_cpu = results["random_resized_crop"]["per_cpu_second"]
     if "pytorch_dataloader" in results:

@@ -100,70 +100,38 @@ void make_uniform(ResampleTaps& taps, int in_size, int out_size) {
   taps.uniform = true;
 }
 
-// Resamples `rows` rows along x. `src` holds source column `column_offset` at the start of each
-// row. The tables are read through local pointers: every byte stored to `dst` could otherwise alias
-// the vectors' internals and force the compiler to reload them. kTaps > 0: every pixel has that
-// many taps (see make_uniform), so the tap loop unrolls; kTaps == 0: counts vary.
-template <int kTaps>
-void horizontal_pass(const uint8_t* src, size_t src_stride, int column_offset, int rows,
-                     const ResampleTaps& taps, int out_w, uint8_t* dst, size_t dst_stride) {
-  const size_t taps_per_pixel = static_cast<size_t>(taps.taps_per_pixel);
-  const int32_t* const first = taps.first.data();
-  const int32_t* const count = taps.count.data();
-  const int32_t* const weights = taps.weights.data();
-  for (int y = 0; y < rows; ++y) {
-    const uint8_t* in = src + static_cast<size_t>(y) * src_stride;
-    uint8_t* out = dst + static_cast<size_t>(y) * dst_stride;
-    const int32_t* w = weights;
-    for (int xx = 0; xx < out_w; ++xx, w += taps_per_pixel, out += kChannels) {
-      const uint8_t* p = in + static_cast<size_t>(first[xx] - column_offset) * kChannels;
-      const int32_t n = kTaps > 0 ? kTaps : count[xx];
-      int32_t r = kRoundingBias;
-      int32_t g = kRoundingBias;
-      int32_t b = kRoundingBias;
-#pragma GCC unroll 8
-      for (int32_t k = 0; k < n; ++k, p += kChannels) {
-        r += p[0] * w[k];
-        g += p[1] * w[k];
-        b += p[2] * w[k];
-      }
-      out[0] = clip8(r);
-      out[1] = clip8(g);
-      out[2] = clip8(b);
-    }
+// The passes are compiled twice, for AVX2 and for the baseline, and the loader picks one at load
+// time (GCC/Clang function multiversioning through an ifunc): the library runs on any x86-64 and
+// uses 8 lanes of 32-bit arithmetic where it can. The integer results do not depend on the version.
+#if defined(__x86_64__) && defined(__GNUC__) && defined(__linux__)
+#define PRESTAGE_MULTIVERSION __attribute__((target_clones("avx2", "default")))
+#else
+#define PRESTAGE_MULTIVERSION
+#endif
+
+// Pillow's sum for kLanes contiguous bytes: each lane is the weighted sum of the bytes `step` apart
+// in n rows (kTaps > 0: n is kTaps, so the loop unrolls). Fixed-length lane loops with the sums in
+// (vector) registers are what compilers vectorise, at -O2 as well: the two passes below only
+// arrange their data so that the taps of kLanes outputs lie `step` bytes apart.
+template <size_t kLanes, int kTaps>
+[[gnu::always_inline]] inline void convolve(const uint8_t* p, size_t step, const int32_t* w,
+                                            int32_t n, uint8_t* out) {
+  int32_t sums[kLanes];
+  for (size_t j = 0; j < kLanes; ++j) sums[j] = kRoundingBias;
+  if constexpr (kTaps > 0) n = kTaps;
+  for (int32_t k = 0; k < n; ++k, p += step) {
+    const int32_t weight = w[k];
+    for (size_t j = 0; j < kLanes; ++j) sums[j] += int32_t{p[j]} * weight;
   }
+  for (size_t j = 0; j < kLanes; ++j) out[j] = clip8(sums[j]);
 }
 
-void horizontal_pass(const uint8_t* src, size_t src_stride, int column_offset, int rows,
-                     const ResampleTaps& taps, int out_w, uint8_t* dst, size_t dst_stride) {
-  // Widths 3, 5 and 7 cover every downscale up to 3x; after DCT scaling what is left is under 2x
-  // unless even 1/8 was not enough.
-  auto* pass = &horizontal_pass<0>;
-  if (taps.uniform) {
-    switch (taps.taps_per_pixel) {
-      case 3:
-        pass = &horizontal_pass<3>;
-        break;
-      case 5:
-        pass = &horizontal_pass<5>;
-        break;
-      case 7:
-        pass = &horizontal_pass<7>;
-        break;
-      default:
-        break;
-    }
-  }
-  pass(src, src_stride, column_offset, rows, taps, out_w, dst, dst_stride);
-}
-
-// Resamples `columns` columns along y. `src` holds source row `row_offset` at its start. Each
-// output row is computed in blocks of contiguous bytes whose sums stay in (vector) registers: the
-// fixed block length lets the compiler vectorise even at -O2, whose cost model refuses loops that
-// need alias checks or a scalar epilogue.
+// Resamples `columns` columns along y. `src` holds source row `row_offset` at its start.
+PRESTAGE_MULTIVERSION
 void vertical_pass(const uint8_t* src, size_t src_stride, int row_offset, int columns,
                    const ResampleTaps& taps, int out_h, uint8_t* dst, size_t dst_stride) {
-  constexpr size_t kBlock = 16;
+  constexpr size_t kWide = 64;
+  constexpr size_t kNarrow = 16;
   const size_t row_bytes = static_cast<size_t>(columns) * kChannels;
   const size_t taps_per_pixel = static_cast<size_t>(taps.taps_per_pixel);
   const int32_t* const first = taps.first.data();
@@ -174,20 +142,123 @@ void vertical_pass(const uint8_t* src, size_t src_stride, int row_offset, int co
     uint8_t* out = dst + static_cast<size_t>(yy) * dst_stride;
     const int32_t n = count[yy];
     size_t x = 0;
-    for (; x + kBlock <= row_bytes; x += kBlock) {
-      int32_t sums[kBlock];
-      for (size_t j = 0; j < kBlock; ++j) sums[j] = kRoundingBias;
-      const uint8_t* p = in + x;
-      for (int32_t k = 0; k < n; ++k, p += src_stride) {
-        for (size_t j = 0; j < kBlock; ++j) sums[j] += p[j] * w[k];
-      }
-      for (size_t j = 0; j < kBlock; ++j) out[x + j] = clip8(sums[j]);
+    for (; x + kWide <= row_bytes; x += kWide) {
+      convolve<kWide, 0>(in + x, src_stride, w, n, out + x);
     }
-    for (; x < row_bytes; ++x) {
-      int32_t sum = kRoundingBias;
-      const uint8_t* p = in + x;
-      for (int32_t k = 0; k < n; ++k, p += src_stride) sum += *p * w[k];
-      out[x] = clip8(sum);
+    for (; x + kNarrow <= row_bytes; x += kNarrow) {
+      convolve<kNarrow, 0>(in + x, src_stride, w, n, out + x);
+    }
+    if (x == row_bytes) continue;
+    if (row_bytes >= kNarrow) {
+      // The last bytes again, overlapping ones already written: they get the same values.
+      x = row_bytes - kNarrow;
+      convolve<kNarrow, 0>(in + x, src_stride, w, n, out + x);
+      continue;
+    }
+    for (; x < row_bytes; ++x) convolve<1, 0>(in + x, src_stride, w, n, out + x);
+  }
+}
+
+// The horizontal pass works on strips of kStripRows rows, transposed so that each source column's
+// kStripRows pixels are contiguous: every output pixel is then the same fixed-length weighted sum
+// of whole columns as in the vertical pass, instead of three scattered 3- to 7-tap sums.
+constexpr int kStripRows = 16;
+constexpr size_t kStripLanes = kStripRows * kChannels;
+
+template <int kTaps>
+[[gnu::always_inline]] inline void horizontal_strips(const uint8_t* src, size_t src_stride,
+                                                     int column_offset, int rows,
+                                                     const ResampleTaps& taps, int out_w,
+                                                     uint8_t* dst, size_t dst_stride, bool flip,
+                                                     uint8_t* columns, uint8_t* resampled) {
+  const size_t taps_per_pixel = static_cast<size_t>(taps.taps_per_pixel);
+  const int32_t* const first = taps.first.data();
+  const int32_t* const count = taps.count.data();
+  const int32_t* const weights = taps.weights.data();
+  const int begin = first[0];
+  const size_t last = static_cast<size_t>(out_w) - 1;
+  const size_t width = static_cast<size_t>(first[last] + count[last] - begin);
+  for (int y0 = 0; y0 < rows; y0 += kStripRows) {
+    const int strip_rows = std::min(kStripRows, rows - y0);
+    // A short last strip repeats its last row: the lanes stay fixed, and only real rows are
+    // written back.
+    const uint8_t* row[kStripRows];
+    for (int r = 0; r < kStripRows; ++r) {
+      row[r] = src + static_cast<size_t>(y0 + std::min(r, strip_rows - 1)) * src_stride +
+               static_cast<size_t>(begin - column_offset) * kChannels;
+    }
+    // Pixels move as 4-byte words, whose fourth byte is overwritten by the next pixel stored (the
+    // buffers have a byte to spare at the end); the last column, whose word would read past the
+    // source row, moves as 3 bytes.
+    for (size_t x = 0; x + 1 < width; ++x) {
+      uint8_t* column = columns + x * kStripLanes;
+      for (int r = 0; r < kStripRows; ++r) {
+        std::memcpy(column + static_cast<size_t>(r) * kChannels, row[r] + x * kChannels, 4);
+      }
+    }
+    for (int r = 0; r < kStripRows; ++r) {
+      std::memcpy(columns + (width - 1) * kStripLanes + static_cast<size_t>(r) * kChannels,
+                  row[r] + (width - 1) * kChannels, kChannels);
+    }
+    const int32_t* w = weights;
+    for (size_t xx = 0; xx <= last; ++xx, w += taps_per_pixel) {
+      convolve<kStripLanes, kTaps>(columns + static_cast<size_t>(first[xx] - begin) * kStripLanes,
+                                   kStripLanes, w, count[xx], resampled + xx * kStripLanes);
+    }
+    for (int r = 0; r < strip_rows; ++r) {
+      uint8_t* out = dst + static_cast<size_t>(y0 + r) * dst_stride;
+      const uint8_t* in = resampled + static_cast<size_t>(r) * kChannels;
+      // In increasing order of destination, as words again; the last pixel of the row as 3 bytes.
+      if (flip) {
+        for (size_t x = 0; x < last; ++x) {
+          std::memcpy(out + x * kChannels, in + (last - x) * kStripLanes, 4);
+        }
+        std::memcpy(out + last * kChannels, in, kChannels);
+      } else {
+        for (size_t x = 0; x < last; ++x) {
+          std::memcpy(out + x * kChannels, in + x * kStripLanes, 4);
+        }
+        std::memcpy(out + last * kChannels, in + last * kStripLanes, kChannels);
+      }
+    }
+  }
+}
+
+// Resamples `rows` rows along x, mirrored if `flip`. `src` holds source column `column_offset` at
+// the start of each row.
+PRESTAGE_MULTIVERSION
+void horizontal_pass(const uint8_t* src, size_t src_stride, int column_offset, int rows,
+                     const ResampleTaps& taps, int out_w, uint8_t* dst, size_t dst_stride,
+                     bool flip, ResizeScratch& scratch) {
+  const size_t last = static_cast<size_t>(out_w) - 1;
+  const size_t width = static_cast<size_t>(taps.first[last] + taps.count[last] - taps.first[0]);
+  grow(scratch.columns, width * kStripLanes + 1);
+  grow(scratch.resampled, static_cast<size_t>(out_w) * kStripLanes + 1);
+  uint8_t* const columns = scratch.columns.data();
+  uint8_t* const resampled = scratch.resampled.data();
+  // Widths 3, 5 and 7 cover every downscale up to 3x; after DCT scaling what is left is under 2x
+  // unless even 1/8 was not enough.
+  switch (taps.uniform ? taps.taps_per_pixel : 0) {
+    case 3:
+      return horizontal_strips<3>(src, src_stride, column_offset, rows, taps, out_w, dst,
+                                  dst_stride, flip, columns, resampled);
+    case 5:
+      return horizontal_strips<5>(src, src_stride, column_offset, rows, taps, out_w, dst,
+                                  dst_stride, flip, columns, resampled);
+    case 7:
+      return horizontal_strips<7>(src, src_stride, column_offset, rows, taps, out_w, dst,
+                                  dst_stride, flip, columns, resampled);
+    default:
+      return horizontal_strips<0>(src, src_stride, column_offset, rows, taps, out_w, dst,
+                                  dst_stride, flip, columns, resampled);
+  }
+}
+
+void flip_rows(uint8_t* image, int width, int height, size_t stride) {
+  for (int y = 0; y < height; ++y) {
+    uint8_t* row = image + static_cast<size_t>(y) * stride;
+    for (int a = 0, b = width - 1; a < b; ++a, --b) {
+      std::swap_ranges(row + a * kChannels, row + (a + 1) * kChannels, row + b * kChannels);
     }
   }
 }
@@ -203,7 +274,7 @@ int taps_end(const ResampleTaps& taps, int out_size) {
 
 void resize_rgb(const uint8_t* src, int src_w, int src_h, size_t src_stride, double x0, double y0,
                 double x1, double y1, uint8_t* dst, int dst_w, int dst_h, size_t dst_stride,
-                ResizeScratch& scratch) {
+                ResizeScratch& scratch, bool flip) {
   if (src == nullptr || dst == nullptr) throw std::invalid_argument("resize_rgb: null image");
   if (src_w <= 0 || src_h <= 0 || dst_w <= 0 || dst_h <= 0) {
     throw std::invalid_argument("resize_rgb: image sizes must be positive");
@@ -229,17 +300,19 @@ void resize_rgb(const uint8_t* src, int src_w, int src_h, size_t src_stride, dou
       std::memcpy(dst + static_cast<size_t>(y) * dst_stride,
                   src + static_cast<size_t>(y) * src_stride, src_row_bytes);
     }
+    if (flip) flip_rows(dst, dst_w, dst_h, dst_stride);
     return;
   }
   if (!need_vertical) {
     compute_taps(src_w, x0, x1, dst_w, horizontal);
     make_uniform(horizontal, src_w, dst_w);
-    horizontal_pass(src, src_stride, 0, src_h, horizontal, dst_w, dst, dst_stride);
+    horizontal_pass(src, src_stride, 0, src_h, horizontal, dst_w, dst, dst_stride, flip, scratch);
     return;
   }
   if (!need_horizontal) {
     compute_taps(src_h, y0, y1, dst_h, vertical);
     vertical_pass(src, src_stride, 0, src_w, vertical, dst_h, dst, dst_stride);
+    if (flip) flip_rows(dst, dst_w, dst_h, dst_stride);
     return;
   }
 
@@ -260,13 +333,15 @@ void resize_rgb(const uint8_t* src, int src_w, int src_h, size_t src_stride, dou
     vertical_pass(src + static_cast<size_t>(first) * kChannels, src_stride, 0, columns, vertical,
                   dst_h, scratch.rows.data(), row_bytes);
     horizontal_pass(scratch.rows.data(), row_bytes, first, dst_h, horizontal, dst_w, dst,
-                    dst_stride);
+                    dst_stride, flip, scratch);
   } else {
     const int first = taps_first(vertical);
     const int rows = taps_end(vertical, dst_h) - first;
     grow(scratch.rows, static_cast<size_t>(rows) * dst_row_bytes);
+    // Mirroring the columns before the vertical pass is mirroring its result: it treats every
+    // column alike.
     horizontal_pass(src + static_cast<size_t>(first) * src_stride, src_stride, 0, rows, horizontal,
-                    dst_w, scratch.rows.data(), dst_row_bytes);
+                    dst_w, scratch.rows.data(), dst_row_bytes, flip, scratch);
     vertical_pass(scratch.rows.data(), dst_row_bytes, first, dst_w, vertical, dst_h, dst,
                   dst_stride);
   }
