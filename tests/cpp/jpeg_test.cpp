@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <span>
 #include <stdexcept>
 #include <string>
@@ -483,4 +484,66 @@ TEST_CASE("jpeg: the crop path refuses truncated, corrupt, foreign and oversized
                   DecodeError);
   // The decoder is still usable.
   CHECK_NOTHROW(decoder.decode_crop(jpeg, top_rows, ImageSize{32, 32}, out, "a.jpg"));
+}
+
+TEST_CASE("jpeg: after any refused image, every decoding path decodes the next good one as a fresh decoder") {
+  // A TurboJPEG or libjpeg state left behind by an error must not fail (or change) the next image.
+  const Bytes good = encode_rgb(256, 192);
+  const size_t sos = find_marker(good, 0xDA);
+  Bytes flipped = good;
+  for (size_t i = sos + 20; i < flipped.size() - 2; ++i) flipped[i] ^= std::byte{0xFF};
+  Bytes stray = good;
+  stray[(sos + good.size()) / 2] = std::byte{0xFF};
+  stray[(sos + good.size()) / 2 + 1] = std::byte{0x99};
+  // Garbage over the second half of a small file reaches into its tables: the header read fails
+  // part-way (TurboJPEG 2.1 then left its handle mid-header, and failed the next good header).
+  Bytes small = encode_rgb(24, 16);
+  uint32_t x = 12345;
+  for (size_t k = small.size() / 2; k < small.size(); ++k) {
+    x = x * 1664525u + 1013904223u;
+    small[k] = static_cast<std::byte>(x >> 24);
+  }
+  const std::vector<Bytes> bad = {
+      flipped, stray, Bytes(good.begin(), good.begin() + static_cast<std::ptrdiff_t>(good.size() / 2)),
+      Bytes(good.begin(), good.begin() + 20), text_bytes("not a jpeg at all"), small};
+  const ImageSize out_size{48, 48};
+  std::vector<std::byte> out(48 * 48 * 3), expected(48 * 48 * 3), exact(256 * 192 * 3),
+      exact_expected(256 * 192 * 3);
+  const prestage::detail::CropBox box{10, 20, 120, 150, true};
+  using Path = std::function<void(JpegDecoder&, const Bytes&, std::vector<std::byte>&)>;
+  const std::vector<std::pair<const char*, Path>> paths = {
+      {"exact", [&](JpegDecoder& d, const Bytes& b, std::vector<std::byte>& o) {
+         o.resize(256 * 192 * 3);
+         d.decode_exact(b, ImageSize{192, 256}, o, "a.jpg");
+       }},
+      {"resized", [&](JpegDecoder& d, const Bytes& b, std::vector<std::byte>& o) {
+         o.resize(48 * 48 * 3);
+         d.decode_resized(b, out_size, o, "a.jpg");
+       }},
+      {"crop", [&](JpegDecoder& d, const Bytes& b, std::vector<std::byte>& o) {
+         o.resize(48 * 48 * 3);
+         d.decode_crop(b, box, out_size, o, "a.jpg");
+       }},
+      {"random crop", [&](JpegDecoder& d, const Bytes& b, std::vector<std::byte>& o) {
+         o.resize(48 * 48 * 3);
+         d.decode_random_crop(b, out_size, 1, 2, 3, o, "a.jpg");
+       }},
+  };
+  for (const auto& [name, decode_with] : paths) {
+    JpegDecoder fresh(kDefaultMaxPixels);
+    decode_with(fresh, good, expected);
+    for (size_t k = 0; k < bad.size(); ++k) {
+      for (const auto& [failing_name, fail_with] : paths) {
+        CAPTURE(name);
+        CAPTURE(failing_name);
+        CAPTURE(k);
+        JpegDecoder reused(kDefaultMaxPixels);
+        CHECK_THROWS_AS(fail_with(reused, bad[k], out), DecodeError);
+        const auto header = reused.header(good, "a.jpg");
+        CHECK((header.width == 256 && header.height == 192));
+        REQUIRE_NOTHROW(decode_with(reused, good, out));
+        CHECK(out == expected);
+      }
+    }
+  }
 }

@@ -298,6 +298,19 @@ struct JpegDecoder::Impl {
 
   std::string error_message() const { return tjGetErrorStr2(handle); }
 
+  // TurboJPEG 2.1 leaves a handle whose header read failed mid-way in that state (it skips
+  // jpeg_abort_decompress on its error path): the next header read then continues the old one and
+  // fails on a good image ("Unsupported marker type", or a 0 x 0 size). After any failure, the
+  // message is taken and the handle replaced.
+  [[noreturn]] void fail(const std::string& path, const std::string& what) {
+    const std::string message = what + error_message();
+    if (tjhandle fresh = tjInitDecompress(); fresh != nullptr) {
+      static_cast<void>(tjDestroy(handle));
+      handle = fresh;
+    }
+    throw DecodeError(path, message);
+  }
+
   Header read_header(std::span<const std::byte> jpeg, const std::string& path) {
     if (jpeg.empty()) throw DecodeError(path, "empty file");
     if (jpeg.size() > ULONG_MAX) throw DecodeError(path, "file too large");
@@ -306,7 +319,7 @@ struct JpegDecoder::Impl {
     if (tjDecompressHeader3(handle, reinterpret_cast<const unsigned char*>(jpeg.data()),
                             static_cast<unsigned long>(jpeg.size()), &header.width, &header.height,
                             &subsampling, &header.colorspace) != 0) {
-      throw DecodeError(path, "cannot read JPEG header: " + error_message());
+      fail(path, "cannot read JPEG header: ");
     }
     if (header.width <= 0 || header.height <= 0) {
       throw DecodeError(path, "JPEG header has size " + std::to_string(header.width) + " x " +
@@ -331,7 +344,7 @@ struct JpegDecoder::Impl {
     if (tjDecompress2(handle, reinterpret_cast<const unsigned char*>(jpeg.data()),
                       static_cast<unsigned long>(jpeg.size()), dst, width, pitch, height,
                       pixel_format, 0) != 0) {
-      throw DecodeError(path, "cannot decode JPEG data: " + error_message());
+      fail(path, "cannot decode JPEG data: ");
     }
   }
 

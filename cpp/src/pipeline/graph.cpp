@@ -131,18 +131,11 @@ struct Pipeline::Impl {
   template <typename Attempt>
   void replace_or_fail(Work& w, Slot& slot, size_t i, FirstError& first_error,
                        const Attempt& attempt);
-  // Calls `call` with the reader's decoder, made on the thread's first use. A decoder whose call
-  // failed is not trusted with the next sample: a TurboJPEG handle that failed on a corrupt image
-  // can fail the following, good ones.
+  // Calls `call` with the reader's decoder, made on the thread's first use.
   template <typename Call>
   void with_decoder(ReaderState& reader, const Call& call) {
     if (!reader.decoder) reader.decoder = std::make_unique<SampleDecoder>(shared.codec);
-    try {
-      call(*reader.decoder);
-    } catch (const DecodeError&) {
-      reader.decoder.reset();
-      throw;
-    }
+    call(*reader.decoder);
   }
   // Reads sample `id`, from the stage directory if it is staged there, else from the source.
   std::span<const std::byte> read_sample(uint64_t id, ReaderState& reader);

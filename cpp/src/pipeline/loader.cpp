@@ -134,7 +134,7 @@ Loader::Impl::Impl(Catalog catalog_in, LoaderOptions options_in)
             bytes.resize(loc.length);
             detail::read_range(path, loc.offset, bytes);
           }
-          detail::SampleDecoder decoder(shared->codec);  // fresh: one that failed may fail again
+          detail::SampleDecoder decoder(shared->codec);
           const auto header = decoder.jpeg.header(decoder.image_payload(bytes, path), path);
           size = {static_cast<uint32_t>(header.height), static_cast<uint32_t>(header.width)};
         } catch (const IoError&) {
