@@ -320,7 +320,7 @@ TEST_CASE("error policy: a read that times out is skipped like any failed read")
   const Catalog cat = Catalog::from_paths(dir.path(), paths);
   LoaderOptions o = skip_options(3, 2, "");
   o.shuffle = false;
-  o.io_timeout_ms = 300;
+  o.io_timeout_ms = 1000;  // far above a good read, even on a loaded machine
   {
     Loader loader(cat, o);
     const Epoch seen = run_epoch(loader, 0);

@@ -396,7 +396,7 @@ TEST_CASE("loader: a read that stalls fails after io_timeout instead of hanging"
                      "class_0/img_2.jpg", "class_0/img_3.jpg", "class_0/img_4.jpg"});
   LoaderOptions o = options(2, (dir / "stage").string());
   o.shuffle = false;
-  o.io_timeout_ms = 300;
+  o.io_timeout_ms = 1000;  // far above a good read, even on a loaded machine
   const auto start = std::chrono::steady_clock::now();
   {
     Loader loader(cat, o);

@@ -252,7 +252,7 @@ def test_a_stalled_read_times_out_instead_of_hanging(folder, tmp_path):
     start = time.monotonic()
     try:
         with prestage.Loader(stalled, batch_size=4, shuffle=False, stage_dir=tmp_path / "s",
-                             io_timeout=0.3) as loader:
+                             io_timeout=1.0) as loader:
             it = iter(loader)
             while True:
                 try:
@@ -374,7 +374,7 @@ def test_a_read_stalled_on_the_source_times_out_and_unmounting_is_prompt(make_fo
     cat = prestage.Catalog.from_folder(emulator.mountpoint)
     plan = prestage.plan.epoch_batches(len(cat), 4, seed=3, epoch=0)
     start = time.monotonic()
-    loader = prestage.Loader(cat, batch_size=4, seed=3, stage_dir=tmp_path / "stage", io_timeout=0.3)
+    loader = prestage.Loader(cat, batch_size=4, seed=3, stage_dir=tmp_path / "stage", io_timeout=1.0)
     try:
         check_batches(epoch_outcomes(loader, backing, cat), plan, cat,
                       {"class_1/img_004.jpg": errno.ETIMEDOUT})
