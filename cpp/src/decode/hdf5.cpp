@@ -275,7 +275,11 @@ Open& open_dataset(State& s, const std::string& file, const std::string& dataset
   // Each row becomes a catalog entry (and a label): a corrupt header claiming far more rows than
   // the file stores is refused before anything is allocated for them. Compression can shrink
   // data, but not a thousandfold.
-  const uint64_t stored = H5Dget_storage_size(o.dataset_id.get());
+  // The stored size comes from the file's own (possibly corrupt) header: no more than the file holds.
+  std::error_code ec;
+  const uint64_t file_bytes = std::filesystem::file_size(file, ec);
+  if (ec) fail(path, "cannot stat the file");
+  const uint64_t stored = std::min<uint64_t>(H5Dget_storage_size(o.dataset_id.get()), file_bytes);
   const uint64_t row_bytes = std::max<uint64_t>(o.info.row.bytes, 1);
   constexpr uint64_t kMaxRatio = 1024;
   if (o.info.rows > (stored * kMaxRatio + (uint64_t{1} << 20)) / row_bytes) {
