@@ -103,7 +103,15 @@ void make_uniform(ResampleTaps& taps, int in_size, int out_size) {
 // The passes are compiled twice, for AVX2 and for the baseline, and the loader picks one at load
 // time (GCC/Clang function multiversioning through an ifunc): the library runs on any x86-64 and
 // uses 8 lanes of 32-bit arithmetic where it can. The integer results do not depend on the version.
-#if defined(__x86_64__) && defined(__GNUC__) && defined(__linux__)
+// Not under ThreadSanitizer: an ifunc resolver runs before its runtime is set up, and crashes.
+#if defined(__SANITIZE_THREAD__)
+#define PRESTAGE_NO_IFUNC 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define PRESTAGE_NO_IFUNC 1
+#endif
+#endif
+#if defined(__x86_64__) && defined(__GNUC__) && defined(__linux__) && !defined(PRESTAGE_NO_IFUNC)
 #define PRESTAGE_MULTIVERSION __attribute__((target_clones("avx2", "default")))
 #else
 #define PRESTAGE_MULTIVERSION

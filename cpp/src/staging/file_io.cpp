@@ -161,7 +161,9 @@ class DeadlineThreads {
   void submit(std::function<void()> task) {
     std::lock_guard lock(mutex_);
     queue_.push_back(std::move(task));
-    if (idle_ == 0 && threads_ < kMaxThreads) {
+    // One idle thread per queued task: an idle thread that has not yet woken for an earlier task
+    // must not be counted twice (the second task would wait behind a read that may never return).
+    if (queue_.size() > idle_ && threads_ < kMaxThreads) {
       ++threads_;
       std::thread([this] { serve(); }).detach();
     }
