@@ -77,18 +77,6 @@ std::vector<int64_t> expected_delivery(const Catalog& cat, const LoaderOptions& 
   return out;
 }
 
-std::vector<uint8_t> decode_with_turbojpeg(const std::filesystem::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::vector<unsigned char> bytes((std::istreambuf_iterator<char>(in)), {});
-  tjhandle h = tjInitDecompress();
-  int w, h_, sub, cs;
-  REQUIRE(tjDecompressHeader3(h, bytes.data(), bytes.size(), &w, &h_, &sub, &cs) == 0);
-  std::vector<uint8_t> rgb(static_cast<size_t>(w) * h_ * 3);
-  REQUIRE(tjDecompress2(h, bytes.data(), bytes.size(), rgb.data(), w, 0, h_, TJPF_RGB, 0) == 0);
-  tjDestroy(h);
-  return rgb;
-}
-
 void overwrite(const std::filesystem::path& path, const std::string& bytes) {
   std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes;
 }
@@ -172,7 +160,7 @@ TEST_CASE("error policy: skip replaces each bad sample by the next good one of t
       for (size_t k = 0; k < seen.indices.size(); ++k) {
         CHECK(!bad.count(seen.indices[k]));
         CHECK(seen.labels[k] == cat.label(seen.indices[k]));
-        const auto pixels = decode_with_turbojpeg(cat.source_path(seen.indices[k]));
+        const auto pixels = prestage::test::decode_with_turbojpeg(cat.source_path(seen.indices[k]));
         REQUIRE(seen.data.size() >= (k + 1) * pixels.size());
         CHECK(std::memcmp(pixels.data(), seen.data.data() + k * pixels.size(), pixels.size()) == 0);
       }

@@ -53,18 +53,6 @@ LoaderOptions options(uint64_t batch_size, const std::string& stage_dir = "") {
   return o;
 }
 
-std::vector<uint8_t> decode_with_turbojpeg(const std::filesystem::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::vector<unsigned char> bytes((std::istreambuf_iterator<char>(in)), {});
-  tjhandle h = tjInitDecompress();
-  int w, h_, sub, cs;
-  REQUIRE(tjDecompressHeader3(h, bytes.data(), bytes.size(), &w, &h_, &sub, &cs) == 0);
-  std::vector<uint8_t> rgb(static_cast<size_t>(w) * h_ * 3);
-  REQUIRE(tjDecompress2(h, bytes.data(), bytes.size(), rgb.data(), w, 0, h_, TJPF_RGB, 0) == 0);
-  tjDestroy(h);
-  return rgb;
-}
-
 int thread_count() {
   int n = 0;
   if (DIR* d = ::opendir("/proc/self/task")) {
@@ -90,7 +78,7 @@ TEST_CASE("loader: every sample once per epoch, each image as TurboJPEG decodes 
   const size_t image_bytes = 24 * 16 * 3;
   for (size_t k = 0; k < seen.indices.size(); ++k) {
     CHECK(seen.labels[k] == cat.label(seen.indices[k]));
-    const auto expected = decode_with_turbojpeg(cat.source_path(seen.indices[k]));
+    const auto expected = prestage::test::decode_with_turbojpeg(cat.source_path(seen.indices[k]));
     CHECK(std::memcmp(expected.data(), seen.pixels.data() + k * image_bytes, image_bytes) == 0);
   }
 }
@@ -239,7 +227,7 @@ TEST_CASE("loader: a leftover partial file in the stage directory is never serve
   REQUIRE(seen.indices.size() == 6);
   CHECK(loader.stats().staged_files == 6);
   for (size_t i = 0; i < 6; ++i) {
-    const auto expected = decode_with_turbojpeg(cat.source_path(seen.indices[i]));
+    const auto expected = prestage::test::decode_with_turbojpeg(cat.source_path(seen.indices[i]));
     CHECK(std::memcmp(expected.data(), seen.pixels.data() + i * expected.size(), expected.size()) == 0);
   }
 }
@@ -346,7 +334,7 @@ TEST_CASE("loader: a bounded stage directory never holds more than its bound and
         REQUIRE(seen.indices.size() == 60);
         const size_t image_bytes = 24 * 16 * 3;
         for (size_t k = 0; k < seen.indices.size(); ++k) {
-          const auto expected = decode_with_turbojpeg(cat.source_path(seen.indices[k]));
+          const auto expected = prestage::test::decode_with_turbojpeg(cat.source_path(seen.indices[k]));
           CHECK(std::memcmp(expected.data(), seen.pixels.data() + k * image_bytes, image_bytes) == 0);
         }
       }

@@ -88,4 +88,21 @@ inline void make_image_folder(const std::filesystem::path& root, int classes, in
   }
 }
 
+// The RGB pixels of a JPEG file, decoded by TurboJPEG directly (the oracle for loader output).
+inline std::vector<uint8_t> decode_with_turbojpeg(const std::filesystem::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::vector<unsigned char> bytes((std::istreambuf_iterator<char>(in)), {});
+  tjhandle h = tjInitDecompress();
+  int w = 0, height = 0, sub = 0, cs = 0;
+  std::vector<uint8_t> rgb;
+  bool ok = tjDecompressHeader3(h, bytes.data(), bytes.size(), &w, &height, &sub, &cs) == 0;
+  if (ok) {
+    rgb.resize(static_cast<size_t>(w) * height * 3);
+    ok = tjDecompress2(h, bytes.data(), bytes.size(), rgb.data(), w, 0, height, TJPF_RGB, 0) == 0;
+  }
+  tjDestroy(h);
+  if (!ok) throw std::runtime_error("TurboJPEG cannot decode " + path.string());
+  return rgb;
+}
+
 }  // namespace prestage::test
