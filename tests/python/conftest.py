@@ -68,6 +68,22 @@ def folder(make_folder: MakeFolder) -> Path:
 
 
 @pytest.fixture
+def stalled_catalog(tmp_path: Path):
+    """A catalog of one file whose reads never return: a FIFO no one writes, as a hung file server.
+    The abandoned reads are released at the end."""
+    import prestage
+
+    fifo = tmp_path / "stalled" / "stalled.jpg"
+    fifo.parent.mkdir()
+    os.mkfifo(fifo)
+    yield prestage.Catalog.from_paths(fifo.parent, ["stalled.jpg"])
+    try:
+        os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+    except OSError:  # no reader left waiting
+        pass
+
+
+@pytest.fixture
 def native_threads() -> Callable[[], int]:
     """Counts the process's threads, native ones included (threading.active_count() sees only Python's)."""
     return lambda: len(os.listdir("/proc/self/task"))
