@@ -52,7 +52,11 @@ class Loader:
             thread counts.
         stage_dir: node-local directory for stage 2's copies; ``None`` reads the source directly.
         cache_bytes: the most bytes the stage directory's copies may take (files being written
-            included; its index adds 40 bytes per copy made); 0: no bound. When full, a file is staged only by evicting one used later.
+            included; its index adds 40 bytes per copy made); 0: no bound. When full, a file is
+            staged only by evicting one used later; a file not staged (it would displace files
+            needed sooner) is read from the source into memory by stage 2 instead
+            (``stats()["read_ahead"]``; JPEG and raw files, up to 64 MiB per batch), so stage 3 does
+            not wait on the source for it.
         eviction: ``"clairvoyant"`` (evict the file whose next use in the plan is farthest away:
             Belady's rule, optimal since the plan is known) or ``"lru"``.
         prefetchers: stage 2 threads (I/O bound: more than cores is normal).

@@ -61,6 +61,8 @@ py::dict stats_dict(const Stats& s) {
   d["already_staged"] = s.already_staged;
   d["stage_failures"] = s.stage_failures;
   d["stage_expedited"] = s.stage_expedited;
+  d["read_ahead"] = s.read_ahead;
+  d["read_ahead_bytes"] = s.read_ahead_bytes;
   d["stage_dir_disabled"] = s.stage_dir_disabled;
   d["stage_dir_error"] = s.stage_dir_error;
   d["hits"] = s.hits;

@@ -250,6 +250,47 @@ TEST_CASE("stager: a missing source file is given up on, and the other samples a
   CHECK(!stats.stage_dir_disabled);
 }
 
+TEST_CASE("stager: declined samples are read into memory; a failed read is left to stage 3") {
+  TempDir dir;
+  std::ofstream(dir / "a") << "alpha";
+  std::ofstream(dir / "b") << "bravo!";
+  std::ofstream(dir / "c") << "copied";
+  const Catalog cat = Catalog::from_paths(dir.path(), {"a", "missing", "b", "c"});
+  StageDirectory stage(dir / "stage", cat);
+  std::atomic<int> done{0};
+  prestage::detail::Stager stager(cat, &stage, 2);
+  std::vector<uint64_t> files{3};
+  std::vector<uint64_t> read_ahead{0, 1, 2};
+  std::vector<std::vector<std::byte>> held(3);
+  std::vector<uint8_t> held_ok(3, 7);  // submit() clears them
+  REQUIRE(stage.try_claim(3));
+  prestage::detail::StageTask task;
+  task.ids = files.data();
+  task.count = files.size();
+  task.read_ahead = read_ahead.data();
+  task.read_ahead_count = read_ahead.size();
+  task.held = held.data();
+  task.held_ok = held_ok.data();
+  task.done = [](void* c) { static_cast<std::atomic<int>*>(c)->fetch_add(1); };
+  task.context = &done;
+  stager.submit(&task);
+  while (done.load() < 1) std::this_thread::yield();
+  const auto text = [](const std::vector<std::byte>& bytes) {
+    return std::string(reinterpret_cast<const char*>(bytes.data()), bytes.size());
+  };
+  CHECK(held_ok == std::vector<uint8_t>{1, 0, 1});
+  CHECK(text(held[0]) == "alpha");
+  CHECK(text(held[2]) == "bravo!");
+  CHECK(stage.is_staged(3));
+  CHECK(stage.is_absent(0));  // read ahead, not staged
+  prestage::Stats stats;
+  stager.add_to(stats, 1.0);
+  CHECK(stats.read_ahead == 2);
+  CHECK(stats.read_ahead_bytes == 11);
+  CHECK(stats.staged_files == 1);
+  CHECK(stats.stage_failures == 0);  // the missing file is stage 3's to report
+}
+
 TEST_CASE("stager: an expedited task completes once the copies under way finish") {
   TempDir dir;
   // The first file is a FIFO with no writer: the one stager thread blocks in it, as on a slow PFS.
@@ -261,9 +302,16 @@ TEST_CASE("stager: an expedited task completes once the copies under way finish"
   prestage::detail::Stager stager(cat, &stage, 1);
   std::vector<uint64_t> ids{0, 1, 2, 3};
   for (const uint64_t id : ids) REQUIRE(stage.try_claim(id));
+  std::vector<uint64_t> read_ahead{1};
+  std::vector<std::byte> held;
+  uint8_t held_ok = 0;
   prestage::detail::StageTask task;
   task.ids = ids.data();
   task.count = ids.size();
+  task.read_ahead = read_ahead.data();
+  task.read_ahead_count = 1;
+  task.held = &held;
+  task.held_ok = &held_ok;
   task.done = [](void* c) { static_cast<std::atomic<int>*>(c)->fetch_add(1); };
   task.context = &done;
   stager.submit(&task);
@@ -286,8 +334,10 @@ TEST_CASE("stager: an expedited task completes once the copies under way finish"
   CHECK(done.load() == 1);  // exactly once
   prestage::Stats stats;
   stager.add_to(stats, 1.0);
-  CHECK(stats.stage_expedited == 3);
+  CHECK(stats.stage_expedited == 4);  // three copies and the read-ahead
   CHECK(stats.staged_files + stats.stage_failures == 1);  // only "slow" was dealt with
+  CHECK(held_ok == 0);
+  CHECK(stats.read_ahead == 0);
   for (const uint64_t id : {1, 2, 3}) CHECK(!stage.is_staged(id));
 }
 

@@ -35,10 +35,11 @@ def plan_stream(n, epochs, seed):
     return stream
 
 
-def simulate(n, capacity, epochs, seed, policy):
+def simulate(n, capacity, epochs, seed, policy, declined=None):
     """Misses per epoch of a cache of `capacity` equal files. Belady: on a miss with a full cache, give
     up the unprotected file used farthest in the future, unless the incoming one is used even later
-    (then read it without caching). LRU: give up the least recently used unprotected file."""
+    (then read it without caching). LRU: give up the least recently used unprotected file.
+    `declined`, a list: gets the (epoch, batch) of each miss that is not cached."""
     horizon = epochs + 3
     first_use = {}
     for e, b, pos, s in plan_stream(n, horizon, seed):
@@ -78,6 +79,8 @@ def simulate(n, capacity, epochs, seed, policy):
                 victim = f
                 break
             if victim is None:
+                if declined is not None:
+                    declined.append((e, b))
                 continue  # not cached: read from the source
             del cache[victim]
         cache[s] = key
@@ -109,8 +112,21 @@ def test_misses_per_epoch_equal_the_simulation(equal_files, tmp_path, fraction, 
     cache_bytes = capacity * FILE_BYTES
     stats, on_disk = run_loader(equal_files, tmp_path / "stage", cache_bytes, eviction, 3, seed=7)
     got = [e["misses"] for e in stats["epochs"][:3]]
-    expected = simulate(N_FILES, capacity, 3, 7, "belady" if eviction == "clairvoyant" else "lru")
+    declined = []
+    policy = "belady" if eviction == "clairvoyant" else "lru"
+    expected = simulate(N_FILES, capacity, 3, 7, policy)
     assert got == expected
+    # The files not cached were read into memory by stage 2, those of the three epochs and at most
+    # those of the batches planned ahead into the fourth (the first LOOKAHEAD + DEPTH + 1).
+    simulate(N_FILES, capacity, 4, 7, policy, declined)
+    consumed = sum(1 for e, _ in declined if e < 3)
+    ahead = sum(1 for e, b in declined if e == 3 and b < LOOKAHEAD + DEPTH + 1)
+    assert consumed <= stats["read_ahead"] <= consumed + ahead
+    assert stats["read_ahead_bytes"] == stats["read_ahead"] * FILE_BYTES
+    # Stage 3 read the source only for those (decoded batches, counted when decoded).
+    assert consumed <= stats["misses"] <= stats["read_ahead"]
+    if eviction == "clairvoyant" and fraction < 0.9:  # LRU declines only when all are protected
+        assert consumed > 0
     assert stats["stage_bytes_peak"] <= cache_bytes
     assert on_disk <= cache_bytes
     assert [e["epoch"] for e in stats["epochs"][:3]] == [0, 1, 2]
@@ -145,3 +161,46 @@ def test_unbounded_stage_directory_counts_hits_and_misses(equal_files, tmp_path)
     assert stats["epochs"][0]["misses"] == N_FILES
     assert stats["epochs"][1]["misses"] == 0 and stats["epochs"][1]["hits"] == N_FILES
     assert all(e["evictions"] == 0 for e in stats["epochs"])
+
+
+def test_declined_jpegs_read_ahead_decode_as_direct_reads(make_folder, tmp_path):
+    root = make_folder(4, 10, size=None)  # 40 JPEGs of mixed sizes
+    cat = prestage.Catalog.from_folder(root)
+    cache_bytes = sum(cat.source_path(i).stat().st_size for i in range(len(cat))) // 4
+    common = dict(batch_size=6, image_size=(24, 24), seed=2, readers=2)
+    with prestage.Loader(cat, **common) as direct:
+        expected = [[(b.images.copy(), b.indices.copy()) for b in direct] for _ in range(3)]
+    with prestage.Loader(cat, stage_dir=tmp_path / "stage", cache_bytes=cache_bytes, prefetchers=3,
+                         stage_patience=None, **common) as loader:
+        for epoch in expected:
+            got = [(b.images.copy(), b.indices.copy()) for b in loader]
+            assert len(got) == len(epoch)
+            for (images, indices), (want_images, want_indices) in zip(got, epoch):
+                np.testing.assert_array_equal(indices, want_indices)
+                np.testing.assert_array_equal(images, want_images)
+        s = loader.stats()
+    assert s["read_ahead"] > 0 and s["stage_bytes_peak"] <= cache_bytes
+    assert s["misses"] <= s["read_ahead"]  # every source read of stage 3 was one stage 2 read ahead
+
+
+def test_a_declined_file_that_cannot_be_read_fails_at_its_batch(equal_files, tmp_path):
+    cat = prestage.Catalog.from_folder(equal_files, extensions=[".bin"])
+    # A 10% cache declines files in every batch of epoch 1 (the simulation says which batches). Take
+    # one past the batches planned ahead across the boundary, and remove its files after epoch 0:
+    # whether stage 2 reads them ahead or copies them, the failure reaches that batch, naming a file.
+    declined = []
+    simulate(N_FILES, N_FILES // 10, 2, 4, "belady", declined)
+    b = next(b for e, b in declined if e == 1 and b > LOOKAHEAD + DEPTH + 2)
+    victims = [cat.source_path(s) for e, bb, _, s in plan_stream(N_FILES, 2, 4) if (e, bb) == (1, b)]
+    with prestage.Loader(cat, batch_size=BATCH, decode="raw", stage_dir=tmp_path / "stage", seed=4,
+                         stage_patience=None, cache_bytes=N_FILES // 10 * FILE_BYTES,
+                         lookahead=LOOKAHEAD, depth=DEPTH, prefetchers=2, readers=2) as loader:
+        assert sum(1 for _ in loader) == len(loader)
+        for p in victims:
+            p.unlink()
+        served = 0
+        with pytest.raises(prestage.IoError) as raised:
+            for _ in loader:
+                served += 1
+    assert served == b
+    assert any(str(p) in str(raised.value) for p in victims)

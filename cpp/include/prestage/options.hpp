@@ -72,7 +72,9 @@ struct LoaderOptions {
 
   // Node-local directory that stage 2 copies the samples to. Empty: stage 3 reads the source directly.
   std::string stage_dir;
-  // The most bytes the stage directory may hold, files being written included; 0: no bound.
+  // The most bytes the stage directory may hold, files being written included; 0: no bound. A file
+  // the bound keeps out (it would displace files needed sooner) is read into memory by stage 2
+  // instead (JPEG and raw files, up to 64 MiB per batch: Stats::read_ahead).
   uint64_t cache_bytes = 0;
   Eviction eviction = Eviction::kClairvoyant;
 

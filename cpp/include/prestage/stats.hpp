@@ -52,6 +52,8 @@ struct Stats {
   uint64_t stage_failures = 0;   // samples stage 2 gave up on (source or stage directory errors)
   uint64_t stage_expedited = 0;  // samples stage 3 read itself because stage 2 had not started them
                                  // when the consumer's next batch was due
+  uint64_t read_ahead = 0;        // samples the stage directory declined (a bounded cache keeps
+  uint64_t read_ahead_bytes = 0;  // what is needed sooner), read into memory by stage 2 instead
   bool stage_dir_disabled = false;  // the stage directory failed; reads go to the source
   std::string stage_dir_error;
 

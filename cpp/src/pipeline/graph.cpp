@@ -26,6 +26,11 @@ uint64_t elapsed_ns(Clock::time_point since) {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - since).count();
 }
 
+// Stage 2 reads the samples the stage directory declines into memory, up to this many bytes per batch
+// (and none larger): a batch's held bytes live until its buffer is decoded.
+constexpr uint64_t kReadAheadBytes = uint64_t{64} << 20;
+constexpr uint32_t kNotHeld = UINT32_MAX;
+
 struct Work;
 using Ticket = Work*;
 using StageNode = flow::async_node<Ticket, Ticket>;
@@ -44,6 +49,11 @@ struct Work {
   void* owner = nullptr;  // the Pipeline::Impl
   Slot* slot = nullptr;
   std::vector<uint64_t> files;       // the files stage 2 copies for this batch (claimed by stage 1)
+  std::vector<size_t> declined;      // positions of the samples the stage directory declined
+  std::vector<uint64_t> read_ahead;  // the sample ids stage 2 reads into memory instead
+  std::vector<uint32_t> held_at;     // per sample: its index in read_ahead, or kNotHeld
+  std::vector<std::vector<std::byte>> held;  // their bytes (capacities kept across batches)
+  std::vector<uint8_t> held_ok;              // 1 where stage 2 read them
   std::vector<uint8_t> from_stage;  // kRaw and arrays: where each sample is read from
   std::vector<ArrayProbe> probes;    // arrays: each sample's header, between the two phases
   std::mutex skip_mutex;             // guards the slot's `skipped` while the batch decodes
@@ -110,6 +120,9 @@ struct Pipeline::Impl {
   ~Impl();
 
   Ticket next_batch(tbb::flow_control& fc);
+  void plan_read_ahead(Work& w);
+  // Sample i of the batch read from catalog sample `id`: its bytes if stage 2 read them ahead.
+  const std::vector<std::byte>* held(const Work& w, size_t i, uint64_t id) const;
   void stage(Ticket t, StageNode::gateway_type& gateway);
   void expedite(uint64_t seq);
   Ticket decode(Ticket t);
@@ -137,8 +150,9 @@ struct Pipeline::Impl {
     if (!reader.decoder) reader.decoder = std::make_unique<SampleDecoder>(shared.codec);
     call(*reader.decoder);
   }
-  // Reads sample `id`, from the stage directory if it is staged there, else from the source.
-  std::span<const std::byte> read_sample(uint64_t id, ReaderState& reader);
+  // Reads sample i of the batch from catalog sample `id`: from memory if stage 2 read it ahead, from
+  // the stage directory if it is staged there, else from the source.
+  std::span<const std::byte> read_sample(const Work& w, size_t i, uint64_t id, ReaderState& reader);
   // The source path of catalog file `file`, built in the reader's own string (no allocation once
   // warm); valid until the reader's next call.
   const std::string& source_path(uint64_t file, ReaderState& reader) const;
@@ -282,9 +296,11 @@ Ticket Pipeline::Impl::next_batch(tbb::flow_control& fc) {
   w.slot = nullptr;
   // Decided here, in plan order, so that the stage directory's contents follow the plan exactly.
   w.files.clear();
+  w.declined.clear();
   EpochStats costs;
   if (shared.cache) {
-    shared.cache->admit(w.epoch, w.index, w.ids, w.count, w.files, costs);
+    shared.cache->admit(w.epoch, w.index, w.ids, w.count, w.files, w.declined, costs);
+    plan_read_ahead(w);
   } else {
     costs.misses = w.count;  // no stage directory: every sample is read from the source
     for (size_t i = 0; i < w.count; ++i) {
@@ -307,6 +323,30 @@ Ticket Pipeline::Impl::next_batch(tbb::flow_control& fc) {
   return &w;
 }
 
+void Pipeline::Impl::plan_read_ahead(Work& w) {
+  w.read_ahead.clear();
+  w.held_at.assign(w.count, kNotHeld);
+  // Arrays are read by their codecs from a path; JPEG and raw files from bytes in memory.
+  if (shared.codec.arrays()) return;
+  uint64_t budget = kReadAheadBytes;
+  for (const size_t k : w.declined) {
+    const Catalog::Locator loc = shared.catalog.locator(w.ids[k]);
+    const uint64_t size = loc.length != Catalog::kWholeFile ? loc.length : shared.catalog.file_size(loc.file);
+    if (size == Catalog::kUnknownSize || size > budget) continue;
+    budget -= size;
+    w.held_at[k] = static_cast<uint32_t>(w.read_ahead.size());
+    w.read_ahead.push_back(w.ids[k]);
+  }
+  if (w.held.size() < w.read_ahead.size()) w.held.resize(w.read_ahead.size());
+  w.held_ok.assign(w.read_ahead.size(), 0);
+}
+
+const std::vector<std::byte>* Pipeline::Impl::held(const Work& w, size_t i, uint64_t id) const {
+  if (w.held_at.empty() || w.ids[i] != id) return nullptr;  // a replacement (on_error=skip)
+  const uint32_t j = w.held_at[i];
+  return j != kNotHeld && w.held_ok[j] ? &w.held[j] : nullptr;
+}
+
 void Pipeline::Impl::stage(Ticket t, StageNode::gateway_type& gateway) {
   gateway.reserve_wait();
   {
@@ -318,6 +358,10 @@ void Pipeline::Impl::stage(Ticket t, StageNode::gateway_type& gateway) {
   t->owner = this;
   t->stage.ids = t->files.data();
   t->stage.count = t->files.size();
+  t->stage.read_ahead = t->read_ahead.data();
+  t->stage.read_ahead_count = t->read_ahead.size();
+  t->stage.held = t->held.data();
+  t->stage.held_ok = t->held_ok.data();
   t->stage.context = t;
   t->stage.done = [](void* context) {
     Ticket done = static_cast<Ticket>(context);
@@ -425,7 +469,13 @@ const std::string& Pipeline::Impl::source_path(uint64_t file, ReaderState& reade
   return reader.path;
 }
 
-std::span<const std::byte> Pipeline::Impl::read_sample(uint64_t id, ReaderState& reader) {
+std::span<const std::byte> Pipeline::Impl::read_sample(const Work& w, size_t i, uint64_t id,
+                                                       ReaderState& reader) {
+  if (const auto* bytes = held(w, i, id)) {
+    shared.counters.misses.fetch_add(1, std::memory_order_relaxed);
+    shared.counters.bytes_from_source.fetch_add(bytes->size(), std::memory_order_relaxed);
+    return *bytes;
+  }
   const Catalog::Locator loc = shared.catalog.locator(id);
   if (shared.stage_dir && shared.stage_dir->is_staged(loc.file)) {
     try {
@@ -472,7 +522,7 @@ void Pipeline::Impl::decode_images(Work& w, Slot& slot) {
     ReaderState& reader = shared.readers.local();
     std::byte* const place = slot.data.data() + i * image_bytes;
     const auto decode_into_place = [&](uint64_t id) {
-      const auto bytes = read_sample(id, reader);
+      const auto bytes = read_sample(w, i, id, reader);
       shared.counters.bytes_read.fetch_add(bytes.size(), std::memory_order_relaxed);
       if (!direct && reader.image.size() < rgb_bytes) reader.image.resize(rgb_bytes);
       const std::span<std::byte> rgb(
@@ -689,6 +739,7 @@ void Pipeline::Impl::copy_raw(Work& w, Slot& slot) {
 uint64_t Pipeline::Impl::raw_size(Work& w, size_t i, uint64_t id) {
   const Catalog::Locator loc = shared.catalog.locator(id);
   w.from_stage[i] = 0;
+  if (const auto* bytes = held(w, i, id)) return bytes->size();
   if (shared.stage_dir && shared.stage_dir->is_staged(loc.file)) {
     try {
       const uint64_t size = loc.length != Catalog::kWholeFile
@@ -716,7 +767,12 @@ void Pipeline::Impl::read_raw(Work& w, size_t i, uint64_t id, std::span<std::byt
       w.from_stage[i] = 0;  // the copy vanished since it was sized: the source has the same bytes
     }
   }
-  if (!w.from_stage[i]) {
+  const auto* bytes = w.from_stage[i] ? nullptr : held(w, i, id);
+  if (bytes != nullptr) {
+    std::copy(bytes->begin(), bytes->end(), out.begin());  // raw_size gave its size
+    counters.misses.fetch_add(1, std::memory_order_relaxed);
+    counters.bytes_from_source.fetch_add(out.size(), std::memory_order_relaxed);
+  } else if (!w.from_stage[i]) {
     read_located(shared.catalog.file_source_path(loc.file).string(), loc, out);
     counters.misses.fetch_add(1, std::memory_order_relaxed);
     counters.bytes_from_source.fetch_add(out.size(), std::memory_order_relaxed);

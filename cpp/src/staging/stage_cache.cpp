@@ -145,7 +145,8 @@ bool StageCache::make_room(uint64_t need, uint64_t incoming_key, EpochStats& sta
 }
 
 void StageCache::admit(uint64_t epoch, uint64_t batch, const uint64_t* samples, size_t count,
-                       std::vector<uint64_t>& to_stage, EpochStats& stats) {
+                       std::vector<uint64_t>& to_stage, std::vector<size_t>& declined,
+                       EpochStats& stats) {
   ++batch_seq_;
   for (size_t k = 0; k < count; ++k) {
     const uint64_t file = catalog_.locator(samples[k]).file;
@@ -172,8 +173,11 @@ void StageCache::admit(uint64_t epoch, uint64_t batch, const uint64_t* samples, 
     ++stats.misses;
     const uint64_t size = size_of(file);
     stats.bytes_from_source += size;
-    if (capacity_ != 0 && used_ + size > capacity_ && !make_room(size, key, stats)) continue;
-    if (!directory_.try_claim(file)) continue;
+    if ((capacity_ != 0 && used_ + size > capacity_ && !make_room(size, key, stats)) ||
+        !directory_.try_claim(file)) {
+      declined.push_back(k);
+      continue;
+    }
     to_stage.push_back(file);
     if (capacity_ != 0) {
       charged_[file] = size;

@@ -31,9 +31,12 @@ class StageCache {
   void restart(uint64_t epoch, uint64_t batch);
 
   // Decides for the files of one batch (the plan's next one). Appends the files to copy to `to_stage`
-  // (each claimed in the directory; the stager publishes or abandons it) and adds to `epoch_stats`.
+  // (each claimed in the directory; the stager publishes or abandons it), the positions in the
+  // batch of the samples whose files are neither staged nor to be copied to `declined`, and adds to
+  // `epoch_stats`.
   void admit(uint64_t epoch, uint64_t batch, const uint64_t* samples, size_t count,
-             std::vector<uint64_t>& to_stage, EpochStats& epoch_stats);
+             std::vector<uint64_t>& to_stage, std::vector<size_t>& declined,
+             EpochStats& epoch_stats);
 
   // Read from any thread (stats()).
   uint64_t used_bytes() const noexcept { return used_shown_.load(std::memory_order_relaxed); }

@@ -34,13 +34,13 @@ Stager::~Stager() {
 void Stager::cancel(bool cancelled) { cancelled_.store(cancelled, std::memory_order_release); }
 
 void Stager::submit(StageTask* task) {
+  const size_t items = task->items();
   task->next.store(0, std::memory_order_relaxed);
-  task->remaining.store(task->count, std::memory_order_relaxed);
-  if (directory_ == nullptr || task->count == 0 || cancelled_.load(std::memory_order_acquire)) {
-    task->next.store(task->count, std::memory_order_relaxed);  // nothing left to expedite
-    if (directory_ != nullptr) {
-      for (size_t i = 0; i < task->count; ++i) directory_->abandon(task->ids[i]);
-    }
+  task->remaining.store(items, std::memory_order_relaxed);
+  for (size_t j = 0; j < task->read_ahead_count; ++j) task->held_ok[j] = 0;
+  if (directory_ == nullptr || items == 0 || cancelled_.load(std::memory_order_acquire)) {
+    task->next.store(items, std::memory_order_relaxed);  // nothing left to expedite
+    give_up(*task, 0);
     task->done(task->context);
     return;
   }
@@ -56,15 +56,20 @@ void Stager::expedite(StageTask* task) {
   {
     std::lock_guard lock(mutex_);  // as run() hands samples out
     from = task->next.load(std::memory_order_relaxed);
-    if (from >= task->count) return;
-    task->next.store(task->count, std::memory_order_relaxed);
+    if (from >= task->items()) return;
+    task->next.store(task->items(), std::memory_order_relaxed);
     const auto it = std::find(queue_.begin(), queue_.end(), task);
     if (it != queue_.end()) queue_.erase(it);
   }
-  const size_t given_up = task->count - from;
-  for (size_t i = from; i < task->count; ++i) directory_->abandon(task->ids[i]);
+  const size_t given_up = task->items() - from;
+  give_up(*task, from);
   expedited_.fetch_add(given_up, std::memory_order_relaxed);
   if (task->remaining.fetch_sub(given_up, std::memory_order_acq_rel) == given_up) task->done(task->context);
+}
+
+void Stager::give_up(const StageTask& task, size_t from) {
+  if (directory_ == nullptr) return;
+  for (size_t i = from; i < task.count; ++i) directory_->abandon(task.ids[i]);  // claimed by stage 1
 }
 
 void Stager::run() {
@@ -75,22 +80,53 @@ void Stager::run() {
     if (queue_.empty()) return;  // exit_ and nothing left
     StageTask* task = queue_.front();
     const size_t i = task->next.fetch_add(1, std::memory_order_relaxed);
-    if (i + 1 >= task->count) queue_.pop_front();  // this was its last sample to hand out
-    if (i >= task->count) continue;
+    if (i + 1 >= task->items()) queue_.pop_front();  // this was its last item to hand out
+    if (i >= task->items()) continue;
     lock.unlock();
     if (cancelled_.load(std::memory_order_acquire)) {
-      directory_->abandon(task->ids[i]);  // claimed by stage 1: give the claim back
+      if (i < task->count) directory_->abandon(task->ids[i]);  // claimed by stage 1: give it back
     } else {
-      stage_one(task->ids[i], buffer);
+      deal_with(*task, i, buffer);
     }
     if (task->remaining.fetch_sub(1, std::memory_order_acq_rel) == 1) task->done(task->context);
     lock.lock();
   }
 }
 
-void Stager::stage_one(uint64_t id, std::vector<std::byte>& buffer) {
+void Stager::deal_with(const StageTask& task, size_t i, std::vector<std::byte>& buffer) {
   items_.fetch_add(1, std::memory_order_relaxed);
   const auto start = std::chrono::steady_clock::now();
+  if (i < task.count) {
+    stage_one(task.ids[i], buffer);
+  } else {
+    read_one(task, i - task.count);
+  }
+  busy_ns_.fetch_add(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                         std::chrono::steady_clock::now() - start)
+                         .count(),
+                     std::memory_order_relaxed);
+}
+
+void Stager::read_one(const StageTask& task, size_t j) {
+  const Catalog::Locator loc = catalog_.locator(task.read_ahead[j]);
+  const std::string path = catalog_.file_source_path(loc.file).string();
+  std::vector<std::byte>& out = task.held[j];
+  try {
+    if (loc.length == Catalog::kWholeFile) {
+      read_file(path, out);
+    } else {
+      out.resize(loc.length);
+      read_range(path, loc.offset, out);
+    }
+  } catch (const IoError&) {
+    return;  // stage 3 reads it again and reports the error at the sample's batch
+  }
+  task.held_ok[j] = 1;
+  read_ahead_.fetch_add(1, std::memory_order_relaxed);
+  read_ahead_bytes_.fetch_add(out.size(), std::memory_order_relaxed);
+}
+
+void Stager::stage_one(uint64_t id, std::vector<std::byte>& buffer) {
   if (directory_->is_staged(id)) {
     // A copy from an earlier run, used for the first time in this one: check its bytes first.
     if (directory_->unverified(id) && !directory_->verify(id, buffer)) {
@@ -122,10 +158,6 @@ void Stager::stage_one(uint64_t id, std::vector<std::byte>& buffer) {
       disable(e.what());
     }
   }
-  busy_ns_.fetch_add(std::chrono::duration_cast<std::chrono::nanoseconds>(
-                         std::chrono::steady_clock::now() - start)
-                         .count(),
-                     std::memory_order_relaxed);
 }
 
 void Stager::disable(const std::string& why) {
@@ -142,6 +174,8 @@ void Stager::add_to(Stats& stats, double wall_s) const {
   stats.adopted_files = adopted_.load();
   stats.stage_failures = failures_.load();
   stats.stage_expedited = expedited_.load();
+  stats.read_ahead = read_ahead_.load();
+  stats.read_ahead_bytes = read_ahead_bytes_.load();
   stats.stage_dir_disabled = disabled_.load();
   if (stats.stage_dir_disabled) {
     std::lock_guard lock(mutex_);

@@ -24,11 +24,21 @@ namespace prestage::detail {
 struct StageTask {
   const uint64_t* ids = nullptr;  // catalog file ids
   size_t count = 0;
+  // Samples the stage directory declined (they would be evicted before their use): read from the
+  // source into memory instead, so that stage 3 does not read them through the PFS's latency
+  // itself. read_ahead[j] is a catalog sample id; its bytes go to held[j] and held_ok[j] becomes 1.
+  // A read that fails leaves held_ok[j] at 0: stage 3 reads the source again and reports the error.
+  const uint64_t* read_ahead = nullptr;
+  size_t read_ahead_count = 0;
+  std::vector<std::byte>* held = nullptr;
+  uint8_t* held_ok = nullptr;
   void (*done)(void* context) = nullptr;  // called once every file was dealt with
   void* context = nullptr;
 
-  std::atomic<size_t> next{0};       // next sample to hand to a thread
-  std::atomic<size_t> remaining{0};  // samples not yet dealt with
+  std::atomic<size_t> next{0};       // next item (copy, then read-ahead) to hand to a thread
+  std::atomic<size_t> remaining{0};  // items not yet dealt with
+
+  size_t items() const noexcept { return count + read_ahead_count; }
 };
 
 class Stager {
@@ -48,9 +58,9 @@ class Stager {
   // thread or, if the stager is cancelled or has no directory, on the caller's.
   void submit(StageTask* task);
 
-  // Completes `task` as soon as the copies under way finish: the files no thread has started are
-  // given up (their claims given back, so stage 3 reads them from the source). No-op for a task
-  // already complete or fully handed out.
+  // Completes `task` as soon as the copies and reads under way finish: the items no thread has
+  // started are given up (claims given back, reads left undone, so stage 3 reads them from the
+  // source). No-op for a task already complete or fully handed out.
   void expedite(StageTask* task);
 
   // While cancelled, queued and new tasks complete at once, without copying (a pipeline that stops
@@ -62,6 +72,11 @@ class Stager {
  private:
   void run();
   void stage_one(uint64_t id, std::vector<std::byte>& buffer);
+  void read_one(const StageTask& task, size_t j);
+  // Item i of `task`: a copy (i < count) or a read into memory.
+  void deal_with(const StageTask& task, size_t i, std::vector<std::byte>& buffer);
+  // Gives up the items [from, items()) of `task`, which no thread will start.
+  void give_up(const StageTask& task, size_t from);
   void disable(const std::string& why);
 
   Catalog catalog_;
@@ -76,6 +91,7 @@ class Stager {
 
   std::atomic<uint64_t> busy_ns_{0}, items_{0}, bytes_{0};
   std::atomic<uint64_t> staged_files_{0}, adopted_{0}, failures_{0}, expedited_{0};
+  std::atomic<uint64_t> read_ahead_{0}, read_ahead_bytes_{0};
   std::vector<std::thread> threads_;
 };
 
