@@ -90,6 +90,13 @@ case "$cmd" in
     cmake -S examples/cpp -B build/example -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
           -DCMAKE_PREFIX_PATH="$root/build/install" >/dev/null
     cmake --build build/example
+    if [ -x /usr/bin/cmake ] && [ "$(command -v cmake)" != /usr/bin/cmake ]; then
+      # The distribution's own CMake as well, where another comes first on PATH: it is the one a
+      # fresh machine has.
+      /usr/bin/cmake -S examples/cpp -B build/example-system-cmake -G Ninja \
+                     -DCMAKE_PREFIX_PATH="$root/build/install" >/dev/null
+      /usr/bin/cmake --build build/example-system-cmake
+    fi
     .venv/bin/prestage synth build/example-data --images 48 --classes 3 --quiet --overwrite
     build/example/prestage_example build/example-data --batch-size 16 --image-size 32 32 --epochs 2
     log "Python tests"

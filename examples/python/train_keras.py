@@ -5,7 +5,7 @@
 The first run writes the data set (``prestage synth``'s recipe: JPEGs of about 500x375 cut from real photos,
 a learnable look per class) under the system's temporary folder, or under ``--data``; later runs reuse it.
 ``model.fit`` prints the training loss and accuracy and the validation accuracy of each epoch; then the
-images/s of the whole run and how long training waited for data.
+images/s of the whole run.
 """
 
 from __future__ import annotations

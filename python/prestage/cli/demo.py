@@ -125,8 +125,12 @@ def format_report(result: Dict[str, Any]) -> str:
         lines.append(
             f"{name:<10}{st['busy_s']:>9.2f}{st['idle_s']:>9.2f}{st['items']:>9}{st['bytes'] / 1e6:>9.1f}"
         )
+    epoch = s["epochs"][0] if s["epochs"] else {"hits": 0, "misses": 0}
     lines += [
         "",
+        f"this epoch       {epoch['misses']} samples copied or read from the source (misses), "
+        f"{epoch['hits']} found staged (hits)",
+        "the whole run, with the next epoch's first batches (the pipeline runs ahead of the loop):",
         f"staged files     {s['staged_files']} copied, {s['already_staged']} already staged, "
         f"{s['stage_failures']} failed",
         f"stage 3 reads    {s['hits']} from the stage directory, {s['misses']} from the source",
