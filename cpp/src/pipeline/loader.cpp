@@ -301,7 +301,7 @@ void Loader::Impl::close() {
     return;
   }
   pipeline.reset();
-  shared->stager.reset();
+  shared->stager->stop();  // its figures stay for stats()
   shared->readers.clear();
   shared->arena_io_timeout.reset();
   shared->arena.terminate();

@@ -21,14 +21,18 @@ Stager::Stager(Catalog catalog, StageDirectory* directory, size_t threads,
   }
 }
 
-Stager::~Stager() {
+Stager::~Stager() { stop(); }
+
+void Stager::stop() {
   cancel(true);
   {
     std::lock_guard lock(mutex_);
     exit_ = true;
   }
   wake_.notify_all();
-  for (auto& t : threads_) t.join();
+  for (auto& t : threads_) {
+    if (t.joinable()) t.join();
+  }
 }
 
 void Stager::cancel(bool cancelled) { cancelled_.store(cancelled, std::memory_order_release); }

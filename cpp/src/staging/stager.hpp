@@ -47,7 +47,9 @@ class Stager {
   // Each thread reads under `io_timeout` (0: no limit).
   Stager(Catalog catalog, StageDirectory* directory, size_t threads,
          std::chrono::milliseconds io_timeout = std::chrono::milliseconds(0));
-  ~Stager();  // joins; every submitted task must have completed
+  ~Stager();  // stop()
+  // Joins the threads; every submitted task must have completed. The counters stay (add_to).
+  void stop();
   Stager(const Stager&) = delete;
   Stager& operator=(const Stager&) = delete;
 
