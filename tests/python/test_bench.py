@@ -302,3 +302,53 @@ def test_tune_writes_the_options_that_the_loader_reads(data: Path, tmp_path: Pat
 def test_tune_rejects_a_missing_source(tmp_path: Path, capsys) -> None:
     rc, out, err = run_cli(capsys, "tune", str(tmp_path / "missing"), "--stage-dir", str(tmp_path), *QUICK)
     assert rc == 2 and "is not a directory" in err
+
+
+def test_bench_cache_bytes_reports_each_epoch_of_each_policy(data: Path, tmp_path: Path, capsys) -> None:
+    set_bytes = sum(p.stat().st_size for p in data.rglob("*.jpg"))
+    out_dir = tmp_path / "out"
+    rc, out, err = run_cli(capsys, "bench", str(data), "--stage-dir", str(tmp_path / "stage"), *QUICK,
+                           "--cache-bytes", "30%", "--epochs", "3", "--cache-only", "--json",
+                           "--out", str(out_dir))
+    assert rc == 0, err
+    result = json.loads(out)
+    assert result["headline"] == []  # --cache-only
+    study = result["cache_study"]
+    assert study["set_bytes"] == set_bytes and study["cache_bytes"] == int(0.3 * set_bytes)
+    assert [p["eviction"] for p in study["policies"]] == ["clairvoyant", "lru"]
+    for p in study["policies"]:
+        epochs = p["epochs"]
+        assert [e["epoch"] for e in epochs] == [0, 1, 2]
+        assert all(e["images"] == 30 and e["hits"] + e["misses"] == 30 for e in epochs)
+        assert epochs[0]["misses"] == 30 and epochs[0]["bytes_from_source"] == set_bytes  # cold
+        assert all(e["hits"] > 0 and e["bytes_from_source"] < set_bytes for e in epochs[1:])
+        assert 0 < p["peak_stage_bytes"] <= study["cache_bytes"]
+    by = {p["eviction"]: p for p in study["policies"]}
+    assert by["clairvoyant"]["later_source_fraction"] <= by["lru"]["later_source_fraction"]
+    if result.get("plots"):  # matplotlib installed
+        assert (out_dir / "cache_bytes_per_epoch.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--cache-bytes", "0"], "is not a size"),
+    (["--cache-bytes", "150%"], "between 0 and 100"),
+    (["--cache-bytes", "lots"], "is not a size"),
+    (["--cache-bytes", "1G", "--eviction", "fifo"], "unknown eviction policy 'fifo'"),
+])
+def test_bench_refuses_a_bad_cache_size_or_policy(data: Path, capsys, args: List[str], message: str) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        main(["bench", str(data), *QUICK, *args])
+    assert exit_.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_bench_cache_only_needs_cache_bytes(data: Path, tmp_path: Path, capsys) -> None:
+    rc, _, err = run_cli(capsys, "bench", str(data), "--stage-dir", str(tmp_path), *QUICK, "--cache-only")
+    assert rc == 2 and "--cache-only needs --cache-bytes" in err
+
+
+def test_cache_sizes_take_units_and_percentages() -> None:
+    from prestage.bench.cache_study import resolve_size
+
+    assert resolve_size("1.5M", 10) == 1572864 and resolve_size("2k", 10) == 2048
+    assert resolve_size("300", 10) == 300 and resolve_size("1GiB", 10) == 1 << 30
+    assert resolve_size("25%", 1000) == 250

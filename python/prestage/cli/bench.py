@@ -17,6 +17,10 @@ point) for the pipelined mode, and the other modes along the readers axis (and s
 prefetchers axis); the best pipelined point is then used for the full runs, and stage-all copies with
 its own best number of threads.
 
+With --cache-bytes, a stage directory smaller than the data set is read for --epochs epochs with each
+--eviction policy (clairvoyant: Belady's rule over the known plan; lru), after the other runs and with
+their thread counts: per epoch, hits, misses, evictions and bytes read from the source.
+
 With --emulate, SOURCE is served through prestage-pfs, a FUSE file system that adds a latency per
 operation, a bandwidth cap and a concurrency cap: the paper's experiment on one machine.
 
@@ -44,6 +48,7 @@ from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional
 
 from prestage.bench import report
+from prestage.bench.cache_study import EVICTIONS, format_cache_study, parse_size, run_cache_study
 from prestage.bench.grid import Job, counts, run_jobs, summarize
 from prestage.bench.modes import MODES, run_mode
 from prestage.bench.session import (add_data_options, add_emulator_options, machine, note, positive,
@@ -109,12 +114,40 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     g.add_argument("--grid-repeat", type=positive, default=None, metavar="N",
                    help="runs of each grid point (default: --repeat)")
     g.add_argument("--grid-only", action="store_true", help="run the grid only, not the full runs")
+    g = p.add_argument_group("a stage directory smaller than the data set")
+    g.add_argument("--cache-bytes", type=_cache_size, default=None, metavar="SIZE",
+                   help="bound the stage directory to SIZE: bytes with an optional K, M, G or T suffix "
+                        "(powers of 1024), or a percentage of the data set such as 25%%; reads --epochs "
+                        "epochs with each --eviction policy and reports hits, misses, evictions and bytes "
+                        "read from the source per epoch")
+    g.add_argument("--epochs", type=positive, default=4, metavar="N",
+                   help="epochs read with the bounded stage directory, the first one cold (default 4)")
+    g.add_argument("--eviction", type=_evictions, default=list(EVICTIONS), metavar="LIST",
+                   help=f"eviction policies to compare, of {','.join(EVICTIONS)} (default: both)")
+    g.add_argument("--cache-only", action="store_true",
+                   help="with --cache-bytes: run the bounded stage directory only, not the modes")
     add_emulator_options(p)
     g = p.add_argument_group("output")
     g.add_argument("--out", type=Path, metavar="DIR",
                    help="write results.json and the PNG figures into DIR (created)")
     g.add_argument("--json", action="store_true", help="print the results as JSON instead of tables")
     return p
+
+
+def _cache_size(text: str) -> str:
+    try:
+        return parse_size(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def _evictions(text: str) -> List[str]:
+    names = [t.strip() for t in text.split(",") if t.strip()]
+    unknown = [n for n in names if n not in EVICTIONS]
+    if not names or unknown:
+        raise argparse.ArgumentTypeError(f"unknown eviction policy {', '.join(unknown) or text!r}; "
+                                         f"give some of {','.join(EVICTIONS)}")
+    return list(dict.fromkeys(names))
 
 
 def _check_modes(args: argparse.Namespace) -> List[str]:
@@ -190,6 +223,8 @@ def run(args: argparse.Namespace) -> int:
     if args.grid_repeat is None:
         args.grid_repeat = args.repeat
     try:
+        if args.cache_only and args.cache_bytes is None:
+            raise ValueError("--cache-only needs --cache-bytes")
         modes = _check_modes(args)
         with session(args, "bench") as (setup, info):
             result: Dict[str, Any] = {
@@ -224,7 +259,7 @@ def run(args: argparse.Namespace) -> int:
                     if copies else prefetchers
             result["chosen"] = {"prefetchers": prefetchers, "readers": readers, "lookahead": lookahead,
                                 "stage_all_prefetchers": copy_threads}
-            if not args.grid_only:
+            if not args.grid_only and not (args.cache_only and args.cache_bytes is not None):
                 runs: Dict[str, List[Dict[str, Any]]] = {m: [] for m in modes}
                 for repeat in range(args.repeat):
                     for mode in modes:
@@ -251,6 +286,9 @@ def run(args: argparse.Namespace) -> int:
                     headline.append(s)
                 result["headline"] = headline
                 result["ratios"] = report.ratios({s["mode"]: s for s in headline})
+            if args.cache_bytes is not None and not args.grid_only:
+                result["cache_study"] = run_cache_study(setup, args.cache_bytes, args.eviction, args.epochs,
+                                                        prefetchers, readers, lookahead)
             if args.out is not None:
                 _write_outputs(args, result)
     except KeyboardInterrupt:
@@ -286,6 +324,13 @@ def _write_outputs(args: argparse.Namespace, result: Dict[str, Any]) -> None:
         result["plots"] = [str(p) for p in written]
     except ImportError:
         note("prestage bench: no figures (matplotlib is not installed)")
+    if result.get("cache_study"):
+        try:
+            from prestage.bench.cache_study import plot_cache_study
+
+            result.setdefault("plots", []).append(str(plot_cache_study(result["cache_study"], args.out)))
+        except ImportError:
+            pass  # said above
     (args.out / "results.json").write_text(json.dumps(result, indent=1, default=str) + "\n")
 
 
@@ -320,6 +365,8 @@ def format_result(result: Dict[str, Any]) -> str:
                   report.format_table(result["headline"])]
         if result["ratios"]:
             lines += ["", report.format_ratios(result["ratios"])]
+    if result.get("cache_study"):
+        lines += ["", format_cache_study(result["cache_study"])]
     if result.get("plots"):
         lines += ["", "figures: " + ", ".join(result["plots"])]
     return "\n".join(lines)
