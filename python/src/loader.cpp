@@ -67,6 +67,7 @@ py::dict stats_dict(const Stats& s) {
   d["stage_dir_error"] = s.stage_dir_error;
   d["hits"] = s.hits;
   d["misses"] = s.misses;
+  d["misses_read_ahead"] = s.misses_read_ahead;
   d["bytes_from_source"] = s.bytes_from_source;
   d["bytes_from_stage"] = s.bytes_from_stage;
   d["skipped"] = s.skipped;

@@ -348,6 +348,9 @@ TEST_CASE("loader: a bounded stage directory never holds more than its bound and
       CHECK(evictions > 0);
       // Files kept out by the bound were read into memory by stage 2 (and their pixels checked above).
       if (eviction == prestage::Eviction::kClairvoyant) CHECK(stats.read_ahead > 0);
+      // Stage 3 read the source only for those: never for a staged file (evicted while being read,
+      // its copy gone, stage 3 would read the source instead).
+      CHECK(stats.misses_read_ahead == stats.misses);
       uint64_t on_disk = 0;
       for (const auto& entry : std::filesystem::recursive_directory_iterator(o.stage_dir)) {
         // The copies; index.log (40 bytes per copy made) is bookkeeping outside the bound.

@@ -229,8 +229,10 @@ def test_an_error_after_mounting_unmounts(tmp_path: Path, private_tmp: Path, cap
 def test_interrupting_the_bench_unmounts(data: Path, tmp_path: Path, sig: int, code: int) -> None:
     tmp = tmp_path / "tmp"
     tmp.mkdir()
-    cmd = [sys.executable, "-m", "prestage", "bench", str(data), "--stage-dir", str(tmp_path / "stage"),
-           *QUICK, "--modes", "direct", "--repeat", "1000", "--emulate", "--latency-ms", "5"]
+    # -X faulthandler: if it does not end, SIGABRT makes it print where each thread is.
+    cmd = [sys.executable, "-X", "faulthandler", "-m", "prestage", "bench", str(data), "--stage-dir",
+           str(tmp_path / "stage"), *QUICK, "--modes", "direct", "--repeat", "1000", "--emulate",
+           "--latency-ms", "5"]
     process = subprocess.Popen(cmd, env=dict(os.environ, TMPDIR=str(tmp)), stdout=subprocess.DEVNULL,
                                stderr=subprocess.PIPE)
     try:
@@ -240,7 +242,13 @@ def test_interrupting_the_bench_unmounts(data: Path, tmp_path: Path, sig: int, c
         assert mounts_under(tmp), "the emulator never mounted"
         time.sleep(1.0)  # well into the runs
         process.send_signal(sig)
-        assert process.wait(timeout=30) == code
+        try:
+            status = process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            process.send_signal(signal.SIGABRT)
+            process.wait(timeout=10)
+            pytest.fail(f"still running 30 s after signal {sig}:\n{process.stderr.read().decode()}")
+        assert status == code
     finally:
         if process.poll() is None:
             process.kill()

@@ -123,8 +123,10 @@ def test_misses_per_epoch_equal_the_simulation(equal_files, tmp_path, fraction, 
     ahead = sum(1 for e, b in declined if e == 3 and b < LOOKAHEAD + DEPTH + 1)
     assert consumed <= stats["read_ahead"] <= consumed + ahead
     assert stats["read_ahead_bytes"] == stats["read_ahead"] * FILE_BYTES
-    # Stage 3 read the source only for those (decoded batches, counted when decoded).
+    # Stage 3 read the source only for those (decoded batches, counted when decoded): never for a
+    # staged file, so none was evicted while it was read (its copy gone, stage 3 would read the source).
     assert consumed <= stats["misses"] <= stats["read_ahead"]
+    assert stats["misses_read_ahead"] == stats["misses"]
     if eviction == "clairvoyant" and fraction < 0.9:  # LRU declines only when all are protected
         assert consumed > 0
     assert stats["stage_bytes_peak"] <= cache_bytes
@@ -180,7 +182,8 @@ def test_declined_jpegs_read_ahead_decode_as_direct_reads(make_folder, tmp_path)
                 np.testing.assert_array_equal(images, want_images)
         s = loader.stats()
     assert s["read_ahead"] > 0 and s["stage_bytes_peak"] <= cache_bytes
-    assert s["misses"] <= s["read_ahead"]  # every source read of stage 3 was one stage 2 read ahead
+    assert s["misses"] <= s["read_ahead"]
+    assert s["misses_read_ahead"] == s["misses"]  # every source read of stage 3 was read ahead
 
 
 def test_a_declined_file_that_cannot_be_read_fails_at_its_batch(equal_files, tmp_path):

@@ -60,6 +60,8 @@ struct Stats {
   // Stage 3: where the bytes came from.
   uint64_t hits = 0;    // read from the stage directory
   uint64_t misses = 0;  // read from the source (not staged in time, or no stage directory)
+  uint64_t misses_read_ahead = 0;  // of those, read by stage 2 ahead (Stats::read_ahead): the rest
+                                   // stage 3 read from the source itself
   uint64_t bytes_from_source = 0;
   uint64_t bytes_from_stage = 0;
 

@@ -473,6 +473,7 @@ std::span<const std::byte> Pipeline::Impl::read_sample(const Work& w, size_t i, 
                                                        ReaderState& reader) {
   if (const auto* bytes = held(w, i, id)) {
     shared.counters.misses.fetch_add(1, std::memory_order_relaxed);
+    shared.counters.misses_read_ahead.fetch_add(1, std::memory_order_relaxed);
     shared.counters.bytes_from_source.fetch_add(bytes->size(), std::memory_order_relaxed);
     return *bytes;
   }
@@ -771,6 +772,7 @@ void Pipeline::Impl::read_raw(Work& w, size_t i, uint64_t id, std::span<std::byt
   if (bytes != nullptr) {
     std::copy(bytes->begin(), bytes->end(), out.begin());  // raw_size gave its size
     counters.misses.fetch_add(1, std::memory_order_relaxed);
+    counters.misses_read_ahead.fetch_add(1, std::memory_order_relaxed);
     counters.bytes_from_source.fetch_add(out.size(), std::memory_order_relaxed);
   } else if (!w.from_stage[i]) {
     read_located(shared.catalog.file_source_path(loc.file).string(), loc, out);

@@ -35,6 +35,7 @@ struct Counters {
   std::atomic<uint64_t> plan_ns{0};
   std::atomic<uint64_t> decode_ns{0}, decoded{0}, bytes_read{0};
   std::atomic<uint64_t> hits{0}, misses{0}, bytes_from_source{0}, bytes_from_stage{0};
+  std::atomic<uint64_t> misses_read_ahead{0};
 };
 
 // What stage 3 keeps per reader thread, created once: the codec contexts and buffers that only

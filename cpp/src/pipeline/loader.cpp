@@ -266,6 +266,7 @@ Stats Loader::Impl::stats() const {
   s.decode.bytes = c.bytes_read.load();
   s.hits = c.hits.load();
   s.misses = c.misses.load();
+  s.misses_read_ahead = c.misses_read_ahead.load();
   s.bytes_from_source = c.bytes_from_source.load();
   s.bytes_from_stage = c.bytes_from_stage.load();
   if (!stage_dir_error.empty()) {
