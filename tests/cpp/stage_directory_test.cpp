@@ -366,6 +366,68 @@ TEST_CASE("stage directory: records appended after a torn one still vouch for th
   CHECK(again.is_staged(1));
 }
 
+namespace {
+// A stage directory whose index holds 2,001 records for its 2 live copies, as eviction churn leaves it.
+std::filesystem::path churned_index(const TempDir& dir, const Catalog& cat) {
+  std::vector<std::byte> buffer;
+  StageDirectory stage(dir / "stage", cat);
+  REQUIRE(stage.try_claim(0));
+  REQUIRE(stage.stage(0, cat.file_source_path(0).string(), buffer) == Outcome::kStaged);
+  for (int i = 0; i < 2000; ++i) {  // staged, evicted, staged again: one record each time
+    REQUIRE(stage.try_claim(1));
+    REQUIRE(stage.stage(1, cat.file_source_path(1).string(), buffer) == Outcome::kStaged);
+    if (i + 1 < 2000) stage.evict(1);
+  }
+  return std::filesystem::path(stage.path()) / "index.log";
+}
+}  // namespace
+
+TEST_CASE("stage directory: a compaction that cannot write its index leaves the old one in use") {
+  TempDir dir;
+  write(dir / "src/a", "kept");
+  write(dir / "src/b", "churned");
+  const Catalog cat = Catalog::from_paths(dir / "src", {"a", "b"});
+  const auto index = churned_index(dir, cat);
+  const auto grown = std::filesystem::file_size(index);
+  // The compacted index cannot be written (its temporary name is taken by a directory, as a full
+  // or failing disk would refuse it): start-up goes on with the old index.
+  std::filesystem::create_directory(index.string() + ".compact");
+  {
+    StageDirectory stage(dir / "stage", cat);
+    CHECK(std::filesystem::file_size(index) == grown);
+    CHECK(stage.found_at_start() == 2);
+    CHECK(read_text(stage.staged_path(1)) == "churned");
+    std::vector<std::byte> buffer;
+    stage.evict(0);
+    REQUIRE(stage.try_claim(0));
+    REQUIRE(stage.stage(0, cat.file_source_path(0).string(), buffer) == Outcome::kStaged);
+    CHECK(std::filesystem::file_size(index) == grown + 40);  // still appended to
+  }
+  std::filesystem::remove(index.string() + ".compact");
+  StageDirectory again(dir / "stage", cat);  // now it can
+  CHECK(again.found_at_start() == 2);
+  CHECK(std::filesystem::file_size(index) == 2 * 40);
+}
+
+TEST_CASE("stage directory: a lone start-up removes a compaction's leftover temporary index") {
+  TempDir dir;
+  write(dir / "src/a", "kept");
+  const Catalog cat = Catalog::from_paths(dir / "src", {"a"});
+  std::filesystem::path index;
+  {
+    StageDirectory stage(dir / "stage", cat);
+    index = std::filesystem::path(stage.path()) / "index.log";
+    std::vector<std::byte> buffer;
+    REQUIRE(stage.try_claim(0));
+    REQUIRE(stage.stage(0, cat.file_source_path(0).string(), buffer) == Outcome::kStaged);
+  }
+  write(index.string() + ".compact", "half a compacted index, its writer killed");
+  StageDirectory stage(dir / "stage", cat);  // a small index: nothing to compact
+  CHECK(!std::filesystem::exists(index.string() + ".compact"));
+  CHECK(stage.found_at_start() == 1);
+  CHECK(std::filesystem::file_size(index) == 40);
+}
+
 TEST_CASE("stage directory: an index of mostly dead records is compacted by a process alone") {
   constexpr uint64_t kRecord = 40;  // bytes of an index record
   TempDir dir;
@@ -373,18 +435,7 @@ TEST_CASE("stage directory: an index of mostly dead records is compacted by a pr
   write(dir / "src/b", "churned");
   const Catalog cat = Catalog::from_paths(dir / "src", {"a", "b"});
   std::vector<std::byte> buffer;
-  std::filesystem::path index;
-  {
-    StageDirectory stage(dir / "stage", cat);
-    index = std::filesystem::path(stage.path()) / "index.log";
-    REQUIRE(stage.try_claim(0));
-    REQUIRE(stage.stage(0, cat.file_source_path(0).string(), buffer) == Outcome::kStaged);
-    for (int i = 0; i < 2000; ++i) {  // staged, evicted, staged again: one record each time
-      REQUIRE(stage.try_claim(1));
-      REQUIRE(stage.stage(1, cat.file_source_path(1).string(), buffer) == Outcome::kStaged);
-      if (i + 1 < 2000) stage.evict(1);
-    }
-  }
+  const auto index = churned_index(dir, cat);
   const auto grown = std::filesystem::file_size(index);
   CHECK(grown == 2001 * kRecord);
   {

@@ -178,6 +178,7 @@ StageDirectory::StageDirectory(const fs::path& dir, const Catalog& catalog)
     if (ec) fail(shard_dir.string(), ec.value(), "list stage directory");
   }
   if (alone) {
+    ::unlink((index + ".compact").c_str());  // left by a process that died compacting
     // Every copy staged, evicted and staged again left a record: rewrite the index with the live
     // ones once it is mostly dead, so that it stays as bounded as the copies.
     if (index_read > kCompactAbove && static_cast<uint64_t>(index_read) > 2 * sizeof(Record) * found_at_start_) {
@@ -212,10 +213,8 @@ void StageDirectory::compact_index(const std::string& index, const std::vector<R
     const auto* bytes = reinterpret_cast<const std::byte*>(&latest[id]);
     live.insert(live.end(), bytes, bytes + sizeof(Record));
   }
-  const std::string tmp = index + ".compact";
-  ::unlink(tmp.c_str());  // left by a process that died compacting: nobody else is here
   try {
-    write_file_atomically(index, tmp, live);
+    write_file_atomically(index, index + ".compact", live);
   } catch (const IoError&) {
     return;  // a full disk, say: the old index still serves
   }
