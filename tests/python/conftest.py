@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import signal
 from pathlib import Path
 from typing import Callable, List
 
@@ -59,6 +60,15 @@ def make_folder(tmp_path: Path) -> MakeFolder:
         return root
 
     return make
+
+
+@pytest.fixture
+def sigint_raises():
+    """Ctrl+C raises KeyboardInterrupt in this process, as in a terminal, even where the tests run with
+    SIGINT ignored (a shell starts background jobs so, and children inherit it)."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
 
 
 @pytest.fixture

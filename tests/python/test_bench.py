@@ -233,8 +233,11 @@ def test_interrupting_the_bench_unmounts(data: Path, tmp_path: Path, sig: int, c
     cmd = [sys.executable, "-X", "faulthandler", "-m", "prestage", "bench", str(data), "--stage-dir",
            str(tmp_path / "stage"), *QUICK, "--modes", "direct", "--repeat", "1000", "--emulate",
            "--latency-ms", "5"]
+    # SIGINT at its default in the child (ignored where the tests run as a background job, and an
+    # ignored SIGINT stays ignored across exec): Python then turns it into KeyboardInterrupt.
     process = subprocess.Popen(cmd, env=dict(os.environ, TMPDIR=str(tmp)), stdout=subprocess.DEVNULL,
-                               stderr=subprocess.PIPE)
+                               stderr=subprocess.PIPE,
+                               preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         deadline = time.monotonic() + 30
         while not mounts_under(tmp) and time.monotonic() < deadline and process.poll() is None:

@@ -175,7 +175,7 @@ def test_processes_sharing_a_stage_directory_stage_each_file_once(make_folder, t
     assert len(copies) == 100
 
 
-def test_keyboard_interrupt_while_waiting_is_prompt_and_clean(make_folder, native_threads):
+def test_keyboard_interrupt_while_waiting_is_prompt_and_clean(make_folder, native_threads, sigint_raises):
     import _thread
 
     cat = prestage.Catalog.from_folder(make_folder(2, 40, size=(512, 512)))
