@@ -52,8 +52,11 @@ class Loader:
             thread counts.
         stage_dir: node-local directory for stage 2's copies; ``None`` reads the source directly.
         cache_bytes: the most bytes the stage directory's copies may take (files being written
-            included; its index adds 40 bytes per copy made); 0: no bound. When full, a file is
-            staged only by evicting one used later; a file not staged (it would displace files
+            included; its index adds 40 bytes per copy made); 0: no bound; ``None`` (the default):
+            no bound if the data set fits in 90% of the stage directory's room at start (its file
+            system's free space plus the copies already there), else that 90%, so that a node's
+            disk is never filled up (``stats()["cache_bytes"]`` gives the bound chosen). When the
+            bound is reached, a file is staged only by evicting one used later; a file not staged (it would displace files
             needed sooner) is read from the source into memory by stage 2 instead
             (``stats()["read_ahead"]``; JPEG and raw files, up to 64 MiB per batch), so stage 3 does
             not wait on the source for it.
@@ -123,7 +126,7 @@ class Loader:
         shuffle: bool = True,
         seed: int = 0,
         stage_dir: Union[str, os.PathLike, None] = None,
-        cache_bytes: int = 0,
+        cache_bytes: Optional[int] = None,
         eviction: str = "clairvoyant",
         prefetchers: int = 4,
         readers: int = 2,
@@ -167,7 +170,8 @@ class Loader:
         options.shuffle = bool(shuffle)
         options.seed = _count("seed", seed, 0)
         options.stage_dir = "" if stage_dir is None else os.fspath(stage_dir)
-        options.cache_bytes = _count("cache_bytes", cache_bytes, 0)
+        # None: LoaderOptions::kFitFreeSpace.
+        options.cache_bytes = 2**64 - 1 if cache_bytes is None else _count("cache_bytes", cache_bytes, 0)
         if eviction not in ("clairvoyant", "lru"):
             raise ConfigError(f"eviction must be 'clairvoyant' or 'lru', got {eviction!r}")
         options.eviction = getattr(_core.Eviction, eviction)

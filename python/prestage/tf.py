@@ -45,7 +45,7 @@ def dataset(
     rank: int = 0,
     world_size: int = 1,
     stage_dir: Union[str, os.PathLike, None] = None,
-    cache_bytes: int = 0,
+    cache_bytes: Optional[int] = None,
     eviction: str = "clairvoyant",
     prefetchers: int = 4,
     readers: int = 2,

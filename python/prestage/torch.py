@@ -239,7 +239,7 @@ class Loader(torch.utils.data.IterableDataset):
         rank: Optional[int] = None,
         world_size: Optional[int] = None,
         stage_dir: Union[str, os.PathLike, None] = None,
-        cache_bytes: int = 0,
+        cache_bytes: Optional[int] = None,
         eviction: str = "clairvoyant",
         prefetchers: int = 4,
         readers: int = 2,

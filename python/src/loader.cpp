@@ -84,6 +84,7 @@ py::dict stats_dict(const Stats& s) {
   }
   d["skipped_samples"] = skipped;
   d["pinned"] = s.pinned;
+  d["cache_bytes"] = s.cache_bytes;
   d["stage_bytes"] = s.stage_bytes;
   d["stage_bytes_peak"] = s.stage_bytes_peak;
   py::list epochs;

@@ -4,6 +4,7 @@ stalls of the source (through the emulated parallel file system), and every way 
 end. In each case the loader goes on and serves exactly the source's bytes."""
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -59,13 +60,37 @@ def test_a_stage_directory_that_fills_up_falls_back_to_direct_reads(make_folder,
     cat = prestage.Catalog.from_folder(make_folder(3, 12, size=(64, 96)))
     total = sum(cat.source_path(i).stat().st_size for i in range(len(cat)))
     small = tmpfs(max(16, total // 2048))  # room for about half the set
-    with prestage.Loader(cat, batch_size=4, stage_dir=small) as loader:
+    # cache_bytes=0: no bound, whatever the free space (the default would bound it; see below).
+    with prestage.Loader(cat, batch_size=4, stage_dir=small, cache_bytes=0) as loader:
         check_epoch(loader, cat)
         check_epoch(loader, cat)
         s = loader.stats()
     assert s["stage_dir_disabled"]
     assert "No space left" in s["stage_dir_error"]
     assert 0 < s["staged_files"] < len(cat)
+
+
+def test_by_default_a_stage_directory_too_small_for_the_set_is_bounded_not_filled(make_folder, tmpfs):
+    cat = prestage.Catalog.from_folder(make_folder(3, 12, size=(64, 96)))
+    total = sum(cat.source_path(i).stat().st_size for i in range(len(cat)))
+    small = tmpfs(max(16, total // 2048))  # room for about half the set
+    free = shutil.disk_usage(small).free
+    with prestage.Loader(cat, batch_size=4, stage_dir=small, stage_patience=None) as loader:
+        check_epoch(loader, cat)
+        check_epoch(loader, cat)
+        s = loader.stats()
+    assert 0 < s["cache_bytes"] <= 0.9 * free  # 90% of the room at start
+    assert not s["stage_dir_disabled"], s["stage_dir_error"]
+    assert 0 < s["stage_bytes_peak"] <= s["cache_bytes"]
+    assert s["read_ahead"] > 0  # the files kept out were read into memory instead
+    assert s["epochs"][1]["hits"] > 0  # and what fits is staged and reused
+
+
+def test_by_default_a_set_that_fits_is_not_bounded(folder, tmp_path):
+    cat = prestage.Catalog.from_folder(folder)
+    with prestage.Loader(cat, batch_size=4, stage_dir=tmp_path / "stage") as loader:
+        check_epoch(loader, cat)
+        assert loader.stats()["cache_bytes"] == 0
 
 
 def test_a_read_only_stage_directory_is_not_fatal(folder, tmpfs):

@@ -75,7 +75,12 @@ struct LoaderOptions {
   // The most bytes the stage directory may hold, files being written included; 0: no bound. A file
   // the bound keeps out (it would displace files needed sooner) is read into memory by stage 2
   // instead (JPEG and raw files, up to 64 MiB per batch: Stats::read_ahead).
-  uint64_t cache_bytes = 0;
+  // kFitFreeSpace: no bound if the data set fits in 90% of the room the stage directory has at start
+  // (its file system's free space plus the copies already there; files in whole blocks), else the
+  // copies that fill that 90% (Stats::cache_bytes says which): a node-local disk is never filled up.
+  // With several processes on one stage directory, give each its share instead.
+  static constexpr uint64_t kFitFreeSpace = UINT64_MAX;
+  uint64_t cache_bytes = kFitFreeSpace;
   Eviction eviction = Eviction::kClairvoyant;
 
   uint64_t prefetchers = 4;  // stage 2 threads (I/O bound: more than cores is normal)

@@ -73,7 +73,9 @@ struct Stats {
 
   bool pinned = false;  // batch buffers are page-locked
 
-  // Bounded stage directory (cache_bytes): bytes held now and at most (files being written included).
+  // Bounded stage directory: the bound in effect (0: none; see LoaderOptions::kFitFreeSpace), bytes
+  // held now and at most (files being written included).
+  uint64_t cache_bytes = 0;
   uint64_t stage_bytes = 0;
   uint64_t stage_bytes_peak = 0;
   std::vector<EpochStats> epochs;  // in epoch order

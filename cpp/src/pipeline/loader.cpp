@@ -1,7 +1,9 @@
 #include "prestage/loader.hpp"
 
+#include <sys/statvfs.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <mutex>
 #include <new>
 #include <stdexcept>
@@ -15,6 +17,38 @@
 #include "staging/file_io.hpp"
 
 namespace prestage {
+
+namespace {
+
+// LoaderOptions::kFitFreeSpace: no bound (0) if the data set fits in 90% of the stage directory's room
+// (its file system's free space and the copies already there), else the bytes of copies that fill
+// that 90%, each file taking whole blocks of the file system.
+uint64_t fit_free_space(const detail::StageDirectory& dir, const Catalog& catalog) {
+  struct statvfs fs;
+  if (::statvfs(dir.path().c_str(), &fs) != 0) return 0;  // cannot tell: a full disk is handled anyway
+  const uint64_t block = std::max<uint64_t>(fs.f_frsize, 1);
+  const auto on_disk = [&](uint64_t bytes) { return (bytes + block - 1) / block * block; };
+  uint64_t room = static_cast<uint64_t>(fs.f_bavail) * block;
+  uint64_t data = 0, data_on_disk = 0;  // UINT64_MAX: a size unknown
+  for (uint64_t f = 0; f < catalog.num_files(); ++f) {
+    if (dir.is_staged(f)) room += on_disk(dir.staged_size(f));
+    const uint64_t size = catalog.file_size(f);
+    if (size == Catalog::kUnknownSize || data == UINT64_MAX) {
+      data = data_on_disk = UINT64_MAX;
+    } else {
+      data += size;
+      data_on_disk += on_disk(size);
+    }
+  }
+  const uint64_t usable = room / 10 * 9;
+  if (data_on_disk <= usable) return 0;
+  if (data == UINT64_MAX) return std::max<uint64_t>(usable, 1);
+  // The bound counts the copies' bytes: scale the room by the set's bytes per byte on disk.
+  const double fill = static_cast<double>(data) / static_cast<double>(data_on_disk);
+  return std::max<uint64_t>(static_cast<uint64_t>(static_cast<double>(usable) * fill), 1);
+}
+
+}  // namespace
 
 namespace detail {
 
@@ -159,9 +193,12 @@ Loader::Impl::Impl(Catalog catalog_in, LoaderOptions options_in)
       shared->stage_dir = std::make_unique<detail::StageDirectory>(o.stage_dir, shared->catalog);
       // Files of the batches in flight (planned, not yet decoded) are never evicted: the window of
       // the pipeline, plus the batch the source holds when the window is full, plus the current one.
+      const uint64_t bound = o.cache_bytes == LoaderOptions::kFitFreeSpace
+                                 ? fit_free_space(*shared->stage_dir, shared->catalog)
+                                 : o.cache_bytes;
       shared->cache = std::make_unique<detail::StageCache>(shared->catalog, shared->plan,
-                                                           *shared->stage_dir, o.cache_bytes,
-                                                           o.eviction, o.lookahead + o.depth + 2);
+                                                           *shared->stage_dir, bound, o.eviction,
+                                                           o.lookahead + o.depth + 2);
     } catch (const IoError& e) {
       // A stage directory that cannot be used is not fatal: stage 3 reads the source.
       stage_dir_error = e.what();
@@ -277,6 +314,7 @@ Stats Loader::Impl::stats() const {
   s.skipped_samples = skipped_samples;
   s.pinned = ring->pinned();
   if (shared->cache) {
+    s.cache_bytes = shared->cache->capacity();
     s.stage_bytes = shared->cache->used_bytes();
     s.stage_bytes_peak = shared->cache->peak_bytes();
   }

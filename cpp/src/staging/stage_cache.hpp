@@ -38,6 +38,7 @@ class StageCache {
              std::vector<uint64_t>& to_stage, std::vector<size_t>& declined,
              EpochStats& epoch_stats);
 
+  uint64_t capacity() const noexcept { return capacity_; }  // 0: no bound
   // Read from any thread (stats()).
   uint64_t used_bytes() const noexcept { return used_shown_.load(std::memory_order_relaxed); }
   uint64_t peak_bytes() const noexcept { return peak_.load(std::memory_order_relaxed); }
