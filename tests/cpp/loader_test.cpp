@@ -412,6 +412,33 @@ TEST_CASE("loader: a read that stalls fails after io_timeout instead of hanging"
   if (fd >= 0) ::close(fd);
 }
 
+TEST_CASE("loader: closing does not wait out io_timeout for a stalled read") {
+  TempDir dir;
+  prestage::test::make_image_folder(dir / "data", 1, 4);
+  REQUIRE(::mkfifo((dir / "data/class_0/stalled.jpg").c_str(), 0644) == 0);
+  const Catalog cat = Catalog::from_paths(
+      dir / "data", {"class_0/img_0.jpg", "class_0/img_1.jpg", "class_0/stalled.jpg",
+                     "class_0/img_2.jpg", "class_0/img_3.jpg"});
+  for (const bool staged : {true, false}) {
+    CAPTURE(staged);
+    // Stage 2 (with a stage directory) or stage 3 (without) is stuck in the second batch's read.
+    LoaderOptions o = options(2, staged ? (dir / "stage").string() : "");
+    o.shuffle = false;
+    o.io_timeout_ms = 20'000;
+    Loader loader(cat, o);
+    loader.start_epoch(0);
+    REQUIRE(loader.next().has_value());
+    std::optional<prestage::Batch> none;
+    CHECK(loader.next_for(std::chrono::milliseconds(200), none) == Loader::Wait::kTimeout);
+    const auto closing = std::chrono::steady_clock::now();
+    loader.close();
+    CHECK(std::chrono::steady_clock::now() - closing < std::chrono::seconds(1));
+  }
+  // Let the abandoned reads finish: a writer unblocks their open().
+  const int fd = ::open((dir / "data/class_0/stalled.jpg").c_str(), O_WRONLY | O_NONBLOCK);
+  if (fd >= 0) ::close(fd);
+}
+
 TEST_CASE("loader: each loader keeps its own io_timeout") {
   // A loader without a limit, started while another with one runs, must not lift the other's limit.
   TempDir dir;

@@ -255,10 +255,12 @@ Pipeline::Impl::~Impl() {
   stopping.store(true, std::memory_order_release);
   ring->set_release_hook(nullptr);
   shared.stager->cancel(true);  // queued copies complete at once
+  shared.stopping_io.store(true, std::memory_order_release);  // and reads under io_timeout give up
   graph->release_wait();
   shared.arena.execute([&] {
     // This thread may run the last decodes: under the loader's limit, as the arena's own threads.
-    const IoTimeoutScope timeout(std::chrono::milliseconds(shared.options.io_timeout_ms));
+    const IoTimeoutScope timeout(std::chrono::milliseconds(shared.options.io_timeout_ms),
+                                 &shared.stopping_io);
     graph->wait_for_all();
   });
   {
@@ -266,6 +268,7 @@ Pipeline::Impl::~Impl() {
     stager_cv.wait(lock, [&] { return at_stager == 0; });
   }
   shared.stager->cancel(false);
+  shared.stopping_io.store(false, std::memory_order_release);
   std::lock_guard lock(ready_mutex);
   for (Slot* slot : ready) ring->release(slot);
   ready.clear();

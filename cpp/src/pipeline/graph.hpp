@@ -52,16 +52,24 @@ struct ReaderState {
 // the thread leaves: oneTBB's workers serve any arena of the process, and each loader keeps its own.
 class ArenaIoTimeout : public tbb::task_scheduler_observer {
  public:
-  ArenaIoTimeout(tbb::task_arena& arena, std::chrono::milliseconds timeout)
-      : tbb::task_scheduler_observer(arena), timeout_(timeout) {
+  ArenaIoTimeout(tbb::task_arena& arena, std::chrono::milliseconds timeout,
+                 const std::atomic<bool>* cancel)
+      : tbb::task_scheduler_observer(arena), timeout_(timeout), cancel_(cancel) {
     observe(true);
   }
   ~ArenaIoTimeout() override { observe(false); }
-  void on_scheduler_entry(bool) override { set_io_timeout(timeout_); }
-  void on_scheduler_exit(bool) override { set_io_timeout(std::chrono::milliseconds(0)); }
+  void on_scheduler_entry(bool) override {
+    set_io_timeout(timeout_);
+    set_io_cancel(cancel_);
+  }
+  void on_scheduler_exit(bool) override {
+    set_io_timeout(std::chrono::milliseconds(0));
+    set_io_cancel(nullptr);
+  }
 
  private:
   std::chrono::milliseconds timeout_;
+  const std::atomic<bool>* cancel_;
 };
 
 struct Shared {
@@ -82,6 +90,8 @@ struct Shared {
   tbb::task_scheduler_handle scheduler;  // lets close() join oneTBB's worker threads
   tbb::task_arena arena;  // `readers` threads: stage 3 runs here
   std::optional<ArenaIoTimeout> arena_io_timeout;  // while the arena runs
+  // Set while a pipeline stops: reads under io_timeout give up at once (stage 2's and stage 3's).
+  std::atomic<bool> stopping_io{false};
   tbb::enumerable_thread_specific<ReaderState> readers;
   Counters counters;
 };

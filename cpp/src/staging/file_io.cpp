@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <atomic>
 #include <condition_variable>
@@ -112,6 +113,7 @@ void read_file_exact_now(const std::string& path, std::span<std::byte> out) {
 }
 
 thread_local int64_t io_timeout_ms = 0;  // this thread's limit
+thread_local const std::atomic<bool>* io_cancel_flag = nullptr;
 
 // Threads that run reads under a deadline. A thread stuck in a read that never returns is left there;
 // the others serve on, and new ones are started while none is idle (up to a bound). Idle threads
@@ -146,10 +148,22 @@ class DeadlineThreads {
       state->done = true;
       state->done_cv.notify_all();
     });
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    const std::atomic<bool>* cancel = io_cancel_flag;
     std::unique_lock lock(state->mutex);
-    if (!state->done_cv.wait_for(lock, timeout, [&] { return state->done; })) {
-      throw IoError(path, ETIMEDOUT, "reading '" + path + "' took more than " +
-                                         std::to_string(timeout.count()) + " ms (io_timeout)");
+    while (!state->done) {
+      // With a cancel flag, look at it every 20 ms.
+      const auto until = cancel == nullptr
+                             ? deadline
+                             : std::min(deadline, std::chrono::steady_clock::now() + kCancelPoll);
+      if (state->done_cv.wait_until(lock, until, [&] { return state->done; })) break;
+      if (std::chrono::steady_clock::now() >= deadline) {
+        throw IoError(path, ETIMEDOUT, "reading '" + path + "' took more than " +
+                                           std::to_string(timeout.count()) + " ms (io_timeout)");
+      }
+      if (cancel->load(std::memory_order_acquire)) {
+        throw IoError(path, ECANCELED, "reading '" + path + "' was given up: the loader is stopping");
+      }
     }
     if (state->error) std::rethrow_exception(state->error);
     return std::move(*state->value);
@@ -157,6 +171,7 @@ class DeadlineThreads {
 
  private:
   static constexpr size_t kMaxThreads = 256;
+  static constexpr std::chrono::milliseconds kCancelPoll{20};
 
   void submit(std::function<void()> task) {
     std::lock_guard lock(mutex_);
@@ -201,6 +216,10 @@ class DeadlineThreads {
 void set_io_timeout(std::chrono::milliseconds timeout) { io_timeout_ms = timeout.count(); }
 
 std::chrono::milliseconds io_timeout() { return std::chrono::milliseconds(io_timeout_ms); }
+
+void set_io_cancel(const std::atomic<bool>* cancel) { io_cancel_flag = cancel; }
+
+const std::atomic<bool>* io_cancel() { return io_cancel_flag; }
 
 size_t read_file(const std::string& path, std::vector<std::byte>& buffer, int64_t* mtime_ns) {
   const auto timeout = io_timeout();

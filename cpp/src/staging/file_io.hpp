@@ -2,6 +2,7 @@
 // the path and errno.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -19,18 +20,30 @@ namespace prestage::detail {
 void set_io_timeout(std::chrono::milliseconds timeout);
 std::chrono::milliseconds io_timeout();
 
-// Sets this thread's limit for a scope, and restores the one it had.
+// A flag that, once set, makes this thread's reads under a limit give up within about 20 ms (an
+// IoError, ECANCELED) instead of waiting out the limit: a loader that stops does not wait for a
+// stalled read. Null: none. Per thread, as the limit.
+void set_io_cancel(const std::atomic<bool>* cancel);
+const std::atomic<bool>* io_cancel();
+
+// Sets this thread's limit (and cancel flag) for a scope, and restores the ones it had.
 class IoTimeoutScope {
  public:
-  explicit IoTimeoutScope(std::chrono::milliseconds timeout) : previous_(io_timeout()) {
+  explicit IoTimeoutScope(std::chrono::milliseconds timeout, const std::atomic<bool>* cancel = nullptr)
+      : previous_(io_timeout()), previous_cancel_(io_cancel()) {
     set_io_timeout(timeout);
+    set_io_cancel(cancel);
   }
-  ~IoTimeoutScope() { set_io_timeout(previous_); }
+  ~IoTimeoutScope() {
+    set_io_timeout(previous_);
+    set_io_cancel(previous_cancel_);
+  }
   IoTimeoutScope(const IoTimeoutScope&) = delete;
   IoTimeoutScope& operator=(const IoTimeoutScope&) = delete;
 
  private:
   std::chrono::milliseconds previous_;
+  const std::atomic<bool>* previous_cancel_;
 };
 
 // Reads a whole regular file into `buffer` (resized to fit; its capacity is reused across calls).

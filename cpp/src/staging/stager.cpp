@@ -9,13 +9,14 @@
 namespace prestage::detail {
 
 Stager::Stager(Catalog catalog, StageDirectory* directory, size_t threads,
-               std::chrono::milliseconds io_timeout)
+               std::chrono::milliseconds io_timeout, const std::atomic<bool>* io_cancel)
     : catalog_(std::move(catalog)), directory_(directory) {
   if (directory_ == nullptr) return;
   threads_.reserve(threads);
   for (size_t i = 0; i < threads; ++i) {
-    threads_.emplace_back([this, io_timeout] {
+    threads_.emplace_back([this, io_timeout, io_cancel] {
       set_io_timeout(io_timeout);
+      set_io_cancel(io_cancel);
       run();
     });
   }

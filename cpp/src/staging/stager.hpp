@@ -44,9 +44,10 @@ struct StageTask {
 class Stager {
  public:
   // `directory` may be null (no stage directory): then every task is done at once.
-  // Each thread reads under `io_timeout` (0: no limit).
+  // Each thread reads under `io_timeout` (0: no limit), given up when `io_cancel` is set.
   Stager(Catalog catalog, StageDirectory* directory, size_t threads,
-         std::chrono::milliseconds io_timeout = std::chrono::milliseconds(0));
+         std::chrono::milliseconds io_timeout = std::chrono::milliseconds(0),
+         const std::atomic<bool>* io_cancel = nullptr);
   ~Stager();  // stop()
   // Joins the threads; every submitted task must have completed. The counters stay (add_to).
   void stop();
