@@ -277,17 +277,26 @@ TEST_CASE("loader: options are checked at construction, naming the option") {
   CHECK_THROWS_AS(Loader(Catalog::from_paths(dir.path(), {}), options(2)), prestage::ConfigError);
 }
 
-TEST_CASE("loader: an unusable stage directory falls back to direct reads and says so") {
+TEST_CASE("loader: an unusable stage directory falls back to reads ahead into memory and says so") {
   TempDir dir;
   prestage::test::make_image_folder(dir / "data", 1, 5);
   std::ofstream(dir / "not_a_dir") << "file";
-  Loader loader(Catalog::from_folder(dir / "data"), options(2, (dir / "not_a_dir").string()));
+  const Catalog cat = Catalog::from_folder(dir / "data");
+  Loader loader(cat, options(2, (dir / "not_a_dir").string()));
   const Seen seen = run_epoch(loader, 0);
-  CHECK(seen.indices.size() == 5);
+  REQUIRE(seen.indices.size() == 5);
+  const size_t image_bytes = 24 * 16 * 3;
+  for (size_t k = 0; k < seen.indices.size(); ++k) {
+    const auto expected = prestage::test::decode_with_turbojpeg(cat.source_path(seen.indices[k]));
+    CHECK(std::memcmp(expected.data(), seen.pixels.data() + k * image_bytes, image_bytes) == 0);
+  }
+  loader.close();
   const auto stats = loader.stats();
   CHECK(stats.stage_dir_disabled);
   CHECK(!stats.stage_dir_error.empty());
   CHECK(stats.misses >= 5);
+  CHECK(stats.read_ahead >= 5);  // stage 2 read every sample ahead: it could not copy any
+  CHECK(stats.misses_read_ahead == stats.misses);
 }
 
 TEST_CASE("loader: stopping mid-epoch joins every thread promptly") {

@@ -68,6 +68,8 @@ def test_a_stage_directory_that_fills_up_falls_back_to_direct_reads(make_folder,
     assert s["stage_dir_disabled"]
     assert "No space left" in s["stage_dir_error"]
     assert 0 < s["staged_files"] < len(cat)
+    assert s["read_ahead"] > 0  # once full, the files not staged are read ahead into memory
+    assert s["epochs"][1]["hits"] > 0  # and the copies made before are still served
 
 
 def test_by_default_a_stage_directory_too_small_for_the_set_is_bounded_not_filled(make_folder, tmpfs):
@@ -102,6 +104,7 @@ def test_a_read_only_stage_directory_is_not_fatal(folder, tmpfs):
         s = loader.stats()
     assert s["stage_dir_disabled"] and "Read-only" in s["stage_dir_error"]
     assert s["misses"] >= len(cat)
+    assert s["read_ahead"] > 0  # by stage 2, into memory, as the directory cannot take copies
 
 
 def test_a_stage_directory_that_disappears_mid_epoch(make_folder, tmp_path):

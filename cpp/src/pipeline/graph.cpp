@@ -303,6 +303,15 @@ Ticket Pipeline::Impl::next_batch(tbb::flow_control& fc) {
   EpochStats costs;
   if (shared.cache) {
     shared.cache->admit(w.epoch, w.index, w.ids, w.count, w.files, w.declined, costs);
+    if (shared.stager->disabled()) {
+      // The stage directory failed: nothing more is copied, so every file not staged is read ahead.
+      for (const uint64_t f : w.files) shared.stage_dir->abandon(f);
+      w.files.clear();
+      w.declined.clear();
+      for (size_t k = 0; k < w.count; ++k) {
+        if (!shared.stage_dir->is_staged(shared.catalog.locator(w.ids[k]).file)) w.declined.push_back(k);
+      }
+    }
     plan_read_ahead(w);
   } else {
     costs.misses = w.count;  // no stage directory: every sample is read from the source
@@ -311,6 +320,14 @@ Ticket Pipeline::Impl::next_batch(tbb::flow_control& fc) {
       const uint64_t size =
           loc.length != Catalog::kWholeFile ? loc.length : shared.catalog.file_size(loc.file);
       if (size != Catalog::kUnknownSize) costs.bytes_from_source += size;
+    }
+    if (!shared.options.stage_dir.empty()) {
+      // One was asked for but cannot be used: stage 2 reads the batch ahead into memory instead.
+      w.declined.resize(w.count);
+      for (size_t k = 0; k < w.count; ++k) w.declined[k] = k;
+      plan_read_ahead(w);
+    } else {
+      w.held_at.clear();  // direct reads, the baseline: stage 3 reads everything
     }
   }
   {

@@ -233,9 +233,11 @@ void Loader::Impl::start(uint64_t e, uint64_t b) {
       shared->scheduler = tbb::task_scheduler_handle(tbb::attach{});
       shared->arena.initialize();
       shared->arena_io_timeout.emplace(shared->arena, timeout, &shared->stopping_io);
-      shared->stager = std::make_unique<detail::Stager>(shared->catalog, shared->stage_dir.get(),
-                                                        shared->options.prefetchers, timeout,
-                                                        &shared->stopping_io);
+      // Threads wherever a stage directory was asked for: an unusable one still reads ahead.
+      shared->stager = std::make_unique<detail::Stager>(
+          shared->catalog, shared->stage_dir.get(),
+          shared->options.stage_dir.empty() ? 0 : shared->options.prefetchers, timeout,
+          &shared->stopping_io);
     }
     if (ring->free_count() != ring->depth()) {
       // Batches of the old run are still lent out: they keep their buffers, this run gets new ones.

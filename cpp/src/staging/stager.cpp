@@ -11,7 +11,6 @@ namespace prestage::detail {
 Stager::Stager(Catalog catalog, StageDirectory* directory, size_t threads,
                std::chrono::milliseconds io_timeout, const std::atomic<bool>* io_cancel)
     : catalog_(std::move(catalog)), directory_(directory) {
-  if (directory_ == nullptr) return;
   threads_.reserve(threads);
   for (size_t i = 0; i < threads; ++i) {
     threads_.emplace_back([this, io_timeout, io_cancel] {
@@ -43,7 +42,7 @@ void Stager::submit(StageTask* task) {
   task->next.store(0, std::memory_order_relaxed);
   task->remaining.store(items, std::memory_order_relaxed);
   for (size_t j = 0; j < task->read_ahead_count; ++j) task->held_ok[j] = 0;
-  if (directory_ == nullptr || items == 0 || cancelled_.load(std::memory_order_acquire)) {
+  if (threads_.empty() || items == 0 || cancelled_.load(std::memory_order_acquire)) {
     task->next.store(items, std::memory_order_relaxed);  // nothing left to expedite
     give_up(*task, 0);
     task->done(task->context);

@@ -43,7 +43,8 @@ struct StageTask {
 
 class Stager {
  public:
-  // `directory` may be null (no stage directory): then every task is done at once.
+  // `directory` may be null (no stage directory, or an unusable one): then the threads only read
+  // samples ahead into memory, and `threads` may be 0 (every task is done at once).
   // Each thread reads under `io_timeout` (0: no limit), given up when `io_cancel` is set.
   Stager(Catalog catalog, StageDirectory* directory, size_t threads,
          std::chrono::milliseconds io_timeout = std::chrono::milliseconds(0),
@@ -71,6 +72,9 @@ class Stager {
   void cancel(bool cancelled);
 
   void add_to(Stats& stats, double wall_s) const;
+
+  // The stage directory failed (full, read-only, gone): nothing is copied any more.
+  bool disabled() const noexcept { return disabled_.load(std::memory_order_acquire); }
 
  private:
   void run();
