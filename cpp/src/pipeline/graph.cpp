@@ -309,7 +309,8 @@ Ticket Pipeline::Impl::next_batch(tbb::flow_control& fc) {
       w.files.clear();
       w.declined.clear();
       for (size_t k = 0; k < w.count; ++k) {
-        if (!shared.stage_dir->is_staged(shared.catalog.locator(w.ids[k]).file)) w.declined.push_back(k);
+        const uint64_t file = shared.catalog.locator(w.ids[k]).file;
+        if (!shared.stage_dir->is_staged(file)) w.declined.push_back(k);
       }
     }
     plan_read_ahead(w);
@@ -327,7 +328,8 @@ Ticket Pipeline::Impl::next_batch(tbb::flow_control& fc) {
       for (size_t k = 0; k < w.count; ++k) w.declined[k] = k;
       plan_read_ahead(w);
     } else {
-      w.held_at.clear();  // direct reads, the baseline: stage 3 reads everything
+      w.read_ahead.clear();  // direct reads, the baseline: stage 3 reads everything
+      w.held_at.clear();
     }
   }
   {
@@ -351,7 +353,8 @@ void Pipeline::Impl::plan_read_ahead(Work& w) {
   uint64_t budget = kReadAheadBytes;
   for (const size_t k : w.declined) {
     const Catalog::Locator loc = shared.catalog.locator(w.ids[k]);
-    const uint64_t size = loc.length != Catalog::kWholeFile ? loc.length : shared.catalog.file_size(loc.file);
+    const uint64_t size =
+        loc.length != Catalog::kWholeFile ? loc.length : shared.catalog.file_size(loc.file);
     if (size == Catalog::kUnknownSize || size > budget) continue;
     budget -= size;
     w.held_at[k] = static_cast<uint32_t>(w.read_ahead.size());
