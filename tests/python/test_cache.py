@@ -25,26 +25,29 @@ def equal_files(tmp_path):
     return root
 
 
-def plan_stream(n, epochs, seed):
-    """[(epoch, position, sample)] in plan order, from prestage.plan (checked against its own oracle)."""
+def plan_stream(n, epochs, seed, rank=0, world_size=1):
+    """[(epoch, position, sample)] of one rank in plan order, from prestage.plan (checked against its
+    own oracle)."""
     stream = []
     for e in range(epochs):
-        for b, batch in enumerate(prestage.plan.epoch_batches(n, BATCH, seed=seed, epoch=e)):
+        for b, batch in enumerate(prestage.plan.epoch_batches(n, BATCH, seed=seed, epoch=e, rank=rank,
+                                                              world_size=world_size)):
             for k, s in enumerate(batch):
                 stream.append((e, b, b * BATCH + k, s))
     return stream
 
 
-def simulate(n, capacity, epochs, seed, policy, declined=None):
+def simulate(n, capacity, epochs, seed, policy, declined=None, rank=0, world_size=1):
     """Misses per epoch of a cache of `capacity` equal files. Belady: on a miss with a full cache, give
     up the unprotected file used farthest in the future, unless the incoming one is used even later
     (then read it without caching). LRU: give up the least recently used unprotected file.
     `declined`, a list: gets the (epoch, batch) of each miss that is not cached."""
     horizon = epochs + 3
     first_use = {}
-    for e, b, pos, s in plan_stream(n, horizon, seed):
+    for e, b, pos, s in plan_stream(n, horizon, seed, rank, world_size):
         first_use.setdefault((e, s), pos)
-    per_epoch = (len(prestage.plan.epoch_batches(n, BATCH, seed=seed, epoch=0))) * BATCH
+    per_epoch = len(prestage.plan.epoch_batches(n, BATCH, seed=seed, epoch=0, rank=rank,
+                                                world_size=world_size)) * BATCH
 
     def next_use_from(s, e, pos):
         if first_use.get((e, s), -1) >= pos:
@@ -58,7 +61,7 @@ def simulate(n, capacity, epochs, seed, policy, declined=None):
     last_batch = {}
     misses = [0] * epochs
     seq = 0
-    stream = plan_stream(n, epochs, seed)
+    stream = plan_stream(n, epochs, seed, rank, world_size)
     for i, (e, b, pos, s) in enumerate(stream):
         if pos % BATCH == 0:
             seq += 1
@@ -87,13 +90,14 @@ def simulate(n, capacity, epochs, seed, policy, declined=None):
     return misses
 
 
-def run_loader(root, stage, cache_bytes, eviction, epochs, seed):
+def run_loader(root, stage, cache_bytes, eviction, epochs, seed, rank=0, world_size=1):
     cat = prestage.Catalog.from_folder(root, extensions=[".bin"])
     contents = {i: cat.source_path(i).read_bytes() for i in range(len(cat))}
     # stage_patience=None: stage 3 always waits for stage 2, so what is staged follows the plan exactly.
     with prestage.Loader(cat, batch_size=BATCH, decode="raw", stage_dir=stage, seed=seed,
                          stage_patience=None, cache_bytes=cache_bytes, eviction=eviction, lookahead=LOOKAHEAD,
-                         depth=DEPTH, prefetchers=3, readers=2) as loader:
+                         depth=DEPTH, prefetchers=3, readers=2, rank=rank,
+                         world_size=world_size) as loader:
         for _ in range(epochs):
             for batch in loader:
                 data, off = batch.data, batch.offsets
@@ -133,6 +137,19 @@ def test_misses_per_epoch_equal_the_simulation(equal_files, tmp_path, fraction, 
     assert on_disk <= cache_bytes
     assert [e["epoch"] for e in stats["epochs"][:3]] == [0, 1, 2]
     assert stats["epochs"][0]["misses"] == N_FILES  # a cold start misses everything once
+
+
+@pytest.mark.parametrize("eviction", ["clairvoyant", "lru"])
+def test_a_rank_of_three_misses_as_the_simulation_of_its_own_stream(equal_files, tmp_path, eviction):
+    # Each rank bounds its own stage directory over its slice of every global batch (20 of the 60 files
+    # per epoch here): room for 5 of them.
+    stats, on_disk = run_loader(equal_files, tmp_path / "stage", 5 * FILE_BYTES, eviction, 3, seed=2,
+                                rank=1, world_size=3)
+    policy = "belady" if eviction == "clairvoyant" else "lru"
+    assert [e["misses"] for e in stats["epochs"][:3]] == simulate(N_FILES, 5, 3, 2, policy, rank=1,
+                                                                   world_size=3)
+    assert stats["epochs"][0]["misses"] == N_FILES // 3
+    assert stats["stage_bytes_peak"] <= 5 * FILE_BYTES and on_disk <= 5 * FILE_BYTES
 
 
 def test_clairvoyant_beats_lru_and_approaches_the_optimum(equal_files, tmp_path):

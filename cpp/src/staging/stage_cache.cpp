@@ -47,8 +47,8 @@ const std::vector<uint64_t>& StageCache::first_use(uint64_t epoch) {
   return slot.first;
 }
 
-// The first planned use of `file` at or after the given position, looking two epochs ahead; kNever if
-// none. A file used twice in one epoch (several samples of one container) counts its first use there.
+// The first planned use of `file` at or after the given position, looking two epochs ahead; kNotSoon
+// if none. A file used twice in one epoch (several samples of one container) counts its first use there.
 uint64_t StageCache::next_use_from(uint64_t file, uint64_t epoch, uint64_t position_in_epoch) {
   const uint64_t here = first_use(epoch)[file];
   if (here != kNever && here >= position_in_epoch) return epoch * per_epoch_ + here;
@@ -56,7 +56,7 @@ uint64_t StageCache::next_use_from(uint64_t file, uint64_t epoch, uint64_t posit
     const uint64_t there = first_use(e)[file];
     if (there != kNever) return e * per_epoch_ + there;
   }
-  return kNever;
+  return kNotSoon;
 }
 
 uint64_t StageCache::size_of(uint64_t file) const {

@@ -45,6 +45,9 @@ class StageCache {
 
  private:
   static constexpr uint64_t kNever = ~uint64_t{0};
+  // A key past every planned use: a file not used again within the two epochs looked at (on one rank
+  // of several, many files are not). Not kNever, which marks a file as not tracked.
+  static constexpr uint64_t kNotSoon = kNever - 1;
 
   uint64_t position(uint64_t epoch, uint64_t batch, uint64_t k) const;
   const std::vector<uint64_t>& first_use(uint64_t epoch);  // per file, in-epoch position or kNever
