@@ -392,8 +392,7 @@ TEST_CASE("loader: a caller holding every buffer gets an error, not a hang") {
 TEST_CASE("loader: a read that stalls fails after io_timeout instead of hanging") {
   TempDir dir;
   prestage::test::make_image_folder(dir / "data", 1, 5);
-  // A FIFO with no writer: opening it blocks, as a read from a hung file server does.
-  REQUIRE(::mkfifo((dir / "data/class_0/stalled.jpg").c_str(), 0644) == 0);
+  const prestage::test::StalledFile stalled(dir / "data/class_0/stalled.jpg");
   const Catalog cat = Catalog::from_paths(
       dir / "data", {"class_0/img_0.jpg", "class_0/img_1.jpg", "class_0/stalled.jpg",
                      "class_0/img_2.jpg", "class_0/img_3.jpg", "class_0/img_4.jpg"});
@@ -416,15 +415,12 @@ TEST_CASE("loader: a read that stalls fails after io_timeout instead of hanging"
     CHECK(!loader.next().has_value());
   }
   CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(10));
-  // Let the abandoned reads finish: a writer unblocks their open().
-  const int fd = ::open((dir / "data/class_0/stalled.jpg").c_str(), O_WRONLY | O_NONBLOCK);
-  if (fd >= 0) ::close(fd);
 }
 
 TEST_CASE("loader: closing does not wait out io_timeout for a stalled read") {
   TempDir dir;
   prestage::test::make_image_folder(dir / "data", 1, 4);
-  REQUIRE(::mkfifo((dir / "data/class_0/stalled.jpg").c_str(), 0644) == 0);
+  const prestage::test::StalledFile stalled(dir / "data/class_0/stalled.jpg");
   const Catalog cat = Catalog::from_paths(
       dir / "data", {"class_0/img_0.jpg", "class_0/img_1.jpg", "class_0/stalled.jpg",
                      "class_0/img_2.jpg", "class_0/img_3.jpg"});
@@ -443,16 +439,13 @@ TEST_CASE("loader: closing does not wait out io_timeout for a stalled read") {
     loader.close();
     CHECK(std::chrono::steady_clock::now() - closing < std::chrono::seconds(1));
   }
-  // Let the abandoned reads finish: a writer unblocks their open().
-  const int fd = ::open((dir / "data/class_0/stalled.jpg").c_str(), O_WRONLY | O_NONBLOCK);
-  if (fd >= 0) ::close(fd);
 }
 
 TEST_CASE("loader: each loader keeps its own io_timeout") {
   // A loader without a limit, started while another with one runs, must not lift the other's limit.
   TempDir dir;
   prestage::test::make_image_folder(dir / "data", 1, 24);
-  REQUIRE(::mkfifo((dir / "data/class_0/stalled.jpg").c_str(), 0644) == 0);
+  const prestage::test::StalledFile stalled(dir / "data/class_0/stalled.jpg");
   std::vector<std::string> paths;
   for (int i = 0; i < 24; ++i) paths.push_back("class_0/img_" + std::to_string(i) + ".jpg");
   paths.insert(paths.begin() + 20, "class_0/stalled.jpg");  // far beyond the first batches
@@ -487,15 +480,13 @@ TEST_CASE("loader: each loader keeps its own io_timeout") {
     std::_Exit(1);  // the hung thread cannot be joined
   }
   CHECK(rest.get() == 1);
-  const int fd = ::open((dir / "data/class_0/stalled.jpg").c_str(), O_WRONLY | O_NONBLOCK);
-  if (fd >= 0) ::close(fd);
 }
 
 TEST_CASE("loader: a first image that stalls fails after io_timeout when the loader is built") {
   // Without image_size, the constructor reads the catalog's first image to learn the batch's shape.
   TempDir dir;
   prestage::test::make_image_folder(dir / "data", 1, 2);
-  REQUIRE(::mkfifo((dir / "data/class_0/stalled.jpg").c_str(), 0644) == 0);
+  const prestage::test::StalledFile stalled(dir / "data/class_0/stalled.jpg");
   const Catalog cat = Catalog::from_paths(
       dir / "data", {"class_0/stalled.jpg", "class_0/img_0.jpg", "class_0/img_1.jpg"});
   LoaderOptions o = options(2);
@@ -509,6 +500,4 @@ TEST_CASE("loader: a first image that stalls fails after io_timeout when the loa
     CHECK(e.path() == cat.source_path(0).string());
   }
   CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(5));
-  const int fd = ::open((dir / "data/class_0/stalled.jpg").c_str(), O_WRONLY | O_NONBLOCK);
-  if (fd >= 0) ::close(fd);
 }

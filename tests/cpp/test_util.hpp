@@ -1,6 +1,8 @@
 // Test fixtures: temporary directories and real JPEG files made with TurboJPEG.
 #pragma once
 
+#include <fcntl.h>
+#include <sys/stat.h>
 #include <turbojpeg.h>
 #include <unistd.h>
 
@@ -11,6 +13,7 @@
 #include <fstream>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace prestage::test {
@@ -87,6 +90,24 @@ inline void make_image_folder(const std::filesystem::path& root, int classes, in
     }
   }
 }
+
+// A FIFO with no writer at `path`: opening it blocks, as a read from a hung file server does. At the
+// end of the test a writer lets the reads left behind finish.
+class StalledFile {
+ public:
+  explicit StalledFile(std::filesystem::path path) : path_(std::move(path)) {
+    if (::mkfifo(path_.c_str(), 0644) != 0) throw std::runtime_error("mkfifo " + path_.string());
+  }
+  ~StalledFile() {
+    const int fd = ::open(path_.c_str(), O_WRONLY | O_NONBLOCK);
+    if (fd >= 0) ::close(fd);
+  }
+  StalledFile(const StalledFile&) = delete;
+  StalledFile& operator=(const StalledFile&) = delete;
+
+ private:
+  std::filesystem::path path_;
+};
 
 // The RGB pixels of a JPEG file, decoded by TurboJPEG directly (the oracle for loader output).
 inline std::vector<uint8_t> decode_with_turbojpeg(const std::filesystem::path& path) {
