@@ -465,26 +465,6 @@ void Pipeline::Impl::replace_or_fail(Work& w, Slot& slot, size_t i, FirstError& 
   first_error.record(i, error);
 }
 
-namespace {
-void read_located(const std::string& path, const Catalog::Locator& loc, std::vector<std::byte>& buffer) {
-  if (loc.length == Catalog::kWholeFile) {
-    read_file(path, buffer);
-  } else {
-    buffer.resize(loc.length);
-    read_range(path, loc.offset, buffer);
-  }
-}
-
-// Reads a sample whose size is already known into `out`.
-void read_located(const std::string& path, const Catalog::Locator& loc, std::span<std::byte> out) {
-  if (loc.length == Catalog::kWholeFile) {
-    read_file_exact(path, out);
-  } else {
-    read_range(path, loc.offset, out);
-  }
-}
-}  // namespace
-
 const std::string& Pipeline::Impl::source_path(uint64_t file, ReaderState& reader) const {
   reader.path.assign(shared.catalog.root().native());
   if (!reader.path.empty() && reader.path.back() != '/') reader.path += '/';

@@ -200,7 +200,7 @@ Loader::Impl::Impl(Catalog catalog_in, LoaderOptions options_in)
                                                            *shared->stage_dir, bound, o.eviction,
                                                            o.lookahead + o.depth + 2);
     } catch (const IoError& e) {
-      // A stage directory that cannot be used is not fatal: stage 3 reads the source.
+      // A stage directory that cannot be used is not fatal: stage 2 reads ahead into memory.
       stage_dir_error = e.what();
     }
   }

@@ -268,6 +268,23 @@ void read_file_exact(const std::string& path, std::span<std::byte> out) {
   std::memcpy(out.data(), bytes.data(), length);
 }
 
+void read_located(const std::string& path, const Catalog::Locator& loc, std::vector<std::byte>& buffer) {
+  if (loc.length == Catalog::kWholeFile) {
+    read_file(path, buffer);
+  } else {
+    buffer.resize(loc.length);
+    read_range(path, loc.offset, buffer);
+  }
+}
+
+void read_located(const std::string& path, const Catalog::Locator& loc, std::span<std::byte> out) {
+  if (loc.length == Catalog::kWholeFile) {
+    read_file_exact(path, out);
+  } else {
+    read_range(path, loc.offset, out);
+  }
+}
+
 void write_file_atomically(const std::string& path, const std::string& tmp_path,
                            std::span<const std::byte> bytes) {
   Fd fd(::open(tmp_path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644));

@@ -10,6 +10,8 @@
 #include <string>
 #include <vector>
 
+#include "prestage/catalog.hpp"
+
 namespace prestage::detail {
 
 // A read (of the functions below) that takes longer than this fails with an IoError (ETIMEDOUT)
@@ -61,6 +63,13 @@ size_t file_size(const std::string& path);
 // Reads a regular file of exactly out.size() bytes into `out`; a file of any other size is an IoError
 // (it changed since its size was taken).
 void read_file_exact(const std::string& path, std::span<std::byte> out);
+
+// A sample's bytes, located by `loc` in the file at `path` (the whole file, or a range of it), into
+// `buffer` (resized to fit).
+void read_located(const std::string& path, const Catalog::Locator& loc, std::vector<std::byte>& buffer);
+
+// The same for a sample whose size is already known: exactly out.size() bytes into `out`.
+void read_located(const std::string& path, const Catalog::Locator& loc, std::span<std::byte> out);
 
 // Writes `bytes` to `tmp_path`, then renames it to `path`: a reader sees the whole file or none.
 // On failure the temporary file is removed.

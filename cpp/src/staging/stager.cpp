@@ -116,12 +116,7 @@ void Stager::read_one(const StageTask& task, size_t j) {
   const std::string path = catalog_.file_source_path(loc.file).string();
   std::vector<std::byte>& out = task.held[j];
   try {
-    if (loc.length == Catalog::kWholeFile) {
-      read_file(path, out);
-    } else {
-      out.resize(loc.length);
-      read_range(path, loc.offset, out);
-    }
+    read_located(path, loc, out);
   } catch (const IoError&) {
     return;  // stage 3 reads it again and reports the error at the sample's batch
   }
