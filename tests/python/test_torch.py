@@ -95,6 +95,10 @@ def test_tensors_share_the_ring_and_stay_valid_while_referenced(folder):
             np.testing.assert_array_equal(labels.numpy(), expected[k][1])
             del images, labels
         assert k == 5 and len(pointers) == 1
+        # The ring's buffers are page-aligned; a copy made by torch's allocator (64-byte aligned) would
+        # not all be.
+        page = os.sysconf("SC_PAGE_SIZE")
+        assert held.data_ptr() % page == 0 and next(iter(pointers)) % page == 0
         if loader.stats()["pinned"]:  # the ring's buffers are page-locked; a copy would not be
             assert locked_kib(held.data_ptr()) > 0 and locked_kib(next(iter(pointers))) > 0
         torch.testing.assert_close(held, snapshot, rtol=0, atol=0)
@@ -260,6 +264,7 @@ def test_batches_stay_lent_until_device_copies_from_them_finish(make_folder, mon
             del images, labels
         assert len(pointers) == len(loader) == 12
         assert len(set(pointers)) == depth  # zero copy: the ring's buffers and no others
+        assert all(p % os.sysconf("SC_PAGE_SIZE") == 0 for p in pointers)  # page-aligned, as they are
         assert any(e.waited for e in events)  # held batches are bounded: the oldest was waited for
         assert not events[3].waited and not events[4].waited
     assert all(e.done for e in events)  # close() waits for every copy
