@@ -100,7 +100,6 @@ void StageCache::restart(uint64_t epoch, uint64_t batch) {
     used_ += charged_[f];
     track(f, eviction_ == Eviction::kClairvoyant ? next_use_from(f, epoch, here) : 0);
   }
-  EpochStats ignored;
   while (used_ > capacity_ && !tracked_.empty()) {
     const auto victim = eviction_ == Eviction::kClairvoyant ? *tracked_.rbegin() : *tracked_.begin();
     directory_.evict(victim.second);
