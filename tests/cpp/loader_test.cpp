@@ -438,6 +438,7 @@ TEST_CASE("loader: closing does not wait out io_timeout for a stalled read") {
     const auto closing = std::chrono::steady_clock::now();
     loader.close();
     CHECK(std::chrono::steady_clock::now() - closing < std::chrono::seconds(1));
+    CHECK(loader.stats().stage_failures == 0);  // the copy given up is no failure of the file
   }
 }
 

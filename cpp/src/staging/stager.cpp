@@ -149,8 +149,9 @@ void Stager::stage_one(uint64_t id, std::vector<std::byte>& buffer) {
           break;
       }
     } catch (const StageDirectory::SourceError&) {
-      // Stage 3 reads the source again and reports the error at the sample's batch.
-      failures_.fetch_add(1, std::memory_order_relaxed);
+      // Stage 3 reads the source again and reports the error at the sample's batch. A read given up
+      // because the pipeline stops (io_timeout's cancel) is no failure of the file.
+      if (!cancelled_.load(std::memory_order_acquire)) failures_.fetch_add(1, std::memory_order_relaxed);
     } catch (const IoError& e) {
       // Full, read-only or vanished stage directory: keep going on direct reads.
       failures_.fetch_add(1, std::memory_order_relaxed);
