@@ -24,28 +24,11 @@ using prestage::Catalog;
 using prestage::Loader;
 using prestage::LoaderOptions;
 using prestage::OnError;
+using prestage::test::Epoch;
 using prestage::test::TempDir;
+using prestage::test::run_epoch;
 
 namespace {
-
-struct Epoch {
-  std::vector<int64_t> indices;
-  std::vector<int64_t> labels;
-  std::vector<std::byte> data;
-  std::vector<size_t> sizes;
-};
-
-Epoch run_epoch(Loader& loader, uint64_t epoch) {
-  Epoch seen;
-  loader.start_epoch(epoch);
-  while (auto batch = loader.next()) {
-    seen.sizes.push_back(batch->size());
-    seen.indices.insert(seen.indices.end(), batch->indices().begin(), batch->indices().end());
-    seen.labels.insert(seen.labels.end(), batch->labels().begin(), batch->labels().end());
-    seen.data.insert(seen.data.end(), batch->data().begin(), batch->data().end());
-  }
-  return seen;
-}
 
 // What on_error=skip must deliver: this rank's samples of the epoch, each bad one replaced by the
 // first good one that follows it, wrapping around, among the next kSkipCandidates.

@@ -22,26 +22,11 @@
 using prestage::Catalog;
 using prestage::Loader;
 using prestage::LoaderOptions;
+using prestage::test::Epoch;
 using prestage::test::TempDir;
+using prestage::test::run_epoch;
 
 namespace {
-
-struct Seen {
-  std::vector<int64_t> indices;
-  std::vector<int64_t> labels;
-  std::vector<std::byte> pixels;
-};
-
-Seen run_epoch(Loader& loader, uint64_t epoch) {
-  Seen seen;
-  loader.start_epoch(epoch);
-  while (auto batch = loader.next()) {
-    seen.indices.insert(seen.indices.end(), batch->indices().begin(), batch->indices().end());
-    seen.labels.insert(seen.labels.end(), batch->labels().begin(), batch->labels().end());
-    seen.pixels.insert(seen.pixels.end(), batch->data().begin(), batch->data().end());
-  }
-  return seen;
-}
 
 LoaderOptions options(uint64_t batch_size, const std::string& stage_dir = "") {
   LoaderOptions o;
@@ -51,6 +36,14 @@ LoaderOptions options(uint64_t batch_size, const std::string& stage_dir = "") {
   // Stage 3 waits for stage 2, so what is staged follows the plan exactly, however slow the machine.
   o.stage_patience_ms = LoaderOptions::kWaitForStaging;
   return o;
+}
+
+// dir/data/class_0's img_0, img_1, stalled.jpg (a StalledFile), img_2, img_3, img_4: with batches of
+// 2 the second batch waits on the stalled file.
+Catalog stalled_third(const TempDir& dir) {
+  return Catalog::from_paths(
+      dir / "data", {"class_0/img_0.jpg", "class_0/img_1.jpg", "class_0/stalled.jpg",
+                     "class_0/img_2.jpg", "class_0/img_3.jpg", "class_0/img_4.jpg"});
 }
 
 int thread_count() {
@@ -70,7 +63,7 @@ TEST_CASE("loader: every sample once per epoch, each image as TurboJPEG decodes 
   const Catalog cat = Catalog::from_folder(dir / "data");
   Loader loader(cat, options(4, (dir / "stage").string()));
   CHECK(loader.batches_per_epoch() == 7);
-  const Seen seen = run_epoch(loader, 0);
+  const Epoch seen = run_epoch(loader, 0);
   REQUIRE(seen.indices.size() == 27);
   std::vector<int64_t> sorted = seen.indices;
   std::sort(sorted.begin(), sorted.end());
@@ -79,7 +72,7 @@ TEST_CASE("loader: every sample once per epoch, each image as TurboJPEG decodes 
   for (size_t k = 0; k < seen.indices.size(); ++k) {
     CHECK(seen.labels[k] == cat.label(seen.indices[k]));
     const auto expected = prestage::test::decode_with_turbojpeg(cat.source_path(seen.indices[k]));
-    CHECK(std::memcmp(expected.data(), seen.pixels.data() + k * image_bytes, image_bytes) == 0);
+    CHECK(std::memcmp(expected.data(), seen.data.data() + k * image_bytes, image_bytes) == 0);
   }
 }
 
@@ -87,7 +80,7 @@ TEST_CASE("loader: batches are identical for 1, 2 and 4 readers and prefetchers"
   TempDir dir;
   prestage::test::make_image_folder(dir / "data", 2, 15);
   const Catalog cat = Catalog::from_folder(dir / "data");
-  Seen reference;
+  Epoch reference;
   for (uint64_t threads : {1, 2, 4}) {
     CAPTURE(threads);
     LoaderOptions o = options(4, (dir / ("stage" + std::to_string(threads))).string());
@@ -95,14 +88,14 @@ TEST_CASE("loader: batches are identical for 1, 2 and 4 readers and prefetchers"
     o.prefetchers = threads;
     o.image_size = {8, 8};
     Loader loader(cat, o);
-    const Seen seen = run_epoch(loader, 1);
+    const Epoch seen = run_epoch(loader, 1);
     if (threads == 1) {
       reference = seen;
       continue;
     }
     CHECK(seen.indices == reference.indices);
     CHECK(seen.labels == reference.labels);
-    CHECK(seen.pixels == reference.pixels);
+    CHECK(seen.data == reference.data);
   }
 }
 
@@ -110,8 +103,8 @@ TEST_CASE("loader: epochs run back to back, each a new order, without a restart"
   TempDir dir;
   prestage::test::make_image_folder(dir / "data", 2, 10);
   Loader loader(Catalog::from_folder(dir / "data"), options(3));
-  const Seen e0 = run_epoch(loader, 0);
-  const Seen e1 = run_epoch(loader, 1);
+  const Epoch e0 = run_epoch(loader, 0);
+  const Epoch e1 = run_epoch(loader, 1);
   CHECK(e0.indices.size() == 20);
   CHECK(e1.indices.size() == 20);
   CHECK(e0.indices != e1.indices);
@@ -123,7 +116,7 @@ TEST_CASE("loader: starting mid-epoch gives the rest of the epoch") {
   TempDir dir;
   prestage::test::make_image_folder(dir / "data", 2, 10);
   Loader loader(Catalog::from_folder(dir / "data"), options(3));
-  const Seen full = run_epoch(loader, 4);
+  const Epoch full = run_epoch(loader, 4);
   loader.start_epoch(4, 2);
   std::vector<int64_t> rest;
   while (auto b = loader.next()) rest.insert(rest.end(), b->indices().begin(), b->indices().end());
@@ -223,12 +216,12 @@ TEST_CASE("loader: a leftover partial file in the stage directory is never serve
     }
   }
   Loader loader(cat, options(6, stage));
-  const Seen seen = run_epoch(loader, 0);
+  const Epoch seen = run_epoch(loader, 0);
   REQUIRE(seen.indices.size() == 6);
   CHECK(loader.stats().staged_files == 6);
   for (size_t i = 0; i < 6; ++i) {
     const auto expected = prestage::test::decode_with_turbojpeg(cat.source_path(seen.indices[i]));
-    CHECK(std::memcmp(expected.data(), seen.pixels.data() + i * expected.size(), expected.size()) == 0);
+    CHECK(std::memcmp(expected.data(), seen.data.data() + i * expected.size(), expected.size()) == 0);
   }
 }
 
@@ -283,12 +276,12 @@ TEST_CASE("loader: an unusable stage directory falls back to reads ahead into me
   std::ofstream(dir / "not_a_dir") << "file";
   const Catalog cat = Catalog::from_folder(dir / "data");
   Loader loader(cat, options(2, (dir / "not_a_dir").string()));
-  const Seen seen = run_epoch(loader, 0);
+  const Epoch seen = run_epoch(loader, 0);
   REQUIRE(seen.indices.size() == 5);
   const size_t image_bytes = 24 * 16 * 3;
   for (size_t k = 0; k < seen.indices.size(); ++k) {
     const auto expected = prestage::test::decode_with_turbojpeg(cat.source_path(seen.indices[k]));
-    CHECK(std::memcmp(expected.data(), seen.pixels.data() + k * image_bytes, image_bytes) == 0);
+    CHECK(std::memcmp(expected.data(), seen.data.data() + k * image_bytes, image_bytes) == 0);
   }
   loader.close();
   const auto stats = loader.stats();
@@ -339,12 +332,12 @@ TEST_CASE("loader: a bounded stage directory never holds more than its bound and
       o.prefetchers = threads;
       Loader loader(cat, o);
       for (uint64_t e = 0; e < 3; ++e) {
-        const Seen seen = run_epoch(loader, e);
+        const Epoch seen = run_epoch(loader, e);
         REQUIRE(seen.indices.size() == 60);
         const size_t image_bytes = 24 * 16 * 3;
         for (size_t k = 0; k < seen.indices.size(); ++k) {
           const auto expected = prestage::test::decode_with_turbojpeg(cat.source_path(seen.indices[k]));
-          CHECK(std::memcmp(expected.data(), seen.pixels.data() + k * image_bytes, image_bytes) == 0);
+          CHECK(std::memcmp(expected.data(), seen.data.data() + k * image_bytes, image_bytes) == 0);
         }
       }
       loader.close();  // the pipeline plans and copies ahead until it stops: measure a still directory
@@ -393,9 +386,7 @@ TEST_CASE("loader: a read that stalls fails after io_timeout instead of hanging"
   TempDir dir;
   prestage::test::make_image_folder(dir / "data", 1, 5);
   const prestage::test::StalledFile stalled(dir / "data/class_0/stalled.jpg");
-  const Catalog cat = Catalog::from_paths(
-      dir / "data", {"class_0/img_0.jpg", "class_0/img_1.jpg", "class_0/stalled.jpg",
-                     "class_0/img_2.jpg", "class_0/img_3.jpg", "class_0/img_4.jpg"});
+  const Catalog cat = stalled_third(dir);
   LoaderOptions o = options(2, (dir / "stage").string());
   o.shuffle = false;
   o.io_timeout_ms = 1000;  // far above a good read, even on a loaded machine
@@ -419,11 +410,9 @@ TEST_CASE("loader: a read that stalls fails after io_timeout instead of hanging"
 
 TEST_CASE("loader: closing does not wait out io_timeout for a stalled read") {
   TempDir dir;
-  prestage::test::make_image_folder(dir / "data", 1, 4);
+  prestage::test::make_image_folder(dir / "data", 1, 5);
   const prestage::test::StalledFile stalled(dir / "data/class_0/stalled.jpg");
-  const Catalog cat = Catalog::from_paths(
-      dir / "data", {"class_0/img_0.jpg", "class_0/img_1.jpg", "class_0/stalled.jpg",
-                     "class_0/img_2.jpg", "class_0/img_3.jpg"});
+  const Catalog cat = stalled_third(dir);
   for (const bool staged : {true, false}) {
     CAPTURE(staged);
     // Stage 2 (with a stage directory) or stage 3 (without) is stuck in the second batch's read.

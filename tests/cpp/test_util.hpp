@@ -16,6 +16,8 @@
 #include <utility>
 #include <vector>
 
+#include "prestage/prestage.hpp"
+
 namespace prestage::test {
 
 class TempDir {
@@ -89,6 +91,26 @@ inline void make_image_folder(const std::filesystem::path& root, int classes, in
                  height, seed++);
     }
   }
+}
+
+// What one epoch delivered: its batches laid end to end, and each batch's size.
+struct Epoch {
+  std::vector<int64_t> indices;
+  std::vector<int64_t> labels;
+  std::vector<std::byte> data;
+  std::vector<size_t> sizes;
+};
+
+inline Epoch run_epoch(Loader& loader, uint64_t epoch) {
+  Epoch seen;
+  loader.start_epoch(epoch);
+  while (auto batch = loader.next()) {
+    seen.sizes.push_back(batch->size());
+    seen.indices.insert(seen.indices.end(), batch->indices().begin(), batch->indices().end());
+    seen.labels.insert(seen.labels.end(), batch->labels().begin(), batch->labels().end());
+    seen.data.insert(seen.data.end(), batch->data().begin(), batch->data().end());
+  }
+  return seen;
 }
 
 // A FIFO with no writer at `path`: opening it blocks, as a read from a hung file server does. At the
