@@ -23,7 +23,7 @@
 #include <string>
 #include <vector>
 
-#include "decode/tfrecord.hpp"  // crc32c
+#include "util/crc32c.hpp"
 #include "fuzz_util.hpp"
 #include "prestage/catalog.hpp"
 #include "prestage/error.hpp"

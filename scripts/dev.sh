@@ -2,6 +2,7 @@
 # Sets up everything prestage needs on a Debian machine and runs its main jobs.
 #
 #   scripts/dev.sh setup   system packages (apt), .venv with the Python package and its test tools
+#   scripts/dev.sh system [PKG...]   only the system packages that the C++ build needs, and PKG...
 #   scripts/dev.sh demo    setup, then `prestage demo` on a built-in synthetic data set
 #   scripts/dev.sh test    setup, then the C++ tests (doctest through CTest) and the Python tests
 #
@@ -26,9 +27,10 @@ as_root() {
     echo "need root to run: $*" >&2; exit 1; fi
 }
 
+# setup_system [PKG...]: the build's system packages and PKG..., those that are missing.
 setup_system() {
   local missing=()
-  for p in "${APT_PACKAGES[@]}"; do
+  for p in "${APT_PACKAGES[@]}" "$@"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
   done
   if [ ${#missing[@]} -gt 0 ]; then
@@ -72,6 +74,9 @@ setup() {
 cmd=${1:-}
 shift || true
 case "$cmd" in
+  system)
+    setup_system "$@"
+    ;;
   setup)
     setup "${PIP_TEST[@]}"
     ;;
@@ -103,7 +108,7 @@ case "$cmd" in
     .venv/bin/python -m pytest "$@"
     ;;
   *)
-    sed -n '2,8p' "$0" | sed 's/^# \{0,1\}//'
+    sed -n '2,9p' "$0" | sed 's/^# \{0,1\}//'
     exit 2
     ;;
 esac

@@ -49,6 +49,8 @@ fi
 
 log() { printf '\033[1m== %s\033[0m\n' "$*" >&2; }
 
+# clang and its libFuzzer runtime, with the build's own packages: a fresh machine has none of them.
+scripts/dev.sh system clang libclang-rt-dev
 log "building the harnesses in $build (clang, address,undefined,fuzzer-no-link)"
 CC=${CC:-clang} CXX=${CXX:-clang++} cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DPRESTAGE_BUILD_FUZZERS=ON -DPRESTAGE_SANITIZE=address,undefined,fuzzer-no-link \

@@ -8,6 +8,7 @@ set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 JOBS=${JOBS:-$(nproc)}
+scripts/dev.sh system  # the build's packages, when run on its own on a fresh machine
 
 run() {
   local name=$1 flags=$2

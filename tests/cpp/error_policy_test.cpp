@@ -17,7 +17,7 @@
 #include <vector>
 
 #include "prestage/prestage.hpp"
-#include "staging/file_io.hpp"
+#include "util/file_io.hpp"
 #include "test_util.hpp"
 
 using prestage::Catalog;

@@ -16,7 +16,7 @@
 #include <thread>
 
 #include "prestage/prestage.hpp"
-#include "staging/file_io.hpp"
+#include "util/file_io.hpp"
 #include "test_util.hpp"
 
 using prestage::Catalog;

@@ -4,7 +4,7 @@
 #include <map>
 #include <numeric>
 
-#include "plan/prng.hpp"
+#include "util/prng.hpp"
 #include "prestage/error.hpp"
 #include "prestage/plan.hpp"
 

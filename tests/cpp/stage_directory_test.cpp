@@ -12,7 +12,7 @@
 
 #include "prestage/catalog.hpp"
 #include "prestage/error.hpp"
-#include "staging/file_io.hpp"
+#include "util/file_io.hpp"
 #include "staging/stage_directory.hpp"
 #include "staging/stager.hpp"
 #include "test_util.hpp"

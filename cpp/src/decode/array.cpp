@@ -4,7 +4,7 @@
 #include <string>
 
 #include "prestage/error.hpp"
-#include "staging/file_io.hpp"
+#include "util/file_io.hpp"
 
 namespace prestage::detail {
 

@@ -6,7 +6,7 @@
 #include "decode/npy.hpp"
 #include "decode/tfrecord.hpp"
 #include "prestage/error.hpp"
-#include "staging/file_io.hpp"
+#include "util/file_io.hpp"
 
 namespace prestage::detail {
 namespace {

@@ -9,10 +9,10 @@
 #include <string>
 #include <string_view>
 
+#include "util/crc32c.hpp"
+
 namespace prestage::detail {
 
-// CRC-32C (Castagnoli), as TFRecord uses it; continues from `crc` (0 to start).
-uint32_t crc32c(std::span<const std::byte> bytes, uint32_t crc = 0);
 // TFRecord's masked CRC: ((crc >> 15) | (crc << 17)) + 0xa282ead8.
 uint32_t masked_crc32c(std::span<const std::byte> bytes);
 

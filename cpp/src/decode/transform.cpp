@@ -4,7 +4,7 @@
 #include <cmath>
 #include <cstring>
 
-#include "plan/prng.hpp"
+#include "util/prng.hpp"
 
 namespace prestage::detail {
 namespace {

@@ -13,7 +13,7 @@
 #include <oneapi/tbb/parallel_for.h>
 
 #include "prestage/error.hpp"
-#include "staging/file_io.hpp"
+#include "util/file_io.hpp"
 
 namespace prestage::detail {
 

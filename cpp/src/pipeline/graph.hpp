@@ -26,7 +26,7 @@
 #include "prestage/plan.hpp"
 #include "staging/stage_cache.hpp"
 #include "staging/stage_directory.hpp"
-#include "staging/file_io.hpp"
+#include "util/file_io.hpp"
 #include "staging/stager.hpp"
 
 namespace prestage::detail {

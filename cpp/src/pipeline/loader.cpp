@@ -14,7 +14,7 @@
 
 #include "prestage/error.hpp"
 #include "pipeline/graph.hpp"
-#include "staging/file_io.hpp"
+#include "util/file_io.hpp"
 
 namespace prestage {
 

@@ -4,7 +4,7 @@
 #include <numeric>
 #include <string>
 
-#include "plan/prng.hpp"
+#include "util/prng.hpp"
 #include "prestage/error.hpp"
 
 namespace prestage {

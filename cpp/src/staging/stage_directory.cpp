@@ -12,9 +12,9 @@
 #include <optional>
 #include <system_error>
 
-#include "decode/tfrecord.hpp"  // crc32c
 #include "prestage/error.hpp"
-#include "staging/file_io.hpp"
+#include "util/crc32c.hpp"
+#include "util/file_io.hpp"
 
 namespace prestage::detail {
 

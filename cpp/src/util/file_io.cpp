@@ -1,4 +1,4 @@
-#include "staging/file_io.hpp"
+#include "util/file_io.hpp"
 
 #include <fcntl.h>
 #include <sys/stat.h>
