@@ -27,7 +27,7 @@
 #include "fuzz_util.hpp"
 #include "prestage/catalog.hpp"
 #include "prestage/error.hpp"
-#include "staging/stage_directory.hpp"
+#include "tiers/stage_directory.hpp"
 
 namespace {
 

@@ -12,9 +12,10 @@
 
 #include "prestage/catalog.hpp"
 #include "prestage/error.hpp"
-#include "util/file_io.hpp"
-#include "staging/stage_directory.hpp"
 #include "staging/stager.hpp"
+#include "tiers/stage_directory.hpp"
+#include "tiers/tiers.hpp"
+#include "util/file_io.hpp"
 #include "test_util.hpp"
 
 using prestage::Catalog;
@@ -197,7 +198,8 @@ TEST_CASE("stager: copies every claimed file of its tasks, and calls each task's
     }
     std::atomic<int> done{0};
     {
-      prestage::detail::Stager stager(cat, &stage, threads);
+      prestage::detail::Tiers tiers(cat, &stage, UINT64_MAX);
+      prestage::detail::Stager stager(tiers, threads);
       prestage::detail::StageTask a, b;
       for (auto* t : {&a, &b}) {
         t->done = [](void* c) { static_cast<std::atomic<int>*>(c)->fetch_add(1); };
@@ -230,7 +232,8 @@ TEST_CASE("stager: a missing source file is given up on, and the other samples a
   const Catalog cat = Catalog::from_paths(dir.path(), {"ok", "missing"});
   StageDirectory stage(dir / "stage", cat);
   std::atomic<int> done{0};
-  prestage::detail::Stager stager(cat, &stage, 2);
+  prestage::detail::Tiers tiers(cat, &stage, UINT64_MAX);
+  prestage::detail::Stager stager(tiers, 2);
   std::vector<uint64_t> ids{0, 1};
   REQUIRE(stage.try_claim(0));
   REQUIRE(stage.try_claim(1));
@@ -258,7 +261,8 @@ TEST_CASE("stager: declined samples are read into memory; a failed read is left 
   const Catalog cat = Catalog::from_paths(dir.path(), {"a", "missing", "b", "c"});
   StageDirectory stage(dir / "stage", cat);
   std::atomic<int> done{0};
-  prestage::detail::Stager stager(cat, &stage, 2);
+  prestage::detail::Tiers tiers(cat, &stage, UINT64_MAX);
+  prestage::detail::Stager stager(tiers, 2);
   std::vector<uint64_t> files{3};
   std::vector<uint64_t> read_ahead{0, 1, 2};
   std::vector<std::vector<std::byte>> held(3);
@@ -299,7 +303,8 @@ TEST_CASE("stager: an expedited task completes once the copies under way finish"
   const Catalog cat = Catalog::from_paths(dir.path(), {"slow", "b", "c", "d"});
   StageDirectory stage(dir / "stage", cat);
   std::atomic<int> done{0};
-  prestage::detail::Stager stager(cat, &stage, 1);
+  prestage::detail::Tiers tiers(cat, &stage, UINT64_MAX);
+  prestage::detail::Stager stager(tiers, 1);
   std::vector<uint64_t> ids{0, 1, 2, 3};
   for (const uint64_t id : ids) REQUIRE(stage.try_claim(id));
   std::vector<uint64_t> read_ahead{1};

@@ -12,12 +12,11 @@
 #include <string>
 #include <vector>
 
-#include <oneapi/tbb/enumerable_thread_specific.h>
 #include <oneapi/tbb/global_control.h>
 #include <oneapi/tbb/task_arena.h>
 #include <oneapi/tbb/task_scheduler_observer.h>
 
-#include "decode/jpeg.hpp"
+#include "decode/batch_decoder.hpp"
 #include "decode/registry.hpp"
 #include "decode/transform.hpp"
 #include "memory/batch_ring.hpp"
@@ -25,29 +24,13 @@
 #include "prestage/options.hpp"
 #include "prestage/plan.hpp"
 #include "staging/stage_cache.hpp"
-#include "staging/stage_directory.hpp"
-#include "util/file_io.hpp"
 #include "staging/stager.hpp"
+#include "tiers/stage_directory.hpp"
+#include "tiers/tiers.hpp"
+#include "util/file_io.hpp"
 
 namespace prestage::detail {
 
-struct Counters {
-  std::atomic<uint64_t> plan_ns{0};
-  std::atomic<uint64_t> decode_ns{0}, decoded{0}, bytes_read{0};
-  std::atomic<uint64_t> hits{0}, misses{0}, bytes_from_source{0}, bytes_from_stage{0};
-  std::atomic<uint64_t> misses_read_ahead{0};
-};
-
-// What stage 3 keeps per reader thread, created once: the codec contexts and buffers that only
-// grow, so that once warm no sample allocates.
-struct ReaderState {
-  std::unique_ptr<SampleDecoder> decoder;
-  std::vector<std::byte> buffer;  // a sample's bytes as read
-  std::vector<uint8_t> image;     // an RGB image before its conversion to the batch's layout/type
-  std::string path;               // the current sample's source path
-};
-
-// Everything the successive pipelines of one Loader share.
 // Gives every thread that joins the loader's arena the loader's io_timeout, and takes it back when
 // the thread leaves: oneTBB's workers serve any arena of the process, and each loader keeps its own.
 class ArenaIoTimeout : public tbb::task_scheduler_observer {
@@ -72,6 +55,7 @@ class ArenaIoTimeout : public tbb::task_scheduler_observer {
   const std::atomic<bool>* cancel_;
 };
 
+// Everything the successive pipelines of one Loader share.
 struct Shared {
   Shared(Catalog catalog_in, LoaderOptions options_in);
 
@@ -84,7 +68,9 @@ struct Shared {
   std::unique_ptr<Normalizer> normalizer;  // kJpeg, float32 output
   std::unique_ptr<StageDirectory> stage_dir;  // null: direct reads
   std::unique_ptr<StageCache> cache;          // with stage_dir: what to stage, what to evict
+  std::unique_ptr<Tiers> tiers;               // every read of a sample's bytes
   std::unique_ptr<Stager> stager;
+  std::unique_ptr<BatchDecoder> decoder;      // stage 3
   std::mutex epochs_mutex;
   std::map<uint64_t, EpochStats> epochs;  // guarded by epochs_mutex
   tbb::task_scheduler_handle scheduler;  // lets close() join oneTBB's worker threads
@@ -92,8 +78,7 @@ struct Shared {
   std::optional<ArenaIoTimeout> arena_io_timeout;  // while the arena runs
   // Set while a pipeline stops: reads under io_timeout give up at once (stage 2's and stage 3's).
   std::atomic<bool> stopping_io{false};
-  tbb::enumerable_thread_specific<ReaderState> readers;
-  Counters counters;
+  std::atomic<uint64_t> plan_ns{0};  // stage 1's busy time
 };
 
 // One run of the graph from a position (epoch, batch) onwards, across epoch boundaries, until it is
@@ -105,7 +90,8 @@ class Pipeline {
   Pipeline(const Pipeline&) = delete;
   Pipeline& operator=(const Pipeline&) = delete;
 
-  // The next decoded batch in plan order, or nullptr if none came within `timeout`.
+  // The next decoded batch in plan order, or nullptr if none came within `timeout`. Rethrows an
+  // error that stopped the pipeline itself (a broken invariant inside a node), at every call.
   Slot* pop(std::chrono::milliseconds timeout);
 
  private:

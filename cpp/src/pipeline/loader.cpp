@@ -14,6 +14,7 @@
 
 #include "prestage/error.hpp"
 #include "pipeline/graph.hpp"
+#include "decode/tfrecord.hpp"
 #include "util/file_io.hpp"
 
 namespace prestage {
@@ -146,6 +147,30 @@ Loader::Impl::Impl(Catalog catalog_in, LoaderOptions options_in)
   }
 
   shared->codec = detail::Codec::choose(shared->catalog, o);
+
+  if (!o.stage_dir.empty()) {
+    try {
+      shared->stage_dir = std::make_unique<detail::StageDirectory>(o.stage_dir, shared->catalog);
+      // Files of the batches in flight (planned, not yet decoded) are never evicted: the window of
+      // the pipeline, plus the batch the source holds when the window is full, plus the current one.
+      const uint64_t bound = o.cache_bytes == LoaderOptions::kFitFreeSpace
+                                 ? fit_free_space(*shared->stage_dir, shared->catalog)
+                                 : o.cache_bytes;
+      shared->cache = std::make_unique<detail::StageCache>(shared->catalog, shared->plan,
+                                                           *shared->stage_dir, bound, o.eviction,
+                                                           o.lookahead + o.depth + 2);
+    } catch (const IoError& e) {
+      // A stage directory that cannot be used is not fatal: stage 2 reads ahead into memory.
+      stage_dir_error = e.what();
+    }
+  }
+  // A TFRecord record is read with its framing.
+  const uint64_t max_read = o.max_sample_bytes > UINT64_MAX - detail::kFramingBytes
+                                ? UINT64_MAX
+                                : o.max_sample_bytes + (shared->catalog.kind() == Catalog::Kind::kTfrecord
+                                                            ? detail::kFramingBytes
+                                                            : 0);
+  shared->tiers = std::make_unique<detail::Tiers>(shared->catalog, shared->stage_dir.get(), max_read);
   if (o.decode == DecodeMode::kJpeg) {
     ImageSize size = o.image_size;
     if (size.empty()) {
@@ -154,20 +179,21 @@ Loader::Impl::Impl(Catalog catalog_in, LoaderOptions options_in)
       // any read of the source, so this loader's limit applies.
       const detail::IoTimeoutScope timeout(std::chrono::milliseconds(o.io_timeout_ms));
       std::vector<std::byte> bytes;
+      detail::TierScratch paths;
       const auto look_further = [&](size_t i) {
         return o.on_error == OnError::kSkip && i < kSkipCandidates &&
                i + 1 < shared->catalog.size();
       };
       for (size_t i = 0; size.empty(); ++i) {
-        const Catalog::Locator loc = shared->catalog.locator(i);
-        const std::string path = shared->catalog.source_path(i).string();
         try {
-          if (loc.length == Catalog::kWholeFile) {
-            detail::read_file(path, bytes);
-          } else {
-            bytes.resize(loc.length);
-            detail::read_range(path, loc.offset, bytes);
-          }
+          // Not counted: a look at the set, not a read of an epoch's sample.
+          shared->tiers->check_size(i, shared->tiers->sample_size(i));
+          shared->tiers->serve(i, detail::Tier::kStage, nullptr, paths, false,
+                               [&](const detail::SampleAt& at) -> uint64_t {
+                                 detail::read_located(*at.file, at.locator, bytes);
+                                 return bytes.size();
+                               });
+          const std::string& path = paths.source;
           detail::SampleDecoder decoder(shared->codec);
           const auto header = decoder.jpeg.header(decoder.image_payload(bytes, path), path);
           size = {static_cast<uint32_t>(header.height), static_cast<uint32_t>(header.width)};
@@ -188,22 +214,9 @@ Loader::Impl::Impl(Catalog catalog_in, LoaderOptions options_in)
     if (o.dtype == OutputType::kFloat32) shared->normalizer = std::make_unique<detail::Normalizer>(o);
   }
 
-  if (!o.stage_dir.empty()) {
-    try {
-      shared->stage_dir = std::make_unique<detail::StageDirectory>(o.stage_dir, shared->catalog);
-      // Files of the batches in flight (planned, not yet decoded) are never evicted: the window of
-      // the pipeline, plus the batch the source holds when the window is full, plus the current one.
-      const uint64_t bound = o.cache_bytes == LoaderOptions::kFitFreeSpace
-                                 ? fit_free_space(*shared->stage_dir, shared->catalog)
-                                 : o.cache_bytes;
-      shared->cache = std::make_unique<detail::StageCache>(shared->catalog, shared->plan,
-                                                           *shared->stage_dir, bound, o.eviction,
-                                                           o.lookahead + o.depth + 2);
-    } catch (const IoError& e) {
-      // A stage directory that cannot be used is not fatal: stage 2 reads ahead into memory.
-      stage_dir_error = e.what();
-    }
-  }
+  shared->decoder = std::make_unique<detail::BatchDecoder>(shared->options, shared->codec,
+                                                          shared->image_size,
+                                                          shared->normalizer.get(), *shared->tiers);
   ring = std::make_shared<detail::BatchRing>(o.depth, o.batch_size, slot_bytes, o.decode);
 }
 
@@ -235,9 +248,8 @@ void Loader::Impl::start(uint64_t e, uint64_t b) {
       shared->arena_io_timeout.emplace(shared->arena, timeout, &shared->stopping_io);
       // Threads wherever a stage directory was asked for: an unusable one still reads ahead.
       shared->stager = std::make_unique<detail::Stager>(
-          shared->catalog, shared->stage_dir.get(),
-          shared->options.stage_dir.empty() ? 0 : shared->options.prefetchers, timeout,
-          &shared->stopping_io);
+          *shared->tiers, shared->options.stage_dir.empty() ? 0 : shared->options.prefetchers,
+          timeout, &shared->stopping_io);
     }
     if (ring->free_count() != ring->depth()) {
       // Batches of the old run are still lent out: they keep their buffers, this run gets new ones.
@@ -296,19 +308,24 @@ Stats Loader::Impl::stats() const {
   s.batches = batches;
   s.samples = samples;
   s.consumer_stall_s = stall_ns * 1e-9;
-  const auto& c = shared->counters;
-  s.plan.busy_s = c.plan_ns.load() * 1e-9;
+  s.plan.busy_s = shared->plan_ns.load() * 1e-9;
   s.plan.idle_s = std::max(0.0, s.wall_s - s.plan.busy_s);
   if (shared->stager) shared->stager->add_to(s, s.wall_s);
-  s.decode.busy_s = c.decode_ns.load() * 1e-9;
+  const detail::BatchDecoder& decoder = *shared->decoder;
+  s.decode.busy_s = decoder.busy_ns() * 1e-9;
   s.decode.idle_s = std::max(0.0, s.wall_s * shared->options.readers - s.decode.busy_s);
-  s.decode.items = c.decoded.load();
-  s.decode.bytes = c.bytes_read.load();
-  s.hits = c.hits.load();
-  s.misses = c.misses.load();
-  s.misses_read_ahead = c.misses_read_ahead.load();
-  s.bytes_from_source = c.bytes_from_source.load();
-  s.bytes_from_stage = c.bytes_from_stage.load();
+  s.decode.items = decoder.decoded();
+  s.decode.bytes = decoder.bytes_read();
+  // Stage 3's reads by tier: bytes read ahead by stage 2 came from the source too.
+  const detail::TierCounts served = shared->tiers->served();
+  const auto tier = [](detail::Tier t) { return static_cast<size_t>(t); };
+  s.hits = served.reads[tier(detail::Tier::kStage)];
+  s.misses_read_ahead = served.reads[tier(detail::Tier::kMemory)];
+  s.misses = s.misses_read_ahead + served.reads[tier(detail::Tier::kPeer)] +
+             served.reads[tier(detail::Tier::kSource)];
+  s.bytes_from_source = served.bytes[tier(detail::Tier::kMemory)] +
+                        served.bytes[tier(detail::Tier::kSource)];  // a peer's: not counted here
+  s.bytes_from_stage = served.bytes[tier(detail::Tier::kStage)];
   if (!stage_dir_error.empty()) {
     s.stage_dir_disabled = true;
     s.stage_dir_error = stage_dir_error;
@@ -344,7 +361,7 @@ void Loader::Impl::close() {
   }
   pipeline.reset();
   shared->stager->stop();  // its figures stay for stats()
-  shared->readers.clear();
+  shared->decoder->clear_thread_state();
   shared->arena_io_timeout.reset();
   shared->arena.terminate();
   // Joins oneTBB's workers when no other user of oneTBB in the process still needs them; otherwise

@@ -15,7 +15,7 @@
 #include "prestage/options.hpp"
 #include "prestage/plan.hpp"
 #include "prestage/stats.hpp"
-#include "staging/stage_directory.hpp"
+#include "tiers/stage_directory.hpp"
 
 namespace prestage::detail {
 

@@ -8,9 +8,9 @@
 
 namespace prestage::detail {
 
-Stager::Stager(Catalog catalog, StageDirectory* directory, size_t threads,
-               std::chrono::milliseconds io_timeout, const std::atomic<bool>* io_cancel)
-    : catalog_(std::move(catalog)), directory_(directory) {
+Stager::Stager(Tiers& tiers, size_t threads, std::chrono::milliseconds io_timeout,
+               const std::atomic<bool>* io_cancel)
+    : tiers_(tiers), directory_(tiers.stage_directory()) {
   threads_.reserve(threads);
   for (size_t i = 0; i < threads; ++i) {
     threads_.emplace_back([this, io_timeout, io_cancel] {
@@ -112,12 +112,10 @@ void Stager::deal_with(const StageTask& task, size_t i, std::vector<std::byte>& 
 }
 
 void Stager::read_one(const StageTask& task, size_t j) {
-  const Catalog::Locator loc = catalog_.locator(task.read_ahead[j]);
-  const std::string path = catalog_.file_source_path(loc.file).string();
   std::vector<std::byte>& out = task.held[j];
   try {
-    read_located(path, loc, out);
-  } catch (const IoError&) {
+    tiers_.fetch_sample(task.read_ahead[j], out);
+  } catch (const Error&) {
     return;  // stage 3 reads it again and reports the error at the sample's batch
   }
   task.held_ok[j] = 1;
@@ -135,7 +133,10 @@ void Stager::stage_one(uint64_t id, std::vector<std::byte>& buffer) {
     directory_->abandon(id);
   } else {
     try {
-      switch (directory_->stage(id, catalog_.file_source_path(id).string(), buffer)) {
+      const auto fetch = [this, id](std::vector<std::byte>& out, int64_t& mtime_ns) {
+        tiers_.fetch_file(id, out, mtime_ns);
+      };
+      switch (directory_->stage(id, fetch, buffer)) {
         case StageDirectory::Outcome::kStaged:
           staged_files_.fetch_add(1, std::memory_order_relaxed);
           bytes_.fetch_add(buffer.size(), std::memory_order_relaxed);

@@ -14,7 +14,8 @@
 
 #include "prestage/catalog.hpp"
 #include "prestage/stats.hpp"
-#include "staging/stage_directory.hpp"
+#include "tiers/stage_directory.hpp"
+#include "tiers/tiers.hpp"
 
 namespace prestage::detail {
 
@@ -43,10 +44,11 @@ struct StageTask {
 
 class Stager {
  public:
-  // `directory` may be null (no stage directory, or an unusable one): then the threads only read
-  // samples ahead into memory, and `threads` may be 0 (every task is done at once).
-  // Each thread reads under `io_timeout` (0: no limit), given up when `io_cancel` is set.
-  Stager(Catalog catalog, StageDirectory* directory, size_t threads,
+  // Reads through `tiers` (the tiers below the stage directory), copies into its stage directory.
+  // Without one (none, or an unusable one) the threads only read samples ahead into memory, and
+  // `threads` may be 0 (every task is done at once). Each thread reads under `io_timeout` (0: no
+  // limit), given up when `io_cancel` is set. `tiers` must outlive the stager.
+  Stager(Tiers& tiers, size_t threads,
          std::chrono::milliseconds io_timeout = std::chrono::milliseconds(0),
          const std::atomic<bool>* io_cancel = nullptr);
   ~Stager();  // stop()
@@ -86,7 +88,7 @@ class Stager {
   void give_up(const StageTask& task, size_t from);
   void disable(const std::string& why);
 
-  Catalog catalog_;
+  Tiers& tiers_;
   StageDirectory* directory_;
   mutable std::mutex mutex_;
   std::condition_variable wake_;

@@ -1,4 +1,4 @@
-#include "staging/stage_directory.hpp"
+#include "tiers/stage_directory.hpp"
 
 #include <fcntl.h>
 #include <sys/file.h>
@@ -281,6 +281,13 @@ bool StageDirectory::adopt(uint64_t id) {
 
 StageDirectory::Outcome StageDirectory::stage(uint64_t id, const std::string& source_path,
                                               std::vector<std::byte>& buffer) {
+  return stage(
+      id, [&](std::vector<std::byte>& out, int64_t& mtime_ns) { read_file(source_path, out, &mtime_ns); },
+      buffer);
+}
+
+StageDirectory::Outcome StageDirectory::stage(uint64_t id, const Fetch& fetch,
+                                              std::vector<std::byte>& buffer) {
   const std::string final_path = staged_path(id);
   const std::string part_path = final_path + ".part";
   if (adopt(id)) return Outcome::kAdopted;
@@ -309,7 +316,7 @@ StageDirectory::Outcome StageDirectory::stage(uint64_t id, const std::string& so
 
   int64_t source_mtime = 0;
   try {
-    read_file(source_path, buffer, &source_mtime);
+    fetch(buffer, source_mtime);
   } catch (...) {
     give_up();
     throw SourceError{std::current_exception()};

@@ -7,6 +7,7 @@
 #include <exception>
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -66,9 +67,16 @@ class StageDirectory {
     kBusy,     // another process is copying it right now: the claim is given back
     kChanged,  // the source no longer matches the catalog (size): not staged, claim given back
   };
-  // Stages claimed file `id` from `source_path`, reading it through `buffer`. Throws SourceError when
-  // the source cannot be read (the claim is given back) and IoError when the stage directory fails
-  // (full, read-only, vanished: the claim is given back).
+  // Reads the file's bytes into `buffer` (resized to fit) and its source's modification time into
+  // `mtime_ns`; throws on failure. Stage 2 passes the tiers below the stage directory.
+  using Fetch = std::function<void(std::vector<std::byte>& buffer, int64_t& mtime_ns)>;
+
+  // Stages claimed file `id`, reading it with `fetch` into `buffer` while it holds the file's lock
+  // (so that processes sharing the directory read the source once). Throws SourceError when `fetch`
+  // fails (the claim is given back) and IoError when the stage directory fails (full, read-only,
+  // vanished: the claim is given back).
+  Outcome stage(uint64_t id, const Fetch& fetch, std::vector<std::byte>& buffer);
+  // The same, reading the source file at `source_path`.
   Outcome stage(uint64_t id, const std::string& source_path, std::vector<std::byte>& buffer);
 
   // Checks an unverified copy's bytes against its record; a copy that fails is evicted. False if the

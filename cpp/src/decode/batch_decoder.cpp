@@ -1,0 +1,372 @@
+#include "decode/batch_decoder.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <new>
+#include <string>
+
+#include <oneapi/tbb/parallel_for.h>
+
+#include "decode/skip_policy.hpp"
+#include "prestage/error.hpp"
+#include "util/file_io.hpp"
+
+namespace prestage::detail {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+std::string message(const std::exception_ptr& error) {
+  try {
+    std::rethrow_exception(error);
+  } catch (const std::exception& e) {
+    return e.what();
+  } catch (...) {
+    return "unknown error";
+  }
+}
+
+// The error of the lowest-numbered failed sample of a batch, whatever the thread timing.
+class FirstError {
+ public:
+  void record(size_t sample, std::exception_ptr error) {
+    std::lock_guard lock(mutex_);
+    if (sample < sample_) {
+      sample_ = sample;
+      error_ = std::move(error);
+    }
+  }
+  std::exception_ptr get() const { return error_; }
+
+ private:
+  std::mutex mutex_;
+  size_t sample_ = SIZE_MAX;
+  std::exception_ptr error_;
+};
+
+}  // namespace
+
+// What stage 3 keeps per reader thread, created once: the codec contexts and buffers that only grow.
+struct BatchDecoder::Reader {
+  std::unique_ptr<SampleDecoder> decoder;
+  std::vector<std::byte> buffer;  // a sample's bytes as read
+  std::vector<uint8_t> image;     // an RGB image before its conversion to the batch's layout/type
+  TierScratch paths;
+
+  SampleDecoder& codec(const Codec& c) {
+    if (!decoder) decoder = std::make_unique<SampleDecoder>(c);
+    return *decoder;
+  }
+};
+
+// One batch's decode: the three steps, each sample's size and fill by codec, and replacement.
+class BatchDecoder::Run {
+ public:
+  Run(BatchDecoder& d, const BatchSamples& b, BatchScratch& s, Slot& slot,
+      const std::atomic<bool>& stopping)
+      : d_(d), b_(b), s_(s), slot_(slot), stopping_(stopping) {}
+
+  void operator()() {
+    s_.tiers.assign(b_.count, Tier::kMemory);
+    s_.probes.resize(b_.count);
+    each([&](size_t i) { size(i, b_.ids[i]); },
+         [&](size_t i, uint64_t id) { size(i, id); });
+    if ((slot_.error = first_error_.get())) return;
+    if (!lay_out()) return;
+    each([&](size_t i) { fill(i, static_cast<uint64_t>(slot_.indices[i])); },
+         [&](size_t i, uint64_t id) {
+           // The batch is laid out: a replacement must fit the failed sample's place.
+           const ArrayInfo place = s_.probes[i].info;
+           size(i, id);
+           if (!s_.probes[i].info.same_layout(place)) {
+             throw DecodeError(d_.tiers_.catalog().source_path(id).string(),
+                               "its type or shape differs from the failed sample's");
+           }
+           fill(i, id);
+         });
+    slot_.error = first_error_.get();
+  }
+
+ private:
+  // Runs `step(i)` for every sample in parallel; a sample that fails is handed to `replace`.
+  template <typename Step, typename Replace>
+  void each(const Step& step, const Replace& replace) {
+    tbb::parallel_for(size_t{0}, b_.count, [&](size_t i) {
+      const auto start = Clock::now();
+      try {
+        step(i);
+      } catch (...) {
+        replace_or_fail(i, std::current_exception(), replace);
+      }
+      d_.busy_ns_.fetch_add(
+          std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - start).count(),
+          std::memory_order_relaxed);
+    });
+  }
+
+  // on_error=skip: tries `attempt(i, id)` on the skip policy's candidates and makes the first that
+  // succeeds sample i of the batch. Otherwise, or if none does, the batch carries `error`.
+  template <typename Attempt>
+  void replace_or_fail(size_t i, const std::exception_ptr& error, const Attempt& attempt) {
+    if (d_.options_.on_error != OnError::kSkip || !skippable(error)) {
+      first_error_.record(i, error);
+      return;
+    }
+    const SkipCandidates candidates(*b_.plan, d_.options_.batch_size, b_.index, i,
+                                    kSkipCandidates);
+    for (uint64_t k = 0; k < candidates.size(); ++k) {
+      if (stopping_.load(std::memory_order_acquire)) break;
+      const uint64_t candidate = candidates[k];
+      try {
+        attempt(i, candidate);
+      } catch (...) {
+        if (skippable(std::current_exception())) continue;
+        first_error_.record(i, std::current_exception());
+        return;
+      }
+      std::lock_guard lock(s_.skip_mutex);
+      // A sample may be replaced twice (the first replacement failing when filled): the plan's
+      // sample is listed once.
+      if (std::none_of(slot_.skipped.begin(), slot_.skipped.end(),
+                       [&](const Slot::Skip& skip) { return skip.position == i; })) {
+        slot_.skipped.push_back({i, b_.ids[i], message(error)});
+      }
+      slot_.indices[i] = static_cast<int64_t>(candidate);
+      slot_.labels[i] = d_.tiers_.catalog().label(candidate);
+      return;
+    }
+    first_error_.record(i, error);
+  }
+
+  // Stage 2's bytes for sample i, if it is still the plan's sample (not a replacement).
+  const std::vector<std::byte>* held(size_t i, uint64_t id) const {
+    if (b_.held == nullptr || b_.held->empty() || b_.ids[i] != id) return nullptr;
+    return (*b_.held)[i];
+  }
+
+  Reader& reader() { return d_.readers_->local(); }
+
+  // Step 1: sample i's size, type and shape (from catalog sample `id`), and the tier they came from.
+  void size(size_t i, uint64_t id) {
+    ArrayInfo& info = s_.probes[i].info;
+    const Codec& codec = d_.codec_;
+    if (codec.mode == DecodeMode::kJpeg) {
+      // Every image decodes to the loader's size: nothing to read yet.
+      const LoaderOptions& o = d_.options_;
+      const ImageSize size = d_.image_size_;
+      info.dtype = o.dtype == OutputType::kFloat32 ? "<f4" : "|u1";
+      info.ndim = 3;
+      info.shape = {};
+      if (o.layout == Layout::kNCHW) {
+        info.shape[0] = 3, info.shape[1] = size.height, info.shape[2] = size.width;
+      } else {
+        info.shape[0] = size.height, info.shape[1] = size.width, info.shape[2] = 3;
+      }
+      info.bytes = image_sample_bytes(size.height, size.width, o.dtype);
+      s_.tiers[i] = Tier::kMemory;
+      return;
+    }
+    Reader& r = reader();
+    if (!codec.arrays()) {
+      // Raw files: one 1-D uint8 array of the file's length.
+      uint64_t n = 0;
+      s_.tiers[i] = d_.tiers_.serve(id, Tier::kMemory, held(i, id), r.paths, false,
+                                    [&](const SampleAt& at) -> uint64_t {
+                                      n = at.in_memory() ? at.bytes.size()
+                                          : at.locator.length != Catalog::kWholeFile
+                                              ? at.locator.length
+                                              : file_size(*at.file);
+                                      return n;
+                                    });
+      d_.tiers_.check_size(id, n);
+      info.dtype = "|u1";
+      info.ndim = 1;
+      info.shape = {};
+      info.shape[0] = n;
+      info.bytes = n;
+      return;
+    }
+    s_.tiers[i] = d_.tiers_.serve(id, Tier::kStage, nullptr, r.paths, false,
+                                  [&](const SampleAt& at) -> uint64_t {
+                                    r.codec(codec).probe(
+                                        SampleLocation{*at.file, *at.path, at.locator}, s_.probes[i]);
+                                    return 0;
+                                  });
+  }
+
+  // Step 3: sample i's data into its place (from catalog sample `id`).
+  void fill(size_t i, uint64_t id) {
+    const std::span<std::byte> out(slot_.data.data() + slot_.offsets[i],
+                                   slot_.offsets[i + 1] - slot_.offsets[i]);
+    Reader& r = reader();
+    const Codec& codec = d_.codec_;
+    if (codec.mode == DecodeMode::kJpeg) {
+      fill_image(i, id, r, out);
+      return;
+    }
+    if (!codec.arrays()) {
+      d_.tiers_.serve(id, s_.tiers[i], held(i, id), r.paths, true,
+                      [&](const SampleAt& at) -> uint64_t {
+                        if (!at.in_memory()) {
+                          read_located(*at.file, at.locator, out);
+                        } else if (at.bytes.size() == out.size()) {
+                          std::copy(at.bytes.begin(), at.bytes.end(), out.begin());
+                        } else {
+                          throw DecodeError(*at.path, "its size differs from the failed sample's");
+                        }
+                        return out.size();
+                      });
+    } else {
+      d_.tiers_.serve(id, s_.tiers[i], nullptr, r.paths, true, [&](const SampleAt& at) -> uint64_t {
+        r.codec(codec).fill(SampleLocation{*at.file, *at.path, at.locator}, s_.probes[i], out);
+        return out.size();
+      });
+    }
+    // Decoded bytes: what a compressed sample took on disk is not tracked per read.
+    d_.bytes_read_.fetch_add(out.size(), std::memory_order_relaxed);
+  }
+
+  void fill_image(size_t i, uint64_t id, Reader& r, std::span<std::byte> place) {
+    const LoaderOptions& o = d_.options_;
+    const ImageSize size = d_.image_size_;
+    // NHWC uint8 is what the codec writes: straight into the batch buffer. Anything else goes
+    // through the reader's RGB image and is converted into place.
+    const bool direct = o.layout != Layout::kNCHW && o.dtype == OutputType::kUint8;
+    const size_t rgb_bytes = size_t{size.height} * size.width * 3;
+    const auto bytes = d_.tiers_.read(id, held(i, id), r.buffer, r.paths);
+    d_.bytes_read_.fetch_add(bytes.size(), std::memory_order_relaxed);
+    if (!direct && r.image.size() < rgb_bytes) r.image.resize(rgb_bytes);
+    const std::span<std::byte> rgb(
+        direct ? place.data() : reinterpret_cast<std::byte*>(r.image.data()), rgb_bytes);
+    const std::string& path = r.paths.source;  // the sample's source path, as read() left it
+    SampleDecoder& decoder = r.codec(d_.codec_);
+    const auto jpeg = decoder.image_payload(bytes, path);
+    if (o.image_size.empty()) {
+      decoder.jpeg.decode_exact(jpeg, size, rgb, path);
+    } else if (o.transform == Transform::kRandomResizedCrop) {
+      decoder.jpeg.decode_random_crop(jpeg, size, o.seed, b_.epoch, id, rgb, path);
+    } else {
+      decoder.jpeg.decode_resized(jpeg, size, rgb, path);
+    }
+    if (!direct) {
+      convert_image(r.image.data(), static_cast<int>(size.height), static_cast<int>(size.width),
+                    o.layout, o.dtype, *d_.normalizer_, place.data());
+    }
+  }
+
+  // Step 2: the batch's type (the one most of its samples have; samples of another type fail or
+  // are replaced), its layout (one array when the shapes agree, else ragged) and its buffer.
+  bool lay_out() {
+    const size_t n = b_.count;
+    const std::string& dtype = batch_dtype();
+    for (size_t i = 0; i < n; ++i) {
+      if (s_.probes[i].info.dtype == dtype) continue;
+      const ArrayInfo odd = s_.probes[i].info;
+      replace_or_fail(
+          i,
+          std::make_exception_ptr(DecodeError(
+              d_.tiers_.catalog().source_path(slot_.indices[i]).string(),
+              "its dtype " + odd.dtype + " differs from the batch's " + dtype)),
+          [&](size_t j, uint64_t id) {
+            size(j, id);
+            if (s_.probes[j].info.dtype != dtype) {
+              throw DecodeError(d_.tiers_.catalog().source_path(id).string(),
+                                "its dtype " + s_.probes[j].info.dtype + " differs from the batch's " +
+                                    dtype);
+            }
+          });
+    }
+    if ((slot_.error = first_error_.get())) return false;
+
+    const ArrayInfo& first = s_.probes[0].info;
+    slot_.dtype = dtype;
+    slot_.ragged = false;
+    slot_.offsets.assign(n + 1, 0);
+    slot_.dim_offsets.assign(n + 1, 0);
+    slot_.dims.clear();
+    uint64_t total = 0;
+    for (size_t i = 0; i < n; ++i) {
+      const ArrayInfo& info = s_.probes[i].info;
+      if (info.bytes > SIZE_MAX - total) {
+        slot_.error = std::make_exception_ptr(DecodeError(
+            d_.tiers_.catalog().source_path(slot_.indices[i]).string(),
+            "the batch would take more than the address space (" + std::to_string(total) +
+                " bytes before this sample's " + std::to_string(info.bytes) + ")"));
+        return false;
+      }
+      if (!info.same_layout(first)) slot_.ragged = true;
+      total += info.bytes;
+      slot_.offsets[i + 1] = total;
+      for (const uint64_t dim : info.dims()) slot_.dims.push_back(dim);
+      slot_.dim_offsets[i + 1] = slot_.dims.size();
+    }
+    slot_.shape = {n, 0, 0, 0};
+    if (d_.codec_.mode == DecodeMode::kJpeg) {
+      for (size_t k = 0; k < 3; ++k) slot_.shape[k + 1] = first.shape[k];
+    }
+    try {
+      slot_.data.reserve(static_cast<size_t>(total));
+    } catch (const std::bad_alloc&) {
+      // No exception may leave a graph node: the batch carries it to the consumer.
+      slot_.error = std::current_exception();
+      return false;
+    }
+    slot_.data_bytes = static_cast<size_t>(total);
+    return true;
+  }
+
+  // The dtype most samples of the batch have; of equal counts, the earliest sample's.
+  const std::string& batch_dtype() const {
+    const std::string* best = &s_.probes[0].info.dtype;
+    size_t best_count = 0;
+    for (size_t i = 0; i < b_.count; ++i) {
+      const std::string& dtype = s_.probes[i].info.dtype;
+      if (i > 0 && dtype == *best) continue;
+      size_t count = 0;
+      for (size_t j = 0; j < b_.count; ++j) count += s_.probes[j].info.dtype == dtype;
+      if (count > best_count) best = &dtype, best_count = count;
+      if (best_count * 2 > b_.count) break;
+    }
+    return *best;
+  }
+
+  BatchDecoder& d_;
+  const BatchSamples& b_;
+  BatchScratch& s_;
+  Slot& slot_;
+  const std::atomic<bool>& stopping_;
+  FirstError first_error_;
+};
+
+BatchDecoder::BatchDecoder(const LoaderOptions& options, const Codec& codec, ImageSize image_size,
+                           const Normalizer* normalizer, Tiers& tiers)
+    : options_(options),
+      codec_(codec),
+      image_size_(image_size),
+      normalizer_(normalizer),
+      tiers_(tiers),
+      readers_(std::make_unique<tbb::enumerable_thread_specific<Reader>>()) {}
+
+BatchDecoder::~BatchDecoder() = default;
+
+void BatchDecoder::clear_thread_state() { readers_->clear(); }
+
+void BatchDecoder::decode(const BatchSamples& batch, BatchScratch& scratch, Slot& slot,
+                          const std::atomic<bool>& stopping) {
+  slot.epoch = batch.epoch;
+  slot.index = batch.index;
+  slot.error = nullptr;
+  slot.skipped.clear();
+  slot.indices.assign(batch.ids, batch.ids + batch.count);
+  slot.labels.resize(batch.count);
+  for (size_t i = 0; i < batch.count; ++i) slot.labels[i] = tiers_.catalog().label(batch.ids[i]);
+  if (stopping.load(std::memory_order_acquire)) return;  // nobody will look at it
+  Run(*this, batch, scratch, slot, stopping)();
+  // Recorded in thread order: listed in batch order.
+  std::sort(slot.skipped.begin(), slot.skipped.end(),
+            [](const Slot::Skip& a, const Slot::Skip& b) { return a.position < b.position; });
+  decoded_.fetch_add(batch.count, std::memory_order_relaxed);
+}
+
+}  // namespace prestage::detail

@@ -1,0 +1,77 @@
+// Stage 3 for one batch: every sample read through the tiers and decoded straight into its place in a
+// batch buffer, by one path for every codec: size each sample (an image's output size, an array's
+// header, a raw sample's length), lay the batch out, fill each place. A sample that fails is
+// replaced by the skip policy's candidates (on_error=skip) or its error travels with the batch.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include <oneapi/tbb/enumerable_thread_specific.h>
+
+#include "decode/registry.hpp"
+#include "decode/transform.hpp"
+#include "memory/batch_ring.hpp"
+#include "prestage/options.hpp"
+#include "prestage/plan.hpp"
+#include "tiers/tiers.hpp"
+
+namespace prestage::detail {
+
+// One batch of the plan, as stage 3 receives it.
+struct BatchSamples {
+  uint64_t epoch = 0;
+  uint64_t index = 0;  // in its epoch
+  const EpochPlan* plan = nullptr;
+  const uint64_t* ids = nullptr;  // catalog sample indices
+  size_t count = 0;
+  // Per position: the bytes stage 2 read ahead for the plan's sample there, or null. Empty: none.
+  const std::vector<const std::vector<std::byte>*>* held = nullptr;
+};
+
+// What a batch keeps between its steps; recycled with the batch, so that once warm nothing is
+// allocated per batch or per sample.
+struct BatchScratch {
+  std::vector<Tier> tiers;          // per sample: the tier its size was taken from
+  std::vector<ArrayProbe> probes;   // per sample: its size, type and shape (arrays: its header)
+  std::mutex skip_mutex;            // guards the slot's `skipped` while the batch decodes
+};
+
+class BatchDecoder {
+ public:
+  // `normalizer`: kJpeg with float32 output. All arguments must outlive the decoder.
+  BatchDecoder(const LoaderOptions& options, const Codec& codec, ImageSize image_size,
+               const Normalizer* normalizer, Tiers& tiers);
+  ~BatchDecoder();
+
+  // Decodes `batch` into `slot` on the calling thread's task arena (in parallel), setting the
+  // slot's layout, data, labels, indices, skipped samples and error. `stopping` set: replacements
+  // are not sought (nobody will look at the batch). Never throws for a sample's failure.
+  void decode(const BatchSamples& batch, BatchScratch& scratch, Slot& slot,
+              const std::atomic<bool>& stopping);
+
+  // Drops the per-thread codec contexts (the threads that made them are about to go).
+  void clear_thread_state();
+
+  // Counters, read from any thread.
+  uint64_t busy_ns() const noexcept { return busy_ns_.load(std::memory_order_relaxed); }
+  uint64_t decoded() const noexcept { return decoded_.load(std::memory_order_relaxed); }
+  uint64_t bytes_read() const noexcept { return bytes_read_.load(std::memory_order_relaxed); }
+
+ private:
+  struct Reader;
+  class Run;
+
+  const LoaderOptions& options_;
+  const Codec& codec_;
+  ImageSize image_size_;
+  const Normalizer* normalizer_;
+  Tiers& tiers_;
+  std::unique_ptr<tbb::enumerable_thread_specific<Reader>> readers_;
+  std::atomic<uint64_t> busy_ns_{0}, decoded_{0}, bytes_read_{0};
+};
+
+}  // namespace prestage::detail

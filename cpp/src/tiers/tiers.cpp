@@ -1,0 +1,80 @@
+#include "tiers/tiers.hpp"
+
+#include "util/file_io.hpp"
+
+namespace prestage::detail {
+
+Tiers::Tiers(const Catalog& catalog, StageDirectory* stage, uint64_t max_read_bytes)
+    : catalog_(catalog), stage_(stage), max_read_bytes_(max_read_bytes) {}
+
+uint64_t Tiers::sample_size(uint64_t id) const {
+  const Catalog::Locator loc = catalog_.locator(id);
+  return loc.length != Catalog::kWholeFile ? loc.length : catalog_.file_size(loc.file);
+}
+
+void Tiers::check_size(uint64_t id, uint64_t size) const {
+  if (size == Catalog::kUnknownSize || size <= max_read_bytes_) return;
+  throw DecodeError(catalog_.source_path(id).string(),
+                    "sample of " + std::to_string(size) + " bytes exceeds max_sample_bytes (" +
+                        std::to_string(max_read_bytes_) + " bytes)");
+}
+
+const std::string& Tiers::source_path(uint64_t file, std::string& out) const {
+  out.assign(catalog_.root().native());
+  if (!out.empty() && out.back() != '/') out += '/';
+  out += catalog_.file_path(file);
+  return out;
+}
+
+std::span<const std::byte> Tiers::read(uint64_t id, const std::vector<std::byte>* held,
+                                       std::vector<std::byte>& buffer, TierScratch& scratch) {
+  check_size(id, sample_size(id));
+  std::span<const std::byte> bytes;
+  serve(id, Tier::kMemory, held, scratch, true, [&](const SampleAt& at) -> uint64_t {
+    if (at.in_memory()) {
+      bytes = at.bytes;
+    } else {
+      read_located(*at.file, at.locator, buffer);
+      check_size(id, buffer.size());  // a file without a recorded size
+      bytes = buffer;
+    }
+    return bytes.size();
+  });
+  return bytes;
+}
+
+void Tiers::fetch_file(uint64_t file, std::vector<std::byte>& buffer, int64_t& mtime_ns) {
+  std::string path;
+  read_file(source_path(file, path), buffer, &mtime_ns);
+  add(fetched_reads_, fetched_bytes_, Tier::kSource, buffer.size());
+}
+
+void Tiers::fetch_sample(uint64_t id, std::vector<std::byte>& buffer) {
+  check_size(id, sample_size(id));
+  std::string path;
+  const Catalog::Locator loc = catalog_.locator(id);
+  read_located(source_path(loc.file, path), loc, buffer);
+  check_size(id, buffer.size());
+  add(fetched_reads_, fetched_bytes_, Tier::kSource, buffer.size());
+}
+
+void Tiers::add(std::array<std::atomic<uint64_t>, kTierCount>& reads,
+                std::array<std::atomic<uint64_t>, kTierCount>& bytes, Tier tier, uint64_t n) {
+  reads[static_cast<size_t>(tier)].fetch_add(1, std::memory_order_relaxed);
+  bytes[static_cast<size_t>(tier)].fetch_add(n, std::memory_order_relaxed);
+}
+
+TierCounts Tiers::snapshot(const std::array<std::atomic<uint64_t>, kTierCount>& reads,
+                           const std::array<std::atomic<uint64_t>, kTierCount>& bytes) {
+  TierCounts counts;
+  for (size_t t = 0; t < kTierCount; ++t) {
+    counts.reads[t] = reads[t].load(std::memory_order_relaxed);
+    counts.bytes[t] = bytes[t].load(std::memory_order_relaxed);
+  }
+  return counts;
+}
+
+TierCounts Tiers::served() const { return snapshot(served_reads_, served_bytes_); }
+TierCounts Tiers::fetched() const { return snapshot(fetched_reads_, fetched_bytes_); }
+
+}  // namespace prestage::detail

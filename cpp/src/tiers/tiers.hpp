@@ -1,0 +1,137 @@
+// Where a sample's bytes come from: one interface over the storage tiers, tried in order — bytes that
+// stage 2 already holds in memory (its read-ahead), the node's stage directory, a peer node's stage
+// directory (not built yet: its place is kept), the source (the PFS). Stage 2's copies and read-ahead
+// and stage 3's reads go through it alone, and it keeps the per-tier counters, so that a new tier
+// changes this unit and nothing in stages 1 and 3.
+#pragma once
+
+#include <array>
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "prestage/catalog.hpp"
+#include "prestage/error.hpp"
+#include "tiers/stage_directory.hpp"
+
+namespace prestage::detail {
+
+// In the order they are tried.
+enum class Tier : uint8_t { kMemory = 0, kStage = 1, kPeer = 2, kSource = 3 };
+inline constexpr size_t kTierCount = 4;
+
+// A sample as the tier that serves it holds it: bytes in memory, or a file to read it from.
+struct SampleAt {
+  Tier tier = Tier::kSource;
+  std::span<const std::byte> bytes;  // kMemory: the whole sample
+  const std::string* file = nullptr;  // the file tiers: the copy to read (staged or source)
+  const std::string* path = nullptr;  // the sample's source path: what errors name
+  Catalog::Locator locator;           // where the sample lies in `file`
+
+  bool in_memory() const noexcept { return file == nullptr; }
+};
+
+// Per-thread strings for the paths a lookup builds, so that no read allocates once warm.
+struct TierScratch {
+  std::string staged;
+  std::string source;
+};
+
+struct TierCounts {
+  std::array<uint64_t, kTierCount> reads{};
+  std::array<uint64_t, kTierCount> bytes{};
+};
+
+// Thread-safe: every method may be called from any thread at once. The catalog and the stage
+// directory must outlive it.
+class Tiers {
+ public:
+  // `stage`: null without a usable stage directory. A sample whose bytes where it is stored exceed
+  // `max_read_bytes` is refused (DecodeError) by read() and fetch_sample() before anything is
+  // allocated for it.
+  Tiers(const Catalog& catalog, StageDirectory* stage, uint64_t max_read_bytes);
+
+  const Catalog& catalog() const noexcept { return catalog_; }
+  StageDirectory* stage_directory() const noexcept { return stage_; }
+
+  // A sample's size from the catalog (its byte range, or its whole file's recorded size), or
+  // Catalog::kUnknownSize.
+  uint64_t sample_size(uint64_t id) const;
+  // Throws DecodeError naming the sample if `size` (known) exceeds the size limit.
+  void check_size(uint64_t id, uint64_t size) const;
+
+  // Stage 3. Calls `use(at)` with sample `id` as the first tier from `from` on that has it: `held`
+  // (the bytes stage 2 read ahead for it, or null), the stage directory's copy, the source.
+  // `use` returns the bytes it took; an IoError it throws while the stage directory serves means the
+  // copy vanished (the directory was cleaned or lost), and the next tier serves. With `count`, the
+  // read is counted in the tier that served (a first look at a sample's size or header passes
+  // false, and its read true). Returns that tier. Other errors propagate.
+  template <typename Use>
+  Tier serve(uint64_t id, Tier from, const std::vector<std::byte>* held, TierScratch& scratch,
+             bool count, const Use& use);
+
+  // Stage 3: sample `id`'s bytes, from `held` or read into `buffer` (resized to fit), counted.
+  // Refuses a sample over the size limit.
+  std::span<const std::byte> read(uint64_t id, const std::vector<std::byte>* held,
+                                  std::vector<std::byte>& buffer, TierScratch& scratch);
+
+  // Stage 2, for its copies: the whole of catalog file `file`, from the tiers below the stage
+  // directory, into `buffer` (resized to fit); `mtime_ns` gets the source's modification time.
+  void fetch_file(uint64_t file, std::vector<std::byte>& buffer, int64_t& mtime_ns);
+  // Stage 2, for its read-ahead: sample `id`'s bytes from the tiers below the stage directory.
+  void fetch_sample(uint64_t id, std::vector<std::byte>& buffer);
+
+  TierCounts served() const;   // stage 3's reads, by the tier that served them
+  TierCounts fetched() const;  // stage 2's reads, by the tier that served them
+
+  // The source path of catalog file `file`, built in `out` (valid until its next use).
+  const std::string& source_path(uint64_t file, std::string& out) const;
+
+ private:
+  static void add(std::array<std::atomic<uint64_t>, kTierCount>& reads,
+                  std::array<std::atomic<uint64_t>, kTierCount>& bytes, Tier tier, uint64_t n);
+  static TierCounts snapshot(const std::array<std::atomic<uint64_t>, kTierCount>& reads,
+                             const std::array<std::atomic<uint64_t>, kTierCount>& bytes);
+
+  const Catalog& catalog_;
+  StageDirectory* stage_;
+  uint64_t max_read_bytes_;
+  std::array<std::atomic<uint64_t>, kTierCount> served_reads_{}, served_bytes_{};
+  std::array<std::atomic<uint64_t>, kTierCount> fetched_reads_{}, fetched_bytes_{};
+};
+
+template <typename Use>
+Tier Tiers::serve(uint64_t id, Tier from, const std::vector<std::byte>* held, TierScratch& scratch,
+                  bool count, const Use& use) {
+  const Catalog::Locator loc = catalog_.locator(id);
+  SampleAt at;
+  at.locator = loc;
+  at.path = &source_path(loc.file, scratch.source);
+  const auto done = [&](Tier tier, uint64_t n) {
+    if (count) add(served_reads_, served_bytes_, tier, n);
+    return tier;
+  };
+  if (from == Tier::kMemory && held != nullptr) {
+    at.tier = Tier::kMemory;
+    at.bytes = *held;
+    return done(Tier::kMemory, use(at));
+  }
+  if (from <= Tier::kStage && stage_ != nullptr && stage_->is_staged(loc.file)) {
+    scratch.staged = stage_->staged_path(loc.file);
+    at.tier = Tier::kStage;
+    at.file = &scratch.staged;
+    try {
+      return done(Tier::kStage, use(at));
+    } catch (const IoError&) {
+      // The copy vanished: the source has the same bytes.
+    }
+  }
+  at.tier = Tier::kSource;
+  at.file = at.path;
+  return done(Tier::kSource, use(at));
+}
+
+}  // namespace prestage::detail

@@ -1,0 +1,153 @@
+// The tier seam: every read of a sample's bytes tries memory, the stage directory, then the source,
+// and is counted in the tier that served it.
+#include <doctest/doctest.h>
+
+#include <cstring>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "prestage/catalog.hpp"
+#include "prestage/error.hpp"
+#include "test_util.hpp"
+#include "tiers/stage_directory.hpp"
+#include "tiers/tiers.hpp"
+
+using prestage::Catalog;
+using prestage::detail::StageDirectory;
+using prestage::detail::Tier;
+using prestage::detail::TierScratch;
+using prestage::detail::Tiers;
+using prestage::test::TempDir;
+
+namespace {
+
+std::vector<unsigned char> bytes_of(const std::string& s) { return {s.begin(), s.end()}; }
+std::string text(std::span<const std::byte> b) {
+  return std::string(reinterpret_cast<const char*>(b.data()), b.size());
+}
+size_t at(Tier t) { return static_cast<size_t>(t); }
+
+struct Set {
+  TempDir dir;
+  Catalog catalog;
+  Set() : catalog(make()) {}
+  Catalog make() {
+    std::filesystem::create_directories(dir / "src");
+    prestage::test::write_file(dir / "src/a", bytes_of("alpha"));
+    prestage::test::write_file(dir / "src/b", bytes_of("bravo!"));
+    prestage::test::write_file(dir / "src/c", bytes_of(std::string(100, 'c')));
+    return Catalog::from_paths(dir / "src", {"a", "b", "c"});
+  }
+};
+
+void stage_file(StageDirectory& stage, const Catalog& catalog, uint64_t id) {
+  std::vector<std::byte> buffer;
+  REQUIRE(stage.try_claim(id));
+  REQUIRE(stage.stage(id, catalog.file_source_path(id).string(), buffer) ==
+          StageDirectory::Outcome::kStaged);
+}
+
+}  // namespace
+
+TEST_CASE("tiers: memory, then the stage directory, then the source, each counted") {
+  Set set;
+  StageDirectory stage(set.dir / "stage", set.catalog);
+  stage_file(stage, set.catalog, 1);
+  Tiers tiers(set.catalog, &stage, 1 << 20);
+  TierScratch scratch;
+  std::vector<std::byte> buffer;
+
+  const std::string held_text = "held!";
+  std::vector<std::byte> held(held_text.size());
+  std::memcpy(held.data(), held_text.data(), held.size());
+  CHECK(text(tiers.read(0, &held, buffer, scratch)) == "held!");  // memory first, even if staged
+  CHECK(text(tiers.read(1, nullptr, buffer, scratch)) == "bravo!");
+  CHECK(text(tiers.read(0, nullptr, buffer, scratch)) == "alpha");
+
+  const auto served = tiers.served();
+  CHECK(served.reads[at(Tier::kMemory)] == 1);
+  CHECK(served.bytes[at(Tier::kMemory)] == 5);
+  CHECK(served.reads[at(Tier::kStage)] == 1);
+  CHECK(served.bytes[at(Tier::kStage)] == 6);
+  CHECK(served.reads[at(Tier::kSource)] == 1);
+  CHECK(served.bytes[at(Tier::kSource)] == 5);
+  CHECK(served.reads[at(Tier::kPeer)] == 0);
+  CHECK(tiers.fetched().reads[at(Tier::kSource)] == 0);
+}
+
+TEST_CASE("tiers: a staged copy that vanished is read from the source") {
+  Set set;
+  StageDirectory stage(set.dir / "stage", set.catalog);
+  stage_file(stage, set.catalog, 1);
+  std::filesystem::remove(stage.staged_path(1));
+  Tiers tiers(set.catalog, &stage, 1 << 20);
+  TierScratch scratch;
+  std::vector<std::byte> buffer;
+  CHECK(text(tiers.read(1, nullptr, buffer, scratch)) == "bravo!");
+  CHECK(tiers.served().reads[at(Tier::kStage)] == 0);
+  CHECK(tiers.served().reads[at(Tier::kSource)] == 1);
+}
+
+TEST_CASE("tiers: serve starts at the tier a first look chose and counts only when asked") {
+  Set set;
+  StageDirectory stage(set.dir / "stage", set.catalog);
+  stage_file(stage, set.catalog, 1);
+  Tiers tiers(set.catalog, &stage, 1 << 20);
+  TierScratch scratch;
+  std::string file;
+  const auto look = [&](const prestage::detail::SampleAt& sample) -> uint64_t {
+    file = *sample.file;
+    return 6;
+  };
+  CHECK(tiers.serve(1, Tier::kStage, nullptr, scratch, false, look) == Tier::kStage);
+  CHECK(file == stage.staged_path(1));
+  CHECK(tiers.serve(1, Tier::kSource, nullptr, scratch, true, look) == Tier::kSource);
+  CHECK(file == set.catalog.file_source_path(1).string());
+  CHECK(tiers.served().reads[at(Tier::kStage)] == 0);
+  CHECK(tiers.served().reads[at(Tier::kSource)] == 1);
+  // An error other than a vanished copy is the sample's: it is not hidden by the next tier.
+  CHECK_THROWS_AS(tiers.serve(1, Tier::kStage, nullptr, scratch, true,
+                              [](const prestage::detail::SampleAt& s) -> uint64_t {
+                                throw prestage::DecodeError(*s.path, "bad");
+                              }),
+                  prestage::DecodeError);
+}
+
+TEST_CASE("tiers: stage 2's fetches read below the stage directory and are counted apart") {
+  Set set;
+  StageDirectory stage(set.dir / "stage", set.catalog);
+  stage_file(stage, set.catalog, 0);
+  Tiers tiers(set.catalog, &stage, 1 << 20);
+  std::vector<std::byte> buffer;
+  int64_t mtime = 0;
+  tiers.fetch_file(0, buffer, mtime);  // staged, yet fetched from the source: stage 2 copies it
+  CHECK(text(buffer) == "alpha");
+  CHECK(mtime > 0);  // the source's, from the same open
+  tiers.fetch_sample(2, buffer);
+  CHECK(buffer.size() == 100);
+  CHECK(tiers.fetched().reads[at(Tier::kSource)] == 2);
+  CHECK(tiers.fetched().bytes[at(Tier::kSource)] == 105);
+  CHECK(tiers.served().reads[at(Tier::kSource)] == 0);
+}
+
+TEST_CASE("tiers: a sample over the limit is refused, unread when its size is known") {
+  Set set;
+  // A folder walk records every file's size.
+  std::filesystem::create_directories(set.dir / "walked/class");
+  prestage::test::write_file(set.dir / "walked/class/big.bin", bytes_of(std::string(100, 'x')));
+  prestage::test::write_file(set.dir / "walked/class/small.bin", bytes_of("small"));
+  const Catalog walked = Catalog::from_folder(set.dir / "walked", {".bin"});
+  const uint64_t big = walked.file_path(0) == "class/big.bin" ? 0 : 1;
+  Tiers known(walked, nullptr, 10);
+  TierScratch scratch;
+  std::vector<std::byte> buffer;
+  CHECK_THROWS_AS(known.read(big, nullptr, buffer, scratch), prestage::DecodeError);
+  CHECK_THROWS_AS(known.fetch_sample(big, buffer), prestage::DecodeError);
+  CHECK(buffer.capacity() == 0);
+  CHECK(text(known.read(1 - big, nullptr, buffer, scratch)) == "small");
+  // A list without sizes: refused once read.
+  Tiers unknown(set.catalog, nullptr, 10);
+  CHECK_THROWS_AS(unknown.read(2, nullptr, buffer, scratch), prestage::DecodeError);
+  CHECK_THROWS_AS(unknown.fetch_sample(2, buffer), prestage::DecodeError);
+}
