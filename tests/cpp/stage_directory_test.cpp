@@ -5,17 +5,12 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <atomic>
-#include <chrono>
 #include <fstream>
-#include <thread>
 
 #include "prestage/catalog.hpp"
 #include "prestage/error.hpp"
-#include "staging/stager.hpp"
-#include "tiers/stage_directory.hpp"
-#include "tiers/tiers.hpp"
 #include "util/file_io.hpp"
+#include "tiers/stage_directory.hpp"
 #include "test_util.hpp"
 
 using prestage::Catalog;
@@ -180,170 +175,52 @@ TEST_CASE("stage directory: source and directory failures give the claim back") 
   CHECK(stage.is_absent(0));
 }
 
-TEST_CASE("stager: copies every claimed file of its tasks, and calls each task's done once") {
-  for (size_t threads : {1, 2, 4}) {
-    CAPTURE(threads);
-    TempDir dir;
-    std::vector<std::string> paths;
-    for (int i = 0; i < 40; ++i) {
-      paths.push_back("f" + std::to_string(i));
-      std::ofstream(dir / paths.back()) << "content " << i;
-    }
-    const Catalog cat = Catalog::from_paths(dir.path(), paths);
-    StageDirectory stage(dir / "stage", cat);
-    std::vector<uint64_t> ids(40);
-    for (uint64_t i = 0; i < 40; ++i) {
-      ids[i] = (i * 7) % 40;
-      REQUIRE(stage.try_claim(ids[i]));  // stage 1 claims what stage 2 copies
-    }
-    std::atomic<int> done{0};
-    {
-      prestage::detail::Tiers tiers(cat, &stage, UINT64_MAX);
-      prestage::detail::Stager stager(tiers, threads);
-      prestage::detail::StageTask a, b;
-      for (auto* t : {&a, &b}) {
-        t->done = [](void* c) { static_cast<std::atomic<int>*>(c)->fetch_add(1); };
-        t->context = &done;
-      }
-      a.ids = ids.data();
-      a.count = 25;
-      b.ids = ids.data() + 25;
-      b.count = 15;
-      stager.submit(&a);
-      stager.submit(&b);
-      while (done.load() < 2) std::this_thread::yield();
-      prestage::Stats stats;
-      stager.add_to(stats, 1.0);
-      CHECK(stats.staged_files == 40);
-      CHECK(stats.stage_failures == 0);
-    }
-    CHECK(done.load() == 2);
-    for (uint64_t i = 0; i < 40; ++i) {
-      CHECK(stage.is_staged(i));
-      CHECK(stage.staged_size(i) == ("content " + std::to_string(i)).size());
-      CHECK(read_text(stage.staged_path(i)) == "content " + std::to_string(i));
-    }
-  }
-}
-
-TEST_CASE("stager: a missing source file is given up on, and the other samples are staged") {
+TEST_CASE("stage directory: abandon gives back a claim, and leaves a staged copy alone") {
   TempDir dir;
-  std::ofstream(dir / "ok") << "fine";
-  const Catalog cat = Catalog::from_paths(dir.path(), {"ok", "missing"});
+  write(dir / "src/a", "alpha");
+  write(dir / "src/b", "bravo");
+  const Catalog cat = Catalog::from_paths(dir / "src", {"a", "b"});
+  std::vector<std::byte> buffer;
+  {
+    StageDirectory earlier(dir / "stage", cat);
+    REQUIRE(earlier.try_claim(0));
+    REQUIRE(earlier.stage(0, cat.file_source_path(0).string(), buffer) == Outcome::kStaged);
+    earlier.abandon(0);  // a copy of this run
+    CHECK(earlier.is_staged(0));
+  }
   StageDirectory stage(dir / "stage", cat);
-  std::atomic<int> done{0};
-  prestage::detail::Tiers tiers(cat, &stage, UINT64_MAX);
-  prestage::detail::Stager stager(tiers, 2);
-  std::vector<uint64_t> ids{0, 1};
-  REQUIRE(stage.try_claim(0));
-  REQUIRE(stage.try_claim(1));
-  prestage::detail::StageTask task;
-  task.ids = ids.data();
-  task.count = 2;
-  task.done = [](void* c) { static_cast<std::atomic<int>*>(c)->fetch_add(1); };
-  task.context = &done;
-  stager.submit(&task);
-  while (done.load() < 1) std::this_thread::yield();
+  REQUIRE(stage.unverified(0));
+  stage.abandon(0);  // a copy of an earlier run, not yet checked: neither forgotten nor checked
   CHECK(stage.is_staged(0));
-  CHECK(!stage.is_staged(1));
-  CHECK(stage.is_absent(1));  // the claim was given back
-  prestage::Stats stats;
-  stager.add_to(stats, 1.0);
-  CHECK(stats.stage_failures == 1);
-  CHECK(!stats.stage_dir_disabled);
+  CHECK(stage.unverified(0));
+  CHECK(!stage.try_claim(0));
+  stage.abandon(1);  // absent stays absent
+  CHECK(stage.is_absent(1));
+  REQUIRE(stage.try_claim(1));
+  stage.abandon(1);
+  CHECK(stage.is_absent(1));
+  CHECK(stage.try_claim(1));  // a claim given back can be taken again
 }
 
-TEST_CASE("stager: declined samples are read into memory; a failed read is left to stage 3") {
+TEST_CASE("stage directory: an evicted copy is no longer one to check") {
   TempDir dir;
-  std::ofstream(dir / "a") << "alpha";
-  std::ofstream(dir / "b") << "bravo!";
-  std::ofstream(dir / "c") << "copied";
-  const Catalog cat = Catalog::from_paths(dir.path(), {"a", "missing", "b", "c"});
-  StageDirectory stage(dir / "stage", cat);
-  std::atomic<int> done{0};
-  prestage::detail::Tiers tiers(cat, &stage, UINT64_MAX);
-  prestage::detail::Stager stager(tiers, 2);
-  std::vector<uint64_t> files{3};
-  std::vector<uint64_t> read_ahead{0, 1, 2};
-  std::vector<std::vector<std::byte>> held(3);
-  std::vector<uint8_t> held_ok(3, 7);  // submit() clears them
-  REQUIRE(stage.try_claim(3));
-  prestage::detail::StageTask task;
-  task.ids = files.data();
-  task.count = files.size();
-  task.read_ahead = read_ahead.data();
-  task.read_ahead_count = read_ahead.size();
-  task.held = held.data();
-  task.held_ok = held_ok.data();
-  task.done = [](void* c) { static_cast<std::atomic<int>*>(c)->fetch_add(1); };
-  task.context = &done;
-  stager.submit(&task);
-  while (done.load() < 1) std::this_thread::yield();
-  const auto text = [](const std::vector<std::byte>& bytes) {
-    return std::string(reinterpret_cast<const char*>(bytes.data()), bytes.size());
-  };
-  CHECK(held_ok == std::vector<uint8_t>{1, 0, 1});
-  CHECK(text(held[0]) == "alpha");
-  CHECK(text(held[2]) == "bravo!");
-  CHECK(stage.is_staged(3));
-  CHECK(stage.is_absent(0));  // read ahead, not staged
-  prestage::Stats stats;
-  stager.add_to(stats, 1.0);
-  CHECK(stats.read_ahead == 2);
-  CHECK(stats.read_ahead_bytes == 11);
-  CHECK(stats.staged_files == 1);
-  CHECK(stats.stage_failures == 0);  // the missing file is stage 3's to report
-}
-
-TEST_CASE("stager: an expedited task completes once the copies under way finish") {
-  TempDir dir;
-  // The first file is a FIFO with no writer: the one stager thread blocks in it, as on a slow PFS.
-  REQUIRE(::mkfifo((dir / "slow").c_str(), 0644) == 0);
-  for (const char* name : {"b", "c", "d"}) std::ofstream(dir / name) << name;
-  const Catalog cat = Catalog::from_paths(dir.path(), {"slow", "b", "c", "d"});
-  StageDirectory stage(dir / "stage", cat);
-  std::atomic<int> done{0};
-  prestage::detail::Tiers tiers(cat, &stage, UINT64_MAX);
-  prestage::detail::Stager stager(tiers, 1);
-  std::vector<uint64_t> ids{0, 1, 2, 3};
-  for (const uint64_t id : ids) REQUIRE(stage.try_claim(id));
-  std::vector<uint64_t> read_ahead{1};
-  std::vector<std::byte> held;
-  uint8_t held_ok = 0;
-  prestage::detail::StageTask task;
-  task.ids = ids.data();
-  task.count = ids.size();
-  task.read_ahead = read_ahead.data();
-  task.read_ahead_count = 1;
-  task.held = &held;
-  task.held_ok = &held_ok;
-  task.done = [](void* c) { static_cast<std::atomic<int>*>(c)->fetch_add(1); };
-  task.context = &done;
-  stager.submit(&task);
-  while (task.next.load() == 0) std::this_thread::yield();  // the thread has taken "slow"
-
-  stager.expedite(&task);
-  for (const uint64_t id : {1, 2, 3}) CHECK(stage.is_absent(id));  // given back: stage 3 reads them
-  CHECK(done.load() == 0);  // the copy under way is not abandoned
-  stager.expedite(&task);  // a second call changes nothing
-  // A writer lets the copy finish; opening fails (ENXIO) until the thread has opened its end.
-  int fd = -1;
-  for (int tries = 0; fd < 0 && tries < 1000; ++tries) {
-    fd = ::open((dir / "slow").c_str(), O_WRONLY | O_NONBLOCK);
-    if (fd < 0) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  write(dir / "src/a", "alpha");
+  const Catalog cat = Catalog::from_paths(dir / "src", {"a"});
+  std::vector<std::byte> buffer;
+  {
+    StageDirectory earlier(dir / "stage", cat);
+    REQUIRE(earlier.try_claim(0));
+    REQUIRE(earlier.stage(0, cat.file_source_path(0).string(), buffer) == Outcome::kStaged);
   }
-  REQUIRE(fd >= 0);
-  ::close(fd);
-  while (done.load() == 0) std::this_thread::yield();
-  std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  CHECK(done.load() == 1);  // exactly once
-  prestage::Stats stats;
-  stager.add_to(stats, 1.0);
-  CHECK(stats.stage_expedited == 4);  // three copies and the read-ahead
-  CHECK(stats.staged_files + stats.stage_failures == 1);  // only "slow" was dealt with
-  CHECK(held_ok == 0);
-  CHECK(stats.read_ahead == 0);
-  for (const uint64_t id : {1, 2, 3}) CHECK(!stage.is_staged(id));
+  StageDirectory stage(dir / "stage", cat);
+  REQUIRE(stage.unverified(0));
+  stage.evict(0);
+  CHECK(stage.is_absent(0));
+  // Stage 1 hands an unverified file to stage 2 as a copy to check: once claimed for a new copy, it
+  // must not look like one.
+  CHECK(!stage.unverified(0));
+  REQUIRE(stage.try_claim(0));
+  CHECK(!stage.unverified(0));
 }
 
 TEST_CASE("stage directory: records appended after a torn one still vouch for their copies") {

@@ -66,7 +66,8 @@ class Stager {
 
   // Completes `task` as soon as the copies and reads under way finish: the items no thread has
   // started are given up (claims given back, reads left undone, so stage 3 reads them from the
-  // source). No-op for a task already complete or fully handed out.
+  // source; copies of an earlier run to check are checked here, on the caller's thread, and kept).
+  // No-op for a task already complete or fully handed out.
   void expedite(StageTask* task);
 
   // While cancelled, queued and new tasks complete at once, without copying (a pipeline that stops
@@ -84,7 +85,8 @@ class Stager {
   void read_one(const StageTask& task, size_t j);
   // Item i of `task`: a copy (i < count) or a read into memory.
   void deal_with(const StageTask& task, size_t i, std::vector<std::byte>& buffer);
-  // Gives up the items [from, items()) of `task`, which no thread will start.
+  // Gives up the items [from, items()) of `task`, which no thread will start: claims go back, and
+  // unless cancelled, copies of an earlier run are checked on the caller's thread.
   void give_up(const StageTask& task, size_t from);
   void disable(const std::string& why);
 

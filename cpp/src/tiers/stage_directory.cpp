@@ -236,10 +236,16 @@ bool StageDirectory::try_claim(uint64_t id) noexcept {
 }
 
 void StageDirectory::abandon(uint64_t id) noexcept {
-  state_[id].store(kAbsent, std::memory_order_release);
+  // Only a claim is given back: stage 2's give-up paths pass every file of a task, which also holds
+  // copies of an earlier run that were only to be checked; forgetting one would leave it on disk
+  // uncounted against the bound, and read from the source again.
+  uint8_t expected = kInFlight;
+  state_[id].compare_exchange_strong(expected, kAbsent, std::memory_order_acq_rel);
 }
 
 void StageDirectory::evict(uint64_t id) noexcept {
+  // A stale mark would make stage 1 hand a later claim of this file to stage 2 as a copy to check.
+  unverified_[id].store(0, std::memory_order_relaxed);
   state_[id].store(kAbsent, std::memory_order_release);
   ::unlink(staged_path(id).c_str());
 }

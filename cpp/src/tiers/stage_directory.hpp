@@ -57,6 +57,8 @@ class StageDirectory {
 
   // True if the caller now owns the copy of `id` (it was absent); then it must stage() or abandon().
   bool try_claim(uint64_t id) noexcept;
+  // Gives back a claim (in flight -> absent); a file in any other state, a staged copy included, is
+  // left as it is.
   void abandon(uint64_t id) noexcept;
   // Removes a copy (eviction). The caller guarantees no reader still needs it.
   void evict(uint64_t id) noexcept;
