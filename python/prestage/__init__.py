@@ -9,7 +9,7 @@ SSD with decoding into pinned batch buffers.
 ...         batch.images, batch.labels    # zero-copy NumPy views
 """
 
-from prestage import plan, transforms
+from prestage import options, plan, transforms
 from prestage._core import Batch, Catalog, __version__
 from prestage.errors import ConfigError, DecodeError, Error, IoError
 from prestage.loader import Loader
@@ -23,6 +23,7 @@ __all__ = [
     "IoError",
     "Loader",
     "__version__",
+    "options",
     "plan",
     "transforms",
 ]

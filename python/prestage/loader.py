@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import atexit
-import json
-import os
 import weakref
-from typing import Any, Dict, Iterator, Optional, Tuple, Union
+from typing import TYPE_CHECKING, Any, Dict, Iterator, Optional, Tuple
 
 from prestage import _core
 from prestage.errors import ConfigError
+from prestage.options import Options, load_tuned, to_core
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
+__all__ = ["Loader", "load_tuned"]
 
 _live_loaders: "weakref.WeakSet[Loader]" = weakref.WeakSet()
 
@@ -21,14 +25,9 @@ def _close_live_loaders() -> None:
         loader.close()
 
 
-_DECODE_MODES = ("jpeg", "raw", "npy", "npz", "hdf5")
-
-
-def _count(name: str, value: object, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ConfigError(f"{name} must be an integer, got {value!r}")
-    if value < minimum:
-        raise ConfigError(f"{name} must be at least {minimum}, got {value}")
+def _count(name: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ConfigError(f"{name} must be an integer >= 0, got {value!r}")
     return value
 
 
@@ -110,118 +109,28 @@ class Loader:
             ``None``: the archive's only array.
         max_sample_bytes: an array (or raw sample) larger than this is refused before any
             allocation (lying headers, decompression bombs).
-        tuned: a JSON file written by ``prestage tune``; its ``prefetchers``, ``readers``,
-            ``lookahead`` and ``depth`` replace those not given here explicitly.
+        tuned: a JSON file written by ``prestage tune``. Of ``prefetchers``, ``readers``,
+            ``lookahead`` and ``depth``, those not passed to this call take the file's values; one
+            passed always wins, even when it equals its default (precedence: the call, then the
+            file, then the default). ``options`` says what is in effect.
+
+    Every argument after ``image_size`` is a keyword (:class:`prestage.options.Options`); an option
+    not given has its C++ default (``prestage._core.LoaderOptions()``). Values are checked in one
+    place, the C++ core, whose :class:`prestage.ConfigError` names the first invalid option.
 
     >>> with prestage.Loader(catalog, batch_size=64, image_size=(224, 224)) as loader:
     ...     for batch in loader:
     ...         train_step(batch.images, batch.labels)
     """
 
-    def __init__(
-        self,
-        catalog: _core.Catalog,
-        batch_size: int,
-        image_size: Optional[Tuple[int, int]] = None,
-        shuffle: bool = True,
-        seed: int = 0,
-        stage_dir: Union[str, os.PathLike, None] = None,
-        cache_bytes: Optional[int] = None,
-        eviction: str = "clairvoyant",
-        prefetchers: int = 4,
-        readers: int = 2,
-        lookahead: int = 4,
-        depth: int = 4,
-        rank: int = 0,
-        world_size: int = 1,
-        drop_last: bool = False,
-        decode: Optional[str] = None,
-        max_pixels: int = 89_478_485,
-        transform: str = "center-crop",
-        layout: str = "NHWC",
-        dtype: str = "uint8",
-        mean: Tuple[float, float, float] = (0.0, 0.0, 0.0),
-        std: Tuple[float, float, float] = (1.0, 1.0, 1.0),
-        array_name: Optional[str] = None,
-        max_sample_bytes: int = 4 << 30,
-        io_timeout: Optional[float] = None,
-        stage_patience: Optional[float] = 0.05,
-        on_error: str = "raise",
-        tuned: Union[str, os.PathLike, None] = None,
-    ) -> None:
-        if tuned is not None:
-            threads = {"prefetchers": prefetchers, "readers": readers, "lookahead": lookahead,
-                       "depth": depth}
-            defaults = {"prefetchers": 4, "readers": 2, "lookahead": 4, "depth": 4}
-            for name, value in load_tuned(tuned).items():
-                if threads[name] == defaults[name]:
-                    threads[name] = value
-            prefetchers, readers = threads["prefetchers"], threads["readers"]
-            lookahead, depth = threads["lookahead"], threads["depth"]
-        if not isinstance(catalog, _core.Catalog):
-            raise ConfigError(f"catalog must be a prestage.Catalog, got {type(catalog).__name__}")
-        options = _core.LoaderOptions()
-        options.batch_size = _count("batch_size", batch_size, 1)
-        if image_size is not None:
-            if len(image_size) != 2:
-                raise ConfigError(f"image_size must be (height, width) or None, got {image_size!r}")
-            options.image_size = (_count("image_size[0]", image_size[0], 1),
-                                  _count("image_size[1]", image_size[1], 1))
-        options.shuffle = bool(shuffle)
-        options.seed = _count("seed", seed, 0)
-        options.stage_dir = "" if stage_dir is None else os.fspath(stage_dir)
-        # None: LoaderOptions::kFitFreeSpace.
-        options.cache_bytes = 2**64 - 1 if cache_bytes is None else _count("cache_bytes", cache_bytes, 0)
-        if eviction not in ("clairvoyant", "lru"):
-            raise ConfigError(f"eviction must be 'clairvoyant' or 'lru', got {eviction!r}")
-        options.eviction = getattr(_core.Eviction, eviction)
-        options.prefetchers = _count("prefetchers", prefetchers, 1)
-        options.readers = _count("readers", readers, 1)
-        options.lookahead = _count("lookahead", lookahead, 1)
-        options.depth = _count("depth", depth, 1)
-        options.rank = _count("rank", rank, 0)
-        options.world_size = _count("world_size", world_size, 1)
-        options.drop_last = bool(drop_last)
-        if decode is None:
-            decode = "hdf5" if catalog.kind == "hdf5" else "jpeg"
-        if decode not in _DECODE_MODES:
-            raise ConfigError(f"decode must be one of {', '.join(map(repr, _DECODE_MODES))}, got {decode!r}")
-        options.decode = getattr(_core.DecodeMode, decode)
-        options.max_pixels = _count("max_pixels", max_pixels, 1)
-        if io_timeout is not None:
-            if isinstance(io_timeout, bool) or not isinstance(io_timeout, (int, float)) or io_timeout <= 0:
-                raise ConfigError(f"io_timeout must be a positive number of seconds, got {io_timeout!r}")
-            options.io_timeout_ms = max(1, round(io_timeout * 1000))
-        if stage_patience is None:
-            options.stage_patience_ms = 2**64 - 1  # LoaderOptions::kWaitForStaging
-        elif isinstance(stage_patience, bool) or not isinstance(stage_patience, (int, float)) \
-                or stage_patience < 0:
-            raise ConfigError(f"stage_patience must be a number of seconds >= 0 or None, "
-                              f"got {stage_patience!r}")
-        else:
-            options.stage_patience_ms = min(round(stage_patience * 1000), 2**64 - 2)
-        if on_error not in ("raise", "skip"):
-            raise ConfigError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
-        options.on_error = getattr(_core.OnError, on_error)
-        transforms = {"center-crop": "center_crop", "random-resized-crop": "random_resized_crop"}
-        if transform not in transforms:
-            raise ConfigError(f"transform must be 'center-crop' or 'random-resized-crop', got {transform!r}")
-        options.transform = getattr(_core.Transform, transforms[transform])
-        if layout not in ("NHWC", "NCHW"):
-            raise ConfigError(f"layout must be 'NHWC' or 'NCHW', got {layout!r}")
-        options.layout = getattr(_core.Layout, layout)
-        if dtype not in ("uint8", "float32"):
-            raise ConfigError(f"dtype must be 'uint8' or 'float32', got {dtype!r}")
-        options.dtype = getattr(_core.OutputType, dtype)
-        try:
-            options.mean = [float(v) for v in mean]
-            options.std = [float(v) for v in std]
-        except (TypeError, ValueError) as e:
-            raise ConfigError(f"mean and std must be three numbers each: {e}") from e
-        options.array_name = "" if array_name is None else str(array_name)
-        options.max_sample_bytes = _count("max_sample_bytes", max_sample_bytes, 1)
-        self._loader: Optional[_core.Loader] = _core.Loader(catalog, options)
-        self._options = options
+    def __init__(self, catalog: _core.Catalog, batch_size: int,
+                 image_size: Optional[Tuple[int, int]] = None, **options: Unpack[Options]) -> None:
+        core_options = to_core(catalog, batch_size, image_size, options)
+        self._loader: Optional[_core.Loader] = _core.Loader(catalog, core_options)
+        self._options = self._loader.options
+        # Kept for state_dict() and len(), which stay usable once the loader is closed.
+        self._batches_per_epoch = self._loader.batches_per_epoch
+        self._image_size = self._loader.image_size
         self._num_samples = len(catalog)
         self._epoch = 0
         self._first_batch = 0  # where the next iteration starts (load_state_dict)
@@ -230,7 +139,19 @@ class Loader:
 
     def __len__(self) -> int:
         """Batches per epoch (the same on every rank)."""
-        return self._core.batches_per_epoch
+        return self._batches_per_epoch
+
+    @property
+    def options(self) -> _core.LoaderOptions:
+        """A copy of the options in effect (after ``tuned=`` and the defaults), as C++ holds them."""
+        return _core.LoaderOptions(self._options)
+
+    @property
+    def image_size(self) -> Optional[Tuple[int, int]]:
+        """``decode="jpeg"``: ``(height, width)`` of every image of a batch (``image_size``, or the
+        catalog's first image's as its codec reads it: a TFRecord record, a zstd frame, a byte range);
+        ``None`` for the other decode modes."""
+        return self._image_size
 
     @property
     def epoch(self) -> int:
@@ -239,7 +160,7 @@ class Loader:
 
     def set_epoch(self, epoch: int) -> None:
         """Chooses the epoch (and so the order) of the next iteration."""
-        self._epoch = _count("epoch", epoch, 0)
+        self._epoch = _count("epoch", epoch)
         self._first_batch = 0
 
     def __iter__(self) -> Iterator[_core.Batch]:
@@ -249,7 +170,10 @@ class Loader:
     def state_dict(self) -> Dict[str, Any]:
         """Where the loader is: enough to resume exactly, mid-epoch, with any thread counts.
 
-        ``batch`` counts the batches of ``epoch`` already delivered to the caller.
+        ``batch`` counts the batches of ``epoch`` already delivered to the caller: returned by the
+        iterator, or raised as their sample's error (``IoError``, ``DecodeError``: iteration goes on
+        past such a batch, and so does a resume). A ``next()`` that raised anything else (a closed
+        loader, every buffer held, ``KeyboardInterrupt``) delivered nothing. Usable after ``close()``.
         """
         epoch, batch = self._position
         if batch >= len(self):
@@ -280,8 +204,8 @@ class Loader:
             if state.get(key) != value:
                 raise ConfigError(f"state_dict was taken with {key}={state.get(key)!r}, "
                                   f"this loader has {key}={value!r}")
-        epoch = _count("state_dict['epoch']", state.get("epoch"), 0)
-        batch = _count("state_dict['batch']", state.get("batch"), 0)
+        epoch = _count("state_dict['epoch']", state.get("epoch"))
+        batch = _count("state_dict['batch']", state.get("batch"))
         if batch > len(self):
             raise ConfigError(f"state_dict['batch']={batch} is past an epoch of {len(self)} batches")
         self._epoch, self._first_batch = epoch, batch
@@ -290,7 +214,7 @@ class Loader:
     def stats(self) -> dict:
         """Per-stage counters and the consumer's stall time (seconds the caller waited); with
         ``on_error="skip"``, ``skipped`` and ``skipped_samples``."""
-        return self._core.stats()
+        return self._running.stats()
 
     def close(self) -> None:
         """Stops the pipeline and joins its threads. Idempotent; batches already lent stay valid."""
@@ -305,24 +229,10 @@ class Loader:
         self.close()
 
     @property
-    def _core(self) -> _core.Loader:
+    def _running(self) -> _core.Loader:
         if self._loader is None:
             raise ConfigError("the loader is closed")
         return self._loader
-
-
-def load_tuned(path: Union[str, os.PathLike]) -> Dict[str, int]:
-    """The thread counts and depths in a file written by ``prestage tune``."""
-    keys = ("prefetchers", "readers", "lookahead", "depth")
-    try:
-        with open(path) as f:
-            data = json.load(f)
-    except (OSError, ValueError) as e:
-        raise ConfigError(f"cannot read tuned options from {os.fspath(path)!r}: {e}") from e
-    options = data.get("options", data) if isinstance(data, dict) else None
-    if not isinstance(options, dict):
-        raise ConfigError(f"{os.fspath(path)!r} holds no options object")
-    return {k: _count(f"{k} in {os.fspath(path)!r}", options[k], 1) for k in keys if k in options}
 
 
 class _EpochIterator:
@@ -331,9 +241,8 @@ class _EpochIterator:
     def __init__(self, loader: Loader, epoch: int, first_batch: int = 0) -> None:
         self._loader = loader
         self._epoch = epoch
-        self._delivered = first_batch
         self._done = False
-        loader._core.start_epoch(epoch, first_batch)
+        loader._running.start_epoch(epoch, first_batch)
         loader._position = (epoch, first_batch)
 
     def __iter__(self) -> "_EpochIterator":
@@ -342,18 +251,17 @@ class _EpochIterator:
     def __next__(self) -> _core.Batch:
         if self._done:
             raise StopIteration
+        core = self._loader._running  # ConfigError once closed: nothing delivered
         try:
-            batch = self._loader._core.next()
-        except Exception:
-            self._advance()  # the failed batch counts as delivered: resume goes past it
-            raise
+            batch = core.next()
+        finally:
+            # The core counts a batch as delivered once returned or raised as its sample's error,
+            # never on another exception (see _core.Loader.position): the position is its.
+            epoch, delivered = core.position
+            if epoch == self._epoch:
+                self._loader._position = (epoch, delivered)
         if batch is None:
             self._done = True
             self._loader._epoch = self._epoch + 1
             raise StopIteration
-        self._advance()
         return batch
-
-    def _advance(self) -> None:
-        self._delivered += 1
-        self._loader._position = (self._epoch, self._delivered)

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import collections
 import os
-from typing import Any, Deque, Dict, Iterator, Optional, Sequence, Tuple, Union
+from typing import TYPE_CHECKING, Any, Deque, Dict, Iterator, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.utils.data
@@ -37,6 +37,10 @@ import torch.utils.data
 from prestage import _core
 from prestage.errors import ConfigError
 from prestage.loader import Loader as _NumpyLoader
+from prestage.options import CommonOptions
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 __all__ = ["Loader", "as_tensors", "distributed_rank"]
 
@@ -98,11 +102,11 @@ def _dtype_name(dtype: _DType) -> str:
     return names[dtype]
 
 
-def _channels(name: str, value: Any) -> Tuple[float, float, float]:
-    values = [value] * 3 if isinstance(value, (int, float)) else list(value)
-    if len(values) != 3 or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
-        raise ConfigError(f"{name} must be a number or 3 numbers (R, G, B), got {value!r}")
-    return tuple(float(v) for v in values)  # type: ignore[return-value]
+def _channels(name: str, value: Any) -> Any:
+    """One number for every channel, or the value as given (the core checks it)."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return (value,) * 3
+    return value
 
 
 def as_tensors(batch: _core.Batch) -> Tuple[torch.Tensor, torch.Tensor]:
@@ -204,11 +208,12 @@ class Loader(torch.utils.data.IterableDataset):
         mean, std: per channel (R, G, B) or one number, on the 0-1 scale as torchvision's ``Normalize``
             (e.g. ``mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225)``); float32 only.
         rank, world_size: this process's place among the data-parallel ranks (see above).
-        stage_dir, cache_bytes, eviction, prefetchers, readers, lookahead, depth, max_pixels, io_timeout,
-            tuned: as for :class:`prestage.Loader`.
-        on_error: ``"raise"`` (a sample that cannot be read or decoded raises at its batch) or ``"skip"``
-            (it is replaced by the next good sample of the epoch; batches keep their shape, ``stats()``
-            counts and lists the skipped samples): as for :class:`prestage.Loader`.
+        options: the other options, by keyword, as for :class:`prestage.Loader`
+            (:class:`prestage.options.CommonOptions`: ``stage_dir``, ``cache_bytes``, ``eviction``,
+            ``prefetchers``, ``readers``, ``lookahead``, ``depth``, ``max_pixels``, ``io_timeout``,
+            ``stage_patience``, ``on_error``, ``tuned``, ...). ``on_error="skip"`` replaces a sample
+            that cannot be read or decoded by the next good sample of the epoch, so batches keep their
+            shape; ``tuned=``'s values apply only to options not passed here.
 
     Raises:
         prestage.ConfigError: an invalid option; a ``DataLoader`` keyword with no meaning here (the message
@@ -228,51 +233,33 @@ class Loader(torch.utils.data.IterableDataset):
         batch_size: int,
         image_size: Optional[Tuple[int, int]] = None,
         *,
-        shuffle: bool = True,
-        seed: int = 0,
-        drop_last: bool = False,
-        transform: str = "center-crop",
         layout: str = "NCHW",
         dtype: _DType = torch.uint8,
         mean: Union[float, Sequence[float], None] = None,
         std: Union[float, Sequence[float], None] = None,
         rank: Optional[int] = None,
         world_size: Optional[int] = None,
-        stage_dir: Union[str, os.PathLike, None] = None,
-        cache_bytes: Optional[int] = None,
-        eviction: str = "clairvoyant",
-        prefetchers: int = 4,
-        readers: int = 2,
-        lookahead: int = 4,
-        depth: int = 4,
-        max_pixels: int = 89_478_485,
-        on_error: str = "raise",
-        io_timeout: Optional[float] = None,
-        tuned: Union[str, os.PathLike, None] = None,
-        **dataloader_keywords: Any,
+        **options: Unpack[CommonOptions],
     ) -> None:
         super().__init__()
-        for name in dataloader_keywords:
+        for name in options:
             if name in _DATALOADER_ONLY:
                 raise ConfigError(f"{name}= is a DataLoader option with no meaning for "
                                   f"prestage.torch.Loader: {_DATALOADER_ONLY[name]}")
-            raise TypeError(f"Loader() got an unexpected keyword argument {name!r}")
-        dtype_name = _dtype_name(dtype)
-        if dtype_name == "uint8" and (mean is not None or std is not None):
-            raise ConfigError("mean and std need dtype=torch.float32 (uint8 images are not normalised)")
-        mean3 = _channels("mean", 0.0 if mean is None else mean)
-        std3 = _channels("std", 1.0 if std is None else std)
-        if any(s <= 0 for s in std3):
-            raise ConfigError(f"std must be positive, got {std!r}")
+            if name not in CommonOptions.__optional_keys__:
+                raise TypeError(f"Loader() got an unexpected keyword argument {name!r}")
+        # What PyTorch spells differently is converted here; every rule is the core's.
+        image_options: Dict[str, Any] = {"layout": layout, "dtype": _dtype_name(dtype)}
+        if mean is not None:
+            image_options["mean"] = _channels("mean", mean)
+        if std is not None:
+            image_options["std"] = _channels("std", std)
         self._rank, self._world_size = distributed_rank(rank, world_size)
-        self._loader = _NumpyLoader(
-            catalog, batch_size, image_size=image_size, shuffle=shuffle, seed=seed, stage_dir=stage_dir,
-            cache_bytes=cache_bytes, eviction=eviction, prefetchers=prefetchers, readers=readers,
-            lookahead=lookahead, depth=depth, rank=self._rank, world_size=self._world_size,
-            drop_last=drop_last, decode="jpeg", max_pixels=max_pixels, transform=transform, layout=layout,
-            dtype=dtype_name, mean=mean3, std=std3, on_error=on_error, io_timeout=io_timeout, tuned=tuned)
-        self._layout, self._dtype = layout, dtype_name
-        self._lent = _LentUntilCopied(limit=max(0, self._loader._options.depth - 1))  # depth after `tuned`
+        self._loader = _NumpyLoader(catalog, batch_size, image_size, rank=self._rank,
+                                    world_size=self._world_size, decode="jpeg",
+                                    **image_options, **options)
+        self._layout, self._dtype = layout, image_options["dtype"]
+        self._lent = _LentUntilCopied(limit=max(0, self._loader.options.depth - 1))  # depth after `tuned`
 
     @property
     def rank(self) -> int:
@@ -334,7 +321,7 @@ class Loader(torch.utils.data.IterableDataset):
                           "buffers live in this one): iterate it here, with DataLoader num_workers=0")
 
     def __repr__(self) -> str:
-        return (f"prestage.torch.Loader(batch_size={self._loader._options.batch_size}, rank={self._rank}, "
+        return (f"prestage.torch.Loader(batch_size={self._loader.options.batch_size}, rank={self._rank}, "
                 f"world_size={self._world_size}, batches={len(self)}, layout={self._layout!r}, "
                 f"dtype={self._dtype!r})")
 

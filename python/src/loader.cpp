@@ -3,6 +3,7 @@
 #include <chrono>
 #include <stdexcept>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include <pybind11/numpy.h>
@@ -38,66 +39,72 @@ py::array typed_view(py::handle owner, const Batch& b, std::vector<py::ssize_t> 
   return py::array(dtype, std::move(shape), {}, b.data().data() + begin, owner);
 }
 
-py::dict stage_dict(const StageStats& s) {
-  py::dict d;
-  d["busy_s"] = s.busy_s;
-  d["idle_s"] = s.idle_s;
-  d["items"] = s.items;
-  d["bytes"] = s.bytes;
-  return d;
+// Stats as a dict, from one table of fields per struct: a field's key is its C++ name. A field added
+// to a struct of stats.hpp is added to its table here and to the stubs (prestage/_core.pyi).
+template <typename Struct, typename Member>
+struct Field {
+  const char* name;
+  Member Struct::*member;
+};
+template <typename Struct, typename Member>
+constexpr Field<Struct, Member> field(const char* name, Member Struct::*member) {
+  return {name, member};
 }
 
-py::dict stats_dict(const Stats& s) {
+constexpr auto kStageFields =
+    std::make_tuple(field("busy_s", &StageStats::busy_s), field("idle_s", &StageStats::idle_s),
+                    field("items", &StageStats::items), field("bytes", &StageStats::bytes));
+
+constexpr auto kEpochFields = std::make_tuple(
+    field("epoch", &EpochStats::epoch), field("hits", &EpochStats::hits),
+    field("misses", &EpochStats::misses), field("evictions", &EpochStats::evictions),
+    field("bytes_from_source", &EpochStats::bytes_from_source));
+
+constexpr auto kSkippedFields = std::make_tuple(
+    field("path", &SkippedSample::path), field("error", &SkippedSample::error),
+    field("sample", &SkippedSample::sample), field("replacement", &SkippedSample::replacement),
+    field("epoch", &SkippedSample::epoch), field("batch", &SkippedSample::batch));
+
+constexpr auto kStatsFields = std::make_tuple(
+    field("wall_s", &Stats::wall_s), field("batches", &Stats::batches),
+    field("samples", &Stats::samples), field("consumer_stall_s", &Stats::consumer_stall_s),
+    field("plan", &Stats::plan), field("stage", &Stats::stage), field("decode", &Stats::decode),
+    field("staged_files", &Stats::staged_files), field("adopted_files", &Stats::adopted_files),
+    field("already_staged", &Stats::already_staged),
+    field("stage_failures", &Stats::stage_failures),
+    field("stage_expedited", &Stats::stage_expedited), field("read_ahead", &Stats::read_ahead),
+    field("read_ahead_bytes", &Stats::read_ahead_bytes),
+    field("stage_dir_disabled", &Stats::stage_dir_disabled),
+    field("stage_dir_error", &Stats::stage_dir_error), field("hits", &Stats::hits),
+    field("misses", &Stats::misses), field("misses_read_ahead", &Stats::misses_read_ahead),
+    field("bytes_from_source", &Stats::bytes_from_source),
+    field("bytes_from_stage", &Stats::bytes_from_stage), field("skipped", &Stats::skipped),
+    field("skipped_samples", &Stats::skipped_samples), field("pinned", &Stats::pinned),
+    field("cache_bytes", &Stats::cache_bytes), field("stage_bytes", &Stats::stage_bytes),
+    field("stage_bytes_peak", &Stats::stage_bytes_peak), field("epochs", &Stats::epochs));
+
+template <typename Struct, typename Fields>
+py::dict to_dict(const Struct& s, const Fields& fields);
+
+// Plain values as pybind11 casts them; structs through their table; vectors as lists.
+template <typename T>
+py::object to_python(const T& value) {
+  return py::cast(value);
+}
+py::object to_python(const StageStats& s) { return to_dict(s, kStageFields); }
+py::object to_python(const EpochStats& s) { return to_dict(s, kEpochFields); }
+py::object to_python(const SkippedSample& s) { return to_dict(s, kSkippedFields); }
+template <typename T>
+py::object to_python(const std::vector<T>& values) {
+  py::list out;
+  for (const T& v : values) out.append(to_python(v));
+  return out;
+}
+
+template <typename Struct, typename Fields>
+py::dict to_dict(const Struct& s, const Fields& fields) {
   py::dict d;
-  d["wall_s"] = s.wall_s;
-  d["batches"] = s.batches;
-  d["samples"] = s.samples;
-  d["consumer_stall_s"] = s.consumer_stall_s;
-  d["plan"] = stage_dict(s.plan);
-  d["stage"] = stage_dict(s.stage);
-  d["decode"] = stage_dict(s.decode);
-  d["staged_files"] = s.staged_files;
-  d["adopted_files"] = s.adopted_files;
-  d["already_staged"] = s.already_staged;
-  d["stage_failures"] = s.stage_failures;
-  d["stage_expedited"] = s.stage_expedited;
-  d["read_ahead"] = s.read_ahead;
-  d["read_ahead_bytes"] = s.read_ahead_bytes;
-  d["stage_dir_disabled"] = s.stage_dir_disabled;
-  d["stage_dir_error"] = s.stage_dir_error;
-  d["hits"] = s.hits;
-  d["misses"] = s.misses;
-  d["misses_read_ahead"] = s.misses_read_ahead;
-  d["bytes_from_source"] = s.bytes_from_source;
-  d["bytes_from_stage"] = s.bytes_from_stage;
-  d["skipped"] = s.skipped;
-  py::list skipped;
-  for (const auto& k : s.skipped_samples) {
-    py::dict kd;
-    kd["path"] = k.path;
-    kd["error"] = k.error;
-    kd["sample"] = k.sample;
-    kd["replacement"] = k.replacement;
-    kd["epoch"] = k.epoch;
-    kd["batch"] = k.batch;
-    skipped.append(kd);
-  }
-  d["skipped_samples"] = skipped;
-  d["pinned"] = s.pinned;
-  d["cache_bytes"] = s.cache_bytes;
-  d["stage_bytes"] = s.stage_bytes;
-  d["stage_bytes_peak"] = s.stage_bytes_peak;
-  py::list epochs;
-  for (const auto& e : s.epochs) {
-    py::dict ed;
-    ed["epoch"] = e.epoch;
-    ed["hits"] = e.hits;
-    ed["misses"] = e.misses;
-    ed["evictions"] = e.evictions;
-    ed["bytes_from_source"] = e.bytes_from_source;
-    epochs.append(ed);
-  }
-  d["epochs"] = epochs;
+  std::apply([&](const auto&... f) { ((d[f.name] = to_python(s.*(f.member))), ...); }, fields);
   return d;
 }
 
@@ -125,8 +132,16 @@ void register_loader(py::module_& m) {
 
   py::enum_<OnError>(m, "OnError").value("raise", OnError::kRaise).value("skip", OnError::kSkip);
 
-  py::class_<LoaderOptions>(m, "LoaderOptions", "Every option of a Loader; see prestage.Loader.")
-      .def(py::init<>())
+  py::class_<LoaderOptions> options(m, "LoaderOptions", R"doc(
+Every option of a Loader, as C++ holds it (see prestage.Loader for their meaning, and
+prestage.options for how the Python arguments become these fields). validate() is the one check.
+
+>>> o = prestage._core.LoaderOptions(); o.readers = 4; o.validate()
+)doc");
+  options.attr("FIT_FREE_SPACE") = LoaderOptions::kFitFreeSpace;
+  options.attr("WAIT_FOR_STAGING") = LoaderOptions::kWaitForStaging;
+  options.def(py::init<>(), "The defaults.")
+      .def(py::init<const LoaderOptions&>(), py::arg("other"), "A copy of `other`.")
       .def_readwrite("batch_size", &LoaderOptions::batch_size)
       .def_property(
           "image_size",
@@ -169,7 +184,11 @@ void register_loader(py::module_& m) {
           })
       .def_readwrite("array_name", &LoaderOptions::array_name)
       .def_readwrite("max_sample_bytes", &LoaderOptions::max_sample_bytes)
-      .def("validate", &LoaderOptions::validate);
+      .def("validate", &LoaderOptions::validate, R"doc(
+Raises prestage.ConfigError naming the first invalid option: the one place options are checked.
+
+>>> options = prestage._core.LoaderOptions(); options.depth = 1; options.validate()
+)doc");
 
   py::class_<Batch, std::shared_ptr<Batch>>(m, "Batch", R"doc(
 A decoded batch, lent by the loader. Its arrays are views of a batch buffer of the loader's ring (no
@@ -265,8 +284,44 @@ copy); the buffer is reused only after the batch and every array viewing it have
 
   py::class_<Loader>(m, "Loader", "The C++ loader; use prestage.Loader.")
       .def(py::init<Catalog, LoaderOptions>(), py::arg("catalog"), py::arg("options"),
-           py::call_guard<py::gil_scoped_release>())
+           py::call_guard<py::gil_scoped_release>(), R"doc(
+Validates `options` (prestage.ConfigError naming the first invalid one) and allocates the ring.
+
+>>> core = prestage._core.Loader(catalog, prestage._core.LoaderOptions())
+)doc")
       .def_property_readonly("batches_per_epoch", &Loader::batches_per_epoch)
+      .def_property_readonly(
+          "options", [](const Loader& l) { return l.options(); },
+          "A copy of the options in effect.\n\n>>> core.options.depth")
+      .def_property_readonly(
+          "image_size",
+          [](const Loader& l) -> py::object {
+            const ImageSize size = l.image_size();
+            if (size.empty()) return py::none();
+            return py::make_tuple(size.height, size.width);
+          },
+          R"doc(
+decode="jpeg": (height, width) of every image of a batch: the image_size option, or the size of
+the catalog's first image read through its codec (TFRecord record, zstd frame, byte range).
+None for the other decode modes.
+
+>>> core.image_size
+(375, 500)
+)doc")
+      .def_property_readonly(
+          "position",
+          [](const Loader& l) {
+            const Loader::Position p = l.position();
+            return py::make_tuple(p.epoch, p.batch);
+          },
+          R"doc(
+(epoch, batch): the batch next() returns next. A batch counts once next() has returned it or
+raised its sample's error (IoError, DecodeError); a next() that raises anything else (a closed
+loader, every buffer held, KeyboardInterrupt) leaves the position as it was.
+
+>>> core.position
+(0, 3)
+)doc")
       .def("start_epoch", &Loader::start_epoch, py::arg("epoch"), py::arg("first_batch") = 0,
            py::call_guard<py::gil_scoped_release>())
       .def(
@@ -286,7 +341,9 @@ copy); the buffer is reused only after the batch and every array viewing it have
             }
           },
           "The next batch of the epoch, or None at its end. Raises the error of a failed sample.")
-      .def("stats", [](const Loader& l) { return stats_dict(l.stats()); })
+      .def(
+          "stats", [](const Loader& l) { return to_dict(l.stats(), kStatsFields); },
+          "Per-stage counters (prestage.Loader.stats).\n\n>>> core.stats()['consumer_stall_s']")
       .def("close", &Loader::close, py::call_guard<py::gil_scoped_release>());
 }
 

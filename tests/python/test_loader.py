@@ -296,3 +296,115 @@ def test_holding_every_buffer_raises_instead_of_hanging(folder):
         with pytest.raises(prestage.ConfigError, match="depth"):
             for b in loader:
                 held.append(b.images)  # a view keeps its buffer lent
+
+
+# ------------------------------------------------------------------------------- resume and options
+
+def test_state_dict_counts_a_batch_that_raised_its_sample_error_as_delivered(folder):
+    cat = prestage.Catalog.from_folder(folder)
+    cat.source_path(5).unlink()  # with shuffle=False: batch 1 of size 4
+    with prestage.Loader(cat, batch_size=4, shuffle=False) as loader:
+        it = iter(loader)
+        next(it)
+        with pytest.raises(prestage.IoError):
+            next(it)
+        assert loader.state_dict()["batch"] == 2  # a resume goes on past the failed batch
+        assert next(it).index == 2
+
+
+def test_state_dict_does_not_count_a_refused_next_as_delivered(folder):
+    cat = prestage.Catalog.from_folder(folder)
+    with prestage.Loader(cat, batch_size=4, depth=2, shuffle=False) as loader:
+        it = iter(loader)
+        held = [next(it).images, next(it).images]  # every buffer lent
+        with pytest.raises(prestage.ConfigError):
+            next(it)
+        assert loader.state_dict()["batch"] == 2
+        del held
+        gc.collect()
+        assert next(it).index == 2  # the refused batch comes now
+        assert loader.state_dict()["batch"] == 3
+
+
+def test_state_dict_of_a_closed_loader_counts_what_was_delivered(folder):
+    cat = prestage.Catalog.from_folder(folder)
+    loader = prestage.Loader(cat, batch_size=4)
+    it = iter(loader)
+    next(it), next(it)
+    loader.close()
+    with pytest.raises(prestage.ConfigError):
+        next(it)
+    assert loader.state_dict()["batch"] == 2
+
+
+def test_state_dict_does_not_count_an_interrupted_wait_as_delivered(stalled_catalog, sigint_raises):
+    import _thread
+
+    # The one sample's read never returns, so next() waits until Ctrl+C.
+    loader = prestage.Loader(stalled_catalog, batch_size=1, image_size=(8, 8), io_timeout=60)
+    timer = threading.Timer(0.2, _thread.interrupt_main)
+    timer.start()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            next(iter(loader))
+        assert loader.state_dict()["batch"] == 0
+    finally:
+        timer.cancel()
+        loader.close()
+
+
+@pytest.fixture
+def tuned_file(tmp_path):
+    path = tmp_path / "tuned.json"
+    path.write_text('{"options": {"readers": 1, "prefetchers": 9, "lookahead": 3, "depth": 5}}')
+    return path
+
+
+def test_tuned_file_fills_only_the_options_not_given(folder, tuned_file):
+    cat = prestage.Catalog.from_folder(folder)
+    # readers and prefetchers given, equal to their defaults: they stay.
+    with prestage.Loader(cat, batch_size=4, readers=2, prefetchers=4, tuned=tuned_file) as loader:
+        o = loader.options
+        assert (o.readers, o.prefetchers, o.lookahead, o.depth) == (2, 4, 3, 5)
+    with prestage.Loader(cat, batch_size=4, tuned=tuned_file) as loader:
+        o = loader.options
+        assert (o.readers, o.prefetchers, o.lookahead, o.depth) == (1, 9, 3, 5)
+
+
+@pytest.mark.parametrize("depth", [1, 2])
+def test_depth_two_is_the_least_a_loop_can_run_with(folder, depth):
+    cat = prestage.Catalog.from_folder(folder)
+    if depth == 1:  # a loop holds one batch while it asks for the next
+        with pytest.raises(prestage.ConfigError):
+            prestage.Loader(cat, batch_size=4, depth=depth)
+        return
+    with prestage.Loader(cat, batch_size=4, depth=depth) as loader:
+        assert [b.index for b in loader] == list(range(6))
+
+
+@pytest.mark.parametrize("kwargs", [
+    {"mean": (0.5, 0.5, 0.5)}, {"std": (0.5, 0.5, 0.5)},  # uint8 images are not normalised
+    {"dtype": "float32", "std": (1.0, 0.0, 1.0)}, {"mean": (0.5, 0.5)}, {"batch_size": -1},
+    {"seed": -1}, {"batch_size": True}, {"image_size": (0, 0)}, {"io_timeout": 0}, {"eviction": "fifo"},
+    {"depth": 4097}, {"readers": 1025}, {"stage_patience": -1}, {"cache_bytes": -1}, {"on_error": "ignore"},
+])
+def test_more_bad_options_raise_config_error(folder, kwargs):
+    cat = prestage.Catalog.from_folder(folder)
+    with pytest.raises(prestage.ConfigError):
+        prestage.Loader(cat, **{"batch_size": 4, **kwargs})
+
+
+def test_unknown_option_is_a_type_error(folder):
+    cat = prestage.Catalog.from_folder(folder)
+    with pytest.raises(TypeError):
+        prestage.Loader(cat, batch_size=4, bogus=1)
+
+
+def test_image_size_is_the_size_of_the_images_delivered(make_folder):
+    cat = prestage.Catalog.from_folder(make_folder(1, 3, size=(20, 30)))
+    with prestage.Loader(cat, batch_size=3) as loader:
+        assert loader.image_size == (20, 30)
+    with prestage.Loader(cat, batch_size=3, image_size=(8, 9)) as loader:
+        assert loader.image_size == (8, 9)
+    with prestage.Loader(cat, batch_size=3, decode="raw") as loader:
+        assert loader.image_size is None

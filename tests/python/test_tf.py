@@ -84,3 +84,22 @@ def test_io_timeout_is_passed_through(stalled_catalog):
     ds = prestage.tf.dataset(stalled_catalog, batch_size=1, image_size=(32, 32), io_timeout=0.3)
     with pytest.raises(Exception, match="io_timeout"):
         next(iter(ds))
+
+
+def test_signature_has_the_image_size_of_tfrecord_and_zstd_catalogs(tmp_path, write_tfrecord, encode_jpeg):
+    # The first sample's bytes are not a JPEG file of its own: a record of a TFRecord file, a zstd frame.
+    zstandard = pytest.importorskip("zstandard")
+    rng = np.random.default_rng(0)
+    images = [rng.integers(0, 256, (20, 30, 3), dtype=np.uint8) for _ in range(4)]
+    records = write_tfrecord(tmp_path / "a.tfrecord",
+                             [{"image": encode_jpeg(a), "label": i} for i, a in enumerate(images)])
+    tfrecord = prestage.Catalog.from_tfrecord([records], features={"image": "image", "label": "label"})
+    (tmp_path / "z").mkdir()
+    for i, a in enumerate(images):
+        (tmp_path / "z" / f"{i}.jpg.zst").write_bytes(zstandard.ZstdCompressor().compress(encode_jpeg(a)))
+    zstd = prestage.Catalog.from_paths(tmp_path / "z", [f"{i}.jpg.zst" for i in range(4)])
+    for cat in (tfrecord, zstd):
+        for layout, shape in (("NHWC", [4, 20, 30, 3]), ("NCHW", [4, 3, 20, 30])):
+            ds = prestage.tf.dataset(cat, batch_size=4, layout=layout)
+            assert ds.element_spec[0].shape.as_list() == shape
+            assert [tuple(images.shape) for images, _ in ds] == [tuple(shape)]

@@ -390,3 +390,19 @@ def test_io_timeout_is_passed_through(stalled_catalog):
     with pt.Loader(stalled_catalog, batch_size=1, image_size=(32, 32), io_timeout=0.3) as loader:
         with pytest.raises(prestage.IoError, match="io_timeout"):
             next(iter(loader))
+
+
+def test_tuned_file_fills_only_the_options_not_given(folder, tmp_path):
+    tuned = tmp_path / "tuned.json"
+    tuned.write_text(json.dumps({"options": {"readers": 1, "prefetchers": 9, "lookahead": 3, "depth": 5}}))
+    cat = prestage.Catalog.from_folder(folder)
+    with pt.Loader(cat, batch_size=4, readers=2, prefetchers=4, tuned=tuned) as loader:
+        o = loader._loader.options
+        assert (o.readers, o.prefetchers, o.lookahead, o.depth) == (2, 4, 3, 5)
+
+
+def test_mean_and_std_with_uint8_are_refused_as_by_the_numpy_loader(folder):
+    cat = prestage.Catalog.from_folder(folder)
+    for make in (pt.Loader, prestage.Loader):
+        with pytest.raises(prestage.ConfigError):
+            make(cat, batch_size=4, mean=(0.5, 0.5, 0.5))

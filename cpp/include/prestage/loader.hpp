@@ -25,6 +25,20 @@ class Loader {
   const Catalog& catalog() const noexcept;
   const LoaderOptions& options() const noexcept;
   uint64_t batches_per_epoch() const noexcept;
+  // decode=jpeg: the (height, width) of every image of a batch: options().image_size, or when that is
+  // empty the size of the catalog's first image, read through its codec (a TFRecord record, a zstd
+  // frame, a byte range) at construction. Empty for the other decode modes.
+  ImageSize image_size() const noexcept;
+
+  // The consumer's position: the epoch and index of the batch next() returns next. A batch is
+  // counted once next() has returned it or thrown its sample's error; a next() that throws anything
+  // else (a closed loader, every buffer held) leaves the position as it was. Not thread-safe with
+  // next().
+  struct Position {
+    uint64_t epoch = 0;
+    uint64_t batch = 0;
+  };
+  Position position() const noexcept;
 
   // Positions the loader at batch `first_batch` of `epoch` (resume). The pipeline runs on across epoch
   // boundaries (the plan of epoch e + 1 is known), so starting epoch e + 1 right after epoch e ends

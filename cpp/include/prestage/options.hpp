@@ -87,7 +87,8 @@ struct LoaderOptions {
   uint64_t readers = 2;      // stage 3 threads (CPU bound: about the cores you can spare)
   uint64_t lookahead = 4;    // batches that stage 2 may work on ahead of stage 3
   // Batch buffers in the ring: batches decoded ahead plus those the caller holds. At least 2: a loop
-  // holds one batch while it asks for the next.
+  // holds one batch while it asks for the next, so with 1 the second next() would find every buffer
+  // lent and throw (Loader::next); at most 4096.
   uint64_t depth = 4;
 
   // A read of the source (or of the stage directory) that takes longer than this fails (an IoError,
@@ -111,7 +112,8 @@ struct LoaderOptions {
   Transform transform = Transform::kCenterCrop;
   Layout layout = Layout::kNHWC;
   OutputType dtype = OutputType::kUint8;
-  // kFloat32 only: per channel (R, G, B), on the 0..1 scale (torchvision's ToTensor + Normalize).
+  // kFloat32 only (validate() refuses other values with kUint8): per channel (R, G, B), on the 0..1
+  // scale (torchvision's ToTensor + Normalize).
   float mean[3] = {0.0f, 0.0f, 0.0f};
   float stddev[3] = {1.0f, 1.0f, 1.0f};
 
@@ -121,7 +123,8 @@ struct LoaderOptions {
   // allocation (decompression bombs, lying headers).
   uint64_t max_sample_bytes = uint64_t{4} << 30;
 
-  // Throws ConfigError naming the first invalid option.
+  // Throws ConfigError naming the first invalid option. The one place where options are checked:
+  // the Python package converts its arguments to these fields and leaves every rule to this.
   void validate() const;
 };
 

@@ -103,12 +103,14 @@ class Loader::Impl {
   Wait next_for(std::chrono::milliseconds timeout, std::optional<Batch>& out);
   Stats stats() const;
   void close();
+  Position position() const noexcept { return {epoch, batch}; }
 
   // Kept apart from `shared`, which a forked child abandons.
   Catalog catalog;
   LoaderOptions options;
   std::unique_ptr<detail::Shared> shared;
   uint64_t batches_per_epoch = 0;
+  ImageSize image_size;  // Loader::image_size()
 
  private:
   void check_usable() const;
@@ -205,6 +207,7 @@ Loader::Impl::Impl(Catalog catalog_in, LoaderOptions options_in)
       }
     }
     shared->image_size = size;
+    image_size = size;
     if (static_cast<uint64_t>(size.height) * size.width > o.max_pixels) {
       throw ConfigError("image_size exceeds max_pixels");
     }
@@ -377,6 +380,8 @@ Loader::~Loader() { close(); }
 const Catalog& Loader::catalog() const noexcept { return impl_->catalog; }
 const LoaderOptions& Loader::options() const noexcept { return impl_->options; }
 uint64_t Loader::batches_per_epoch() const noexcept { return impl_->batches_per_epoch; }
+ImageSize Loader::image_size() const noexcept { return impl_->image_size; }
+Loader::Position Loader::position() const noexcept { return impl_->position(); }
 void Loader::start_epoch(uint64_t epoch, uint64_t first_batch) { impl_->start(epoch, first_batch); }
 
 std::optional<Batch> Loader::next() {

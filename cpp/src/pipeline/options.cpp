@@ -50,6 +50,10 @@ void LoaderOptions::validate() const {
         mean[c] < -1e30f) {
       throw ConfigError("std must be positive and mean and std finite, per channel");
     }
+    // uint8 images are not normalised: a mean or std given for them would be silently ignored.
+    if (dtype != OutputType::kFloat32 && (mean[c] != 0.0f || stddev[c] != 1.0f)) {
+      throw ConfigError("mean and std apply to dtype=float32 only");
+    }
   }
   at_least("max_sample_bytes", max_sample_bytes, 1);
   if (on_error != OnError::kRaise && on_error != OnError::kSkip) {

@@ -23,7 +23,7 @@ from typing import Any, Dict
 from prestage.bench import report
 from prestage.bench.grid import counts, pipelined_jobs, run_jobs
 from prestage.bench.session import add_data_options, add_emulator_options, machine, note, positive, session
-from prestage.loader import load_tuned
+from prestage.options import load_tuned
 
 DEFAULT_BATCHES = 20
 

@@ -1,0 +1,194 @@
+# Stubs of prestage's C++ extension module (python/src/*.cpp): what type checkers and IDEs read.
+# tests/python/test_stubs.py checks that they name every public name of the module and its classes.
+from os import PathLike
+from types import ModuleType
+from typing import Any, ClassVar, Dict, List, Optional, Sequence, Tuple, Union
+
+import numpy as np
+import numpy.typing as npt
+
+__version__: str
+
+_Path = Union[str, PathLike[str]]
+
+# ------------------------------------------------------------------------------------------ catalog
+
+class Catalog:
+    """The immutable, indexed list of samples 0..N-1 of a data set."""
+
+    @staticmethod
+    def from_folder(root: _Path, extensions: Sequence[str] = ...) -> Catalog: ...
+    @staticmethod
+    def from_list(path: _Path, root: _Path) -> Catalog: ...
+    @staticmethod
+    def from_paths(root: _Path, paths: Sequence[str], labels: Sequence[int] = ...,
+                   classes: Sequence[str] = ...) -> Catalog: ...
+    @staticmethod
+    def from_hdf5(paths: Union[_Path, Sequence[_Path]], dataset: str,
+                  labels: Optional[str] = None) -> Catalog: ...
+    @staticmethod
+    def from_tfrecord(paths: Union[_Path, Sequence[_Path]], features: Dict[str, str]) -> Catalog: ...
+    @staticmethod
+    def load(path: _Path) -> Catalog: ...
+    def save(self, path: _Path) -> None: ...
+    def __len__(self) -> int: ...
+    @property
+    def kind(self) -> str: ...
+    @property
+    def field(self) -> str: ...
+    @property
+    def root(self) -> Any: ...  # pathlib.Path
+    @property
+    def classes(self) -> List[str]: ...
+    @property
+    def fingerprint(self) -> int: ...
+    def path(self, i: int) -> str: ...
+    def source_path(self, i: int) -> Any: ...  # pathlib.Path
+    def label(self, i: int) -> int: ...
+
+# --------------------------------------------------------------------------------------------- plan
+
+def epoch_order(num_samples: int, seed: int, epoch: int, shuffle: bool = True) -> npt.NDArray[np.uint64]: ...
+def epoch_batches(num_samples: int, batch_size: int, seed: int, epoch: int, shuffle: bool = True,
+                  drop_last: bool = False, rank: int = 0, world_size: int = 1) -> List[List[int]]: ...
+
+# ------------------------------------------------------------------------------------------ options
+
+class _Enum:
+    """A pybind11 enum: members are class attributes; ``__members__`` maps names to them."""
+
+    __members__: ClassVar[Dict[str, Any]]
+    def __init__(self, value: int) -> None: ...
+    def __eq__(self, other: object) -> bool: ...
+    def __ne__(self, other: object) -> bool: ...
+    def __hash__(self) -> int: ...
+    def __index__(self) -> int: ...
+    def __int__(self) -> int: ...
+    def __getstate__(self) -> int: ...
+    def __setstate__(self, state: int) -> None: ...
+    @property
+    def name(self) -> str: ...
+    @property
+    def value(self) -> int: ...
+
+class DecodeMode(_Enum):
+    jpeg: ClassVar[DecodeMode]
+    raw: ClassVar[DecodeMode]
+    npy: ClassVar[DecodeMode]
+    npz: ClassVar[DecodeMode]
+    hdf5: ClassVar[DecodeMode]
+
+class Transform(_Enum):
+    center_crop: ClassVar[Transform]
+    random_resized_crop: ClassVar[Transform]
+
+class Layout(_Enum):
+    NHWC: ClassVar[Layout]
+    NCHW: ClassVar[Layout]
+
+class OutputType(_Enum):
+    uint8: ClassVar[OutputType]
+    float32: ClassVar[OutputType]
+
+class Eviction(_Enum):
+    clairvoyant: ClassVar[Eviction]
+    lru: ClassVar[Eviction]
+
+class OnError(_Enum):
+    # `raise` is a keyword: the member is reached as OnError.__members__["raise"].
+    skip: ClassVar[OnError]
+
+class LoaderOptions:
+    """Every option of a Loader, as C++ holds it; validate() is the one check."""
+
+    FIT_FREE_SPACE: ClassVar[int]
+    WAIT_FOR_STAGING: ClassVar[int]
+    batch_size: int
+    image_size: Optional[Tuple[int, int]]
+    decode: DecodeMode
+    shuffle: bool
+    seed: int
+    drop_last: bool
+    rank: int
+    world_size: int
+    stage_dir: str
+    cache_bytes: int
+    eviction: Eviction
+    prefetchers: int
+    readers: int
+    lookahead: int
+    depth: int
+    max_pixels: int
+    io_timeout_ms: int
+    stage_patience_ms: int
+    on_error: OnError
+    transform: Transform
+    layout: Layout
+    dtype: OutputType
+    mean: List[float]
+    std: List[float]
+    array_name: str
+    max_sample_bytes: int
+    def __init__(self, other: LoaderOptions = ...) -> None: ...
+    def validate(self) -> None: ...
+
+# ------------------------------------------------------------------------------------ batch, loader
+
+class Batch:
+    """A decoded batch, lent by the loader; its arrays are zero-copy views of a ring buffer."""
+
+    def __len__(self) -> int: ...
+    @property
+    def epoch(self) -> int: ...
+    @property
+    def index(self) -> int: ...
+    @property
+    def pinned(self) -> bool: ...
+    @property
+    def images(self) -> npt.NDArray[Any]: ...
+    @property
+    def arrays(self) -> Union[npt.NDArray[Any], List[npt.NDArray[Any]]]: ...
+    @property
+    def ragged(self) -> bool: ...
+    @property
+    def dtype(self) -> np.dtype[Any]: ...
+    @property
+    def shapes(self) -> List[Tuple[int, ...]]: ...
+    @property
+    def data(self) -> npt.NDArray[np.uint8]: ...
+    @property
+    def offsets(self) -> npt.NDArray[np.uint64]: ...
+    @property
+    def labels(self) -> npt.NDArray[np.int64]: ...
+    @property
+    def indices(self) -> npt.NDArray[np.int64]: ...
+
+class Loader:
+    """The C++ loader; use prestage.Loader."""
+
+    def __init__(self, catalog: Catalog, options: LoaderOptions) -> None: ...
+    @property
+    def batches_per_epoch(self) -> int: ...
+    @property
+    def options(self) -> LoaderOptions: ...
+    @property
+    def image_size(self) -> Optional[Tuple[int, int]]: ...
+    @property
+    def position(self) -> Tuple[int, int]: ...
+    def start_epoch(self, epoch: int, first_batch: int = 0) -> None: ...
+    def next(self) -> Optional[Batch]: ...
+    def stats(self) -> Dict[str, Any]: ...
+    def close(self) -> None: ...
+
+# ------------------------------------------------------------------------------------ transforms
+
+class _Transforms(ModuleType):
+    """The submodule ``prestage._core.transforms``: stage 3's random transforms."""
+
+    @staticmethod
+    def random_resized_crop_params(seed: int, epoch: int, index: int, height: int,
+                                   width: int) -> Tuple[int, int, int, int, bool]: ...
+    @staticmethod
+    def crop_draws(seed: int, epoch: int, index: int, count: int) -> List[float]: ...
+
+transforms: _Transforms

@@ -1,0 +1,256 @@
+"""The keyword options of :class:`prestage.Loader`, :class:`prestage.torch.Loader` and
+:func:`prestage.tf.dataset`: one definition for all three.
+
+Each takes ``catalog, batch_size, image_size=None`` and then options by keyword, typed here (IDEs and
+type checkers read them from ``**options: Unpack[...]``; :class:`prestage.Loader` documents what each
+one means):
+
+- :class:`CommonOptions`: every surface (``prestage.torch.Loader`` adds ``rank``, ``world_size``,
+  ``layout``, ``dtype``, ``mean`` and ``std`` of its own, in PyTorch's terms);
+- :class:`ImageOptions`: ``CommonOptions`` plus the plain-value image and rank options
+  (``prestage.tf.dataset``);
+- :class:`Options`: ``ImageOptions`` plus the decoding options of arrays (``prestage.Loader``).
+
+An option not given keeps its default, which is the C++ one (``prestage._core.LoaderOptions()``), or
+takes its value from a ``tuned=`` file. Precedence, highest first: an option given in the call (even
+one equal to its default), the ``tuned=`` file (``prefetchers``, ``readers``, ``lookahead``,
+``depth``), the default.
+
+Which values are valid is decided in one place, ``LoaderOptions::validate()`` in C++, whose
+``ConfigError`` reaches Python as :class:`prestage.ConfigError`. This module only converts Python
+values to the C++ fields (names to enums, seconds to milliseconds, ``None`` to the C++ sentinels,
+paths to strings) and refuses what cannot be converted, with the same ``ConfigError``.
+"""
+
+from __future__ import annotations
+
+import json
+import numbers
+import operator
+import os
+from typing import Any, Callable, Dict, Literal, Mapping, Optional, Sequence, Tuple, TypedDict, Union
+
+from prestage import _core
+from prestage.errors import ConfigError
+
+__all__ = ["CommonOptions", "ImageOptions", "Options", "load_tuned"]
+
+
+class CommonOptions(TypedDict, total=False):
+    """The options every surface takes; see :class:`prestage.Loader` for their meaning."""
+
+    shuffle: bool
+    seed: int
+    drop_last: bool
+    transform: Literal["center-crop", "random-resized-crop"]
+    stage_dir: Union[str, os.PathLike[str], None]
+    cache_bytes: Optional[int]
+    eviction: Literal["clairvoyant", "lru"]
+    prefetchers: int
+    readers: int
+    lookahead: int
+    depth: int
+    max_pixels: int
+    io_timeout: Optional[float]
+    stage_patience: Optional[float]
+    on_error: Literal["raise", "skip"]
+    tuned: Union[str, os.PathLike[str], None]
+
+
+class ImageOptions(CommonOptions, total=False):
+    """:class:`CommonOptions` plus the rank and the output format of images, as plain values."""
+
+    rank: int
+    world_size: int
+    layout: Literal["NHWC", "NCHW"]
+    dtype: Literal["uint8", "float32"]
+    mean: Sequence[float]
+    std: Sequence[float]
+
+
+class Options(ImageOptions, total=False):
+    """:class:`ImageOptions` plus how samples other than JPEG images are decoded."""
+
+    decode: Optional[Literal["jpeg", "raw", "npy", "npz", "hdf5"]]
+    array_name: Optional[str]
+    max_sample_bytes: int
+
+
+_TUNED = ("prefetchers", "readers", "lookahead", "depth")
+
+
+def load_tuned(path: Union[str, os.PathLike[str]]) -> Dict[str, int]:
+    """The thread counts and depths in a file written by ``prestage tune`` (those it holds)."""
+    try:
+        with open(path) as f:
+            data = json.load(f)
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"cannot read tuned options from {os.fspath(path)!r}: {e}") from e
+    options = data.get("options", data) if isinstance(data, dict) else None
+    if not isinstance(options, dict):
+        raise ConfigError(f"{os.fspath(path)!r} holds no options object")
+    out = {}
+    for key in _TUNED:
+        if key in options:
+            value = options[key]
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise ConfigError(f"{key} in {os.fspath(path)!r} must be an integer, got {value!r}")
+            out[key] = value
+    return out
+
+
+# ------------------------------------------------------------------- Python values -> C++ fields
+
+def _set(options: _core.LoaderOptions, field: str, name: str, value: Any) -> None:
+    try:
+        setattr(options, field, value)
+    except TypeError:  # pybind11: a negative or too large integer, a sequence of the wrong length
+        raise ConfigError(f"{name}={value!r} cannot be converted to the loader's option") from None
+
+
+def _integer(options: _core.LoaderOptions, name: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise ConfigError(f"{name} must be an integer, got {value!r}")
+    _set(options, name, name, operator.index(value))
+
+
+def _flag(options: _core.LoaderOptions, name: str, value: Any) -> None:
+    _set(options, name, name, bool(value))
+
+
+def _enum(enum: Any, names: Optional[Mapping[str, str]] = None) -> Callable[..., None]:
+    """A converter from a name (``names`` maps Python's spelling to the C++ enum's) to ``enum``."""
+    spelling = names or {name: name for name in enum.__members__}
+
+    def convert(options: _core.LoaderOptions, name: str, value: Any) -> None:
+        if not isinstance(value, str) or value not in spelling:
+            raise ConfigError(f"{name} must be one of {', '.join(map(repr, spelling))}, got {value!r}")
+        _set(options, name, name, enum.__members__[spelling[value]])
+
+    return convert
+
+
+def _seconds(field: str, none: int, zero_means_none: bool) -> Callable[..., None]:
+    """Seconds (or None: the C++ sentinel ``none``) to the millisecond field ``field``."""
+
+    def convert(options: _core.LoaderOptions, name: str, value: Any) -> None:
+        if value is None:
+            _set(options, field, name, none)
+            return
+        if isinstance(value, bool) or not isinstance(value, numbers.Real) or value != value:
+            raise ConfigError(f"{name} must be a number of seconds or None, got {value!r}")
+        # Milliseconds are unsigned; where 0 means "no limit" to C++, only None may say so.
+        if value < 0 or (zero_means_none and value == 0):
+            raise ConfigError(f"{name} must be {'positive' if zero_means_none else 'at least 0'} "
+                              f"seconds or None, got {value!r}")
+        ms = round(float(value) * 1000)
+        if zero_means_none:
+            ms = max(1, ms)
+        _set(options, field, name, min(ms, (none or 2**64) - 1))  # the sentinel is no time
+
+    return convert
+
+
+def _cache_bytes(options: _core.LoaderOptions, name: str, value: Any) -> None:
+    if value is None:
+        options.cache_bytes = _core.LoaderOptions.FIT_FREE_SPACE
+    else:
+        _integer(options, name, value)
+
+
+def _text(field: str) -> Callable[..., None]:
+    """A path or a name (None: the empty string, which C++ reads as "none")."""
+
+    def convert(options: _core.LoaderOptions, name: str, value: Any) -> None:
+        text = "" if value is None else os.fspath(value) if isinstance(value, os.PathLike) else value
+        if not isinstance(text, str):
+            raise ConfigError(f"{name} must be a string, a path or None, got {value!r}")
+        _set(options, field, name, text)
+
+    return convert
+
+
+def _channels(options: _core.LoaderOptions, name: str, value: Any) -> None:
+    try:
+        channels = [float(v) for v in value]
+    except (TypeError, ValueError):
+        raise ConfigError(f"{name} must be 3 numbers (R, G, B), got {value!r}") from None
+    if len(channels) != 3:
+        raise ConfigError(f"{name} must be 3 numbers (R, G, B), got {value!r}")
+    _set(options, name, name, channels)
+
+
+_decode_mode = _enum(_core.DecodeMode)
+
+
+def _decode(options: _core.LoaderOptions, name: str, value: Any) -> None:
+    if value is not None:  # None: the catalog's own (set before the options are converted)
+        _decode_mode(options, name, value)
+
+
+_CONVERT: Dict[str, Callable[[_core.LoaderOptions, str, Any], None]] = {
+    "shuffle": _flag,
+    "seed": _integer,
+    "drop_last": _flag,
+    "transform": _enum(_core.Transform, {"center-crop": "center_crop",
+                                         "random-resized-crop": "random_resized_crop"}),
+    "stage_dir": _text("stage_dir"),
+    "cache_bytes": _cache_bytes,
+    "eviction": _enum(_core.Eviction),
+    "prefetchers": _integer,
+    "readers": _integer,
+    "lookahead": _integer,
+    "depth": _integer,
+    "max_pixels": _integer,
+    "io_timeout": _seconds("io_timeout_ms", none=0, zero_means_none=True),
+    "stage_patience": _seconds("stage_patience_ms", none=_core.LoaderOptions.WAIT_FOR_STAGING,
+                               zero_means_none=False),
+    "on_error": _enum(_core.OnError),
+    "rank": _integer,
+    "world_size": _integer,
+    "layout": _enum(_core.Layout),
+    "dtype": _enum(_core.OutputType),
+    "mean": _channels,
+    "std": _channels,
+    "decode": _decode,
+    "array_name": _text("array_name"),
+    "max_sample_bytes": _integer,
+}
+
+
+def to_core(catalog: _core.Catalog, batch_size: int, image_size: Optional[Tuple[int, int]],
+            given: Mapping[str, Any], surface: str = "Loader") -> _core.LoaderOptions:
+    """The C++ options for the arguments of a call of ``surface``: those in ``given`` converted, the
+    ``tuned=`` file's for the tuned ones not in ``given``, the C++ defaults for the rest. Not
+    validated here: the C++ Loader's constructor does that.
+
+    Raises:
+        TypeError: an option that ``surface`` does not take (as Python does for a keyword argument).
+        prestage.ConfigError: a value that cannot be converted; the tuned file cannot be read.
+    """
+    for name in given:
+        if name != "tuned" and name not in _CONVERT:
+            raise TypeError(f"{surface}() got an unexpected keyword argument {name!r}")
+    if not isinstance(catalog, _core.Catalog):
+        raise ConfigError(f"catalog must be a prestage.Catalog, got {type(catalog).__name__}")
+    values = {k: v for k, v in given.items() if k != "tuned"}
+    tuned = given.get("tuned")
+    if tuned is not None:
+        for name, value in load_tuned(tuned).items():
+            values.setdefault(name, value)
+    options = _core.LoaderOptions()
+    _integer(options, "batch_size", batch_size)
+    if image_size is not None:
+        # C++ reads (0, 0) as "no image_size": only None may say that.
+        if isinstance(image_size, (str, bytes)) or len(image_size) != 2 \
+                or not all(isinstance(v, numbers.Integral) and not isinstance(v, bool) and v > 0
+                           for v in image_size):
+            raise ConfigError(f"image_size must be (height, width) of positive integers or None, "
+                              f"got {image_size!r}")
+        _set(options, "image_size", "image_size", (operator.index(image_size[0]),
+                                                   operator.index(image_size[1])))
+    if catalog.kind == "hdf5":
+        options.decode = _core.DecodeMode.hdf5
+    for name, value in values.items():
+        _CONVERT[name](options, name, value)
+    return options
