@@ -102,7 +102,7 @@ def _dtype_name(dtype: _DType) -> str:
     return names[dtype]
 
 
-def _channels(name: str, value: Any) -> Any:
+def _channels(value: Any) -> Any:
     """One number for every channel, or the value as given (the core checks it)."""
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         return (value,) * 3
@@ -251,9 +251,9 @@ class Loader(torch.utils.data.IterableDataset):
         # What PyTorch spells differently is converted here; every rule is the core's.
         image_options: Dict[str, Any] = {"layout": layout, "dtype": _dtype_name(dtype)}
         if mean is not None:
-            image_options["mean"] = _channels("mean", mean)
+            image_options["mean"] = _channels(mean)
         if std is not None:
-            image_options["std"] = _channels("std", std)
+            image_options["std"] = _channels(std)
         self._rank, self._world_size = distributed_rank(rank, world_size)
         self._loader = _NumpyLoader(catalog, batch_size, image_size, rank=self._rank,
                                     world_size=self._world_size, decode="jpeg",

@@ -39,8 +39,8 @@ py::array typed_view(py::handle owner, const Batch& b, std::vector<py::ssize_t> 
   return py::array(dtype, std::move(shape), {}, b.data().data() + begin, owner);
 }
 
-// Stats as a dict, from one table of fields per struct: a field's key is its C++ name. A field added
-// to a struct of stats.hpp is added to its table here and to the stubs (prestage/_core.pyi).
+// Stats as a dict, from one table of fields per struct: a field's key is its C++ name. A field
+// added to a struct of stats.hpp is added to its table here.
 template <typename Struct, typename Member>
 struct Field {
   const char* name;

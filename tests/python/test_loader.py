@@ -408,3 +408,22 @@ def test_image_size_is_the_size_of_the_images_delivered(make_folder):
         assert loader.image_size == (8, 9)
     with prestage.Loader(cat, batch_size=3, decode="raw") as loader:
         assert loader.image_size is None
+
+
+def test_stats_keys_are_the_documented_ones(folder):
+    cat = prestage.Catalog.from_folder(folder)
+    cat.source_path(3).write_bytes(b"not a jpeg")
+    with prestage.Loader(cat, batch_size=4, on_error="skip") as loader:
+        epoch(loader)
+        s = loader.stats()
+    assert set(s) == {
+        "wall_s", "batches", "samples", "consumer_stall_s", "plan", "stage", "decode", "staged_files",
+        "adopted_files", "already_staged", "stage_failures", "stage_expedited", "read_ahead",
+        "read_ahead_bytes", "stage_dir_disabled", "stage_dir_error", "hits", "misses", "misses_read_ahead",
+        "bytes_from_source", "bytes_from_stage", "skipped", "skipped_samples", "pinned", "cache_bytes",
+        "stage_bytes", "stage_bytes_peak", "epochs"}
+    assert s["skipped"] == 1
+    assert set(s["skipped_samples"][0]) == {"path", "error", "sample", "replacement", "epoch", "batch"}
+    assert s["skipped_samples"][0]["sample"] == 3 and isinstance(s["skipped_samples"][0]["path"], str)
+    assert set(s["epochs"][0]) == {"epoch", "hits", "misses", "evictions", "bytes_from_source"}
+    assert isinstance(s["pinned"], bool) and isinstance(s["wall_s"], float)

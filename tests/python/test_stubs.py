@@ -91,7 +91,7 @@ def test_type_checkers_see_every_option_of_the_loader(tmp_path):
         "size: 'tuple[int, int] | None' = ok.image_size\n"
         "bad = prestage.Loader(cat, 4, readerz=2)\n"
         "worse = prestage.Loader(cat, 4, layout='CHW')\n")
-    done = subprocess.run([sys.executable, "-m", "mypy", "--no-incremental", "--cache-dir", str(tmp_path / "cache"),
-                           str(user)], capture_output=True, text=True, cwd=tmp_path)
+    done = subprocess.run([sys.executable, "-m", "mypy", "--no-incremental", "--cache-dir",
+                           str(tmp_path / "cache"), str(user)], capture_output=True, text=True, cwd=tmp_path)
     lines = [line for line in done.stdout.splitlines() if ": error:" in line]
     assert [line.split(":")[1] for line in lines] == ["5", "6"], done.stdout + done.stderr
