@@ -1,5 +1,5 @@
-// The POSIX file access under stages 2 and 3: every failure an IoError with its path and errno, reads
-// bounded by io_timeout and given up on the cancel flag.
+// The POSIX file access under stages 2 and 3: every failure an IoError with its path and errno,
+// reads bounded by io_timeout and given up on the cancel flag.
 #include <doctest/doctest.h>
 
 #include <sys/resource.h>
@@ -147,7 +147,7 @@ TEST_CASE("file io: a directory or an unreadable file is an IoError with its err
   }
 }
 
-TEST_CASE("file io: write_file_atomically publishes the whole file, and no partial one on failure") {
+TEST_CASE("file io: write_file_atomically publishes a whole file, and no partial one on failure") {
   TempDir dir;
   const std::string path = (dir / "out").string();
   const std::string tmp = path + ".tmp";
@@ -175,7 +175,9 @@ TEST_CASE("file io: write_file_atomically publishes the whole file, and no parti
   // The rename fails (a directory is in the way): the temporary file is removed.
   const std::string blocked = (dir / "blocked").string();
   std::filesystem::create_directories(blocked + "/inside");
-  CHECK(io_errno(blocked, [&] { io::write_file_atomically(blocked, blocked + ".tmp", bytes); }) != 0);
+  CHECK(io_errno(blocked, [&] {
+          io::write_file_atomically(blocked, blocked + ".tmp", bytes);
+        }) != 0);
   CHECK(!std::filesystem::exists(blocked + ".tmp"));
   CHECK(std::filesystem::is_directory(blocked));
 
@@ -189,7 +191,8 @@ TEST_CASE("file io: write_file_atomically publishes the whole file, and no parti
     small.rlim_cur = 4096;
     REQUIRE(::setrlimit(RLIMIT_FSIZE, &small) == 0);
     const std::string big = (dir / "big").string();
-    const int err = io_errno(big + ".tmp", [&] { io::write_file_atomically(big, big + ".tmp", bytes); });
+    const int err =
+        io_errno(big + ".tmp", [&] { io::write_file_atomically(big, big + ".tmp", bytes); });
     ::setrlimit(RLIMIT_FSIZE, &old_limit);
     std::signal(SIGXFSZ, old_handler);
     CHECK(err == EFBIG);
@@ -203,7 +206,7 @@ TEST_CASE("file io: write_file_atomically publishes the whole file, and no parti
   CHECK(!std::filesystem::exists(nowhere));
 }
 
-TEST_CASE("file io: a read that stalls fails with ETIMEDOUT after io_timeout, on every entry point") {
+TEST_CASE("file io: a read that stalls fails with ETIMEDOUT after io_timeout, whatever the call") {
   TempDir dir;
   const std::string path = (dir / "stalled").string();
   const prestage::test::StalledFile stalled(path);
@@ -223,13 +226,13 @@ TEST_CASE("file io: a read that stalls fails with ETIMEDOUT after io_timeout, on
   CHECK(timed([&] { io::read_range(path, 0, out); }) == ETIMEDOUT);
   CHECK(timed([&] { io::read_file_exact(path, out); }) == ETIMEDOUT);
   CHECK(timed([&] { io::read_located(path, whole(0), buffer); }) == ETIMEDOUT);
-  // A good file is still read under the limit, on the helper threads.
+  // A good file is still read under a limit, on the helper threads (a generous one: this machine
+  // may be loaded, and the stalled reads above still hold threads).
+  const io::IoTimeoutScope generous(std::chrono::seconds(30));
   const std::string good = (dir / "good").string();
   write(good, "fine");
   io::read_file(good, buffer);
   CHECK(text(buffer) == "fine");
-  CHECK(io_errno((dir / "missing").string(),
-                 [&] { io::read_file((dir / "missing").string(), buffer); }) == ENOENT);
 }
 
 TEST_CASE("file io: the limit and cancel flag are per thread, and a scope restores them") {
@@ -254,7 +257,7 @@ TEST_CASE("file io: the limit and cancel flag are per thread, and a scope restor
   CHECK(io::io_cancel() == nullptr);
 }
 
-TEST_CASE("file io: the cancel flag makes a stalled read give up with ECANCELED, long before its limit") {
+TEST_CASE("file io: the cancel flag gives a stalled read up (ECANCELED) long before its limit") {
   TempDir dir;
   const std::string path = (dir / "stalled").string();
   const prestage::test::StalledFile stalled(path);
@@ -268,15 +271,15 @@ TEST_CASE("file io: the cancel flag makes a stalled read give up with ECANCELED,
   CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(20));
   // Set while the read waits.
   cancel.store(false);
+  start = std::chrono::steady_clock::now();
   std::thread setter([&] {
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
     cancel.store(true);
   });
-  start = std::chrono::steady_clock::now();
   std::vector<std::byte> out(4);
   CHECK(io_errno(path, [&] { io::read_range(path, 0, out); }) == ECANCELED);
   const auto took = std::chrono::steady_clock::now() - start;
   setter.join();
-  CHECK(took >= std::chrono::milliseconds(90));
+  CHECK(took >= std::chrono::milliseconds(100));  // not given up before the flag was set
   CHECK(took < std::chrono::seconds(20));  // far from the 10 minutes of the limit
 }

@@ -1,9 +1,9 @@
-// The loader with the default stage_patience (50 ms): when stage 2 lags, stage 3 takes the consumer's
-// next batch and reads the files no copy has started from the source (Stager::expedite).
+// The loader with the default stage_patience (50 ms): when stage 2 lags, stage 3 takes the
+// consumer's next batch and reads the files no copy has started from the source (expedite).
 //
-// Stage 2 is made to lag without relying on timing: the stage directory holds a locked file where the
-// copy of a chosen file goes (as another process writing it would), so the stager thread that copies
-// it waits for the lock until the test lets go.
+// Stage 2 is made to lag without relying on timing: the stage directory holds a locked file where
+// the copy of a chosen file goes (as another process writing it would), so the stager thread that
+// copies it waits for the lock until the test lets go.
 #include <doctest/doctest.h>
 
 #include <fcntl.h>
@@ -70,7 +70,9 @@ std::vector<std::string> copy_paths(const std::string& stage_dir, const Catalog&
 uint64_t bytes_on_disk(const std::string& stage_dir) {
   uint64_t bytes = 0;
   for (const auto& entry : std::filesystem::recursive_directory_iterator(stage_dir)) {
-    if (entry.is_regular_file() && entry.path().filename() != "index.log") bytes += entry.file_size();
+    if (entry.is_regular_file() && entry.path().filename() != "index.log") {
+      bytes += entry.file_size();
+    }
   }
   return bytes;
 }

@@ -1,5 +1,5 @@
-// Stage 2's Stager driven directly, over a real StageDirectory in a temporary folder: each test plays
-// stage 1's part (claims) and stage 3's (waits for `done`).
+// Stage 2's Stager driven directly, over a real StageDirectory in a temporary folder: each test
+// plays stage 1's part (claims) and stage 3's (waits for `done`).
 #include <doctest/doctest.h>
 
 #include <sys/stat.h>
@@ -438,7 +438,7 @@ TEST_CASE("stager: expediting keeps the earlier run's copies it was to check, an
   }
 }
 
-TEST_CASE("stager: cancelled, it completes queued and new tasks without copying, and keeps copies") {
+TEST_CASE("stager: cancelled, it completes queued and new tasks without copying; copies stay") {
   for (size_t threads : {1, 2, 4}) {
     CAPTURE(threads);
     TempDir dir;

@@ -131,9 +131,9 @@ class StalledFile {
   std::filesystem::path path_;
 };
 
-// Lets the reader blocked in opening a FIFO go on: opens a writer once the reader waits, and closes it
-// at once (the reader then fails: a FIFO is no regular file). Retries for up to 30 s; false if no
-// reader came.
+// Lets the reader blocked in opening a FIFO go on: opens a writer once the reader waits, and closes
+// it at once (the reader then fails: a FIFO is no regular file). Retries for up to 30 s; false if
+// no reader came.
 inline bool release_fifo_reader(const std::filesystem::path& path) {
   for (int tries = 0; tries < 6000; ++tries) {
     const int fd = ::open(path.c_str(), O_WRONLY | O_NONBLOCK);  // ENXIO until a reader waits

@@ -78,8 +78,8 @@ void Stager::give_up(const StageTask& task, size_t from) {
   for (size_t i = from; i < task.count; ++i) {
     const uint64_t id = task.ids[i];
     directory_->abandon(id);  // a claim of stage 1's goes back; a copy to check stays
-    // Stage 3 reads such a copy next: it is checked now (a local read, no wait on the source) so
-    // that an unchecked copy is never served. A cancelled batch is not read: its next use checks it.
+    // Stage 3 reads such a copy next: it is checked now (a local read, no wait on the source), so
+    // that no unchecked copy is served. A cancelled batch is not read: its next use checks it.
     if (!cancelled && directory_->is_staged(id) && directory_->unverified(id) &&
         !directory_->verify(id, buffer)) {
       failures_.fetch_add(1, std::memory_order_relaxed);
