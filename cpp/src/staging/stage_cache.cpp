@@ -16,13 +16,14 @@ StageCache::StageCache(const Catalog& catalog, const PlanOptions& plan, StageDir
       directory_(directory),
       capacity_(capacity),
       eviction_(eviction),
-      window_(window),
+      window_(std::max<uint64_t>(window, 1)),
       per_epoch_(0),
       stride_(0),
       far_epochs_(std::min(kMaxFarEpochs, 8 * plan.world_size)),
       key_(catalog.num_files(), kNever),
       last_batch_(catalog.num_files(), 0),
       charged_(catalog.num_files(), 0),
+      pins_(window_),
       far_(far_epochs_) {
   const uint64_t batches = batches_per_epoch(plan_);
   per_epoch_ = batches * plan_.batch_size;  // positions are batch * batch_size + k: may skip a few
@@ -96,11 +97,27 @@ void StageCache::enter_epoch(uint64_t epoch, uint64_t position_in_epoch) {
   // of the tracked files costs little per sample.
   rekey_.clear();
   for (const auto& [key, file] : tracked_) {
-    if (key == kNotSoon || (key % stride_ == per_epoch_ && key / stride_ <= epoch + 2)) {
-      rekey_.push_back(file);
-    }
+    if (stale(key, epoch)) rekey_.push_back(file);
   }
   for (const uint64_t file : rekey_) track(file, next_use_from(file, epoch, position_in_epoch));
+}
+
+bool StageCache::stale(uint64_t key, uint64_t epoch) const {
+  return key == kNotSoon || (key % stride_ == per_epoch_ && key / stride_ <= epoch + 2);
+}
+
+void StageCache::unpin_oldest(uint64_t epoch, uint64_t position_in_epoch) {
+  std::vector<uint64_t>& oldest = pins_[batch_seq_ % window_];
+  for (const uint64_t file : oldest) {
+    // Used again since (pinned by a later batch), or no longer tracked: nothing to do.
+    if (last_batch_[file] + window_ != batch_seq_ || key_[file] == kNever) continue;
+    // Keyed before the last epoch change, which did not see it.
+    if (eviction_ == Eviction::kClairvoyant && stale(key_[file], epoch)) {
+      key_[file] = next_use_from(file, epoch, position_in_epoch);
+    }
+    tracked_.insert({key_[file], file});
+  }
+  oldest.clear();
 }
 
 uint64_t StageCache::size_of(uint64_t file) const {
@@ -116,7 +133,7 @@ uint64_t StageCache::size_of(uint64_t file) const {
 void StageCache::track(uint64_t file, uint64_t key) {
   if (key_[file] != kNever) tracked_.erase({key_[file], file});
   key_[file] = key;
-  tracked_.insert({key, file});
+  if (!pinned(file)) tracked_.insert({key, file});
 }
 
 void StageCache::untrack(uint64_t file) {
@@ -130,6 +147,7 @@ void StageCache::untrack(uint64_t file) {
 void StageCache::restart(uint64_t epoch, uint64_t batch) {
   batch_seq_ = 0;
   std::fill(last_batch_.begin(), last_batch_.end(), 0);
+  for (auto& files : pins_) files.clear();
   tracked_.clear();
   std::fill(key_.begin(), key_.end(), kNever);
   std::fill(charged_.begin(), charged_.end(), 0);
@@ -160,12 +178,11 @@ void StageCache::publish_usage() {
 
 bool StageCache::make_room(uint64_t need, uint64_t incoming_key, EpochStats& stats) {
   if (need > capacity_) return false;
-  // Victims, best first, skipping files of the last `window` batches (possibly being read).
+  // Victims, best first (files of the last `window` batches, possibly being read, are not tracked).
   std::vector<std::pair<uint64_t, uint64_t>> victims;
   uint64_t freed = 0;
   auto consider = [&](const std::pair<uint64_t, uint64_t>& entry) {
     const uint64_t file = entry.second;
-    if (last_batch_[file] != 0 && last_batch_[file] + window_ > batch_seq_) return true;
     // Belady with bypass: only a file needed later than the incoming one is worth giving up.
     if (eviction_ == Eviction::kClairvoyant && entry.first <= incoming_key) return false;
     victims.push_back(entry);
@@ -192,7 +209,11 @@ void StageCache::admit(uint64_t epoch, uint64_t batch, const uint64_t* samples, 
                        std::vector<uint64_t>& to_stage, std::vector<size_t>& declined,
                        EpochStats& stats) {
   ++batch_seq_;
-  if (epoch != epoch_ && capacity_ != 0) enter_epoch(epoch, batch * plan_.batch_size);
+  if (capacity_ != 0) {
+    if (epoch != epoch_) enter_epoch(epoch, batch * plan_.batch_size);
+    unpin_oldest(epoch, batch * plan_.batch_size);
+  }
+  std::vector<uint64_t>& pinned_now = pins_[batch_seq_ % window_];
   for (size_t k = 0; k < count; ++k) {
     const uint64_t file = catalog_.locator(samples[k]).file;
     const uint64_t here = batch * plan_.batch_size + k;
@@ -210,6 +231,7 @@ void StageCache::admit(uint64_t epoch, uint64_t batch, const uint64_t* samples, 
           used_ += charged_[file];
         }
         track(file, key);
+        pinned_now.push_back(file);
       }
       continue;
     }
@@ -228,6 +250,7 @@ void StageCache::admit(uint64_t epoch, uint64_t batch, const uint64_t* samples, 
       charged_[file] = size;
       used_ += size;
       track(file, key);
+      pinned_now.push_back(file);
     }
   }
   publish_usage();

@@ -63,6 +63,13 @@ class StageCache {
   // On entering `epoch`: files keyed "somewhere in" one of its first three epochs get their exact
   // position, files keyed kNotSoon are looked up again.
   void enter_epoch(uint64_t epoch, uint64_t position_in_epoch);
+  // A clairvoyant key that enter_epoch() would look up again in `epoch`.
+  bool stale(uint64_t key, uint64_t epoch) const;
+  bool pinned(uint64_t file) const {
+    return last_batch_[file] != 0 && last_batch_[file] + window_ > batch_seq_;
+  }
+  // Files of the batch that has just left the window become candidates for eviction.
+  void unpin_oldest(uint64_t epoch, uint64_t position_in_epoch);
   uint64_t size_of(uint64_t file) const;
   void track(uint64_t file, uint64_t key);
   void untrack(uint64_t file);
@@ -82,10 +89,14 @@ class StageCache {
   uint64_t epoch_ = kNever;  // of the last admit() or restart()
 
   uint64_t batch_seq_ = 0;       // batches planned since restart()
-  std::vector<uint64_t> key_;    // per file: its key in `tracked_`, kNever if not tracked
+  std::vector<uint64_t> key_;    // per file: its key (in `tracked_` unless pinned), or kNever
   std::vector<uint64_t> last_batch_;  // per file: batch_seq_ + 1 of its last planned use, 0 if none
   std::vector<uint64_t> charged_;     // per file: bytes charged to `used_` while tracked
-  std::set<std::pair<uint64_t, uint64_t>> tracked_;  // (key, file) for staged or claimed files
+  // (key, file) for staged or claimed files, but for those of the last `window` batches (pinned:
+  // never evicted), which enter it when their batch leaves the window. So an eviction never walks
+  // past the files in flight, which Belady's order puts first (used now, next used late).
+  std::set<std::pair<uint64_t, uint64_t>> tracked_;
+  std::vector<std::vector<uint64_t>> pins_;  // the files of batch s in pins_[s % window]
   uint64_t used_ = 0;
   std::atomic<uint64_t> used_shown_{0};
   std::atomic<uint64_t> peak_{0};
