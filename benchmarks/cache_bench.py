@@ -5,9 +5,10 @@ divided by the world size) and each policy (clairvoyant, LRU, no cache), one ran
 rank 0 alone) runs `epochs` epochs through a bounded stage directory, with the source behind the PFS
 emulator when it can be mounted, and reports the bytes read from the source in epochs 2..E as a
 fraction of the bytes the rank reads in them (the sizes of its samples): the loader's own per-epoch
-count (sizes of the files it missed) and the bytes the emulator served (measured below the loader). Beside them, simulations over
-the same rank's plan, seeing 100 epochs past the last one read: Belady's rule (the offline optimum),
-Belady's rule never giving up a file of the batches in flight (what the loader may do), and LRU.
+count (sizes of the files it missed) and the bytes the emulator served (measured below the loader).
+Beside them, simulations over the same rank's plan, seeing 100 epochs past the last one read:
+Belady's rule (the offline optimum), Belady's rule never giving up a file of the batches in flight
+(what the loader may do), and LRU.
 
     python benchmarks/cache_bench.py --images 5000 --epochs 5 --json out.json
     python benchmarks/cache_bench.py --world-size 1 3 8 --batch-size 4 --lookahead 2 --depth 2
