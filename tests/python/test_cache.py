@@ -41,23 +41,33 @@ def simulate(n, capacity, epochs, seed, policy, declined=None, rank=0, world_siz
     """Misses per epoch of a cache of `capacity` equal files. Belady: on a miss with a full cache, give
     up the unprotected file used farthest in the future, unless the incoming one is used even later
     (then read it without caching). LRU: give up the least recently used unprotected file.
-    `declined`, a list: gets the (epoch, batch) of each miss that is not cached."""
-    horizon = epochs + 3
+    `declined`, a list: gets the (epoch, batch) of each miss that is not cached.
+
+    Belady's next uses are those the loader sees: in epoch e, exact in epochs e to e + 2; in the
+    min(64, 8 * world_size) epochs after those, only the epoch (a use at its end, the larger file id
+    first among equal ones); later, after every use."""
+    far = min(64, 8 * world_size)
+    horizon = epochs + 3 + far
     first_use = {}
     for e, b, pos, s in plan_stream(n, horizon, seed, rank, world_size):
         first_use.setdefault((e, s), pos)
     per_epoch = len(prestage.plan.epoch_batches(n, BATCH, seed=seed, epoch=0, rank=rank,
                                                 world_size=world_size)) * BATCH
 
-    def next_use_from(s, e, pos):
+    def next_use_from(s, e, pos):  # (epoch, position in it), or None
         if first_use.get((e, s), -1) >= pos:
-            return e * per_epoch + first_use[(e, s)]
-        for later in (e + 1, e + 2):
+            return e, first_use[(e, s)]
+        for later in range(e + 1, horizon):
             if (later, s) in first_use:
-                return later * per_epoch + first_use[(later, s)]
-        return float("inf")
+                return later, first_use[(later, s)]
+        return None
 
-    cache = {}  # file -> key (Belady: next use; LRU: last use)
+    def seen_in(e, use):
+        if use is None or use[0] > e + 2 + far:
+            return float("inf")
+        return use[0] * (per_epoch + 1) + (use[1] if use[0] <= e + 2 else per_epoch)
+
+    cache = {}  # file -> Belady: its next use; LRU: its last use
     last_batch = {}
     misses = [0] * epochs
     seq = 0
@@ -65,14 +75,16 @@ def simulate(n, capacity, epochs, seed, policy, declined=None, rank=0, world_siz
     for i, (e, b, pos, s) in enumerate(stream):
         if pos % BATCH == 0:
             seq += 1
-        key = next_use_from(s, e, pos + 1) if policy == "belady" else e * per_epoch + pos
+        use = next_use_from(s, e, pos + 1) if policy == "belady" else e * per_epoch + pos
+        key = seen_in(e, use) if policy == "belady" else use
         last_batch[s] = seq
         if s in cache:
-            cache[s] = key
+            cache[s] = use
             continue
         misses[e] += 1
         if len(cache) >= capacity:
-            order = sorted(((k, f) for f, k in cache.items()), reverse=(policy == "belady"))
+            keys = {f: seen_in(e, u) if policy == "belady" else u for f, u in cache.items()}
+            order = sorted(((k, f) for f, k in keys.items()), reverse=(policy == "belady"))
             victim = None
             for k, f in order:
                 if last_batch.get(f, 0) + PROTECTED_BATCHES > seq:
@@ -86,7 +98,7 @@ def simulate(n, capacity, epochs, seed, policy, declined=None, rank=0, world_siz
                     declined.append((e, b))
                 continue  # not cached: read from the source
             del cache[victim]
-        cache[s] = key
+        cache[s] = use
     return misses
 
 

@@ -45,13 +45,31 @@ class StageCache {
 
  private:
   static constexpr uint64_t kNever = ~uint64_t{0};
-  // A key past every planned use: a file not used again within the two epochs looked at (on one rank
-  // of several, many files are not). Not kNever, which marks a file as not tracked.
+  // The key of a file not used within the epochs looked at: past every planned use. Not kNever,
+  // which marks a file as not tracked.
   static constexpr uint64_t kNotSoon = kNever - 1;
+  // Epochs looked at past the two after the current one: 8 * world_size, at most 64. A rank uses a
+  // given file in an epoch with probability 1 / world_size, so on a rank of up to 8 a file's next
+  // use is within them with probability about 1 - e^-8; past them, files are equally "not soon".
+  static constexpr uint64_t kMaxFarEpochs = 64;
 
+  // Keys are positions `epoch * stride_ + i`, i in [0, per_epoch_): the i-th sample of the epoch
+  // on this rank. i = per_epoch_ stands for "somewhere in the epoch" (a use more than two epochs
+  // ahead).
   uint64_t position(uint64_t epoch, uint64_t batch, uint64_t k) const;
   const std::vector<uint64_t>& first_use(uint64_t epoch);  // per file, in-epoch position or kNever
+  bool used_in_far(uint64_t file, uint64_t epoch);          // epochs past the first three
   uint64_t next_use_from(uint64_t file, uint64_t epoch, uint64_t position_in_epoch);
+  // On entering `epoch`: files keyed "somewhere in" one of its first three epochs get their exact
+  // position, files keyed kNotSoon are looked up again.
+  void enter_epoch(uint64_t epoch, uint64_t position_in_epoch);
+  // A clairvoyant key that enter_epoch() would look up again in `epoch`.
+  bool stale(uint64_t key, uint64_t epoch) const;
+  bool pinned(uint64_t file) const {
+    return last_batch_[file] != 0 && last_batch_[file] + window_ > batch_seq_;
+  }
+  // Files of the batch that has just left the window become candidates for eviction.
+  void unpin_oldest(uint64_t epoch, uint64_t position_in_epoch);
   uint64_t size_of(uint64_t file) const;
   void track(uint64_t file, uint64_t key);
   void untrack(uint64_t file);
@@ -66,23 +84,38 @@ class StageCache {
   Eviction eviction_;
   uint64_t window_;
   uint64_t per_epoch_;  // positions per epoch on this rank
+  uint64_t stride_;     // per_epoch_ + 1: see position()
+  uint64_t far_epochs_;
+  uint64_t epoch_ = kNever;  // of the last admit() or restart()
 
   uint64_t batch_seq_ = 0;       // batches planned since restart()
-  std::vector<uint64_t> key_;    // per file: its key in `tracked_`, kNever if not tracked
+  std::vector<uint64_t> key_;    // per file: its key (in `tracked_` unless pinned), or kNever
   std::vector<uint64_t> last_batch_;  // per file: batch_seq_ + 1 of its last planned use, 0 if none
   std::vector<uint64_t> charged_;     // per file: bytes charged to `used_` while tracked
-  std::set<std::pair<uint64_t, uint64_t>> tracked_;  // (key, file) for staged or claimed files
+  // (key, file) for staged or claimed files, but for those of the last `window` batches (pinned:
+  // never evicted), which enter it when their batch leaves the window. So an eviction never walks
+  // past the files in flight, which Belady's order puts first (used now, next used late).
+  std::set<std::pair<uint64_t, uint64_t>> tracked_;
+  std::vector<std::vector<uint64_t>> pins_;  // the files of batch s in pins_[s % window]
   uint64_t used_ = 0;
   std::atomic<uint64_t> used_shown_{0};
   std::atomic<uint64_t> peak_{0};
   void publish_usage();
 
-  // First use of each file in an epoch, for the two or three epochs around the current one.
+  // First use of each file in an epoch, for the three epochs from the current one.
   struct EpochUses {
     uint64_t epoch = kNever;
     std::vector<uint64_t> first;
   };
   EpochUses uses_[3];
+  // For the `far_epochs_` epochs after those, only whether this rank uses each file: one bit per
+  // file and epoch, built the first time a look-up reaches the epoch.
+  struct FarEpoch {
+    uint64_t epoch = kNever;
+    std::vector<uint64_t> bits;
+  };
+  std::vector<FarEpoch> far_;
+  std::vector<uint64_t> rekey_;  // scratch for enter_epoch()
 };
 
 }  // namespace prestage::detail

@@ -1,0 +1,301 @@
+#include <doctest/doctest.h>
+
+#include <cstdint>
+#include <deque>
+#include <fstream>
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "prestage/catalog.hpp"
+#include "prestage/options.hpp"
+#include "prestage/plan.hpp"
+#include "prestage/stats.hpp"
+#include "staging/stage_cache.hpp"
+#include "tiers/stage_directory.hpp"
+#include "test_util.hpp"
+
+using prestage::Catalog;
+using prestage::EpochPlan;
+using prestage::EpochStats;
+using prestage::Eviction;
+using prestage::PlanOptions;
+using prestage::detail::StageCache;
+using prestage::detail::StageDirectory;
+using prestage::test::TempDir;
+
+namespace {
+
+constexpr uint64_t kFiles = 960;
+constexpr uint64_t kBatch = 4;
+constexpr uint64_t kEpochs = 6;
+
+// kFiles files of unequal sizes (100 bytes to 4 KB, in no order), one sample each, and a stage
+// directory for them: made once, as file creation dominates the run time on a busy disk.
+struct Data {
+  TempDir dir;
+  Catalog catalog;
+  StageDirectory directory;
+  Data() : catalog(make_files(dir)), directory(dir / "stage", catalog) {}
+  static Catalog make_files(const TempDir& dir) {
+    std::filesystem::create_directories(dir / "src");
+    std::ofstream list(dir / "list");
+    uint64_t state = 12345;
+    for (uint64_t f = 0; f < kFiles; ++f) {
+      state = state * 6364136223846793005ULL + 1442695040888963407ULL;
+      const std::string name = "f" + std::to_string(f);
+      std::ofstream(dir / ("src/" + name)) << std::string(100 + (state >> 33) % 4000, 'x');
+      list << name << "\n";
+    }
+    list.close();
+    return Catalog::from_list(dir / "list", dir / "src");
+  }
+};
+
+Data& data() {
+  static Data shared;
+  return shared;
+}
+
+uint64_t set_bytes(const Catalog& catalog) {
+  uint64_t total = 0;
+  for (uint64_t f = 0; f < catalog.num_files(); ++f) total += catalog.file_size(f);
+  return total;
+}
+
+PlanOptions rank_plan(uint64_t rank, uint64_t world_size) {
+  PlanOptions plan;
+  plan.num_samples = kFiles;
+  plan.batch_size = kBatch;
+  plan.seed = 11;
+  plan.rank = rank;
+  plan.world_size = world_size;
+  return plan;
+}
+
+struct Outcome {
+  std::vector<uint64_t> misses;  // per epoch
+  std::vector<uint64_t> bytes;   // read from the source, per epoch
+  bool bound_held = true;        // the copies on disk never exceeded the bound
+  bool window_kept = true;       // no file of the last `window` batches was gone
+};
+
+// Runs kEpochs epochs of one rank through a StageCache. `copy`: does stage 2's part at once,
+// copying every file claimed into the stage directory before the next batch; else the claims stay
+// on their way (as while stage 2 copies them), which the cache counts the same and costs no disk
+// traffic.
+// Checks the bytes claimed or staged against the bound after each batch, and those of the copies on
+// disk after each epoch; and after each batch, that every file that was in the directory for one of
+// the last `window` batches still is.
+Outcome run_cache(const Catalog& catalog, const PlanOptions& plan, uint64_t capacity,
+                  Eviction eviction, uint64_t window, bool copy = false) {
+  StageDirectory& directory = data().directory;
+  for (uint64_t f = 0; f < catalog.num_files(); ++f) {  // an empty directory
+    if (!directory.is_absent(f)) directory.evict(f);
+  }
+  StageCache cache(catalog, plan, directory, capacity, eviction, window);
+  Outcome out;
+  std::deque<std::vector<uint64_t>> recent;  // files present for each of the last `window` batches
+  std::vector<uint64_t> to_stage;
+  std::vector<size_t> declined;
+  std::vector<std::byte> buffer;
+  for (uint64_t e = 0; e < kEpochs; ++e) {
+    EpochStats stats;
+    const EpochPlan epoch(plan, e);
+    for (uint64_t b = 0; b < epoch.num_batches(); ++b) {
+      to_stage.clear();
+      declined.clear();
+      cache.admit(e, b, epoch.batch(b), epoch.batch_size(b), to_stage, declined, stats);
+      for (const uint64_t f : to_stage) {
+        if (copy) {
+          REQUIRE(directory.stage(f, catalog.file_source_path(f).string(), buffer) ==
+                  StageDirectory::Outcome::kStaged);
+        }
+      }
+      std::vector<uint64_t> present;
+      for (uint64_t k = 0; k < epoch.batch_size(b); ++k) {
+        if (!directory.is_absent(epoch.batch(b)[k])) present.push_back(epoch.batch(b)[k]);
+      }
+      recent.push_back(std::move(present));
+      if (recent.size() > window) recent.pop_front();
+      for (const auto& files : recent) {
+        for (const uint64_t f : files) out.window_kept = out.window_kept && !directory.is_absent(f);
+      }
+      uint64_t held = 0;
+      for (uint64_t f = 0; f < catalog.num_files(); ++f) {
+        if (!directory.is_absent(f)) held += catalog.file_size(f);
+      }
+      out.bound_held = out.bound_held && held <= capacity && cache.used_bytes() <= capacity;
+    }
+    uint64_t on_disk = 0;  // the files themselves, once per epoch
+    for (uint64_t f = 0; f < catalog.num_files(); ++f) {
+      if (directory.is_staged(f)) on_disk += std::filesystem::file_size(directory.staged_path(f));
+    }
+    out.bound_held = out.bound_held && on_disk <= capacity;
+    out.misses.push_back(stats.misses);
+    out.bytes.push_back(stats.bytes_from_source);
+  }
+  return out;
+}
+
+// The same stream through an independent simulation: Belady's rule with bypass (on a miss, give up
+// the files used farthest ahead, unless the incoming one is used later still: then it is read and
+// not kept), or LRU, never giving up a file of the last `window` batches. Belady's next uses come
+// from the plan of `kEpochs + extra` epochs, so it sees well past the last epoch read.
+Outcome simulate(const Catalog& catalog, const PlanOptions& plan, uint64_t capacity,
+                 Eviction eviction, uint64_t window, uint64_t extra) {
+  constexpr uint64_t kNone = ~uint64_t{0};
+  struct Use {
+    uint64_t epoch, batch_seq, file;
+  };
+  std::vector<Use> stream;
+  uint64_t seq = 0;
+  for (uint64_t e = 0; e < kEpochs + extra; ++e) {
+    const EpochPlan epoch(plan, e);
+    for (uint64_t b = 0; b < epoch.num_batches(); ++b) {
+      ++seq;
+      for (uint64_t k = 0; k < epoch.batch_size(b); ++k) {
+        stream.push_back({e, seq, epoch.batch(b)[k]});
+      }
+    }
+  }
+  std::vector<uint64_t> next(stream.size());
+  std::vector<uint64_t> later(catalog.num_files(), kNone);
+  for (uint64_t i = stream.size(); i-- > 0;) {
+    next[i] = later[stream[i].file];
+    later[stream[i].file] = i;
+  }
+  Outcome out;
+  out.misses.assign(kEpochs, 0);
+  out.bytes.assign(kEpochs, 0);
+  std::vector<uint64_t> key(catalog.num_files(), kNone);  // kNone: not cached
+  std::vector<uint64_t> last_seq(catalog.num_files(), 0);
+  std::set<std::pair<uint64_t, uint64_t>> cached;  // (key, file)
+  uint64_t used = 0;
+  const bool belady = eviction == Eviction::kClairvoyant;
+  for (uint64_t i = 0; i < stream.size() && stream[i].epoch < kEpochs; ++i) {
+    const uint64_t f = stream[i].file;
+    const uint64_t size = catalog.file_size(f);
+    // Belady: the next use (kNone - 1 if none, after every use); LRU: this use.
+    const uint64_t k = belady ? (next[i] == kNone ? kNone - 1 : next[i]) : i;
+    last_seq[f] = stream[i].batch_seq;
+    if (key[f] != kNone) {
+      cached.erase({key[f], f});
+      cached.insert({k, f});
+      key[f] = k;
+      continue;
+    }
+    ++out.misses[stream[i].epoch];
+    out.bytes[stream[i].epoch] += size;
+    if (size > capacity) continue;
+    std::vector<uint64_t> victims;
+    uint64_t freed = 0;
+    auto consider = [&](const std::pair<uint64_t, uint64_t>& entry) {
+      if (last_seq[entry.second] + window > stream[i].batch_seq) return true;  // in flight
+      if (belady && entry.first <= k) return false;
+      victims.push_back(entry.second);
+      freed += catalog.file_size(entry.second);
+      return used - freed + size > capacity;
+    };
+    if (used + size > capacity) {
+      if (belady) {
+        for (auto it = cached.rbegin(); it != cached.rend() && consider(*it); ++it) {
+        }
+      } else {
+        for (auto it = cached.begin(); it != cached.end() && consider(*it); ++it) {
+        }
+      }
+      if (used - freed + size > capacity) continue;  // read, not kept
+    }
+    for (const uint64_t v : victims) {
+      cached.erase({key[v], v});
+      key[v] = kNone;
+      used -= catalog.file_size(v);
+    }
+    cached.insert({k, f});
+    key[f] = k;
+    used += size;
+  }
+  return out;
+}
+
+uint64_t after_first(const std::vector<uint64_t>& per_epoch) {
+  uint64_t sum = 0;
+  for (size_t e = 1; e < per_epoch.size(); ++e) sum += per_epoch[e];
+  return sum;
+}
+
+}  // namespace
+
+// Cache sizes are fractions of the bytes one rank reads per epoch (the set / world_size).
+TEST_CASE("stage cache: on one rank, reads from the source exactly what Belady's rule reads") {
+  const Catalog& catalog = data().catalog;
+  const PlanOptions plan = rank_plan(0, 1);
+  for (const double fraction : {0.25, 0.5, 0.75}) {
+    CAPTURE(fraction);
+    const auto capacity = static_cast<uint64_t>(fraction * set_bytes(catalog));
+    const Outcome got = run_cache(catalog, plan, capacity, Eviction::kClairvoyant, 3);
+    const Outcome want = simulate(catalog, plan, capacity, Eviction::kClairvoyant, 3, 8);
+    CHECK(got.misses == want.misses);
+    CHECK(got.bytes == want.bytes);
+    CHECK(got.bound_held);
+    CHECK(got.window_kept);
+  }
+}
+
+TEST_CASE("stage cache: on a rank of 3 or 8, reads within 1% of Belady's rule seeing every epoch") {
+  const Catalog& catalog = data().catalog;
+  // Files next used by the rank three or more epochs ahead are many here: a rank uses a given file
+  // in an epoch with probability 1 / world_size.
+  for (const uint64_t world_size : {3, 8}) {
+    const PlanOptions plan = rank_plan(1, world_size);
+    for (const double fraction : {0.25, 0.5, 0.75}) {
+      CAPTURE(world_size);
+      CAPTURE(fraction);
+      const auto capacity = static_cast<uint64_t>(fraction * set_bytes(catalog) / world_size);
+      const Outcome got = run_cache(catalog, plan, capacity, Eviction::kClairvoyant, 3);
+      const Outcome want = simulate(catalog, plan, capacity, Eviction::kClairvoyant, 3, 100);
+      CHECK(got.misses[0] == want.misses[0]);  // the first epoch misses every file once
+      const auto got_bytes = static_cast<double>(after_first(got.bytes));
+      const auto want_bytes = static_cast<double>(after_first(want.bytes));
+      CHECK(got_bytes <= 1.01 * want_bytes);
+      CHECK(got_bytes >= 0.99 * want_bytes);
+      CHECK(got.bound_held);
+      CHECK(got.window_kept);
+    }
+  }
+}
+
+TEST_CASE("stage cache: files of the batches in flight are never evicted, even if that declines") {
+  const Catalog& catalog = data().catalog;
+  // A window of 12 batches (48 samples) against room for about 30 files: the window binds.
+  for (const uint64_t world_size : {1, 8}) {
+    CAPTURE(world_size);
+    const PlanOptions plan = rank_plan(world_size - 1, world_size);
+    const uint64_t capacity = set_bytes(catalog) / 32;
+    const Outcome got = run_cache(catalog, plan, capacity, Eviction::kClairvoyant, 12, true);
+    CHECK(got.window_kept);
+    CHECK(got.bound_held);
+    const Outcome want = simulate(catalog, plan, capacity, Eviction::kClairvoyant, 12, 100);
+    CHECK(static_cast<double>(after_first(got.bytes)) <= 1.01 * after_first(want.bytes));
+  }
+}
+
+TEST_CASE("stage cache: LRU reads exactly what the simulation of LRU reads, on any rank") {
+  const Catalog& catalog = data().catalog;
+  for (const uint64_t world_size : {1, 3}) {
+    const PlanOptions plan = rank_plan(world_size - 1, world_size);
+    for (const double fraction : {0.25, 0.75}) {
+      CAPTURE(world_size);
+      CAPTURE(fraction);
+      const auto capacity = static_cast<uint64_t>(fraction * set_bytes(catalog) / world_size);
+      const Outcome got = run_cache(catalog, plan, capacity, Eviction::kLru, 3);
+      const Outcome want = simulate(catalog, plan, capacity, Eviction::kLru, 3, 0);
+      CHECK(got.misses == want.misses);
+      CHECK(got.bytes == want.bytes);
+      CHECK(got.bound_held);
+      CHECK(got.window_kept);
+    }
+  }
+}
