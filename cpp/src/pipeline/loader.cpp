@@ -188,16 +188,10 @@ Loader::Impl::Impl(Catalog catalog_in, LoaderOptions options_in)
       };
       for (size_t i = 0; size.empty(); ++i) {
         try {
-          // Not counted: a look at the set, not a read of an epoch's sample.
-          shared->tiers->check_size(i, shared->tiers->sample_size(i));
-          shared->tiers->serve(i, detail::Tier::kStage, nullptr, paths, false,
-                               [&](const detail::SampleAt& at) -> uint64_t {
-                                 detail::read_located(*at.file, at.locator, bytes);
-                                 return bytes.size();
-                               });
+          const auto sample = shared->tiers->read(i, nullptr, bytes, paths, /*count=*/false);
           const std::string& path = paths.source;
           detail::SampleDecoder decoder(shared->codec);
-          const auto header = decoder.jpeg.header(decoder.image_payload(bytes, path), path);
+          const auto header = decoder.jpeg.header(decoder.image_payload(sample, path), path);
           size = {static_cast<uint32_t>(header.height), static_cast<uint32_t>(header.width)};
         } catch (const IoError&) {
           if (!look_further(i)) throw;

@@ -27,10 +27,11 @@ const std::string& Tiers::source_path(uint64_t file, std::string& out) const {
 }
 
 std::span<const std::byte> Tiers::read(uint64_t id, const std::vector<std::byte>* held,
-                                       std::vector<std::byte>& buffer, TierScratch& scratch) {
+                                       std::vector<std::byte>& buffer, TierScratch& scratch,
+                                       bool count) {
   check_size(id, sample_size(id));
   std::span<const std::byte> bytes;
-  serve(id, Tier::kMemory, held, scratch, true, [&](const SampleAt& at) -> uint64_t {
+  serve(id, Tier::kMemory, held, scratch, count, [&](const SampleAt& at) -> uint64_t {
     if (at.in_memory()) {
       bytes = at.bytes;
     } else {

@@ -73,10 +73,12 @@ class Tiers {
   Tier serve(uint64_t id, Tier from, const std::vector<std::byte>* held, TierScratch& scratch,
              bool count, const Use& use);
 
-  // Stage 3: sample `id`'s bytes, from `held` or read into `buffer` (resized to fit), counted.
-  // Refuses a sample over the size limit.
+  // Stage 3: sample `id`'s bytes, from `held` or read into `buffer` (resized to fit), counted
+  // unless `count` is false (a look at the set, not a read of an epoch's sample). Refuses a sample
+  // over the size limit. The sample's source path is left in scratch.source.
   std::span<const std::byte> read(uint64_t id, const std::vector<std::byte>* held,
-                                  std::vector<std::byte>& buffer, TierScratch& scratch);
+                                  std::vector<std::byte>& buffer, TierScratch& scratch,
+                                  bool count = true);
 
   // Stage 2, for its copies: the whole of catalog file `file`, from the tiers below the stage
   // directory, into `buffer` (resized to fit); `mtime_ns` gets the source's modification time.
