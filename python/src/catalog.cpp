@@ -83,8 +83,8 @@ ImageFolder); files with one of `extensions` (case-insensitive), sorted.
 
 `symlinks`: "follow" (the default, as torchvision does) follows symbolic links wherever they lead;
 "inside" refuses a link that leads out of `root` (prestage.IoError, errno EXDEV, naming it) while
-the tree is walked and again at every read of the file, so a link planted or changed later is
-refused too. Use "inside" on a shared file system where others can create links in the data set.
+the tree is walked, before walking into a linked folder. Use "inside" on a shared file system where
+others can create links in the data set. The choice is saved with the catalog (`symlinks`).
 
 >>> prestage.Catalog.from_folder("train/")
 >>> prestage.Catalog.from_folder("/shared/train", symlinks="inside")
@@ -99,7 +99,8 @@ refused too. Use "inside" on a shared file system where others can create links 
           },
           py::arg("path"), py::arg("root"), py::kw_only(), py::arg("symlinks") = "follow", R"doc(
 A text file of `relative/path[,label]` lines; paths are relative to `root`. `symlinks`: as for
-from_folder ("inside" refuses a listed file that leads out of `root`, now and at every read).
+from_folder ("inside" refuses a listed file that leads out of `root`; a missing one is left to
+the read).
 
 >>> prestage.Catalog.from_list("train.txt", root="/data/set")
 )doc")
@@ -113,8 +114,8 @@ from_folder ("inside" refuses a listed file that leads out of `root`, now and at
           py::arg("root"), py::arg("paths"), py::arg("labels") = std::vector<int64_t>{},
           py::arg("classes") = std::vector<std::string>{}, py::kw_only(),
           py::arg("symlinks") = "follow", R"doc(
-Explicit relative paths and labels (or no labels: -1). No file is touched; `symlinks` ("follow" or
-"inside", as for from_folder) is applied when the files are read.
+Explicit relative paths and labels (or no labels: -1). No file is touched here; `symlinks`
+("follow" or "inside", as for from_folder) is recorded with the catalog for its readers.
 
 >>> prestage.Catalog.from_paths("/data", ["a/1.jpg", "b/2.jpg"], [0, 1])
 )doc")

@@ -21,10 +21,10 @@ namespace prestage {
 //
 // Symbolic links under the root are followed wherever they lead by default, as torchvision's
 // ImageFolder does. Where others can plant links in the data set (a shared file system),
-// Symlinks::kInside refuses a link that leads out of the root: from_folder refuses it while it
-// walks the tree, and every open of a source file refuses it again (an IoError, EXDEV, naming the
-// path), checked on the file actually opened, so a link changed after the catalog was built is
-// refused too. The policy is saved with the catalog.
+// Symlinks::kInside refuses a link that leads out of the root (an IoError, EXDEV, naming the path):
+// from_folder while it walks the tree, from_list as it looks at each file. The policy is saved with
+// the catalog, and a reader of its source files opens them under it (util/file_io's source_file),
+// checked on the file actually opened, so that a link changed after the build is refused too.
 class Catalog {
  public:
   static constexpr uint64_t kWholeFile = ~uint64_t{0};
