@@ -55,6 +55,10 @@ void exercise(const Catalog& catalog) {
   static_cast<void>(catalog.kind());
   static_cast<void>(catalog.field());
   static_cast<void>(catalog.classes());
+  static_cast<void>(catalog.symlinks());
+  for (const auto& d : catalog.damage()) {
+    harness_check(d.file < files, "a loaded damage entry names a file past the list");
+  }
 }
 
 void load(const std::filesystem::path& file, std::span<const std::byte> bytes) {
@@ -74,8 +78,16 @@ void load(const std::filesystem::path& file, std::span<const std::byte> bytes) {
     const Catalog again = Catalog::load(resaved);
     harness_check(again.fingerprint() == catalog.fingerprint() && again.size() == catalog.size() &&
                       again.num_files() == catalog.num_files() && again.kind() == catalog.kind() &&
-                      again.field() == catalog.field() && again.classes() == catalog.classes(),
+                      again.field() == catalog.field() && again.classes() == catalog.classes() &&
+                      again.symlinks() == catalog.symlinks() &&
+                      again.damage().size() == catalog.damage().size(),
                   "save/load round trip changed the catalog");
+    for (size_t i = 0; i < catalog.damage().size(); ++i) {
+      const auto &a = catalog.damage()[i], &b = again.damage()[i];
+      harness_check(a.file == b.file && a.offset == b.offset && a.rest_of_file == b.rest_of_file &&
+                        a.reason == b.reason,
+                    "save/load round trip changed a damage entry");
+    }
     for (size_t i = 0; i < catalog.size() && i < kMaxChecked; ++i) {
       const auto a = catalog.locator(i), b = again.locator(i);
       harness_check(a.file == b.file && a.offset == b.offset && a.length == b.length &&

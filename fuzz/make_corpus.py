@@ -182,7 +182,7 @@ def zstd_streamed(data: bytes) -> bytes:
     return out.getvalue()
 
 
-# The catalog file (cpp/src/catalog/catalog.cpp, format version 3), little-endian.
+# The catalog file (cpp/src/catalog/catalog.cpp, format version 4; 3 still loads), little-endian.
 def fnv1a(data: bytes) -> int:
     h = 0xCBF29CE484222325
     for b in data:
@@ -190,7 +190,9 @@ def fnv1a(data: bytes) -> int:
     return h
 
 
-def catalog_file(root, paths, labels, classes=(), locators=(), sizes=(), mtimes=(), kind=0, field_name=""):
+def catalog_file(root, paths, labels, classes=(), locators=(), sizes=(), mtimes=(), kind=0, field_name="",
+                 version=4, symlinks=0, damage=()):
+    """damage: (file, offset, rest_of_file, reason) tuples; version 3 has no symlinks or damage."""
     def text(s):
         b = s.encode()
         return struct.pack("<Q", len(b)) + b
@@ -201,11 +203,14 @@ def catalog_file(root, paths, labels, classes=(), locators=(), sizes=(), mtimes=
     offsets = [0]
     for p in paths:
         offsets.append(offsets[-1] + len(p.encode()))
-    out = b"PSTGCAT\0" + struct.pack("<I", 3) + text(root)
+    out = b"PSTGCAT\0" + struct.pack("<I", version) + text(root)
     out += struct.pack("<Q", len(classes)) + b"".join(text(c) for c in classes)
     out += text("".join(paths)) + array("<Q", offsets) + array("<QQQ", list(locators))
     out += array("<q", labels) + array("<Q", list(sizes)) + array("<q", list(mtimes))
     out += struct.pack("<B", kind) + text(field_name)
+    if version >= 4:
+        out += struct.pack("<BQ", symlinks, len(damage))
+        out += b"".join(struct.pack("<QQB", f, o, r) + text(why) for f, o, r, why in damage)
     return out + struct.pack("<Q", fnv1a(out))
 
 
@@ -319,6 +324,13 @@ def seeds():
         "hdf5": catalog_file("/h5", ["x.h5"], [-1, -1], locators=[(0, 0, 2**64 - 1), (0, 1, 2**64 - 1)],
                              kind=2, field_name="images"),
         "empty": catalog_file("", [], []),
+        "version-3": catalog_file("/data", ["a.jpg"], [0], version=3),
+        "symlinks-inside": catalog_file("/shared/set", ["c/a.jpg", "c/b.jpg"], [0, 0], symlinks=1),
+        "tfrecord-damaged": catalog_file("/shards", ["train-0.tfrecord", "train-1.tfrecord"], [1, 3],
+                                         locators=[(0, 0, 120), (1, 0, 64)], sizes=[2**64 - 1, 64],
+                                         kind=1, field_name="image",
+                                         damage=[(0, 120, 0, "bad CRC of the record data"),
+                                                 (0, 210, 1, "bad CRC of the record length")]),
     }
 
     full = b"".join(index_record(i) for i in range(8))

@@ -1,6 +1,6 @@
 // TFRecord framing: unframe_record, scan_tfrecord over a file, and Catalog::from_tfrecord (the
 // index a TFRecord catalog is built from: every record's framing, its "image" bytes feature and its
-// "label" int64 feature).
+// "label" int64 feature), raising at damage and skipping it.
 //
 // Input: one flag byte, then the file. Flag bit 0 set: every record's two CRCs are rewritten to be
 // correct before the file is read (fuzz::fix_tfrecord_crcs), so that mutations of the lengths and
@@ -67,6 +67,34 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       harness_check(loc.offset == next && loc.length <= bytes.size() - loc.offset,
                     "from_tfrecord: locators do not tile the file");
       next = loc.offset + loc.length;
+    }
+  } catch (const prestage::Error&) {
+  }
+
+  // Skipping damage: the good records and the damage entries are in file order, never overlap and
+  // stay within the file; nothing is indexed after damage that loses the rest of the file.
+  try {
+    const auto catalog = prestage::Catalog::from_tfrecord({file}, "image", "label",
+                                                          prestage::OnError::kSkip);
+    uint64_t next = 0;
+    size_t d = 0;
+    const auto& damage = catalog.damage();
+    for (size_t i = 0; i < catalog.size(); ++i) {
+      const auto loc = catalog.locator(i);
+      while (d < damage.size() && damage[d].offset < loc.offset) {
+        harness_check(!damage[d].rest_of_file && damage[d].offset >= next,
+                      "from_tfrecord: a record indexed after the rest of the file was lost");
+        next = damage[d].offset;
+        ++d;
+      }
+      harness_check(loc.offset >= next && loc.length <= bytes.size() - loc.offset,
+                    "from_tfrecord (skip): locators overlap or leave the file");
+      next = loc.offset + loc.length;
+    }
+    for (; d < damage.size(); ++d) {
+      harness_check(damage[d].offset >= next && damage[d].offset < bytes.size(),
+                    "from_tfrecord (skip): damage out of order or past the file");
+      next = damage[d].offset;
     }
   } catch (const prestage::Error&) {
   }

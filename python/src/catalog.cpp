@@ -21,33 +21,101 @@ std::vector<std::filesystem::path> path_list(py::handle paths) {
   }
   return paths.cast<std::vector<std::filesystem::path>>();
 }
+
+Catalog::Symlinks symlink_policy(const std::string& name) {
+  if (name == "follow") return Catalog::Symlinks::kFollow;
+  if (name == "inside") return Catalog::Symlinks::kInside;
+  throw ConfigError("symlinks must be 'follow' or 'inside', got '" + name + "'");
+}
+
+OnError error_policy(const std::string& name) {
+  if (name == "raise") return OnError::kRaise;
+  if (name == "skip") return OnError::kSkip;
+  throw ConfigError("on_error must be 'raise' or 'skip', got '" + name + "'");
+}
+
+// One RuntimeWarning (through Python's warnings, so filters apply) summing up what from_tfrecord
+// left out. Needs the GIL.
+void warn_damage(const Catalog& catalog) {
+  const auto& damage = catalog.damage();
+  if (damage.empty()) return;
+  size_t files = 0;
+  for (size_t i = 0; i < damage.size(); ++i) {
+    files += i == 0 || damage[i].file != damage[i - 1].file;
+  }
+  const auto& first = damage.front();
+  const std::string message =
+      "from_tfrecord: " + std::to_string(damage.size()) + " damaged record" +
+      (damage.size() == 1 ? "" : "s") + " in " + std::to_string(files) + " file" +
+      (files == 1 ? "" : "s") + " left out of the catalog (on_error='skip'); the first: '" +
+      catalog.file_source_path(first.file).string() + "' at byte " + std::to_string(first.offset) +
+      ": " + first.reason + (first.rest_of_file ? " (the rest of the file is lost)" : "") +
+      ". Catalog.damage lists them all.";
+  if (PyErr_WarnEx(PyExc_RuntimeWarning, message.c_str(), 1) != 0) throw py::error_already_set();
+}
+
+const char* symlinks_name(Catalog::Symlinks s) {
+  return s == Catalog::Symlinks::kInside ? "inside" : "follow";
+}
 }  // namespace
 
 void register_catalog(py::module_& m) {
   py::class_<Catalog>(m, "Catalog", R"doc(
 The immutable, indexed list of samples 0..N-1 of a data set: a path relative to the root and a label.
+Symbolic links under the root are followed wherever they lead, as torchvision does, unless the
+catalog is built with symlinks="inside" (see from_folder).
 
 >>> cat = prestage.Catalog.from_folder("/data/imagenet/train")
 >>> len(cat), cat.path(0), cat.label(0)
 )doc")
-      .def_static("from_folder", &Catalog::from_folder, py::arg("root"),
-                  py::arg("extensions") = std::vector<std::string>{".jpg", ".jpeg"},
-                  py::call_guard<py::gil_scoped_release>(), R"doc(
+      .def_static(
+          "from_folder",
+          [](const std::filesystem::path& root, const std::vector<std::string>& extensions,
+             const std::string& symlinks) {
+            const auto policy = symlink_policy(symlinks);
+            py::gil_scoped_release release;
+            return Catalog::from_folder(root, extensions, policy);
+          },
+          py::arg("root"), py::arg("extensions") = std::vector<std::string>{".jpg", ".jpeg"},
+          py::kw_only(), py::arg("symlinks") = "follow", R"doc(
 One class per sub-folder of `root` (label = index of the folder in sorted order, as torchvision's
 ImageFolder); files with one of `extensions` (case-insensitive), sorted.
 
+`symlinks`: "follow" (the default, as torchvision does) follows symbolic links wherever they lead;
+"inside" refuses a link that leads out of `root` (prestage.IoError, errno EXDEV, naming it) while
+the tree is walked, before walking into a linked folder. Use "inside" on a shared file system where
+others can create links in the data set. The choice is saved with the catalog (`symlinks`).
+
 >>> prestage.Catalog.from_folder("train/")
+>>> prestage.Catalog.from_folder("/shared/train", symlinks="inside")
 )doc")
-      .def_static("from_list", &Catalog::from_list, py::arg("path"), py::arg("root"),
-                  py::call_guard<py::gil_scoped_release>(), R"doc(
-A text file of `relative/path[,label]` lines; paths are relative to `root`.
+      .def_static(
+          "from_list",
+          [](const std::filesystem::path& path, const std::filesystem::path& root,
+             const std::string& symlinks) {
+            const auto policy = symlink_policy(symlinks);
+            py::gil_scoped_release release;
+            return Catalog::from_list(path, root, policy);
+          },
+          py::arg("path"), py::arg("root"), py::kw_only(), py::arg("symlinks") = "follow", R"doc(
+A text file of `relative/path[,label]` lines; paths are relative to `root`. `symlinks`: as for
+from_folder ("inside" refuses a listed file that leads out of `root`; a missing one is left to
+the read).
 
 >>> prestage.Catalog.from_list("train.txt", root="/data/set")
 )doc")
-      .def_static("from_paths", &Catalog::from_paths, py::arg("root"), py::arg("paths"),
-                  py::arg("labels") = std::vector<int64_t>{},
-                  py::arg("classes") = std::vector<std::string>{}, R"doc(
-Explicit relative paths and labels (or no labels: -1).
+      .def_static(
+          "from_paths",
+          [](const std::filesystem::path& root, const std::vector<std::string>& paths,
+             const std::vector<int64_t>& labels, const std::vector<std::string>& classes,
+             const std::string& symlinks) {
+            return Catalog::from_paths(root, paths, labels, classes, symlink_policy(symlinks));
+          },
+          py::arg("root"), py::arg("paths"), py::arg("labels") = std::vector<int64_t>{},
+          py::arg("classes") = std::vector<std::string>{}, py::kw_only(),
+          py::arg("symlinks") = "follow", R"doc(
+Explicit relative paths and labels (or no labels: -1). No file is touched here; `symlinks`
+("follow" or "inside", as for from_folder) is recorded with the catalog for its readers.
 
 >>> prestage.Catalog.from_paths("/data", ["a/1.jpg", "b/2.jpg"], [0, 1])
 )doc")
@@ -69,7 +137,8 @@ thread-safe).
 )doc")
       .def_static(
           "from_tfrecord",
-          [](py::handle paths, const std::map<std::string, std::string>& features) {
+          [](py::handle paths, const std::map<std::string, std::string>& features,
+             const std::string& on_error) {
             for (const auto& [key, value] : features) {
               if (key != "image" && key != "label") {
                 throw ConfigError(
@@ -82,18 +151,34 @@ thread-safe).
               throw ConfigError("from_tfrecord: features needs an 'image' entry");
             const auto label = features.find("label");
             const auto files = path_list(paths);
-            py::gil_scoped_release release;
-            return Catalog::from_tfrecord(files, image->second,
-                                          label == features.end() ? "" : label->second);
+            const auto policy = error_policy(on_error);
+            std::optional<Catalog> catalog;
+            {
+              py::gil_scoped_release release;
+              catalog.emplace(Catalog::from_tfrecord(
+                  files, image->second, label == features.end() ? "" : label->second, policy));
+            }
+            warn_damage(*catalog);
+            return *catalog;
           },
-          py::arg("paths"), py::arg("features"), R"doc(
+          py::arg("paths"), py::arg("features"), py::kw_only(), py::arg("on_error") = "raise",
+          R"doc(
 Samples are the records (tf.train.Example) of the TFRecord files `paths`, in order. `features`:
 {"image": name of the bytes feature to decode (decode="jpeg", "raw", "npy" or "npz"),
  "label": name of an int64 feature (optional)}. Reads every record once, checking its CRCs, to build
 the index of record offsets; save() the catalog to do that only once.
 
+A damaged record (bad CRC, truncated file, an Example that is malformed or lacks a feature):
+on_error="raise" (the default) raises prestage.DecodeError naming the file and the byte;
+on_error="skip" keeps every good record, warns once (RuntimeWarning) and lists what it left out in
+`damage`. A record whose data is bad but whose length is intact is left out alone; a bad length or a
+truncation loses the rest of that file (nothing after it can be located). Read errors
+(prestage.IoError) are raised either way. Paths are opened as given, symbolic links followed.
+
 >>> cat = prestage.Catalog.from_tfrecord(["train-0.tfrecord"],
 ...                                      features={"image": "image/encoded", "label": "image/class/label"})
+>>> cat = prestage.Catalog.from_tfrecord(shards, features={"image": "jpg"}, on_error="skip")
+>>> cat.damage   # [{"path": ..., "offset": ..., "rest_of_file": ..., "reason": ...}, ...]
 )doc")
       .def_property_readonly(
           "kind",
@@ -110,6 +195,30 @@ the index of record offsets; save() the catalog to do that only once.
           "'files', 'tfrecord' or 'hdf5': what a sample's locator names.")
       .def_property_readonly("field", &Catalog::field,
                              "The TFRecord data feature or the HDF5 dataset ('' for files).")
+      .def_property_readonly(
+          "symlinks", [](const Catalog& c) { return symlinks_name(c.symlinks()); },
+          "'follow' or 'inside': how symbolic links under the root are treated (see from_folder).")
+      .def_property_readonly(
+          "damage",
+          [](const Catalog& c) {
+            py::list out;
+            for (const auto& d : c.damage()) {
+              py::dict entry;
+              entry["path"] = c.file_source_path(d.file).string();
+              entry["offset"] = d.offset;
+              entry["rest_of_file"] = d.rest_of_file;
+              entry["reason"] = d.reason;
+              out.append(entry);
+            }
+            return out;
+          },
+          R"doc(
+What from_tfrecord(..., on_error="skip") left out, in file and byte order: a list of
+{"path", "offset" (byte of the damaged record), "rest_of_file" (True: nothing after it in that
+file could be read), "reason"}. Empty for any other catalog; saved with it.
+
+>>> [(d["path"], d["offset"]) for d in cat.damage]
+)doc")
       .def_static("load", &Catalog::load, py::arg("path"), py::call_guard<py::gil_scoped_release>(),
                   "Loads a catalog saved by save().\n\n>>> prestage.Catalog.load('train.catalog')")
       .def("save", &Catalog::save, py::arg("path"), py::call_guard<py::gil_scoped_release>(),
@@ -125,7 +234,11 @@ the index of record offsets; save() the catalog to do that only once.
       .def("label", &Catalog::label, py::arg("i"))
       .def("__repr__", [](const Catalog& c) {
         return "<prestage.Catalog of " + std::to_string(c.size()) + " samples under '" +
-               c.root().string() + "'>";
+               c.root().string() + "'" +
+               (c.damage().empty()
+                    ? std::string()
+                    : ", " + std::to_string(c.damage().size()) + " damaged records left out") +
+               ">";
       });
 }
 

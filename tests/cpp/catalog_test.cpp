@@ -1,18 +1,42 @@
 #include <doctest/doctest.h>
 
+#include <cerrno>
+#include <cstring>
 #include <fstream>
 
 #include "prestage/catalog.hpp"
 #include "prestage/error.hpp"
 #include "test_util.hpp"
+#include "util/file_io.hpp"
 
 using prestage::Catalog;
 using prestage::test::TempDir;
+namespace fs = std::filesystem;
 
 namespace {
-void touch(const std::filesystem::path& p) {
-  std::filesystem::create_directories(p.parent_path());
-  std::ofstream(p) << "x";
+void touch(const fs::path& p, const std::string& text = "x") {
+  fs::create_directories(p.parent_path());
+  std::ofstream(p) << text;
+}
+
+// Sample i's bytes, read as the loader reads a catalog's source files.
+std::string read_sample(const Catalog& cat, size_t i) {
+  std::vector<std::byte> bytes;
+  const std::string path = cat.source_path(i).string();
+  prestage::detail::read_located(prestage::detail::source_file(cat, path), cat.locator(i), bytes);
+  return std::string(reinterpret_cast<const char*>(bytes.data()), bytes.size());
+}
+
+// The IoError `read` throws (fails the test if none).
+template <typename Read>
+prestage::IoError io_error_of(Read read) {
+  try {
+    read();
+  } catch (const prestage::IoError& e) {
+    return e;
+  }
+  FAIL("no IoError");
+  return prestage::IoError("", 0, "");
 }
 }  // namespace
 
@@ -120,4 +144,148 @@ TEST_CASE("catalog: the fingerprint changes with the root and with any path") {
   CHECK(a != Catalog::from_paths("/s", {"a.jpg", "b.jpg"}).fingerprint());
   CHECK(a != Catalog::from_paths("/r", {"a.jpg", "c.jpg"}).fingerprint());
   CHECK(a != Catalog::from_paths("/r", {"a.jp", "gb.jpg"}).fingerprint());
+}
+
+TEST_CASE("catalog: a link that leads out of the root is followed by default (as torchvision)") {
+  TempDir dir;
+  touch(dir / "outside/secret.jpg", "outside");
+  touch(dir / "root/cls/a.jpg", "a");
+  fs::create_symlink(dir / "outside/secret.jpg", dir / "root/cls/b.jpg");
+  const Catalog cat = Catalog::from_folder(dir / "root");
+  REQUIRE(cat.size() == 2);
+  CHECK(cat.symlinks() == Catalog::Symlinks::kFollow);
+  CHECK(read_sample(cat, 1) == "outside");
+}
+
+TEST_CASE("catalog: with Symlinks::kInside a link out of the root is refused, one inside is not") {
+  TempDir dir;
+  touch(dir / "outside/secret.jpg", "outside");
+  touch(dir / "outside/more/c.jpg", "c");
+  touch(dir / "root/cls/a.jpg", "a");
+  fs::create_symlink("a.jpg", dir / "root/cls/relative.jpg");
+  fs::create_symlink(dir / "root/cls/a.jpg", dir / "root/cls/absolute.jpg");  // absolute, inside
+  fs::create_directories(dir / "root/other");
+  fs::create_symlink("../cls", dir / "root/other/linked");  // a folder link that stays inside
+  const auto confined = Catalog::Symlinks::kInside;
+
+  const Catalog inside = Catalog::from_folder(dir / "root", {".jpg"}, confined);
+  REQUIRE(inside.size() == 6);
+  for (size_t i = 0; i < inside.size(); ++i) CHECK(read_sample(inside, i) == "a");
+
+  SUBCASE("a file link, at build") {
+    fs::create_symlink(dir / "outside/secret.jpg", dir / "root/cls/b.jpg");
+    const auto e = io_error_of([&] { Catalog::from_folder(dir / "root", {".jpg"}, confined); });
+    CHECK(e.error_code() == EXDEV);
+    CHECK(e.path() == (dir / "root/cls/b.jpg").string());
+  }
+  SUBCASE("a folder link, at build, before it is walked") {
+    fs::create_symlink(dir / "outside/more", dir / "root/cls/more");
+    const auto e = io_error_of([&] { Catalog::from_folder(dir / "root", {".jpg"}, confined); });
+    CHECK(e.error_code() == EXDEV);
+    CHECK(e.path() == (dir / "root/cls/more").string());
+  }
+  SUBCASE("a class folder link, at build") {
+    fs::create_symlink(dir / "outside/more", dir / "root/zzz");
+    CHECK(io_error_of([&] { Catalog::from_folder(dir / "root", {".jpg"}, confined); })
+              .error_code() == EXDEV);
+  }
+  SUBCASE("a listed file") {
+    fs::create_symlink(dir / "outside/secret.jpg", dir / "root/cls/b.jpg");
+    std::ofstream(dir / "list.txt") << "cls/a.jpg\ncls/b.jpg\n";
+    CHECK(Catalog::from_list(dir / "list.txt", dir / "root").size() == 2);
+    CHECK(io_error_of([&] { Catalog::from_list(dir / "list.txt", dir / "root", confined); })
+              .error_code() == EXDEV);
+  }
+  SUBCASE("a link planted after the catalog was built, at every read") {
+    const std::vector<std::string> paths{"cls/a.jpg", "cls/b.jpg", "cls/c/x.jpg"};
+    const Catalog cat = Catalog::from_paths(dir / "root", paths, {}, {}, confined);
+    const Catalog follow = Catalog::from_paths(dir / "root", paths);
+    fs::create_symlink(dir / "outside/secret.jpg", dir / "root/cls/b.jpg");
+    fs::create_symlink(dir / "outside/more", dir / "root/cls/c");
+    touch(dir / "outside/more/x.jpg", "x");
+    CHECK(read_sample(follow, 1) == "outside");
+    CHECK(read_sample(follow, 2) == "x");
+    CHECK(read_sample(cat, 0) == "a");
+    for (size_t i : {1, 2}) {
+      CAPTURE(i);
+      const auto e = io_error_of([&] { read_sample(cat, i); });
+      CHECK(e.error_code() == EXDEV);
+      CHECK(e.path() == cat.source_path(i).string());
+      const std::string path = cat.source_path(i).string();
+      const auto file = prestage::detail::source_file(cat, path);
+      CHECK(io_error_of([&] { prestage::detail::file_size(file); }).error_code() == EXDEV);
+    }
+    // A read under a time limit runs on a helper thread, and refuses the same.
+    const prestage::detail::IoTimeoutScope limit(std::chrono::milliseconds(5000));
+    CHECK(io_error_of([&] { read_sample(cat, 1); }).error_code() == EXDEV);
+    CHECK(read_sample(cat, 0) == "a");
+  }
+}
+
+TEST_CASE("catalog: the symlink policy is saved, and a confined catalog has its own fingerprint") {
+  TempDir dir;
+  const Catalog follow = Catalog::from_paths("/data/set", {"a/1.jpg", "b/2.jpg"});
+  const Catalog inside =
+      Catalog::from_paths("/data/set", {"a/1.jpg", "b/2.jpg"}, {}, {}, Catalog::Symlinks::kInside);
+  CHECK(follow.fingerprint() != inside.fingerprint());
+  inside.save(dir / "inside.bin");
+  const Catalog back = Catalog::load(dir / "inside.bin");
+  CHECK(back.symlinks() == Catalog::Symlinks::kInside);
+  CHECK(back.fingerprint() == inside.fingerprint());
+  follow.save(dir / "follow.bin");
+  CHECK(Catalog::load(dir / "follow.bin").symlinks() == Catalog::Symlinks::kFollow);
+}
+
+TEST_CASE("catalog: a catalog file of format version 3 still loads, as following links") {
+  TempDir dir;
+  const Catalog cat = Catalog::from_paths("/data/set", {"a/1.jpg", "b/2.jpg"}, {4, 5});
+  cat.save(dir / "v4.bin");
+  std::string bytes;
+  {
+    std::ifstream in(dir / "v4.bin", std::ios::binary);
+    bytes.assign(std::istreambuf_iterator<char>(in), {});
+  }
+  // Version 3 is version 4 without the policy byte and the (empty) damage list before the checksum.
+  bytes.resize(bytes.size() - 8 - 1 - 8);
+  const uint32_t v3 = 3;
+  std::memcpy(bytes.data() + 8, &v3, sizeof(v3));
+  uint64_t sum = 0xcbf29ce484222325ULL;
+  for (unsigned char c : bytes) {
+    sum ^= c;
+    sum *= 0x100000001b3ULL;
+  }
+  bytes.append(reinterpret_cast<const char*>(&sum), sizeof(sum));
+  std::ofstream(dir / "v3.bin", std::ios::binary) << bytes;
+  const Catalog back = Catalog::load(dir / "v3.bin");
+  CHECK(back.size() == 2);
+  CHECK(back.label(1) == 5);
+  CHECK(back.symlinks() == Catalog::Symlinks::kFollow);
+  CHECK(back.damage().empty());
+  CHECK(back.fingerprint() == cat.fingerprint());
+  const uint32_t v99 = 99;
+  std::memcpy(bytes.data() + 8, &v99, sizeof(v99));
+  std::ofstream(dir / "v99.bin", std::ios::binary) << bytes;
+  CHECK_THROWS_AS(Catalog::load(dir / "v99.bin"), prestage::DecodeError);
+}
+
+TEST_CASE("catalog: a file shorter than its catalog says is an IoError that says so") {
+  TempDir dir;
+  touch(dir / "shard.bin", std::string(100, 'x'));
+  const Catalog cat = Catalog::from_ranges(dir.path(), {"shard.bin"},
+                                           {{0, 0, 40}, {0, 40, 40}, {0, 80, 20}});
+  fs::resize_file(dir / "shard.bin", 70);
+  CHECK(read_sample(cat, 0).size() == 40);
+  const auto e = io_error_of([&] { read_sample(cat, 1); });
+  CHECK(e.error_code() == EIO);
+  CHECK(e.path() == (dir / "shard.bin").string());
+  const std::string what = e.what();
+  CHECK(what.find("is 70 bytes, the catalog expected at least 80") != std::string::npos);
+  CHECK(what.find("changed since the catalog was built") != std::string::npos);
+
+  touch(dir / "whole.bin", std::string(10, 'y'));
+  std::vector<std::byte> out(16);
+  const auto exact =
+      io_error_of([&] { prestage::detail::read_file_exact((dir / "whole.bin").string(), out); });
+  CHECK(exact.error_code() == EIO);
+  CHECK(std::string(exact.what()).find("is 10 bytes, 16 were expected") != std::string::npos);
 }

@@ -1,17 +1,24 @@
-// Stage 3 TFRecord: CRC32C, record framing and the tf.train.Example reader.
+// Stage 3 TFRecord: CRC32C, record framing and the tf.train.Example reader; the catalog's index
+// of damaged files.
 #include "decode/tfrecord.hpp"
 
 #include <doctest/doctest.h>
 
 #include <cstring>
+#include <fstream>
 #include <string>
 #include <vector>
 
+#include "prestage/catalog.hpp"
 #include "prestage/error.hpp"
+#include "test_util.hpp"
 
 namespace {
 
+using prestage::Catalog;
 using prestage::DecodeError;
+using prestage::OnError;
+using prestage::test::TempDir;
 using namespace prestage::detail;
 
 std::vector<std::byte> bytes(const std::string& s) {
@@ -131,4 +138,110 @@ TEST_CASE("tfrecord: every single-byte change of an Example is parsed or refused
   // Some changes only alter values (still parsed), others break the structure (refused).
   CHECK(parsed > 0);
   CHECK(refused > 0);
+}
+
+namespace {
+
+// A TFRecord file of `count` Examples {"image": "record <i>", "label": i}; returns each record's
+// offset (and, last, the file's size).
+std::vector<uint64_t> write_shard(const std::filesystem::path& path, int count, int first_label) {
+  std::vector<uint64_t> offsets{0};
+  std::ofstream out(path, std::ios::binary);
+  for (int i = 0; i < count; ++i) {
+    const int label = first_label + i;
+    const std::string data = "record " + std::to_string(label);
+    const auto framed = frame(
+        bytes(example("image", 1, field(1, data)) + example("label", 3, field(1, varint(label)))));
+    out.write(reinterpret_cast<const char*>(framed.data()),
+              static_cast<std::streamsize>(framed.size()));
+    offsets.push_back(offsets.back() + framed.size());
+  }
+  return offsets;
+}
+
+void flip_byte(const std::filesystem::path& path, uint64_t at) {
+  std::fstream f(path, std::ios::binary | std::ios::in | std::ios::out);
+  f.seekg(static_cast<std::streamoff>(at));
+  const char c = static_cast<char>(f.get() ^ 0x20);
+  f.seekp(static_cast<std::streamoff>(at));
+  f.put(c);
+}
+
+std::vector<int64_t> labels_of(const Catalog& cat) {
+  std::vector<int64_t> out;
+  for (size_t i = 0; i < cat.size(); ++i) out.push_back(cat.label(i));
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("tfrecord: a bad data CRC loses only its record; the catalog skips it and lists it") {
+  TempDir dir;
+  const auto a = write_shard(dir / "a.tfrecord", 5, 0);
+  write_shard(dir / "b.tfrecord", 3, 10);
+  flip_byte(dir / "a.tfrecord", a[2] + 20);  // inside record 2's data; its length is intact
+  const std::vector<std::filesystem::path> files{dir / "a.tfrecord", dir / "b.tfrecord"};
+  CHECK_THROWS_AS(Catalog::from_tfrecord(files, "image", "label"), DecodeError);
+  const Catalog cat = Catalog::from_tfrecord(files, "image", "label", OnError::kSkip);
+  CHECK(labels_of(cat) == std::vector<int64_t>{0, 1, 3, 4, 10, 11, 12});
+  CHECK(cat.locator(2).offset == a[3]);
+  REQUIRE(cat.damage().size() == 1);
+  CHECK(cat.damage()[0].file == 0);
+  CHECK(cat.damage()[0].offset == a[2]);
+  CHECK_FALSE(cat.damage()[0].rest_of_file);
+  CHECK(cat.file_size(1) != Catalog::kUnknownSize);
+}
+
+TEST_CASE("tfrecord: a bad length CRC or a truncation loses the rest of the file, not the set") {
+  TempDir dir;
+  const auto a = write_shard(dir / "a.tfrecord", 5, 0);
+  const auto b = write_shard(dir / "b.tfrecord", 4, 10);
+  write_shard(dir / "c.tfrecord", 2, 20);
+  flip_byte(dir / "a.tfrecord", a[3] + 1);  // record 3's length
+  std::filesystem::resize_file(dir / "b.tfrecord", b[4] - 7);  // record 3 cut short
+  const std::vector<std::filesystem::path> files{dir / "a.tfrecord", dir / "b.tfrecord",
+                                                 dir / "c.tfrecord"};
+  CHECK_THROWS_AS(Catalog::from_tfrecord(files, "image", "label"), DecodeError);
+  const Catalog cat = Catalog::from_tfrecord(files, "image", "label", OnError::kSkip);
+  CHECK(labels_of(cat) == std::vector<int64_t>{0, 1, 2, 10, 11, 12, 20, 21});
+  REQUIRE(cat.damage().size() == 2);
+  CHECK(cat.damage()[0].file == 0);
+  CHECK(cat.damage()[0].offset == a[3]);
+  CHECK(cat.damage()[0].rest_of_file);
+  CHECK(cat.damage()[1].file == 1);
+  CHECK(cat.damage()[1].offset == b[3]);
+  CHECK(cat.damage()[1].rest_of_file);
+}
+
+TEST_CASE("tfrecord: a record without the data feature is damage too; none usable is an error") {
+  TempDir dir;
+  std::ofstream out(dir / "a.tfrecord", std::ios::binary);
+  for (const char* key : {"image", "other", "image"}) {
+    const auto framed = frame(bytes(example(key, 1, field(1, "x"))));
+    out.write(reinterpret_cast<const char*>(framed.data()),
+              static_cast<std::streamsize>(framed.size()));
+  }
+  out.close();
+  const Catalog cat = Catalog::from_tfrecord({dir / "a.tfrecord"}, "image", "", OnError::kSkip);
+  CHECK(cat.size() == 2);
+  REQUIRE(cat.damage().size() == 1);
+  CHECK_FALSE(cat.damage()[0].rest_of_file);
+  CHECK_THROWS_AS(Catalog::from_tfrecord({dir / "a.tfrecord"}, "missing", "", OnError::kSkip),
+                  prestage::ConfigError);
+}
+
+TEST_CASE("tfrecord: the damage list and the records around it survive save and load") {
+  TempDir dir;
+  const auto a = write_shard(dir / "a.tfrecord", 4, 0);
+  flip_byte(dir / "a.tfrecord", a[1] + 20);
+  const Catalog cat =
+      Catalog::from_tfrecord({dir / "a.tfrecord"}, "image", "label", OnError::kSkip);
+  cat.save(dir / "cat.bin");
+  const Catalog back = Catalog::load(dir / "cat.bin");
+  CHECK(labels_of(back) == std::vector<int64_t>{0, 2, 3});
+  REQUIRE(back.damage().size() == 1);
+  CHECK(back.damage()[0].file == 0);
+  CHECK(back.damage()[0].offset == a[1]);
+  CHECK(back.damage()[0].reason == cat.damage()[0].reason);
+  CHECK(back.fingerprint() == cat.fingerprint());
 }

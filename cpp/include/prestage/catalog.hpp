@@ -9,6 +9,8 @@
 #include <string_view>
 #include <vector>
 
+#include "prestage/options.hpp"
+
 namespace prestage {
 
 // A catalog is cheap to copy (its contents are shared and never change). Each sample is a locator plus
@@ -16,6 +18,13 @@ namespace prestage {
 // archive members, ...). Files are named by paths relative to the data set's root; a path can never
 // name a file outside the root: absolute paths and ".." components are refused when the catalog is
 // built or loaded. Stage 2 stages files; stage 3 reads samples.
+//
+// Symbolic links under the root are followed wherever they lead by default, as torchvision's
+// ImageFolder does. Where others can plant links in the data set (a shared file system),
+// Symlinks::kInside refuses a link that leads out of the root (an IoError, EXDEV, naming the path):
+// from_folder while it walks the tree, from_list as it looks at each file. The policy is saved with
+// the catalog, and a reader of its source files opens them under it (util/file_io's source_file),
+// checked on the file actually opened, so that a link changed after the build is refused too.
 class Catalog {
  public:
   static constexpr uint64_t kWholeFile = ~uint64_t{0};
@@ -25,26 +34,40 @@ class Catalog {
     uint64_t length = kWholeFile;
   };
 
+  enum class Symlinks : uint8_t {
+    kFollow,  // a link is followed wherever it leads (the default, as torchvision)
+    kInside,  // a link (or a chain of them) that leads out of the root is refused
+  };
+
   // One class per sub-folder of `root`, as torchvision's ImageFolder: label = index of the class folder
   // in sorted order; files are taken in sorted order within each class. Only files whose extension (case
-  // insensitive) is in `extensions` are taken; an empty list takes every regular file.
+  // insensitive) is in `extensions` are taken; an empty list takes every regular file. Links to
+  // folders are walked into; with Symlinks::kInside, a link (to a folder or a file) that leads out
+  // of the root is an IoError (EXDEV) naming it.
   static Catalog from_folder(const std::filesystem::path& root,
-                             const std::vector<std::string>& extensions = {".jpg", ".jpeg"});
+                             const std::vector<std::string>& extensions = {".jpg", ".jpeg"},
+                             Symlinks symlinks = Symlinks::kFollow);
 
   // A text file of `relative/path[,label]` lines (label defaults to -1); blank lines and lines starting
-  // with '#' are ignored.
-  static Catalog from_list(const std::filesystem::path& list_file, const std::filesystem::path& root);
+  // with '#' are ignored. With Symlinks::kInside, a listed file that leads out of the root is an
+  // IoError (EXDEV) naming it; a missing one is left to the read (it may appear later).
+  static Catalog from_list(const std::filesystem::path& list_file,
+                           const std::filesystem::path& root,
+                           Symlinks symlinks = Symlinks::kFollow);
 
   // Builds a catalog from explicit paths (relative to `root`) and labels (same length, or empty for -1).
+  // Touches no file: `symlinks` is checked when the files are read.
   static Catalog from_paths(const std::filesystem::path& root, const std::vector<std::string>& paths,
                             const std::vector<int64_t>& labels = {},
-                            const std::vector<std::string>& classes = {});
+                            const std::vector<std::string>& classes = {},
+                            Symlinks symlinks = Symlinks::kFollow);
 
   // Samples that are byte ranges of shared files: `files` relative to `root`, one locator per sample.
   static Catalog from_ranges(const std::filesystem::path& root, const std::vector<std::string>& files,
                              const std::vector<Locator>& locators,
                              const std::vector<int64_t>& labels = {},
-                             const std::vector<std::string>& classes = {});
+                             const std::vector<std::string>& classes = {},
+                             Symlinks symlinks = Symlinks::kFollow);
 
   // What a sample's locator means: the codec that reads it is chosen from this and decode=.
   enum class Kind : uint8_t {
@@ -64,12 +87,33 @@ class Catalog {
   // record once to build the index (offsets and lengths, checking both CRCs of each record, and
   // that `data_feature` is there); `label_feature`, an int64 feature, gives the labels (else -1).
   // Save the catalog to build the index only once.
+  //
+  // A damaged record (a bad CRC, a truncated file, an Example that is malformed or lacks a
+  // feature): with OnError::kRaise, a DecodeError naming the file and the byte. With
+  // OnError::kSkip, the catalog keeps every good record and lists what it left out in damage(): a
+  // record whose length's CRC holds but whose data is bad (or not a usable Example) is left out
+  // alone and the scan goes on with the next; a bad length CRC or a truncated record loses the rest
+  // of its file (no record after it can be located). An error reading a file (IoError) is raised
+  // either way: it may be passing, and a catalog is saved and reused. Files are opened as given
+  // (links followed): they are named one by one, and their root is only their common folder.
   static Catalog from_tfrecord(const std::vector<std::filesystem::path>& files,
                                const std::string& data_feature,
-                               const std::string& label_feature = "");
+                               const std::string& label_feature = "",
+                               OnError on_error = OnError::kRaise);
+
+  // What from_tfrecord(..., OnError::kSkip) found damaged and left out of the catalog, in file and
+  // byte order; empty for any other catalog. Saved with the catalog.
+  struct Damage {
+    uint64_t file = 0;          // index into the catalog's files
+    uint64_t offset = 0;        // byte of the file where the damaged record starts
+    bool rest_of_file = false;  // true: no record from `offset` to the file's end could be read
+    std::string reason;
+  };
+  const std::vector<Damage>& damage() const noexcept;
 
   Kind kind() const noexcept;
   const std::string& field() const noexcept;  // kTfrecord: data feature; kHdf5: dataset; else ""
+  Symlinks symlinks() const noexcept;         // how source files are opened (see the class comment)
 
   // Saves to / loads from one binary file, so a job does not walk the file system at every start.
   void save(const std::filesystem::path& file) const;
@@ -94,7 +138,9 @@ class Catalog {
   int64_t file_mtime(size_t f) const;
   const std::vector<std::string>& classes() const noexcept;  // class names (from_folder), else empty
 
-  // A 64-bit digest of the root and every path: names the catalog's area of a shared stage directory.
+  // A 64-bit digest of the root and every path (and of Symlinks::kInside, so that a confined
+  // catalog never shares copies made by a catalog that followed links out of the root): names the
+  // catalog's area of a shared stage directory.
   uint64_t fingerprint() const noexcept;
 
   struct Data;

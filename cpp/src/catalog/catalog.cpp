@@ -14,6 +14,7 @@
 #include "decode/hdf5.hpp"
 #include "decode/tfrecord.hpp"
 #include "prestage/error.hpp"
+#include "util/file_io.hpp"
 
 namespace prestage {
 
@@ -32,6 +33,8 @@ struct Catalog::Data {
   std::vector<int64_t> file_mtimes;  // ns since the epoch, one per file, or empty: unknown
   Kind kind = Kind::kFiles;
   std::string field;  // kTfrecord: the data feature; kHdf5: the dataset
+  Symlinks symlinks = Symlinks::kFollow;
+  std::vector<Damage> damage;  // kTfrecord built with OnError::kSkip: records left out
   uint64_t fingerprint = 0;
 };
 
@@ -40,7 +43,10 @@ namespace {
 static_assert(std::endian::native == std::endian::little, "the catalog file format is little-endian");
 
 constexpr char kMagic[8] = {'P', 'S', 'T', 'G', 'C', 'A', 'T', '\0'};
-constexpr uint32_t kFormatVersion = 3;
+// Version 4 added the symlink policy and the TFRecord damage list; version 3 files load as
+// Symlinks::kFollow with no damage (what they were built with).
+constexpr uint32_t kFormatVersion = 4;
+constexpr uint32_t kOldestFormatVersion = 3;
 
 uint64_t fnv1a(std::string_view bytes, uint64_t hash = 0xcbf29ce484222325ULL) {
   for (unsigned char c : bytes) {
@@ -108,6 +114,37 @@ std::shared_ptr<Catalog::Data> make_data(const fs::path& root, const std::vector
   data->locators = locators;
   data->labels = labels.empty() ? std::vector<int64_t>(samples, -1) : labels;
   return data;
+}
+
+// Sets the policy; a confined catalog gets a fingerprint of its own (a catalog that followed links
+// out of the root may have staged what they led to), a following one keeps the one it always had.
+void set_symlinks(Catalog::Data& data, Catalog::Symlinks symlinks) {
+  if (symlinks != Catalog::Symlinks::kFollow && symlinks != Catalog::Symlinks::kInside) {
+    throw ConfigError("catalog: unknown symlink policy " +
+                      std::to_string(static_cast<int>(symlinks)));
+  }
+  data.symlinks = symlinks;
+  if (symlinks == Catalog::Symlinks::kInside) {
+    data.fingerprint = fnv1a(std::string_view("\0symlinks=inside", 17), data.fingerprint);
+  }
+}
+
+// Whether `real` (a canonical path) is `real_root` or below it.
+bool is_beneath(const fs::path& real, const fs::path& real_root) {
+  const fs::path rel = real.lexically_relative(real_root);
+  return !rel.empty() && *rel.begin() != "..";
+}
+
+// Symlinks::kInside, while a tree is walked: refuses `entry`, a link, if it leads out of the root.
+// A dangling link is left to the walk (it is neither a folder nor a regular file).
+void check_link_inside(const fs::path& entry, const fs::path& root, const fs::path& real_root) {
+  std::error_code ec;
+  const fs::path real = fs::canonical(entry, ec);
+  if (ec || is_beneath(real, real_root)) return;
+  throw IoError(entry.string(), EXDEV,
+                "'" + entry.string() + "' is a symbolic link that leads out of the root '" +
+                    root.string() + "' (to '" + real.string() +
+                    "'): refused, the catalog confines its files to the root (symlinks=inside)");
 }
 
 bool has_extension(const fs::path& file, const std::vector<std::string>& extensions) {
@@ -190,20 +227,27 @@ class Reader {
 };
 
 // Size and modification time of each file, for a stage directory to plan its space and to notice a
-// source that changed. One stat per file, when the catalog is built (and saved) only.
+// source that changed. One stat per file, when the catalog is built (and saved) only. A file that
+// cannot be looked at is left unknown (it may appear later), but one that leads out of a confined
+// catalog's root is refused now.
 void record_file_stats(Catalog::Data& data) {
   const size_t files = data.offsets.size() - 1;
   data.file_sizes.assign(files, Catalog::kUnknownSize);
   data.file_mtimes.assign(files, Catalog::kUnknownMtime);
+  const bool confined = data.symlinks == Catalog::Symlinks::kInside;
   std::string path;
   for (size_t f = 0; f < files; ++f) {
     path = (data.root / std::string_view(data.blob).substr(data.offsets[f],
                                                             data.offsets[f + 1] - data.offsets[f]))
                .string();
-    struct stat st;
-    if (::stat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) continue;
-    data.file_sizes[f] = static_cast<uint64_t>(st.st_size);
-    data.file_mtimes[f] = static_cast<int64_t>(st.st_mtim.tv_sec) * 1'000'000'000 + st.st_mtim.tv_nsec;
+    try {
+      const detail::FileStat st = detail::file_stat(
+          confined ? detail::FileRef(path, data.root.native()) : detail::FileRef(path));
+      data.file_sizes[f] = st.size;
+      data.file_mtimes[f] = st.mtime_ns;
+    } catch (const IoError& e) {
+      if (confined && e.error_code() == EXDEV) throw;
+    }
   }
 }
 
@@ -212,26 +256,40 @@ void record_file_stats(Catalog::Data& data) {
 Catalog::Catalog(std::shared_ptr<const Data> data) : data_(std::move(data)) {}
 
 Catalog Catalog::from_paths(const fs::path& root, const std::vector<std::string>& paths,
-                            const std::vector<int64_t>& labels, const std::vector<std::string>& classes) {
-  return Catalog(make_data(root, paths, labels, classes));
+                            const std::vector<int64_t>& labels,
+                            const std::vector<std::string>& classes, Symlinks symlinks) {
+  auto data = make_data(root, paths, labels, classes);
+  set_symlinks(*data, symlinks);
+  return Catalog(data);
 }
 
 Catalog Catalog::from_ranges(const fs::path& root, const std::vector<std::string>& files,
                              const std::vector<Locator>& locators, const std::vector<int64_t>& labels,
-                             const std::vector<std::string>& classes) {
-  if (locators.empty()) return Catalog(make_data(root, {}, labels, classes));
-  return Catalog(make_data(root, files, labels, classes, locators));
+                             const std::vector<std::string>& classes, Symlinks symlinks) {
+  auto data = locators.empty() ? make_data(root, {}, labels, classes)
+                               : make_data(root, files, labels, classes, locators);
+  set_symlinks(*data, symlinks);
+  return Catalog(data);
 }
 
-Catalog Catalog::from_folder(const fs::path& root, const std::vector<std::string>& extensions) {
+Catalog Catalog::from_folder(const fs::path& root, const std::vector<std::string>& extensions,
+                             Symlinks symlinks) {
   std::error_code ec;
   if (!fs::is_directory(root, ec)) {
     throw IoError(root.string(), ec ? ec.value() : ENOTDIR,
                   "data set root '" + root.string() + "' is not a directory");
   }
+  const bool confined = symlinks == Symlinks::kInside;
+  fs::path real_root;
+  if (confined) {
+    real_root = fs::canonical(root, ec);
+    if (ec) throw_fs_error(root, ec, "cannot resolve");
+  }
   std::vector<std::string> classes;
   for (fs::directory_iterator it(root, ec), end; !ec && it != end; it.increment(ec)) {
-    if (it->is_directory(ec)) classes.push_back(it->path().filename().string());
+    if (!it->is_directory(ec)) continue;
+    if (confined && it->is_symlink(ec)) check_link_inside(it->path(), root, real_root);
+    classes.push_back(it->path().filename().string());
   }
   if (ec) throw_fs_error(root, ec, "cannot list");
   if (classes.empty()) {
@@ -253,6 +311,8 @@ Catalog Catalog::from_folder(const fs::path& root, const std::vector<std::string
     auto options = fs::directory_options::follow_directory_symlink;
     for (fs::recursive_directory_iterator it(class_dir, options, ec), end; !ec && it != end;
          it.increment(ec)) {
+      // Checked before the walk descends into a linked folder.
+      if (confined && it->is_symlink(ec)) check_link_inside(it->path(), root, real_root);
       if (!it->is_regular_file(ec) || !has_extension(it->path(), extensions)) continue;
       const fs::path rel = it->path().lexically_relative(root);
       files.push_back({rel.parent_path().string(), rel.filename().string()});
@@ -265,11 +325,12 @@ Catalog Catalog::from_folder(const fs::path& root, const std::vector<std::string
     }
   }
   auto data = make_data(root, paths, labels, classes);
+  set_symlinks(*data, symlinks);
   record_file_stats(*data);
   return Catalog(data);
 }
 
-Catalog Catalog::from_list(const fs::path& list_file, const fs::path& root) {
+Catalog Catalog::from_list(const fs::path& list_file, const fs::path& root, Symlinks symlinks) {
   std::ifstream in(list_file);
   if (!in) {
     const int err = errno;
@@ -307,6 +368,7 @@ Catalog Catalog::from_list(const fs::path& list_file, const fs::path& root) {
     throw IoError(list_file.string(), EIO, "cannot read file list '" + list_file.string() + "'");
   }
   auto data = make_data(root, paths, labels, {});
+  set_symlinks(*data, symlinks);
   record_file_stats(*data);
   return Catalog(data);
 }
@@ -327,6 +389,14 @@ void Catalog::save(const fs::path& file) const {
   w.array(data_->file_mtimes);
   w.pod(static_cast<uint8_t>(data_->kind));
   w.bytes(data_->field);
+  w.pod(static_cast<uint8_t>(data_->symlinks));
+  w.pod<uint64_t>(data_->damage.size());
+  for (const auto& d : data_->damage) {
+    w.pod(d.file);
+    w.pod(d.offset);
+    w.pod(static_cast<uint8_t>(d.rest_of_file));
+    w.bytes(d.reason);
+  }
   w.pod(fnv1a(out));  // checksum of everything before it
 
   // Written to a temporary name, then renamed: a reader never sees half a catalog.
@@ -365,7 +435,11 @@ Catalog Catalog::load(const fs::path& file) {
   }
   Reader body(std::string_view(in).substr(sizeof(kMagic), in.size() - sizeof(kMagic) - sizeof(uint64_t)),
               file.string());
-  if (body.pod<uint32_t>() != kFormatVersion) body.fail("unsupported format version");
+  const uint32_t version = body.pod<uint32_t>();
+  if (version < kOldestFormatVersion || version > kFormatVersion) {
+    body.fail("unsupported format version " + std::to_string(version) + " (this build reads " +
+              std::to_string(kOldestFormatVersion) + " to " + std::to_string(kFormatVersion) + ")");
+  }
   const fs::path root = body.bytes();
   const uint64_t num_classes = body.pod<uint64_t>();
   if (num_classes > body.remaining() / sizeof(uint64_t)) body.fail("class count exceeds the file");
@@ -381,6 +455,28 @@ Catalog Catalog::load(const fs::path& file) {
   const auto kind = body.pod<uint8_t>();
   const std::string field = body.bytes();
   if (kind > static_cast<uint8_t>(Kind::kHdf5)) body.fail("unknown catalog kind");
+  auto symlinks = Symlinks::kFollow;
+  std::vector<Damage> damage;
+  if (version >= 4) {
+    const auto policy = body.pod<uint8_t>();
+    if (policy > static_cast<uint8_t>(Symlinks::kInside)) body.fail("unknown symlink policy");
+    symlinks = static_cast<Symlinks>(policy);
+    const uint64_t count = body.pod<uint64_t>();
+    // Each entry takes at least 25 bytes: a count beyond that is a lie, not an allocation.
+    if (count > body.remaining() / 25) body.fail("damage count exceeds the file");
+    damage.reserve(count);
+    for (uint64_t i = 0; i < count; ++i) {
+      Damage d;
+      d.file = body.pod<uint64_t>();
+      d.offset = body.pod<uint64_t>();
+      const auto rest = body.pod<uint8_t>();
+      if (rest > 1) body.fail("bad damage entry");
+      d.rest_of_file = rest != 0;
+      d.reason = body.bytes();
+      damage.push_back(std::move(d));
+    }
+  }
+  if (body.remaining() != 0) body.fail("bytes after the last field");
   const size_t samples = locators.empty() ? offsets.size() - 1 : locators.size();
   if (offsets.empty() || offsets.front() != 0 || offsets.back() != blob.size() ||
       labels.size() != samples || !std::is_sorted(offsets.begin(), offsets.end())) {
@@ -399,6 +495,11 @@ Catalog Catalog::load(const fs::path& file) {
     data->file_mtimes = file_mtimes;
     data->kind = static_cast<Kind>(kind);
     data->field = field;
+    for (const auto& d : damage) {
+      if (d.file >= paths.size()) body.fail("a damage entry names a file past the list");
+    }
+    data->damage = std::move(damage);
+    set_symlinks(*data, symlinks);
     return Catalog(data);
   } catch (const ConfigError& e) {
     body.fail(e.what());
@@ -444,6 +545,8 @@ int64_t Catalog::label(size_t i) const {
 const std::vector<std::string>& Catalog::classes() const noexcept { return data_->classes; }
 Catalog::Kind Catalog::kind() const noexcept { return data_->kind; }
 const std::string& Catalog::field() const noexcept { return data_->field; }
+Catalog::Symlinks Catalog::symlinks() const noexcept { return data_->symlinks; }
+const std::vector<Catalog::Damage>& Catalog::damage() const noexcept { return data_->damage; }
 
 namespace {
 
@@ -495,39 +598,62 @@ Catalog Catalog::from_hdf5(const std::vector<fs::path>& files, const std::string
 }
 
 Catalog Catalog::from_tfrecord(const std::vector<fs::path>& files, const std::string& data_feature,
-                               const std::string& label_feature) {
+                               const std::string& label_feature, OnError on_error) {
   if (data_feature.empty()) throw ConfigError("from_tfrecord: the data feature name is empty");
   auto [root, relative] = common_root(files);
+  const bool skip = on_error == OnError::kSkip;
   std::vector<Locator> locators;
   std::vector<int64_t> labels;
   std::vector<uint64_t> sizes;
+  std::vector<Damage> damage;
   for (size_t f = 0; f < files.size(); ++f) {
     const std::string path = (root / relative[f]).string();
     uint64_t size = 0;
+    auto damaged = [&](uint64_t offset, const std::string& reason, bool rest_of_file) {
+      damage.push_back(Damage{f, offset, rest_of_file, reason});
+    };
+    auto index = [&](uint64_t offset, uint64_t framed, std::span<const std::byte> record) {
+      std::span<const std::byte> value;
+      if (!detail::example_bytes(record, data_feature, value, path)) {
+        throw DecodeError(path, "the record at byte " + std::to_string(offset) +
+                                    " has no feature '" + data_feature + "'");
+      }
+      int64_t label = -1;
+      if (!label_feature.empty() && !detail::example_int64(record, label_feature, label, path)) {
+        throw DecodeError(path, "the record at byte " + std::to_string(offset) +
+                                    " has no feature '" + label_feature + "'");
+      }
+      locators.push_back(Locator{f, offset, framed});
+      labels.push_back(label);
+    };
     detail::scan_tfrecord(
         path, path, ~uint64_t{0} >> 8,
         [&](uint64_t offset, uint64_t framed, std::span<const std::byte> record) {
-          std::span<const std::byte> value;
-          if (!detail::example_bytes(record, data_feature, value, path)) {
-            throw DecodeError(path, "the record at byte " + std::to_string(offset) +
-                                        " has no feature '" + data_feature + "'");
-          }
-          int64_t label = -1;
-          if (!label_feature.empty() &&
-              !detail::example_int64(record, label_feature, label, path)) {
-            throw DecodeError(path, "the record at byte " + std::to_string(offset) +
-                                        " has no feature '" + label_feature + "'");
-          }
-          locators.push_back(Locator{f, offset, framed});
-          labels.push_back(label);
+          // Each record's framing ends where the next begins, whatever its Example holds: the
+          // file's size as indexed (a stage directory checks its copies against it).
           size = offset + framed;
-        });
-    sizes.push_back(size);
+          if (!skip) return index(offset, framed, record);
+          try {
+            index(offset, framed, record);
+          } catch (const DecodeError& e) {
+            damaged(offset, e.reason(), false);
+          }
+        },
+        skip ? detail::TfrecordDamage(damaged) : detail::TfrecordDamage());
+    sizes.push_back(damage.empty() || damage.back().file != f ? size : kUnknownSize);
   }
-  if (locators.empty()) throw ConfigError("from_tfrecord: the files hold no record");
+  if (locators.empty()) {
+    std::string first;
+    if (!damage.empty()) {
+      first = " (first damage: '" + (root / relative[damage[0].file]).string() + "' at byte " +
+              std::to_string(damage[0].offset) + ": " + damage[0].reason + ")";
+    }
+    throw ConfigError("from_tfrecord: the files hold no usable record" + first);
+  }
   auto data = make_data(root, relative, labels, {}, locators, sizes);
   data->kind = Kind::kTfrecord;
   data->field = data_feature;
+  data->damage = std::move(damage);
   return Catalog(data);
 }
 uint64_t Catalog::fingerprint() const noexcept { return data_->fingerprint; }

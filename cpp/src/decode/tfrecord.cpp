@@ -179,7 +179,8 @@ std::span<const std::byte> unframe_record(std::span<const std::byte> framed,
 
 void scan_tfrecord(
     const std::string& file, const std::string& path, uint64_t max_record,
-    const std::function<void(uint64_t, uint64_t, std::span<const std::byte>)>& record) {
+    const std::function<void(uint64_t, uint64_t, std::span<const std::byte>)>& record,
+    const TfrecordDamage& damaged) {
   std::ifstream in(file, std::ios::binary);
   if (!in) {
     const int err = errno;
@@ -191,6 +192,14 @@ void scan_tfrecord(
   in.seekg(0, std::ios::beg);
   if (end < 0 || !in) throw IoError(path, EIO, "cannot read TFRecord file '" + path + "'");
   const auto file_size = static_cast<uint64_t>(end);
+  // Returns whether the scan goes on after the damaged record.
+  auto damage = [&](uint64_t offset, const std::string& why, bool rest_of_file) {
+    if (!damaged) {
+      throw DecodeError(path, "TFRecord: " + why + " at byte " + std::to_string(offset));
+    }
+    damaged(offset, why, rest_of_file);
+    return !rest_of_file;
+  };
   std::vector<std::byte> framed;
   uint64_t offset = 0;
   while (true) {
@@ -198,33 +207,50 @@ void scan_tfrecord(
     in.read(reinterpret_cast<char*>(head), sizeof(head));
     const auto got = static_cast<size_t>(in.gcount());
     if (got == 0 && in.eof()) break;
+    if (in.bad()) break;
     if (got != sizeof(head)) {
-      throw DecodeError(path,
-                        "TFRecord: truncated record header at byte " + std::to_string(offset));
+      damage(offset, "truncated record header (the file ends " + std::to_string(got) +
+                         " bytes into it)", true);
+      break;
     }
     const uint64_t length = load_u64(head);
     if (load_u32(head + 8) != masked_crc32c(std::span<const std::byte>(head, 8))) {
-      throw DecodeError(path,
-                        "TFRecord: bad CRC of the record length at byte " + std::to_string(offset));
+      damage(offset, "bad CRC of the record length", true);
+      break;
     }
     if (offset + sizeof(head) > file_size || length > file_size - offset - sizeof(head) ||
         file_size - offset - sizeof(head) - length < 4) {
-      throw DecodeError(path, "TFRecord: truncated record at byte " + std::to_string(offset) +
-                                  " (its length says " + std::to_string(length) + " bytes)");
+      damage(offset, "truncated record (its length says " + std::to_string(length) +
+                         " bytes, the file ends " + std::to_string(file_size - offset) +
+                         " bytes after its start)", true);
+      break;
     }
+    const uint64_t framed_length = length + kFramingBytes;
     if (length > max_record) {
-      throw DecodeError(path, "TFRecord: record of " + std::to_string(length) + " bytes at byte " +
-                                  std::to_string(offset) + " exceeds max_sample_bytes");
+      if (!damage(offset, "record of " + std::to_string(length) + " bytes exceeds max_sample_bytes",
+                  false)) {
+        break;
+      }
+      in.seekg(static_cast<std::streamoff>(length + 4), std::ios::cur);
+      offset += framed_length;
+      continue;
     }
-    framed.resize(length + kFramingBytes);
+    framed.resize(framed_length);
     std::memcpy(framed.data(), head, sizeof(head));
     in.read(reinterpret_cast<char*>(framed.data() + sizeof(head)),
             static_cast<std::streamsize>(length + 4));
     if (static_cast<uint64_t>(in.gcount()) != length + 4) {
-      throw DecodeError(path, "TFRecord: truncated record at byte " + std::to_string(offset));
+      if (in.bad()) break;
+      damage(offset, "truncated record (the file became shorter while it was read)", true);
+      break;
     }
-    record(offset, framed.size(), unframe_record(framed, path));
-    offset += framed.size();
+    const auto data = std::span<const std::byte>(framed).subspan(12, length);
+    if (load_u32(framed.data() + 12 + length) != masked_crc32c(data)) {
+      if (!damage(offset, "bad CRC of the record data", false)) break;
+    } else {
+      record(offset, framed_length, data);
+    }
+    offset += framed_length;
   }
   if (in.bad()) throw IoError(path, EIO, "cannot read TFRecord file '" + path + "'");
 }

@@ -25,12 +25,23 @@ inline constexpr uint64_t kFramingBytes = 16;
 std::span<const std::byte> unframe_record(std::span<const std::byte> framed,
                                           const std::string& path);
 
+// A damaged record found by scan_tfrecord at byte `offset`: why, and whether the rest of the file
+// is lost with it (true: its length cannot be trusted, or the file ends inside it, so no record
+// after it can be located) or only this record (false: its length's CRC holds, so the next record
+// is where the length says; its data is bad).
+using TfrecordDamage =
+    std::function<void(uint64_t offset, const std::string& reason, bool rest_of_file)>;
+
 // Reads the TFRecord file `file` from start to end, checking every record, and calls `record` with
-// each record's offset, framed length and data (valid during the call). A truncated last record,
-// a bad CRC or a record longer than `max_record` is a DecodeError naming `path`.
+// each good record's offset, framed length and data (valid during the call). A damaged record (a
+// bad CRC, a record longer than `max_record`, a truncated last record): without `damaged`, a
+// DecodeError naming `path` and the byte; with it, `damaged` is called and the scan goes on with
+// the next record if it can be located, else ends. An error reading the file is an IoError either
+// way.
 void scan_tfrecord(const std::string& file, const std::string& path, uint64_t max_record,
                    const std::function<void(uint64_t offset, uint64_t framed_length,
-                                            std::span<const std::byte> data)>& record);
+                                            std::span<const std::byte> data)>& record,
+                   const TfrecordDamage& damaged = nullptr);
 
 // tf.train.Example accessors. Each finds feature `name` (the last entry wins, as in protobuf maps);
 // returns false if the Example has no such feature, throws DecodeError (naming `path`) if the

@@ -14,6 +14,37 @@
 
 namespace prestage::detail {
 
+// A file to open for reading: a path, opened as it is (symbolic links followed), or a catalog's
+// source file confined to the catalog's root. Confined, the part of `path` below `root` is resolved
+// beneath `root`: a symbolic link (or anything else) that leads out of the root is an IoError
+// (EXDEV) naming `path`, checked on the file actually opened (openat2's RESOLVE_BENEATH; where the
+// kernel lacks openat2, or for an absolute link, the opened file's real path is compared with the
+// root's), so a link changed after the catalog was built cannot get past it. Confining costs one
+// extra path lookup (of the root) per open. Views its strings: they must outlive the call that
+// takes it.
+class FileRef {
+ public:
+  FileRef(const std::string& path) : path_(path) {}  // NOLINT: any path converts, opened as it is
+  // `path` must start with `root` (as root / relative does).
+  FileRef(const std::string& path, const std::string& root) : path_(path), root_(&root) {}
+  const std::string& path() const noexcept { return path_; }
+  const std::string* root() const noexcept { return root_; }  // null: not confined
+
+ private:
+  const std::string& path_;
+  const std::string* root_ = nullptr;
+};
+
+// `path` (the catalog's root() / one of its paths, as Catalog::file_source_path gives) opened as
+// the catalog's symlink policy says: Symlinks::kInside confines it to root(), kFollow does not.
+// Every read of a catalog's source file goes through this; a stage directory's copies do not.
+inline FileRef source_file(const Catalog& catalog, const std::string& path) {
+  if (catalog.symlinks() == Catalog::Symlinks::kInside) {
+    return FileRef(path, catalog.root().native());
+  }
+  return FileRef(path);
+}
+
 // A read (of the functions below) that takes longer than this fails with an IoError (ETIMEDOUT)
 // instead of hanging on a stalled file system: with a limit, each read runs on a helper thread, which
 // is left behind if the read never returns. 0 (the default): no limit, reads run on the caller's
@@ -48,28 +79,40 @@ class IoTimeoutScope {
   const std::atomic<bool>* previous_cancel_;
 };
 
+// A file that is shorter than its catalog (or an earlier look at its size) says is an IoError (EIO,
+// the errno of a read that finds the data gone) whose message says so: how long the file is, how
+// long it was expected to be, and that it changed since.
+
 // Reads a whole regular file into `buffer` (resized to fit; its capacity is reused across calls).
 // Returns the number of bytes read.
 // With `mtime_ns`, also gives the file's modification time (ns since the epoch) from the same open.
-size_t read_file(const std::string& path, std::vector<std::byte>& buffer, int64_t* mtime_ns = nullptr);
+size_t read_file(const FileRef& file, std::vector<std::byte>& buffer, int64_t* mtime_ns = nullptr);
 
 // Reads out.size() bytes at `offset` of a regular file into `out`. A file too short for the range is
 // an IoError.
-void read_range(const std::string& path, uint64_t offset, std::span<std::byte> out);
+void read_range(const FileRef& file, uint64_t offset, std::span<std::byte> out);
 
-// The size of a regular file (one stat).
-size_t file_size(const std::string& path);
+// The size of a regular file (one stat; confined, one open).
+size_t file_size(const FileRef& file);
+
+// The size and modification time (ns since the epoch) of a regular file.
+struct FileStat {
+  uint64_t size = 0;
+  int64_t mtime_ns = 0;
+};
+FileStat file_stat(const FileRef& file);
 
 // Reads a regular file of exactly out.size() bytes into `out`; a file of any other size is an IoError
 // (it changed since its size was taken).
-void read_file_exact(const std::string& path, std::span<std::byte> out);
+void read_file_exact(const FileRef& file, std::span<std::byte> out);
 
-// A sample's bytes, located by `loc` in the file at `path` (the whole file, or a range of it), into
-// `buffer` (resized to fit).
-void read_located(const std::string& path, const Catalog::Locator& loc, std::vector<std::byte>& buffer);
+// A sample's bytes, located by `loc` in `file` (the whole file, or a range of it), into `buffer`
+// (resized to fit).
+void read_located(const FileRef& file, const Catalog::Locator& loc,
+                  std::vector<std::byte>& buffer);
 
 // The same for a sample whose size is already known: exactly out.size() bytes into `out`.
-void read_located(const std::string& path, const Catalog::Locator& loc, std::span<std::byte> out);
+void read_located(const FileRef& file, const Catalog::Locator& loc, std::span<std::byte> out);
 
 // Writes `bytes` to `tmp_path`, then renames it to `path`: a reader sees the whole file or none.
 // On failure the temporary file is removed.
