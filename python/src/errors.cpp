@@ -1,7 +1,6 @@
 // The one table that maps the C++ error hierarchy to Python classes (defined in prestage/errors.py),
 // each of which also inherits the builtin users expect (ConfigError is a ValueError, IoError an
 // OSError, ...).
-#include <cstring>
 
 #include "bindings.hpp"
 #include "prestage/error.hpp"
@@ -24,8 +23,9 @@ void register_errors(py::module_&) {
     try {
       std::rethrow_exception(p);
     } catch (const IoError& e) {
-      // OSError(errno, strerror, filename): str() reads "[Errno 2] No such file ...: 'path'".
-      raise(error_class("IoError")(e.error_code(), std::strerror(e.error_code()), e.path()));
+      // OSError(errno, strerror, filename), with the C++ message (what was being done, and why it
+      // failed: "it became shorter since ...") in place of the bare strerror text.
+      raise(error_class("IoError")(e.error_code(), e.what(), e.path()));
     } catch (const DecodeError& e) {
       py::object exc = error_class("DecodeError")(e.what());
       exc.attr("path") = e.path();

@@ -131,6 +131,7 @@ def test_a_file_shorter_than_its_catalog_says_is_an_io_error_saying_so(tmp_path,
         with pytest.raises(prestage.IoError) as info:
             next(it)
     assert info.value.errno == errno.EIO and info.value.filename == str(path)
+    assert f"is {size - 30} bytes, the catalog expected at least {size}" in str(info.value)
     # The message says what happened (the Python OSError carries errno and filename; the C++ message
     # is what on_error="skip" records).
     with prestage.Loader(cat, batch_size=2, decode="raw", shuffle=False, on_error="skip") as loader:
@@ -198,15 +199,17 @@ def test_a_listed_file_that_leads_out_of_the_root_is_refused_with_symlinks_insid
     assert info.value.filename == str(tmp_path / "root" / "b.bin")
 
 
-@pytest.mark.xfail(strict=True, reason="stages 2 and 3 open source files without "
-                                       "util/file_io's source_file() until the pipeline passes it")
-def test_a_link_planted_after_the_catalog_was_built_is_refused_at_its_batch(tmp_path):
+@pytest.mark.parametrize("staged", [False, True], ids=["direct", "staged"])
+def test_a_link_planted_after_the_catalog_was_built_is_refused_at_its_batch(tmp_path, staged):
     (tmp_path / "root").mkdir()
     (tmp_path / "secret").write_bytes(b"secret")
     (tmp_path / "root" / "a.bin").write_bytes(b"a")
     cat = prestage.Catalog.from_paths(tmp_path / "root", ["a.bin", "b.bin"], symlinks="inside")
     os.symlink(tmp_path / "secret", tmp_path / "root" / "b.bin")
-    with prestage.Loader(cat, batch_size=1, decode="raw", shuffle=False) as loader:
+    # Staged, stage 2's copy and stage 3's fallback to the source both refuse it.
+    stage_dir = tmp_path / "stage" if staged else None
+    with prestage.Loader(cat, batch_size=1, decode="raw", shuffle=False,
+                         stage_dir=stage_dir) as loader:
         it = iter(loader)
         assert bytes(next(it).data) == b"a"
         with pytest.raises(prestage.IoError) as info:

@@ -10,6 +10,8 @@
 #include <string_view>
 #include <vector>
 
+#include "util/file_io.hpp"
+
 namespace prestage::detail {
 
 // NumPy allows 64 dimensions from 2.0 (32 before); no training sample comes close to 32.
@@ -68,16 +70,16 @@ class MemorySource final : public ByteSource {
 // `path` (the catalog's source path, whichever copy is read).
 class FileSource final : public ByteSource {
  public:
-  FileSource(const std::string& file, uint64_t offset, uint64_t length, const std::string& path)
+  FileSource(const FileRef& file, uint64_t offset, uint64_t length, const std::string& path)
       : file_(file), offset_(offset), length_(length), path_(path) {}
   uint64_t size() const override { return length_; }
   void read(uint64_t offset, std::span<std::byte> out) const override;
   const std::string& path() const override { return path_; }
-  const std::string& file() const { return file_; }
+  const FileRef& file() const { return file_; }
   uint64_t offset() const { return offset_; }
 
  private:
-  const std::string& file_;
+  FileRef file_;
   uint64_t offset_;
   uint64_t length_;
   const std::string& path_;

@@ -176,7 +176,7 @@ class BatchDecoder::Run {
                                       n = at.in_memory() ? at.bytes.size()
                                           : at.locator.length != Catalog::kWholeFile
                                               ? at.locator.length
-                                              : file_size(*at.file);
+                                              : file_size(at.open());
                                       return n;
                                     });
       d_.tiers_.check_size(id, n);
@@ -190,7 +190,7 @@ class BatchDecoder::Run {
     s_.tiers[i] = d_.tiers_.serve(id, Tier::kStage, nullptr, r.paths, false,
                                   [&](const SampleAt& at) -> uint64_t {
                                     r.codec(codec).probe(
-                                        SampleLocation{*at.file, *at.path, at.locator}, s_.probes[i]);
+                                        SampleLocation{at.open(), *at.path, at.locator}, s_.probes[i]);
                                     return 0;
                                   });
   }
@@ -209,7 +209,7 @@ class BatchDecoder::Run {
       d_.tiers_.serve(id, s_.tiers[i], held(i, id), r.paths, true,
                       [&](const SampleAt& at) -> uint64_t {
                         if (!at.in_memory()) {
-                          read_located(*at.file, at.locator, out);
+                          read_located(at.open(), at.locator, out);
                         } else if (at.bytes.size() == out.size()) {
                           std::copy(at.bytes.begin(), at.bytes.end(), out.begin());
                         } else {
@@ -219,7 +219,7 @@ class BatchDecoder::Run {
                       });
     } else {
       d_.tiers_.serve(id, s_.tiers[i], nullptr, r.paths, true, [&](const SampleAt& at) -> uint64_t {
-        r.codec(codec).fill(SampleLocation{*at.file, *at.path, at.locator}, s_.probes[i], out);
+        r.codec(codec).fill(SampleLocation{at.open(), *at.path, at.locator}, s_.probes[i], out);
         return out.size();
       });
     }

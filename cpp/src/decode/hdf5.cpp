@@ -3,7 +3,6 @@
 #include <hdf5.h>
 
 #include <algorithm>
-#include <filesystem>
 #include <list>
 #include <mutex>
 #include <stdexcept>
@@ -105,6 +104,13 @@ const char* class_name(H5T_class_t c) {
 // before each read: a lookup per chunk, one for the usual chunking of one or more whole rows).
 constexpr uint64_t kMaxChunkBytes = uint64_t{1} << 30;
 
+// The size of the open file (the one HDF5 opened, whatever its name leads to now).
+uint64_t file_bytes(const Open& o, const std::string& path) {
+  hsize_t size = 0;
+  if (H5Fget_filesize(o.file_id.get(), &size) < 0) fail(path, "cannot read the file's size");
+  return size;
+}
+
 // Checks one stored chunk (address HADDR_UNDEF: not stored) against the file and the chunk shape.
 void check_chunk(const Open& o, haddr_t address, hsize_t stored, const std::string& path) {
   if (address == HADDR_UNDEF) return;
@@ -119,8 +125,7 @@ void check_chunk(const Open& o, haddr_t address, hsize_t stored, const std::stri
   }
 }
 
-void read_layout(Open& o, const std::string& file, const std::string& dataset,
-                 const std::string& path) {
+void read_layout(Open& o, const std::string& dataset, const std::string& path) {
   Id plist(H5Dget_create_plist(o.dataset_id.get()), H5Pclose);
   if (!plist.valid()) fail(path, "cannot read the storage layout of '" + dataset + "'");
   const H5D_layout_t layout = H5Pget_layout(plist.get());
@@ -150,9 +155,7 @@ void read_layout(Open& o, const std::string& file, const std::string& dataset,
   const int filters = H5Pget_nfilters(plist.get());
   if (filters < 0) fail(path, "cannot read the filters of '" + dataset + "'");
   o.filtered = filters > 0;
-  std::error_code ec;
-  o.file_bytes = std::filesystem::file_size(file, ec);
-  if (ec) fail(path, "cannot stat the file");
+  o.file_bytes = file_bytes(o, path);
   // The chunks' stored sizes add up to this: more than the file holds is a corrupt chunk index.
   if (H5Dget_storage_size(o.dataset_id.get()) > o.file_bytes) {
     fail(path, "dataset '" + dataset + "' claims more stored bytes than the file holds (corrupt)");
@@ -213,10 +216,10 @@ void check_row_chunks(const Open& o, uint64_t row, const std::string& path) {
 }
 
 // Opens (or finds) `dataset` of `file`. Called with the lock held.
-Open& open_dataset(State& s, const std::string& file, const std::string& dataset,
+Open& open_dataset(State& s, const FileRef& file, const std::string& dataset,
                    uint64_t max_bytes, const std::string& path) {
   for (auto it = s.open.begin(); it != s.open.end(); ++it) {
-    if (it->file == file && it->dataset == dataset) {
+    if (it->file == file.path() && it->dataset == dataset) {
       s.open.splice(s.open.begin(), s.open, it);
       return s.open.front();
     }
@@ -227,10 +230,12 @@ Open& open_dataset(State& s, const std::string& file, const std::string& dataset
     s.quiet = true;
   }
   Open o;
-  o.file = file;
+  o.file = file.path();
   o.dataset = dataset;
-  if (H5Fis_hdf5(file.c_str()) <= 0) fail(path, "not an HDF5 file (or unreadable)");
-  o.file_id = Id(H5Fopen(file.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);
+  with_file_name(file, [&](const std::string& name) {
+    if (H5Fis_hdf5(name.c_str()) <= 0) fail(path, "not an HDF5 file (or unreadable)");
+    o.file_id = Id(H5Fopen(name.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);
+  });
   if (!o.file_id.valid()) fail(path, "cannot open the file");
   o.dataset_id = Id(H5Dopen2(o.file_id.get(), dataset.c_str(), H5P_DEFAULT), H5Dclose);
   if (!o.dataset_id.valid()) fail(path, "no dataset '" + dataset + "'");
@@ -271,15 +276,13 @@ Open& open_dataset(State& s, const std::string& file, const std::string& dataset
   o.info.row.ndim = static_cast<uint32_t>(rank - 1);
   for (int d = 1; d < rank; ++d) o.info.row.shape[static_cast<size_t>(d - 1)] = dims[d];
   finish_array_info(o.info.row, max_bytes, path);
-  read_layout(o, file, dataset, path);
+  read_layout(o, dataset, path);
   // Each row becomes a catalog entry (and a label): a corrupt header claiming far more rows than
   // the file stores is refused before anything is allocated for them. Compression can shrink
   // data, but not a thousandfold.
   // The stored size comes from the file's own (possibly corrupt) header: no more than the file holds.
-  std::error_code ec;
-  const uint64_t file_bytes = std::filesystem::file_size(file, ec);
-  if (ec) fail(path, "cannot stat the file");
-  const uint64_t stored = std::min<uint64_t>(H5Dget_storage_size(o.dataset_id.get()), file_bytes);
+  const uint64_t stored =
+      std::min<uint64_t>(H5Dget_storage_size(o.dataset_id.get()), file_bytes(o, path));
   const uint64_t row_bytes = std::max<uint64_t>(o.info.row.bytes, 1);
   constexpr uint64_t kMaxRatio = 1024;
   if (o.info.rows > (stored * kMaxRatio + (uint64_t{1} << 20)) / row_bytes) {
@@ -294,14 +297,14 @@ Open& open_dataset(State& s, const std::string& file, const std::string& dataset
 
 }  // namespace
 
-Hdf5Dataset describe(const std::string& file, const std::string& dataset, uint64_t max_bytes,
+Hdf5Dataset describe(const FileRef& file, const std::string& dataset, uint64_t max_bytes,
                      const std::string& path) {
   State& s = state();
   std::lock_guard lock(s.mutex);
   return open_dataset(s, file, dataset, max_bytes, path).info;
 }
 
-void read_row(const std::string& file, const std::string& dataset, uint64_t row,
+void read_row(const FileRef& file, const std::string& dataset, uint64_t row,
               const ArrayInfo& info, std::span<std::byte> out, const std::string& path) {
   if (out.size() != info.bytes) throw std::logic_error("hdf5::read_row: output of the wrong size");
   State& s = state();
@@ -335,7 +338,7 @@ void read_row(const std::string& file, const std::string& dataset, uint64_t row,
   }
 }
 
-std::vector<int64_t> read_labels(const std::string& file, const std::string& dataset,
+std::vector<int64_t> read_labels(const FileRef& file, const std::string& dataset,
                                  const std::string& path) {
   State& s = state();
   std::lock_guard lock(s.mutex);

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "decode/array.hpp"
+#include "util/file_io.hpp"
 
 namespace prestage::detail {
 
@@ -19,21 +20,21 @@ struct Hdf5Dataset {
 };
 
 // Every function is thread-safe (serialised) and throws DecodeError naming `path` (the catalog's
-// name of the file; `file` is the copy read, staged or source).
+// name of the file; `file` is the copy read, staged or source, opened as FileRef says).
 namespace hdf5 {
 
 // Describes `dataset`: rows and one row's type and shape. Only integer and floating-point datasets
 // of rank >= 1 are accepted; one row over `max_bytes` is refused.
-Hdf5Dataset describe(const std::string& file, const std::string& dataset, uint64_t max_bytes,
+Hdf5Dataset describe(const FileRef& file, const std::string& dataset, uint64_t max_bytes,
                      const std::string& path);
 
 // Reads row `row` of `dataset` into `out` (info.bytes bytes), little-endian, as `info` (from
 // describe) says.
-void read_row(const std::string& file, const std::string& dataset, uint64_t row,
+void read_row(const FileRef& file, const std::string& dataset, uint64_t row,
               const ArrayInfo& info, std::span<std::byte> out, const std::string& path);
 
 // A 1-D integer dataset, converted to int64.
-std::vector<int64_t> read_labels(const std::string& file, const std::string& dataset,
+std::vector<int64_t> read_labels(const FileRef& file, const std::string& dataset,
                                  const std::string& path);
 
 // Closes every cached file (tests; files a loader held open).

@@ -42,7 +42,7 @@ struct Codec {
 
 // Where one sample is read from: the copy to read (staged or source) and the name errors give.
 struct SampleLocation {
-  const std::string& file;
+  FileRef file;
   const std::string& path;
   Catalog::Locator locator;
 };

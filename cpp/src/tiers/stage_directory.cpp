@@ -288,7 +288,9 @@ bool StageDirectory::adopt(uint64_t id) {
 StageDirectory::Outcome StageDirectory::stage(uint64_t id, const std::string& source_path,
                                               std::vector<std::byte>& buffer) {
   return stage(
-      id, [&](std::vector<std::byte>& out, int64_t& mtime_ns) { read_file(source_path, out, &mtime_ns); },
+      id, [&](std::vector<std::byte>& out, int64_t& mtime_ns) {
+        read_file(source_file(catalog_, source_path), out, &mtime_ns);
+      },
       buffer);
 }
 

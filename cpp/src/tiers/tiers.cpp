@@ -35,7 +35,7 @@ std::span<const std::byte> Tiers::read(uint64_t id, const std::vector<std::byte>
     if (at.in_memory()) {
       bytes = at.bytes;
     } else {
-      read_located(*at.file, at.locator, buffer);
+      read_located(at.open(), at.locator, buffer);
       check_size(id, buffer.size());  // a file without a recorded size
       bytes = buffer;
     }
@@ -46,7 +46,7 @@ std::span<const std::byte> Tiers::read(uint64_t id, const std::vector<std::byte>
 
 void Tiers::fetch_file(uint64_t file, std::vector<std::byte>& buffer, int64_t& mtime_ns) {
   std::string path;
-  read_file(source_path(file, path), buffer, &mtime_ns);
+  read_file(source_file(catalog_, source_path(file, path)), buffer, &mtime_ns);
   add(fetched_reads_, fetched_bytes_, Tier::kSource, buffer.size());
 }
 
@@ -54,7 +54,7 @@ void Tiers::fetch_sample(uint64_t id, std::vector<std::byte>& buffer) {
   check_size(id, sample_size(id));
   std::string path;
   const Catalog::Locator loc = catalog_.locator(id);
-  read_located(source_path(loc.file, path), loc, buffer);
+  read_located(source_file(catalog_, source_path(loc.file, path)), loc, buffer);
   check_size(id, buffer.size());
   add(fetched_reads_, fetched_bytes_, Tier::kSource, buffer.size());
 }

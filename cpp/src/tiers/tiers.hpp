@@ -16,6 +16,7 @@
 #include "prestage/catalog.hpp"
 #include "prestage/error.hpp"
 #include "tiers/stage_directory.hpp"
+#include "util/file_io.hpp"
 
 namespace prestage::detail {
 
@@ -29,9 +30,12 @@ struct SampleAt {
   std::span<const std::byte> bytes;  // kMemory: the whole sample
   const std::string* file = nullptr;  // the file tiers: the copy to read (staged or source)
   const std::string* path = nullptr;  // the sample's source path: what errors name
+  const std::string* root = nullptr;  // set: `file` is a source file confined to this root
   Catalog::Locator locator;           // where the sample lies in `file`
 
   bool in_memory() const noexcept { return file == nullptr; }
+  // `file` as it must be opened (the catalog's symlink policy applies to source files only).
+  FileRef open() const { return root != nullptr ? FileRef(*file, *root) : FileRef(*file); }
 };
 
 // Per-thread strings for the paths a lookup builds, so that no read allocates once warm.
@@ -133,6 +137,7 @@ Tier Tiers::serve(uint64_t id, Tier from, const std::vector<std::byte>* held, Ti
   }
   at.tier = Tier::kSource;
   at.file = at.path;
+  if (catalog_.symlinks() == Catalog::Symlinks::kInside) at.root = &catalog_.root().native();
   return done(Tier::kSource, use(at));
 }
 

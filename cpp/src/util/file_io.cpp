@@ -337,6 +337,15 @@ class DeadlineThreads {
 
 }  // namespace
 
+void with_file_name(const FileRef& file, const std::function<void(const std::string&)>& use) {
+  if (file.root() == nullptr) {
+    use(file.path());
+    return;
+  }
+  const Fd found = open_confined(file, O_PATH);
+  use("/proc/self/fd/" + std::to_string(found.get()));
+}
+
 void set_io_timeout(std::chrono::milliseconds timeout) { io_timeout_ms = timeout.count(); }
 
 std::chrono::milliseconds io_timeout() { return std::chrono::milliseconds(io_timeout_ms); }

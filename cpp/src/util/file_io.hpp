@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <string>
 #include <vector>
@@ -44,6 +45,11 @@ inline FileRef source_file(const Catalog& catalog, const std::string& path) {
   }
   return FileRef(path);
 }
+
+// For a library that opens files by name (HDF5): calls `use` with a name that opens `file` as
+// FileRef says. Confined, the name is /proc/self/fd/N of the file the confined open found (held
+// open for the call), so the library opens that very file; otherwise it is the path.
+void with_file_name(const FileRef& file, const std::function<void(const std::string&)>& use);
 
 // A read (of the functions below) that takes longer than this fails with an IoError (ETIMEDOUT)
 // instead of hanging on a stalled file system: with a limit, each read runs on a helper thread, which
