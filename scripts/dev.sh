@@ -17,7 +17,7 @@ APT_PACKAGES=(build-essential cmake ninja-build pkg-config python3-venv python3-
               fuse3 libfuse3-dev)
 PIP_BUILD=(scikit-build-core pybind11 numpy)
 PIP_RUN=(pillow scikit-image tqdm matplotlib)
-PIP_TEST=(pytest h5py zstandard torch==2.13.0 tensorflow-cpu)  # torch pinned: a range pulls a CUDA build
+PIP_TEST=(pytest mypy h5py zstandard torch==2.13.0 tensorflow-cpu)  # torch pinned: a range pulls a CUDA build
 JOBS=${JOBS:-$(nproc)}
 
 log() { printf '\033[1m== %s\033[0m\n' "$*" >&2; }

@@ -89,6 +89,30 @@ TEST_CASE("tiers: a staged copy that vanished is read from the source") {
   CHECK(tiers.served().reads[at(Tier::kSource)] == 1);
 }
 
+TEST_CASE("tiers: a copy left by an earlier run is not served until it is checked") {
+  Set set;
+  std::string staged;
+  {
+    StageDirectory earlier(set.dir / "stage", set.catalog);
+    stage_file(earlier, set.catalog, 1);
+    staged = earlier.staged_path(1);
+  }
+  // The copy rots between runs (same size, other bytes): only its record's CRC can tell.
+  prestage::test::write_file(staged, bytes_of("BRAVO!"));
+  StageDirectory stage(set.dir / "stage", set.catalog);
+  REQUIRE(stage.is_staged(1));
+  REQUIRE(stage.unverified(1));
+  Tiers tiers(set.catalog, &stage, 1 << 20);
+  TierScratch scratch;
+  std::vector<std::byte> buffer;
+  CHECK(text(tiers.read(1, nullptr, buffer, scratch)) == "bravo!");
+  CHECK(tiers.served().reads[at(Tier::kStage)] == 0);
+  CHECK(tiers.served().reads[at(Tier::kSource)] == 1);
+  // Checked, it fails its record and is gone; the next read is the source's again.
+  CHECK_FALSE(stage.verify(1, buffer));
+  CHECK(text(tiers.read(1, nullptr, buffer, scratch)) == "bravo!");
+}
+
 TEST_CASE("tiers: serve starts at the tier a first look chose and counts only when asked") {
   Set set;
   StageDirectory stage(set.dir / "stage", set.catalog);

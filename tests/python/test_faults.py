@@ -474,3 +474,36 @@ def test_stage_3_does_not_wait_for_a_slow_stage_2(make_folder, pfs, tmp_path):
     assert s["stage_expedited"] == 0 and s["staged_files"] == len(cat)  # waited for every copy
     with pytest.raises(prestage.ConfigError, match="stage_patience"):
         prestage.Loader(cat, batch_size=16, stage_patience=-1)
+
+
+
+def test_copies_of_an_earlier_run_are_checked_after_the_directory_fills_up(make_folder, tmpfs):
+    # A first run stages part of the set and stops. Its copies then rot (same size, other bytes:
+    # only their records' CRCs can tell) and the directory fills up, so the second run's stage 2
+    # soon stops copying and checking. The first run's copies are still there: none may be served.
+    cat = prestage.Catalog.from_folder(make_folder(3, 40, size=(64, 96)))
+    stage = tmpfs(4096)
+    with prestage.Loader(cat, batch_size=4, stage_dir=stage, lookahead=1, cache_bytes=0) as loader:
+        for k, _ in enumerate(loader):
+            if k == 12:
+                break
+    copies = [p for p in stage.rglob("*") if p.is_file() and p.suffix != ".log"
+              and p.stat().st_size > 1000]
+    assert 0 < len(copies) < len(cat)
+    for p in copies:
+        data = bytearray(p.read_bytes())
+        middle = len(data) // 2
+        data[middle:middle + 64] = bytes(b ^ 0x5A for b in data[middle:middle + 64])
+        p.write_bytes(bytes(data))
+    fd = os.open(stage / "filler", os.O_WRONLY | os.O_CREAT)
+    try:
+        while os.write(fd, bytes(4096)) > 0:
+            pass
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+    with prestage.Loader(cat, batch_size=4, stage_dir=stage, seed=1, cache_bytes=0) as loader:
+        check_epoch(loader, cat)
+        s = loader.stats()
+    assert s["stage_dir_disabled"] and "No space left" in s["stage_dir_error"]

@@ -266,12 +266,14 @@ void Pipeline::Impl::admit(Work& w, EpochStats& costs) {
   if (shared.cache) {
     shared.cache->admit(w.epoch, w.index, w.ids, w.count, w.files, w.declined, costs);
     if (shared.stager->disabled()) {
-      // The stage directory failed: nothing more is copied, so every file not staged is read ahead.
+      // The stage directory failed: nothing more is copied or checked, so every file not staged
+      // (or staged by an earlier run and not yet checked: the tiers do not serve it) is read ahead.
       for (const uint64_t f : w.files) shared.stage_dir->abandon(f);
       w.files.clear();
       w.declined.clear();
       for (size_t k = 0; k < w.count; ++k) {
-        if (!shared.stage_dir->is_staged(shared.catalog.locator(w.ids[k]).file)) {
+        const uint64_t file = shared.catalog.locator(w.ids[k]).file;
+        if (!shared.stage_dir->is_staged(file) || shared.stage_dir->unverified(file)) {
           w.declined.push_back(k);
         }
       }

@@ -68,7 +68,8 @@ class Tiers {
   void check_size(uint64_t id, uint64_t size) const;
 
   // Stage 3. Calls `use(at)` with sample `id` as the first tier from `from` on that has it: `held`
-  // (the bytes stage 2 read ahead for it, or null), the stage directory's copy, the source.
+  // (the bytes stage 2 read ahead for it, or null), the stage directory's copy (not one left by an
+  // earlier run that stage 2 has not yet checked against its record), the source.
   // `use` returns the bytes it took; an IoError it throws while the stage directory serves means the
   // copy vanished (the directory was cleaned or lost), and the next tier serves. With `count`, the
   // read is counted in the tier that served (a first look at a sample's size or header passes
@@ -125,7 +126,9 @@ Tier Tiers::serve(uint64_t id, Tier from, const std::vector<std::byte>* held, Ti
     at.bytes = *held;
     return done(Tier::kMemory, use(at));
   }
-  if (from <= Tier::kStage && stage_ != nullptr && stage_->is_staged(loc.file)) {
+  // A copy left by an earlier run is served only once stage 2 has checked it against its record.
+  if (from <= Tier::kStage && stage_ != nullptr && stage_->is_staged(loc.file) &&
+      !stage_->unverified(loc.file)) {
     scratch.staged = stage_->staged_path(loc.file);
     at.tier = Tier::kStage;
     at.file = &scratch.staged;
