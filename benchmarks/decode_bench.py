@@ -5,6 +5,9 @@ Reproducible from the repository alone: the images come from ``prestage synth``.
 median of ``--runs`` timed runs after one warm-up run; the JSON goes to ``--json`` (default stdout).
 
     python benchmarks/decode_bench.py --images 2000 --runs 3 --torch-python /path/to/venv/bin/python
+
+``--baseline DIR`` times another build of prestage (installed with ``pip install --target DIR``, e.g.
+an earlier commit) on the training path in the same rounds: before and after a change, in one run.
 """
 
 from __future__ import annotations
@@ -63,6 +66,44 @@ for line in sys.stdin:
     print(json.dumps({"rate": n / (time.perf_counter() - start), "cpu_rate": n / (cpu_seconds() - cpu)}),
           flush=True)
 """
+
+
+# Another build of prestage, in its own interpreter, timed on the training path as the main process
+# times this one (a new loader per epoch, timed from its first batch request).
+BASELINE_SCRIPT = r"""
+import json, sys, time
+import prestage
+root, readers, batch = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+cat = prestage.Catalog.from_folder(root)
+print(json.dumps({"prestage": prestage.__version__, "module": prestage.__file__}), flush=True)
+for line in sys.stdin:
+    with prestage.Loader(cat, transform="random-resized-crop", batch_size=batch, image_size=(224, 224),
+                         readers=readers, seed=0) as loader:
+        start, cpu, n = time.perf_counter(), time.process_time(), 0
+        for b in loader:
+            n += len(b)
+        print(json.dumps({"rate": n / (time.perf_counter() - start),
+                          "cpu_rate": n / (time.process_time() - cpu)}), flush=True)
+"""
+
+
+class Contender:
+    """A loader in another interpreter that times one epoch each time it is asked (TORCH_SCRIPT,
+    BASELINE_SCRIPT): its runs interleave with this process's, under the same conditions."""
+
+    def __init__(self, python: str, script: str, args: list[str], env: dict | None = None):
+        self.proc = subprocess.Popen([python, "-c", script, *args], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, text=True, env=env)
+        self.hello = json.loads(self.proc.stdout.readline())
+
+    def epoch(self) -> dict:
+        self.proc.stdin.write("run\n")
+        self.proc.stdin.flush()
+        return json.loads(self.proc.stdout.readline())
+
+    def close(self) -> None:
+        self.proc.stdin.close()
+        self.proc.wait()
 
 
 def epoch_rate(loader, cpu: list | None = None) -> float:
@@ -170,6 +211,9 @@ def main() -> int:
     parser.add_argument("--torch-python", default=None,
                         help="a Python with torch and torchvision for the DataLoader baseline (default: none)")
     parser.add_argument("--skip-hdf5", action="store_true")
+    parser.add_argument("--baseline", default=None,
+                        help="a folder holding another build of prestage (pip install --target): timed "
+                             "on the training path in the same rounds")
     parser.add_argument("--json", default=None, help="write the results here (default: stdout)")
     args = parser.parse_args()
 
@@ -195,12 +239,16 @@ def main() -> int:
     by_size = sorted(range(len(cat)), key=lambda i: (cat.source_path(i).stat().st_size, i))
     n = args.tjbench_images if 0 < args.tjbench_images < len(cat) else len(cat)
     sample = [cat.source_path(by_size[(2 * k + 1) * len(cat) // (2 * n)]) for k in range(n)]
-    torch = None
+    contender_args = [str(images), str(args.readers), str(args.batch_size)]
+    torch = baseline = None
     if args.torch_python:
-        torch = subprocess.Popen([args.torch_python, "-c", TORCH_SCRIPT, str(images), str(args.readers),
-                                  str(args.batch_size)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-        results["pytorch_dataloader"] = {"torch": json.loads(torch.stdout.readline())["torch"],
-                                         "num_workers": args.readers, "runs": []}
+        torch = Contender(args.torch_python, TORCH_SCRIPT, contender_args)
+        results["pytorch_dataloader"] = {"torch": torch.hello["torch"], "num_workers": args.readers,
+                                         "runs": []}
+    if args.baseline:
+        env = {**os.environ, "PYTHONPATH": str(Path(args.baseline).resolve())}
+        baseline = Contender(sys.executable, BASELINE_SCRIPT, contender_args, env)
+        results["baseline"] = {**baseline.hello, "runs": [], "per_cpu_second_runs": []}
     rrc, rrc_cpu, limit, limit_cpu, limit_together, torch_cpu, load = [], [], [], [], [], [], [os.getloadavg()[0]]
     # A new loader per run (see median_rate), so that no run starts with batches decoded while the
     # other contender ran.
@@ -209,27 +257,35 @@ def main() -> int:
             return epoch_rate(loader, cpu)
 
     rrc_epoch()  # warm-up: page cache
-    if torch:
-        torch.stdin.write("warm-up\n")
-        torch.stdin.flush()
-        json.loads(torch.stdout.readline())
+    for contender in (torch, baseline):
+        if contender:
+            contender.epoch()  # warm-up
     for _ in range(args.runs):
         rrc.append(rrc_epoch(rrc_cpu))
         if torch:
-            torch.stdin.write("run\n")
-            torch.stdin.flush()
-            run = json.loads(torch.stdout.readline())
+            run = torch.epoch()
             results["pytorch_dataloader"]["runs"].append(run["rate"])
             torch_cpu.append(run["cpu_rate"])
+        if baseline:
+            run = baseline.epoch()
+            results["baseline"]["runs"].append(run["rate"])
+            results["baseline"]["per_cpu_second_runs"].append(run["cpu_rate"])
         if shutil.which("tjbench"):
             wall, cpu = tjbench_limit(sample, args.tjbench_time)
             limit.append(wall)
             limit_cpu.append(cpu)
             limit_together.append(tjbench_concurrent(sample, args.tjbench_time, args.readers))
         load.append(os.getloadavg()[0])
+    if baseline:
+        baseline.close()
+        b = results["baseline"]
+        b["median"] = statistics.median(b["runs"])
+        b["per_cpu_second"] = statistics.median(b["per_cpu_second_runs"])
+        # Each round's own ratio (this build over the baseline), run back to back.
+        b["ratio_rounds"] = [a / r for a, r in zip(rrc, b["runs"])]
+        b["ratio"] = statistics.median(b["ratio_rounds"])
     if torch:
-        torch.stdin.close()
-        torch.wait()
+        torch.close()
         results["pytorch_dataloader"]["median"] = statistics.median(results["pytorch_dataloader"]["runs"])
         results["pytorch_dataloader"]["per_cpu_second"] = statistics.median(torch_cpu)
         results["pytorch_dataloader"]["per_cpu_second_runs"] = torch_cpu

@@ -22,16 +22,11 @@ using prestage::test::TempDir;
 
 namespace {
 
-// A version 1.0 .npy file of `count` elements of `descr` ('<i2' or '<f4'), all bytes `fill`.
+// A 1-D .npy file of `count` elements of `descr` ("<f4" or "<i2"), every byte `fill`.
 void write_npy(const std::filesystem::path& path, const std::string& descr, size_t count,
                unsigned char fill) {
-  std::string header = "{'descr': '" + descr + "', 'fortran_order': False, 'shape': (" +
-                       std::to_string(count) + ",), }";
-  while ((10 + header.size() + 1) % 64 != 0) header += ' ';
-  header += '\n';
-  std::string file = std::string("\x93NUMPY\x01\x00", 8) + char(header.size()) + char(0) + header;
-  file.append(count * (descr == "<f4" ? 4 : 2), static_cast<char>(fill));
-  prestage::test::write_file(path, std::vector<unsigned char>(file.begin(), file.end()));
+  prestage::test::write_npy(path, descr, "(" + std::to_string(count) + ",)",
+                            std::string(count * (descr == "<f4" ? 4 : 2), static_cast<char>(fill)));
 }
 
 LoaderOptions in_order(DecodeMode mode, uint64_t batch_size) {

@@ -19,18 +19,15 @@ using prestage::test::TempDir;
 
 namespace {
 
-// A version 1.0 .npy file of int16 values 0, 1, ... of the given shape.
+// A .npy file of int16 values base, base + 1, ... of the given shape.
 void write_npy(const std::filesystem::path& path, const std::string& shape, size_t count,
                int16_t base) {
-  std::string header = "{'descr': '<i2', 'fortran_order': False, 'shape': " + shape + ", }";
-  while ((10 + header.size() + 1) % 64 != 0) header += ' ';
-  header += '\n';
-  std::string file = std::string("\x93NUMPY\x01\x00", 8) + char(header.size()) + char(0) + header;
+  std::string data;
   for (size_t i = 0; i < count; ++i) {
     const int16_t v = static_cast<int16_t>(base + i);
-    file.append(reinterpret_cast<const char*>(&v), 2);
+    data.append(reinterpret_cast<const char*>(&v), 2);
   }
-  prestage::test::write_file(path, std::vector<unsigned char>(file.begin(), file.end()));
+  prestage::test::write_npy(path, "<i2", shape, data);
 }
 
 // sample catalog index -> its decoded bytes and shape

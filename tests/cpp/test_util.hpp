@@ -77,6 +77,19 @@ inline void write_file(const std::filesystem::path& path, const std::vector<unsi
   if (!out) throw std::runtime_error("cannot write " + path.string());
 }
 
+// A version 1.0 .npy file: `descr` ("<i2", ...), `shape` as NumPy writes it ("(3,)", "(2, 2)"),
+// then `data`, the array's bytes.
+inline void write_npy(const std::filesystem::path& path, const std::string& descr,
+                      const std::string& shape, const std::string& data) {
+  std::string header =
+      "{'descr': '" + descr + "', 'fortran_order': False, 'shape': " + shape + ", }";
+  while ((10 + header.size() + 1) % 64 != 0) header += ' ';
+  header += '\n';
+  std::string file = std::string("\x93NUMPY\x01\x00", 8) + char(header.size()) + char(0) + header;
+  file += data;
+  write_file(path, std::vector<unsigned char>(file.begin(), file.end()));
+}
+
 inline void write_jpeg(const std::filesystem::path& path, int width, int height, uint32_t seed) {
   write_file(path, encode_jpeg(pattern(width, height, seed), width, height));
 }

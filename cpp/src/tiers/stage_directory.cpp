@@ -244,10 +244,13 @@ void StageDirectory::abandon(uint64_t id) noexcept {
 }
 
 void StageDirectory::evict(uint64_t id) noexcept {
+  // Gone from the disk before it is marked absent: a claim made once it is absent copies anew, and
+  // its copy must not be the one unlinked here. A reader that still finds it staged meanwhile finds
+  // no file and reads the source (the tiers' fallback).
+  ::unlink(staged_path(id).c_str());
   // A stale mark would make stage 1 hand a later claim of this file to stage 2 as a copy to check.
   unverified_[id].store(0, std::memory_order_relaxed);
   state_[id].store(kAbsent, std::memory_order_release);
-  ::unlink(staged_path(id).c_str());
 }
 
 void StageDirectory::append_record(const Record& record) {
