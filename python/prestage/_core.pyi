@@ -164,7 +164,8 @@ class Batch:
     def indices(self) -> npt.NDArray[np.int64]: ...
 
 class Loader:
-    """The C++ loader; use prestage.Loader."""
+    """The C++ loader; use prestage.Loader. stats(), position and close() may be called from any
+    thread, also while another waits in next(), which close() makes raise prestage.ConfigError."""
 
     def __init__(self, catalog: Catalog, options: LoaderOptions) -> None: ...
     @property
