@@ -114,6 +114,16 @@ class Loader:
             passed always wins, even when it equals its default (precedence: the call, then the
             file, then the default). ``options`` says what is in effect.
 
+    Thread safety: ``stats()``, ``state_dict()`` and ``close()`` may be called from any thread at any
+    time, also while another thread waits for a batch. ``stats()`` then counts the wait under way in
+    ``consumer_stall_s``, and keeps its figures after ``close()``. ``close()`` wakes a waiting thread,
+    which raises :class:`prestage.ConfigError` (as iterating a closed loader does), and returns once
+    the loader's threads are joined; a second ``close()`` waits for the first. One iterator may be
+    shared by several threads: their ``next()`` calls are served one at a time, each with the next
+    batch. Iterations must not overlap: an iteration started (``iter(loader)``) while another thread
+    waits for a batch may raise :class:`prestage.ConfigError`; ``set_epoch()`` and
+    ``load_state_dict()`` apply to the next iteration.
+
     Every argument after ``image_size`` is a keyword (:class:`prestage.options.Options`); an option
     not given has its C++ default (``prestage._core.LoaderOptions()``). Values are checked in one
     place, the C++ core, whose :class:`prestage.ConfigError` names the first invalid option.
@@ -135,6 +145,7 @@ class Loader:
         self._epoch = 0
         self._first_batch = 0  # where the next iteration starts (load_state_dict)
         self._position: Tuple[int, int] = (0, 0)  # (epoch, batches delivered) of the live iteration
+        self._final_stats: dict = {}  # stats() once closed
         _live_loaders.add(self)
 
     def __len__(self) -> int:
@@ -212,14 +223,21 @@ class Loader:
         self._position = (epoch, batch)
 
     def stats(self) -> dict:
-        """Per-stage counters and the consumer's stall time (seconds the caller waited); with
-        ``on_error="skip"``, ``skipped`` and ``skipped_samples``."""
-        return self._running.stats()
+        """Per-stage counters and the consumer's stall time (seconds the caller waited, the wait under
+        way included); with ``on_error="skip"``, ``skipped`` and ``skipped_samples``. Any thread; after
+        ``close()``, the figures at closing."""
+        loader = self._loader
+        if loader is None:
+            return self._final_stats
+        return loader.stats()
 
     def close(self) -> None:
-        """Stops the pipeline and joins its threads. Idempotent; batches already lent stay valid."""
-        if self._loader is not None:
-            self._loader.close()
+        """Stops the pipeline and joins its threads; any thread. A thread waiting for a batch raises
+        :class:`prestage.ConfigError`. Idempotent; batches already lent stay valid."""
+        loader = self._loader
+        if loader is not None:
+            loader.close()  # a close() under way in another thread is waited for
+            self._final_stats = loader.stats()
             self._loader = None
 
     def __enter__(self) -> "Loader":

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import collections
 import os
+import threading
 from typing import TYPE_CHECKING, Any, Deque, Dict, Iterator, Optional, Sequence, Tuple, Union
 
 import torch
@@ -147,11 +148,17 @@ class _LentUntilCopied:
         self._cuda = _cuda_in_use()
         self._last: Optional[Tuple[torch.Tensor, torch.Tensor]] = None
         self._held: Deque[Tuple[Any, Tuple[torch.Tensor, torch.Tensor]]] = collections.deque()
+        self._lock = threading.Lock()  # close() may drain from another thread
 
     def yielded(self, tensors: Tuple[torch.Tensor, torch.Tensor]) -> None:
-        self._last = tensors if self._cuda else None
+        with self._lock:
+            self._last = tensors if self._cuda else None
 
     def next_requested(self) -> None:
+        with self._lock:
+            self._release_copied()
+
+    def _release_copied(self) -> None:
         last, self._last = self._last, None
         if last is not None:
             event = _record_stream_event()
@@ -163,9 +170,10 @@ class _LentUntilCopied:
             self._held.popleft()[0].synchronize()
 
     def drain(self) -> None:
-        self.next_requested()
-        while self._held:
-            self._held.popleft()[0].synchronize()
+        with self._lock:
+            self._release_copied()
+            while self._held:
+                self._held.popleft()[0].synchronize()
 
 
 class Loader(torch.utils.data.IterableDataset):
@@ -184,6 +192,9 @@ class Loader(torch.utils.data.IterableDataset):
     rank. With ``drop_last=False`` the epoch is padded by repeating its first few samples so that the ranks
     are even (as ``DistributedSampler``); with ``drop_last=True`` the last incomplete global batch is
     dropped.
+
+    Thread safety: as :class:`prestage.Loader`: ``stats()``, ``state_dict()`` and ``close()`` may be called
+    from any thread, also while another waits for a batch, which then raises :class:`prestage.ConfigError`.
 
     Resume: ``state_dict()`` says how many batches of which epoch were delivered; ``load_state_dict()`` on
     a new loader makes its next iteration yield exactly the remaining batches, whatever ``readers``,
@@ -306,7 +317,8 @@ class Loader(torch.utils.data.IterableDataset):
         return self._loader.stats()
 
     def close(self) -> None:
-        """Waits for device copies from lent batches, then stops the loader's threads. Idempotent."""
+        """Waits for device copies from lent batches, then stops the loader's threads; any thread (a thread
+        waiting for a batch raises :class:`prestage.ConfigError`). Idempotent."""
         self._lent.drain()
         self._loader.close()
 

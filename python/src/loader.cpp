@@ -340,11 +340,29 @@ loader, every buffer held, KeyboardInterrupt) leaves the position as it was.
               if (PyErr_CheckSignals() != 0) throw py::error_already_set();
             }
           },
-          "The next batch of the epoch, or None at its end. Raises the error of a failed sample.")
+          "The next batch of the epoch, or None at its end. Raises the error of a failed sample, "
+          "and prestage.ConfigError once the loader is closed (also by a close() from another "
+          "thread while this one waits). Calls from several threads are served one at a time.")
       .def(
-          "stats", [](const Loader& l) { return to_dict(l.stats(), kStatsFields); },
-          "Per-stage counters (prestage.Loader.stats).\n\n>>> core.stats()['consumer_stall_s']")
-      .def("close", &Loader::close, py::call_guard<py::gil_scoped_release>());
+          "stats",
+          [](const Loader& l) {
+            Stats stats;
+            {
+              // Any thread, also while another waits in next(): its lock is never held for long,
+              // but not with the GIL.
+              py::gil_scoped_release release;
+              stats = l.stats();
+            }
+            return to_dict(stats, kStatsFields);
+          },
+          "Per-stage counters (prestage.Loader.stats); any thread, any time, also after close().\n\n"
+          ">>> core.stats()['consumer_stall_s']")
+      .def("close", &Loader::close, py::call_guard<py::gil_scoped_release>(), R"doc(
+Stops the pipeline and joins its threads; any thread. A next() waiting in another thread raises
+prestage.ConfigError at once. Idempotent: a close() that finds another under way waits for it.
+
+>>> core.close()
+)doc");
 }
 
 }  // namespace prestage::python

@@ -25,6 +25,7 @@ using prestage::LoaderOptions;
 using prestage::test::Epoch;
 using prestage::test::TempDir;
 using prestage::test::run_epoch;
+using prestage::test::stalled_third;
 
 namespace {
 
@@ -36,14 +37,6 @@ LoaderOptions options(uint64_t batch_size, const std::string& stage_dir = "") {
   // Stage 3 waits for stage 2, so what is staged follows the plan exactly, however slow the machine.
   o.stage_patience_ms = LoaderOptions::kWaitForStaging;
   return o;
-}
-
-// dir/data/class_0's img_0, img_1, stalled.jpg (a StalledFile), img_2, img_3, img_4: with batches of
-// 2 the second batch waits on the stalled file.
-Catalog stalled_third(const TempDir& dir) {
-  return Catalog::from_paths(
-      dir / "data", {"class_0/img_0.jpg", "class_0/img_1.jpg", "class_0/stalled.jpg",
-                     "class_0/img_2.jpg", "class_0/img_3.jpg", "class_0/img_4.jpg"});
 }
 
 int thread_count() {

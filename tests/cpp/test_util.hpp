@@ -144,6 +144,14 @@ class StalledFile {
   std::filesystem::path path_;
 };
 
+// dir/data/class_0's img_0, img_1, stalled.jpg (a StalledFile, made by the caller), img_2, img_3,
+// img_4: with batches of 2 and no shuffle, the second batch waits on the stalled file.
+inline Catalog stalled_third(const TempDir& dir) {
+  return Catalog::from_paths(
+      dir / "data", {"class_0/img_0.jpg", "class_0/img_1.jpg", "class_0/stalled.jpg",
+                     "class_0/img_2.jpg", "class_0/img_3.jpg", "class_0/img_4.jpg"});
+}
+
 // Lets the reader blocked in opening a FIFO go on: opens a writer once the reader waits, and closes
 // it at once (the reader then fails: a FIFO is no regular file). Retries for up to 30 s; false if
 // no reader came.

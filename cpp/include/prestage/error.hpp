@@ -11,7 +11,8 @@ class Error : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-// An option or argument is invalid; the message names it. Raised at construction, never mid-epoch.
+// An option or argument is invalid, or a call that the loader's state does not allow (a closed
+// loader, every batch buffer held by the caller); the message names it.
 class ConfigError : public Error {
  public:
   using Error::Error;

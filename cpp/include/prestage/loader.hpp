@@ -13,6 +13,16 @@
 
 namespace prestage {
 
+// Thread safety. stats(), position() and close() may be called from any thread at any time, also
+// while another thread waits in next() or next_for(). stats() then gives figures consistent with
+// one another (batches and samples delivered; the consumer's stall, the wait under way included).
+// close() wakes such a waiter, which throws ConfigError ("the loader is closed") as next() does on
+// a closed loader; it returns once every thread of the loader is joined, and a close() that finds
+// another under way waits for it. next() and next_for() may be called from several threads: the
+// calls are served one at a time, each with the next batch in plan order. start_epoch() throws
+// ConfigError while another thread is in next(). The accessors (catalog(), options(), ...) read
+// what the constructor set. The loader must outlive every call made from another thread, except
+// a close() under way: the destructor's own close() waits for that one.
 class Loader {
  public:
   // Validates the options (ConfigError) and allocates the batch ring; threads start with the first
@@ -32,8 +42,7 @@ class Loader {
 
   // The consumer's position: the epoch and index of the batch next() returns next. A batch is
   // counted once next() has returned it or thrown its sample's error; a next() that throws anything
-  // else (a closed loader, every buffer held) leaves the position as it was. Not thread-safe with
-  // next().
+  // else (a closed loader, every buffer held) leaves the position as it was.
   struct Position {
     uint64_t epoch = 0;
     uint64_t batch = 0;
@@ -49,6 +58,7 @@ class Loader {
   // holds a sample that failed, throws that sample's error (IoError or DecodeError naming its path);
   // the loader stays usable and next() goes on with the following batch. With on_error=skip a
   // failed sample is replaced instead (see OnError); its error is thrown only if none is found.
+  // Throws ConfigError on a closed loader, also when close() comes while it waits.
   std::optional<Batch> next();
 
   enum class Wait { kBatch, kEndOfEpoch, kTimeout };
@@ -57,7 +67,8 @@ class Loader {
 
   Stats stats() const;
 
-  // Stops the pipeline and joins its threads. Idempotent; batches already lent stay valid.
+  // Stops the pipeline and joins its threads. Idempotent; batches already lent stay valid, and
+  // stats() keeps the figures.
   void close();
 
  private:

@@ -100,6 +100,7 @@ struct Pipeline::Impl {
   std::condition_variable ready_cv;
   std::deque<Slot*> ready;
   std::exception_ptr failure;  // see fail()
+  bool interrupted = false;    // see Pipeline::interrupt()
   uint64_t delivered = 0;  // batches popped: the seq of the one the consumer waits for (ready_mutex)
   uint64_t waited_seq = UINT64_MAX;  // the batch the consumer has been waiting for, since when
   Clock::time_point waited_since;
@@ -408,10 +409,18 @@ void Pipeline::Impl::expedite(uint64_t seq) {
   shared.stager->expedite(&w.stage);
 }
 
+void Pipeline::interrupt() {
+  {
+    std::lock_guard lock(impl_->ready_mutex);
+    impl_->interrupted = true;
+  }
+  impl_->ready_cv.notify_all();
+}
+
 Slot* Pipeline::pop(std::chrono::milliseconds timeout) {
   Impl& impl = *impl_;
   const auto deadline = Clock::now() + timeout;
-  const auto ready = [&] { return !impl.ready.empty() || impl.failure; };
+  const auto ready = [&] { return !impl.ready.empty() || impl.failure || impl.interrupted; };
   std::unique_lock lock(impl.ready_mutex);
   const uint64_t patience_ms = impl.shared.options.stage_patience_ms;
   if (!ready() && patience_ms != LoaderOptions::kWaitForStaging) {
@@ -427,7 +436,7 @@ Slot* Pipeline::pop(std::chrono::milliseconds timeout) {
       lock.lock();
     }
   }
-  if (!impl.ready_cv.wait_until(lock, deadline, ready)) return nullptr;
+  if (!impl.ready_cv.wait_until(lock, deadline, ready) || impl.interrupted) return nullptr;
   // Batches decoded after a failure were not decoded (the pipeline stops): none is delivered.
   if (impl.failure) std::rethrow_exception(impl.failure);
   Slot* slot = impl.ready.front();

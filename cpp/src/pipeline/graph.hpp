@@ -93,6 +93,9 @@ class Pipeline {
   // The next decoded batch in plan order, or nullptr if none came within `timeout`. Rethrows an
   // error that stopped the pipeline itself (a broken invariant inside a node), at every call.
   Slot* pop(std::chrono::milliseconds timeout);
+  // Makes the pop() calls under way and every later one return nullptr at once (the loader
+  // closes). Any thread; the pipeline may be destroyed once those calls have returned.
+  void interrupt();
 
  private:
   struct Impl;

@@ -4,6 +4,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
+#include <condition_variable>
 #include <mutex>
 #include <new>
 #include <stdexcept>
@@ -103,7 +105,7 @@ class Loader::Impl {
   Wait next_for(std::chrono::milliseconds timeout, std::optional<Batch>& out);
   Stats stats() const;
   void close();
-  Position position() const noexcept { return {epoch, batch}; }
+  Position position() const;
 
   // Kept apart from `shared`, which a forked child abandons.
   Catalog catalog;
@@ -113,22 +115,69 @@ class Loader::Impl {
   ImageSize image_size;  // Loader::image_size()
 
  private:
-  void check_usable() const;
+  // The locks of the calls that may run at once (loader.hpp, "Thread safety"). Apart, so that a
+  // forked child can abandon them with the threads of its parent that may hold them.
+  struct Locks {
+    std::mutex control;  // start() and close(): one at a time; a second close() waits
+    std::mutex state;    // the fields marked "state" below
+    std::condition_variable turn_free;  // consumer_busy is false
+    std::condition_variable no_waiter;  // waiting_since is empty
+  };
+
+  // The consumer's turn: next() and start_epoch() run one thread at a time. Taken with the state
+  // lock held; given back when it ends, the lock taken again if it was let go meanwhile.
+  class Turn {
+   public:
+    Turn(Impl& impl, std::unique_lock<std::mutex>& lock) : impl_(impl), lock_(lock) {
+      impl_.consumer_busy = true;
+    }
+    ~Turn() {
+      if (!lock_.owns_lock()) lock_.lock();
+      impl_.consumer_busy = false;
+      impl_.locks->turn_free.notify_one();
+    }
+    Turn(const Turn&) = delete;
+    Turn& operator=(const Turn&) = delete;
+
+   private:
+    Impl& impl_;
+    std::unique_lock<std::mutex>& lock_;
+  };
+
+  // Needs the consumer's turn, and neither lock held.
+  void restart(uint64_t epoch, uint64_t batch);
+  void check_open() const;  // needs `state` held
+  bool forked() const noexcept {
+    const pid_t o = owner.load(std::memory_order_acquire);
+    return o != 0 && o != ::getpid();
+  }
+  void check_not_forked() const;
+  // The state lock; none in a forked child, where none of the threads that may hold it exist.
+  std::unique_lock<std::mutex> lock_state() const {
+    if (forked()) return {};
+    return std::unique_lock(locks->state);
+  }
   std::pair<uint64_t, uint64_t> normalized(uint64_t epoch, uint64_t batch) const {
     return batch >= batches_per_epoch ? std::pair{epoch + 1, uint64_t{0}} : std::pair{epoch, batch};
   }
 
+  std::unique_ptr<Locks> locks = std::make_unique<Locks>();
   size_t slot_bytes = 0;
-  std::shared_ptr<detail::BatchRing> ring;
+  std::atomic<pid_t> owner{0};  // the process whose threads run the pipeline
+  std::string stage_dir_error;
+
+  // State: read and written under locks->state. The thread whose turn it is waits in
+  // pipeline->pop() without the lock, with waiting_since set; close() takes the pipeline away,
+  // wakes that wait and destroys the pipeline only once it has ended.
   std::unique_ptr<detail::Pipeline> pipeline;
+  bool consumer_busy = false;  // see Turn
+  std::shared_ptr<detail::BatchRing> ring;
   std::pair<uint64_t, uint64_t> pipeline_next{0, 0};  // the batch the pipeline delivers next
   uint64_t epoch = 0;  // the consumer's position: the batch next() returns
   uint64_t batch = 0;
   bool closed = false;
-  pid_t owner = 0;  // the process whose threads run the pipeline
-  std::string stage_dir_error;
-
   Clock::time_point started;
+  std::optional<Clock::time_point> waiting_since;  // of the wait in pipeline->pop() under way
   uint64_t batches = 0;
   uint64_t samples = 0;
   uint64_t stall_ns = 0;
@@ -217,26 +266,48 @@ Loader::Impl::Impl(Catalog catalog_in, LoaderOptions options_in)
   ring = std::make_shared<detail::BatchRing>(o.depth, o.batch_size, slot_bytes, o.decode);
 }
 
-void Loader::Impl::check_usable() const {
-  if (closed) throw Error("the loader is closed");
-  if (owner != 0 && owner != ::getpid()) {
-    throw Error("this loader's threads live in process " + std::to_string(owner) +
+void Loader::Impl::check_not_forked() const {
+  if (forked()) {
+    throw Error("this loader's threads live in process " + std::to_string(owner.load()) +
                 "; after fork() create a new loader in the child");
   }
 }
 
+void Loader::Impl::check_open() const {
+  if (closed) throw ConfigError("the loader is closed");
+}
+
 void Loader::Impl::start(uint64_t e, uint64_t b) {
-  check_usable();
+  check_not_forked();
+  std::unique_lock lock(locks->state);
+  check_open();
+  if (consumer_busy) {
+    throw ConfigError("start_epoch() was called while another thread is in next()");
+  }
+  const Turn turn(*this, lock);
+  lock.unlock();
+  restart(e, b);
+}
+
+void Loader::Impl::restart(uint64_t e, uint64_t b) {
+  std::lock_guard control(locks->control);
+  std::unique_lock lock(locks->state);
+  check_open();
   if (b > batches_per_epoch) {
     throw ConfigError("batch " + std::to_string(b) + " is past the end of an epoch of " +
                       std::to_string(batches_per_epoch) + " batches");
   }
   const auto wanted = normalized(e, b);
   if (!pipeline || pipeline_next != wanted) {
-    pipeline.reset();
-    if (owner == 0) {
+    // No thread waits in the old pipeline: this one has the consumer's turn. It is stopped without
+    // the state lock, so that stats() goes on meanwhile.
+    std::unique_ptr<detail::Pipeline> old = std::move(pipeline);
+    lock.unlock();
+    old.reset();
+    lock.lock();
+    if (owner.load(std::memory_order_relaxed) == 0) {
       // Threads start here, lazily, in the process that iterates.
-      owner = ::getpid();
+      owner.store(::getpid(), std::memory_order_release);
       started = Clock::now();
       detail::allow_workers(shared->options.readers);
       const std::chrono::milliseconds timeout(shared->options.io_timeout_ms);
@@ -253,7 +324,12 @@ void Loader::Impl::start(uint64_t e, uint64_t b) {
       const LoaderOptions& o = shared->options;
       ring = std::make_shared<detail::BatchRing>(o.depth, o.batch_size, slot_bytes, o.decode);
     }
-    pipeline = std::make_unique<detail::Pipeline>(*shared, ring, wanted.first, wanted.second);
+    const std::shared_ptr<detail::BatchRing> run_ring = ring;
+    lock.unlock();
+    auto started_pipeline =
+        std::make_unique<detail::Pipeline>(*shared, run_ring, wanted.first, wanted.second);
+    lock.lock();
+    pipeline = std::move(started_pipeline);
     pipeline_next = wanted;
   }
   epoch = e;
@@ -261,8 +337,23 @@ void Loader::Impl::start(uint64_t e, uint64_t b) {
 }
 
 Loader::Wait Loader::Impl::next_for(std::chrono::milliseconds timeout, std::optional<Batch>& out) {
-  check_usable();
-  if (!pipeline) start(epoch, batch);
+  check_not_forked();
+  const auto deadline = Clock::now() + timeout;
+  std::unique_lock lock(locks->state);
+  check_open();
+  // Another thread's next() may take the whole time.
+  if (!locks->turn_free.wait_until(lock, deadline, [&] { return !consumer_busy || closed; })) {
+    return Wait::kTimeout;
+  }
+  check_open();
+  const Turn turn(*this, lock);
+  if (!pipeline) {
+    const uint64_t e = epoch, b = batch;
+    lock.unlock();
+    restart(e, b);
+    lock.lock();
+    check_open();
+  }
   if (batch >= batches_per_epoch) return Wait::kEndOfEpoch;
   if (ring->lent() >= ring->depth()) {
     // Waiting would never end: every buffer is held by the caller.
@@ -270,10 +361,27 @@ Loader::Wait Loader::Impl::next_for(std::chrono::milliseconds timeout, std::opti
                       " batch buffers (depth) are held by the caller: let go of earlier batches "
                       "(and of arrays or tensors viewing them) or raise depth");
   }
-  const auto wait_start = Clock::now();
-  detail::Slot* slot = pipeline->pop(timeout);
-  stall_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - wait_start).count();
-  if (slot == nullptr) return Wait::kTimeout;
+  detail::Pipeline& waited = *pipeline;
+  waiting_since = Clock::now();
+  lock.unlock();
+  detail::Slot* slot = nullptr;
+  std::exception_ptr failure;
+  try {
+    slot = waited.pop(
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()));
+  } catch (...) {
+    failure = std::current_exception();
+  }
+  lock.lock();
+  stall_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - *waiting_since)
+                  .count();
+  waiting_since.reset();
+  locks->no_waiter.notify_all();
+  if (failure) std::rethrow_exception(failure);
+  if (slot == nullptr) {
+    check_open();  // close() woke the wait
+    return Wait::kTimeout;
+  }
   if (slot->epoch != epoch || slot->index != batch) {
     throw std::logic_error("pipeline delivered batch " + std::to_string(slot->index) + " of epoch " +
                            std::to_string(slot->epoch) + " out of order");
@@ -283,8 +391,14 @@ Loader::Wait Loader::Impl::next_for(std::chrono::milliseconds timeout, std::opti
   ++batches;
   samples += slot->indices.size();
   ring->lend();
-  Batch lent(ring, slot);
-  if (slot->error) std::rethrow_exception(slot->error);  // `lent` goes back to the ring
+  std::optional<Batch> lent;
+  lent.emplace(ring, slot);
+  if (slot->error) {
+    const std::exception_ptr error = slot->error;  // the slot is reused once back in the ring
+    lock.unlock();
+    lent.reset();  // back to the ring, whose release runs the pipeline's hook: not under the lock
+    std::rethrow_exception(error);
+  }
   // Counted here, in delivery order, so that a batch decoded ahead but never delivered is not.
   for (const detail::Slot::Skip& skip : slot->skipped) {
     ++skipped;
@@ -294,17 +408,31 @@ Loader::Wait Loader::Impl::next_for(std::chrono::milliseconds timeout, std::opti
                                  catalog.source_path(skip.sample).string(), skip.error});
     }
   }
-  out.emplace(std::move(lent));
+  out = std::move(lent);
   return Wait::kBatch;
+}
+
+Loader::Position Loader::Impl::position() const {
+  const auto lock = lock_state();
+  return {epoch, batch};
 }
 
 Stats Loader::Impl::stats() const {
   Stats s;
+  const auto lock = lock_state();
   if (!shared) return s;
-  if (owner != 0) s.wall_s = std::chrono::duration<double>(Clock::now() - started).count();
+  const auto now = Clock::now();
+  if (owner.load(std::memory_order_relaxed) != 0) {
+    s.wall_s = std::chrono::duration<double>(now - started).count();
+  }
   s.batches = batches;
   s.samples = samples;
-  s.consumer_stall_s = stall_ns * 1e-9;
+  // A wait under way counts as it goes.
+  const uint64_t waiting_ns =
+      waiting_since
+          ? std::chrono::duration_cast<std::chrono::nanoseconds>(now - *waiting_since).count()
+          : 0;
+  s.consumer_stall_s = static_cast<double>(stall_ns + waiting_ns) * 1e-9;
   s.plan.busy_s = shared->plan_ns.load() * 1e-9;
   s.plan.idle_s = std::max(0.0, s.wall_s - s.plan.busy_s);
   if (shared->stager) shared->stager->add_to(s, s.wall_s);
@@ -346,17 +474,29 @@ Stats Loader::Impl::stats() const {
 }
 
 void Loader::Impl::close() {
-  if (closed) return;
-  closed = true;
-  if (owner == 0) return;  // never started: no thread to join
-  if (owner != ::getpid()) {
-    // A forked child holds a copy of the parent's loader but none of its threads: joining or waiting
-    // would hang, so the copy is left as it is.
+  if (forked()) {
+    // A forked child holds a copy of the parent's loader but none of its threads: joining, waiting
+    // or taking a lock one of them held would hang, so the copy is left as it is.
+    closed = true;
     (void)pipeline.release();
     (void)shared.release();
+    (void)locks.release();
     return;
   }
-  pipeline.reset();
+  // A second close() waits here until the first has joined the threads.
+  std::lock_guard control(locks->control);
+  std::unique_lock lock(locks->state);
+  if (closed) return;
+  closed = true;
+  locks->turn_free.notify_all();  // next() calls waiting for their turn: closed
+  std::unique_ptr<detail::Pipeline> stopping = std::move(pipeline);
+  if (stopping) {
+    stopping->interrupt();
+    locks->no_waiter.wait(lock, [&] { return !waiting_since; });
+  }
+  lock.unlock();  // stats() goes on while the threads stop
+  if (owner.load(std::memory_order_relaxed) == 0) return;  // never started: no thread to join
+  stopping.reset();
   shared->stager->stop();  // its figures stay for stats()
   shared->decoder->clear_thread_state();
   shared->arena_io_timeout.reset();
