@@ -58,7 +58,10 @@ constexpr auto kStageFields =
 constexpr auto kEpochFields = std::make_tuple(
     field("epoch", &EpochStats::epoch), field("hits", &EpochStats::hits),
     field("misses", &EpochStats::misses), field("evictions", &EpochStats::evictions),
-    field("bytes_from_source", &EpochStats::bytes_from_source));
+    field("source_reads", &EpochStats::source_reads),
+    field("bytes_from_source", &EpochStats::bytes_from_source),
+    field("copies_made", &EpochStats::copies_made),
+    field("copies_adopted", &EpochStats::copies_adopted));
 
 constexpr auto kSkippedFields = std::make_tuple(
     field("path", &SkippedSample::path), field("error", &SkippedSample::error),
@@ -78,7 +81,9 @@ constexpr auto kStatsFields = std::make_tuple(
     field("stage_dir_error", &Stats::stage_dir_error), field("hits", &Stats::hits),
     field("misses", &Stats::misses), field("misses_read_ahead", &Stats::misses_read_ahead),
     field("bytes_from_source", &Stats::bytes_from_source),
-    field("bytes_from_stage", &Stats::bytes_from_stage), field("skipped", &Stats::skipped),
+    field("bytes_from_stage", &Stats::bytes_from_stage),
+    field("source_reads", &Stats::source_reads), field("source_bytes", &Stats::source_bytes),
+    field("skipped", &Stats::skipped),
     field("skipped_samples", &Stats::skipped_samples), field("pinned", &Stats::pinned),
     field("cache_bytes", &Stats::cache_bytes), field("stage_bytes", &Stats::stage_bytes),
     field("stage_bytes_peak", &Stats::stage_bytes_peak), field("epochs", &Stats::epochs));

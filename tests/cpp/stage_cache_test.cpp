@@ -18,7 +18,6 @@
 
 using prestage::Catalog;
 using prestage::EpochPlan;
-using prestage::EpochStats;
 using prestage::Eviction;
 using prestage::PlanOptions;
 using prestage::detail::StageCache;
@@ -101,7 +100,7 @@ Outcome run_cache(const Catalog& catalog, const PlanOptions& plan, uint64_t capa
   std::vector<size_t> declined;
   std::vector<std::byte> buffer;
   for (uint64_t e = 0; e < kEpochs; ++e) {
-    EpochStats stats;
+    prestage::detail::Admission stats;
     const EpochPlan epoch(plan, e);
     for (uint64_t b = 0; b < epoch.num_batches(); ++b) {
       to_stage.clear();
@@ -134,7 +133,7 @@ Outcome run_cache(const Catalog& catalog, const PlanOptions& plan, uint64_t capa
     }
     out.bound_held = out.bound_held && on_disk <= capacity;
     out.misses.push_back(stats.misses);
-    out.bytes.push_back(stats.bytes_from_source);
+    out.bytes.push_back(stats.bytes_missed);
   }
   return out;
 }

@@ -5,7 +5,10 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
+#include <chrono>
 #include <fstream>
+#include <thread>
 
 #include "prestage/catalog.hpp"
 #include "prestage/error.hpp"
@@ -337,4 +340,142 @@ TEST_CASE("stage directory: an index of mostly dead records is compacted by a pr
   StageDirectory again(dir / "stage", cat);
   CHECK(again.found_at_start() == 2);  // small index: left as it is
   CHECK(std::filesystem::file_size(index) == 3 * kRecord);
+}
+
+namespace {
+// A catalog of `n` small files, "f<i>" holding "file <i>".
+Catalog many_files(const TempDir& dir, size_t n) {
+  std::vector<std::string> paths;
+  for (size_t i = 0; i < n; ++i) {
+    paths.push_back("f" + std::to_string(i));
+    write(dir / "src" / paths.back(), "file " + std::to_string(i));
+  }
+  return Catalog::from_paths(dir / "src", paths);
+}
+using Fetch = StageDirectory::Fetch;
+using std::chrono::milliseconds;
+using Clock = std::chrono::steady_clock;
+}  // namespace
+
+TEST_CASE("stage directory: taking over a neighbour's copies reads each byte of its index once") {
+  TempDir dir;
+  const size_t n = 300;
+  const Catalog cat = many_files(dir, n);
+  StageDirectory first(dir / "stage", cat);
+  StageDirectory second(dir / "stage", cat);  // another rank of the node
+  std::vector<std::byte> buffer;
+  for (uint64_t id = 0; id < n; ++id) {
+    // Interleaved, as ranks run: each adoption follows the index from where the last one stopped.
+    REQUIRE(first.try_claim(id));
+    REQUIRE(first.stage(id, cat.file_source_path(id).string(), buffer) == Outcome::kStaged);
+    if (id % 3 == 0) continue;  // left for the end
+    REQUIRE(second.try_claim(id));
+    REQUIRE(second.stage(id, "/nonexistent", buffer) == Outcome::kAdopted);  // never the source
+  }
+  for (uint64_t id = 0; id < n; id += 3) {
+    REQUIRE(second.try_claim(id));
+    REQUIRE(second.stage(id, "/nonexistent", buffer) == Outcome::kAdopted);
+  }
+  for (uint64_t id = 0; id < n; ++id) {
+    REQUIRE(second.verify(id, buffer));  // the records taken over vouch for the bytes
+    CHECK(read_text(second.staged_path(id)) == "file " + std::to_string(id));
+  }
+  const uint64_t index_size = std::filesystem::file_size(first.path() / "index.log");
+  CHECK(index_size == n * 40);
+  CHECK(second.index_bytes_read() == index_size);
+}
+
+TEST_CASE("stage directory: a file a neighbour is copying is waited for and taken, not read again") {
+  TempDir dir;
+  const Catalog cat = many_files(dir, 2);
+  StageDirectory first(dir / "stage", cat);
+  StageDirectory second(dir / "stage", cat);
+  std::atomic<bool> fetching{false};
+  Outcome copied = Outcome::kBusy;
+  std::thread writer([&] {
+    std::vector<std::byte> buffer;
+    if (!first.try_claim(0)) return;
+    copied = first.stage(0, [&](std::vector<std::byte>& out, int64_t& mtime) {
+      fetching = true;
+      std::this_thread::sleep_for(milliseconds(200));  // a slow PFS
+      prestage::detail::read_file(cat.file_source_path(0).string(), out, &mtime);
+    }, buffer);
+  });
+  while (!fetching) std::this_thread::sleep_for(milliseconds(1));
+  bool read_source = false;
+  std::vector<std::byte> buffer;
+  REQUIRE(second.try_claim(0));
+  const Outcome waited = second.stage(0, [&](std::vector<std::byte>&, int64_t&) {
+    read_source = true;
+  }, buffer, milliseconds(10000));
+  writer.join();
+  CHECK(copied == Outcome::kStaged);
+  CHECK(waited == Outcome::kAdopted);
+  CHECK_FALSE(read_source);
+  CHECK(second.verify(0, buffer));
+}
+
+TEST_CASE("stage directory: the wait for a neighbour's copy ends at its limit or when cancelled") {
+  TempDir dir;
+  const Catalog cat = many_files(dir, 2);
+  StageDirectory stage(dir / "stage", cat);
+  // A neighbour holds the copy's lock and never finishes.
+  const int fd = ::open((stage.staged_path(1) + ".part").c_str(), O_CREAT | O_WRONLY, 0644);
+  REQUIRE(fd >= 0);
+  REQUIRE(::flock(fd, LOCK_EX) == 0);
+  std::vector<std::byte> buffer;
+  const Fetch never = [](std::vector<std::byte>&, int64_t&) { FAIL("the source was read"); };
+
+  REQUIRE(stage.try_claim(1));
+  auto start = Clock::now();
+  CHECK(stage.stage(1, never, buffer, milliseconds(60)) == Outcome::kBusy);
+  const auto waited = Clock::now() - start;
+  CHECK(waited >= milliseconds(60));
+  CHECK(waited < milliseconds(3000));
+  CHECK(stage.is_absent(1));  // the claim is given back
+
+  std::atomic<bool> cancel{false};
+  const prestage::detail::IoTimeoutScope scope(milliseconds(0), &cancel);
+  std::thread canceller([&] {
+    std::this_thread::sleep_for(milliseconds(50));
+    cancel = true;
+  });
+  REQUIRE(stage.try_claim(1));
+  start = Clock::now();
+  CHECK(stage.stage(1, never, buffer, StageDirectory::kForever) == Outcome::kBusy);
+  CHECK(Clock::now() - start < milliseconds(3000));
+  canceller.join();
+  CHECK(stage.is_absent(1));
+  ::close(fd);
+}
+
+TEST_CASE("stage directory: a neighbour that gives up its copy leaves it to the one waiting") {
+  TempDir dir;
+  const Catalog cat = many_files(dir, 2);
+  StageDirectory first(dir / "stage", cat);
+  StageDirectory second(dir / "stage", cat);
+  std::atomic<bool> fetching{false};
+  bool first_failed = false;
+  std::thread writer([&] {
+    std::vector<std::byte> buffer;
+    if (!first.try_claim(0)) return;
+    try {
+      first.stage(0, [&](std::vector<std::byte>&, int64_t&) {
+        fetching = true;
+        std::this_thread::sleep_for(milliseconds(100));
+        throw prestage::IoError("f0", EIO, "a read that failed");
+      }, buffer);
+    } catch (const StageDirectory::SourceError&) {
+      first_failed = true;
+    }
+  });
+  while (!fetching) std::this_thread::sleep_for(milliseconds(1));
+  std::vector<std::byte> buffer;
+  REQUIRE(second.try_claim(0));
+  CHECK(second.stage(0, cat.file_source_path(0).string(), buffer, milliseconds(10000)) ==
+        Outcome::kStaged);
+  writer.join();
+  CHECK(first_failed);
+  CHECK(first.is_absent(0));
+  CHECK(read_text(second.staged_path(0)) == "file 0");
 }

@@ -17,6 +17,7 @@ using prestage::Catalog;
 using prestage::detail::StageDirectory;
 using prestage::detail::Tier;
 using prestage::detail::TierScratch;
+using prestage::detail::TierTally;
 using prestage::detail::Tiers;
 using prestage::test::TempDir;
 
@@ -56,16 +57,21 @@ TEST_CASE("tiers: memory, then the stage directory, then the source, each counte
   stage_file(stage, set.catalog, 1);
   Tiers tiers(set.catalog, &stage, 1 << 20);
   TierScratch scratch;
+  TierTally tally;
   std::vector<std::byte> buffer;
 
   const std::string held_text = "held!";
   std::vector<std::byte> held(held_text.size());
   std::memcpy(held.data(), held_text.data(), held.size());
-  CHECK(text(tiers.read(0, &held, buffer, scratch)) == "held!");  // memory first, even if staged
-  CHECK(text(tiers.read(1, nullptr, buffer, scratch)) == "bravo!");
-  CHECK(text(tiers.read(0, nullptr, buffer, scratch)) == "alpha");
+  TierTally batch;  // one batch's reads, counted besides the tiers' own
+  CHECK(text(tiers.read(0, &held, buffer, scratch, &batch)) == "held!");  // memory first
+  CHECK(text(tiers.read(1, nullptr, buffer, scratch, &batch)) == "bravo!");
+  CHECK(text(tiers.read(0, nullptr, buffer, scratch, &batch)) == "alpha");
+  CHECK(text(tiers.read(0, nullptr, buffer, scratch, nullptr)) == "alpha");  // a look: uncounted
 
   const auto served = tiers.served();
+  CHECK(batch.counts().reads == served.reads);
+  CHECK(batch.counts().bytes == served.bytes);
   CHECK(served.reads[at(Tier::kMemory)] == 1);
   CHECK(served.bytes[at(Tier::kMemory)] == 5);
   CHECK(served.reads[at(Tier::kStage)] == 1);
@@ -83,8 +89,9 @@ TEST_CASE("tiers: a staged copy that vanished is read from the source") {
   std::filesystem::remove(stage.staged_path(1));
   Tiers tiers(set.catalog, &stage, 1 << 20);
   TierScratch scratch;
+  TierTally tally;
   std::vector<std::byte> buffer;
-  CHECK(text(tiers.read(1, nullptr, buffer, scratch)) == "bravo!");
+  CHECK(text(tiers.read(1, nullptr, buffer, scratch, &tally)) == "bravo!");
   CHECK(tiers.served().reads[at(Tier::kStage)] == 0);
   CHECK(tiers.served().reads[at(Tier::kSource)] == 1);
 }
@@ -104,13 +111,14 @@ TEST_CASE("tiers: a copy left by an earlier run is not served until it is checke
   REQUIRE(stage.unverified(1));
   Tiers tiers(set.catalog, &stage, 1 << 20);
   TierScratch scratch;
+  TierTally tally;
   std::vector<std::byte> buffer;
-  CHECK(text(tiers.read(1, nullptr, buffer, scratch)) == "bravo!");
+  CHECK(text(tiers.read(1, nullptr, buffer, scratch, &tally)) == "bravo!");
   CHECK(tiers.served().reads[at(Tier::kStage)] == 0);
   CHECK(tiers.served().reads[at(Tier::kSource)] == 1);
   // Checked, it fails its record and is gone; the next read is the source's again.
   CHECK_FALSE(stage.verify(1, buffer));
-  CHECK(text(tiers.read(1, nullptr, buffer, scratch)) == "bravo!");
+  CHECK(text(tiers.read(1, nullptr, buffer, scratch, &tally)) == "bravo!");
 }
 
 TEST_CASE("tiers: serve starts at the tier a first look chose and counts only when asked") {
@@ -119,19 +127,20 @@ TEST_CASE("tiers: serve starts at the tier a first look chose and counts only wh
   stage_file(stage, set.catalog, 1);
   Tiers tiers(set.catalog, &stage, 1 << 20);
   TierScratch scratch;
+  TierTally tally;
   std::string file;
   const auto look = [&](const prestage::detail::SampleAt& sample) -> uint64_t {
     file = *sample.file;
     return 6;
   };
-  CHECK(tiers.serve(1, Tier::kStage, nullptr, scratch, false, look) == Tier::kStage);
+  CHECK(tiers.serve(1, Tier::kStage, nullptr, scratch, nullptr, look) == Tier::kStage);
   CHECK(file == stage.staged_path(1));
-  CHECK(tiers.serve(1, Tier::kSource, nullptr, scratch, true, look) == Tier::kSource);
+  CHECK(tiers.serve(1, Tier::kSource, nullptr, scratch, &tally, look) == Tier::kSource);
   CHECK(file == set.catalog.file_source_path(1).string());
   CHECK(tiers.served().reads[at(Tier::kStage)] == 0);
   CHECK(tiers.served().reads[at(Tier::kSource)] == 1);
   // An error other than a vanished copy is the sample's: it is not hidden by the next tier.
-  CHECK_THROWS_AS(tiers.serve(1, Tier::kStage, nullptr, scratch, true,
+  CHECK_THROWS_AS(tiers.serve(1, Tier::kStage, nullptr, scratch, &tally,
                               [](const prestage::detail::SampleAt& s) -> uint64_t {
                                 throw prestage::DecodeError(*s.path, "bad");
                               }),
@@ -145,13 +154,17 @@ TEST_CASE("tiers: stage 2's fetches read below the stage directory and are count
   Tiers tiers(set.catalog, &stage, 1 << 20);
   std::vector<std::byte> buffer;
   int64_t mtime = 0;
-  tiers.fetch_file(0, buffer, mtime);  // staged, yet fetched from the source: stage 2 copies it
+  TierTally batch;
+  tiers.fetch_file(0, buffer, mtime, &batch);  // staged, yet fetched from the source: a copy
   CHECK(text(buffer) == "alpha");
   CHECK(mtime > 0);  // the source's, from the same open
-  tiers.fetch_sample(2, buffer);
+  tiers.fetch_sample(2, buffer, &batch);
   CHECK(buffer.size() == 100);
-  CHECK(tiers.fetched().reads[at(Tier::kSource)] == 2);
-  CHECK(tiers.fetched().bytes[at(Tier::kSource)] == 105);
+  tiers.fetch_sample(2, buffer);  // no tally: counted in the tiers' own only
+  CHECK(tiers.fetched().reads[at(Tier::kSource)] == 3);
+  CHECK(tiers.fetched().bytes[at(Tier::kSource)] == 205);
+  CHECK(batch.counts().reads[at(Tier::kSource)] == 2);
+  CHECK(batch.counts().bytes[at(Tier::kSource)] == 105);
   CHECK(tiers.served().reads[at(Tier::kSource)] == 0);
 }
 
@@ -165,13 +178,14 @@ TEST_CASE("tiers: a sample over the limit is refused, unread when its size is kn
   const uint64_t big = walked.file_path(0) == "class/big.bin" ? 0 : 1;
   Tiers known(walked, nullptr, 10);
   TierScratch scratch;
+  TierTally tally;
   std::vector<std::byte> buffer;
-  CHECK_THROWS_AS(known.read(big, nullptr, buffer, scratch), prestage::DecodeError);
+  CHECK_THROWS_AS(known.read(big, nullptr, buffer, scratch, &tally), prestage::DecodeError);
   CHECK_THROWS_AS(known.fetch_sample(big, buffer), prestage::DecodeError);
   CHECK(buffer.capacity() == 0);
-  CHECK(text(known.read(1 - big, nullptr, buffer, scratch)) == "small");
+  CHECK(text(known.read(1 - big, nullptr, buffer, scratch, &tally)) == "small");
   // A list without sizes: refused once read.
   Tiers unknown(set.catalog, nullptr, 10);
-  CHECK_THROWS_AS(unknown.read(2, nullptr, buffer, scratch), prestage::DecodeError);
+  CHECK_THROWS_AS(unknown.read(2, nullptr, buffer, scratch, &tally), prestage::DecodeError);
   CHECK_THROWS_AS(unknown.fetch_sample(2, buffer), prestage::DecodeError);
 }

@@ -15,14 +15,23 @@ struct StageStats {
   uint64_t bytes = 0;  // bytes read (stage 3) or copied (stage 2)
 };
 
-// What one epoch's batches cost, counted when stage 1 plans them (so an epoch planned ahead shows
-// before it is consumed).
+// What one epoch's batches cost this process. Stage 1 decides, as it plans a batch, which samples
+// the stage directory holds (hits) and which must come from the source (misses); the rest is
+// counted as the reads happen. So an epoch planned ahead shows before it is consumed, and its
+// figures grow until its last batch is decoded. Processes that share a stage directory (ranks of
+// one node) each count their own: the node's reads of the source are the sum of theirs.
 struct EpochStats {
   uint64_t epoch = 0;
-  uint64_t hits = 0;       // samples whose file was in the stage directory (or on its way) already
-  uint64_t misses = 0;     // samples read from the source: copied by stage 2, or read by stage 3
+  uint64_t hits = 0;       // samples whose file was staged (by this process or a neighbour) or on
+                           // its way, so that its bytes did not come from the source for them
+  uint64_t misses = 0;     // samples whose bytes this process read from the source: copied to the
+                           // stage directory, read ahead into memory, or read by stage 3 itself
   uint64_t evictions = 0;  // files removed from the stage directory to make room
-  uint64_t bytes_from_source = 0;  // sizes of the missed files
+  uint64_t source_reads = 0;       // reads of the source for this epoch's batches (one per file
+                                   // copied, per sample read ahead or read by stage 3 itself)
+  uint64_t bytes_from_source = 0;  // the bytes of those reads
+  uint64_t copies_made = 0;        // files this process copied to the stage directory
+  uint64_t copies_adopted = 0;     // files it was to copy and found copied by a neighbour
 };
 
 // on_error=skip: a sample that failed and was replaced in its batch by another.
@@ -47,7 +56,8 @@ struct Stats {
 
   // Stage 2.
   uint64_t staged_files = 0;     // files copied to the stage directory in this run
-  uint64_t adopted_files = 0;    // copies another process (sharing the directory) made meanwhile
+  uint64_t adopted_files = 0;    // copies another process (sharing the directory) made meanwhile,
+                                 // taken over instead of read from the source
   uint64_t already_staged = 0;   // found staged (this run or an earlier one): not copied again
   uint64_t stage_failures = 0;   // samples stage 2 gave up on (source or stage directory errors)
   uint64_t stage_expedited = 0;  // samples stage 3 read itself because stage 2 had not started them
@@ -64,6 +74,11 @@ struct Stats {
                                    // stage 3 read from the source itself
   uint64_t bytes_from_source = 0;
   uint64_t bytes_from_stage = 0;
+
+  // Every read of the source by this process, for all stages (stage 2's copies and reads ahead,
+  // stage 3's own reads): the sums of the epochs' source_reads and bytes_from_source.
+  uint64_t source_reads = 0;
+  uint64_t source_bytes = 0;
 
   // on_error=skip: samples replaced in the batches delivered so far (a sample that fails in two
   // epochs counts twice), and the first kMaxSkippedListed of them, in delivery order.

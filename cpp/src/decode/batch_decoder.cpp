@@ -171,7 +171,7 @@ class BatchDecoder::Run {
     if (!codec.arrays()) {
       // Raw files: one 1-D uint8 array of the file's length.
       uint64_t n = 0;
-      s_.tiers[i] = d_.tiers_.serve(id, Tier::kMemory, held(i, id), r.paths, false,
+      s_.tiers[i] = d_.tiers_.serve(id, Tier::kMemory, held(i, id), r.paths, nullptr,
                                     [&](const SampleAt& at) -> uint64_t {
                                       n = at.in_memory() ? at.bytes.size()
                                           : at.locator.length != Catalog::kWholeFile
@@ -187,7 +187,7 @@ class BatchDecoder::Run {
       info.bytes = n;
       return;
     }
-    s_.tiers[i] = d_.tiers_.serve(id, Tier::kStage, nullptr, r.paths, false,
+    s_.tiers[i] = d_.tiers_.serve(id, Tier::kStage, nullptr, r.paths, nullptr,
                                   [&](const SampleAt& at) -> uint64_t {
                                     r.codec(codec).probe(
                                         SampleLocation{at.open(), *at.path, at.locator}, s_.probes[i]);
@@ -206,7 +206,7 @@ class BatchDecoder::Run {
       return;
     }
     if (!codec.arrays()) {
-      d_.tiers_.serve(id, s_.tiers[i], held(i, id), r.paths, true,
+      d_.tiers_.serve(id, s_.tiers[i], held(i, id), r.paths, b_.tally,
                       [&](const SampleAt& at) -> uint64_t {
                         if (!at.in_memory()) {
                           read_located(at.open(), at.locator, out);
@@ -218,7 +218,7 @@ class BatchDecoder::Run {
                         return out.size();
                       });
     } else {
-      d_.tiers_.serve(id, s_.tiers[i], nullptr, r.paths, true, [&](const SampleAt& at) -> uint64_t {
+      d_.tiers_.serve(id, s_.tiers[i], nullptr, r.paths, b_.tally, [&](const SampleAt& at) -> uint64_t {
         r.codec(codec).fill(SampleLocation{at.open(), *at.path, at.locator}, s_.probes[i], out);
         return out.size();
       });
@@ -234,7 +234,7 @@ class BatchDecoder::Run {
     // through the reader's RGB image and is converted into place.
     const bool direct = o.layout != Layout::kNCHW && o.dtype == OutputType::kUint8;
     const size_t rgb_bytes = size_t{size.height} * size.width * 3;
-    const auto bytes = d_.tiers_.read(id, held(i, id), r.buffer, r.paths);
+    const auto bytes = d_.tiers_.read(id, held(i, id), r.buffer, r.paths, b_.tally);
     d_.bytes_read_.fetch_add(bytes.size(), std::memory_order_relaxed);
     if (!direct && r.image.size() < rgb_bytes) r.image.resize(rgb_bytes);
     const std::span<std::byte> rgb(

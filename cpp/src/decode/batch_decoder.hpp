@@ -30,6 +30,8 @@ struct BatchSamples {
   size_t count = 0;
   // Per position: the bytes stage 2 read ahead for the plan's sample there, or null. Empty: none.
   const std::vector<const std::vector<std::byte>*>* held = nullptr;
+  // Where the batch's reads are counted, by tier, besides the tiers' own counters; null: nowhere.
+  TierTally* tally = nullptr;
 };
 
 // What a batch keeps between its steps; recycled with the batch, so that once warm nothing is

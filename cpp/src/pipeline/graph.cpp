@@ -54,6 +54,8 @@ struct Work {
   std::vector<uint8_t> held_ok;              // 1 where stage 2 read them
   std::vector<const std::vector<std::byte>*> held_for;  // per sample: its bytes read ahead, or null
   BatchScratch scratch;                      // stage 3's, between its steps
+  TierTally stage_reads;   // stage 2's reads for the batch, by tier (for its epoch's figures)
+  TierTally decode_reads;  // stage 3's
   bool staging = false;              // at the stager (guarded by the pipeline's stager_mutex)
   std::atomic<bool> in_use{false};
 };
@@ -66,7 +68,7 @@ struct Pipeline::Impl {
 
   // Stage 1: the plan's next batch and the stage directory's decisions for it.
   Ticket next_batch(tbb::flow_control& fc);
-  void admit(Work& w, EpochStats& costs);
+  void admit(Work& w, Admission& costs);
   void plan_read_ahead(Work& w);
   // Stage 2: the batch's copies and reads ahead, on the stager's threads.
   void stage(Ticket t, StageNode::gateway_type& gateway);
@@ -74,6 +76,9 @@ struct Pipeline::Impl {
   // Stage 3: the batch decoded into a free buffer.
   Ticket decode(Ticket t);
   void hand_off(Ticket t);
+  // Adds what a stage's work on batch `w` cost to the figures of its epoch.
+  void count_stage(const Work& w);
+  void count_decode(const Work& w);
   // A node's body failed (a broken invariant, not a sample's error): the pipeline stops delivering
   // and pop() raises `error`. No exception may leave a node: oneTBB would cancel the whole graph and
   // the consumer would wait for ever.
@@ -245,7 +250,9 @@ Ticket Pipeline::Impl::next_batch(tbb::flow_control& fc) {
   w.ids = plan->batch(w.index);
   w.count = plan->batch_size(w.index);
   w.slot = nullptr;
-  EpochStats costs;
+  w.stage_reads.clear();
+  w.decode_reads.clear();
+  Admission costs;
   admit(w, costs);
   {
     std::lock_guard lock(shared.epochs_mutex);
@@ -254,13 +261,13 @@ Ticket Pipeline::Impl::next_batch(tbb::flow_control& fc) {
     e.hits += costs.hits;
     e.misses += costs.misses;
     e.evictions += costs.evictions;
-    e.bytes_from_source += costs.bytes_from_source;
+    shared.already_staged += costs.hits;
   }
   shared.plan_ns.fetch_add(elapsed_ns(start), std::memory_order_relaxed);
   return &w;
 }
 
-void Pipeline::Impl::admit(Work& w, EpochStats& costs) {
+void Pipeline::Impl::admit(Work& w, Admission& costs) {
   // Decided here, in plan order, so that the stage directory's contents follow the plan exactly.
   w.files.clear();
   w.declined.clear();
@@ -283,10 +290,6 @@ void Pipeline::Impl::admit(Work& w, EpochStats& costs) {
     return;
   }
   costs.misses = w.count;  // no stage directory: every sample is read from the source
-  for (size_t i = 0; i < w.count; ++i) {
-    const uint64_t size = shared.tiers->sample_size(w.ids[i]);
-    if (size != Catalog::kUnknownSize) costs.bytes_from_source += size;
-  }
   // One was asked for but cannot be used: stage 2 reads the batch ahead into memory instead.
   // Without one (direct reads, the baseline) stage 3 reads everything.
   if (!shared.options.stage_dir.empty()) {
@@ -330,11 +333,13 @@ void Pipeline::Impl::stage(Ticket t, StageNode::gateway_type& gateway) {
   t->stage.held = t->held.data();
   t->stage.held_ok = t->held_ok.data();
   t->stage.context = t;
+  t->stage.reads = &t->stage_reads;
   t->stage.done = [](void* context) {
     Ticket done = static_cast<Ticket>(context);
     // `done` may be recycled once it is put: read what is needed first.
     StageNode::gateway_type* gw = done->gateway;
     Impl* owner = static_cast<Impl*>(done->owner);
+    owner->count_stage(*done);
     gw->try_put(done);
     gw->release_wait();
     // Notified under the lock: once teardown holds the lock and sees zero, nothing here touches
@@ -365,9 +370,34 @@ Ticket Pipeline::Impl::decode(Ticket t) {
     const uint32_t j = t->held_at[i];
     if (j != kNotHeld && t->held_ok[j]) t->held_for[i] = &t->held[j];
   }
-  const BatchSamples batch{t->epoch, t->index, t->plan.get(), t->ids, t->count, &t->held_for};
+  const BatchSamples batch{t->epoch,  t->index,   t->plan.get(),    t->ids,
+                           t->count,  &t->held_for, &t->decode_reads};
   shared.decoder->decode(batch, t->scratch, slot, stopping);
+  count_decode(*t);
   return t;
+}
+
+void Pipeline::Impl::count_stage(const Work& w) {
+  const TierCounts reads = w.stage_reads.counts();
+  const uint64_t adopted = w.stage.adopted.load(std::memory_order_relaxed);
+  std::lock_guard lock(shared.epochs_mutex);
+  EpochStats& e = shared.epochs[w.epoch];
+  e.source_reads += reads.reads[static_cast<size_t>(Tier::kSource)];
+  e.bytes_from_source += reads.bytes[static_cast<size_t>(Tier::kSource)];
+  e.copies_made += w.stage.copied.load(std::memory_order_relaxed);
+  e.copies_adopted += adopted;
+  // Stage 1 counted these as misses: a neighbour's copy served instead of the source.
+  e.hits += adopted;
+  e.misses -= std::min(e.misses, adopted);
+}
+
+void Pipeline::Impl::count_decode(const Work& w) {
+  // Bytes served from memory were read from the source by stage 2, and counted there.
+  const TierCounts reads = w.decode_reads.counts();
+  std::lock_guard lock(shared.epochs_mutex);
+  EpochStats& e = shared.epochs[w.epoch];
+  e.source_reads += reads.reads[static_cast<size_t>(Tier::kSource)];
+  e.bytes_from_source += reads.bytes[static_cast<size_t>(Tier::kSource)];
 }
 
 void Pipeline::Impl::hand_off(Ticket t) {

@@ -73,6 +73,7 @@ struct Shared {
   std::unique_ptr<BatchDecoder> decoder;      // stage 3
   std::mutex epochs_mutex;
   std::map<uint64_t, EpochStats> epochs;  // guarded by epochs_mutex
+  uint64_t already_staged = 0;            // stage 1's hits, all epochs (epochs_mutex)
   tbb::task_scheduler_handle scheduler;  // lets close() join oneTBB's worker threads
   tbb::task_arena arena;  // `readers` threads: stage 3 runs here
   std::optional<ArenaIoTimeout> arena_io_timeout;  // while the arena runs

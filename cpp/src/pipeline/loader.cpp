@@ -237,7 +237,7 @@ Loader::Impl::Impl(Catalog catalog_in, LoaderOptions options_in)
       };
       for (size_t i = 0; size.empty(); ++i) {
         try {
-          const auto sample = shared->tiers->read(i, nullptr, bytes, paths, /*count=*/false);
+          const auto sample = shared->tiers->read(i, nullptr, bytes, paths, /*tally=*/nullptr);
           const std::string& path = paths.source;
           detail::SampleDecoder decoder(shared->codec);
           const auto header = decoder.jpeg.header(decoder.image_payload(sample, path), path);
@@ -315,9 +315,17 @@ void Loader::Impl::restart(uint64_t e, uint64_t b) {
       shared->arena.initialize();
       shared->arena_io_timeout.emplace(shared->arena, timeout, &shared->stopping_io);
       // Threads wherever a stage directory was asked for: an unusable one still reads ahead.
+      // A file that a neighbour sharing the stage directory is copying is waited for as long as
+      // stage 3 would wait for its batch (stage_patience), else as long as a read may take.
+      const LoaderOptions& o = shared->options;
+      const std::chrono::milliseconds neighbour_wait =
+          o.stage_patience_ms != LoaderOptions::kWaitForStaging
+              ? std::chrono::milliseconds(o.stage_patience_ms)
+          : o.io_timeout_ms != 0 ? timeout
+                                 : detail::StageDirectory::kForever;
       shared->stager = std::make_unique<detail::Stager>(
-          *shared->tiers, shared->options.stage_dir.empty() ? 0 : shared->options.prefetchers,
-          timeout, &shared->stopping_io);
+          *shared->tiers, o.stage_dir.empty() ? 0 : o.prefetchers, timeout, &shared->stopping_io,
+          neighbour_wait);
     }
     if (ring->free_count() != ring->depth()) {
       // Batches of the old run are still lent out: they keep their buffers, this run gets new ones.
@@ -467,8 +475,10 @@ Stats Loader::Impl::stats() const {
     std::lock_guard lock(shared->epochs_mutex);
     for (const auto& [e, costs] : shared->epochs) {
       s.epochs.push_back(costs);
-      s.already_staged += costs.hits;
+      s.source_reads += costs.source_reads;
+      s.source_bytes += costs.bytes_from_source;
     }
+    s.already_staged = shared->already_staged;
   }
   return s;
 }

@@ -176,7 +176,7 @@ void StageCache::publish_usage() {
   if (used_ > peak_.load(std::memory_order_relaxed)) peak_.store(used_, std::memory_order_relaxed);
 }
 
-bool StageCache::make_room(uint64_t need, uint64_t incoming_key, EpochStats& stats) {
+bool StageCache::make_room(uint64_t need, uint64_t incoming_key, Admission& stats) {
   if (need > capacity_) return false;
   // Victims, best first (files of the last `window` batches, possibly being read, are not tracked).
   std::vector<std::pair<uint64_t, uint64_t>> victims;
@@ -207,7 +207,7 @@ bool StageCache::make_room(uint64_t need, uint64_t incoming_key, EpochStats& sta
 
 void StageCache::admit(uint64_t epoch, uint64_t batch, const uint64_t* samples, size_t count,
                        std::vector<uint64_t>& to_stage, std::vector<size_t>& declined,
-                       EpochStats& stats) {
+                       Admission& stats) {
   ++batch_seq_;
   if (capacity_ != 0) {
     if (epoch != epoch_) enter_epoch(epoch, batch * plan_.batch_size);
@@ -239,7 +239,7 @@ void StageCache::admit(uint64_t epoch, uint64_t batch, const uint64_t* samples, 
     untrack(file);
     ++stats.misses;
     const uint64_t size = size_of(file);
-    stats.bytes_from_source += size;
+    stats.bytes_missed += size;
     if ((capacity_ != 0 && used_ + size > capacity_ && !make_room(size, key, stats)) ||
         !directory_.try_claim(file)) {
       declined.push_back(k);

@@ -19,6 +19,14 @@
 
 namespace prestage::detail {
 
+// Stage 1's decisions for the batches it admits.
+struct Admission {
+  uint64_t hits = 0;          // samples whose file is staged or on its way
+  uint64_t misses = 0;        // samples whose file is not: claimed for a copy, or declined
+  uint64_t evictions = 0;     // files evicted to make room
+  uint64_t bytes_missed = 0;  // the sizes of the missed files
+};
+
 class StageCache {
  public:
   // capacity 0: no bound (every absent file is staged, nothing is evicted). `window`: a bound on the
@@ -33,10 +41,9 @@ class StageCache {
   // Decides for the files of one batch (the plan's next one). Appends the files to copy to `to_stage`
   // (each claimed in the directory; the stager publishes or abandons it), the positions in the
   // batch of the samples whose files are neither staged nor to be copied to `declined`, and adds to
-  // `epoch_stats`.
+  // `admission`.
   void admit(uint64_t epoch, uint64_t batch, const uint64_t* samples, size_t count,
-             std::vector<uint64_t>& to_stage, std::vector<size_t>& declined,
-             EpochStats& epoch_stats);
+             std::vector<uint64_t>& to_stage, std::vector<size_t>& declined, Admission& admission);
 
   uint64_t capacity() const noexcept { return capacity_; }  // 0: no bound
   // Read from any thread (stats()).
@@ -75,7 +82,7 @@ class StageCache {
   void untrack(uint64_t file);
   // Frees room for `need` bytes by evicting files whose key ranks them below `incoming_key`; false
   // (and nothing evicted) if that is not possible.
-  bool make_room(uint64_t need, uint64_t incoming_key, EpochStats& stats);
+  bool make_room(uint64_t need, uint64_t incoming_key, Admission& stats);
 
   const Catalog& catalog_;
   PlanOptions plan_;

@@ -9,8 +9,8 @@
 namespace prestage::detail {
 
 Stager::Stager(Tiers& tiers, size_t threads, std::chrono::milliseconds io_timeout,
-               const std::atomic<bool>* io_cancel)
-    : tiers_(tiers), directory_(tiers.stage_directory()) {
+               const std::atomic<bool>* io_cancel, std::chrono::milliseconds neighbour_wait)
+    : tiers_(tiers), directory_(tiers.stage_directory()), neighbour_wait_(neighbour_wait) {
   threads_.reserve(threads);
   for (size_t i = 0; i < threads; ++i) {
     threads_.emplace_back([this, io_timeout, io_cancel] {
@@ -41,6 +41,8 @@ void Stager::submit(StageTask* task) {
   const size_t items = task->items();
   task->next.store(0, std::memory_order_relaxed);
   task->remaining.store(items, std::memory_order_relaxed);
+  task->copied.store(0, std::memory_order_relaxed);
+  task->adopted.store(0, std::memory_order_relaxed);
   for (size_t j = 0; j < task->read_ahead_count; ++j) task->held_ok[j] = 0;
   if (threads_.empty() || items == 0 || cancelled_.load(std::memory_order_acquire)) {
     task->next.store(items, std::memory_order_relaxed);  // nothing left to expedite
@@ -108,11 +110,11 @@ void Stager::run() {
   }
 }
 
-void Stager::deal_with(const StageTask& task, size_t i, std::vector<std::byte>& buffer) {
+void Stager::deal_with(StageTask& task, size_t i, std::vector<std::byte>& buffer) {
   items_.fetch_add(1, std::memory_order_relaxed);
   const auto start = std::chrono::steady_clock::now();
   if (i < task.count) {
-    stage_one(task.ids[i], buffer);
+    stage_one(task, task.ids[i], buffer);
   } else {
     read_one(task, i - task.count);
   }
@@ -122,10 +124,10 @@ void Stager::deal_with(const StageTask& task, size_t i, std::vector<std::byte>& 
                      std::memory_order_relaxed);
 }
 
-void Stager::read_one(const StageTask& task, size_t j) {
+void Stager::read_one(StageTask& task, size_t j) {
   std::vector<std::byte>& out = task.held[j];
   try {
-    tiers_.fetch_sample(task.read_ahead[j], out);
+    tiers_.fetch_sample(task.read_ahead[j], out, task.reads);
   } catch (const Error&) {
     return;  // stage 3 reads it again and reports the error at the sample's batch
   }
@@ -134,7 +136,7 @@ void Stager::read_one(const StageTask& task, size_t j) {
   read_ahead_bytes_.fetch_add(out.size(), std::memory_order_relaxed);
 }
 
-void Stager::stage_one(uint64_t id, std::vector<std::byte>& buffer) {
+void Stager::stage_one(StageTask& task, uint64_t id, std::vector<std::byte>& buffer) {
   if (directory_->is_staged(id)) {
     // A copy from an earlier run, used for the first time in this one: check its bytes first.
     if (directory_->unverified(id) && !directory_->verify(id, buffer)) {
@@ -144,16 +146,18 @@ void Stager::stage_one(uint64_t id, std::vector<std::byte>& buffer) {
     directory_->abandon(id);
   } else {
     try {
-      const auto fetch = [this, id](std::vector<std::byte>& out, int64_t& mtime_ns) {
-        tiers_.fetch_file(id, out, mtime_ns);
+      const auto fetch = [&](std::vector<std::byte>& out, int64_t& mtime_ns) {
+        tiers_.fetch_file(id, out, mtime_ns, task.reads);
       };
-      switch (directory_->stage(id, fetch, buffer)) {
+      switch (directory_->stage(id, fetch, buffer, neighbour_wait_)) {
         case StageDirectory::Outcome::kStaged:
           staged_files_.fetch_add(1, std::memory_order_relaxed);
           bytes_.fetch_add(buffer.size(), std::memory_order_relaxed);
+          task.copied.fetch_add(1, std::memory_order_relaxed);
           break;
         case StageDirectory::Outcome::kAdopted:
           adopted_.fetch_add(1, std::memory_order_relaxed);
+          task.adopted.fetch_add(1, std::memory_order_relaxed);
           break;
         case StageDirectory::Outcome::kBusy:
         case StageDirectory::Outcome::kChanged:

@@ -35,6 +35,11 @@ struct StageTask {
   uint8_t* held_ok = nullptr;
   void (*done)(void* context) = nullptr;  // called once every file was dealt with
   void* context = nullptr;
+  // What dealing with the task cost, for the figures of its batch's epoch: its reads by tier (its
+  // copies' and its reads ahead), copies made here, copies another process made (null: not counted).
+  TierTally* reads = nullptr;
+  std::atomic<uint64_t> copied{0};
+  std::atomic<uint64_t> adopted{0};
 
   std::atomic<size_t> next{0};       // next item (copy, then read-ahead) to hand to a thread
   std::atomic<size_t> remaining{0};  // items not yet dealt with
@@ -47,10 +52,13 @@ class Stager {
   // Reads through `tiers` (the tiers below the stage directory), copies into its stage directory.
   // Without one (none, or an unusable one) the threads only read samples ahead into memory, and
   // `threads` may be 0 (every task is done at once). Each thread reads under `io_timeout` (0: no
-  // limit), given up when `io_cancel` is set. `tiers` must outlive the stager.
+  // limit), given up when `io_cancel` is set. A file that another process sharing the directory is
+  // copying is waited for up to `neighbour_wait` (StageDirectory::stage). `tiers` must outlive the
+  // stager.
   Stager(Tiers& tiers, size_t threads,
          std::chrono::milliseconds io_timeout = std::chrono::milliseconds(0),
-         const std::atomic<bool>* io_cancel = nullptr);
+         const std::atomic<bool>* io_cancel = nullptr,
+         std::chrono::milliseconds neighbour_wait = std::chrono::milliseconds(0));
   ~Stager();  // stop()
   // Joins the threads; every submitted task must have completed. The counters stay (add_to).
   void stop();
@@ -81,10 +89,10 @@ class Stager {
 
  private:
   void run();
-  void stage_one(uint64_t id, std::vector<std::byte>& buffer);
-  void read_one(const StageTask& task, size_t j);
+  void stage_one(StageTask& task, uint64_t id, std::vector<std::byte>& buffer);
+  void read_one(StageTask& task, size_t j);
   // Item i of `task`: a copy (i < count) or a read into memory.
-  void deal_with(const StageTask& task, size_t i, std::vector<std::byte>& buffer);
+  void deal_with(StageTask& task, size_t i, std::vector<std::byte>& buffer);
   // Gives up the items [from, items()) of `task`, which no thread will start: claims go back, and
   // unless cancelled, copies of an earlier run are checked on the caller's thread.
   void give_up(const StageTask& task, size_t from);
@@ -92,6 +100,7 @@ class Stager {
 
   Tiers& tiers_;
   StageDirectory* directory_;
+  std::chrono::milliseconds neighbour_wait_;
   mutable std::mutex mutex_;
   std::condition_variable wake_;
   std::deque<StageTask*> queue_;

@@ -9,8 +9,8 @@
 #include <charconv>
 #include <cstdio>
 #include <cstring>
-#include <optional>
 #include <system_error>
+#include <thread>
 
 #include "prestage/error.hpp"
 #include "util/crc32c.hpp"
@@ -75,11 +75,12 @@ struct StageDirectory::Record {
 static_assert(sizeof(StageDirectory::Record) == 40, "index records are 40 bytes on disk");
 
 namespace {
-// Calls `found` with every valid record of an index, in order. A torn record (a process killed
+// Calls `found` with every valid record of `bytes`, in order, and returns the bytes consumed: all but
+// a last partial record (one being appended, read whole next time). A torn record (a process killed
 // mid-append) is skipped by looking for the next valid one byte by byte, so that the records
 // appended after it still count; a record's own CRC makes a false match practically impossible.
 template <typename Found>
-void for_each_record(const std::vector<std::byte>& bytes, Found found) {
+size_t for_each_record(std::span<const std::byte> bytes, Found found) {
   using Record = StageDirectory::Record;
   size_t at = 0;
   while (at + sizeof(Record) <= bytes.size()) {
@@ -92,6 +93,7 @@ void for_each_record(const std::vector<std::byte>& bytes, Found found) {
       ++at;
     }
   }
+  return at;
 }
 }  // namespace
 
@@ -102,7 +104,9 @@ StageDirectory::StageDirectory(const fs::path& dir, const Catalog& catalog)
       state_(new std::atomic<uint8_t>[size_]()),
       unverified_(new std::atomic<uint8_t>[size_]()),
       sizes_(new std::atomic<uint64_t>[size_]()),
-      crcs_(new std::atomic<uint32_t>[size_]()) {
+      crcs_(new std::atomic<uint32_t>[size_]()),
+      indexed_size_(size_, kNoRecord),
+      indexed_crc_(size_, 0) {
   std::error_code ec;
   fs::create_directories(area_, ec);
   if (ec) fail(area_.string(), ec.value(), "create stage directory");
@@ -110,25 +114,17 @@ StageDirectory::StageDirectory(const fs::path& dir, const Catalog& catalog)
   // The index: the last valid record of each file vouches for its copy.
   const std::string index = (area_ / "index.log").string();
   const bool alone = open_index(index);
-  std::vector<Record> latest(size_);
-  off_t index_read = -1;  // the index's size when last read
+  std::vector<int64_t> mtimes(size_);  // of each file's latest record
   auto read_index = [&] {
-    struct stat st;
-    if (::fstat(index_fd_, &st) != 0) fail(index, errno, "stat");
-    if (st.st_size == index_read) return;  // nothing appended since
-    std::vector<std::byte> bytes;
-    read_file(index, bytes);
-    index_read = static_cast<off_t>(bytes.size());
-    for_each_record(bytes, [&](const Record& r) {
-      if (r.id < size_) latest[r.id] = r;
-    });
+    std::lock_guard lock(index_mutex_);
+    follow_index([&](const Record& r) { mtimes[r.id] = r.source_mtime; });
   };
   read_index();
   auto vouched = [&](uint64_t id, const struct stat& st) {
-    const Record& r = latest[id];
-    return r.magic == kRecordMagic && r.size == static_cast<uint64_t>(st.st_size) &&
-           (catalog.file_size(id) == Catalog::kUnknownSize || catalog.file_size(id) == r.size) &&
-           (catalog.file_mtime(id) == Catalog::kUnknownMtime || catalog.file_mtime(id) == r.source_mtime);
+    const uint64_t size = indexed_size_[id];
+    return size != kNoRecord && size == static_cast<uint64_t>(st.st_size) &&
+           (catalog.file_size(id) == Catalog::kUnknownSize || catalog.file_size(id) == size) &&
+           (catalog.file_mtime(id) == Catalog::kUnknownMtime || catalog.file_mtime(id) == mtimes[id]);
   };
 
   for (int shard = 0; shard < kShards; ++shard) {
@@ -167,11 +163,10 @@ StageDirectory::StageDirectory(const fs::path& dir, const Catalog& catalog)
         if (!ok && still_at(fd, it->path().string())) ::unlink(it->path().c_str());
       }
       if (ok) {
-        const Record& r = latest[id];
         state_[id].store(kStaged, std::memory_order_relaxed);
         unverified_[id].store(1, std::memory_order_relaxed);
-        sizes_[id].store(r.size, std::memory_order_relaxed);
-        crcs_[id].store(r.crc, std::memory_order_relaxed);
+        sizes_[id].store(indexed_size_[id], std::memory_order_relaxed);
+        crcs_[id].store(indexed_crc_[id], std::memory_order_relaxed);
         ++found_at_start_;
       }
     }
@@ -181,11 +176,37 @@ StageDirectory::StageDirectory(const fs::path& dir, const Catalog& catalog)
     ::unlink((index + ".compact").c_str());  // left by a process that died compacting
     // Every copy staged, evicted and staged again left a record: rewrite the index with the live
     // ones once it is mostly dead, so that it stays as bounded as the copies.
-    if (index_read > kCompactAbove && static_cast<uint64_t>(index_read) > 2 * sizeof(Record) * found_at_start_) {
-      compact_index(index, latest);
+    if (index_read_ > kCompactAbove &&
+        static_cast<uint64_t>(index_read_) > 2 * sizeof(Record) * found_at_start_) {
+      compact_index(index, mtimes);
     }
     ::flock(index_fd_, LOCK_SH);  // others may join now
   }
+}
+
+void StageDirectory::follow_index(const std::function<void(const Record&)>& found) {
+  struct stat st;
+  if (::fstat(index_fd_, &st) != 0) fail((area_ / "index.log").string(), errno, "stat");
+  if (st.st_size <= index_read_) return;  // nothing appended since
+  index_tail_.resize(static_cast<size_t>(st.st_size - index_read_));
+  size_t got = 0;
+  while (got < index_tail_.size()) {
+    const ssize_t n = ::pread(index_fd_, index_tail_.data() + got, index_tail_.size() - got,
+                              index_read_ + static_cast<off_t>(got));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) fail((area_ / "index.log").string(), errno, "read");
+    if (n == 0) break;
+    got += static_cast<size_t>(n);
+  }
+  index_bytes_read_ += got;
+  index_read_ += static_cast<off_t>(
+      for_each_record(std::span<const std::byte>(index_tail_.data(), got), [&](const Record& r) {
+        if (r.id >= size_) return;
+        indexed_size_[r.id] = r.size;
+        indexed_crc_[r.id] = r.crc;
+        found(r);
+      }));
+  if (index_tail_.capacity() > (1u << 20)) index_tail_ = {};  // the start-up's whole read
 }
 
 bool StageDirectory::open_index(const std::string& index) {
@@ -205,12 +226,18 @@ bool StageDirectory::open_index(const std::string& index) {
   }
 }
 
-void StageDirectory::compact_index(const std::string& index, const std::vector<Record>& latest) {
+void StageDirectory::compact_index(const std::string& index, const std::vector<int64_t>& mtimes) {
   std::vector<std::byte> live;
   live.reserve(found_at_start_ * sizeof(Record));
   for (uint64_t id = 0; id < size_; ++id) {
     if (state_[id].load(std::memory_order_relaxed) != kStaged) continue;
-    const auto* bytes = reinterpret_cast<const std::byte*>(&latest[id]);
+    Record r;
+    r.id = id;
+    r.size = indexed_size_[id];
+    r.source_mtime = mtimes[id];
+    r.crc = indexed_crc_[id];
+    r.record_crc = r.own_crc();
+    const auto* bytes = reinterpret_cast<const std::byte*>(&r);
     live.insert(live.end(), bytes, bytes + sizeof(Record));
   }
   try {
@@ -220,6 +247,10 @@ void StageDirectory::compact_index(const std::string& index, const std::vector<R
   }
   ::close(index_fd_);  // waiters on the old index wake, see it replaced and open the new one
   open_index(index);
+  // Read afresh: a process that joined meanwhile may have appended to the new index already.
+  std::lock_guard lock(index_mutex_);
+  index_read_ = 0;
+  follow_index([](const Record&) {});
 }
 
 StageDirectory::~StageDirectory() {
@@ -274,48 +305,74 @@ bool StageDirectory::adopt(uint64_t id) {
   const bool found_file = ::fstat(fd, &st) == 0;
   ::close(fd);
   if (!found_file) return false;
-  std::vector<std::byte> bytes;
-  read_file((area_ / "index.log").string(), bytes);
-  std::optional<Record> found;
-  for_each_record(bytes, [&](const Record& r) {
-    if (r.id == id) found = r;
-  });
-  if (!found || found->size != static_cast<uint64_t>(st.st_size)) return false;
-  sizes_[id].store(found->size, std::memory_order_relaxed);
-  crcs_[id].store(found->crc, std::memory_order_relaxed);
+  uint64_t size = kNoRecord;
+  uint32_t crc = 0;
+  {
+    std::lock_guard lock(index_mutex_);
+    follow_index([](const Record&) {});
+    size = indexed_size_[id];
+    crc = indexed_crc_[id];
+  }
+  if (size == kNoRecord || size != static_cast<uint64_t>(st.st_size)) return false;
+  sizes_[id].store(size, std::memory_order_relaxed);
+  crcs_[id].store(crc, std::memory_order_relaxed);
   unverified_[id].store(1, std::memory_order_relaxed);
   state_[id].store(kStaged, std::memory_order_release);
   return true;
 }
 
 StageDirectory::Outcome StageDirectory::stage(uint64_t id, const std::string& source_path,
-                                              std::vector<std::byte>& buffer) {
+                                              std::vector<std::byte>& buffer,
+                                              std::chrono::milliseconds wait) {
   return stage(
       id, [&](std::vector<std::byte>& out, int64_t& mtime_ns) {
         read_file(source_file(catalog_, source_path), out, &mtime_ns);
       },
-      buffer);
+      buffer, wait);
 }
 
 StageDirectory::Outcome StageDirectory::stage(uint64_t id, const Fetch& fetch,
-                                              std::vector<std::byte>& buffer) {
+                                              std::vector<std::byte>& buffer,
+                                              std::chrono::milliseconds wait) {
+  using Clock = std::chrono::steady_clock;
   const std::string final_path = staged_path(id);
   const std::string part_path = final_path + ".part";
-  if (adopt(id)) return Outcome::kAdopted;
-  const int fd = ::open(part_path.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
-  if (fd < 0) {
-    const int err = errno;
-    abandon(id);
-    fail(part_path, err, "create");
+  const Clock::time_point deadline =
+      wait == kForever ? Clock::time_point::max() : Clock::now() + wait;
+  auto pause = std::chrono::microseconds(200);
+  while (true) {
+    if (adopt(id)) return Outcome::kAdopted;
+    const int fd = ::open(part_path.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
+    if (fd < 0) {
+      const int err = errno;
+      abandon(id);
+      fail(part_path, err, "create");
+    }
+    if (::flock(fd, LOCK_EX | LOCK_NB) == 0 && still_at(fd, part_path)) {
+      return copy_locked(id, fd, part_path, final_path, fetch, buffer);  // closes fd
+    }
+    ::close(fd);
+    // Another process is writing it (or has just published or removed it): its copy serves this
+    // process too, so wait for it rather than read the source a second time; if that process gives
+    // up, the next turn copies the file here.
+    const std::atomic<bool>* cancel = io_cancel();
+    const auto now = Clock::now();
+    if (now >= deadline || (cancel != nullptr && cancel->load(std::memory_order_acquire))) {
+      abandon(id);
+      return Outcome::kBusy;
+    }
+    std::this_thread::sleep_for(std::min<Clock::duration>(pause, deadline - now));
+    pause = std::min(pause * 2, std::chrono::microseconds(5000));
   }
+}
+
+StageDirectory::Outcome StageDirectory::copy_locked(uint64_t id, int fd, const std::string& part_path,
+                                                    const std::string& final_path, const Fetch& fetch,
+                                                    std::vector<std::byte>& buffer) {
   struct Closer {
     int fd;
     ~Closer() { ::close(fd); }  // also releases the lock
   } closer{fd};
-  if (::flock(fd, LOCK_EX | LOCK_NB) != 0 || !still_at(fd, part_path)) {
-    abandon(id);
-    return Outcome::kBusy;  // another process is writing it, or has just published or removed it
-  }
   auto give_up = [&] {
     ::unlink(part_path.c_str());
     abandon(id);

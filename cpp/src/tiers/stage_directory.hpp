@@ -4,13 +4,16 @@
 #pragma once
 
 #include <atomic>
-#include <exception>
+#include <chrono>
 #include <cstdint>
+#include <exception>
 #include <filesystem>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <span>
 #include <string>
+#include <sys/types.h>
 #include <vector>
 
 #include "prestage/catalog.hpp"
@@ -26,9 +29,13 @@ namespace prestage::detail {
 // a copy without a record (a process killed between the rename and the append) or with a size that
 // differs is never used; a ".part" file whose lock nobody holds was left by a dead process; two
 // processes sharing the directory (ranks on one node) never copy one file twice: the second finds
-// the first's lock or its finished copy. Copies found at start-up are checked against their records
-// and against the catalog (size, modification time) at once, and their bytes against the CRC on the
-// first use in this run (verify()).
+// the first's finished copy, or waits for the first's lock and then takes its copy. Copies found at
+// start-up are checked against their records and against the catalog (size, modification time) at
+// once, and their bytes against the CRC on the first use in this run (verify()).
+//
+// Each process reads index.log once at start-up and from then on only what other processes have
+// appended since it last looked (the index is append-only while it is shared): taking over a
+// neighbour's copy costs a few system calls, not a read of the whole index.
 class StageDirectory {
  public:
   enum State : uint8_t { kAbsent = 0, kInFlight = 1, kStaged = 2 };
@@ -66,20 +73,33 @@ class StageDirectory {
   enum class Outcome {
     kStaged,   // copied from the source
     kAdopted,  // another process had copied it: nothing read from the source
-    kBusy,     // another process is copying it right now: the claim is given back
+    kBusy,     // another process was still copying it when the wait ran out: the claim is given back
     kChanged,  // the source no longer matches the catalog (size): not staged, claim given back
   };
   // Reads the file's bytes into `buffer` (resized to fit) and its source's modification time into
   // `mtime_ns`; throws on failure. Stage 2 passes the tiers below the stage directory.
   using Fetch = std::function<void(std::vector<std::byte>& buffer, int64_t& mtime_ns)>;
 
+  // How long stage() waits for another process's copy of a file it also needs; kForever: until
+  // that copy is done or given up (a wait also ends when this thread's io_cancel() flag is set).
+  static constexpr std::chrono::milliseconds kForever = std::chrono::milliseconds::max();
+
   // Stages claimed file `id`, reading it with `fetch` into `buffer` while it holds the file's lock
-  // (so that processes sharing the directory read the source once). Throws SourceError when `fetch`
-  // fails (the claim is given back) and IoError when the stage directory fails (full, read-only,
-  // vanished: the claim is given back).
-  Outcome stage(uint64_t id, const Fetch& fetch, std::vector<std::byte>& buffer);
+  // (so that processes sharing the directory read the source once). If another process is copying
+  // the file, waits up to `wait` for its copy and takes it (kAdopted); copies it itself if that
+  // process gave up. Throws SourceError when `fetch` fails (the claim is given back) and IoError
+  // when the stage directory fails (full, read-only, vanished: the claim is given back).
+  Outcome stage(uint64_t id, const Fetch& fetch, std::vector<std::byte>& buffer,
+                std::chrono::milliseconds wait = std::chrono::milliseconds(0));
   // The same, reading the source file at `source_path`.
-  Outcome stage(uint64_t id, const std::string& source_path, std::vector<std::byte>& buffer);
+  Outcome stage(uint64_t id, const std::string& source_path, std::vector<std::byte>& buffer,
+                std::chrono::milliseconds wait = std::chrono::milliseconds(0));
+
+  // Bytes of index.log this process has read so far: each once, as the index grows.
+  uint64_t index_bytes_read() {
+    std::lock_guard lock(index_mutex_);
+    return index_bytes_read_;
+  }
 
   // Checks an unverified copy's bytes against its record; a copy that fails is evicted. False if the
   // copy is gone.
@@ -94,9 +114,15 @@ class StageDirectory {
 
  private:
   bool adopt(uint64_t id);  // a copy another process finished, with its record
+  // stage()'s copy, once it holds the lock on `fd` (its ".part" file, which it closes).
+  Outcome copy_locked(uint64_t id, int fd, const std::string& part_path, const std::string& final_path,
+                      const Fetch& fetch, std::vector<std::byte>& buffer);
+  // Reads the records appended to the index since the last call (whole ones: a record being
+  // appended is read next time) and calls `found` with each valid one. Needs index_mutex_.
+  void follow_index(const std::function<void(const Record&)>& found);
   void append_record(const Record& record);
   bool open_index(const std::string& index);
-  void compact_index(const std::string& index, const std::vector<Record>& latest);
+  void compact_index(const std::string& index, const std::vector<int64_t>& mtimes);
 
   Catalog catalog_;
   std::filesystem::path area_;
@@ -107,6 +133,16 @@ class StageDirectory {
   std::unique_ptr<std::atomic<uint64_t>[]> sizes_;
   std::unique_ptr<std::atomic<uint32_t>[]> crcs_;
   uint64_t found_at_start_ = 0;
+
+  // The index as far as this process has read it: each file's latest record's size (kNoRecord if
+  // none) and CRC.
+  static constexpr uint64_t kNoRecord = ~uint64_t{0};
+  std::mutex index_mutex_;
+  off_t index_read_ = 0;          // where the next read of the index starts
+  uint64_t index_bytes_read_ = 0;
+  std::vector<uint64_t> indexed_size_;
+  std::vector<uint32_t> indexed_crc_;
+  std::vector<std::byte> index_tail_;  // scratch for follow_index()
 };
 
 }  // namespace prestage::detail

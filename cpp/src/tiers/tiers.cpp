@@ -28,10 +28,10 @@ const std::string& Tiers::source_path(uint64_t file, std::string& out) const {
 
 std::span<const std::byte> Tiers::read(uint64_t id, const std::vector<std::byte>* held,
                                        std::vector<std::byte>& buffer, TierScratch& scratch,
-                                       bool count) {
+                                       TierTally* tally) {
   check_size(id, sample_size(id));
   std::span<const std::byte> bytes;
-  serve(id, Tier::kMemory, held, scratch, count, [&](const SampleAt& at) -> uint64_t {
+  serve(id, Tier::kMemory, held, scratch, tally, [&](const SampleAt& at) -> uint64_t {
     if (at.in_memory()) {
       bytes = at.bytes;
     } else {
@@ -44,38 +44,38 @@ std::span<const std::byte> Tiers::read(uint64_t id, const std::vector<std::byte>
   return bytes;
 }
 
-void Tiers::fetch_file(uint64_t file, std::vector<std::byte>& buffer, int64_t& mtime_ns) {
+void Tiers::fetch_file(uint64_t file, std::vector<std::byte>& buffer, int64_t& mtime_ns,
+                       TierTally* tally) {
   std::string path;
   read_file(source_file(catalog_, source_path(file, path)), buffer, &mtime_ns);
-  add(fetched_reads_, fetched_bytes_, Tier::kSource, buffer.size());
+  fetched_.add(Tier::kSource, buffer.size());
+  if (tally != nullptr) tally->add(Tier::kSource, buffer.size());
 }
 
-void Tiers::fetch_sample(uint64_t id, std::vector<std::byte>& buffer) {
+void Tiers::fetch_sample(uint64_t id, std::vector<std::byte>& buffer, TierTally* tally) {
   check_size(id, sample_size(id));
   std::string path;
   const Catalog::Locator loc = catalog_.locator(id);
   read_located(source_file(catalog_, source_path(loc.file, path)), loc, buffer);
   check_size(id, buffer.size());
-  add(fetched_reads_, fetched_bytes_, Tier::kSource, buffer.size());
+  fetched_.add(Tier::kSource, buffer.size());
+  if (tally != nullptr) tally->add(Tier::kSource, buffer.size());
 }
 
-void Tiers::add(std::array<std::atomic<uint64_t>, kTierCount>& reads,
-                std::array<std::atomic<uint64_t>, kTierCount>& bytes, Tier tier, uint64_t n) {
-  reads[static_cast<size_t>(tier)].fetch_add(1, std::memory_order_relaxed);
-  bytes[static_cast<size_t>(tier)].fetch_add(n, std::memory_order_relaxed);
-}
-
-TierCounts Tiers::snapshot(const std::array<std::atomic<uint64_t>, kTierCount>& reads,
-                           const std::array<std::atomic<uint64_t>, kTierCount>& bytes) {
+TierCounts TierTally::counts() const noexcept {
   TierCounts counts;
   for (size_t t = 0; t < kTierCount; ++t) {
-    counts.reads[t] = reads[t].load(std::memory_order_relaxed);
-    counts.bytes[t] = bytes[t].load(std::memory_order_relaxed);
+    counts.reads[t] = reads_[t].load(std::memory_order_relaxed);
+    counts.bytes[t] = bytes_[t].load(std::memory_order_relaxed);
   }
   return counts;
 }
 
-TierCounts Tiers::served() const { return snapshot(served_reads_, served_bytes_); }
-TierCounts Tiers::fetched() const { return snapshot(fetched_reads_, fetched_bytes_); }
+void TierTally::clear() noexcept {
+  for (size_t t = 0; t < kTierCount; ++t) {
+    reads_[t].store(0, std::memory_order_relaxed);
+    bytes_[t].store(0, std::memory_order_relaxed);
+  }
+}
 
 }  // namespace prestage::detail

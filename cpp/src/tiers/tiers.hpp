@@ -49,6 +49,21 @@ struct TierCounts {
   std::array<uint64_t, kTierCount> bytes{};
 };
 
+// Reads and their bytes by the tier that served them, added to from any thread at once: the whole
+// run's (the tiers' own) or one batch's (for the figures of its epoch).
+class TierTally {
+ public:
+  void add(Tier tier, uint64_t bytes) noexcept {
+    reads_[static_cast<size_t>(tier)].fetch_add(1, std::memory_order_relaxed);
+    bytes_[static_cast<size_t>(tier)].fetch_add(bytes, std::memory_order_relaxed);
+  }
+  TierCounts counts() const noexcept;
+  void clear() noexcept;
+
+ private:
+  std::array<std::atomic<uint64_t>, kTierCount> reads_{}, bytes_{};
+};
+
 // Thread-safe: every method may be called from any thread at once. The catalog and the stage
 // directory must outlive it.
 class Tiers {
@@ -71,54 +86,54 @@ class Tiers {
   // (the bytes stage 2 read ahead for it, or null), the stage directory's copy (not one left by an
   // earlier run that stage 2 has not yet checked against its record), the source.
   // `use` returns the bytes it took; an IoError it throws while the stage directory serves means the
-  // copy vanished (the directory was cleaned or lost), and the next tier serves. With `count`, the
-  // read is counted in the tier that served (a first look at a sample's size or header passes
-  // false, and its read true). Returns that tier. Other errors propagate.
+  // copy vanished (the directory was cleaned or lost), and the next tier serves. With a `tally`, the
+  // read is counted in the tier that served, there and in served() (a first look at a sample's size
+  // or header passes null, and its read the batch's tally). Returns that tier. Other errors
+  // propagate.
   template <typename Use>
   Tier serve(uint64_t id, Tier from, const std::vector<std::byte>* held, TierScratch& scratch,
-             bool count, const Use& use);
+             TierTally* tally, const Use& use);
 
   // Stage 3: sample `id`'s bytes, from `held` or read into `buffer` (resized to fit), counted
-  // unless `count` is false (a look at the set, not a read of an epoch's sample). Refuses a sample
+  // as serve() says (null: a look at the set, not a read of an epoch's sample). Refuses a sample
   // over the size limit. The sample's source path is left in scratch.source.
   std::span<const std::byte> read(uint64_t id, const std::vector<std::byte>* held,
                                   std::vector<std::byte>& buffer, TierScratch& scratch,
-                                  bool count = true);
+                                  TierTally* tally);
 
   // Stage 2, for its copies: the whole of catalog file `file`, from the tiers below the stage
   // directory, into `buffer` (resized to fit); `mtime_ns` gets the source's modification time.
-  void fetch_file(uint64_t file, std::vector<std::byte>& buffer, int64_t& mtime_ns);
+  // Counted in fetched() and in `tally`, if given (also a read whose bytes are then not staged).
+  void fetch_file(uint64_t file, std::vector<std::byte>& buffer, int64_t& mtime_ns,
+                  TierTally* tally = nullptr);
   // Stage 2, for its read-ahead: sample `id`'s bytes from the tiers below the stage directory.
-  void fetch_sample(uint64_t id, std::vector<std::byte>& buffer);
+  void fetch_sample(uint64_t id, std::vector<std::byte>& buffer, TierTally* tally = nullptr);
 
-  TierCounts served() const;   // stage 3's reads, by the tier that served them
-  TierCounts fetched() const;  // stage 2's reads, by the tier that served them
+  TierCounts served() const { return served_.counts(); }    // stage 3's reads, by tier
+  TierCounts fetched() const { return fetched_.counts(); }  // stage 2's reads, by tier
 
   // The source path of catalog file `file`, built in `out` (valid until its next use).
   const std::string& source_path(uint64_t file, std::string& out) const;
 
  private:
-  static void add(std::array<std::atomic<uint64_t>, kTierCount>& reads,
-                  std::array<std::atomic<uint64_t>, kTierCount>& bytes, Tier tier, uint64_t n);
-  static TierCounts snapshot(const std::array<std::atomic<uint64_t>, kTierCount>& reads,
-                             const std::array<std::atomic<uint64_t>, kTierCount>& bytes);
-
   const Catalog& catalog_;
   StageDirectory* stage_;
   uint64_t max_read_bytes_;
-  std::array<std::atomic<uint64_t>, kTierCount> served_reads_{}, served_bytes_{};
-  std::array<std::atomic<uint64_t>, kTierCount> fetched_reads_{}, fetched_bytes_{};
+  TierTally served_, fetched_;
 };
 
 template <typename Use>
 Tier Tiers::serve(uint64_t id, Tier from, const std::vector<std::byte>* held, TierScratch& scratch,
-                  bool count, const Use& use) {
+                  TierTally* tally, const Use& use) {
   const Catalog::Locator loc = catalog_.locator(id);
   SampleAt at;
   at.locator = loc;
   at.path = &source_path(loc.file, scratch.source);
   const auto done = [&](Tier tier, uint64_t n) {
-    if (count) add(served_reads_, served_bytes_, tier, n);
+    if (tally != nullptr) {
+      served_.add(tier, n);
+      tally->add(tier, n);
+    }
     return tier;
   };
   if (from == Tier::kMemory && held != nullptr) {
