@@ -316,7 +316,10 @@ bool StageDirectory::adopt(uint64_t id) {
   if (size == kNoRecord || size != static_cast<uint64_t>(st.st_size)) return false;
   sizes_[id].store(size, std::memory_order_relaxed);
   crcs_[id].store(crc, std::memory_order_relaxed);
-  unverified_[id].store(1, std::memory_order_relaxed);
+  // Written in this run by a live neighbour (every copy that was there before it started was
+  // checked or removed by its start-up), and published whole: served as this process's own are.
+  // Left unverified, stage 3 would not serve it and would read the source instead.
+  unverified_[id].store(0, std::memory_order_relaxed);
   state_[id].store(kStaged, std::memory_order_release);
   return true;
 }

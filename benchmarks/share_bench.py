@@ -1,0 +1,155 @@
+"""Ranks of one node sharing one stage directory, against one rank alone doing the same total work.
+
+A set of small files (64 bytes each by default: the cost measured is per file, not per byte) is
+read for `--epochs` epochs by R processes at once, ranks 0..R-1 of a world of R, all sharing one
+stage directory; and by one process alone, world size 1, over the same set. Epoch 1 copies the set
+into the stage directory (each rank its own slice); from epoch 2 on everything is staged, but each
+rank meets files that its neighbours copied: it takes their copies over (adoption), which must cost
+about what a hit costs. Reported per R, median of `--runs` runs (a fresh stage directory each):
+the time of each epoch (the slowest rank's), and the ratio shared / alone for it.
+
+    python benchmarks/share_bench.py --files 60000 --ranks 1 2 4 8 --runs 3
+    python benchmarks/share_bench.py --files 1000000 --ranks 1 2 4 8 --runs 1 --epochs 2
+
+`--baseline DIR` runs every process with DIR first on sys.path (another build of prestage,
+installed there with `pip install --target DIR .`), to measure before and after a change.
+Reproducible from the repository alone: the files are written here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Dict, List, Optional
+
+WORKER = r"""
+import json, sys, time
+import prestage
+catalog, stage, rank, world, batch, epochs, go = sys.argv[1:8]
+cat = prestage.Catalog.load(catalog)
+loader = prestage.Loader(cat, batch_size=int(batch), decode="raw", stage_dir=stage, rank=int(rank),
+                         world_size=int(world), seed=0, stage_patience=None)
+while not __import__("os").path.exists(go):  # all ranks start together
+    time.sleep(0.001)
+times = []
+for e in range(int(epochs)):
+    start = time.perf_counter()
+    for b in loader:
+        pass
+    times.append(time.perf_counter() - start)
+s = loader.stats()
+loader.close()
+print(json.dumps({"epoch_s": times, "copies": s["staged_files"], "adopted": s["adopted_files"],
+                  "source_reads": s["source_reads"],
+                  "epochs": [{k: e[k] for k in ("source_reads", "copies_made", "copies_adopted")}
+                             for e in s["epochs"][:int(epochs)]]}))
+"""
+
+
+def make_files(root: Path, count: int, size: int, classes: int = 100) -> None:
+    """`count` files of `size` bytes in `classes` folders, each file's bytes its own."""
+    for c in range(classes):
+        (root / f"c{c:03d}").mkdir(parents=True, exist_ok=True)
+    step = max(1, count // 50)
+    for i in range(count):
+        data = (i.to_bytes(8, "little") * (size // 8 + 1))[:size]
+        (root / f"c{i % classes:03d}" / f"{i:07d}.bin").write_bytes(data)
+        if i % step == 0:
+            print(f"\r  writing files {i:,}/{count:,}", end="", file=sys.stderr, flush=True)
+    print(file=sys.stderr)
+
+
+def run_once(catalog: Path, stage: Path, ranks: int, batch: int, epochs: int,
+             env: Dict[str, str]) -> dict:
+    """R processes sharing `stage`, started together; per epoch the slowest rank's time."""
+    if stage.exists():
+        shutil.rmtree(stage)
+    go = stage.parent / "go"
+    go.unlink(missing_ok=True)
+    procs = [subprocess.Popen([sys.executable, "-c", WORKER, str(catalog), str(stage), str(r),
+                               str(ranks), str(batch), str(epochs), str(go)],
+                              stdout=subprocess.PIPE, text=True, env=env) for r in range(ranks)]
+    time.sleep(1.0 + 0.2 * ranks)  # every loader built (the catalog loaded) before the start
+    go.touch()
+    outs = []
+    for p in procs:
+        out, _ = p.communicate()
+        if p.returncode != 0:
+            raise RuntimeError(f"a rank failed (exit {p.returncode})")
+        outs.append(json.loads(out))
+    per_epoch = [max(o["epoch_s"][e] for o in outs) for e in range(epochs)]
+    return {"epoch_s": per_epoch,
+            "source_reads": sum(o["source_reads"] for o in outs),
+            "copies": sum(o["copies"] for o in outs),
+            "adopted": sum(o["adopted"] for o in outs)}
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--files", type=int, default=60000)
+    ap.add_argument("--file-bytes", type=int, default=64)
+    ap.add_argument("--ranks", type=int, nargs="+", default=[1, 2, 4, 8])
+    ap.add_argument("--batch-size", type=int, default=256)
+    ap.add_argument("--epochs", type=int, default=3)
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--baseline", type=Path, help="another build of prestage (a pip --target dir)")
+    ap.add_argument("--workdir", type=Path, help="where the files go (default: a temporary dir)")
+    ap.add_argument("--json", type=Path, help="write the results here")
+    args = ap.parse_args(argv)
+
+    env = dict(os.environ)
+    if args.baseline:
+        env["PYTHONPATH"] = str(args.baseline.resolve()) + os.pathsep + env.get("PYTHONPATH", "")
+    work = Path(tempfile.mkdtemp(prefix="prestage-share-", dir=args.workdir))
+    try:
+        src = work / "src"
+        make_files(src, args.files, args.file_bytes)
+        catalog = work / "set.catalog"
+        subprocess.run([sys.executable, "-c",
+                        "import sys, prestage; prestage.Catalog.from_folder(sys.argv[1], "
+                        "extensions=['.bin']).save(sys.argv[2])", str(src), str(catalog)],
+                       check=True, env=env)
+        results = {}
+        for ranks in [1] + [r for r in args.ranks if r != 1]:
+            runs = []
+            for i in range(args.runs):
+                r = run_once(catalog, work / "stage", ranks, args.batch_size, args.epochs, env)
+                runs.append(r)
+                print(f"  {ranks} rank(s), run {i + 1}: epochs "
+                      + " ".join(f"{t:.2f}s" for t in r["epoch_s"])
+                      + f", source reads {r['source_reads']:,}, copies {r['copies']:,}, "
+                        f"taken over {r['adopted']:,}", file=sys.stderr, flush=True)
+            results[ranks] = {
+                "epoch_s": [statistics.median(r["epoch_s"][e] for r in runs)
+                            for e in range(args.epochs)],
+                "source_reads": [r["source_reads"] for r in runs],
+                "runs": runs}
+        alone = results[1]["epoch_s"]
+        print(f"\n{args.files:,} files of {args.file_bytes} bytes, batch {args.batch_size}, "
+              f"median of {args.runs} run(s); epoch time of the slowest rank, and shared / alone")
+        print("ranks " + "".join(f"   epoch {e + 1:<2}  ratio" for e in range(args.epochs))
+              + "   source reads (node)")
+        for ranks, r in results.items():
+            cells = "".join(f"  {t:8.2f}s {t / a:6.2f}" for t, a in zip(r["epoch_s"], alone))
+            print(f"{ranks:>5} {cells}   {statistics.median(r['source_reads']):,.0f}")
+        if args.json:
+            args.json.write_text(json.dumps({
+                "files": args.files, "file_bytes": args.file_bytes, "batch_size": args.batch_size,
+                "epochs": args.epochs, "runs": args.runs,
+                "cpus": os.cpu_count(), "baseline": str(args.baseline) if args.baseline else None,
+                "results": {str(k): v for k, v in results.items()}}, indent=1))
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
