@@ -368,13 +368,17 @@ TEST_CASE("stage directory: taking over a neighbour's copies reads each byte of 
     // Interleaved, as ranks run: each adoption follows the index from where the last one stopped.
     REQUIRE(first.try_claim(id));
     REQUIRE(first.stage(id, cat.file_source_path(id).string(), buffer) == Outcome::kStaged);
-    if (id % 3 == 0) continue;  // left for the end
+    if (id % 3 == 0) continue;  // not claimed: taken over as the index is followed
     REQUIRE(second.try_claim(id));
     REQUIRE(second.stage(id, "/nonexistent", buffer) == Outcome::kAdopted);  // never the source
   }
-  for (uint64_t id = 0; id < n; id += 3) {
-    REQUIRE(second.try_claim(id));
-    REQUIRE(second.stage(id, "/nonexistent", buffer) == Outcome::kAdopted);
+  second.take_over_published();
+  CHECK(second.taken_over() == n / 3);
+  for (uint64_t id = 0; id < n; ++id) {
+    CHECK(second.is_staged(id));
+    // Its first use is the one a neighbour's copy saved; stage() counts its own adoptions.
+    CHECK(second.first_use_of_taken_over(id) == (id % 3 == 0));
+    CHECK_FALSE(second.first_use_of_taken_over(id));
   }
   for (uint64_t id = 0; id < n; ++id) {
     // A neighbour's copy of this run is served at once, as this process's own: stage 3 does not
@@ -383,6 +387,11 @@ TEST_CASE("stage directory: taking over a neighbour's copies reads each byte of 
     REQUIRE(second.verify(id, buffer));  // the records taken over vouch for the bytes
     CHECK(read_text(second.staged_path(id)) == "file " + std::to_string(id));
   }
+  // Nothing is taken over from the records this process found at its start.
+  StageDirectory third(dir / "stage", cat);
+  third.take_over_published();
+  CHECK(third.taken_over() == 0);
+  CHECK(third.unverified(0));  // a copy found at start-up is checked before it is served
   const uint64_t index_size = std::filesystem::file_size(first.path() / "index.log");
   CHECK(index_size == n * 40);
   CHECK(second.index_bytes_read() == index_size);

@@ -188,3 +188,27 @@ def encode_jpeg() -> Callable[..., bytes]:
 def tfrecord_format():
     """(serialize_example, frame_record): the encoders behind write_tfrecord."""
     return serialize_example, frame_record
+
+
+@pytest.fixture
+def pfs():
+    """pfs(source, **PfsEmulator options) -> a mounted PfsEmulator serving `source` (skipped where FUSE
+    cannot be mounted); unmounted at the end of the test."""
+    from prestage.bench.emulator import PfsEmulator, find_emulator, unavailable_reason
+
+    reason = unavailable_reason(find_emulator())
+    if reason is not None:
+        pytest.skip(f"cannot mount FUSE here: {reason}")
+    started = []
+
+    def start(source, **options):
+        settings = dict(latency_ms=0, bandwidth_mbs=0, max_ops=0)
+        settings.update(options)
+        emulator = PfsEmulator(source, **settings)
+        emulator.start()
+        started.append(emulator)
+        return emulator
+
+    yield start
+    for emulator in started:
+        emulator.stop()

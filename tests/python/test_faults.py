@@ -304,28 +304,6 @@ def test_a_stalled_read_times_out_instead_of_hanging(folder, tmp_path):
 # Read errors and stalls of the source, injected by the emulated parallel file system (FUSE): the
 # files are served through a mount, and the emulator makes chosen ones fail with EIO or stall.
 
-@pytest.fixture
-def pfs():
-    """pfs(source, **PfsEmulator options) -> a mounted PfsEmulator serving `source` (skipped where FUSE
-    cannot be mounted); unmounted at the end of the test."""
-    from prestage.bench.emulator import PfsEmulator, find_emulator, unavailable_reason
-
-    reason = unavailable_reason(find_emulator())
-    if reason is not None:
-        pytest.skip(f"cannot mount FUSE here: {reason}")
-    started = []
-
-    def start(source, **options):
-        emulator = PfsEmulator(source, latency_ms=0, bandwidth_mbs=0, max_ops=0, **options)
-        emulator.start()
-        started.append(emulator)
-        return emulator
-
-    yield start
-    for emulator in started:
-        emulator.stop()
-
-
 def epoch_outcomes(loader, backing, cat):
     """Runs an epoch to its end through the per-sample errors of its batches: one entry per batch,
     either the list of its sample ids, each image checked against Pillow's decode of its file under

@@ -261,6 +261,7 @@ Ticket Pipeline::Impl::next_batch(tbb::flow_control& fc) {
     e.hits += costs.hits;
     e.misses += costs.misses;
     e.evictions += costs.evictions;
+    e.copies_adopted += costs.adopted;
     shared.already_staged += costs.hits;
   }
   shared.plan_ns.fetch_add(elapsed_ns(start), std::memory_order_relaxed);
@@ -272,6 +273,8 @@ void Pipeline::Impl::admit(Work& w, Admission& costs) {
   w.files.clear();
   w.declined.clear();
   if (shared.cache) {
+    // What processes sharing the directory copied since the last batch: hits, not claims.
+    shared.stage_dir->take_over_published();
     shared.cache->admit(w.epoch, w.index, w.ids, w.count, w.files, w.declined, costs);
     if (shared.stager->disabled()) {
       // The stage directory failed: nothing more is copied or checked, so every file not staged

@@ -223,6 +223,7 @@ void StageCache::admit(uint64_t epoch, uint64_t batch, const uint64_t* samples, 
     last_batch_[file] = batch_seq_;
     if (!directory_.is_absent(file)) {
       ++stats.hits;
+      if (directory_.first_use_of_taken_over(file)) ++stats.adopted;
       // A copy from an earlier run is checked (CRC) by stage 2 before its first use in this one.
       if (directory_.unverified(file)) to_stage.push_back(file);
       if (capacity_ != 0) {

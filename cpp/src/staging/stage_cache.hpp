@@ -25,6 +25,7 @@ struct Admission {
   uint64_t misses = 0;        // samples whose file is not: claimed for a copy, or declined
   uint64_t evictions = 0;     // files evicted to make room
   uint64_t bytes_missed = 0;  // the sizes of the missed files
+  uint64_t adopted = 0;       // hits on copies a neighbour made, each file's first
 };
 
 class StageCache {

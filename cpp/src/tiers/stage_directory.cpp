@@ -105,6 +105,7 @@ StageDirectory::StageDirectory(const fs::path& dir, const Catalog& catalog)
       unverified_(new std::atomic<uint8_t>[size_]()),
       sizes_(new std::atomic<uint64_t>[size_]()),
       crcs_(new std::atomic<uint32_t>[size_]()),
+      taken_(new std::atomic<uint8_t>[size_]()),
       indexed_size_(size_, kNoRecord),
       indexed_crc_(size_, 0) {
   std::error_code ec;
@@ -182,6 +183,18 @@ StageDirectory::StageDirectory(const fs::path& dir, const Catalog& catalog)
     }
     ::flock(index_fd_, LOCK_SH);  // others may join now
   }
+  std::lock_guard lock(index_mutex_);
+  started_ = true;
+}
+
+void StageDirectory::take_over_published() noexcept {
+  std::lock_guard lock(index_mutex_);
+  try {
+    follow_index([](const Record&) {});
+  } catch (const IoError&) {
+    // An index that cannot be read now: nothing is taken over here, and stage 2, which reads it
+    // too, meets the error and handles it.
+  }
 }
 
 void StageDirectory::follow_index(const std::function<void(const Record&)>& found) {
@@ -204,6 +217,19 @@ void StageDirectory::follow_index(const std::function<void(const Record&)>& foun
         if (r.id >= size_) return;
         indexed_size_[r.id] = r.size;
         indexed_crc_[r.id] = r.crc;
+        // A neighbour published this copy after this process started: it is whole (records are
+        // appended after the rename) and of this run, so it is served as this process's own copies
+        // are. A file this process has claimed meanwhile is left to stage(), which takes it over.
+        if (started_ && state_[r.id].load(std::memory_order_acquire) == kAbsent) {
+          sizes_[r.id].store(r.size, std::memory_order_relaxed);
+          crcs_[r.id].store(r.crc, std::memory_order_relaxed);
+          unverified_[r.id].store(0, std::memory_order_relaxed);
+          uint8_t expected = kAbsent;
+          if (state_[r.id].compare_exchange_strong(expected, kStaged, std::memory_order_acq_rel)) {
+            taken_[r.id].store(1, std::memory_order_relaxed);
+            taken_over_.fetch_add(1, std::memory_order_relaxed);
+          }
+        }
         found(r);
       }));
   if (index_tail_.capacity() > (1u << 20)) index_tail_ = {};  // the start-up's whole read
@@ -281,6 +307,7 @@ void StageDirectory::evict(uint64_t id) noexcept {
   ::unlink(staged_path(id).c_str());
   // A stale mark would make stage 1 hand a later claim of this file to stage 2 as a copy to check.
   unverified_[id].store(0, std::memory_order_relaxed);
+  taken_[id].store(0, std::memory_order_relaxed);
   state_[id].store(kAbsent, std::memory_order_release);
 }
 

@@ -62,6 +62,20 @@ class StageDirectory {
     return unverified_[id].load(std::memory_order_acquire) != 0;
   }
 
+  // Takes over the copies that other processes sharing the directory have published since the last
+  // look (the records appended to the index meanwhile): each absent file among them is staged from
+  // now on, as if copied here. Stage 1 calls it before each batch, so that a file a neighbour copied
+  // is a hit, with no claim and no system call of its own. Any thread.
+  void take_over_published() noexcept;
+  // True the first time it is called for a file taken over by take_over_published(): the use for
+  // which the neighbour's copy saved a read of the source. (stage()'s takeovers are kAdopted.)
+  bool first_use_of_taken_over(uint64_t id) noexcept {
+    return taken_[id].load(std::memory_order_relaxed) != 0 &&
+           taken_[id].exchange(0, std::memory_order_relaxed) != 0;
+  }
+  // Files taken over by take_over_published() so far.
+  uint64_t taken_over() const noexcept { return taken_over_.load(std::memory_order_relaxed); }
+
   // True if the caller now owns the copy of `id` (it was absent); then it must stage() or abandon().
   bool try_claim(uint64_t id) noexcept;
   // Gives back a claim (in flight -> absent); a file in any other state, a staged copy included, is
@@ -118,7 +132,8 @@ class StageDirectory {
   Outcome copy_locked(uint64_t id, int fd, const std::string& part_path, const std::string& final_path,
                       const Fetch& fetch, std::vector<std::byte>& buffer);
   // Reads the records appended to the index since the last call (whole ones: a record being
-  // appended is read next time) and calls `found` with each valid one. Needs index_mutex_.
+  // appended is read next time) and calls `found` with each valid one; once started, takes over the
+  // absent files among them (see take_over_published()). Needs index_mutex_.
   void follow_index(const std::function<void(const Record&)>& found);
   void append_record(const Record& record);
   bool open_index(const std::string& index);
@@ -132,7 +147,10 @@ class StageDirectory {
   std::unique_ptr<std::atomic<uint8_t>[]> unverified_;
   std::unique_ptr<std::atomic<uint64_t>[]> sizes_;
   std::unique_ptr<std::atomic<uint32_t>[]> crcs_;
+  std::unique_ptr<std::atomic<uint8_t>[]> taken_;  // see first_use_of_taken_over()
+  std::atomic<uint64_t> taken_over_{0};
   uint64_t found_at_start_ = 0;
+  bool started_ = false;  // the start-up is over: records read from now on are new publications
 
   // The index as far as this process has read it: each file's latest record's size (kNoRecord if
   // none) and CRC.
