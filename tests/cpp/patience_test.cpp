@@ -66,11 +66,13 @@ std::vector<std::string> copy_paths(const std::string& stage_dir, const Catalog&
   return paths;
 }
 
-// Bytes of the copies in a stage directory (index.log is bookkeeping outside the bound).
+// Bytes of the copies in a stage directory (index.log and node.table are bookkeeping outside the
+// bound).
 uint64_t bytes_on_disk(const std::string& stage_dir) {
   uint64_t bytes = 0;
   for (const auto& entry : std::filesystem::recursive_directory_iterator(stage_dir)) {
-    if (entry.is_regular_file() && entry.path().filename() != "index.log") {
+    if (entry.is_regular_file() && entry.path().filename() != "index.log" &&
+        entry.path().filename() != "node.table") {
       bytes += entry.file_size();
     }
   }

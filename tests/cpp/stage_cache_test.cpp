@@ -2,7 +2,9 @@
 
 #include <cstdint>
 #include <deque>
+#include <filesystem>
 #include <fstream>
+#include <memory>
 #include <set>
 #include <string>
 #include <utility>
@@ -142,20 +144,31 @@ Outcome run_cache(const Catalog& catalog, const PlanOptions& plan, uint64_t capa
 // the files used farthest ahead, unless the incoming one is used later still: then it is read and
 // not kept), or LRU, never giving up a file of the last `window` batches. Belady's next uses come
 // from the plan of `kEpochs + extra` epochs, so it sees well past the last epoch read.
+// With several `ranks` (of plan.world_size) sharing the cache, the stream is their batches in
+// turn, batch b of each before batch b + 1 of any, and `window` counts such steps.
 Outcome simulate(const Catalog& catalog, const PlanOptions& plan, uint64_t capacity,
-                 Eviction eviction, uint64_t window, uint64_t extra) {
+                 Eviction eviction, uint64_t window, uint64_t extra,
+                 std::vector<uint64_t> ranks = {}) {
   constexpr uint64_t kNone = ~uint64_t{0};
   struct Use {
     uint64_t epoch, batch_seq, file;
   };
+  if (ranks.empty()) ranks.push_back(plan.rank);
   std::vector<Use> stream;
   uint64_t seq = 0;
   for (uint64_t e = 0; e < kEpochs + extra; ++e) {
-    const EpochPlan epoch(plan, e);
-    for (uint64_t b = 0; b < epoch.num_batches(); ++b) {
+    std::vector<EpochPlan> epochs;
+    for (const uint64_t r : ranks) {
+      PlanOptions of_rank = plan;
+      of_rank.rank = r;
+      epochs.emplace_back(of_rank, e);
+    }
+    for (uint64_t b = 0; b < epochs[0].num_batches(); ++b) {
       ++seq;
-      for (uint64_t k = 0; k < epoch.batch_size(b); ++k) {
-        stream.push_back({e, seq, epoch.batch(b)[k]});
+      for (const EpochPlan& epoch : epochs) {
+        for (uint64_t k = 0; k < epoch.batch_size(b); ++k) {
+          stream.push_back({e, seq, epoch.batch(b)[k]});
+        }
       }
     }
   }
@@ -297,4 +310,88 @@ TEST_CASE("stage cache: LRU reads exactly what the simulation of LRU reads, on a
       CHECK(got.window_kept);
     }
   }
+}
+
+TEST_CASE("stage cache: ranks sharing a directory keep one bound for the node, never remove what "
+          "another holds, and read about what Belady's rule reads over the node's stream") {
+  const Catalog& catalog = data().catalog;
+  StageDirectory& first = data().directory;
+  for (uint64_t f = 0; f < catalog.num_files(); ++f) {  // an empty directory
+    if (!first.is_absent(f)) first.evict(f);
+  }
+  StageDirectory second(data().dir / "stage", catalog);  // another process's view of it
+  StageDirectory* directories[2] = {&first, &second};
+  constexpr uint64_t kWindow = 3;
+  const uint64_t world_size = 4;  // ranks 1 and 2 of 4 share the directory: half the set per epoch
+  const uint64_t capacity = set_bytes(catalog) / 4;
+  std::vector<uint64_t> ranks = {1, 2};
+  std::vector<std::unique_ptr<StageCache>> caches;
+  for (size_t i = 0; i < 2; ++i) {
+    caches.push_back(std::make_unique<StageCache>(catalog, rank_plan(ranks[i], world_size),
+                                                  *directories[i], first.node().agree_bound(capacity),
+                                                  Eviction::kClairvoyant, kWindow));
+  }
+  std::vector<uint64_t> bytes(kEpochs, 0);  // read from the source by the node, per epoch
+  bool bound_held = true, window_kept = true;
+  std::deque<std::vector<uint64_t>> recent;  // files each step's batches use, last kWindow steps
+  std::vector<std::byte> buffer;
+  for (uint64_t e = 0; e < kEpochs; ++e) {
+    const EpochPlan plans[2] = {EpochPlan(rank_plan(ranks[0], world_size), e),
+                                EpochPlan(rank_plan(ranks[1], world_size), e)};
+    for (uint64_t b = 0; b < plans[0].num_batches(); ++b) {
+      std::vector<uint64_t> used_now;
+      for (size_t i = 0; i < 2; ++i) {
+        std::vector<uint64_t> to_stage;
+        std::vector<size_t> declined;
+        prestage::detail::Admission stats;
+        caches[i]->admit(e, b, plans[i].batch(b), plans[i].batch_size(b), to_stage, declined, stats);
+        for (const uint64_t f : to_stage) {
+          if (directories[i]->is_staged(f)) continue;  // a copy to check: none here
+          const auto outcome =
+              directories[i]->stage(f, catalog.file_source_path(f).string(), buffer);
+          REQUIRE((outcome == StageDirectory::Outcome::kStaged ||
+                   outcome == StageDirectory::Outcome::kAdopted));
+          if (outcome == StageDirectory::Outcome::kStaged) bytes[e] += catalog.file_size(f);
+        }
+        for (const size_t k : declined) bytes[e] += catalog.file_size(plans[i].batch(b)[k]);
+        for (uint64_t k = 0; k < plans[i].batch_size(b); ++k) {
+          const uint64_t f = plans[i].batch(b)[k];
+          if (first.node().on_disk(f)) used_now.push_back(f);
+        }
+      }
+      recent.push_back(std::move(used_now));
+      if (recent.size() > kWindow) recent.pop_front();
+      for (const auto& files : recent) {
+        for (const uint64_t f : files) window_kept = window_kept && first.node().on_disk(f);
+      }
+      bound_held = bound_held && first.node().used() <= capacity;
+    }
+    uint64_t on_disk = 0;  // the files themselves, once per epoch
+    for (uint64_t f = 0; f < catalog.num_files(); ++f) {
+      if (std::filesystem::exists(first.staged_path(f))) {
+        on_disk += std::filesystem::file_size(first.staged_path(f));
+      }
+    }
+    CAPTURE(e);
+    CHECK(on_disk == first.node().used());
+    bound_held = bound_held && on_disk <= capacity;
+  }
+  CHECK(bound_held);
+  CHECK(window_kept);
+  const Outcome want = simulate(catalog, rank_plan(ranks[0], world_size), capacity,
+                                Eviction::kClairvoyant, kWindow, 100, ranks);
+  CHECK(bytes[0] == want.bytes[0]);  // the first epoch reads the node's share once
+  const auto got_bytes = static_cast<double>(after_first(bytes));
+  const auto want_bytes = static_cast<double>(after_first(want.bytes));
+  CAPTURE(got_bytes);
+  CAPTURE(want_bytes);
+  CHECK(got_bytes <= 1.05 * want_bytes);
+  caches.clear();  // they let go of what they held: every copy can be removed now
+  first.take_over_published();
+  bool all_removed = true;
+  for (uint64_t f = 0; f < catalog.num_files(); ++f) {
+    if (first.node().on_disk(f)) all_removed = first.evict(f) && all_removed;
+  }
+  CHECK(all_removed);
+  CHECK(first.node().used() == 0);
 }

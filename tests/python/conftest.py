@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import signal
+import subprocess
 from pathlib import Path
 from typing import Callable, List
 
@@ -212,3 +213,23 @@ def pfs():
     yield start
     for emulator in started:
         emulator.stop()
+
+
+@pytest.fixture
+def tmpfs(tmp_path):
+    """A small tmpfs of our own (needs mount permission; skipped elsewhere)."""
+    mounts = []
+
+    def mount(size_kb):
+        point = tmp_path / f"tmpfs{len(mounts)}"
+        point.mkdir()
+        r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size_kb}k", "tmpfs", str(point)],
+                           capture_output=True)
+        if r.returncode != 0:
+            pytest.skip("cannot mount a tmpfs here: " + r.stderr.decode().strip())
+        mounts.append(point)
+        return point
+
+    yield mount
+    for point in mounts:
+        subprocess.run(["umount", "-l", str(point)], capture_output=True)

@@ -116,8 +116,8 @@ def run_loader(root, stage, cache_bytes, eviction, epochs, seed, rank=0, world_s
                 for k, i in enumerate(batch.indices):  # never wrong bytes, whatever was evicted
                     assert data[off[k]:off[k + 1]].tobytes() == contents[int(i)]
         stats = loader.stats()
-    # The copies; index.log (40 bytes per copy made) is bookkeeping outside the bound.
-    on_disk = sum(p.stat().st_size for p in stage.rglob("*") if p.is_file() and p.name != "index.log")
+    # The copies; index.log and node.table are bookkeeping outside the bound.
+    on_disk = sum(p.stat().st_size for p in stage.rglob("*") if p.is_file() and p.name not in ("index.log", "node.table"))
     return stats, on_disk
 
 

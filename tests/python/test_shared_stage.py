@@ -4,12 +4,14 @@ each file is read from the source once per node, each process's figures add up t
 the copies it had in hand."""
 
 import json
+import os
 import signal
 import subprocess
 import sys
 import textwrap
 import time
 
+import numpy as np
 import pytest
 
 import prestage
@@ -151,3 +153,79 @@ def test_a_rank_killed_mid_copy_costs_the_others_no_wrong_byte_and_no_hang(make_
     assert s["source_reads"] == 0 and s["epochs"][0]["hits"] == len(cat)
     assert not list(stage.rglob("*.part"))
     assert sum(r["source_reads"] for r in ranks) >= 1
+
+
+BOUNDED_RANK = textwrap.dedent("""
+    import json, sys
+    from pathlib import Path
+    import prestage
+    catalog, backing, stage, rank, world, bound = sys.argv[1:7]
+    cat = prestage.Catalog.load(catalog)
+    with prestage.Loader(cat, batch_size=4, decode="raw", stage_dir=stage, rank=int(rank),
+                         world_size=int(world), seed=3, cache_bytes=int(bound), prefetchers=4,
+                         lookahead=2, depth=2) as loader:
+        for epoch in range(3):
+            for b in loader:
+                for k, i in enumerate(b.indices):
+                    got = b.data[b.offsets[k]:b.offsets[k + 1]].tobytes()
+                    assert got == (Path(backing) / cat.path(int(i))).read_bytes(), cat.path(int(i))
+        s = loader.stats()
+    print(json.dumps({k: s[k] for k in ("cache_bytes", "stage_bytes_peak", "source_bytes")}))
+""")
+
+
+def used_bytes(mount):
+    """Bytes in use on a file system, as one reading (a walk of the directory would add up files
+    that were never there at once while copies come and go)."""
+    st = os.statvfs(mount)
+    return (st.f_blocks - st.f_bfree) * st.f_frsize
+
+
+def test_ranks_sharing_a_bounded_directory_keep_the_nodes_bound_on_disk_throughout(tmp_path, tmpfs):
+    import threading
+
+    # Files of whole pages, so that the bytes the bound counts are the blocks the disk counts.
+    backing = tmp_path / "set"
+    rng = np.random.default_rng(5)
+    for i in range(120):
+        (backing / f"c{i % 4}").mkdir(parents=True, exist_ok=True)
+        (backing / f"c{i % 4}" / f"{i:03d}.bin").write_bytes(rng.bytes(4096 * (1 + i % 3)))
+    cat = prestage.Catalog.from_folder(backing, extensions=[".bin"])
+    catalog = tmp_path / "set.catalog"
+    cat.save(catalog)
+    set_bytes = sum(cat.source_path(i).stat().st_size for i in range(len(cat)))
+    bound = 4096 * int(0.4 * set_bytes / 4096)
+    mount = tmpfs(4 * set_bytes // 1024)
+    stage = mount / "stage"
+    prestage.Loader(cat, batch_size=4, decode="raw", stage_dir=stage).close()  # its bookkeeping files
+    baseline = used_bytes(mount)
+    peak = [0]
+    done = threading.Event()
+
+    def watch():
+        while not done.is_set():
+            peak[0] = max(peak[0], used_bytes(mount) - baseline)
+            time.sleep(0.001)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    procs = [subprocess.Popen([sys.executable, "-c", BOUNDED_RANK, str(catalog), str(backing), str(stage),
+                               str(r), "3", str(bound)], stdout=subprocess.PIPE, text=True)
+             for r in range(3)]
+    try:
+        outputs = [p.communicate(timeout=180)[0] for p in procs]
+    finally:
+        done.set()
+        watcher.join()
+        for p in procs:
+            p.kill()
+            p.wait()
+    assert [p.returncode for p in procs] == [0, 0, 0]  # every byte checked against the source
+    ranks = [json.loads(out) for out in outputs]
+    assert all(r["cache_bytes"] == bound for r in ranks)  # one bound for the node
+    # The index grows by a record per copy made: bookkeeping, outside the bound.
+    index_pages = 4096 * -(-next(stage.glob("*/index.log")).stat().st_size // 4096)
+    assert 0 < peak[0] <= bound + index_pages
+    assert all(r["stage_bytes_peak"] <= bound for r in ranks)
+    # The node's copies were reused: together the ranks read less than three times the set.
+    assert sum(r["source_bytes"] for r in ranks) < 3 * set_bytes

@@ -28,7 +28,34 @@ StageCache::StageCache(const Catalog& catalog, const PlanOptions& plan, StageDir
   const uint64_t batches = batches_per_epoch(plan_);
   per_epoch_ = batches * plan_.batch_size;  // positions are batch * batch_size + k: may skip a few
   stride_ = per_epoch_ + 1;
+  if (capacity_ != 0) joined_ = directory_.node().join(plan_.rank);
   restart(0, 0);
+}
+
+StageCache::~StageCache() {
+  let_go_all();
+  if (joined_) directory_.node().leave(plan_.rank);
+}
+
+void StageCache::let_go_all() noexcept {
+  for (auto& files : pins_) {
+    if (capacity_ != 0) {
+      for (const uint64_t file : files) directory_.let_go(file);
+    }
+    files.clear();
+  }
+}
+
+std::vector<uint64_t> StageCache::node_ranks() const {
+  // The ranks sharing the directory that are of this plan's world; at least this one.
+  std::vector<uint64_t> ranks;
+  if (capacity_ != 0) {
+    for (const uint64_t r : directory_.node().ranks()) {
+      if (r < plan_.world_size) ranks.push_back(r);
+    }
+  }
+  if (std::find(ranks.begin(), ranks.end(), plan_.rank) == ranks.end()) ranks.push_back(plan_.rank);
+  return ranks;
 }
 
 uint64_t StageCache::position(uint64_t epoch, uint64_t batch, uint64_t k) const {
@@ -40,12 +67,18 @@ const std::vector<uint64_t>& StageCache::first_use(uint64_t epoch) {
   if (slot.epoch != epoch) {
     slot.epoch = epoch;
     slot.first.assign(catalog_.num_files(), kNever);
-    EpochPlan plan(plan_, epoch);
-    for (uint64_t b = 0; b < plan.num_batches(); ++b) {
-      const uint64_t* ids = plan.batch(b);
-      for (uint64_t k = 0; k < plan.batch_size(b); ++k) {
-        uint64_t& first = slot.first[catalog_.locator(ids[k]).file];
-        first = std::min(first, b * plan_.batch_size + k);
+    // Every rank of the node runs the same batch at about the same time: a position is comparable
+    // across their plans, and a file's next use is the earliest of theirs.
+    for (const uint64_t rank : node_ranks()) {
+      PlanOptions of_rank = plan_;
+      of_rank.rank = rank;
+      EpochPlan plan(of_rank, epoch);
+      for (uint64_t b = 0; b < plan.num_batches(); ++b) {
+        const uint64_t* ids = plan.batch(b);
+        for (uint64_t k = 0; k < plan.batch_size(b); ++k) {
+          uint64_t& first = slot.first[catalog_.locator(ids[k]).file];
+          first = std::min(first, b * plan_.batch_size + k);
+        }
       }
     }
   }
@@ -57,12 +90,16 @@ bool StageCache::used_in_far(uint64_t file, uint64_t epoch) {
   if (slot.epoch != epoch) {
     slot.epoch = epoch;
     slot.bits.assign((catalog_.num_files() + 63) / 64, 0);
-    EpochPlan plan(plan_, epoch);
-    for (uint64_t b = 0; b < plan.num_batches(); ++b) {
-      const uint64_t* ids = plan.batch(b);
-      for (uint64_t k = 0; k < plan.batch_size(b); ++k) {
-        const uint64_t f = catalog_.locator(ids[k]).file;
-        slot.bits[f / 64] |= uint64_t{1} << (f % 64);
+    for (const uint64_t rank : node_ranks()) {
+      PlanOptions of_rank = plan_;
+      of_rank.rank = rank;
+      EpochPlan plan(of_rank, epoch);
+      for (uint64_t b = 0; b < plan.num_batches(); ++b) {
+        const uint64_t* ids = plan.batch(b);
+        for (uint64_t k = 0; k < plan.batch_size(b); ++k) {
+          const uint64_t f = catalog_.locator(ids[k]).file;
+          slot.bits[f / 64] |= uint64_t{1} << (f % 64);
+        }
       }
     }
   }
@@ -109,6 +146,7 @@ bool StageCache::stale(uint64_t key, uint64_t epoch) const {
 void StageCache::unpin_oldest(uint64_t epoch, uint64_t position_in_epoch) {
   std::vector<uint64_t>& oldest = pins_[batch_seq_ % window_];
   for (const uint64_t file : oldest) {
+    directory_.let_go(file);
     // Used again since (pinned by a later batch), or no longer tracked: nothing to do.
     if (last_batch_[file] + window_ != batch_seq_ || key_[file] == kNever) continue;
     // Keyed before the last epoch change, which did not see it.
@@ -140,30 +178,28 @@ void StageCache::untrack(uint64_t file) {
   if (key_[file] == kNever) return;
   tracked_.erase({key_[file], file});
   key_[file] = kNever;
-  used_ -= charged_[file];
   charged_[file] = 0;
 }
 
 void StageCache::restart(uint64_t epoch, uint64_t batch) {
   batch_seq_ = 0;
   std::fill(last_batch_.begin(), last_batch_.end(), 0);
-  for (auto& files : pins_) files.clear();
+  let_go_all();
   tracked_.clear();
   std::fill(key_.begin(), key_.end(), kNever);
   std::fill(charged_.begin(), charged_.end(), 0);
-  used_ = 0;
   if (capacity_ == 0) return;
-  // Every file in the directory (left by an earlier run, or staged before the restart) is tracked,
-  // keyed from the new position; then the directory is brought within its bound.
+  // Every file in the directory (left by an earlier run, staged before the restart, or by a
+  // neighbour) is tracked, keyed from the new position; then the directory is brought within its
+  // bound (files another process holds stay).
   const uint64_t here = batch * plan_.batch_size;
   epoch_ = epoch;
   for (uint64_t f = 0; f < catalog_.num_files(); ++f) {
     if (directory_.is_absent(f)) continue;
     charged_[f] = directory_.is_staged(f) ? directory_.staged_size(f) : size_of(f);
-    used_ += charged_[f];
     track(f, eviction_ == Eviction::kClairvoyant ? next_use_from(f, epoch, here) : 0);
   }
-  while (used_ > capacity_ && !tracked_.empty()) {
+  while (used() > capacity_ && !tracked_.empty()) {
     const auto victim = eviction_ == Eviction::kClairvoyant ? *tracked_.rbegin() : *tracked_.begin();
     directory_.evict(victim.second);
     untrack(victim.second);
@@ -172,8 +208,9 @@ void StageCache::restart(uint64_t epoch, uint64_t batch) {
 }
 
 void StageCache::publish_usage() {
-  used_shown_.store(used_, std::memory_order_relaxed);
-  if (used_ > peak_.load(std::memory_order_relaxed)) peak_.store(used_, std::memory_order_relaxed);
+  const uint64_t now = used();
+  used_shown_.store(now, std::memory_order_relaxed);
+  if (now > peak_.load(std::memory_order_relaxed)) peak_.store(now, std::memory_order_relaxed);
 }
 
 bool StageCache::make_room(uint64_t need, uint64_t incoming_key, Admission& stats) {
@@ -187,7 +224,7 @@ bool StageCache::make_room(uint64_t need, uint64_t incoming_key, Admission& stat
     if (eviction_ == Eviction::kClairvoyant && entry.first <= incoming_key) return false;
     victims.push_back(entry);
     freed += charged_[file];
-    return used_ - freed + need > capacity_;
+    return used() - std::min(used(), freed) + need > capacity_;
   };
   if (eviction_ == Eviction::kClairvoyant) {
     for (auto it = tracked_.rbegin(); it != tracked_.rend() && consider(*it); ++it) {
@@ -196,11 +233,14 @@ bool StageCache::make_room(uint64_t need, uint64_t incoming_key, Admission& stat
     for (auto it = tracked_.begin(); it != tracked_.end() && consider(*it); ++it) {
     }
   }
-  if (used_ - freed + need > capacity_) return false;
+  if (used() - std::min(used(), freed) + need > capacity_) return false;
   for (const auto& [key, file] : victims) {
-    directory_.evict(file);
+    if (directory_.evict(file)) {
+      ++stats.evictions;
+    } else if (directory_.is_staged(file)) {
+      continue;  // another process holds it: it stays, and stays a candidate
+    }
     untrack(file);
-    ++stats.evictions;
   }
   return true;
 }
@@ -222,35 +262,46 @@ void StageCache::admit(uint64_t epoch, uint64_t batch, const uint64_t* samples, 
                                                              : position(epoch, batch, k);
     last_batch_[file] = batch_seq_;
     if (!directory_.is_absent(file)) {
-      ++stats.hits;
-      if (directory_.first_use_of_taken_over(file)) ++stats.adopted;
-      // A copy from an earlier run is checked (CRC) by stage 2 before its first use in this one.
-      if (directory_.unverified(file)) to_stage.push_back(file);
-      if (capacity_ != 0) {
-        if (key_[file] == kNever) {  // staged by a run before a restart that cleared the index
-          charged_[file] = directory_.is_staged(file) ? directory_.staged_size(file) : size_of(file);
-          used_ += charged_[file];
+      // Held while in the window, so that no process removes it; a copy a neighbour removed since
+      // this process saw it is found out here, and is a miss.
+      const bool held = capacity_ != 0;
+      if (held && !directory_.hold(file) && directory_.is_absent(file)) {
+        directory_.let_go(file);
+      } else {
+        ++stats.hits;
+        if (directory_.first_use_of_taken_over(file)) ++stats.adopted;
+        // A copy from an earlier run is checked (CRC) by stage 2 before its first use in this one.
+        if (directory_.unverified(file)) to_stage.push_back(file);
+        if (held) {
+          if (key_[file] == kNever) {  // not tracked: a neighbour's copy, or one of before a restart
+            charged_[file] = directory_.is_staged(file) ? directory_.staged_size(file) : size_of(file);
+          }
+          track(file, key);
+          pinned_now.push_back(file);
         }
-        track(file, key);
-        pinned_now.push_back(file);
+        continue;
       }
-      continue;
     }
-    // Absent: a copy that failed is still charged; forget it first.
     untrack(file);
     ++stats.misses;
     const uint64_t size = size_of(file);
     stats.bytes_missed += size;
-    if ((capacity_ != 0 && used_ + size > capacity_ && !make_room(size, key, stats)) ||
-        !directory_.try_claim(file)) {
+    // Room for it in the node's bound, reserved before it is claimed.
+    if (capacity_ != 0 && !directory_.reserve(file, size, capacity_) &&
+        !(make_room(size, key, stats) && directory_.reserve(file, size, capacity_))) {
+      declined.push_back(k);
+      continue;
+    }
+    if (!directory_.try_claim(file)) {
+      if (capacity_ != 0) directory_.unreserve(file);
       declined.push_back(k);
       continue;
     }
     to_stage.push_back(file);
     if (capacity_ != 0) {
       charged_[file] = size;
-      used_ += size;
       track(file, key);
+      directory_.hold(file);  // not on disk yet: held for when it is
       pinned_now.push_back(file);
     }
   }

@@ -33,8 +33,15 @@ class StageCache {
   // capacity 0: no bound (every absent file is staged, nothing is evicted). `window`: a bound on the
   // batches planned and not yet decoded; files of the current batch and the `window - 1` before it are
   // never evicted, which covers every file stage 2 may be writing or stage 3 reading.
+  //
+  // With a bound, it is the node's: the bytes counted are those of every process sharing the
+  // directory (NodeTable), the files of every process's window are held (never removed), and the
+  // clairvoyant order is that of the next use by any rank sharing the directory.
   StageCache(const Catalog& catalog, const PlanOptions& plan, StageDirectory& directory,
              uint64_t capacity, Eviction eviction, uint64_t window);
+  ~StageCache();  // lets go of the files it holds
+  StageCache(const StageCache&) = delete;
+  StageCache& operator=(const StageCache&) = delete;
 
   // Plans from batch `batch` of `epoch` on (after a restart or a resume).
   void restart(uint64_t epoch, uint64_t batch);
@@ -47,6 +54,7 @@ class StageCache {
              std::vector<uint64_t>& to_stage, std::vector<size_t>& declined, Admission& admission);
 
   uint64_t capacity() const noexcept { return capacity_; }  // 0: no bound
+  // The node's bytes (of every process sharing the directory), as of the last batch admitted.
   // Read from any thread (stats()).
   uint64_t used_bytes() const noexcept { return used_shown_.load(std::memory_order_relaxed); }
   uint64_t peak_bytes() const noexcept { return peak_.load(std::memory_order_relaxed); }
@@ -79,6 +87,9 @@ class StageCache {
   // Files of the batch that has just left the window become candidates for eviction.
   void unpin_oldest(uint64_t epoch, uint64_t position_in_epoch);
   uint64_t size_of(uint64_t file) const;
+  uint64_t used() const noexcept { return directory_.node().used(); }
+  void let_go_all() noexcept;              // of every file of the window
+  std::vector<uint64_t> node_ranks() const;  // whose plans order the eviction
   void track(uint64_t file, uint64_t key);
   void untrack(uint64_t file);
   // Frees room for `need` bytes by evicting files whose key ranks them below `incoming_key`; false
@@ -99,13 +110,13 @@ class StageCache {
   uint64_t batch_seq_ = 0;       // batches planned since restart()
   std::vector<uint64_t> key_;    // per file: its key (in `tracked_` unless pinned), or kNever
   std::vector<uint64_t> last_batch_;  // per file: batch_seq_ + 1 of its last planned use, 0 if none
-  std::vector<uint64_t> charged_;     // per file: bytes charged to `used_` while tracked
+  std::vector<uint64_t> charged_;     // per file: its bytes, while tracked
   // (key, file) for staged or claimed files, but for those of the last `window` batches (pinned:
   // never evicted), which enter it when their batch leaves the window. So an eviction never walks
   // past the files in flight, which Belady's order puts first (used now, next used late).
   std::set<std::pair<uint64_t, uint64_t>> tracked_;
   std::vector<std::vector<uint64_t>> pins_;  // the files of batch s in pins_[s % window]
-  uint64_t used_ = 0;
+  bool joined_ = false;  // this rank is listed in the node's table
   std::atomic<uint64_t> used_shown_{0};
   std::atomic<uint64_t> peak_{0};
   void publish_usage();

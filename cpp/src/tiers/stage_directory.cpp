@@ -106,6 +106,7 @@ StageDirectory::StageDirectory(const fs::path& dir, const Catalog& catalog)
       sizes_(new std::atomic<uint64_t>[size_]()),
       crcs_(new std::atomic<uint32_t>[size_]()),
       taken_(new std::atomic<uint8_t>[size_]()),
+      reserved_(new std::atomic<uint64_t>[size_]()),
       indexed_size_(size_, kNoRecord),
       indexed_crc_(size_, 0) {
   std::error_code ec;
@@ -173,7 +174,14 @@ StageDirectory::StageDirectory(const fs::path& dir, const Catalog& catalog)
     }
     if (ec) fail(shard_dir.string(), ec.value(), "list stage directory");
   }
+  table_ = std::make_unique<NodeTable>(area_ / "node.table", size_, alone);
   if (alone) {
+    // The node's state starts from what is on disk: whoever held files before has gone.
+    for (uint64_t id = 0; id < size_; ++id) {
+      if (state_[id].load(std::memory_order_relaxed) != kStaged) continue;
+      table_->published(id);
+      table_->add(sizes_[id].load(std::memory_order_relaxed));
+    }
     ::unlink((index + ".compact").c_str());  // left by a process that died compacting
     // Every copy staged, evicted and staged again left a record: rewrite the index with the live
     // ones once it is mostly dead, so that it stays as bounded as the copies.
@@ -297,18 +305,62 @@ void StageDirectory::abandon(uint64_t id) noexcept {
   // copies of an earlier run that were only to be checked; forgetting one would leave it on disk
   // uncounted against the bound, and read from the source again.
   uint8_t expected = kInFlight;
+  if (state_[id].compare_exchange_strong(expected, kAbsent, std::memory_order_acq_rel)) unreserve(id);
+}
+
+bool StageDirectory::reserve(uint64_t id, uint64_t bytes, uint64_t bound) noexcept {
+  if (!table_->reserve(bytes, bound)) return false;
+  reserved_[id].fetch_add(bytes, std::memory_order_relaxed);
+  return true;
+}
+
+void StageDirectory::unreserve(uint64_t id) noexcept {
+  table_->release(reserved_[id].exchange(0, std::memory_order_relaxed));
+}
+
+bool StageDirectory::hold(uint64_t id) noexcept {
+  if (table_->hold(id)) return true;
+  // Not on disk: on its way (claimed, here or by a neighbour), absent, or removed by a neighbour
+  // since this process saw it staged.
+  if (state_[id].load(std::memory_order_acquire) == kStaged) forget(id);
+  return false;
+}
+
+void StageDirectory::forget(uint64_t id) noexcept {
+  unverified_[id].store(0, std::memory_order_relaxed);
+  taken_[id].store(0, std::memory_order_relaxed);
+  uint8_t expected = kStaged;
   state_[id].compare_exchange_strong(expected, kAbsent, std::memory_order_acq_rel);
 }
 
-void StageDirectory::evict(uint64_t id) noexcept {
+bool StageDirectory::evict(uint64_t id) noexcept {
+  // A claim with no copy yet is given back. (Stage 1 never evicts a file of a batch in flight, so
+  // this is a claim that nobody is copying.)
+  uint8_t expected = kInFlight;
+  if (state_[id].compare_exchange_strong(expected, kAbsent, std::memory_order_acq_rel)) {
+    unreserve(id);
+    return true;
+  }
+  if (!table_->remove(id)) {
+    if (!table_->on_disk(id)) forget(id);  // a neighbour removed it already
+    return false;                          // else a neighbour holds it: it stays
+  }
   // Gone from the disk before it is marked absent: a claim made once it is absent copies anew, and
   // its copy must not be the one unlinked here. A reader that still finds it staged meanwhile finds
   // no file and reads the source (the tiers' fallback).
   ::unlink(staged_path(id).c_str());
+  table_->release(sizes_[id].load(std::memory_order_relaxed));
   // A stale mark would make stage 1 hand a later claim of this file to stage 2 as a copy to check.
-  unverified_[id].store(0, std::memory_order_relaxed);
-  taken_[id].store(0, std::memory_order_relaxed);
-  state_[id].store(kAbsent, std::memory_order_release);
+  forget(id);
+  return true;
+}
+
+void StageDirectory::discard(uint64_t id) noexcept {
+  if (table_->remove_held(id)) {
+    ::unlink(staged_path(id).c_str());
+    table_->release(sizes_[id].load(std::memory_order_relaxed));
+  }
+  forget(id);
 }
 
 void StageDirectory::append_record(const Record& record) {
@@ -348,6 +400,7 @@ bool StageDirectory::adopt(uint64_t id) {
   // Left unverified, stage 3 would not serve it and would read the source instead.
   unverified_[id].store(0, std::memory_order_relaxed);
   state_[id].store(kStaged, std::memory_order_release);
+  unreserve(id);  // the neighbour's copy counts its own bytes
   return true;
 }
 
@@ -450,9 +503,17 @@ StageDirectory::Outcome StageDirectory::copy_locked(uint64_t id, int fd, const s
     abandon(id);
     throw;
   }
+  // The copy takes the bytes reserved for it, made exact; it is on disk for the node from now on.
+  const uint64_t reserved = reserved_[id].exchange(0, std::memory_order_relaxed);
+  if (reserved >= record.size) {
+    table_->release(reserved - record.size);
+  } else {
+    table_->add(record.size - reserved);
+  }
   sizes_[id].store(record.size, std::memory_order_relaxed);
   crcs_[id].store(record.crc, std::memory_order_relaxed);
   unverified_[id].store(0, std::memory_order_relaxed);
+  table_->published(id);
   state_[id].store(kStaged, std::memory_order_release);
   return Outcome::kStaged;
 }
@@ -462,11 +523,11 @@ bool StageDirectory::verify(uint64_t id, std::vector<std::byte>& buffer) {
   try {
     read_file(staged_path(id), buffer);
   } catch (const IoError&) {
-    evict(id);
+    discard(id);
     return false;
   }
   if (buffer.size() != staged_size(id) || crc32c(buffer) != crcs_[id].load(std::memory_order_relaxed)) {
-    evict(id);  // corrupted on the SSD: never served
+    discard(id);  // corrupted on the SSD: never served
     return false;
   }
   unverified_[id].store(0, std::memory_order_release);

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "prestage/catalog.hpp"
+#include "tiers/node_table.hpp"
 
 namespace prestage::detail {
 
@@ -36,6 +37,11 @@ namespace prestage::detail {
 // Each process reads index.log once at start-up and from then on only what other processes have
 // appended since it last looked (the index is append-only while it is shared): taking over a
 // neighbour's copy costs a few system calls, not a read of the whole index.
+//
+// The processes' shared state is in node.table beside the index (NodeTable): the bytes of the
+// node's copies and copies under way against one bound, and per file whether its copy is on disk
+// and who holds it. A process's own view (is_staged(), is_absent()) may lag behind it: a copy
+// another process removed is found out when this one holds the file (hold()).
 class StageDirectory {
  public:
   enum State : uint8_t { kAbsent = 0, kInFlight = 1, kStaged = 2 };
@@ -78,11 +84,25 @@ class StageDirectory {
 
   // True if the caller now owns the copy of `id` (it was absent); then it must stage() or abandon().
   bool try_claim(uint64_t id) noexcept;
-  // Gives back a claim (in flight -> absent); a file in any other state, a staged copy included, is
-  // left as it is.
+  // Gives back a claim (in flight -> absent) and its reservation; a file in any other state, a
+  // staged copy included, is left as it is.
   void abandon(uint64_t id) noexcept;
-  // Removes a copy (eviction). The caller guarantees no reader still needs it.
-  void evict(uint64_t id) noexcept;
+  // Removes a copy (eviction) unless another process holds it (NodeTable::hold) or it is gone
+  // already; true if removed. A claim not copied yet is given back instead. The caller guarantees
+  // that no thread of this process still needs the file.
+  bool evict(uint64_t id) noexcept;
+
+  // The node's shared state: its bound, the bytes used, the ranks sharing the directory.
+  NodeTable& node() noexcept { return *table_; }
+  // Reserves `bytes` of the node's `bound` for a copy of `id` that this process is about to claim;
+  // false if they do not fit. The copy keeps them once published; abandon() gives them back.
+  bool reserve(uint64_t id, uint64_t bytes, uint64_t bound) noexcept;
+  void unreserve(uint64_t id) noexcept;
+  // This process holds `id` (it is in a batch planned and not yet decoded): no process removes its
+  // copy meanwhile. A copy this process saw staged that another has removed since is forgotten
+  // here: then false, and the file is absent, to be copied again. Give back with let_go().
+  bool hold(uint64_t id) noexcept;
+  void let_go(uint64_t id) noexcept { table_->let_go(id); }
 
   enum class Outcome {
     kStaged,   // copied from the source
@@ -136,6 +156,8 @@ class StageDirectory {
   // absent files among them (see take_over_published()). Needs index_mutex_.
   void follow_index(const std::function<void(const Record&)>& found);
   void append_record(const Record& record);
+  void forget(uint64_t id) noexcept;  // staged in this view -> absent (its copy is gone)
+  void discard(uint64_t id) noexcept;  // a corrupt or vanished copy: removed, whoever holds it
   bool open_index(const std::string& index);
   void compact_index(const std::string& index, const std::vector<int64_t>& mtimes);
 
@@ -148,6 +170,8 @@ class StageDirectory {
   std::unique_ptr<std::atomic<uint64_t>[]> sizes_;
   std::unique_ptr<std::atomic<uint32_t>[]> crcs_;
   std::unique_ptr<std::atomic<uint8_t>[]> taken_;  // see first_use_of_taken_over()
+  std::unique_ptr<std::atomic<uint64_t>[]> reserved_;  // bytes reserved for this process's claim
+  std::unique_ptr<NodeTable> table_;
   std::atomic<uint64_t> taken_over_{0};
   uint64_t found_at_start_ = 0;
   bool started_ = false;  // the start-up is over: records read from now on are new publications

@@ -1,0 +1,142 @@
+#include "tiers/node_table.hpp"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <string>
+
+#include "prestage/error.hpp"
+
+namespace prestage::detail {
+
+namespace {
+constexpr uint64_t kMagic = 0x3145424154444f4eull;  // "NODTABE1"
+constexpr size_t kHeaderBytes = 4096;
+
+[[noreturn]] void fail(const std::string& path, int err, const std::string& action) {
+  throw IoError(path, err, "cannot " + action + " '" + path + "': " + std::strerror(err));
+}
+}  // namespace
+
+struct NodeTable::Header {
+  uint64_t magic;
+  uint64_t files;
+  std::atomic<uint64_t> bound_plus_one;  // 0: not agreed yet
+  std::atomic<uint64_t> used;
+  std::atomic<uint64_t> ranks[kMaxRanks];  // rank + 1, or 0 for a free place
+};
+static_assert(std::atomic<uint64_t>::is_always_lock_free && std::atomic<uint32_t>::is_always_lock_free,
+              "the table is shared between processes: its atomics must not hide a lock");
+
+NodeTable::NodeTable(const std::filesystem::path& path, uint64_t files, bool reset) : files_(files) {
+  static_assert(sizeof(Header) <= kHeaderBytes, "the header fits its page");
+  const std::string name = path.string();
+  if (files > (SIZE_MAX - kHeaderBytes) / sizeof(uint32_t)) fail(name, EFBIG, "size");
+  bytes_ = kHeaderBytes + files * sizeof(uint32_t);
+  const int fd = ::open(name.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (fd < 0) fail(name, errno, "open");
+  struct Closer {
+    int fd;
+    ~Closer() { ::close(fd); }
+  } closer{fd};
+  if (reset) {
+    // Made anew, zeroed, with its blocks allocated now: a write to a mapped page that finds the
+    // disk full would kill the process (SIGBUS) instead of failing here.
+    if (::ftruncate(fd, 0) != 0) fail(name, errno, "truncate");
+    const int err = ::posix_fallocate(fd, 0, static_cast<off_t>(bytes_));
+    if (err != 0) fail(name, err, "allocate");
+  } else {
+    struct stat st;
+    if (::fstat(fd, &st) != 0) fail(name, errno, "stat");
+    if (static_cast<uint64_t>(st.st_size) != bytes_) fail(name, EINVAL, "use (a table of another size)");
+  }
+  map_ = ::mmap(nullptr, bytes_, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (map_ == MAP_FAILED) {
+    map_ = nullptr;
+    fail(name, errno, "map");
+  }
+  header_ = static_cast<Header*>(map_);
+  words_ = reinterpret_cast<std::atomic<uint32_t>*>(static_cast<char*>(map_) + kHeaderBytes);
+  if (reset) {
+    header_->files = files;
+    header_->magic = kMagic;  // last: a table is whole once it has its magic
+  } else if (header_->magic != kMagic || header_->files != files) {
+    ::munmap(map_, bytes_);
+    map_ = nullptr;
+    fail(name, EINVAL, "use (not a table of this directory)");
+  }
+}
+
+NodeTable::~NodeTable() {
+  if (map_ != nullptr) ::munmap(map_, bytes_);
+}
+
+uint64_t NodeTable::used() const noexcept { return header_->used.load(std::memory_order_relaxed); }
+
+void NodeTable::add(uint64_t bytes) noexcept {
+  header_->used.fetch_add(bytes, std::memory_order_relaxed);
+}
+
+uint64_t NodeTable::agree_bound(uint64_t asked) noexcept {
+  uint64_t expected = 0;
+  header_->bound_plus_one.compare_exchange_strong(expected, asked + 1, std::memory_order_acq_rel);
+  return header_->bound_plus_one.load(std::memory_order_acquire) - 1;
+}
+
+bool NodeTable::reserve(uint64_t bytes, uint64_t bound) noexcept {
+  uint64_t used = header_->used.load(std::memory_order_relaxed);
+  do {
+    if (bytes > bound || used > bound - bytes) return false;
+  } while (!header_->used.compare_exchange_weak(used, used + bytes, std::memory_order_acq_rel));
+  return true;
+}
+
+void NodeTable::release(uint64_t bytes) noexcept {
+  // Never below zero: a table reset under a process that still runs (it cannot be: the reset needs
+  // the directory alone) would otherwise wrap.
+  uint64_t used = header_->used.load(std::memory_order_relaxed);
+  while (!header_->used.compare_exchange_weak(used, used - std::min(used, bytes),
+                                              std::memory_order_acq_rel)) {
+  }
+}
+
+void NodeTable::let_go(uint64_t id) noexcept {
+  uint32_t w = word(id).load(std::memory_order_relaxed);
+  // Never below zero holders: a hold cannot be let go twice, but the word is shared memory.
+  while ((w & ~kOnDisk) != 0 &&
+         !word(id).compare_exchange_weak(w, w - 1, std::memory_order_acq_rel)) {
+  }
+}
+
+bool NodeTable::join(uint64_t rank) noexcept {
+  for (auto& place : header_->ranks) {
+    uint64_t expected = 0;
+    if (place.compare_exchange_strong(expected, rank + 1, std::memory_order_acq_rel)) return true;
+  }
+  return false;
+}
+
+void NodeTable::leave(uint64_t rank) noexcept {
+  for (auto& place : header_->ranks) {
+    uint64_t expected = rank + 1;
+    if (place.compare_exchange_strong(expected, 0, std::memory_order_acq_rel)) return;
+  }
+}
+
+std::vector<uint64_t> NodeTable::ranks() const {
+  std::vector<uint64_t> out;
+  for (const auto& place : header_->ranks) {
+    const uint64_t r = place.load(std::memory_order_acquire);
+    if (r != 0) out.push_back(r - 1);
+  }
+  std::sort(out.begin(), out.end());
+  out.erase(std::unique(out.begin(), out.end()), out.end());
+  return out;
+}
+
+}  // namespace prestage::detail

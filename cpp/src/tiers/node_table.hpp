@@ -1,0 +1,76 @@
+// What the processes sharing one stage directory (the ranks of one node) keep together: the node's
+// bound on its copies and the bytes they take, per file whether its copy is on disk and how many
+// processes hold it (have it in a batch they have planned and not yet decoded), and which ranks
+// share the directory. It lives in a file of the directory, mapped into each process's memory; every
+// field is a lock-free atomic word, so any thread of any process may use it at any time.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <filesystem>
+#include <vector>
+
+namespace prestage::detail {
+
+class NodeTable {
+ public:
+  // The most ranks that can share one directory (processes beyond them share it without their
+  // plans counting in the node's eviction order).
+  static constexpr size_t kMaxRanks = 64;
+
+  // Maps `path` for `files` files. `reset`: the caller is the directory's only process (it holds the
+  // index's lock alone): the table is made anew, empty. Otherwise it must be one made for as many
+  // files. Throws IoError (a full disk, a table of another layout).
+  NodeTable(const std::filesystem::path& path, uint64_t files, bool reset);
+  ~NodeTable();
+  NodeTable(const NodeTable&) = delete;
+  NodeTable& operator=(const NodeTable&) = delete;
+
+  // The node's bound on the bytes of its copies (0: none): the first value asked for since the
+  // table was made is every process's.
+  uint64_t agree_bound(uint64_t asked) noexcept;
+  uint64_t used() const noexcept;
+  // Adds `bytes` to the bytes used if that keeps them within `bound`; false (nothing added) if not.
+  bool reserve(uint64_t bytes, uint64_t bound) noexcept;
+  void add(uint64_t bytes) noexcept;
+  void release(uint64_t bytes) noexcept;
+
+  // File `id`'s copy is on disk now.
+  void published(uint64_t id) noexcept { word(id).fetch_or(kOnDisk, std::memory_order_acq_rel); }
+  bool on_disk(uint64_t id) const noexcept {
+    return (word(id).load(std::memory_order_acquire) & kOnDisk) != 0;
+  }
+  // One more holder of `id`: while held, its copy is not removed. True if the copy is on disk.
+  bool hold(uint64_t id) noexcept {
+    return (word(id).fetch_add(1, std::memory_order_acq_rel) & kOnDisk) != 0;
+  }
+  void let_go(uint64_t id) noexcept;
+  // Marks the copy of `id` gone if it is on disk and nobody holds it; true if this call did (the
+  // caller then removes the file and releases its bytes). So two processes never both remove it.
+  bool remove(uint64_t id) noexcept {
+    uint32_t expected = kOnDisk;
+    return word(id).compare_exchange_strong(expected, 0, std::memory_order_acq_rel);
+  }
+  // Marks it gone whoever holds it (a copy found corrupt); true if it was on disk.
+  bool remove_held(uint64_t id) noexcept {
+    return (word(id).fetch_and(~kOnDisk, std::memory_order_acq_rel) & kOnDisk) != 0;
+  }
+
+  // Rank `rank` shares the directory from now on (until leave()); false if kMaxRanks already do.
+  bool join(uint64_t rank) noexcept;
+  void leave(uint64_t rank) noexcept;
+  std::vector<uint64_t> ranks() const;  // the ranks sharing it now, ascending, each once
+
+ private:
+  static constexpr uint32_t kOnDisk = 0x80000000u;
+  struct Header;
+  std::atomic<uint32_t>& word(uint64_t id) const noexcept { return words_[id]; }
+
+  uint64_t files_;
+  size_t bytes_ = 0;
+  void* map_ = nullptr;
+  Header* header_ = nullptr;
+  std::atomic<uint32_t>* words_ = nullptr;
+};
+
+}  // namespace prestage::detail
