@@ -328,7 +328,7 @@ TEST_CASE("stage cache: ranks sharing a directory keep one bound for the node, n
   std::vector<std::unique_ptr<StageCache>> caches;
   for (size_t i = 0; i < 2; ++i) {
     caches.push_back(std::make_unique<StageCache>(catalog, rank_plan(ranks[i], world_size),
-                                                  *directories[i], first.node().agree_bound(capacity),
+                                                  *directories[i], capacity,
                                                   Eviction::kClairvoyant, kWindow));
   }
   std::vector<uint64_t> bytes(kEpochs, 0);  // read from the source by the node, per epoch

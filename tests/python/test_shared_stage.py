@@ -222,7 +222,7 @@ def test_ranks_sharing_a_bounded_directory_keep_the_nodes_bound_on_disk_througho
             p.wait()
     assert [p.returncode for p in procs] == [0, 0, 0]  # every byte checked against the source
     ranks = [json.loads(out) for out in outputs]
-    assert all(r["cache_bytes"] == bound for r in ranks)  # one bound for the node
+    assert all(r["cache_bytes"] == bound for r in ranks)
     # The index grows by a record per copy made: bookkeeping, outside the bound.
     index_pages = 4096 * -(-next(stage.glob("*/index.log")).stat().st_size // 4096)
     assert 0 < peak[0] <= bound + index_pages

@@ -78,7 +78,8 @@ struct LoaderOptions {
   // kFitFreeSpace: no bound if the data set fits in 90% of the room the stage directory has at start
   // (its file system's free space plus the copies already there; files in whole blocks), else the
   // copies that fill that 90% (Stats::cache_bytes says which): a node-local disk is never filled up.
-  // With several processes on one stage directory, give each its share instead.
+  // Processes sharing one stage directory (the ranks of a node) share the bound: it holds for the
+  // bytes of all their copies, so give each the node's bound (they all get about the same default).
   static constexpr uint64_t kFitFreeSpace = UINT64_MAX;
   uint64_t cache_bytes = kFitFreeSpace;
   Eviction eviction = Eviction::kClairvoyant;

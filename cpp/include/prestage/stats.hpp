@@ -89,7 +89,8 @@ struct Stats {
   bool pinned = false;  // batch buffers are page-locked
 
   // Bounded stage directory: the bound in effect (0: none; see LoaderOptions::kFitFreeSpace), bytes
-  // held now and at most (files being written included).
+  // held now and at most (files being written included), by every process sharing the directory,
+  // as of the batches this one has planned.
   uint64_t cache_bytes = 0;
   uint64_t stage_bytes = 0;
   uint64_t stage_bytes_peak = 0;

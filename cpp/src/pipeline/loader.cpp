@@ -204,11 +204,10 @@ Loader::Impl::Impl(Catalog catalog_in, LoaderOptions options_in)
       shared->stage_dir = std::make_unique<detail::StageDirectory>(o.stage_dir, shared->catalog);
       // Files of the batches in flight (planned, not yet decoded) are never evicted: the window of
       // the pipeline, plus the batch the source holds when the window is full, plus the current one.
-      // Processes sharing the directory share one bound: the first one's.
-      const uint64_t bound = shared->stage_dir->node().agree_bound(
-          o.cache_bytes == LoaderOptions::kFitFreeSpace
-              ? fit_free_space(*shared->stage_dir, shared->catalog)
-              : o.cache_bytes);
+      // With processes sharing the directory, the bound is on the bytes of all their copies.
+      const uint64_t bound = o.cache_bytes == LoaderOptions::kFitFreeSpace
+                                 ? fit_free_space(*shared->stage_dir, shared->catalog)
+                                 : o.cache_bytes;
       shared->cache = std::make_unique<detail::StageCache>(shared->catalog, shared->plan,
                                                            *shared->stage_dir, bound, o.eviction,
                                                            o.lookahead + o.depth + 2);

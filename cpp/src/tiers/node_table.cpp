@@ -26,7 +26,6 @@ constexpr size_t kHeaderBytes = 4096;
 struct NodeTable::Header {
   uint64_t magic;
   uint64_t files;
-  std::atomic<uint64_t> bound_plus_one;  // 0: not agreed yet
   std::atomic<uint64_t> used;
   std::atomic<uint64_t> ranks[kMaxRanks];  // rank + 1, or 0 for a free place
 };
@@ -80,12 +79,6 @@ uint64_t NodeTable::used() const noexcept { return header_->used.load(std::memor
 
 void NodeTable::add(uint64_t bytes) noexcept {
   header_->used.fetch_add(bytes, std::memory_order_relaxed);
-}
-
-uint64_t NodeTable::agree_bound(uint64_t asked) noexcept {
-  uint64_t expected = 0;
-  header_->bound_plus_one.compare_exchange_strong(expected, asked + 1, std::memory_order_acq_rel);
-  return header_->bound_plus_one.load(std::memory_order_acquire) - 1;
 }
 
 bool NodeTable::reserve(uint64_t bytes, uint64_t bound) noexcept {

@@ -1,5 +1,5 @@
-// What the processes sharing one stage directory (the ranks of one node) keep together: the node's
-// bound on its copies and the bytes they take, per file whether its copy is on disk and how many
+// What the processes sharing one stage directory (the ranks of one node) keep together: the bytes
+// that the node's copies take, per file whether its copy is on disk and how many
 // processes hold it (have it in a batch they have planned and not yet decoded), and which ranks
 // share the directory. It lives in a file of the directory, mapped into each process's memory; every
 // field is a lock-free atomic word, so any thread of any process may use it at any time.
@@ -26,9 +26,8 @@ class NodeTable {
   NodeTable(const NodeTable&) = delete;
   NodeTable& operator=(const NodeTable&) = delete;
 
-  // The node's bound on the bytes of its copies (0: none): the first value asked for since the
-  // table was made is every process's.
-  uint64_t agree_bound(uint64_t asked) noexcept;
+  // The bytes of the node's copies and of the copies under way. Each process holds them to the
+  // bound it was given (processes sharing a directory are meant to be given the same one).
   uint64_t used() const noexcept;
   // Adds `bytes` to the bytes used if that keeps them within `bound`; false (nothing added) if not.
   bool reserve(uint64_t bytes, uint64_t bound) noexcept;
