@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import shutil
 import statistics
 import subprocess
@@ -74,6 +75,7 @@ def run_once(catalog: Path, stage: Path, ranks: int, batch: int, epochs: int,
         shutil.rmtree(stage)
     go = stage.parent / "go"
     go.unlink(missing_ok=True)
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     procs = [subprocess.Popen([sys.executable, "-c", WORKER, str(catalog), str(stage), str(r),
                                str(ranks), str(batch), str(epochs), str(go)],
                               stdout=subprocess.PIPE, text=True, env=env) for r in range(ranks)]
@@ -85,8 +87,10 @@ def run_once(catalog: Path, stage: Path, ranks: int, batch: int, epochs: int,
         if p.returncode != 0:
             raise RuntimeError(f"a rank failed (exit {p.returncode})")
         outs.append(json.loads(out))
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
     per_epoch = [max(o["epoch_s"][e] for o in outs) for e in range(epochs)]
     return {"epoch_s": per_epoch,
+            "cpu_s": (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime),
             "source_reads": sum(o["source_reads"] for o in outs),
             "copies": sum(o["copies"] for o in outs),
             "adopted": sum(o["adopted"] for o in outs)}
@@ -125,21 +129,24 @@ def main(argv: Optional[List[str]] = None) -> int:
                 runs.append(r)
                 print(f"  {ranks} rank(s), run {i + 1}: epochs "
                       + " ".join(f"{t:.2f}s" for t in r["epoch_s"])
-                      + f", source reads {r['source_reads']:,}, copies {r['copies']:,}, "
-                        f"taken over {r['adopted']:,}", file=sys.stderr, flush=True)
+                      + f", CPU {r['cpu_s']:.1f}s, source reads {r['source_reads']:,}, "
+                        f"copies {r['copies']:,}, taken over {r['adopted']:,}",
+                      file=sys.stderr, flush=True)
             results[ranks] = {
                 "epoch_s": [statistics.median(r["epoch_s"][e] for r in runs)
                             for e in range(args.epochs)],
                 "source_reads": [r["source_reads"] for r in runs],
+                "cpu_s": statistics.median(r["cpu_s"] for r in runs),
                 "runs": runs}
         alone = results[1]["epoch_s"]
         print(f"\n{args.files:,} files of {args.file_bytes} bytes, batch {args.batch_size}, "
               f"median of {args.runs} run(s); epoch time of the slowest rank, and shared / alone")
         print("ranks " + "".join(f"   epoch {e + 1:<2}  ratio" for e in range(args.epochs))
-              + "   source reads (node)")
+              + "   CPU (all ranks)   source reads (node)")
         for ranks, r in results.items():
             cells = "".join(f"  {t:8.2f}s {t / a:6.2f}" for t, a in zip(r["epoch_s"], alone))
-            print(f"{ranks:>5} {cells}   {statistics.median(r['source_reads']):,.0f}")
+            print(f"{ranks:>5} {cells}   {r['cpu_s']:14.1f}s   "
+                  f"{statistics.median(r['source_reads']):,.0f}")
         if args.json:
             args.json.write_text(json.dumps({
                 "files": args.files, "file_bytes": args.file_bytes, "batch_size": args.batch_size,

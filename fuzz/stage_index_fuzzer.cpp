@@ -143,6 +143,13 @@ std::vector<size_t> take_stock(const fs::path& stage_dir, const Catalog& catalog
                   "a vouched-for copy's size differs from its file");
     dir.verify(id, buffer);
   }
+  // The node's count of bytes on disk is the copies' (alone, this process made the table).
+  const auto check_bytes = [&] {
+    uint64_t bytes = 0;
+    for (size_t id = 0; id < kFiles; ++id) bytes += dir.is_staged(id) ? dir.staged_size(id) : 0;
+    harness_check(dir.node().used() == bytes, "the node's bytes differ from its copies'");
+  };
+  check_bytes();
   std::vector<size_t> staged;
   if (!stage_absent) return staged;
   for (size_t id = 0; id < kFiles; ++id) {
@@ -153,6 +160,7 @@ std::vector<size_t> take_stock(const fs::path& stage_dir, const Catalog& catalog
                   "staging an unchanged source failed");
     staged.push_back(id);
   }
+  check_bytes();
   return staged;
 }
 

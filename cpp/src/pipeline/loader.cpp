@@ -510,6 +510,7 @@ void Loader::Impl::close() {
   if (owner.load(std::memory_order_relaxed) == 0) return;  // never started: no thread to join
   stopping.reset();
   shared->stager->stop();  // its figures stay for stats()
+  if (shared->cache) shared->cache->let_go_all();  // its window's files, for the other processes
   shared->decoder->clear_thread_state();
   shared->arena_io_timeout.reset();
   shared->arena.terminate();

@@ -45,6 +45,9 @@ class StageCache {
 
   // Plans from batch `batch` of `epoch` on (after a restart or a resume).
   void restart(uint64_t epoch, uint64_t batch);
+  // Lets go of the files of the batches planned so far (a loader that closes): other processes may
+  // evict them from now on.
+  void let_go_all() noexcept;
 
   // Decides for the files of one batch (the plan's next one). Appends the files to copy to `to_stage`
   // (each claimed in the directory; the stager publishes or abandons it), the positions in the
@@ -88,7 +91,6 @@ class StageCache {
   void unpin_oldest(uint64_t epoch, uint64_t position_in_epoch);
   uint64_t size_of(uint64_t file) const;
   uint64_t used() const noexcept { return directory_.node().used(); }
-  void let_go_all() noexcept;              // of every file of the window
   std::vector<uint64_t> node_ranks() const;  // whose plans order the eviction
   void track(uint64_t file, uint64_t key);
   void untrack(uint64_t file);
