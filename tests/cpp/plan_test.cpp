@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <map>
 #include <numeric>
+#include <vector>
 
 #include "util/prng.hpp"
 #include "prestage/error.hpp"
@@ -122,6 +123,24 @@ TEST_CASE("plan: rank r takes the r-th slice of each global batch of the global 
     // The last global batch (positions 18, 19) is short: one sample per rank.
     CHECK(plan.batch_size(3) == 1);
     CHECK(plan.batch(3)[0] == order[18 + r]);
+  }
+}
+
+TEST_CASE("plan: any rank's plan gives every other rank's batches, as their own plans do") {
+  for (const bool drop_last : {false, true}) {
+    PlanOptions o{23, 3, 5, true, drop_last, 0, 4};  // padded, with a short last global batch
+    const EpochPlan seen_from_0(o, 2);
+    for (uint64_t r = 0; r < 4; ++r) {
+      o.rank = r;
+      const EpochPlan own(o, 2);
+      for (uint64_t b = 0; b < own.num_batches(); ++b) {
+        const std::vector<uint64_t> want(own.batch(b), own.batch(b) + own.batch_size(b));
+        const std::vector<uint64_t> got(seen_from_0.batch_of(b, r),
+                                        seen_from_0.batch_of(b, r) + seen_from_0.batch_size(b));
+        CHECK(got == want);
+      }
+    }
+    CHECK_THROWS_AS(seen_from_0.batch_of(0, 4), prestage::ConfigError);
   }
 }
 

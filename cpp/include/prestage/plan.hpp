@@ -36,6 +36,9 @@ class EpochPlan {
   uint64_t num_batches() const noexcept { return num_batches_; }
   uint64_t batch_size(uint64_t b) const;          // samples in this rank's batch b
   const uint64_t* batch(uint64_t b) const;        // batch_size(b) catalog indices
+  // Rank `rank`'s batch b (of the same size): every rank knows every other's. Throws ConfigError
+  // for a rank not below world_size.
+  const uint64_t* batch_of(uint64_t b, uint64_t rank) const;
   std::vector<std::vector<uint64_t>> batches() const;
 
  private:

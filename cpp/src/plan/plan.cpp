@@ -63,10 +63,16 @@ uint64_t EpochPlan::batch_size(uint64_t b) const {
   return std::min(batch_size_, per_rank_ - b * batch_size_);
 }
 
-const uint64_t* EpochPlan::batch(uint64_t b) const {
+const uint64_t* EpochPlan::batch(uint64_t b) const { return batch_of(b, rank_); }
+
+const uint64_t* EpochPlan::batch_of(uint64_t b, uint64_t rank) const {
+  if (rank >= world_size_) {
+    throw ConfigError("rank " + std::to_string(rank) + " is not below world_size " +
+                      std::to_string(world_size_));
+  }
   // Global batch b spans batch_size * world_size positions; its last one may be short, then every
   // rank's slice is equally short.
-  return order_.data() + b * batch_size_ * world_size_ + rank_ * batch_size(b);
+  return order_.data() + b * batch_size_ * world_size_ + rank * batch_size(b);
 }
 
 std::vector<std::vector<uint64_t>> EpochPlan::batches() const {

@@ -62,25 +62,30 @@ uint64_t StageCache::position(uint64_t epoch, uint64_t batch, uint64_t k) const 
   return epoch * stride_ + batch * plan_.batch_size + k;
 }
 
+template <typename Use>
+void StageCache::for_each_node_use(uint64_t epoch, const Use& use) {
+  // Every rank of the node runs the same batch at about the same time: a position is comparable
+  // across their plans, and a file's next use is the earliest of theirs. One plan gives them all.
+  const EpochPlan plan(plan_, epoch);
+  const std::vector<uint64_t> ranks = node_ranks();
+  for (uint64_t b = 0; b < plan.num_batches(); ++b) {
+    for (const uint64_t rank : ranks) {
+      const uint64_t* ids = plan.batch_of(b, rank);
+      for (uint64_t k = 0; k < plan.batch_size(b); ++k) {
+        use(catalog_.locator(ids[k]).file, b * plan_.batch_size + k);
+      }
+    }
+  }
+}
+
 const std::vector<uint64_t>& StageCache::first_use(uint64_t epoch) {
   EpochUses& slot = uses_[epoch % 3];
   if (slot.epoch != epoch) {
     slot.epoch = epoch;
     slot.first.assign(catalog_.num_files(), kNever);
-    // Every rank of the node runs the same batch at about the same time: a position is comparable
-    // across their plans, and a file's next use is the earliest of theirs.
-    for (const uint64_t rank : node_ranks()) {
-      PlanOptions of_rank = plan_;
-      of_rank.rank = rank;
-      EpochPlan plan(of_rank, epoch);
-      for (uint64_t b = 0; b < plan.num_batches(); ++b) {
-        const uint64_t* ids = plan.batch(b);
-        for (uint64_t k = 0; k < plan.batch_size(b); ++k) {
-          uint64_t& first = slot.first[catalog_.locator(ids[k]).file];
-          first = std::min(first, b * plan_.batch_size + k);
-        }
-      }
-    }
+    for_each_node_use(epoch, [&](uint64_t file, uint64_t position) {
+      slot.first[file] = std::min(slot.first[file], position);
+    });
   }
   return slot.first;
 }
@@ -90,18 +95,8 @@ bool StageCache::used_in_far(uint64_t file, uint64_t epoch) {
   if (slot.epoch != epoch) {
     slot.epoch = epoch;
     slot.bits.assign((catalog_.num_files() + 63) / 64, 0);
-    for (const uint64_t rank : node_ranks()) {
-      PlanOptions of_rank = plan_;
-      of_rank.rank = rank;
-      EpochPlan plan(of_rank, epoch);
-      for (uint64_t b = 0; b < plan.num_batches(); ++b) {
-        const uint64_t* ids = plan.batch(b);
-        for (uint64_t k = 0; k < plan.batch_size(b); ++k) {
-          const uint64_t f = catalog_.locator(ids[k]).file;
-          slot.bits[f / 64] |= uint64_t{1} << (f % 64);
-        }
-      }
-    }
+    for_each_node_use(epoch,
+                      [&](uint64_t f, uint64_t) { slot.bits[f / 64] |= uint64_t{1} << (f % 64); });
   }
   return (slot.bits[file / 64] >> (file % 64)) & 1;
 }
@@ -129,6 +124,13 @@ uint64_t StageCache::next_use_from(uint64_t file, uint64_t epoch, uint64_t posit
 void StageCache::enter_epoch(uint64_t epoch, uint64_t position_in_epoch) {
   epoch_ = epoch;
   if (eviction_ != Eviction::kClairvoyant) return;
+  // Ranks that joined the directory (or left it) since the tables were made: made again, with them.
+  std::vector<uint64_t> ranks = node_ranks();
+  if (ranks != ranks_seen_) {
+    ranks_seen_ = std::move(ranks);
+    for (EpochUses& uses : uses_) uses.epoch = kNever;
+    for (FarEpoch& far : far_) far.epoch = kNever;
+  }
   // Keys that were "somewhere in" an epoch now among the first three, and kNotSoon keys (whose
   // next use may have come within reach), are stale: look them up again. Once per epoch, so a scan
   // of the tracked files costs little per sample.

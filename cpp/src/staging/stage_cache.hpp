@@ -76,6 +76,9 @@ class StageCache {
   // on this rank. i = per_epoch_ stands for "somewhere in the epoch" (a use more than two epochs
   // ahead).
   uint64_t position(uint64_t epoch, uint64_t batch, uint64_t k) const;
+  // Calls use(file, position in the epoch) for each sample of the ranks sharing the directory.
+  template <typename Use>
+  void for_each_node_use(uint64_t epoch, const Use& use);
   const std::vector<uint64_t>& first_use(uint64_t epoch);  // per file, in-epoch position or kNever
   bool used_in_far(uint64_t file, uint64_t epoch);          // epochs past the first three
   uint64_t next_use_from(uint64_t file, uint64_t epoch, uint64_t position_in_epoch);
@@ -137,6 +140,7 @@ class StageCache {
   };
   std::vector<FarEpoch> far_;
   std::vector<uint64_t> rekey_;  // scratch for enter_epoch()
+  std::vector<uint64_t> ranks_seen_;  // node_ranks() when enter_epoch() last looked
 };
 
 }  // namespace prestage::detail
