@@ -59,12 +59,17 @@ def make_files(root: Path, count: int, size: int, classes: int = 100) -> None:
     """`count` files of `size` bytes in `classes` folders, each file's bytes its own."""
     for c in range(classes):
         (root / f"c{c:03d}").mkdir(parents=True, exist_ok=True)
-    step = max(1, count // 50)
+    step = max(1, count // 100)
+    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC
     for i in range(count):
         data = (i.to_bytes(8, "little") * (size // 8 + 1))[:size]
-        (root / f"c{i % classes:03d}" / f"{i:07d}.bin").write_bytes(data)
-        if i % step == 0:
-            print(f"\r  writing files {i:,}/{count:,}", end="", file=sys.stderr, flush=True)
+        fd = os.open(root / f"c{i % classes:03d}" / f"{i:07d}.bin", flags, 0o644)
+        try:
+            os.write(fd, data)
+        finally:
+            os.close(fd)
+        if i % step == 0 or i + 1 == count:
+            print(f"\r  writing files {i + 1:,}/{count:,}", end="", file=sys.stderr, flush=True)
     print(file=sys.stderr)
 
 

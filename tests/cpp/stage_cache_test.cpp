@@ -383,8 +383,8 @@ TEST_CASE("stage cache: ranks sharing a directory keep one bound for the node, n
   CHECK(bytes[0] == want.bytes[0]);  // the first epoch reads the node's share once
   const auto got_bytes = static_cast<double>(after_first(bytes));
   const auto want_bytes = static_cast<double>(after_first(want.bytes));
-  CAPTURE(got_bytes);
-  CAPTURE(want_bytes);
+  MESSAGE("node's bytes from the source after the first epoch: ", got_bytes, ", Belady's rule: ",
+          want_bytes, " (", got_bytes / want_bytes, "x)");
   CHECK(got_bytes <= 1.05 * want_bytes);
   caches.clear();  // they let go of what they held: every copy can be removed now
   first.take_over_published();

@@ -289,7 +289,11 @@ class DeadlineThreads {
         throw IoError(path, ECANCELED, "reading '" + path + "' was given up: the loader is stopping");
       }
     }
-    if (state->error) std::rethrow_exception(state->error);
+    // The error is taken out of the shared state, so that the exception is freed on this thread,
+    // which reads it, never on the helper's when it drops the state (the exception's reference
+    // count lives in the uninstrumented C++ runtime, where ThreadSanitizer cannot see it order the
+    // two: it reported a race there).
+    if (state->error) std::rethrow_exception(std::exchange(state->error, nullptr));
     return std::move(*state->value);
   }
 
