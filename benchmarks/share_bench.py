@@ -5,8 +5,10 @@ read for `--epochs` epochs by R processes at once, ranks 0..R-1 of a world of R,
 stage directory; and by one process alone, world size 1, over the same set. Epoch 1 copies the set
 into the stage directory (each rank its own slice); from epoch 2 on everything is staged, but each
 rank meets files that its neighbours copied: it takes their copies over (adoption), which must cost
-about what a hit costs. Reported per R, median of `--runs` runs (a fresh stage directory each):
-the time of each epoch (the slowest rank's), and the ratio shared / alone for it.
+about what a hit costs. Ranks meet at the end of every epoch (a file barrier), as a training step's
+all-reduce makes them. Reported per R, median of `--runs` rounds (each round runs every R in turn,
+each run on a fresh stage directory): the time of each epoch (the slowest rank's), the ratio
+shared / alone for it, and the CPU time of all the ranks together.
 
     python benchmarks/share_bench.py --files 60000 --ranks 1 2 4 8 --runs 3
     python benchmarks/share_bench.py --files 1000000 --ranks 1 2 4 8 --runs 1 --epochs 2
@@ -40,15 +42,20 @@ loader = prestage.Loader(cat, batch_size=int(batch), decode="raw", stage_dir=sta
                          world_size=int(world), seed=0, stage_patience=None)
 while not __import__("os").path.exists(go):  # all ranks start together
     time.sleep(0.001)
-times = []
+times, cpu = [], []
 for e in range(int(epochs)):
-    start = time.perf_counter()
+    start, start_cpu = time.perf_counter(), time.process_time()
     for b in loader:
         pass
     times.append(time.perf_counter() - start)
+    cpu.append(time.process_time() - start_cpu)
+    # Ranks meet at the end of every epoch, as a training step's all-reduce makes them.
+    open(f"{go}.{e}.{rank}", "w").close()
+    while sum(__import__("os").path.exists(f"{go}.{e}.{r}") for r in range(int(world))) < int(world):
+        time.sleep(0.0005)
 s = loader.stats()
 loader.close()
-print(json.dumps({"epoch_s": times, "copies": s["staged_files"], "adopted": s["adopted_files"],
+print(json.dumps({"epoch_s": times, "epoch_cpu_s": cpu, "copies": s["staged_files"], "adopted": s["adopted_files"],
                   "source_reads": s["source_reads"],
                   "epochs": [{k: e[k] for k in ("source_reads", "copies_made", "copies_adopted")}
                              for e in s["epochs"][:int(epochs)]]}))
@@ -79,7 +86,8 @@ def run_once(catalog: Path, stage: Path, ranks: int, batch: int, epochs: int,
     if stage.exists():
         shutil.rmtree(stage)
     go = stage.parent / "go"
-    go.unlink(missing_ok=True)
+    for old in stage.parent.glob("go*"):
+        old.unlink()
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     procs = [subprocess.Popen([sys.executable, "-c", WORKER, str(catalog), str(stage), str(r),
                                str(ranks), str(batch), str(epochs), str(go)],
@@ -95,6 +103,7 @@ def run_once(catalog: Path, stage: Path, ranks: int, batch: int, epochs: int,
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     per_epoch = [max(o["epoch_s"][e] for o in outs) for e in range(epochs)]
     return {"epoch_s": per_epoch,
+            "epoch_cpu_s": [sum(o["epoch_cpu_s"][e] for o in outs) for e in range(epochs)],
             "cpu_s": (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime),
             "source_reads": sum(o["source_reads"] for o in outs),
             "copies": sum(o["copies"] for o in outs),
@@ -126,32 +135,43 @@ def main(argv: Optional[List[str]] = None) -> int:
                         "import sys, prestage; prestage.Catalog.from_folder(sys.argv[1], "
                         "extensions=['.bin']).save(sys.argv[2])", str(src), str(catalog)],
                        check=True, env=env)
-        results = {}
-        for ranks in [1] + [r for r in args.ranks if r != 1]:
-            runs = []
-            for i in range(args.runs):
+        # Rounds of every rank count in turn, so that a machine whose speed drifts slows them alike.
+        configs = [1] + [r for r in args.ranks if r != 1]
+        all_runs: Dict[int, List[dict]] = {ranks: [] for ranks in configs}
+        for i in range(args.runs):
+            for ranks in configs:
                 r = run_once(catalog, work / "stage", ranks, args.batch_size, args.epochs, env)
-                runs.append(r)
-                print(f"  {ranks} rank(s), run {i + 1}: epochs "
+                all_runs[ranks].append(r)
+                print(f"  round {i + 1}, {ranks} rank(s): epochs "
                       + " ".join(f"{t:.2f}s" for t in r["epoch_s"])
                       + f", CPU {r['cpu_s']:.1f}s, source reads {r['source_reads']:,}, "
                         f"copies {r['copies']:,}, taken over {r['adopted']:,}",
                       file=sys.stderr, flush=True)
+        results = {}
+        for ranks, runs in all_runs.items():
             results[ranks] = {
                 "epoch_s": [statistics.median(r["epoch_s"][e] for r in runs)
                             for e in range(args.epochs)],
                 "source_reads": [r["source_reads"] for r in runs],
                 "cpu_s": statistics.median(r["cpu_s"] for r in runs),
+                "epoch_cpu_s": [statistics.median(r["epoch_cpu_s"][e] for r in runs)
+                                for e in range(args.epochs)],
                 "runs": runs}
         alone = results[1]["epoch_s"]
         print(f"\n{args.files:,} files of {args.file_bytes} bytes, batch {args.batch_size}, "
-              f"median of {args.runs} run(s); epoch time of the slowest rank, and shared / alone")
+              f"median of {args.runs} round(s); epoch time of the slowest rank, and shared / alone")
         print("ranks " + "".join(f"   epoch {e + 1:<2}  ratio" for e in range(args.epochs))
               + "   CPU (all ranks)   source reads (node)")
         for ranks, r in results.items():
             cells = "".join(f"  {t:8.2f}s {t / a:6.2f}" for t, a in zip(r["epoch_s"], alone))
             print(f"{ranks:>5} {cells}   {r['cpu_s']:14.1f}s   "
                   f"{statistics.median(r['source_reads']):,.0f}")
+        # The work an epoch costs, whatever the machine's load: the CPU time of all ranks together.
+        alone_cpu = results[1]["epoch_cpu_s"]
+        print("\nCPU time of each epoch, all ranks together, and shared / alone")
+        for ranks, r in results.items():
+            print(f"{ranks:>5} " + "".join(f"  {t:8.2f}s {t / a:6.2f}"
+                                          for t, a in zip(r["epoch_cpu_s"], alone_cpu)))
         if args.json:
             args.json.write_text(json.dumps({
                 "files": args.files, "file_bytes": args.file_bytes, "batch_size": args.batch_size,
