@@ -457,7 +457,9 @@ Stats Loader::Impl::stats() const {
   }
   s.skipped = skipped;
   s.skipped_samples = skipped_samples;
-  s.pinned = ring->pinned();
+  detail::PinnedBuffer::Status pinned = ring->pinned();
+  s.pinned = pinned.pinning;
+  s.pinned_why = std::move(pinned.why);
   if (shared->cache) {
     s.cache_bytes = shared->cache->capacity();
     s.stage_bytes = shared->cache->used_bytes();
