@@ -5,6 +5,7 @@
 #include <dlfcn.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -241,6 +242,34 @@ TEST_CASE("cuda host: a buffer grown in another thread is registered on the ring
   }
   REQUIRE(fake.set_device(0) == 0);
   check_paired(fake.log());
+}
+
+TEST_CASE("cuda host: the ring's pinning can be read while a buffer is regrown in another thread") {
+  Fake fake;
+  fake.configure(1, 0, 0);
+  const CudaHost host(FAKE_CUDART_PATH);
+  BatchRing ring(2, 1, 4096, DecodeMode::kRaw, host);
+  auto* slot = ring.acquire();
+  std::atomic<bool> done{false};
+  std::atomic<bool> reading{false};
+  std::thread grower([&] {
+    while (!reading.load()) std::this_thread::yield();
+    for (size_t bytes = 8192; bytes <= (size_t{1} << 22); bytes *= 2) slot->data.reserve(bytes);
+    done = true;
+  });
+  size_t reads = 0;
+  bool always_cuda = true;
+  do {  // as stats() does from the consumer's thread while a decode thread grows a slot
+    const PinnedBuffer::Status s = ring.pinned();
+    always_cuda = always_cuda && s.pinning == Pinning::kCuda && s.why == host.why();
+    ++reads;
+    reading = true;
+  } while (!done.load());
+  grower.join();
+  CHECK(always_cuda);  // a regrowth never shows as a buffer that lost its registration
+  CHECK(reads > 1);
+  ring.release(slot);
+  CHECK(fake.log(kRegister).size() == 2 + 10);
 }
 
 TEST_CASE("cuda host: a Batch held after its loader is closed stays registered until it is released") {

@@ -36,7 +36,7 @@ void PinnedBuffer::free() noexcept {
   // Unregistered before it is freed: the allocator may hand the range out again, and the driver
   // refuses to register a range twice. A failed unregister (the runtime shutting down at exit) does
   // not keep the memory: the next registration of the range then fails and says so.
-  switch (pinning()) {
+  switch (held_) {
     case Pinning::kCuda:
       (void)cuda_->unregister_memory(data_);
       break;
@@ -46,7 +46,7 @@ void PinnedBuffer::free() noexcept {
     case Pinning::kNone:
       break;
   }
-  pinning_.store(Pinning::kNone, std::memory_order_release);
+  held_ = Pinning::kNone;
   std::free(data_);
   data_ = nullptr;
   capacity_ = 0;
@@ -60,7 +60,12 @@ void PinnedBuffer::reserve(size_t bytes) {
   want = (std::max<size_t>(want, 1) + page - 1) / page * page;
   free();
   void* p = std::aligned_alloc(page, want);
-  if (p == nullptr) throw std::bad_alloc();
+  if (p == nullptr) {
+    std::lock_guard lock(why_mutex_);
+    why_ = "no memory";
+    pinning_.store(Pinning::kNone, std::memory_order_release);
+    throw std::bad_alloc();
+  }
   data_ = static_cast<std::byte*>(p);
   capacity_ = want;
   pin();
@@ -90,10 +95,9 @@ void PinnedBuffer::pin() {
             "; " + why;
     }
   }
-  {
-    std::lock_guard lock(why_mutex_);
-    why_ = std::move(why);
-  }
+  held_ = pinning;
+  std::lock_guard lock(why_mutex_);
+  why_ = std::move(why);
   pinning_.store(pinning, std::memory_order_release);
 }
 

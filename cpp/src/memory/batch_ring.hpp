@@ -48,6 +48,7 @@ class PinnedBuffer {
     Pinning pinning = Pinning::kNone;
     std::string why;  // why not better; for kCuda, the runtime that registered it
   };
+  // What was last published: a regrowth under way shows the old buffer's until the new one is pinned.
   Pinning pinning() const noexcept { return pinning_.load(std::memory_order_acquire); }
   bool locked() const noexcept { return pinning() != Pinning::kNone; }  // page-locked in any way
   Status status() const;
@@ -57,8 +58,10 @@ class PinnedBuffer {
   void free() noexcept;
   std::byte* data_ = nullptr;
   size_t capacity_ = 0;
+  Pinning held_ = Pinning::kNone;  // what free() must undo; the holder's alone
   const CudaHost* cuda_ = nullptr;
   int device_ = -1;
+  // Published for other threads, both under why_mutex_ (pinning_ is also read without it).
   std::atomic<Pinning> pinning_{Pinning::kNone};
   mutable std::mutex why_mutex_;
   std::string why_ = "no memory yet";
