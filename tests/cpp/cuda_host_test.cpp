@@ -112,7 +112,7 @@ TEST_CASE("cuda host: PRESTAGE_CUDART=none or a library that cannot be opened: n
   CHECK_FALSE(not_cuda.available());
   // The ring then page-locks (or not), and says why it did not register.
   BatchRing ring(2, 4, 4096, DecodeMode::kRaw, off);
-  const PinnedBuffer::Status s = ring.pinned();
+  const PinnedBuffer::Status s = ring.status();
   CHECK(s.pinning != Pinning::kCuda);
   CHECK(s.why.find(off.why()) != std::string::npos);
 }
@@ -125,8 +125,8 @@ TEST_CASE("cuda host: no device, or cudaGetDeviceCount failing: never a call to 
     CHECK_FALSE(host.available());
     {
       BatchRing ring(3, 4, 10000, DecodeMode::kRaw, host);
-      CHECK(ring.pinned().pinning != Pinning::kCuda);
-      CHECK(ring.pinned().why == host.why());
+      CHECK(ring.pinned() != Pinning::kCuda);
+      CHECK(ring.pinned_why() == host.why());
     }
     CHECK(fake.log(kCount).size() == 1);
     CHECK(fake.log(kRegister).empty());
@@ -142,7 +142,7 @@ TEST_CASE("cuda host: every buffer is registered once and unregistered once, bef
   std::vector<uintptr_t> buffers;
   {
     BatchRing ring(3, 4, 10000, DecodeMode::kJpeg, host);
-    CHECK(ring.pinned().pinning == Pinning::kCuda);
+    CHECK(ring.pinned() == Pinning::kCuda);
     CHECK(fake.registered() == 3);
     for (int i = 0; i < 3; ++i) {
       auto* slot = ring.acquire();
@@ -207,7 +207,7 @@ TEST_CASE("cuda host: a failing cudaHostRegister falls back to mlock and says wh
   REQUIRE(host.available());
   {
     BatchRing ring(2, 4, 8192, DecodeMode::kRaw, host);
-    const PinnedBuffer::Status s = ring.pinned();
+    const PinnedBuffer::Status s = ring.status();
     CHECK(s.pinning != Pinning::kCuda);  // kMlock, or kNone where RLIMIT_MEMLOCK refuses
     CHECK(s.why.find("cudaHostRegister") != std::string::npos);
     CHECK(s.why.find(std::to_string(kMemoryAllocation)) != std::string::npos);
@@ -260,7 +260,7 @@ TEST_CASE("cuda host: the ring's pinning can be read while a buffer is regrown i
   size_t reads = 0;
   bool always_cuda = true;
   do {  // as stats() does from the consumer's thread while a decode thread grows a slot
-    const PinnedBuffer::Status s = ring.pinned();
+    const PinnedBuffer::Status s = ring.status();
     always_cuda = always_cuda && s.pinning == Pinning::kCuda && s.why == host.why();
     ++reads;
     reading = true;

@@ -160,7 +160,7 @@ size_t BatchRing::free_count() const {
   return free_.size();
 }
 
-PinnedBuffer::Status BatchRing::pinned() const {
+PinnedBuffer::Status BatchRing::status() const {
   PinnedBuffer::Status least{Pinning::kNone, "no buffers"};
   for (size_t i = 0; i < slots_.size(); ++i) {
     PinnedBuffer::Status s = slots_[i]->data.status();

@@ -115,8 +115,10 @@ class BatchRing {
 
   size_t depth() const noexcept { return slots_.size(); }
   size_t free_count() const;
-  // The least pinned of the buffers, and why (see PinnedBuffer::status()). Any thread.
-  PinnedBuffer::Status pinned() const;
+  // The least pinned of the buffers, and why (see PinnedBuffer::status()), read together. Any thread.
+  PinnedBuffer::Status status() const;
+  Pinning pinned() const { return status().pinning; }
+  std::string pinned_why() const { return status().why; }
 
  private:
   std::vector<std::unique_ptr<Slot>> slots_;

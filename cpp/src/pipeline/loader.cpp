@@ -457,9 +457,8 @@ Stats Loader::Impl::stats() const {
   }
   s.skipped = skipped;
   s.skipped_samples = skipped_samples;
-  detail::PinnedBuffer::Status pinned = ring->pinned();
-  s.pinned = pinned.pinning;
-  s.pinned_why = std::move(pinned.why);
+  s.pinned_why = ring->pinned_why();  // read apart: a buffer regrown in between may disagree with it
+  s.pinned = ring->pinned();
   if (shared->cache) {
     s.cache_bytes = shared->cache->capacity();
     s.stage_bytes = shared->cache->used_bytes();
