@@ -34,7 +34,8 @@ class CudaHost {
   int current_device() const noexcept;
 
   // Registers [data, data + bytes) (cudaHostRegisterPortable) with `device` current in the calling
-  // thread (it is made current if another is; -1: the thread's own). Returns "" on success, else why
+  // thread (it is made current if another is, and stays so: the caller is one of the loader's decode
+  // threads, or the thread that made the ring; -1: the thread's own). Returns "" on success, else why
   // it failed ("cudaHostRegister failed: <code> (<text>)"). Requires available().
   std::string register_memory(void* data, size_t bytes, int device) const;
   // cudaHostUnregister. Returns its cudaError_t: 0 on success. Requires available().
