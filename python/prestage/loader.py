@@ -35,10 +35,12 @@ class Loader:
     """Batches of a catalog, in a seeded global order, through the three stages.
 
     Stage 2 copies the files of the next ``lookahead`` batches to ``stage_dir`` with ``prefetchers``
-    threads; stage 3 decodes each batch with ``readers`` threads into one of ``depth`` page-locked
-    buffers. Iterating gives one epoch of :class:`prestage.Batch` objects whose ``images``, ``labels``
-    and ``indices`` are zero-copy NumPy views; a buffer is reused once the batch and its views are
-    collected. Each completed epoch advances the epoch (and so the shuffle); ``set_epoch`` picks one.
+    threads; stage 3 decodes each batch with ``readers`` threads into one of ``depth`` pinned buffers
+    (registered with the CUDA driver where a GPU is present, else page-locked: ``stats()["pinned"]``
+    says which, ``stats()["pinned_why"]`` why). Iterating gives one epoch of :class:`prestage.Batch`
+    objects whose ``images``, ``labels`` and ``indices`` are zero-copy NumPy views; a buffer is reused
+    once the batch and its views are collected. Each completed epoch advances the epoch (and so the
+    shuffle); ``set_epoch`` picks one.
 
     Args:
         catalog: the samples (:class:`prestage.Catalog`).

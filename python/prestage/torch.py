@@ -17,10 +17,18 @@ NCHW or NHWC) in a page-locked batch buffer of its ring, and the tensors are ``t
 it. The buffer goes back to the ring when both tensors (and every view of them) have been collected, so hold
 them only for the step that uses them; ``.clone()`` what must outlive it.
 
-Host-to-device copies. ``images.to("cuda", non_blocking=True)`` may still be reading the batch buffer when it
-returns. When CUDA is in use, the loader keeps each batch lent until the copies enqueued on the current CUDA
-stream before the next batch was asked for have finished (a CUDA event), so a buffer is never refilled under
-a copy in flight. Copies enqueued on another stream must be waited for by the caller.
+Host-to-device copies. Where a CUDA device is present, the ring's buffers are registered with the CUDA
+driver (``stats()["pinned"] == "cuda"``: ``images.is_pinned()`` is true), so ``images.to("cuda",
+non_blocking=True)`` is an asynchronous DMA that may still be reading the batch buffer when it returns. When
+CUDA is in use, the loader keeps each batch lent until the copies enqueued on the current CUDA stream before
+the next batch was asked for have finished (a CUDA event), so a buffer is never refilled under a copy in
+flight. Copies enqueued on another stream must be waited for by the caller.
+
+Device batches. ``Loader(..., device="cuda")`` does the copies itself and yields device tensors: each batch
+is copied on a side CUDA stream while the caller's step on the previous batch runs, the caller's current
+stream waits for that copy (an event) before it uses the tensors, and a host buffer goes back to the ring
+only once the copy from it has completed. ``normalize_on_device=True`` (with ``dtype=torch.float32``) sends
+uint8 over the bus, a quarter of the bytes, and applies ``mean``/``std`` on the GPU.
 
 ``import prestage`` does not import torch; ``import prestage.torch`` does.
 """
@@ -36,7 +44,7 @@ import torch
 import torch.utils.data
 
 from prestage import _core
-from prestage.errors import ConfigError
+from prestage.errors import ConfigError, DecodeError, IoError
 from prestage.loader import Loader as _NumpyLoader
 from prestage.options import CommonOptions
 
@@ -58,8 +66,6 @@ _DATALOADER_ONLY = {
     "batch_sampler": "the batches are prestage's plan: use batch_size=, shuffle=, seed=, drop_last=",
     "generator": "use seed=",
     "collate_fn": "batches come out collated as (images, labels); transform the yielded tensors instead",
-    "pin_memory": "the batch buffers are page-locked already (stats()['pinned'] says whether the system "
-                  "allowed it)",
 }
 
 _DType = Union[torch.dtype, str]
@@ -134,6 +140,124 @@ def _record_stream_event() -> Optional[Any]:
     return event
 
 
+def _resolve_device(device: Union[str, int, "torch.device", None]) -> Optional[torch.device]:
+    """The CUDA device asked for (with its index), or None for host tensors (``None`` or ``"cpu"``)."""
+    if device is None:
+        return None
+    try:
+        found = torch.device(device)
+    except (RuntimeError, TypeError) as e:
+        raise ConfigError(f"device={device!r} is not a device: {e}") from None
+    if found.type == "cpu":
+        return None
+    if found.type != "cuda":
+        raise ConfigError(f"device={device!r}: prestage.torch.Loader copies to CUDA devices only (or "
+                          "device=None for host tensors)")
+    if not torch.cuda.is_available():
+        raise ConfigError(f"device={device!r} asks for CUDA, but torch.cuda.is_available() is False (no "
+                          "GPU, no driver, or a CPU-only build of torch): leave device= out for host "
+                          "tensors")
+    index = torch.cuda.current_device() if found.index is None else found.index
+    if not 0 <= index < torch.cuda.device_count():
+        raise ConfigError(f"device={device!r}: there are {torch.cuda.device_count()} CUDA devices")
+    return torch.device("cuda", index)
+
+
+def _mean_std(mean: Any, std: Any) -> Tuple[Tuple[float, ...], Tuple[float, ...]]:
+    """normalize_on_device's mean and std, per channel (defaults 0 and 1), checked as the core checks
+    them."""
+    try:
+        m = tuple(float(v) for v in _channels(0.0 if mean is None else mean))
+        s = tuple(float(v) for v in _channels(1.0 if std is None else std))
+    except (TypeError, ValueError):
+        m = s = ()
+    if len(m) != 3 or len(s) != 3 or not all(v > 0 for v in s):
+        raise ConfigError(f"mean and std must be one number or three (std > 0), got mean={mean!r}, "
+                          f"std={std!r}")
+    return m, s
+
+
+def _affine(normalize: Tuple[Sequence[float], Sequence[float]],
+            layout: str) -> Tuple[torch.Tensor, torch.Tensor]:
+    """``(scale, shift)`` with ``(x / 255 - mean) / std == x * scale + shift``, shaped to broadcast over a
+    batch of ``layout``: one pass over the batch instead of three."""
+    mean = torch.tensor(normalize[0], dtype=torch.float64)
+    std = torch.tensor(normalize[1], dtype=torch.float64)
+    shape = (1, 3, 1, 1) if layout == "NCHW" else (1, 1, 1, 3)
+    scale, shift = (1 / (255 * std)).reshape(shape), (-mean / std).reshape(shape)
+    return scale.float(), shift.float()
+
+
+class _HostHold:
+    """Host batches kept lent until the device copies from them are done: ``(event, tensors)`` pairs, in
+    the order the copies were enqueued; an event is anything with ``query()`` and ``synchronize()``.
+    Thread-safe (close() may drain from another thread)."""
+
+    def __init__(self) -> None:
+        self._held: Deque[Tuple[Any, Tuple[torch.Tensor, torch.Tensor]]] = collections.deque()
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._held)
+
+    def add(self, event: Any, tensors: Tuple[torch.Tensor, torch.Tensor]) -> None:
+        with self._lock:
+            self._held.append((event, tensors))
+
+    def release(self, keep_at_most: int) -> None:
+        """Lets go of the batches whose copies are done (in order), then waits for the oldest until at most
+        ``keep_at_most`` are kept."""
+        with self._lock:
+            while self._held and self._held[0][0].query():
+                self._held.popleft()
+            while len(self._held) > max(0, keep_at_most):
+                self._held.popleft()[0].synchronize()
+
+    def drain(self) -> None:
+        self.release(0)
+
+
+class _CudaCopier:
+    """Copies host batches to ``device`` on a side stream of its own (optionally normalising there) and hands
+    the results over to the caller's current stream."""
+
+    def __init__(self, device: torch.device, normalize: Optional[Tuple[Sequence[float], Sequence[float]]],
+                 layout: str) -> None:
+        self.device = device
+        self._stream = torch.cuda.Stream(device=device)
+        self._affine: Optional[Tuple[torch.Tensor, torch.Tensor]] = None
+        if normalize is not None:
+            scale, shift = _affine(normalize, layout)
+            self._affine = (scale.to(device), shift.to(device))
+
+    def copy(self, host: Tuple[torch.Tensor, torch.Tensor]
+             ) -> Tuple[Tuple[torch.Tensor, torch.Tensor], Any]:
+        """Enqueues the copy of ``host`` (and the normalisation) on the side stream; returns the device
+        tensors and an event recorded after them."""
+        with torch.cuda.stream(self._stream):
+            images = host[0].to(self.device, non_blocking=True)
+            labels = host[1].to(self.device, non_blocking=True)
+            if self._affine is not None:
+                images = images.float().mul_(self._affine[0]).add_(self._affine[1])
+            event = torch.cuda.Event()
+            event.record(self._stream)
+        return (images, labels), event
+
+    def hand_over(self, tensors: Tuple[torch.Tensor, torch.Tensor], event: Any) -> None:
+        """Makes the caller's current stream wait for the copy, and tells the caching allocator that the
+        tensors (allocated on the side stream) are used there."""
+        stream = torch.cuda.current_stream(self.device)
+        stream.wait_event(event)
+        for t in tensors:
+            t.record_stream(stream)
+
+
+def _make_copier(device: torch.device, normalize: Optional[Tuple[Sequence[float], Sequence[float]]],
+                 layout: str) -> Any:
+    return _CudaCopier(device, normalize, layout)
+
+
 class _LentUntilCopied:
     """Keeps zero-copy batches lent until the device copies made from them are done.
 
@@ -204,6 +328,11 @@ class Loader(torch.utils.data.IterableDataset):
     ``num_workers=0``, the default) yields the same batches, without a copy. (``pin_memory=True`` there would
     copy every batch into another page-locked buffer: leave it out.)
 
+    Device batches: with ``device="cuda"`` (or ``"cuda:1"``, a ``torch.device``) the tensors yielded are on
+    that device, copied on a side stream one batch ahead (see the module docstring); the caller's current
+    stream is made to wait for each copy, so they can be used at once. ``len()``, resume and the order are
+    as on the host.
+
     Args:
         catalog: the samples (:class:`prestage.Catalog`).
         batch_size: samples per batch on this rank.
@@ -219,6 +348,13 @@ class Loader(torch.utils.data.IterableDataset):
         mean, std: per channel (R, G, B) or one number, on the 0-1 scale as torchvision's ``Normalize``
             (e.g. ``mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225)``); float32 only.
         rank, world_size: this process's place among the data-parallel ranks (see above).
+        device: ``None`` (or ``"cpu"``): host tensors viewing the batch buffers; a CUDA device: device
+            tensors (a copy, asynchronous, from the registered buffers).
+        normalize_on_device: with a CUDA ``device`` and ``dtype=torch.float32``: decode to uint8, copy
+            that, and apply ``(x / 255 - mean) / std`` on the device.
+        pin_memory: accepted for ``DataLoader`` compatibility when the batch buffers are registered with
+            CUDA already (``stats()["pinned"] == "cuda"``), so no copy is made; refused otherwise, since
+            prestage never copies a batch into another host buffer.
         options: the other options, by keyword, as for :class:`prestage.Loader`
             (:class:`prestage.options.CommonOptions`: ``stage_dir``, ``cache_bytes``, ``eviction``,
             ``prefetchers``, ``readers``, ``lookahead``, ``depth``, ``max_pixels``, ``io_timeout``,
@@ -228,7 +364,9 @@ class Loader(torch.utils.data.IterableDataset):
 
     Raises:
         prestage.ConfigError: an invalid option; a ``DataLoader`` keyword with no meaning here (the message
-            says what to use instead).
+            says what to use instead); a CUDA ``device`` where CUDA is not available;
+            ``normalize_on_device`` without a CUDA device or float32; ``pin_memory=True`` where the
+            buffers are not CUDA-registered.
 
     >>> loader = prestage.torch.Loader(catalog, batch_size=128, image_size=(224, 224),
     ...                                transform="random-resized-crop", dtype=torch.float32,
@@ -250,6 +388,9 @@ class Loader(torch.utils.data.IterableDataset):
         std: Union[float, Sequence[float], None] = None,
         rank: Optional[int] = None,
         world_size: Optional[int] = None,
+        device: Union[str, int, torch.device, None] = None,
+        normalize_on_device: bool = False,
+        pin_memory: bool = False,
         **options: Unpack[CommonOptions],
     ) -> None:
         super().__init__()
@@ -259,18 +400,44 @@ class Loader(torch.utils.data.IterableDataset):
                                   f"prestage.torch.Loader: {_DATALOADER_ONLY[name]}")
             if name not in CommonOptions.__optional_keys__:
                 raise TypeError(f"Loader() got an unexpected keyword argument {name!r}")
+        for name, flag in (("normalize_on_device", normalize_on_device), ("pin_memory", pin_memory)):
+            if not isinstance(flag, bool):
+                raise ConfigError(f"{name} must be True or False, got {flag!r}")
+        self._device = _resolve_device(device)
         # What PyTorch spells differently is converted here; every rule is the core's.
         image_options: Dict[str, Any] = {"layout": layout, "dtype": _dtype_name(dtype)}
         if mean is not None:
             image_options["mean"] = _channels(mean)
         if std is not None:
             image_options["std"] = _channels(std)
+        normalize = None
+        if normalize_on_device:
+            if self._device is None:
+                raise ConfigError("normalize_on_device=True needs a CUDA device= (on the host, dtype="
+                                  "torch.float32 normalises while decoding)")
+            if image_options["dtype"] != "float32":
+                raise ConfigError("normalize_on_device=True gives float32 tensors: pass dtype=torch.float32")
+            if layout not in ("NCHW", "NHWC"):
+                raise ConfigError(f"layout must be 'NCHW' or 'NHWC', got {layout!r}")
+            normalize = _mean_std(mean, std)
+            image_options = {"layout": layout, "dtype": "uint8"}  # what crosses the bus
         self._rank, self._world_size = distributed_rank(rank, world_size)
         self._loader = _NumpyLoader(catalog, batch_size, image_size, rank=self._rank,
                                     world_size=self._world_size, decode="jpeg",
                                     **image_options, **options)
-        self._layout, self._dtype = layout, image_options["dtype"]
-        self._lent = _LentUntilCopied(limit=max(0, self._loader.options.depth - 1))  # depth after `tuned`
+        if pin_memory:
+            stats = self._loader.stats()
+            if stats["pinned"] != "cuda":
+                self._loader.close()
+                raise ConfigError("pin_memory=True: the batch buffers are not registered with CUDA "
+                                  f"(stats()['pinned'] is {stats['pinned']!r}: {stats['pinned_why']}); "
+                                  "leave pin_memory out (prestage never copies a batch on the host)")
+        self._layout = layout
+        self._dtype = "float32" if normalize is not None else image_options["dtype"]
+        depth = self._loader.options.depth  # after `tuned`
+        self._lent = _LentUntilCopied(limit=max(0, depth - 1))
+        self._copier = None if self._device is None else _make_copier(self._device, normalize, layout)
+        self._in_flight = _HostHold()  # device=: host batches under a copy
 
     @property
     def rank(self) -> int:
@@ -299,6 +466,10 @@ class Loader(torch.utils.data.IterableDataset):
             raise ConfigError("prestage.torch.Loader must be iterated in the process that made it: use "
                               "DataLoader(loader, batch_size=None) with num_workers=0 (its threads do "
                               "the work)")
+        if self._copier is not None:
+            # One host batch is being copied ahead; at most depth - 1 are held, one is left to the ring.
+            return _DeviceEpoch(self._copier, self._in_flight, iter(self._loader),
+                                keep_at_most=max(0, self._loader.options.depth - 2))
         return _Epoch(self._lent, iter(self._loader))
 
     def state_dict(self) -> Dict[str, Any]:
@@ -316,10 +487,16 @@ class Loader(torch.utils.data.IterableDataset):
         """Per-stage counters; ``consumer_stall_s`` is the time the training loop waited for batches."""
         return self._loader.stats()
 
+    @property
+    def device(self) -> Optional[torch.device]:
+        """The CUDA device the batches are copied to, or None (host tensors)."""
+        return self._device
+
     def close(self) -> None:
         """Waits for device copies from lent batches, then stops the loader's threads; any thread (a thread
         waiting for a batch raises :class:`prestage.ConfigError`). Idempotent."""
         self._lent.drain()
+        self._in_flight.drain()
         self._loader.close()
 
     def __enter__(self) -> "Loader":
@@ -335,7 +512,7 @@ class Loader(torch.utils.data.IterableDataset):
     def __repr__(self) -> str:
         return (f"prestage.torch.Loader(batch_size={self._loader.options.batch_size}, rank={self._rank}, "
                 f"world_size={self._world_size}, batches={len(self)}, layout={self._layout!r}, "
-                f"dtype={self._dtype!r})")
+                f"dtype={self._dtype!r}, device={self._device})")
 
 
 class _Epoch:
@@ -354,3 +531,52 @@ class _Epoch:
         tensors = as_tensors(next(self._batches))
         self._lent.yielded(tensors)
         return tensors
+
+
+class _DeviceEpoch:
+    """One epoch of device ``(images, labels)``: batch b + 1 is fetched and its copy enqueued before batch b
+    is returned, so the copy overlaps the caller's step on b. A host batch stays held until its copy's
+    event completes; at most ``keep_at_most`` + 1 are held. An error of one batch is raised at that batch,
+    after the batches before it."""
+
+    def __init__(self, copier: Any, hold: _HostHold, batches: Iterator[_core.Batch],
+                 keep_at_most: int) -> None:
+        self._copier = copier
+        self._hold = hold
+        self._batches = batches
+        self._keep_at_most = keep_at_most
+        self._ahead: Optional[Tuple[Tuple[torch.Tensor, torch.Tensor], Any]] = None
+        self._error: Optional[BaseException] = None
+        self._ended = False
+
+    def __iter__(self) -> "_DeviceEpoch":
+        return self
+
+    def __next__(self) -> Tuple[torch.Tensor, torch.Tensor]:
+        if self._ahead is None and self._error is None:
+            self._fetch()
+        if self._ahead is None:
+            error, self._error = self._error, None
+            if error is not None:
+                raise error
+            raise StopIteration
+        current, self._ahead = self._ahead, None
+        self._fetch()
+        self._copier.hand_over(*current)
+        return current[0]
+
+    def _fetch(self) -> None:
+        if self._ended:
+            return
+        self._hold.release(self._keep_at_most)
+        try:
+            host = as_tensors(next(self._batches))
+        except StopIteration:
+            self._ended = True
+            return
+        except (IoError, DecodeError) as e:  # this batch's sample: raised in its turn
+            self._error = e
+            return
+        tensors, event = self._copier.copy(host)
+        self._hold.add(event, host)
+        self._ahead = (tensors, event)

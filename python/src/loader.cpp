@@ -85,6 +85,7 @@ constexpr auto kStatsFields = std::make_tuple(
     field("source_reads", &Stats::source_reads), field("source_bytes", &Stats::source_bytes),
     field("skipped", &Stats::skipped),
     field("skipped_samples", &Stats::skipped_samples), field("pinned", &Stats::pinned),
+    field("pinned_why", &Stats::pinned_why),
     field("cache_bytes", &Stats::cache_bytes), field("stage_bytes", &Stats::stage_bytes),
     field("stage_bytes_peak", &Stats::stage_bytes_peak), field("epochs", &Stats::epochs));
 
@@ -96,6 +97,7 @@ template <typename T>
 py::object to_python(const T& value) {
   return py::cast(value);
 }
+py::object to_python(Pinning p) { return py::str(std::string(to_string(p))); }  // "cuda", ...
 py::object to_python(const StageStats& s) { return to_dict(s, kStageFields); }
 py::object to_python(const EpochStats& s) { return to_dict(s, kEpochFields); }
 py::object to_python(const SkippedSample& s) { return to_dict(s, kSkippedFields); }
@@ -202,7 +204,12 @@ copy); the buffer is reused only after the batch and every array viewing it have
       .def("__len__", &Batch::size)
       .def_property_readonly("epoch", &Batch::epoch)
       .def_property_readonly("index", &Batch::index, "Position in the epoch, from 0.")
-      .def_property_readonly("pinned", &Batch::pinned, "Whether the buffer is page-locked.")
+      .def_property_readonly("pinned", &Batch::pinned,
+                             "Whether the buffer is page-locked (by mlock or CUDA registration).")
+      .def_property_readonly(
+          "pinning", [](const Batch& b) { return std::string(to_string(b.pinning())); },
+          "How the buffer is pinned: \"cuda\" (registered with the CUDA driver: device copies are "
+          "asynchronous), \"mlock\" or \"none\".")
       .def_property_readonly(
           "images",
           [](py::object self) {

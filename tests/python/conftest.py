@@ -100,6 +100,24 @@ def native_threads() -> Callable[[], int]:
     return lambda: len(os.listdir("/proc/self/task"))
 
 
+@pytest.fixture(scope="session")
+def fake_cudart(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A test double of the CUDA runtime library (tests/cpp/fake_cudart.c, compiled here with the system C
+    compiler): load it with PRESTAGE_CUDART=<path>; FAKE_CUDART_LOG, FAKE_CUDART_DEVICES and
+    FAKE_CUDART_REGISTER_ERROR control it (see the source)."""
+    import shutil
+    import subprocess
+
+    source = Path(__file__).resolve().parents[1] / "cpp" / "fake_cudart.c"
+    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if compiler is None:
+        pytest.fail("no C compiler (cc) to build the CUDA runtime double")
+    out = tmp_path_factory.mktemp("fake_cudart") / "libfake_cudart.so"
+    subprocess.run([compiler, "-shared", "-fPIC", "-O1", "-pthread", "-o", str(out), str(source)],
+                   check=True)
+    return out
+
+
 # TFRecord files written without TensorFlow: the framing and tf.train.Example's wire format, from their
 # specifications (the tf-marked tests check these bytes against TensorFlow's own writer).
 

@@ -421,11 +421,11 @@ def test_stats_keys_are_the_documented_ones(folder):
         "adopted_files", "already_staged", "stage_failures", "stage_expedited", "read_ahead",
         "read_ahead_bytes", "stage_dir_disabled", "stage_dir_error", "hits", "misses", "misses_read_ahead",
         "bytes_from_source", "bytes_from_stage", "source_reads", "source_bytes", "skipped",
-        "skipped_samples", "pinned", "cache_bytes",
-        "stage_bytes", "stage_bytes_peak", "epochs"}
+        "skipped_samples", "pinned", "pinned_why", "cache_bytes", "stage_bytes", "stage_bytes_peak",
+        "epochs"}
     assert s["skipped"] == 1
     assert set(s["skipped_samples"][0]) == {"path", "error", "sample", "replacement", "epoch", "batch"}
     assert s["skipped_samples"][0]["sample"] == 3 and isinstance(s["skipped_samples"][0]["path"], str)
     assert set(s["epochs"][0]) == {"epoch", "hits", "misses", "evictions", "source_reads",
                                    "bytes_from_source", "copies_made", "copies_adopted"}
-    assert isinstance(s["pinned"], bool) and isinstance(s["wall_s"], float)
+    assert s["pinned"] in ("cuda", "mlock", "none") and s["pinned_why"] and isinstance(s["wall_s"], float)

@@ -48,6 +48,17 @@ def locked_kib(address):
     return 0
 
 
+def assert_pinned_as_reported(tensor, pinned):
+    """The memory under `tensor` is pinned as stats()["pinned"] says: registered with CUDA (torch sees it
+    as pinned), page-locked by mlock (the kernel counts it as locked), or neither."""
+    if pinned == "cuda":
+        assert tensor.is_pinned()
+    elif pinned == "mlock":
+        assert locked_kib(tensor.data_ptr()) > 0
+    else:
+        assert pinned == "none"
+
+
 def assert_same_batches(got, expected):
     assert len(got) == len(expected)
     for (gi, gl), (ei, el) in zip(got, expected):
@@ -99,8 +110,10 @@ def test_tensors_share_the_ring_and_stay_valid_while_referenced(folder):
         # not all be.
         page = os.sysconf("SC_PAGE_SIZE")
         assert held.data_ptr() % page == 0 and next(iter(pointers)) % page == 0
-        if loader.stats()["pinned"]:  # the ring's buffers are page-locked; a copy would not be
-            assert locked_kib(held.data_ptr()) > 0 and locked_kib(next(iter(pointers))) > 0
+        pinned = loader.stats()["pinned"]  # the ring's buffers are pinned; a copy would not be
+        assert_pinned_as_reported(held, pinned)
+        if pinned == "mlock":  # the other buffer too (its tensors are gone: by address)
+            assert locked_kib(next(iter(pointers))) > 0
         torch.testing.assert_close(held, snapshot, rtol=0, atol=0)
         np.testing.assert_array_equal(held.numpy(), expected[0][0])
         np.testing.assert_array_equal(held_labels.numpy(), expected[0][1])
@@ -132,8 +145,7 @@ def test_float32_output_is_normalised_like_torchvision_without_a_copy(folder, la
         pinned = loader.stats()["pinned"]
         for (images, labels), (ei, el) in zip(loader, expected):
             assert images.dtype == torch.float32 and images.is_contiguous()
-            if pinned:  # decoded in place into the ring's page-locked buffer
-                assert locked_kib(images.data_ptr()) > 0
+            assert_pinned_as_reported(images, pinned)  # decoded in place into the ring's buffer
             want = (ei.astype(np.float32) / 255 - np.float32(mean)) / np.float32(std)
             if layout == "NCHW":
                 want = want.transpose(0, 3, 1, 2)
@@ -406,3 +418,164 @@ def test_mean_and_std_with_uint8_are_refused_as_by_the_numpy_loader(folder):
     for make in (pt.Loader, prestage.Loader):
         with pytest.raises(prestage.ConfigError):
             make(cat, batch_size=4, mean=(0.5, 0.5, 0.5))
+
+
+# ------------------------------------------------------------------------------------------------
+# Device batches: device="cuda".
+
+def test_device_arguments_are_checked(folder):
+    cat = prestage.Catalog.from_folder(folder)
+    for device in ("meta", "not-a-device", 3.5):
+        with pytest.raises(prestage.ConfigError):
+            pt.Loader(cat, batch_size=4, device=device)
+    with pt.Loader(cat, batch_size=4, device="cpu") as loader:  # the host, as device=None
+        assert loader.device is None
+        images, _ = next(iter(loader))
+        assert images.device.type == "cpu"
+    with pytest.raises(prestage.ConfigError):  # normalising on the device needs one
+        pt.Loader(cat, batch_size=4, dtype=torch.float32, normalize_on_device=True)
+    with pytest.raises(prestage.ConfigError):
+        pt.Loader(cat, batch_size=4, normalize_on_device=1)
+    if not torch.cuda.is_available():
+        with pytest.raises(prestage.ConfigError):  # said clearly, before any thread starts
+            pt.Loader(cat, batch_size=4, device="cuda")
+        with pytest.raises(prestage.ConfigError):
+            pt.Loader(cat, batch_size=4, device=torch.device("cuda", 0), dtype=torch.float32,
+                      normalize_on_device=True)
+
+
+def test_normalize_on_device_arguments_are_checked(folder, monkeypatch):
+    monkeypatch.setattr(pt, "_resolve_device", lambda device: torch.device("cuda", 0))
+    monkeypatch.setattr(pt, "_make_copier", lambda device, normalize, layout: None)
+    cat = prestage.Catalog.from_folder(folder)
+    with pytest.raises(prestage.ConfigError):  # float32 out: it must be asked for
+        pt.Loader(cat, batch_size=4, device="cuda", normalize_on_device=True)
+    for mean, std in (((0.5, 0.5), 0.2), (0.5, 0.0), ("a", 1.0), (0.5, (0.1, -0.1, 0.1))):
+        with pytest.raises(prestage.ConfigError):
+            pt.Loader(cat, batch_size=4, device="cuda", dtype=torch.float32, normalize_on_device=True,
+                      mean=mean, std=std)
+
+
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+def test_the_device_normalisation_is_the_cores(folder, layout):
+    # What normalize_on_device applies on the GPU, computed here on the CPU from the uint8 batch, against
+    # the core's own float32 output.
+    cat = prestage.Catalog.from_folder(folder)
+    mean, std = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+    scale, shift = pt._affine(pt._mean_std(mean, std), layout)
+    with pt.Loader(cat, batch_size=8, shuffle=False, layout=layout) as u8, \
+            pt.Loader(cat, batch_size=8, shuffle=False, layout=layout, dtype=torch.float32, mean=mean,
+                      std=std) as f32:
+        for (images, _), (want, _) in zip(u8, f32):
+            torch.testing.assert_close(images.float().mul_(scale).add_(shift), want, rtol=1e-5, atol=1e-5)
+
+
+class FakeCopier:
+    """The CUDA side of device=, on the CPU: a copy is a clone, its event completes when the test says."""
+
+    class Event:
+        def __init__(self):
+            self.done = self.waited = False
+
+        def query(self):
+            return self.done
+
+        def synchronize(self):
+            self.done = self.waited = True
+
+    def __init__(self):
+        self.copies = []  # (host images data_ptr, event), in order
+        self.handed = []
+
+    def copy(self, host):
+        event = FakeCopier.Event()
+        busy = {p for p, e in self.copies if not e.done}
+        assert host[0].data_ptr() not in busy  # never refilled under a copy in flight
+        self.copies.append((host[0].data_ptr(), event))
+        return (host[0].clone(), host[1].clone()), event
+
+    def hand_over(self, tensors, event):
+        self.handed.append(event)
+
+
+@pytest.mark.parametrize("depth", [2, 3, 4])
+def test_device_batches_are_copied_one_ahead_and_host_buffers_held_until_copied(make_folder, monkeypatch,
+                                                                              depth):
+    copier = FakeCopier()
+    monkeypatch.setattr(pt, "_resolve_device", lambda device: torch.device("cuda", 0))
+    monkeypatch.setattr(pt, "_make_copier", lambda device, normalize, layout: copier)
+    cat = prestage.Catalog.from_folder(make_folder(2, 12))  # 24 samples: 12 batches of 2
+    expected = numpy_epochs(cat, 1, batch_size=2, image_size=(8, 8), shuffle=False)[0]
+    got = []
+    with pt.Loader(cat, batch_size=2, depth=depth, image_size=(8, 8), shuffle=False,
+                   device="cuda") as loader:
+        for k, (images, labels) in enumerate(loader):
+            # Batch k + 1's copy is enqueued before batch k is handed over: it overlaps k's step.
+            assert len(copier.copies) == min(k + 2, 12)
+            assert copier.handed[-1] is copier.copies[k][1]
+            assert len(loader._in_flight) <= depth - 1  # one buffer is always left to the ring
+            got.append((images.permute(0, 2, 3, 1).numpy(), labels.numpy()))
+            if k == 6:
+                for _, event in copier.copies:
+                    event.done = True  # the device caught up: nothing waited for after this
+                waited = sum(e.waited for _, e in copier.copies)
+        assert sum(e.waited for _, e in copier.copies[:8]) == waited
+        assert len(set(p for p, _ in copier.copies)) <= depth
+    assert_same_batches(got, expected)
+    assert all(e.done for _, e in copier.copies) and len(loader._in_flight) == 0  # close() drained
+
+
+def test_device_batches_raise_a_batchs_error_at_that_batch(make_folder, monkeypatch):
+    copier = FakeCopier()
+    monkeypatch.setattr(pt, "_resolve_device", lambda device: torch.device("cuda", 0))
+    monkeypatch.setattr(pt, "_make_copier", lambda device, normalize, layout: copier)
+    cat = prestage.Catalog.from_folder(make_folder(1, 8))
+    cat.source_path(5).write_bytes(b"not a jpeg")  # batch 2 of 4 (batches of 2, no shuffle)
+    with pt.Loader(cat, batch_size=2, depth=3, shuffle=False, device="cuda") as loader:
+        it = iter(loader)
+        next(it), next(it)
+        with pytest.raises(prestage.DecodeError):
+            next(it)
+        images, labels = next(it)  # iteration goes on with the next batch
+        assert labels.tolist() == [0, 0] and len(copier.handed) == 3
+        with pytest.raises(StopIteration):
+            next(it)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+def test_device_batches_on_cuda_equal_the_host_batches(make_folder, layout):
+    cat = prestage.Catalog.from_folder(make_folder(4, 16, size=(64, 64)))
+    expected = numpy_epochs(cat, 1, batch_size=4, seed=5)[0]
+    got = []
+    with pt.Loader(cat, batch_size=4, seed=5, depth=2, layout=layout, device="cuda") as loader:
+        assert loader.stats()["pinned"] == "cuda"
+        for images, labels in loader:
+            assert images.device.type == "cuda" and labels.device.type == "cuda"
+            torch.cuda._sleep(1_000_000)  # a slow step on the current stream: copies run meanwhile
+            nhwc = images.permute(0, 2, 3, 1) if layout == "NCHW" else images
+            got.append((nhwc.cpu().numpy(), labels.cpu().numpy()))
+    assert_same_batches(got, expected)
+
+
+@pytest.mark.gpu
+def test_normalize_on_device_on_cuda_equals_the_cores_float32(make_folder):
+    cat = prestage.Catalog.from_folder(make_folder(2, 8, size=(32, 32)))
+    mean, std = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+    kwargs = dict(batch_size=4, seed=1, dtype=torch.float32, mean=mean, std=std)
+    with pt.Loader(cat, **kwargs) as host:
+        want = [images.clone() for images, _ in host]
+    with pt.Loader(cat, device="cuda", normalize_on_device=True, **kwargs) as loader:
+        got = [images for images, _ in loader]
+    assert all(g.dtype == torch.float32 and g.device.type == "cuda" for g in got)
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g.cpu(), w, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.gpu
+def test_registered_buffers_are_pinned_for_torch(folder):
+    cat = prestage.Catalog.from_folder(folder)
+    with pt.Loader(cat, batch_size=4, pin_memory=True) as loader:
+        assert loader.stats()["pinned"] == "cuda"
+        images, labels = next(iter(loader))
+        assert images.is_pinned()

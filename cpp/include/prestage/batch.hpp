@@ -10,6 +10,7 @@
 #include <string_view>
 
 #include "prestage/options.hpp"
+#include "prestage/pinning.hpp"
 
 namespace prestage {
 
@@ -51,7 +52,9 @@ class Batch {
   // Catalog indices of the samples delivered: with on_error=skip, a replaced sample's is its
   // replacement's (as is its label).
   std::span<const int64_t> indices() const noexcept;
-  bool pinned() const noexcept;  // the buffer is page-locked
+  // The buffer is page-locked, by mlock or by CUDA registration (pinning() says which).
+  bool pinned() const noexcept;
+  Pinning pinning() const noexcept;
 
  private:
   void release() noexcept;

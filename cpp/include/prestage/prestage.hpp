@@ -6,6 +6,7 @@
 #include "prestage/error.hpp"
 #include "prestage/loader.hpp"
 #include "prestage/options.hpp"
+#include "prestage/pinning.hpp"
 #include "prestage/plan.hpp"
 #include "prestage/stats.hpp"
 

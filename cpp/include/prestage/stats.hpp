@@ -6,6 +6,8 @@
 #include <string>
 #include <vector>
 
+#include "prestage/pinning.hpp"
+
 namespace prestage {
 
 struct StageStats {
@@ -86,7 +88,10 @@ struct Stats {
   uint64_t skipped = 0;
   std::vector<SkippedSample> skipped_samples;
 
-  bool pinned = false;  // batch buffers are page-locked
+  // How the batch buffers are pinned: the least of all buffers (kCuda only if every one is registered),
+  // and why it is not better (or, for kCuda, the runtime registered with).
+  Pinning pinned = Pinning::kNone;
+  std::string pinned_why;
 
   // Bounded stage directory: the bound in effect (0: none; see LoaderOptions::kFitFreeSpace), bytes
   // held now and at most (files being written included), by every process sharing the directory,

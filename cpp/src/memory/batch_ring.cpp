@@ -4,12 +4,15 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
 #include <cstdlib>
 #include <memory>
 #include <new>
 #include <stdexcept>
 #include <utility>
 
+#include "memory/cuda_host.hpp"
 #include "prestage/batch.hpp"
 
 namespace prestage::detail {
@@ -23,13 +26,30 @@ size_t page_size() {
 
 PinnedBuffer::~PinnedBuffer() { free(); }
 
+void PinnedBuffer::use_cuda(const CudaHost* cuda, int device) noexcept {
+  cuda_ = cuda;
+  device_ = device;
+}
+
 void PinnedBuffer::free() noexcept {
   if (data_ == nullptr) return;
-  if (locked_) ::munlock(data_, capacity_);
+  // Unregistered before it is freed: the allocator may hand the range out again, and the driver
+  // refuses to register a range twice. A failed unregister (the runtime shutting down at exit) does
+  // not keep the memory: the next registration of the range then fails and says so.
+  switch (held_) {
+    case Pinning::kCuda:
+      (void)cuda_->unregister_memory(data_);
+      break;
+    case Pinning::kMlock:
+      ::munlock(data_, capacity_);
+      break;
+    case Pinning::kNone:
+      break;
+  }
+  held_ = Pinning::kNone;
   std::free(data_);
   data_ = nullptr;
   capacity_ = 0;
-  locked_ = false;
 }
 
 void PinnedBuffer::reserve(size_t bytes) {
@@ -40,18 +60,63 @@ void PinnedBuffer::reserve(size_t bytes) {
   want = (std::max<size_t>(want, 1) + page - 1) / page * page;
   free();
   void* p = std::aligned_alloc(page, want);
-  if (p == nullptr) throw std::bad_alloc();
+  if (p == nullptr) {
+    std::lock_guard lock(why_mutex_);
+    why_ = "no memory";
+    pinning_.store(Pinning::kNone, std::memory_order_release);
+    throw std::bad_alloc();
+  }
   data_ = static_cast<std::byte*>(p);
   capacity_ = want;
-  // Page-locking can fail (RLIMIT_MEMLOCK); the buffer then stays pageable and says so.
-  locked_ = ::mlock(data_, capacity_) == 0;
+  pin();
 }
 
-BatchRing::BatchRing(size_t depth, size_t batch_size, size_t slot_bytes, DecodeMode mode) {
+void PinnedBuffer::pin() {
+  std::string why;
+  Pinning pinning = Pinning::kNone;
+  if (cuda_ != nullptr && cuda_->available()) {
+    why = cuda_->register_memory(data_, capacity_, device_);
+    if (why.empty()) {
+      pinning = Pinning::kCuda;
+      why = cuda_->why();
+    }
+  } else {
+    why = cuda_ != nullptr ? cuda_->why() : "no CUDA registration asked for";
+  }
+  if (pinning == Pinning::kNone) {
+    // Registration failed or is not possible: page-locking is the fallback, itself limited by
+    // RLIMIT_MEMLOCK; the buffer then stays pageable and says so.
+    if (::mlock(data_, capacity_) == 0) {
+      pinning = Pinning::kMlock;
+    } else {
+      const int error = errno;
+      why = (error == ENOMEM || error == EPERM ? std::string("RLIMIT_MEMLOCK too low")
+                                               : std::string("mlock failed: ") + std::strerror(error)) +
+            "; " + why;
+    }
+  }
+  held_ = pinning;
+  std::lock_guard lock(why_mutex_);
+  why_ = std::move(why);
+  pinning_.store(pinning, std::memory_order_release);
+}
+
+PinnedBuffer::Status PinnedBuffer::status() const {
+  std::lock_guard lock(why_mutex_);
+  return {pinning(), why_};
+}
+
+BatchRing::BatchRing(size_t depth, size_t batch_size, size_t slot_bytes, DecodeMode mode)
+    : BatchRing(depth, batch_size, slot_bytes, mode, CudaHost::instance()) {}
+
+BatchRing::BatchRing(size_t depth, size_t batch_size, size_t slot_bytes, DecodeMode mode,
+                     const CudaHost& cuda) {
+  const int device = cuda.current_device();
   slots_.reserve(depth);
   free_.reserve(depth);
   for (size_t i = 0; i < depth; ++i) {
     auto slot = std::make_unique<Slot>();
+    slot->data.use_cuda(&cuda, device);
     slot->data.reserve(slot_bytes);
     slot->mode = mode;
     slot->labels.reserve(batch_size);
@@ -95,11 +160,14 @@ size_t BatchRing::free_count() const {
   return free_.size();
 }
 
-bool BatchRing::pinned() const noexcept {
-  for (const auto& s : slots_) {
-    if (!s->data.locked()) return false;
+PinnedBuffer::Status BatchRing::status() const {
+  PinnedBuffer::Status least{Pinning::kNone, "no buffers"};
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    PinnedBuffer::Status s = slots_[i]->data.status();
+    // The enumerators are in order of strength.
+    if (i == 0 || s.pinning < least.pinning) least = std::move(s);
   }
-  return !slots_.empty();
+  return least;
 }
 
 }  // namespace prestage::detail
@@ -141,6 +209,7 @@ std::span<const uint64_t> Batch::offsets() const noexcept { return slot_->offset
 std::span<const int64_t> Batch::labels() const noexcept { return slot_->labels; }
 std::span<const int64_t> Batch::indices() const noexcept { return slot_->indices; }
 bool Batch::pinned() const noexcept { return slot_->data.locked(); }
+Pinning Batch::pinning() const noexcept { return slot_->data.pinning(); }
 std::string_view Batch::dtype() const noexcept { return slot_->dtype; }
 bool Batch::ragged() const noexcept { return slot_->ragged; }
 std::span<const uint64_t> Batch::sample_shape(size_t i) const noexcept {

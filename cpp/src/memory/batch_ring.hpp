@@ -1,5 +1,6 @@
-// The batch ring: `depth` batch buffers allocated once, page-aligned and page-locked when the system
-// allows, lent to the consumer and recycled.
+// The batch ring: `depth` batch buffers allocated once, page-aligned, CUDA-registered or page-locked
+// when the system allows, lent to the consumer and recycled. A Batch holds the ring (shared_ptr): its
+// buffers are unregistered and freed only when the ring's last owner, loader or Batch, lets go.
 #pragma once
 
 #include <array>
@@ -14,10 +15,19 @@
 #include <vector>
 
 #include "prestage/options.hpp"
+#include "prestage/pinning.hpp"
 
 namespace prestage::detail {
 
-// A page-aligned buffer, page-locked (mlock) when RLIMIT_MEMLOCK allows. Grows only when asked to.
+class CudaHost;
+
+// A page-aligned buffer, pinned as well as the system allows: registered with the CUDA driver when the
+// CudaHost given to use_cuda() is available, else page-locked with mlock when RLIMIT_MEMLOCK allows, else
+// pageable; pinning() and status() say which, and why. Grows only when asked to: the old memory is
+// unregistered (and unlocked) before it is freed, the new one registered after it is allocated.
+//
+// Thread-safety: use_cuda(), reserve() and data() belong to the slot's holder (one thread at a time);
+// pinning(), locked() and status() may be called from any thread, also during a reserve() (stats()).
 class PinnedBuffer {
  public:
   PinnedBuffer() = default;
@@ -25,18 +35,36 @@ class PinnedBuffer {
   PinnedBuffer(const PinnedBuffer&) = delete;
   PinnedBuffer& operator=(const PinnedBuffer&) = delete;
 
+  // Registers this buffer's memory with `cuda` from now on (not owned: it must outlive the buffer), with
+  // `device` current (-1: the thread's own). Before the first reserve().
+  void use_cuda(const CudaHost* cuda, int device) noexcept;
   // Makes room for at least `bytes` (contents are not kept). Throws std::bad_alloc.
   void reserve(size_t bytes);
   std::byte* data() noexcept { return data_; }
   const std::byte* data() const noexcept { return data_; }
   size_t capacity() const noexcept { return capacity_; }
-  bool locked() const noexcept { return locked_; }
+
+  struct Status {
+    Pinning pinning = Pinning::kNone;
+    std::string why;  // why not better; for kCuda, the runtime that registered it
+  };
+  // What was last published: a regrowth under way shows the old buffer's until the new one is pinned.
+  Pinning pinning() const noexcept { return pinning_.load(std::memory_order_acquire); }
+  bool locked() const noexcept { return pinning() != Pinning::kNone; }  // page-locked in any way
+  Status status() const;
 
  private:
+  void pin();
   void free() noexcept;
   std::byte* data_ = nullptr;
   size_t capacity_ = 0;
-  bool locked_ = false;
+  Pinning held_ = Pinning::kNone;  // what free() must undo; the holder's alone
+  const CudaHost* cuda_ = nullptr;
+  int device_ = -1;
+  // Published for other threads, both under why_mutex_ (pinning_ is also read without it).
+  std::atomic<Pinning> pinning_{Pinning::kNone};
+  mutable std::mutex why_mutex_;
+  std::string why_ = "no memory yet";
 };
 
 // One batch buffer and what travels with it to the consumer.
@@ -67,8 +95,12 @@ struct Slot {
 
 class BatchRing {
  public:
-  // `slot_bytes`: each buffer's initial size (kJpeg: a whole batch of images).
-  BatchRing(size_t depth, size_t batch_size, size_t slot_bytes, DecodeMode mode);
+  // `slot_bytes`: each buffer's initial size (kJpeg: a whole batch of images). The buffers are registered
+  // with `cuda` (which must outlive the ring and every Batch of it) when it is available, with the
+  // calling thread's current device current, also when a buffer grows in another thread.
+  BatchRing(size_t depth, size_t batch_size, size_t slot_bytes, DecodeMode mode,
+            const CudaHost& cuda);
+  BatchRing(size_t depth, size_t batch_size, size_t slot_bytes, DecodeMode mode);  // CudaHost::instance()
 
   // A free slot. The caller guarantees one is free (the pipeline's limiter counts them).
   Slot* acquire();
@@ -83,7 +115,10 @@ class BatchRing {
 
   size_t depth() const noexcept { return slots_.size(); }
   size_t free_count() const;
-  bool pinned() const noexcept;
+  // The least pinned of the buffers, and why (see PinnedBuffer::status()), read together. Any thread.
+  PinnedBuffer::Status status() const;
+  Pinning pinned() const { return status().pinning; }
+  std::string pinned_why() const { return status().why; }
 
  private:
   std::vector<std::unique_ptr<Slot>> slots_;

@@ -466,6 +466,7 @@ Stats Loader::Impl::stats() const {
   }
   s.skipped = skipped;
   s.skipped_samples = skipped_samples;
+  s.pinned_why = ring->pinned_why();  // read apart: a buffer regrown in between may disagree with it
   s.pinned = ring->pinned();
   if (shared->stage_dir) s.adopted_files += shared->stage_dir->taken_over();
   if (shared->cache) {

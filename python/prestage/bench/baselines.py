@@ -3,7 +3,8 @@
 - ``torch``: PyTorch ``DataLoader`` over torchvision's ``ImageFolder`` with the same transform as the
   prestage modes (``Resize`` + ``CenterCrop``, or ``RandomResizedCrop`` + flip) and ``PILToTensor``
   (uint8, as prestage's output), ``shuffle=True``, ``num_workers`` = the number of cores unless given,
-  ``pin_memory=True`` (effective only where CUDA is present: the JSON says ``pinned``).
+  ``pin_memory=True`` (effective only where CUDA is present: the JSON's ``pinned`` says ``"cuda"`` or
+  ``"none"``, as prestage's ``stats()["pinned"]`` does).
 - ``tf``: ``tf.data``: the ImageFolder file list, ``shuffle``, ``map(read_file + decode_jpeg + resize +
   crop, num_parallel_calls=AUTOTUNE)`` (or ``--workers`` calls), ``batch``, ``prefetch(AUTOTUNE)``.
 
@@ -85,7 +86,8 @@ def run_torch(root: str, batch_size: int, image_size: Optional[Tuple[int, int]],
     del iterator  # shuts the workers down (not timed: a training loop would go on)
     return {"framework": "torch", "version": f"torch {torch.__version__}, torchvision "
             f"{torchvision.__version__}", "workers": workers, "images": images, "epoch_s": epoch_s,
-            "stall_s": stall, "index_s": index_s, "pinned": bool(torch.cuda.is_available())}
+            "stall_s": stall, "index_s": index_s,
+            "pinned": "cuda" if torch.cuda.is_available() else "none"}
 
 
 def _image_folder(root: str) -> Tuple[List[str], List[int]]:
@@ -160,7 +162,7 @@ def run_tf(root: str, batch_size: int, image_size: Optional[Tuple[int, int]], tr
     epoch_s = time.perf_counter() - start
     return {"framework": "tf", "version": f"tensorflow {tf.__version__}",
             "workers": "AUTOTUNE" if workers is None else workers, "images": images,
-            "epoch_s": epoch_s, "stall_s": stall, "index_s": index_s, "pinned": False}
+            "epoch_s": epoch_s, "stall_s": stall, "index_s": index_s, "pinned": "none"}
 
 
 def _size(text: str) -> Optional[Tuple[int, int]]:

@@ -203,6 +203,8 @@ def _run_loader(setup: Setup, catalog: Any, stage_dir: Optional[Path], prefetche
         "misses": stats["misses"],
         "staged_files": stats["staged_files"],
         "stage_dir_error": stats["stage_dir_error"] if stats["stage_dir_disabled"] else None,
+        "pinned": stats["pinned"],
+        "pinned_why": stats["pinned_why"],
     }
 
 

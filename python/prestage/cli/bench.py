@@ -277,7 +277,7 @@ def run(args: argparse.Namespace) -> int:
                     s = summarize(Job(mode, threads, readers, lookahead, args.workers), runs[mode])
                     first = runs[mode][0]
                     for key in ("options", "stages", "pfs", "cache", "hits", "misses", "pinned",
-                                "version", "index_s"):
+                                "pinned_why", "version", "index_s"):
                         if key in first:
                             s[key] = first[key]
                     s["stages"] = _median_stages(runs[mode])

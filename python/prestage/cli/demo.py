@@ -134,11 +134,15 @@ def format_report(result: Dict[str, Any]) -> str:
         f"staged files     {s['staged_files']} copied, {s['already_staged']} already staged, "
         f"{s['stage_failures']} failed",
         f"stage 3 reads    {s['hits']} from the stage directory, {s['misses']} from the source",
-        f"batch buffers    {'page-locked' if s['pinned'] else 'pageable (RLIMIT_MEMLOCK too low)'}",
+        f"batch buffers    {_PINNED[s['pinned']]} ({s['pinned_why']})",
     ]
     if s["stage_dir_disabled"]:
         lines.append(f"stage directory  disabled: {s['stage_dir_error']}")
     return "\n".join(lines)
+
+
+#: stats()["pinned"], in words.
+_PINNED = {"cuda": "registered with the CUDA driver", "mlock": "page-locked", "none": "pageable"}
 
 
 def _image_size(text: str) -> Optional[Tuple[int, int]]:

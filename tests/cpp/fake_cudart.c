@@ -1,0 +1,182 @@
+/* A test double of the CUDA runtime library (libcudart): the entry points prestage opens with dlsym,
+ * recording each call (operation, pointer, size, the calling thread's device, result) in order.
+ *
+ * Behaves as the real runtime where prestage relies on it: a range cannot be registered twice
+ * (cudaErrorHostMemoryAlreadyRegistered), only a registered pointer can be unregistered
+ * (cudaErrorHostMemoryNotRegistered), and the memory is read at both calls, so that a range freed before
+ * its unregistration is reported (a fault, or AddressSanitizer's use-after-free).
+ *
+ * Controls: fake_cudart_configure() and fake_cudart_calls() (for tests that dlopen this library), or, read
+ * when it is loaded, the environment: FAKE_CUDART_DEVICES (default 1), FAKE_CUDART_COUNT_ERROR and
+ * FAKE_CUDART_REGISTER_ERROR (a cudaError_t to return; default 0), and FAKE_CUDART_LOG (a file to which
+ * each call is appended as one line: "<op> <pointer> <size> <device> <result>").
+ * Thread-safe: one mutex around all state. Built for the tests only; never installed. */
+#include <pthread.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+enum { kSuccess = 0, kInvalidValue = 1, kInvalidDevice = 101, kAlreadyRegistered = 712,
+       kNotRegistered = 713 };
+enum { kCount = 1, kRegister = 2, kUnregister = 3, kSetDevice = 4 };
+
+struct fake_cudart_call {
+  int op;
+  uintptr_t pointer;
+  size_t size;
+  int device; /* the calling thread's current device */
+  unsigned flags;
+  int result;
+};
+
+#define FAKE_MAX_CALLS 4096
+#define FAKE_MAX_RANGES 1024
+
+static pthread_mutex_t mutex = PTHREAD_MUTEX_INITIALIZER;
+static struct fake_cudart_call calls[FAKE_MAX_CALLS];
+static size_t call_count;
+static struct { uintptr_t pointer; size_t size; } ranges[FAKE_MAX_RANGES];
+static size_t range_count;
+static int devices = 1, count_error, register_error;
+static FILE* log_file;
+static __thread int current_device;
+
+static int env_int(const char* name, int fallback) {
+  const char* text = getenv(name);
+  return text != NULL && *text != '\0' ? atoi(text) : fallback;
+}
+
+__attribute__((constructor)) static void load(void) {
+  devices = env_int("FAKE_CUDART_DEVICES", 1);
+  count_error = env_int("FAKE_CUDART_COUNT_ERROR", 0);
+  register_error = env_int("FAKE_CUDART_REGISTER_ERROR", 0);
+  const char* path = getenv("FAKE_CUDART_LOG");
+  if (path != NULL && *path != '\0') log_file = fopen(path, "a");
+}
+
+/* Under the mutex. */
+static int record(int op, const void* pointer, size_t size, unsigned flags, int result) {
+  if (call_count < FAKE_MAX_CALLS) {
+    struct fake_cudart_call c = {op, (uintptr_t)pointer, size, current_device, flags, result};
+    calls[call_count++] = c;
+  }
+  if (log_file != NULL) {
+    static const char* const names[] = {"?", "count", "register", "unregister", "set_device"};
+    fprintf(log_file, "%s %#lx %zu %d %d\n", names[op], (unsigned long)(uintptr_t)pointer, size,
+            current_device, result);
+    fflush(log_file);
+  }
+  return result;
+}
+
+static void touch(const void* pointer, size_t size) {
+  const volatile unsigned char* bytes = (const volatile unsigned char*)pointer;
+  (void)bytes[0];
+  (void)bytes[size - 1];
+}
+
+/* --- the runtime's entry points (cudaError_t is an int) --- */
+
+int cudaGetDeviceCount(int* count) {
+  pthread_mutex_lock(&mutex);
+  int result = count_error;
+  if (result == kSuccess) *count = devices;
+  record(kCount, NULL, (size_t)devices, 0, result);
+  pthread_mutex_unlock(&mutex);
+  return result;
+}
+
+int cudaGetDevice(int* device) {
+  *device = current_device;
+  return kSuccess;
+}
+
+int cudaSetDevice(int device) {
+  pthread_mutex_lock(&mutex);
+  int result = device >= 0 && device < devices ? kSuccess : kInvalidDevice;
+  if (result == kSuccess) current_device = device;
+  record(kSetDevice, NULL, (size_t)device, 0, result);
+  pthread_mutex_unlock(&mutex);
+  return result;
+}
+
+int cudaHostRegister(void* pointer, size_t size, unsigned flags) {
+  pthread_mutex_lock(&mutex);
+  int result = register_error;
+  if (pointer == NULL || size == 0) result = kInvalidValue;
+  for (size_t i = 0; result == kSuccess && i < range_count; ++i) {
+    uintptr_t begin = (uintptr_t)pointer;
+    if (begin < ranges[i].pointer + ranges[i].size && ranges[i].pointer < begin + size) {
+      result = kAlreadyRegistered;
+    }
+  }
+  if (result == kSuccess && range_count == FAKE_MAX_RANGES) result = kInvalidValue;
+  if (result == kSuccess) {
+    touch(pointer, size);
+    ranges[range_count].pointer = (uintptr_t)pointer;
+    ranges[range_count].size = size;
+    ++range_count;
+  }
+  record(kRegister, pointer, size, flags, result);
+  pthread_mutex_unlock(&mutex);
+  return result;
+}
+
+int cudaHostUnregister(void* pointer) {
+  pthread_mutex_lock(&mutex);
+  int result = kNotRegistered;
+  size_t size = 0;
+  for (size_t i = 0; i < range_count; ++i) {
+    if (ranges[i].pointer == (uintptr_t)pointer) {
+      size = ranges[i].size;
+      touch(pointer, size);
+      ranges[i] = ranges[--range_count];
+      result = kSuccess;
+      break;
+    }
+  }
+  record(kUnregister, pointer, size, 0, result);
+  pthread_mutex_unlock(&mutex);
+  return result;
+}
+
+const char* cudaGetErrorString(int error) {
+  switch (error) {
+    case kSuccess: return "no error";
+    case kInvalidValue: return "invalid argument";
+    case kInvalidDevice: return "invalid device ordinal";
+    case kAlreadyRegistered: return "part or all of the requested memory range is already mapped";
+    case kNotRegistered: return "pointer does not correspond to a registered memory region";
+    default: return "unrecognized error code";
+  }
+}
+
+/* --- controls for the tests --- */
+
+/* Sets the behaviour and forgets the calls recorded (not the ranges registered). */
+void fake_cudart_configure(int device_count, int count_error_code, int register_error_code) {
+  pthread_mutex_lock(&mutex);
+  devices = device_count;
+  count_error = count_error_code;
+  register_error = register_error_code;
+  call_count = 0;
+  pthread_mutex_unlock(&mutex);
+}
+
+/* Copies up to `max` recorded calls, in order, into `out`; returns how many were recorded. */
+size_t fake_cudart_calls(struct fake_cudart_call* out, size_t max) {
+  pthread_mutex_lock(&mutex);
+  size_t n = call_count;
+  for (size_t i = 0; i < n && i < max; ++i) out[i] = calls[i];
+  pthread_mutex_unlock(&mutex);
+  return n;
+}
+
+/* Ranges registered now. */
+size_t fake_cudart_registered(void) {
+  pthread_mutex_lock(&mutex);
+  size_t n = range_count;
+  pthread_mutex_unlock(&mutex);
+  return n;
+}
