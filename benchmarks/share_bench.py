@@ -36,10 +36,11 @@ from typing import Dict, List, Optional
 WORKER = r"""
 import json, sys, time
 import prestage
-catalog, stage, rank, world, batch, epochs, go = sys.argv[1:8]
+catalog, stage, rank, world, batch, epochs, go, threads = sys.argv[1:9]
 cat = prestage.Catalog.load(catalog)
+options = json.loads(threads)  # prefetchers, readers: the defaults unless given
 loader = prestage.Loader(cat, batch_size=int(batch), decode="raw", stage_dir=stage, rank=int(rank),
-                         world_size=int(world), seed=0, stage_patience=None)
+                         world_size=int(world), seed=0, stage_patience=None, **options)
 while not __import__("os").path.exists(go):  # all ranks start together
     time.sleep(0.001)
 times, cpu = [], []
@@ -81,7 +82,7 @@ def make_files(root: Path, count: int, size: int, classes: int = 100) -> None:
 
 
 def run_once(catalog: Path, stage: Path, ranks: int, batch: int, epochs: int,
-             env: Dict[str, str]) -> dict:
+             env: Dict[str, str], threads: Optional[Dict[str, int]] = None) -> dict:
     """R processes sharing `stage`, started together; per epoch the slowest rank's time."""
     if stage.exists():
         shutil.rmtree(stage)
@@ -90,7 +91,8 @@ def run_once(catalog: Path, stage: Path, ranks: int, batch: int, epochs: int,
         old.unlink()
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     procs = [subprocess.Popen([sys.executable, "-c", WORKER, str(catalog), str(stage), str(r),
-                               str(ranks), str(batch), str(epochs), str(go)],
+                               str(ranks), str(batch), str(epochs), str(go),
+                               json.dumps(threads or {})],
                               stdout=subprocess.PIPE, text=True, env=env) for r in range(ranks)]
     time.sleep(1.0 + 0.2 * ranks)  # every loader built (the catalog loaded) before the start
     go.touch()
@@ -118,6 +120,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--batch-size", type=int, default=256)
     ap.add_argument("--epochs", type=int, default=3)
     ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--prefetchers", type=int, help="stage 2 threads of each rank (default: the loader's)")
+    ap.add_argument("--readers", type=int, help="stage 3 threads of each rank (default: the loader's)")
     ap.add_argument("--baseline", type=Path, help="another build of prestage (a pip --target dir)")
     ap.add_argument("--workdir", type=Path, help="where the files go (default: a temporary dir)")
     ap.add_argument("--json", type=Path, help="write the results here")
@@ -140,7 +144,10 @@ def main(argv: Optional[List[str]] = None) -> int:
         all_runs: Dict[int, List[dict]] = {ranks: [] for ranks in configs}
         for i in range(args.runs):
             for ranks in configs:
-                r = run_once(catalog, work / "stage", ranks, args.batch_size, args.epochs, env)
+                threads = {k: v for k, v in (("prefetchers", args.prefetchers),
+                                             ("readers", args.readers)) if v is not None}
+                r = run_once(catalog, work / "stage", ranks, args.batch_size, args.epochs, env,
+                             threads)
                 all_runs[ranks].append(r)
                 print(f"  round {i + 1}, {ranks} rank(s): epochs "
                       + " ".join(f"{t:.2f}s" for t in r["epoch_s"])

@@ -205,7 +205,8 @@ def test_arrays_are_zero_copy_views_that_keep_their_buffer(folder):
 
 
 def test_gil_is_released_while_waiting(make_folder):
-    cat = prestage.Catalog.from_folder(make_folder(2, 30, size=(256, 256)))
+    # Enough decoding for a wait well over 10 ms on one reader (256 x 256 took as little as 8 ms).
+    cat = prestage.Catalog.from_folder(make_folder(2, 30, size=(640, 640)))
     ticks = [0]
     stop = threading.Event()
 
