@@ -491,3 +491,45 @@ TEST_CASE("stage directory: a neighbour that gives up its copy leaves it to the 
   CHECK(first.is_absent(0));
   CHECK(read_text(second.staged_path(0)) == "file 0");
 }
+
+TEST_CASE("stage directory: an eviction and a neighbour's new copy of the same file never cross") {
+  TempDir dir;
+  const Catalog cat = many_files(dir, 2);
+  StageDirectory first(dir / "stage", cat);
+  StageDirectory second(dir / "stage", cat);
+  std::vector<std::byte> buffer;
+  REQUIRE(first.try_claim(0));
+  REQUIRE(first.stage(0, cat.file_source_path(0).string(), buffer) == Outcome::kStaged);
+  CHECK(first.node().used() == 6);  // "file 0"
+
+  // A neighbour holds the file's copy lock (it is copying the file anew): not evicted now.
+  {
+    const int fd = ::open((first.staged_path(0) + ".part").c_str(), O_CREAT | O_WRONLY, 0644);
+    REQUIRE(fd >= 0);
+    REQUIRE(::flock(fd, LOCK_EX) == 0);
+    CHECK_FALSE(first.evict(0));
+    CHECK(first.is_staged(0));
+    CHECK(first.node().on_disk(0));
+    CHECK(std::filesystem::exists(first.staged_path(0)));
+    ::close(fd);
+  }
+  // A copy the node no longer counts (an eviction between its mark and its unlink) is not taken
+  // over: the neighbour copies the file itself, and the node counts that copy.
+  REQUIRE(first.node().remove(0));
+  first.node().release(6);
+  bool read_source = false;
+  REQUIRE(second.try_claim(0));
+  CHECK(second.stage(0, [&](std::vector<std::byte>& out, int64_t& mtime) {
+    read_source = true;
+    prestage::detail::read_file(cat.file_source_path(0).string(), out, &mtime);
+  }, buffer) == Outcome::kStaged);
+  CHECK(read_source);
+  CHECK(second.node().on_disk(0));
+  CHECK(second.node().used() == 6);
+  CHECK(read_text(second.staged_path(0)) == "file 0");
+  // And an eviction with nobody in the way removes the copy and its bytes.
+  CHECK(second.evict(0));
+  CHECK_FALSE(std::filesystem::exists(second.staged_path(0)));
+  CHECK_FALSE(std::filesystem::exists(second.staged_path(0) + ".part"));
+  CHECK(second.node().used() == 0);
+}

@@ -341,18 +341,32 @@ bool StageDirectory::evict(uint64_t id) noexcept {
     unreserve(id);
     return true;
   }
-  if (!table_->remove(id)) {
-    if (!table_->on_disk(id)) forget(id);  // a neighbour removed it already
-    return false;                          // else a neighbour holds it: it stays
+  // Under the file's copy lock (its ".part" file's, as stage() takes it): a neighbour that finds the
+  // copy gone from the table waits for the lock before it copies the file anew, so the unlink below
+  // never removes that new copy. A file whose lock another process holds is not evicted now. On a
+  // disk too full to create the lock file, the eviction goes on without it.
+  const std::string final_path = staged_path(id);
+  const std::string part_path = final_path + ".part";
+  const int fd = ::open(part_path.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
+  if (fd >= 0 && (::flock(fd, LOCK_EX | LOCK_NB) != 0 || !still_at(fd, part_path))) {
+    ::close(fd);
+    return false;
   }
-  // Gone from the disk before it is marked absent: a claim made once it is absent copies anew, and
-  // its copy must not be the one unlinked here. A reader that still finds it staged meanwhile finds
-  // no file and reads the source (the tiers' fallback).
-  ::unlink(staged_path(id).c_str());
-  table_->release(sizes_[id].load(std::memory_order_relaxed));
-  // A stale mark would make stage 1 hand a later claim of this file to stage 2 as a copy to check.
-  forget(id);
-  return true;
+  const bool removed = table_->remove(id);
+  if (removed) {
+    // Gone from the disk before it is marked absent here. A reader of this process that still
+    // finds it staged meanwhile finds no file and reads the source (the tiers' fallback).
+    ::unlink(final_path.c_str());
+    table_->release(sizes_[id].load(std::memory_order_relaxed));
+  }
+  if (fd >= 0) {
+    ::unlink(part_path.c_str());
+    ::close(fd);  // releases the lock
+  }
+  // Removed here, or by a neighbour already: absent. (A stale "unverified" mark would make stage 1
+  // hand a later claim of this file to stage 2 as a copy to check.) Else a neighbour holds it.
+  if (removed || !table_->on_disk(id)) forget(id);
+  return removed;
 }
 
 void StageDirectory::discard(uint64_t id) noexcept {
@@ -393,6 +407,9 @@ bool StageDirectory::adopt(uint64_t id) {
     crc = indexed_crc_[id];
   }
   if (size == kNoRecord || size != static_cast<uint64_t>(st.st_size)) return false;
+  // A copy the node no longer counts is being removed (evict() unlinks it under the copy lock,
+  // which stage() takes next): not one to take over.
+  if (!table_->on_disk(id)) return false;
   sizes_[id].store(size, std::memory_order_relaxed);
   crcs_[id].store(crc, std::memory_order_relaxed);
   // Written in this run by a live neighbour (every copy that was there before it started was
