@@ -127,7 +127,7 @@ TEST_CASE("cuda host: no device, or cudaGetDeviceCount failing: never a call to 
     {
       BatchRing ring(3, 4, 10000, DecodeMode::kRaw, host);
       CHECK(ring.pinned() != Pinning::kCuda);
-      CHECK(ring.pinned_why() == host.why());
+      CHECK(ring.status().why == host.why());
     }
     CHECK(fake.log(kCount).size() == 1);
     CHECK(fake.log(kRegister).empty());

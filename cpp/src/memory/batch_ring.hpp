@@ -118,7 +118,6 @@ class BatchRing {
   // The least pinned of the buffers, and why (see PinnedBuffer::status()), read together. Any thread.
   PinnedBuffer::Status status() const;
   Pinning pinned() const { return status().pinning; }
-  std::string pinned_why() const { return status().why; }
 
  private:
   std::vector<std::unique_ptr<Slot>> slots_;

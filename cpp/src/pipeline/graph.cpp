@@ -79,6 +79,8 @@ struct Pipeline::Impl {
   // Adds what a stage's work on batch `w` cost to the figures of its epoch.
   void count_stage(const Work& w);
   void count_decode(const Work& w);
+  // Adds the reads `reads` made from the source to `e` (epochs_mutex held).
+  static void count_source(EpochStats& e, const TierTally& reads);
   // A node's body failed (a broken invariant, not a sample's error): the pipeline stops delivering
   // and pop() raises `error`. No exception may leave a node: oneTBB would cancel the whole graph and
   // the consumer would wait for ever.
@@ -380,13 +382,17 @@ Ticket Pipeline::Impl::decode(Ticket t) {
   return t;
 }
 
+void Pipeline::Impl::count_source(EpochStats& e, const TierTally& reads) {
+  const TierCounts counts = reads.counts();
+  e.source_reads += counts.reads[static_cast<size_t>(Tier::kSource)];
+  e.bytes_from_source += counts.bytes[static_cast<size_t>(Tier::kSource)];
+}
+
 void Pipeline::Impl::count_stage(const Work& w) {
-  const TierCounts reads = w.stage_reads.counts();
   const uint64_t adopted = w.stage.adopted.load(std::memory_order_relaxed);
   std::lock_guard lock(shared.epochs_mutex);
   EpochStats& e = shared.epochs[w.epoch];
-  e.source_reads += reads.reads[static_cast<size_t>(Tier::kSource)];
-  e.bytes_from_source += reads.bytes[static_cast<size_t>(Tier::kSource)];
+  count_source(e, w.stage_reads);
   e.copies_made += w.stage.copied.load(std::memory_order_relaxed);
   e.copies_adopted += adopted;
   // Stage 1 counted these as misses: a neighbour's copy served instead of the source.
@@ -396,11 +402,8 @@ void Pipeline::Impl::count_stage(const Work& w) {
 
 void Pipeline::Impl::count_decode(const Work& w) {
   // Bytes served from memory were read from the source by stage 2, and counted there.
-  const TierCounts reads = w.decode_reads.counts();
   std::lock_guard lock(shared.epochs_mutex);
-  EpochStats& e = shared.epochs[w.epoch];
-  e.source_reads += reads.reads[static_cast<size_t>(Tier::kSource)];
-  e.bytes_from_source += reads.bytes[static_cast<size_t>(Tier::kSource)];
+  count_source(shared.epochs[w.epoch], w.decode_reads);
 }
 
 void Pipeline::Impl::hand_off(Ticket t) {

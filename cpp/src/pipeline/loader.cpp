@@ -466,8 +466,9 @@ Stats Loader::Impl::stats() const {
   }
   s.skipped = skipped;
   s.skipped_samples = skipped_samples;
-  s.pinned_why = ring->pinned_why();  // read apart: a buffer regrown in between may disagree with it
-  s.pinned = ring->pinned();
+  detail::PinnedBuffer::Status pinning = ring->status();  // both read together
+  s.pinned = pinning.pinning;
+  s.pinned_why = std::move(pinning.why);
   if (shared->stage_dir) s.adopted_files += shared->stage_dir->taken_over();
   if (shared->cache) {
     s.cache_bytes = shared->cache->capacity();

@@ -345,20 +345,16 @@ bool StageDirectory::evict(uint64_t id) noexcept {
   // copy gone from the table waits for the lock before it copies the file anew, so the unlink below
   // never removes that new copy. A file whose lock another process holds is not evicted now. On a
   // disk too full to create the lock file, the eviction goes on without it.
-  const std::string final_path = staged_path(id);
-  const std::string part_path = final_path + ".part";
+  const std::string part_path = staged_path(id) + ".part";
   const int fd = ::open(part_path.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
   if (fd >= 0 && (::flock(fd, LOCK_EX | LOCK_NB) != 0 || !still_at(fd, part_path))) {
     ::close(fd);
     return false;
   }
+  // Gone from the disk before it is marked absent here. A reader of this process that still finds
+  // it staged meanwhile finds no file and reads the source (the tiers' fallback).
   const bool removed = table_->remove(id);
-  if (removed) {
-    // Gone from the disk before it is marked absent here. A reader of this process that still
-    // finds it staged meanwhile finds no file and reads the source (the tiers' fallback).
-    ::unlink(final_path.c_str());
-    table_->release(sizes_[id].load(std::memory_order_relaxed));
-  }
+  if (removed) remove_copy(id);
   if (fd >= 0) {
     ::unlink(part_path.c_str());
     ::close(fd);  // releases the lock
@@ -370,11 +366,13 @@ bool StageDirectory::evict(uint64_t id) noexcept {
 }
 
 void StageDirectory::discard(uint64_t id) noexcept {
-  if (table_->remove_held(id)) {
-    ::unlink(staged_path(id).c_str());
-    table_->release(sizes_[id].load(std::memory_order_relaxed));
-  }
+  if (table_->remove_held(id)) remove_copy(id);
   forget(id);
+}
+
+void StageDirectory::remove_copy(uint64_t id) noexcept {
+  ::unlink(staged_path(id).c_str());
+  table_->release(sizes_[id].load(std::memory_order_relaxed));
 }
 
 void StageDirectory::append_record(const Record& record) {

@@ -158,6 +158,8 @@ class StageDirectory {
   void append_record(const Record& record);
   void forget(uint64_t id) noexcept;  // staged in this view -> absent (its copy is gone)
   void discard(uint64_t id) noexcept;  // a corrupt or vanished copy: removed, whoever holds it
+  // Unlinks the copy the table has just marked gone, and gives its bytes back to the node.
+  void remove_copy(uint64_t id) noexcept;
   bool open_index(const std::string& index);
   void compact_index(const std::string& index, const std::vector<int64_t>& mtimes);
 
