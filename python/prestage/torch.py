@@ -271,7 +271,7 @@ class _LentUntilCopied:
         self._limit = limit
         self._cuda = _cuda_in_use()
         self._last: Optional[Tuple[torch.Tensor, torch.Tensor]] = None
-        self._held: Deque[Tuple[Any, Tuple[torch.Tensor, torch.Tensor]]] = collections.deque()
+        self._held = _HostHold()
         self._lock = threading.Lock()  # close() may drain from another thread
 
     def yielded(self, tensors: Tuple[torch.Tensor, torch.Tensor]) -> None:
@@ -287,17 +287,13 @@ class _LentUntilCopied:
         if last is not None:
             event = _record_stream_event()
             if event is not None:
-                self._held.append((event, last))
-        while self._held and self._held[0][0].query():
-            self._held.popleft()
-        while len(self._held) > self._limit:
-            self._held.popleft()[0].synchronize()
+                self._held.add(event, last)
+        self._held.release(self._limit)
 
     def drain(self) -> None:
         with self._lock:
             self._release_copied()
-            while self._held:
-                self._held.popleft()[0].synchronize()
+            self._held.drain()
 
 
 class Loader(torch.utils.data.IterableDataset):
