@@ -18,7 +18,9 @@ import prestage
 
 # One rank of `world`: 3 epochs of raw bytes, each checked against the backing files (read beside
 # the emulator, so that the check is not counted as a read of the source), with a barrier at the end
-# of every epoch as a training step's all-reduce makes; prints the per-epoch figures.
+# of every epoch as a training step's all-reduce makes; prints the per-epoch figures. Its batches in
+# flight (lookahead 1, depth 2) are fewer than an epoch's, so it plans epoch 2 only once every rank
+# has passed the barrier of epoch 0.
 RANK = textwrap.dedent("""
     import json, os, sys, time
     from pathlib import Path
@@ -27,7 +29,8 @@ RANK = textwrap.dedent("""
     rank, world = int(rank), int(world)
     cat = prestage.Catalog.load(catalog)
     with prestage.Loader(cat, batch_size=5, decode="raw", stage_dir=stage, rank=rank,
-                         world_size=world, seed=7, stage_patience=None, prefetchers=3) as loader:
+                         world_size=world, seed=7, stage_patience=None, prefetchers=3,
+                         lookahead=1, depth=2) as loader:
         for epoch in range(3):
             for b in loader:
                 for k, i in enumerate(b.indices):
@@ -85,9 +88,11 @@ def test_four_ranks_read_each_file_from_the_source_once_and_their_figures_say_so
     for r in ranks:
         for e in r["epochs"]:
             per_epoch.setdefault(e["epoch"], []).append(e)
-    # By the end of epoch 1 the node had every file (each is in some rank's slice of epoch 1); in
-    # epoch 2 nothing is read from the source, and every sample is a hit. (The epochs planned ahead
-    # and never consumed show what stage 1 had decided when the loader closed.)
+    # By the barrier of epoch 0 the node had every file (each is in some rank's slice of it), and no
+    # rank plans epoch 2 before that: in epoch 2 nothing is read from the source, and every sample
+    # is a hit. (With more batches in flight than an epoch holds, a rank would plan epoch 2 early
+    # and copy there what a neighbour had not reached yet: a CI check saw 4 such reads. The epochs
+    # planned ahead and never consumed show what stage 1 had decided when the loader closed.)
     counts = per_epoch[2]
     assert sum(c["source_reads"] for c in counts) == 0
     assert sum(c["misses"] for c in counts) == 0
