@@ -313,6 +313,14 @@ def seeds():
         "empty": b"",
     }
 
+    # The index of a packed set (prestage pack): the harness puts a 64-byte shard-00000.bin beside it.
+    head = b"# prestage pack 1\n# classes\tcat\tdog\n# zstd\tnone\n"
+    s["shard_index"] = {
+        "two-samples": head + b"shard-00000.bin\t0\t10\t0\t0a0b0c0d\tcat/a.jpg\n"
+                              b"shard-00000.bin\t10\t54\t1\t01020304\tdog/b.jpg\n",
+        "past-the-end": head + b"shard-00000.bin\t60\t10\t0\t0\tcat/a.jpg\n",
+        "two-shards": head + b"shard-00000.bin\t0\t1\t-1\t0\ta\nshard-00001.bin\t0\t1\t3\t0\tb\n",
+    }
     s["catalog"] = {
         "folder": catalog_file("/data/imagenet", ["cat/1.jpg", "cat/2.jpg", "dog/a.jpg"], [0, 0, 1],
                                classes=["cat", "dog"], sizes=[100, 200, 300],

@@ -9,7 +9,7 @@ SSD with decoding into pinned batch buffers.
 ...         batch.images, batch.labels    # zero-copy NumPy views
 """
 
-from prestage import options, plan, transforms
+from prestage import options, pack, plan, transforms
 from prestage._core import Batch, Catalog, __version__
 from prestage.errors import ConfigError, DecodeError, Error, IoError
 from prestage.loader import Loader
@@ -24,6 +24,7 @@ __all__ = [
     "Loader",
     "__version__",
     "options",
+    "pack",
     "plan",
     "transforms",
 ]

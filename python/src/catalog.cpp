@@ -120,6 +120,19 @@ Explicit relative paths and labels (or no labels: -1). No file is touched here; 
 >>> prestage.Catalog.from_paths("/data", ["a/1.jpg", "b/2.jpg"], [0, 1])
 )doc")
       .def_static(
+          "from_shards",
+          [](const std::filesystem::path& dir) {
+            py::gil_scoped_release release;
+            return Catalog::from_shards(dir);
+          },
+          py::arg("dir"), R"doc(
+A set packed by `prestage pack SRC DIR`: its samples, in the order of DIR/index.tsv, are byte
+ranges of the shards in DIR, with the labels and class names of the set they were packed from.
+A shard is staged whole; a sample packed with zstd is decompressed by every decode mode but "raw".
+
+>>> prestage.Catalog.from_shards("/pfs/imagenet-packed")
+)doc")
+      .def_static(
           "from_hdf5",
           [](py::handle paths, const std::string& dataset,
              const std::optional<std::string>& labels) {

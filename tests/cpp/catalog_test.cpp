@@ -289,3 +289,31 @@ TEST_CASE("catalog: a file shorter than its catalog says is an IoError that says
   CHECK(exact.error_code() == EIO);
   CHECK(std::string(exact.what()).find("is 10 bytes, 16 were expected") != std::string::npos);
 }
+
+TEST_CASE("catalog: from_shards reads a packed set's index: ranges of its shards, labels, classes") {
+  TempDir dir;
+  touch(dir.path() / "shard-00000.bin", "helloworld");
+  touch(dir.path() / "shard-00001.bin", "!");
+  touch(dir.path() / "index.tsv",
+        "# prestage pack 1\n# classes\tcat\tdog\n# zstd\tnone\n"
+        "shard-00000.bin\t0\t5\t1\t0\tdog/a.txt\n"
+        "shard-00000.bin\t5\t5\t0\t0\tcat/b.txt\n"
+        "shard-00001.bin\t0\t1\t-1\t0\tc.txt\n");
+  const Catalog cat = Catalog::from_shards(dir.path());
+  REQUIRE(cat.size() == 3);
+  CHECK(cat.num_files() == 2);
+  CHECK(cat.classes() == std::vector<std::string>{"cat", "dog"});
+  CHECK(read_sample(cat, 0) == "hello");
+  CHECK(read_sample(cat, 1) == "world");
+  CHECK(read_sample(cat, 2) == "!");
+  CHECK(cat.label(0) == 1);
+  CHECK(cat.label(2) == -1);
+  CHECK(cat.file_size(0) == 10);
+
+  // A range past its shard's end (a truncated shard) is refused when the set is opened.
+  touch(dir.path() / "index.tsv", "# prestage pack 1\nshard-00001.bin\t0\t2\t0\t0\tc.txt\n");
+  CHECK_THROWS_AS(Catalog::from_shards(dir.path()), prestage::DecodeError);
+  touch(dir.path() / "index.tsv", "# prestage pack 1\nshard-00001.bin\t0\n");
+  CHECK_THROWS_AS(Catalog::from_shards(dir.path()), prestage::ConfigError);
+  CHECK_THROWS_AS(Catalog::from_shards(dir.path() / "none"), prestage::IoError);
+}

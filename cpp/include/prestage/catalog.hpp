@@ -69,6 +69,13 @@ class Catalog {
                              const std::vector<std::string>& classes = {},
                              Symlinks symlinks = Symlinks::kFollow);
 
+  // A set packed by `prestage pack`: the samples in the order of `dir`/index.tsv (one line per sample:
+  // shard, offset, length, label, CRC-32C of the original file, original path; '#' lines hold the
+  // class names and the format). Samples are byte ranges of the shards, staged a shard at a time. The
+  // shards' sizes and times are recorded (a stat per shard). IoError if the index cannot be read,
+  // ConfigError naming the line if it is malformed.
+  static Catalog from_shards(const std::filesystem::path& dir);
+
   // What a sample's locator means: the codec that reads it is chosen from this and decode=.
   enum class Kind : uint8_t {
     kFiles,     // whole files or byte ranges of files (the constructors above)

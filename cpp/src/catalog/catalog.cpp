@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <bit>
+#include <charconv>
 #include <cerrno>
 #include <cstring>
 #include <fstream>
@@ -370,6 +371,95 @@ Catalog Catalog::from_list(const fs::path& list_file, const fs::path& root, Syml
   auto data = make_data(root, paths, labels, {});
   set_symlinks(*data, symlinks);
   record_file_stats(*data);
+  return Catalog(data);
+}
+
+Catalog Catalog::from_shards(const fs::path& dir) {
+  const fs::path index = dir / "index.tsv";
+  std::ifstream in(index);
+  if (!in) {
+    const int err = errno;
+    throw IoError(index.string(), err,
+                  "cannot open the index of packed set '" + dir.string() + "': " + std::strerror(err) +
+                      " (made by `prestage pack SRC OUT`)");
+  }
+  std::vector<std::string> files, classes;
+  std::vector<Locator> locators;
+  std::vector<int64_t> labels;
+  std::string line, shard;
+  size_t line_no = 0;
+  bool header = false;
+  const auto bad = [&](const std::string& why) {
+    throw ConfigError(index.string() + ":" + std::to_string(line_no) + ": " + why);
+  };
+  const auto number = [&](std::string_view field, const char* what) {
+    uint64_t v = 0;
+    const auto [end, ec] = std::from_chars(field.data(), field.data() + field.size(), v);
+    if (ec != std::errc() || end != field.data() + field.size() || field.empty()) {
+      bad(std::string(what) + " '" + std::string(field) + "' is not a non-negative integer");
+    }
+    return v;
+  };
+  while (std::getline(in, line)) {
+    ++line_no;
+    std::vector<std::string_view> fields;
+    for (size_t start = 0;;) {
+      const size_t tab = line.find('\t', start);
+      fields.emplace_back(std::string_view(line).substr(start, tab - start));
+      if (tab == std::string::npos) break;
+      start = tab + 1;
+    }
+    if (line_no == 1) {
+      if (line != "# prestage pack 1") bad("not a prestage pack index (expected '# prestage pack 1')");
+      header = true;
+      continue;
+    }
+    if (line.empty()) continue;
+    if (line.front() == '#') {
+      if (fields[0] == "# classes") classes.assign(fields.begin() + 1, fields.end());
+      continue;
+    }
+    if (fields.size() != 6) bad("expected 6 tab-separated fields, found " + std::to_string(fields.size()));
+    if (files.empty() || fields[0] != files.back()) files.emplace_back(fields[0]);
+    Locator loc;
+    loc.file = files.size() - 1;
+    loc.offset = number(fields[1], "offset");
+    loc.length = number(fields[2], "length");
+    if (loc.offset + loc.length < loc.offset) bad("the range overflows");
+    int64_t label = -1;
+    const std::string_view l = fields[3];
+    const auto [end, ec] = std::from_chars(l.data(), l.data() + l.size(), label);
+    if (ec != std::errc() || end != l.data() + l.size()) bad("label '" + std::string(l) + "' is not an integer");
+    locators.push_back(loc);
+    labels.push_back(label);
+  }
+  if (in.bad()) throw IoError(index.string(), EIO, "cannot read '" + index.string() + "'");
+  if (!header) {
+    line_no = 1;
+    bad("empty index: not a prestage pack index");
+  }
+  // A shard named twice apart (not in one run of lines) would be two files of one name.
+  {
+    std::vector<std::string> sorted = files;
+    std::sort(sorted.begin(), sorted.end());
+    if (std::adjacent_find(sorted.begin(), sorted.end()) != sorted.end()) {
+      line_no = 0;
+      bad("a shard's samples are not on consecutive lines");
+    }
+  }
+  auto data = locators.empty() ? make_data(dir, {}, labels, classes)
+                               : make_data(dir, files, labels, classes, locators);
+  record_file_stats(*data);
+  for (size_t i = 0; i < data->locators.size(); ++i) {
+    const Locator& loc = data->locators[i];
+    const uint64_t size = data->file_sizes[loc.file];
+    if (size != kUnknownSize && loc.offset + loc.length > size) {
+      throw DecodeError(std::string(data->root / files[loc.file]),
+                        "sample " + std::to_string(i) + " (bytes " + std::to_string(loc.offset) + "+" +
+                            std::to_string(loc.length) + ") lies past the end of shard '" +
+                            files[loc.file] + "' (" + std::to_string(size) + " bytes): truncated?");
+    }
+  }
   return Catalog(data);
 }
 
