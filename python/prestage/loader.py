@@ -115,6 +115,10 @@ class Loader:
             ``lookahead`` and ``depth``, those not passed to this call take the file's values; one
             passed always wins, even when it equals its default (precedence: the call, then the
             file, then the default). ``options`` says what is in effect.
+        trace: a file to write the I/O trace to (``None``: no trace): one record per read of a
+            sample's or a file's bytes (sample, tier, file, offset, size, start, end, thread), whole
+            once the loader is closed. ``prestage.trace.read(path)`` gives them as a NumPy array;
+            ``prestage trace FILE`` summarises them and draws the access patterns.
 
     Thread safety: ``stats()``, ``state_dict()`` and ``close()`` may be called from any thread at any
     time, also while another thread waits for a batch. ``stats()`` then counts the wait under way in

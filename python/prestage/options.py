@@ -55,6 +55,7 @@ class CommonOptions(TypedDict, total=False):
     stage_patience: Optional[float]
     on_error: Literal["raise", "skip"]
     tuned: Union[str, os.PathLike[str], None]
+    trace: Union[str, os.PathLike[str], None]
 
 
 class ImageOptions(CommonOptions, total=False):
@@ -215,6 +216,7 @@ _CONVERT: Dict[str, Callable[[_core.LoaderOptions, str, Any], None]] = {
     "decode": _decode,
     "array_name": _text("array_name"),
     "max_sample_bytes": _integer,
+    "trace": _text("trace"),
 }
 
 

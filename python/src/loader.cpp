@@ -191,6 +191,7 @@ prestage.options for how the Python arguments become these fields). validate() i
           })
       .def_readwrite("array_name", &LoaderOptions::array_name)
       .def_readwrite("max_sample_bytes", &LoaderOptions::max_sample_bytes)
+      .def_readwrite("trace", &LoaderOptions::trace)
       .def("validate", &LoaderOptions::validate, R"doc(
 Raises prestage.ConfigError naming the first invalid option: the one place options are checked.
 

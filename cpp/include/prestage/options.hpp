@@ -124,6 +124,10 @@ struct LoaderOptions {
   // allocation (decompression bombs, lying headers).
   uint64_t max_sample_bytes = uint64_t{4} << 30;
 
+  // A file to write the I/O trace to: one record per read of a sample's or a file's bytes (sample,
+  // tier, file, offset, size, start, end, thread), for `prestage trace FILE`. Empty: no trace.
+  std::string trace;
+
   // Throws ConfigError naming the first invalid option. The one place where options are checked:
   // the Python package converts its arguments to these fields and leaves every rule to this.
   void validate() const;

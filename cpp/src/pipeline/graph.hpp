@@ -68,6 +68,7 @@ struct Shared {
   std::unique_ptr<Normalizer> normalizer;  // kJpeg, float32 output
   std::unique_ptr<StageDirectory> stage_dir;  // null: direct reads
   std::unique_ptr<StageCache> cache;          // with stage_dir: what to stage, what to evict
+  std::unique_ptr<IoTrace> trace;             // options.trace: a record per read (before tiers)
   std::unique_ptr<Tiers> tiers;               // every read of a sample's bytes
   std::unique_ptr<Stager> stager;
   std::unique_ptr<BatchDecoder> decoder;      // stage 3

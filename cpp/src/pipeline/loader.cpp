@@ -223,6 +223,11 @@ Loader::Impl::Impl(Catalog catalog_in, LoaderOptions options_in)
                                                             ? detail::kFramingBytes
                                                             : 0);
   shared->tiers = std::make_unique<detail::Tiers>(shared->catalog, shared->stage_dir.get(), max_read);
+  if (!o.trace.empty()) {
+    shared->trace = std::make_unique<detail::IoTrace>(o.trace, shared->catalog.root().string(),
+                                                      shared->catalog.num_files());
+    shared->tiers->set_trace(shared->trace.get());
+  }
   if (o.decode == DecodeMode::kJpeg) {
     ImageSize size = o.image_size;
     if (size.empty()) {
@@ -509,7 +514,10 @@ void Loader::Impl::close() {
     locks->no_waiter.wait(lock, [&] { return !waiting_since; });
   }
   lock.unlock();  // stats() goes on while the threads stop
-  if (owner.load(std::memory_order_relaxed) == 0) return;  // never started: no thread to join
+  if (owner.load(std::memory_order_relaxed) == 0) {  // never started: no thread to join
+    if (shared->trace) shared->trace->flush();
+    return;
+  }
   stopping.reset();
   shared->stager->stop();  // its figures stay for stats()
   if (shared->cache) shared->cache->let_go_all();  // its window's files, for the other processes
@@ -519,6 +527,7 @@ void Loader::Impl::close() {
   // Joins oneTBB's workers when no other user of oneTBB in the process still needs them; otherwise
   // they stay, idle, for that user.
   (void)tbb::finalize(shared->scheduler, std::nothrow);
+  if (shared->trace) shared->trace->flush();  // every read is over: the file is whole
 }
 
 Loader::Loader(Catalog catalog, LoaderOptions options)

@@ -47,7 +47,12 @@ std::span<const std::byte> Tiers::read(uint64_t id, const std::vector<std::byte>
 void Tiers::fetch_file(uint64_t file, std::vector<std::byte>& buffer, int64_t& mtime_ns,
                        TierTally* tally) {
   std::string path;
+  const int64_t start = trace_ != nullptr ? trace_->now_ns() : 0;
   read_file(source_file(catalog_, source_path(file, path)), buffer, &mtime_ns);
+  if (trace_ != nullptr) {
+    trace_->add(IoTrace::kNoSample, file, 0, buffer.size(), start,
+                static_cast<uint8_t>(Tier::kSource), TraceKind::kCopy);
+  }
   fetched_.add(Tier::kSource, buffer.size());
   if (tally != nullptr) tally->add(Tier::kSource, buffer.size());
 }
@@ -56,7 +61,12 @@ void Tiers::fetch_sample(uint64_t id, std::vector<std::byte>& buffer, TierTally*
   check_size(id, sample_size(id));
   std::string path;
   const Catalog::Locator loc = catalog_.locator(id);
+  const int64_t start = trace_ != nullptr ? trace_->now_ns() : 0;
   read_located(source_file(catalog_, source_path(loc.file, path)), loc, buffer);
+  if (trace_ != nullptr) {
+    trace_->add(id, loc.file, loc.offset, buffer.size(), start, static_cast<uint8_t>(Tier::kSource),
+                TraceKind::kReadAhead);
+  }
   check_size(id, buffer.size());
   fetched_.add(Tier::kSource, buffer.size());
   if (tally != nullptr) tally->add(Tier::kSource, buffer.size());

@@ -17,6 +17,7 @@
 #include "prestage/error.hpp"
 #include "tiers/stage_directory.hpp"
 #include "util/file_io.hpp"
+#include "util/io_trace.hpp"
 
 namespace prestage::detail {
 
@@ -73,6 +74,9 @@ class Tiers {
   // allocated for it.
   Tiers(const Catalog& catalog, StageDirectory* stage, uint64_t max_read_bytes);
 
+  // Every read from then on adds a record to `trace` (null: none); set before the first read.
+  void set_trace(IoTrace* trace) noexcept { trace_ = trace; }
+
   const Catalog& catalog() const noexcept { return catalog_; }
   StageDirectory* stage_directory() const noexcept { return stage_; }
 
@@ -120,6 +124,7 @@ class Tiers {
   StageDirectory* stage_;
   uint64_t max_read_bytes_;
   TierTally served_, fetched_;
+  IoTrace* trace_ = nullptr;
 };
 
 template <typename Use>
@@ -136,10 +141,18 @@ Tier Tiers::serve(uint64_t id, Tier from, const std::vector<std::byte>* held, Ti
     }
     return tier;
   };
+  const auto run = [&](Tier tier) {
+    const int64_t start = trace_ != nullptr ? trace_->now_ns() : 0;
+    const uint64_t n = use(at);
+    if (trace_ != nullptr) {
+      trace_->add(id, loc.file, loc.offset, n, start, static_cast<uint8_t>(tier), TraceKind::kRead);
+    }
+    return done(tier, n);
+  };
   if (from == Tier::kMemory && held != nullptr) {
     at.tier = Tier::kMemory;
     at.bytes = *held;
-    return done(Tier::kMemory, use(at));
+    return run(Tier::kMemory);
   }
   // A copy left by an earlier run is served only once stage 2 has checked it against its record.
   if (from <= Tier::kStage && stage_ != nullptr && stage_->is_staged(loc.file) &&
@@ -148,7 +161,7 @@ Tier Tiers::serve(uint64_t id, Tier from, const std::vector<std::byte>* held, Ti
     at.tier = Tier::kStage;
     at.file = &scratch.staged;
     try {
-      return done(Tier::kStage, use(at));
+      return run(Tier::kStage);
     } catch (const IoError&) {
       // The copy vanished: the source has the same bytes.
     }
@@ -156,7 +169,7 @@ Tier Tiers::serve(uint64_t id, Tier from, const std::vector<std::byte>* held, Ti
   at.tier = Tier::kSource;
   at.file = at.path;
   if (catalog_.symlinks() == Catalog::Symlinks::kInside) at.root = &catalog_.root().native();
-  return done(Tier::kSource, use(at));
+  return run(Tier::kSource);
 }
 
 }  // namespace prestage::detail

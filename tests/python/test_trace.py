@@ -1,0 +1,122 @@
+"""The I/O trace: one record per read, whose samples, files, ranges and tiers agree with what the loader
+read (checked against the catalog and the loader's own counters); `prestage trace` reads and draws it."""
+
+import os
+import struct
+
+import numpy as np
+import pytest
+
+import prestage
+from prestage import pack as packing
+from prestage import trace as traces
+from prestage.cli import main as cli_main
+
+
+def small_set(root, files=24, classes=3):
+    rng = np.random.default_rng(0)
+    for i in range(files):
+        folder = root / f"c{i % classes}"
+        folder.mkdir(parents=True, exist_ok=True)
+        np.save(folder / f"a{i:03d}.npy", rng.integers(0, 255, (4, 5), dtype=np.uint8))
+    return prestage.Catalog.from_folder(root, [".npy"])
+
+
+def test_no_trace_unless_asked(tmp_path):
+    catalog = small_set(tmp_path / "src")
+    with prestage.Loader(catalog, batch_size=8, decode="npy") as loader:
+        for _ in loader:
+            pass
+    assert not list(tmp_path.glob("*.trace"))
+
+
+def test_direct_reads_are_one_record_each_naming_sample_file_and_range(tmp_path):
+    catalog = small_set(tmp_path / "src")
+    path = tmp_path / "run.trace"
+    with prestage.Loader(catalog, batch_size=8, decode="raw", trace=path, seed=3) as loader:
+        seen = [int(i) for batch in loader for i in batch.indices]
+        stats = loader.stats()
+    header, records = traces.read(path)
+    assert header["files"] == len(catalog) and header["root"] == str(catalog.root)
+    reads = records[records["kind"] == traces.KINDS.index("read")]
+    # Every sample of the epoch was read from the source by stage 3 (and some again: the pipeline
+    # decodes the next epoch's first batches ahead, across the boundary).
+    assert sorted(set(reads["sample"].tolist())) == sorted(seen) == list(range(len(catalog)))
+    assert set(reads["tier"].tolist()) == {traces.TIERS.index("source")}
+    assert len(reads) >= stats["source_reads"] >= len(catalog)
+    for r in reads:
+        i = int(r["sample"])
+        assert int(r["file"]) == i  # one file per sample here
+        assert int(r["size"]) == os.path.getsize(catalog.source_path(i))
+        assert int(r["offset"]) == 0
+    assert (records["end_ns"] >= records["start_ns"]).all()
+    assert np.all(np.diff(records["start_ns"]) >= 0)  # read() sorts by start
+
+
+def test_staged_packed_set_records_shard_copies_and_stage_hits(tmp_path):
+    small_set(tmp_path / "src")
+    packing.pack(tmp_path / "src", tmp_path / "packed", shard_bytes=1500)
+    catalog = prestage.Catalog.from_shards(tmp_path / "packed")
+    path = tmp_path / "run.trace"
+    with prestage.Loader(catalog, batch_size=8, decode="raw", stage_dir=tmp_path / "stage",
+                         stage_patience=None, trace=path) as loader:
+        for epoch in range(2):
+            loader.set_epoch(epoch)
+            for _ in loader:
+                pass
+        stats = loader.stats()
+    _, records = traces.read(path)
+    copies = records[records["kind"] == traces.KINDS.index("copy")]
+    shards = sorted(p for p in os.listdir(tmp_path / "packed") if p.endswith(".bin"))
+    # Each shard was copied whole once, from the source, and named as a file, not a sample.
+    assert sorted(copies["file"].tolist()) == list(range(len(shards)))
+    assert (copies["sample"] == traces.NO_SAMPLE).all()
+    assert [int(c["size"]) for c in sorted(copies, key=lambda c: c["file"])] == \
+        [os.path.getsize(tmp_path / "packed" / s) for s in shards]
+    reads = records[records["kind"] == traces.KINDS.index("read")]
+    assert len(reads) >= 2 * len(catalog)  # and batches decoded ahead, across epoch boundaries
+    staged = reads[reads["tier"] == traces.TIERS.index("stage")]
+    # The second epoch is served from the stage directory alone.
+    assert len(staged) >= len(catalog)
+    assert stats["hits"] > 0
+    loc_lines = (tmp_path / "packed" / "index.tsv").read_text().splitlines()
+    rows = [line.split("\t") for line in loc_lines if not line.startswith("#")]
+    for r in reads:
+        shard, offset, length = rows[int(r["sample"])][:3]
+        assert shards.index(shard) == int(r["file"])
+        assert (int(r["offset"]), int(r["size"])) == (int(offset), int(length))
+    s = traces.summary(records)
+    assert s["reads"] == len(records)
+    assert s["by_kind"]["copy"]["reads"] == len(shards)
+
+
+def test_cli_summarises_and_draws(tmp_path, capsys):
+    catalog = small_set(tmp_path / "src")
+    path = tmp_path / "run.trace"
+    with prestage.Loader(catalog, batch_size=8, decode="raw", stage_dir=tmp_path / "stage",
+                         trace=path) as loader:
+        for _ in loader:
+            pass
+    assert cli_main(["trace", str(path), "--out", str(tmp_path / "figures")]) == 0
+    out = capsys.readouterr().out
+    assert "by tier:" in out and "by kind:" in out
+    for name in ("spatial.png", "temporal.png", "timeline.png"):
+        assert (tmp_path / "figures" / name).stat().st_size > 1000
+
+
+def test_a_bad_trace_is_refused_and_a_torn_record_dropped(tmp_path, capsys):
+    bad = tmp_path / "bad.trace"
+    bad.write_bytes(b"not a trace at all")
+    with pytest.raises(ValueError, match="not a prestage I/O trace"):
+        traces.read(bad)
+    assert cli_main(["trace", str(bad)]) == 1
+    assert "not a prestage I/O trace" in capsys.readouterr().err
+    header = b'{"format": 1, "root": "/x", "files": 1}'
+    record = struct.pack("<QQQQqqIBBH", 0, 0, 0, 10, 5, 9, 0, 3, 0, 0)
+    torn = tmp_path / "torn.trace"
+    torn.write_bytes(b"PSTGTRC1" + struct.pack("<Q", len(header)) + header + record + record[:20])
+    _, records = traces.read(torn)
+    assert len(records) == 1 and int(records[0]["size"]) == 10
+    with pytest.raises(prestage.IoError, match="cannot create the I/O trace"):
+        prestage.Loader(small_set(tmp_path / "src"), batch_size=4, decode="raw",
+                        trace=tmp_path / "missing" / "dir" / "run.trace")
