@@ -1,6 +1,7 @@
 #include "util/io_trace.hpp"
 
 #include <cerrno>
+#include <atomic>
 #include <cstdio>
 #include <cstring>
 
@@ -77,11 +78,11 @@ void IoTrace::add(uint64_t sample, uint64_t file, uint64_t offset, uint64_t size
   const uint32_t thread = thread_number();
   const TraceRecord record{sample, file, offset, size, start_ns, now_ns(), thread, tier,
                            static_cast<uint8_t>(kind), 0};
-  added_.fetch_add(1, std::memory_order_relaxed);
   Slot& slot = slots_[thread % kSlots];
   std::vector<TraceRecord> full;
   {
     std::lock_guard lock(slot.mutex);
+    ++slot.added;
     slot.records.push_back(record);
     if (slot.records.size() < kBatch) return;
     full.swap(slot.records);
@@ -111,7 +112,14 @@ void IoTrace::write(const std::vector<TraceRecord>& records) noexcept {
   }
 }
 
-uint64_t IoTrace::records() const noexcept { return added_.load(std::memory_order_relaxed); }
+uint64_t IoTrace::records() noexcept {
+  uint64_t n = 0;
+  for (Slot& slot : slots_) {
+    std::lock_guard lock(slot.mutex);
+    n += slot.added;
+  }
+  return n;
+}
 
 uint64_t IoTrace::write_errors() const noexcept {
   std::lock_guard lock(write_mutex_);

@@ -12,7 +12,6 @@
 #pragma once
 
 #include <array>
-#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <mutex>
@@ -61,7 +60,7 @@ class IoTrace {
   // Writes every buffered record (called at close; records may still be added afterwards).
   void flush() noexcept;
 
-  uint64_t records() const noexcept;         // added so far
+  uint64_t records() noexcept;               // added so far
   uint64_t write_errors() const noexcept;    // records lost to failed writes
 
  private:
@@ -70,6 +69,7 @@ class IoTrace {
   struct alignas(64) Slot {
     std::mutex mutex;
     std::vector<TraceRecord> records;
+    uint64_t added = 0;  // mutex: counted here, not in one atomic that every thread would share
   };
   void write(const std::vector<TraceRecord>& records) noexcept;
 
@@ -79,7 +79,6 @@ class IoTrace {
   mutable std::mutex write_mutex_;
   uint64_t written_ = 0;  // write_mutex_
   uint64_t lost_ = 0;     // write_mutex_
-  std::atomic<uint64_t> added_{0};
 };
 
 }  // namespace prestage::detail
