@@ -150,9 +150,12 @@ def plot(records: np.ndarray, out: Union[str, "os.PathLike[str]"], title: str = 
     fig.savefig(written[-1], dpi=110)
     plt.close(fig)
 
+    from matplotlib.patches import Patch
+
     threads = np.unique(records["thread"])
     row = {int(t): i for i, t in enumerate(threads)}
     fig, ax = plt.subplots(figsize=(12, 1.2 + 0.35 * len(threads)))
+    handles = []
     for k, name in enumerate(KINDS):
         m = records["kind"] == k
         if not m.any():
@@ -162,10 +165,10 @@ def plot(records: np.ndarray, out: Union[str, "os.PathLike[str]"], title: str = 
             if mt.any():
                 ax.broken_barh(list(zip(start[mt], np.maximum(end[mt] - start[mt], span * 1e-4))),
                                (row[int(thread)] - 0.4, 0.8), color=_KIND_COLORS[name])
-        ax.barh([], [], color=_KIND_COLORS[name], label=f"{name} ({m.sum():,})")
+        handles.append(Patch(color=_KIND_COLORS[name], label=f"{name} ({m.sum():,})"))
     ax.set(xlabel="time (s)", ylabel="thread", yticks=range(len(threads)),
            yticklabels=[str(int(t)) for t in threads], title=title or "reads per thread, by kind")
-    ax.legend(fontsize=8, loc="upper right")
+    ax.legend(handles=handles, fontsize=8, loc="upper right")
     fig.tight_layout()
     written.append(out / "timeline.png")
     fig.savefig(written[-1], dpi=110)
