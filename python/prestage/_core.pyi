@@ -87,6 +87,7 @@ class DecodeMode(_Enum):
     npy: ClassVar[DecodeMode]
     npz: ClassVar[DecodeMode]
     hdf5: ClassVar[DecodeMode]
+    locate: ClassVar[DecodeMode]
 
 class Transform(_Enum):
     center_crop: ClassVar[Transform]

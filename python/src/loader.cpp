@@ -121,6 +121,7 @@ void register_loader(py::module_& m) {
   py::enum_<DecodeMode>(m, "DecodeMode")
       .value("jpeg", DecodeMode::kJpeg)
       .value("raw", DecodeMode::kRaw)
+      .value("locate", DecodeMode::kLocate)
       .value("npy", DecodeMode::kNpy)
       .value("npz", DecodeMode::kNpz)
       .value("hdf5", DecodeMode::kHdf5);
