@@ -288,6 +288,10 @@ void StageCache::admit(uint64_t epoch, uint64_t batch, const uint64_t* samples, 
     ++stats.misses;
     const uint64_t size = size_of(file);
     stats.bytes_missed += size;
+    if (copy_only_ && !copy_only_(file)) {
+      declined.push_back(k);
+      continue;
+    }
     // Room for it in the node's bound, reserved before it is claimed.
     if (capacity_ != 0 && !directory_.reserve(file, size, capacity_) &&
         !(make_room(size, key, stats) && directory_.reserve(file, size, capacity_))) {

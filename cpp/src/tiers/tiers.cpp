@@ -1,5 +1,8 @@
 #include "tiers/tiers.hpp"
 
+#include <cerrno>
+
+#include "tiers/peers.hpp"
 #include "util/file_io.hpp"
 
 namespace prestage::detail {
@@ -56,10 +59,18 @@ void Tiers::fetch_sample(uint64_t id, std::vector<std::byte>& buffer, TierTally*
   check_size(id, sample_size(id));
   std::string path;
   const Catalog::Locator loc = catalog_.locator(id);
-  read_located(source_file(catalog_, source_path(loc.file, path)), loc, buffer);
+  Tier tier = Tier::kPeer;
+  if (peers_ == nullptr || !peers_->fetch(loc, buffer)) {
+    // A loader that closes reads nothing more for batches it will not deliver.
+    if (peers_ != nullptr && peers_->closing()) {
+      throw IoError(source_path(loc.file, path), ECANCELED, "the loader is closing");
+    }
+    tier = Tier::kSource;
+    read_located(source_file(catalog_, source_path(loc.file, path)), loc, buffer);
+  }
   check_size(id, buffer.size());
-  fetched_.add(Tier::kSource, buffer.size());
-  if (tally != nullptr) tally->add(Tier::kSource, buffer.size());
+  fetched_.add(tier, buffer.size());
+  if (tally != nullptr) tally->add(tier, buffer.size());
 }
 
 TierCounts TierTally::counts() const noexcept {
