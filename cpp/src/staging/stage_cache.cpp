@@ -292,8 +292,10 @@ void StageCache::admit(uint64_t epoch, uint64_t batch, const uint64_t* samples, 
       declined.push_back(k);
       continue;
     }
-    // Room for it in the node's bound, reserved before it is claimed.
-    if (capacity_ != 0 && !directory_.reserve(file, size, capacity_) &&
+    // Room for it in the node's bound, reserved before it is claimed. The home copies of the peer
+    // tier fit the bound by construction (never evicted): their bytes are counted, not checked, so
+    // that two ranks reserving the same file at once near the bound decline none.
+    if (capacity_ != 0 && !directory_.reserve(file, size, copy_only_ ? kNever : capacity_) &&
         !(make_room(size, key, stats) && directory_.reserve(file, size, capacity_))) {
       declined.push_back(k);
       continue;

@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <map>
+#include <thread>
 
 #include "prestage/error.hpp"
 #include "util/crc32c.hpp"
@@ -163,23 +164,23 @@ bool Peers::home_here(uint64_t file) const {
   return own_.home[file] != 0 && node_of_[owner] == node_of_[plan_.rank];
 }
 
-bool Peers::fetch(const Catalog::Locator& loc, std::vector<std::byte>& out) {
+Peers::Fetched Peers::fetch(const Catalog::Locator& loc, std::vector<std::byte>& out) {
   if (!on() || closing() || !ready_.load(std::memory_order_acquire) || ::getpid() != pid_) {
-    return false;
+    return Fetched::kNone;
   }
   const uint64_t owner = own_.owner[loc.file];
-  if (owner == Ownership::kNoOwner) return false;
+  if (owner == Ownership::kNoOwner) return Fetched::kNone;
   if (!own_.home[loc.file]) {
     beyond_.fetch_add(1, std::memory_order_relaxed);
-    return false;
+    return Fetched::kNone;
   }
-  if (node_of_[owner] == node_of_[plan_.rank]) return false;  // this node's copy, or its source read
+  if (node_of_[owner] == node_of_[plan_.rank]) return local(loc, out);
   std::vector<std::byte> bytes;
   uint32_t crc = 0;
   const auto fall_back = [&](bool corrupt) {
     fallbacks_.fetch_add(1, std::memory_order_relaxed);
     if (corrupt) corrupt_.fetch_add(1, std::memory_order_relaxed);
-    return false;
+    return Fetched::kNone;
   };
   if (!transport_->request(owner, loc.file, options_.timeout, bytes, crc)) return fall_back(false);
   const uint64_t size = catalog_.file_size(loc.file);
@@ -195,7 +196,25 @@ bool Peers::fetch(const Catalog::Locator& loc, std::vector<std::byte>& out) {
   }
   reads_.fetch_add(1, std::memory_order_relaxed);
   bytes_.fetch_add(out.size(), std::memory_order_relaxed);
-  return true;
+  return Fetched::kPeer;
+}
+
+Peers::Fetched Peers::local(const Catalog::Locator& loc, std::vector<std::byte>& out) {
+  if (stage_ == nullptr) return Fetched::kNone;
+  const auto until = std::chrono::steady_clock::now() + options_.timeout;
+  while (true) {
+    stage_->take_over_published();
+    if (stage_->is_staged(loc.file)) {
+      try {
+        read_located(FileRef(stage_->staged_path(loc.file)), loc, out);
+        return Fetched::kLocal;
+      } catch (const IoError&) {
+        return Fetched::kNone;
+      }
+    }
+    if (closing() || std::chrono::steady_clock::now() >= until) return Fetched::kNone;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
 }
 
 PeerAnswer Peers::serve(uint64_t file, std::vector<std::byte>& bytes, uint32_t& crc) {

@@ -78,9 +78,13 @@ class Peers {
   void start_epoch(uint64_t epoch);
   // Whether this node keeps a home copy of `file` (it may be staged here).
   bool home_here(uint64_t file) const;
-  // Stage 2: sample `loc`'s bytes from its owner node into `out`; false (the caller reads the
-  // source) for a file with no home copy elsewhere, a failed fetch (counted) or a forked process.
-  bool fetch(const Catalog::Locator& loc, std::vector<std::byte>& out);
+  // Stage 2: sample `loc`'s bytes from its home copy into `out`: kPeer from its owner node, kLocal
+  // from this node's stage directory (a home copy of this node that a neighbour, or this rank for an
+  // earlier batch, was still making when this batch was planned: waited for up to the timeout
+  // rather than read from the source a second time), or kNone (the caller reads the source) for a
+  // file with no home copy, a failed fetch (counted) or a forked process.
+  enum class Fetched { kNone, kPeer, kLocal };
+  Fetched fetch(const Catalog::Locator& loc, std::vector<std::byte>& out);
 
   PeerCounts counts() const;
   // The loader closes: fetches from now on fail at once and closing() says so, so that a batch that
@@ -95,6 +99,7 @@ class Peers {
 
  private:
   PeerAnswer serve(uint64_t file, std::vector<std::byte>& bytes, uint32_t& crc);
+  Fetched local(const Catalog::Locator& loc, std::vector<std::byte>& out);
   bool owned_by_other_node(uint64_t file) const;
 
   const Catalog& catalog_;
