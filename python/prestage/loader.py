@@ -236,8 +236,10 @@ class Loader:
 
     def stats(self) -> dict:
         """Per-stage counters and the consumer's stall time (seconds the caller waited, the wait under
-        way included); with ``on_error="skip"``, ``skipped`` and ``skipped_samples``. Any thread; after
-        ``close()``, the figures at closing."""
+        way included); with ``on_error="skip"``, ``skipped`` and ``skipped_samples``; the peer tier's
+        ``peer_tier``, ``peer_tier_why`` (why it is off), ``peer_reads``, ``peer_bytes``,
+        ``peer_fallbacks``, ``peer_corrupt``, ``beyond_budget``, ``peer_served``,
+        ``peer_served_bytes``. Any thread; after ``close()``, the figures at closing."""
         loader = self._loader
         if loader is None:
             return self._final_stats

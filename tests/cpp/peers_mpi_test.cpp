@@ -26,7 +26,9 @@ constexpr uint64_t kDoneFile = 99;  // "I have asked everything I will ask"
 
 std::vector<std::byte> content(uint64_t file, uint64_t rank) {
   std::vector<std::byte> bytes(1000 + 4099 * file);  // small (eager) and large (rendezvous) replies
-  for (size_t i = 0; i < bytes.size(); ++i) bytes[i] = static_cast<std::byte>((i * 31 + file + rank) & 0xFF);
+  for (size_t i = 0; i < bytes.size(); ++i) {
+    bytes[i] = static_cast<std::byte>((i * 31 + file + rank) & 0xFF);
+  }
   return bytes;
 }
 
@@ -70,14 +72,16 @@ void finish(Rank& r, uint64_t other) {
   uint32_t crc = 0;
   CHECK_FALSE(r.transport->request(other, kDoneFile, std::chrono::seconds(10), bytes, crc));
   const auto until = Clock::now() + std::chrono::seconds(20);
-  while (!r.other_done.load() && Clock::now() < until) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  while (!r.other_done.load() && Clock::now() < until) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
   CHECK(r.other_done.load());
   r.transport->stop();
 }
 
 }  // namespace
 
-TEST_CASE("peers over MPI: a rank fetches another's bytes with their CRC; absent and late copies are refused") {
+TEST_CASE("peers over MPI: a rank fetches another's bytes and CRC; absent and late copies fail") {
   auto r = start();
   const uint64_t me = r->transport->rank(), other = 1 - me;
   REQUIRE(r->transport->world_size() == 2);
@@ -111,9 +115,9 @@ TEST_CASE("peers over MPI: a rank fetches another's bytes with their CRC; absent
 }
 
 TEST_CASE("peers over MPI: nodes come from the override, values are gathered from every rank") {
+  const uint64_t me = std::strtoull(std::getenv("OMPI_COMM_WORLD_RANK"), nullptr, 10);
   {
-    auto r = start(/*node_override=*/static_cast<int64_t>(std::strtoull(std::getenv("OMPI_COMM_WORLD_RANK"), nullptr, 10)),
-                   /*value=*/100 + std::strtoull(std::getenv("OMPI_COMM_WORLD_RANK"), nullptr, 10));
+    auto r = start(/*node_override=*/static_cast<int64_t>(me), /*value=*/100 + me);
     CHECK(r->transport->nodes() == std::vector<uint64_t>{0, 1});
     CHECK(r->transport->values() == std::vector<uint64_t>{100, 101});
     r->transport->stop();

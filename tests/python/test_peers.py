@@ -276,3 +276,50 @@ def test_without_mpirun_or_plugin_the_tier_is_off_and_says_why(make_folder, tmp_
     out = json.loads(r.stdout)
     assert out == {"n": 5, "on": False, "why": out["why"]}  # rank 0 of 4: 5 of the 20 samples
     assert out["why"].startswith(why)
+
+
+FORKED = textwrap.dedent("""
+    import json, os, sys, prestage
+    rank = int(os.environ["OMPI_COMM_WORLD_RANK"])
+    os.environ["PRESTAGE_NODE"] = str(rank)
+    cat = prestage.Catalog.load(sys.argv[1])
+    with prestage.Loader(cat, batch_size=5, decode="raw", stage_dir=f"{sys.argv[2]}/{rank}", rank=rank,
+                         world_size=2, peers=True) as loader:
+        before = sum(len(b.indices) for b in loader)
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # a DataLoader worker's place: it must not touch MPI, even at exit
+            os.close(r)
+            try:
+                next(iter(loader))
+                os.write(w, b"served")
+            except prestage.Error as e:
+                os.write(w, str(e).encode())
+            sys.exit(0)  # the interpreter's exit hooks run: the loader's, the MPI plugin's
+        os.close(w)
+        said = os.read(r, 4096).decode()
+        assert os.waitpid(pid, 0)[1] == 0
+        after = sum(len(b.indices) for b in loader)  # the parent's tier still works
+        s = loader.stats()
+    print(json.dumps({"child": said, "parent": [before, after, s["peer_tier"], s["peer_reads"]]}))
+""")
+
+
+def test_a_process_forked_after_mpi_started_keeps_off_mpi(make_folder, tmp_path):
+    cat = prestage.Catalog.from_folder(make_folder(2, 10))
+    catalog = tmp_path / "set.catalog"
+    cat.save(catalog)
+    script = tmp_path / "forked.py"
+    script.write_text(FORKED)
+    env = dict(os.environ, OMPI_MCA_btl_vader_single_copy_mechanism="none")
+    r = subprocess.run([MPIRUN, "--oversubscribe", "--allow-run-as-root", "-np", "2", sys.executable,
+                        str(script), str(catalog), str(tmp_path / "stage")], env=env,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    lines = r.stdout.splitlines()
+    assert len(lines) == 2
+    for line in lines:
+        out = json.loads(line)
+        assert "fork" in out["child"]  # refused with a clear error, then a clean exit
+        before, after, on, peer_reads = out["parent"]
+        assert (before, after, on) == (10, 10, True) and peer_reads > 0

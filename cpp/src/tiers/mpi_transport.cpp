@@ -61,6 +61,7 @@ class MpiTransport;
 std::mutex g_mutex;
 bool g_initialised_here = false;
 pid_t g_init_pid = 0;
+pid_t g_first_pid = 0;  // of the first start: a forked child (a DataLoader worker) never calls MPI
 std::set<MpiTransport*> g_live;  // guarded by g_mutex
 
 void finalize_at_exit();
@@ -331,6 +332,14 @@ bool launched_by_mpi() {
 }
 
 Transport* start(const TransportConfig& config, std::string& error) {
+  {
+    std::lock_guard lock(g_mutex);
+    if (g_first_pid == 0) g_first_pid = ::getpid();
+    if (g_first_pid != ::getpid()) {
+      error = "a process forked from one that started MPI does not use it";
+      return nullptr;
+    }
+  }
   int initialised = 0, finalized = 0;
   MPI_Initialized(&initialised);
   MPI_Finalized(&finalized);

@@ -21,7 +21,8 @@ enum class PeerAnswer : uint32_t {
 
 // Called on the transport's progress thread for each request: fills `bytes` (the whole file) and
 // `crc` for kServed. Must not block for long (it reads a file of the local stage directory).
-using PeerServe = std::function<PeerAnswer(uint64_t file, std::vector<std::byte>& bytes, uint32_t& crc)>;
+using PeerServe =
+    std::function<PeerAnswer(uint64_t file, std::vector<std::byte>& bytes, uint32_t& crc)>;
 
 struct TransportConfig {
   // The communicator to duplicate: the address of an MPI_Comm (C++; opaque here), else a Fortran
