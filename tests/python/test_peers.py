@@ -323,3 +323,21 @@ def test_a_process_forked_after_mpi_started_keeps_off_mpi(make_folder, tmp_path)
         assert "fork" in out["child"]  # refused with a clear error, then a clean exit
         before, after, on, peer_reads = out["parent"]
         assert (before, after, on) == (10, 10, True) and peer_reads > 0
+
+
+def test_peer_options_are_checked():
+    from prestage.options import to_core
+
+    cat = prestage.Catalog.from_paths("/", ["a"], [0])
+
+    class Comm:  # what prestage takes from an mpi4py communicator
+        def py2f(self):
+            return 5
+
+    options = to_core(cat, 1, None, {"peers": True, "peer_timeout": 0.25, "comm": Comm()})
+    assert (options.peers, options.peer_timeout_ms, options.peer_comm_fortran) == (True, 250, 5)
+    assert to_core(cat, 1, None, {}).peer_comm_fortran == -1
+    for bad in ({"peer_timeout": 0}, {"peer_timeout": -1}, {"peer_timeout": True},
+                {"comm": object()}):
+        with pytest.raises(prestage.ConfigError, match=next(iter(bad))):
+            to_core(cat, 1, None, bad)
