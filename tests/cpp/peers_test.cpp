@@ -6,6 +6,8 @@
 #include <string>
 #include <vector>
 
+#include "prestage/error.hpp"
+#include "prestage/options.hpp"
 #include "prestage/plan.hpp"
 #include "tiers/peers.hpp"
 
@@ -136,4 +138,13 @@ TEST_CASE("peers: without the plugin or an MPI launcher the tier stays off and s
     const std::string why = two.why_off();
     CHECK((why.rfind("plugin missing", 0) == 0 || why.rfind("MPI world of 1 does not match", 0) == 0));
   }
+}
+
+TEST_CASE("peers: a peer timeout of zero is refused") {
+  prestage::LoaderOptions o;
+  o.peers = true;
+  o.peer_timeout_ms = 0;
+  CHECK_THROWS_AS(o.validate(), prestage::ConfigError);
+  o.peer_timeout_ms = 1;
+  CHECK_NOTHROW(o.validate());
 }
