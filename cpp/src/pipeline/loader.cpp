@@ -229,13 +229,15 @@ Loader::Impl::Impl(Catalog catalog_in, LoaderOptions options_in)
     peer_options.timeout = std::chrono::milliseconds(o.peer_timeout_ms);
     peer_options.comm = o.peer_comm;
     peer_options.comm_fortran = o.peer_comm_fortran;
-    shared->peers = std::make_unique<detail::Peers>(shared->catalog, shared->plan, shared->stage_dir.get(),
-                                                    shared->cache ? shared->cache->capacity() : 0,
-                                                    peer_options);
+    const uint64_t home_budget = shared->cache ? shared->cache->capacity() : 0;
+    shared->peers = std::make_unique<detail::Peers>(shared->catalog, shared->plan,
+                                                    shared->stage_dir.get(), home_budget, peer_options);
     if (shared->peers->on()) {
       shared->tiers->set_peers(shared->peers.get());
       detail::Peers* peers = shared->peers.get();
-      if (shared->cache) shared->cache->set_copy_only([peers](uint64_t f) { return peers->home_here(f); });
+      if (shared->cache) {
+        shared->cache->set_copy_only([peers](uint64_t f) { return peers->home_here(f); });
+      }
       // A home copy is made by stage 2 in the start epoch: stage 3 waits for it rather than reading
       // the source itself, so that the source is read once.
       shared->options.stage_patience_ms = LoaderOptions::kWaitForStaging;
@@ -543,7 +545,8 @@ void Loader::Impl::close() {
     locks->no_waiter.wait(lock, [&] { return !waiting_since; });
   }
   lock.unlock();  // stats() goes on while the threads stop
-  if (shared->peers) shared->peers->close();  // no fetch, nor read of the source instead, from now on
+  // No fetch from a peer from now on, nor a read of the source instead.
+  if (shared->peers) shared->peers->close();
   if (owner.load(std::memory_order_relaxed) == 0) {  // never started: no thread to join
     if (shared->peers) shared->peers->stop();
     return;

@@ -60,7 +60,9 @@ class StageCache {
   // With the peer tier on, only the files `copy_only` accepts (this node's home copies) are copied;
   // the others not staged are declined (stage 2 reads them into memory: from a peer or the source).
   // Set before the first admit().
-  void set_copy_only(std::function<bool(uint64_t file)> copy_only) { copy_only_ = std::move(copy_only); }
+  void set_copy_only(std::function<bool(uint64_t file)> copy_only) {
+    copy_only_ = std::move(copy_only);
+  }
 
   uint64_t capacity() const noexcept { return capacity_; }  // 0: no bound
   // The node's bytes (of every process sharing the directory), as of the last batch admitted.

@@ -15,8 +15,8 @@
 
 namespace prestage::detail {
 
-Ownership Ownership::compute(const std::vector<uint64_t>& file_of, const std::vector<uint64_t>& file_size,
-                             PlanOptions plan, uint64_t epoch, const std::vector<uint64_t>& node_of,
+Ownership Ownership::compute(const std::vector<uint64_t>& file_of,
+                             const std::vector<uint64_t>& file_size, PlanOptions plan, uint64_t epoch, const std::vector<uint64_t>& node_of,
                              const std::vector<uint64_t>& budget_of) {
   Ownership own;
   own.owner.assign(file_size.size(), kNoOwner);
@@ -62,7 +62,8 @@ TransportStart Peers::plugin(std::string& why) {
       // Beside the object that holds this code (the Python extension, or the program or shared
       // library linking prestage), then where the dynamic loader looks.
       Dl_info info;
-      if (dladdr(reinterpret_cast<void*>(&Peers::plugin), &info) != 0 && info.dli_fname != nullptr) {
+      if (dladdr(reinterpret_cast<void*>(&Peers::plugin), &info) != 0 &&
+          info.dli_fname != nullptr) {
         tried.push_back(
             (std::filesystem::path(info.dli_fname).parent_path() / kTransportPlugin).string());
       }
@@ -81,7 +82,8 @@ TransportStart Peers::plugin(std::string& why) {
       if (start != nullptr) return;
       errors += "; " + path + " has no " + kTransportStartSymbol;
     }
-    reason = std::string("plugin missing: ") + kTransportPlugin + " could not be opened (" + errors + ")";
+    reason = std::string("plugin missing: ") + kTransportPlugin + " could not be opened (" + errors +
+             ")";
   });
   why = reason;
   return start;

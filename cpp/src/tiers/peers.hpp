@@ -40,8 +40,8 @@ struct Ownership {
   // `file_of[s]`: sample s's file; `file_size[f]`: its bytes; `node_of[r]`: rank r's node (any id);
   // `budget_of[r]`: the home budget of rank r's node (0: none), as rank r sees it (the lowest rank
   // of a node speaks for it). `plan`'s rank is ignored.
-  static Ownership compute(const std::vector<uint64_t>& file_of, const std::vector<uint64_t>& file_size,
-                           PlanOptions plan, uint64_t epoch, const std::vector<uint64_t>& node_of,
+  static Ownership compute(const std::vector<uint64_t>& file_of,
+                           const std::vector<uint64_t>& file_size, PlanOptions plan, uint64_t epoch, const std::vector<uint64_t>& node_of,
                            const std::vector<uint64_t>& budget_of);
 };
 
@@ -64,8 +64,8 @@ struct PeerCounts {
 // catalog and the stage directory must outlive it.
 class Peers {
  public:
-  Peers(const Catalog& catalog, const PlanOptions& plan, StageDirectory* stage, uint64_t home_budget,
-        const PeerOptions& options);
+  Peers(const Catalog& catalog, const PlanOptions& plan, StageDirectory* stage,
+        uint64_t home_budget, const PeerOptions& options);
   ~Peers();  // stops the transport
   Peers(const Peers&) = delete;
   Peers& operator=(const Peers&) = delete;

@@ -59,7 +59,8 @@ void Tiers::fetch_sample(uint64_t id, std::vector<std::byte>& buffer, TierTally*
   check_size(id, sample_size(id));
   std::string path;
   const Catalog::Locator loc = catalog_.locator(id);
-  const Peers::Fetched fetched = peers_ != nullptr ? peers_->fetch(loc, buffer) : Peers::Fetched::kNone;
+  const Peers::Fetched fetched =
+      peers_ != nullptr ? peers_->fetch(loc, buffer) : Peers::Fetched::kNone;
   Tier tier = fetched == Peers::Fetched::kLocal ? Tier::kStage : Tier::kPeer;
   if (fetched == Peers::Fetched::kNone) {
     // A loader that closes reads nothing more for batches it will not deliver.

@@ -1,7 +1,7 @@
 // Where a sample's bytes come from: one interface over the storage tiers, tried in order — bytes that
 // stage 2 already holds in memory (its read-ahead), the node's stage directory, a peer node's stage
-// directory (the peer tier, tiers/peers.hpp: stage 2's read-ahead only), the source (the PFS). Stage 2's copies and read-ahead
-// and stage 3's reads go through it alone, and it keeps the per-tier counters, so that a new tier
+// directory (the peer tier, tiers/peers.hpp: for stage 2's read-ahead), the source (the PFS). Stage
+// 2's copies and read-ahead and stage 3's reads go through it alone, and it keeps the per-tier counters, so that a new tier
 // changes this unit and nothing in stages 1 and 3.
 #pragma once
 
@@ -19,10 +19,8 @@
 #include "util/file_io.hpp"
 
 namespace prestage::detail {
-class Peers;
-}
 
-namespace prestage::detail {
+class Peers;
 
 // In the order they are tried.
 enum class Tier : uint8_t { kMemory = 0, kStage = 1, kPeer = 2, kSource = 3 };
