@@ -206,7 +206,11 @@ class MpiTransport final : public Transport {
   // Answers a request now, or defers it (kLater) while its requester still waits. True if answered.
   bool answer(int source, const RequestMessage& m, std::chrono::steady_clock::time_point until) {
     uint32_t crc = 0;
-    PeerAnswer a = serve_(m.file, body_, crc);
+    PeerAnswer a = PeerAnswer::kAbsent;
+    try {
+      a = serve_(m.file, body_, crc);
+    } catch (...) {  // no exception may end the progress thread: the requester reads the source
+    }
     if (a == PeerAnswer::kLater) {
       if (std::chrono::steady_clock::now() < until) return false;
       a = PeerAnswer::kAbsent;
