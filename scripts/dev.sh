@@ -14,7 +14,8 @@ cd "$root"
 
 APT_PACKAGES=(build-essential cmake ninja-build pkg-config python3-venv python3-dev
               libtbb-dev libturbojpeg0-dev libjpeg62-turbo-dev libzstd-dev zlib1g-dev libhdf5-dev doctest-dev
-              fuse3 libfuse3-dev)
+              fuse3 libfuse3-dev
+              openmpi-bin libopenmpi-dev)  # the peer tier's MPI plugin and its tests (mpirun)
 PIP_BUILD=(scikit-build-core pybind11 numpy)
 PIP_RUN=(pillow scikit-image tqdm matplotlib)
 PIP_TEST=(pytest mypy h5py zstandard torch==2.13.0 tensorflow-cpu)  # torch pinned: a range pulls a CUDA build

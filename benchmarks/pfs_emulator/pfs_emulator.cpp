@@ -8,7 +8,8 @@
 // libfuse3.
 //
 // The emulator's counters are readable, without any latency, as JSON from the hidden file
-// MOUNTPOINT/.prestage-pfs-stats (not listed in its directory). Fault rules are written to, and
+// MOUNTPOINT/.prestage-pfs-stats (not listed in its directory), with the opens and bytes read of each
+// file ("paths"), so that a test can say which file was read how often. Fault rules are written to, and
 // listed by, the hidden file MOUNTPOINT/.prestage-pfs-faults. The mount itself is not `ro`, so that
 // this one file can be written; every other change is refused with EROFS by the emulator.
 //
@@ -35,7 +36,9 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -62,6 +65,12 @@ struct Config {
 };
 
 // The mounted file system: what the FUSE callbacks reach through fuse_get_context()->private_data.
+// Opens and bytes read of one file, since the mount.
+struct PathCount {
+  uint64_t opens = 0;
+  std::atomic<uint64_t> bytes{0};
+};
+
 struct FileSystem {
   Config config;
   int root_fd = -1;
@@ -69,6 +78,9 @@ struct FileSystem {
   std::unique_ptr<Faults> faults;
   std::atomic<fuse_session*> session{nullptr};
   std::chrono::steady_clock::time_point started = std::chrono::steady_clock::now();
+  // Per file opened (its path relative to the source); nodes are stable, so a Handle keeps its own.
+  std::mutex paths_mutex;
+  std::map<std::string, PathCount> paths;
 };
 
 // What fi->fh points to for an open file: a descriptor of the source file, or the text of a hidden
@@ -76,6 +88,7 @@ struct FileSystem {
 struct Handle {
   int fd = -1;
   std::string text;
+  PathCount* count = nullptr;  // a source file's: its bytes read are added there
 };
 
 FileSystem& fs() { return *static_cast<FileSystem*>(fuse_get_context()->private_data); }
@@ -86,7 +99,37 @@ const char* relative(const char* path) { return path[1] == '\0' ? "." : path + 1
 bool is_stats(const char* path) { return std::strcmp(path, kStatsPath) == 0; }
 bool is_faults(const char* path) { return std::strcmp(path, kFaultsPath) == 0; }
 
-std::string stats_json(const FileSystem& f) {
+// `text` as a JSON string (quotes, backslashes and control characters escaped).
+std::string json_string(const std::string& text) {
+  std::string out = "\"";
+  for (const char ch : text) {
+    if (ch == '"' || ch == '\\') {
+      out += '\\';
+      out += ch;
+    } else if (static_cast<unsigned char>(ch) < 0x20) {
+      char esc[8];
+      std::snprintf(esc, sizeof esc, "\\u%04x", static_cast<unsigned>(ch));
+      out += esc;
+    } else {
+      out += ch;
+    }
+  }
+  return out + "\"";
+}
+
+std::string paths_json(FileSystem& f) {
+  std::lock_guard lock(f.paths_mutex);
+  std::string out = "\"paths\": {";
+  bool first = true;
+  for (const auto& [path, count] : f.paths) {
+    out += (first ? "" : ", ") + json_string(path) + ": {\"opens\": " + std::to_string(count.opens) +
+           ", \"bytes\": " + std::to_string(count.bytes.load(std::memory_order_relaxed)) + "}";
+    first = false;
+  }
+  return out + "}, ";
+}
+
+std::string stats_json(FileSystem& f) {
   const ThrottleCounters c = f.throttle->counters();
   const ThrottleConfig& t = f.throttle->config();
   const double uptime =
@@ -118,7 +161,8 @@ std::string stats_json(const FileSystem& f) {
                 static_cast<unsigned long long>(c.bytes), c.queued_s, c.transfer_s, c.max_in_flight,
                 uptime, t.bytes_per_s / 1e6, t.max_ops, f.config.threads, f.config.attr_timeout_s,
                 f.config.direct_io ? "true" : "false");
-  return "{\"ops\": {" + ops + "}, " + faults + tail + "\"latency_ms\": {" + latency + "}}}\n";
+  return "{\"ops\": {" + ops + "}, " + faults + paths_json(f) + tail + "\"latency_ms\": {" +
+         latency + "}}}\n";
 }
 
 void* op_init(fuse_conn_info* conn, fuse_config* cfg) {
@@ -178,6 +222,11 @@ int op_open(const char* path, fuse_file_info* fi) {
     Throttle::Operation op(*f.throttle, Op::kOpen);
     handle->fd = ::openat(f.root_fd, relative(path), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
     if (handle->fd < 0) return -errno;
+    {
+      std::lock_guard lock(f.paths_mutex);
+      handle->count = &f.paths[relative(path)];
+      ++handle->count->opens;
+    }
     fi->direct_io = f.config.direct_io;
     fi->keep_cache = 0;
   }
@@ -209,6 +258,7 @@ int op_read(const char* path, char* buf, size_t size, off_t offset, fuse_file_in
     done += static_cast<size_t>(n);
   }
   op.transfer(done);
+  h.count->bytes.fetch_add(done, std::memory_order_relaxed);
   return static_cast<int>(done);
 }
 

@@ -132,6 +132,9 @@ class LoaderOptions:
     max_pixels: int
     io_timeout_ms: int
     stage_patience_ms: int
+    peers: bool
+    peer_timeout_ms: int
+    peer_comm_fortran: int
     on_error: OnError
     transform: Transform
     layout: Layout

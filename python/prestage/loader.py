@@ -86,6 +86,16 @@ class Loader:
             in ``stats()["stage_expedited"]``), so a slow stage 2 never stalls training for more than
             the copies under way. ``None``: always wait for stage 2 (what is staged then follows the
             plan exactly, whatever the timing).
+        peers: the peer tier, beyond one node (needs ``stage_dir`` and the MPI plugin
+            ``libprestage_mpi.so`` installed beside the extension): a sample not on this node is
+            fetched over MPI from the stage directory of the node that owns it instead of being read
+            again from the source. Launch with ``mpirun`` or ``srun``; every rank creates its loader
+            together. When the MPI world does not match ``world_size`` or the plugin is missing, the
+            tier is off and ``stats()["peer_tier_why"]`` says why. See the README, "Beyond one node".
+        peer_timeout: seconds a fetch from a peer may wait for its answer before the source is read
+            instead (counted in ``stats()["peer_fallbacks"]``).
+        comm: the mpi4py communicator whose ranks are the loader's ranks (``None``:
+            ``MPI_COMM_WORLD``); prestage duplicates it.
         on_error: what a sample that cannot be read or decoded (``IoError``, ``DecodeError``, a
             timed-out read) does. ``"raise"``: its error, naming its path, is raised at its batch.
             ``"skip"``: it is replaced in its batch by the next good sample of this rank's epoch
@@ -230,8 +240,10 @@ class Loader:
 
     def stats(self) -> dict:
         """Per-stage counters and the consumer's stall time (seconds the caller waited, the wait under
-        way included); with ``on_error="skip"``, ``skipped`` and ``skipped_samples``. Any thread; after
-        ``close()``, the figures at closing."""
+        way included); with ``on_error="skip"``, ``skipped`` and ``skipped_samples``; the peer tier's
+        ``peer_tier``, ``peer_tier_why`` (why it is off), ``peer_reads``, ``peer_bytes``,
+        ``peer_fallbacks``, ``peer_corrupt``, ``beyond_budget``, ``peer_served``,
+        ``peer_served_bytes``. Any thread; after ``close()``, the figures at closing."""
         loader = self._loader
         if loader is None:
             return self._final_stats

@@ -56,6 +56,9 @@ class CommonOptions(TypedDict, total=False):
     on_error: Literal["raise", "skip"]
     tuned: Union[str, os.PathLike[str], None]
     trace: Union[str, os.PathLike[str], None]
+    peers: bool
+    peer_timeout: float
+    comm: Any
 
 
 class ImageOptions(CommonOptions, total=False):
@@ -181,6 +184,25 @@ def _channels(options: _core.LoaderOptions, name: str, value: Any) -> None:
     _set(options, name, name, channels)
 
 
+def _peer_timeout(options: _core.LoaderOptions, name: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not value > 0 \
+            or value == float("inf"):
+        raise ConfigError(f"{name} must be a positive number of seconds, got {value!r}")
+    _set(options, "peer_timeout_ms", name, max(1, round(float(value) * 1000)))
+
+
+def _comm(options: _core.LoaderOptions, name: str, value: Any) -> None:
+    """An mpi4py communicator, passed by its Fortran handle, so prestage needs no mpi4py headers."""
+    if value is None:
+        options.peer_comm_fortran = -1
+        return
+    py2f = getattr(value, "py2f", None)
+    if not callable(py2f):
+        raise ConfigError(f"{name} must be an mpi4py communicator (with py2f()) or None, "
+                          f"got {type(value).__name__}")
+    _set(options, "peer_comm_fortran", name, int(py2f()))
+
+
 _decode_mode = _enum(_core.DecodeMode)
 
 
@@ -217,6 +239,9 @@ _CONVERT: Dict[str, Callable[[_core.LoaderOptions, str, Any], None]] = {
     "array_name": _text("array_name"),
     "max_sample_bytes": _integer,
     "trace": _text("trace"),
+    "peers": _flag,
+    "peer_timeout": _peer_timeout,
+    "comm": _comm,
 }
 
 

@@ -61,7 +61,9 @@ constexpr auto kEpochFields = std::make_tuple(
     field("source_reads", &EpochStats::source_reads),
     field("bytes_from_source", &EpochStats::bytes_from_source),
     field("copies_made", &EpochStats::copies_made),
-    field("copies_adopted", &EpochStats::copies_adopted));
+    field("copies_adopted", &EpochStats::copies_adopted),
+    field("peer_reads", &EpochStats::peer_reads),
+    field("bytes_from_peers", &EpochStats::bytes_from_peers));
 
 constexpr auto kSkippedFields = std::make_tuple(
     field("path", &SkippedSample::path), field("error", &SkippedSample::error),
@@ -87,7 +89,12 @@ constexpr auto kStatsFields = std::make_tuple(
     field("skipped_samples", &Stats::skipped_samples), field("pinned", &Stats::pinned),
     field("pinned_why", &Stats::pinned_why),
     field("cache_bytes", &Stats::cache_bytes), field("stage_bytes", &Stats::stage_bytes),
-    field("stage_bytes_peak", &Stats::stage_bytes_peak), field("epochs", &Stats::epochs));
+    field("stage_bytes_peak", &Stats::stage_bytes_peak), field("epochs", &Stats::epochs),
+    field("peer_tier", &Stats::peer_tier), field("peer_tier_why", &Stats::peer_tier_why),
+    field("peer_reads", &Stats::peer_reads), field("peer_bytes", &Stats::peer_bytes),
+    field("peer_fallbacks", &Stats::peer_fallbacks), field("peer_corrupt", &Stats::peer_corrupt),
+    field("beyond_budget", &Stats::beyond_budget), field("peer_served", &Stats::peer_served),
+    field("peer_served_bytes", &Stats::peer_served_bytes));
 
 template <typename Struct, typename Fields>
 py::dict to_dict(const Struct& s, const Fields& fields);
@@ -176,6 +183,9 @@ prestage.options for how the Python arguments become these fields). validate() i
       .def_readwrite("max_pixels", &LoaderOptions::max_pixels)
       .def_readwrite("io_timeout_ms", &LoaderOptions::io_timeout_ms)
       .def_readwrite("stage_patience_ms", &LoaderOptions::stage_patience_ms)
+      .def_readwrite("peers", &LoaderOptions::peers)
+      .def_readwrite("peer_timeout_ms", &LoaderOptions::peer_timeout_ms)
+      .def_readwrite("peer_comm_fortran", &LoaderOptions::peer_comm_fortran)
       .def_readwrite("on_error", &LoaderOptions::on_error)
       .def_readwrite("transform", &LoaderOptions::transform)
       .def_readwrite("layout", &LoaderOptions::layout)

@@ -423,10 +423,13 @@ def test_stats_keys_are_the_documented_ones(folder):
         "read_ahead_bytes", "stage_dir_disabled", "stage_dir_error", "hits", "misses", "misses_read_ahead",
         "bytes_from_source", "bytes_from_stage", "source_reads", "source_bytes", "skipped",
         "skipped_samples", "pinned", "pinned_why", "cache_bytes", "stage_bytes", "stage_bytes_peak",
-        "epochs"}
+        "epochs", "peer_tier", "peer_tier_why", "peer_reads", "peer_bytes", "peer_fallbacks",
+        "peer_corrupt", "beyond_budget", "peer_served", "peer_served_bytes"}
+    assert s["peer_tier"] is False and s["peer_tier_why"] == "not asked for (peers=False)"
     assert s["skipped"] == 1
     assert set(s["skipped_samples"][0]) == {"path", "error", "sample", "replacement", "epoch", "batch"}
     assert s["skipped_samples"][0]["sample"] == 3 and isinstance(s["skipped_samples"][0]["path"], str)
     assert set(s["epochs"][0]) == {"epoch", "hits", "misses", "evictions", "source_reads",
-                                   "bytes_from_source", "copies_made", "copies_adopted"}
+                                   "bytes_from_source", "copies_made", "copies_adopted", "peer_reads",
+                                   "bytes_from_peers"}
     assert s["pinned"] in ("cuda", "mlock", "none") and s["pinned_why"] and isinstance(s["wall_s"], float)

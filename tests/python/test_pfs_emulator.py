@@ -82,6 +82,21 @@ def test_serves_the_source_read_only(backing: Path, mount: Path) -> None:
     assert not is_mounted(mount)
 
 
+def test_counts_opens_and_bytes_per_path(backing: Path, mount: Path) -> None:
+    with emulator(backing, mount) as pfs:
+        for _ in range(3):
+            assert (mount / "a" / "small_03.bin").read_bytes() == bytes([3]) * SMALL
+        with open(mount / "big" / "big_2.bin", "rb") as f:
+            assert len(f.read(1000)) == 1000  # part of a file: its bytes, not its size
+        with pytest.raises(FileNotFoundError):
+            (mount / "a" / "absent.bin").read_bytes()
+        paths = pfs.stats()["paths"]
+    assert paths == {"a/small_03.bin": {"opens": 3, "bytes": 3 * SMALL},
+                     "big/big_2.bin": {"opens": 1, "bytes": paths["big/big_2.bin"]["bytes"]}}
+    # The kernel reads ahead in whole requests: at least what was asked for, at most the file.
+    assert 1000 <= paths["big/big_2.bin"]["bytes"] <= BIG
+
+
 def test_open_latency_is_honoured(backing: Path, mount: Path) -> None:
     with emulator(backing, mount, open_ms=20, read_ms=0, getattr_ms=0):
         os.listdir(mount / "a")

@@ -134,6 +134,20 @@ struct LoaderOptions {
   // A file to write the I/O trace to: one record per read of a sample's or a file's bytes (sample,
   // tier, file, offset, size, start, end, thread), for `prestage trace FILE`. Empty: no trace.
   std::string trace;
+  // The peer tier (beyond one node; needs a stage_dir and the MPI plugin, libprestage_mpi.so): a
+  // sample that is not on this node is fetched over MPI from the stage directory of the node that
+  // owns its home copy instead of being read again from the source. Ownership is computed from the
+  // plan (see the README, "Beyond one node"); ranks with the same PRESTAGE_NODE environment value
+  // form one node (tests), else those that share memory. When the MPI world does not match
+  // world_size, or the plugin is missing, the tier is off and Stats::peer_tier_why says why.
+  // Starting it is collective: every rank creates its loader together.
+  bool peers = false;
+  // How long a fetch waits for its peer's answer before it reads the source instead.
+  uint64_t peer_timeout_ms = 1000;
+  // The communicator whose ranks are the loader's ranks: the address of an MPI_Comm (C++; it must
+  // live until the loader starts), else a Fortran handle (mpi4py: comm.py2f()), else MPI_COMM_WORLD.
+  const void* peer_comm = nullptr;
+  int64_t peer_comm_fortran = -1;
 
   // Throws ConfigError naming the first invalid option. The one place where options are checked:
   // the Python package converts its arguments to these fields and leaves every rule to this.

@@ -28,12 +28,15 @@ struct EpochStats {
                            // its way, so that its bytes did not come from the source for them
   uint64_t misses = 0;     // samples whose bytes this process read from the source: copied to the
                            // stage directory, read ahead into memory, or read by stage 3 itself
+                           // (with the peer tier on, also those a peer served: peer_reads)
   uint64_t evictions = 0;  // files removed from the stage directory to make room
   uint64_t source_reads = 0;       // reads of the source for this epoch's batches (one per file
                                    // copied, per sample read ahead or read by stage 3 itself)
   uint64_t bytes_from_source = 0;  // the bytes of those reads
   uint64_t copies_made = 0;        // files this process copied to the stage directory
   uint64_t copies_adopted = 0;     // files it was to copy and found copied by a neighbour
+  uint64_t peer_reads = 0;         // samples of this epoch's batches fetched from another node's
+  uint64_t bytes_from_peers = 0;   // home copy (the peer tier), and their bytes
 };
 
 // on_error=skip: a sample that failed and was replaced in its batch by another.
@@ -99,6 +102,21 @@ struct Stats {
   uint64_t cache_bytes = 0;
   uint64_t stage_bytes = 0;
   uint64_t stage_bytes_peak = 0;
+
+  // The peer tier (LoaderOptions::peers): whether it is on and, if not, why ("plugin missing: ...",
+  // "MPI world of 1 does not match world_size 4", ...). Bytes from the local SSD are
+  // bytes_from_stage, from the source source_bytes; from peers:
+  bool peer_tier = false;
+  std::string peer_tier_why;
+  uint64_t peer_reads = 0;      // samples fetched from another node's home copy
+  uint64_t peer_bytes = 0;
+  uint64_t peer_fallbacks = 0;  // fetches that ended in a read of the source: no answer within
+                                // peer_timeout, no copy, or a reply that failed its check
+  uint64_t peer_corrupt = 0;    // of those, replies whose size or CRC-32C did not match
+  uint64_t beyond_budget = 0;   // uses of samples beyond their owner node's home budget (read from
+                                // the source each time)
+  uint64_t peer_served = 0;     // requests of other ranks this rank answered with bytes
+  uint64_t peer_served_bytes = 0;
   std::vector<EpochStats> epochs;  // in epoch order
 };
 

@@ -387,6 +387,8 @@ void Pipeline::Impl::count_source(EpochStats& e, const TierTally& reads) {
   const TierCounts counts = reads.counts();
   e.source_reads += counts.reads[static_cast<size_t>(Tier::kSource)];
   e.bytes_from_source += counts.bytes[static_cast<size_t>(Tier::kSource)];
+  e.peer_reads += counts.reads[static_cast<size_t>(Tier::kPeer)];
+  e.bytes_from_peers += counts.bytes[static_cast<size_t>(Tier::kPeer)];
 }
 
 void Pipeline::Impl::count_stage(const Work& w) {

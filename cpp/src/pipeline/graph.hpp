@@ -25,6 +25,7 @@
 #include "prestage/plan.hpp"
 #include "staging/stage_cache.hpp"
 #include "staging/stager.hpp"
+#include "tiers/peers.hpp"
 #include "tiers/stage_directory.hpp"
 #include "tiers/tiers.hpp"
 #include "util/file_io.hpp"
@@ -69,6 +70,7 @@ struct Shared {
   std::unique_ptr<StageDirectory> stage_dir;  // null: direct reads
   std::unique_ptr<StageCache> cache;          // with stage_dir: what to stage, what to evict
   std::unique_ptr<IoTrace> trace;             // options.trace: a record per read (before tiers)
+  std::unique_ptr<Peers> peers;               // the peer tier (LoaderOptions::peers), on or off
   std::unique_ptr<Tiers> tiers;               // every read of a sample's bytes
   std::unique_ptr<Stager> stager;
   std::unique_ptr<BatchDecoder> decoder;      // stage 3

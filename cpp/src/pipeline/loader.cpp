@@ -228,6 +228,26 @@ Loader::Impl::Impl(Catalog catalog_in, LoaderOptions options_in)
                                                       shared->catalog.num_files());
     shared->tiers->set_trace(shared->trace.get());
   }
+  if (o.peers) {
+    // Collective: every rank of the job gets here (the tier may still turn out off, on all).
+    detail::PeerOptions peer_options;
+    peer_options.timeout = std::chrono::milliseconds(o.peer_timeout_ms);
+    peer_options.comm = o.peer_comm;
+    peer_options.comm_fortran = o.peer_comm_fortran;
+    const uint64_t home_budget = shared->cache ? shared->cache->capacity() : 0;
+    shared->peers = std::make_unique<detail::Peers>(shared->catalog, shared->plan,
+                                                    shared->stage_dir.get(), home_budget, peer_options);
+    if (shared->peers->on()) {
+      shared->tiers->set_peers(shared->peers.get());
+      detail::Peers* peers = shared->peers.get();
+      if (shared->cache) {
+        shared->cache->set_copy_only([peers](uint64_t f) { return peers->home_here(f); });
+      }
+      // A home copy is made by stage 2 in the start epoch: stage 3 waits for it rather than reading
+      // the source itself, so that the source is read once.
+      shared->options.stage_patience_ms = LoaderOptions::kWaitForStaging;
+    }
+  }
   if (o.decode == DecodeMode::kJpeg) {
     ImageSize size = o.image_size;
     if (size.empty()) {
@@ -311,6 +331,8 @@ void Loader::Impl::restart(uint64_t e, uint64_t b) {
     lock.unlock();
     old.reset();
     lock.lock();
+    // The first epoch started is the one the peer tier's ownership comes from.
+    if (shared->peers) shared->peers->start_epoch(wanted.first);
     if (owner.load(std::memory_order_relaxed) == 0) {
       // Threads start here, lazily, in the process that iterates.
       owner.store(::getpid(), std::memory_order_release);
@@ -475,6 +497,20 @@ Stats Loader::Impl::stats() const {
   s.pinned = pinning.pinning;
   s.pinned_why = std::move(pinning.why);
   if (shared->stage_dir) s.adopted_files += shared->stage_dir->taken_over();
+  if (shared->peers) {
+    s.peer_tier = shared->peers->on();
+    s.peer_tier_why = shared->peers->why_off();
+    const detail::PeerCounts p = shared->peers->counts();
+    s.peer_reads = p.reads;
+    s.peer_bytes = p.bytes;
+    s.peer_fallbacks = p.fallbacks;
+    s.peer_corrupt = p.corrupt;
+    s.beyond_budget = p.beyond_budget;
+    s.peer_served = p.served;
+    s.peer_served_bytes = p.served_bytes;
+  } else {
+    s.peer_tier_why = "not asked for (peers=False)";
+  }
   if (shared->cache) {
     s.cache_bytes = shared->cache->capacity();
     s.stage_bytes = shared->cache->used_bytes();
@@ -514,12 +550,16 @@ void Loader::Impl::close() {
     locks->no_waiter.wait(lock, [&] { return !waiting_since; });
   }
   lock.unlock();  // stats() goes on while the threads stop
+  // No fetch from a peer from now on, nor a read of the source instead.
+  if (shared->peers) shared->peers->close();
   if (owner.load(std::memory_order_relaxed) == 0) {  // never started: no thread to join
+    if (shared->peers) shared->peers->stop();
     if (shared->trace) shared->trace->flush();
     return;
   }
   stopping.reset();
   shared->stager->stop();  // its figures stay for stats()
+  if (shared->peers) shared->peers->stop();  // other ranks read the source from now on
   if (shared->cache) shared->cache->let_go_all();  // its window's files, for the other processes
   shared->decoder->clear_thread_state();
   shared->arena_io_timeout.reset();

@@ -26,6 +26,7 @@ void LoaderOptions::validate() const {
   at_least("lookahead", lookahead, 1);
   at_least("depth", depth, 2);
   at_least("max_pixels", max_pixels, 1);
+  if (peers) at_least("peer_timeout_ms", peer_timeout_ms, 1);
   constexpr uint64_t kMaxThreads = 1024;
   if (readers > kMaxThreads || prefetchers > kMaxThreads) {
     throw ConfigError("readers and prefetchers must be at most " + std::to_string(kMaxThreads));

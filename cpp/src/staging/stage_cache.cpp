@@ -288,8 +288,14 @@ void StageCache::admit(uint64_t epoch, uint64_t batch, const uint64_t* samples, 
     ++stats.misses;
     const uint64_t size = size_of(file);
     stats.bytes_missed += size;
-    // Room for it in the node's bound, reserved before it is claimed.
-    if (capacity_ != 0 && !directory_.reserve(file, size, capacity_) &&
+    if (copy_only_ && !copy_only_(file)) {
+      declined.push_back(k);
+      continue;
+    }
+    // Room for it in the node's bound, reserved before it is claimed. The home copies of the peer
+    // tier fit the bound by construction (never evicted): their bytes are counted, not checked, so
+    // that two ranks reserving the same file at once near the bound decline none.
+    if (capacity_ != 0 && !directory_.reserve(file, size, copy_only_ ? kNever : capacity_) &&
         !(make_room(size, key, stats) && directory_.reserve(file, size, capacity_))) {
       declined.push_back(k);
       continue;

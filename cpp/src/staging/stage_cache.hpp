@@ -6,6 +6,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <set>
 #include <utility>
@@ -55,6 +56,13 @@ class StageCache {
   // `admission`.
   void admit(uint64_t epoch, uint64_t batch, const uint64_t* samples, size_t count,
              std::vector<uint64_t>& to_stage, std::vector<size_t>& declined, Admission& admission);
+
+  // With the peer tier on, only the files `copy_only` accepts (this node's home copies) are copied;
+  // the others not staged are declined (stage 2 reads them into memory: from a peer or the source).
+  // Set before the first admit().
+  void set_copy_only(std::function<bool(uint64_t file)> copy_only) {
+    copy_only_ = std::move(copy_only);
+  }
 
   uint64_t capacity() const noexcept { return capacity_; }  // 0: no bound
   // The node's bytes (of every process sharing the directory), as of the last batch admitted.
@@ -122,6 +130,7 @@ class StageCache {
   std::set<std::pair<uint64_t, uint64_t>> tracked_;
   std::vector<std::vector<uint64_t>> pins_;  // the files of batch s in pins_[s % window]
   bool joined_ = false;  // this rank is listed in the node's table
+  std::function<bool(uint64_t)> copy_only_;  // see set_copy_only()
   std::atomic<uint64_t> used_shown_{0};
   std::atomic<uint64_t> peak_{0};
   void publish_usage();

@@ -63,6 +63,8 @@ class StageDirectory {
   }
   uint64_t staged_size(uint64_t id) const noexcept { return sizes_[id].load(std::memory_order_relaxed); }
   std::string staged_path(uint64_t id) const;
+  // The CRC-32C the index records for a staged copy's bytes (what a peer's reply carries).
+  uint32_t staged_crc(uint64_t id) const noexcept { return crcs_[id].load(std::memory_order_relaxed); }
   // A copy from before this run whose bytes have not been checked against its CRC yet.
   bool unverified(uint64_t id) const noexcept {
     return unverified_[id].load(std::memory_order_acquire) != 0;

@@ -1,5 +1,8 @@
 #include "tiers/tiers.hpp"
 
+#include <cerrno>
+
+#include "tiers/peers.hpp"
 #include "util/file_io.hpp"
 
 namespace prestage::detail {
@@ -76,14 +79,24 @@ void Tiers::fetch_sample(uint64_t id, std::vector<std::byte>& buffer, TierTally*
   std::string path;
   const Catalog::Locator loc = catalog_.locator(id);
   const int64_t start = trace_ != nullptr ? trace_->now_ns() : 0;
-  read_located(source_file(catalog_, source_path(loc.file, path)), loc, buffer);
+  const Peers::Fetched fetched =
+      peers_ != nullptr ? peers_->fetch(loc, buffer) : Peers::Fetched::kNone;
+  Tier tier = fetched == Peers::Fetched::kLocal ? Tier::kStage : Tier::kPeer;
+  if (fetched == Peers::Fetched::kNone) {
+    // A loader that closes reads nothing more for batches it will not deliver.
+    if (peers_ != nullptr && peers_->closing()) {
+      throw IoError(source_path(loc.file, path), ECANCELED, "the loader is closing");
+    }
+    tier = Tier::kSource;
+    read_located(source_file(catalog_, source_path(loc.file, path)), loc, buffer);
+  }
   if (trace_ != nullptr) {
-    trace_->add(id, loc.file, loc.offset, buffer.size(), start, static_cast<uint8_t>(Tier::kSource),
+    trace_->add(id, loc.file, loc.offset, buffer.size(), start, static_cast<uint8_t>(tier),
                 TraceKind::kReadAhead);
   }
   check_size(id, buffer.size());
-  fetched_.add(Tier::kSource, buffer.size());
-  if (tally != nullptr) tally->add(Tier::kSource, buffer.size());
+  fetched_.add(tier, buffer.size());
+  if (tally != nullptr) tally->add(tier, buffer.size());
 }
 
 TierCounts TierTally::counts() const noexcept {

@@ -1,7 +1,7 @@
 // Where a sample's bytes come from: one interface over the storage tiers, tried in order — bytes that
 // stage 2 already holds in memory (its read-ahead), the node's stage directory, a peer node's stage
-// directory (not built yet: its place is kept), the source (the PFS). Stage 2's copies and read-ahead
-// and stage 3's reads go through it alone, and it keeps the per-tier counters, so that a new tier
+// directory (the peer tier, tiers/peers.hpp: for stage 2's read-ahead), the source (the PFS). Stage
+// 2's copies and read-ahead and stage 3's reads go through it alone, and it keeps the per-tier counters, so that a new tier
 // changes this unit and nothing in stages 1 and 3.
 #pragma once
 
@@ -20,6 +20,8 @@
 #include "util/io_trace.hpp"
 
 namespace prestage::detail {
+
+class Peers;
 
 // In the order they are tried.
 enum class Tier : uint8_t { kMemory = 0, kStage = 1, kPeer = 2, kSource = 3 };
@@ -79,6 +81,9 @@ class Tiers {
 
   const Catalog& catalog() const noexcept { return catalog_; }
   StageDirectory* stage_directory() const noexcept { return stage_; }
+  // The peer tier, tried by fetch_sample() before the source (null: none). Set before any read;
+  // it must outlive the reads.
+  void set_peers(Peers* peers) noexcept { peers_ = peers; }
 
   // A sample's size from the catalog (its byte range, or its whole file's recorded size), or
   // Catalog::kUnknownSize.
@@ -115,7 +120,8 @@ class Tiers {
   // Counted in fetched() and in `tally`, if given (also a read whose bytes are then not staged).
   void fetch_file(uint64_t file, std::vector<std::byte>& buffer, int64_t& mtime_ns,
                   TierTally* tally = nullptr);
-  // Stage 2, for its read-ahead: sample `id`'s bytes from the tiers below the stage directory.
+  // Stage 2, for its read-ahead: sample `id`'s bytes from the tiers below the stage directory (a
+  // peer's home copy, then the source).
   void fetch_sample(uint64_t id, std::vector<std::byte>& buffer, TierTally* tally = nullptr);
 
   TierCounts served() const { return served_.counts(); }    // stage 3's reads, by tier
@@ -127,6 +133,7 @@ class Tiers {
  private:
   const Catalog& catalog_;
   StageDirectory* stage_;
+  Peers* peers_ = nullptr;
   uint64_t max_read_bytes_;
   TierTally served_, fetched_;
   IoTrace* trace_ = nullptr;

@@ -236,7 +236,8 @@ class PfsEmulator:
     def stats(self) -> Dict[str, Any]:
         """The emulator's counters: ``ops`` per operation, ``bytes_read``, ``queued_s``, ..., and
         ``faults`` (``eio_open``, ``eio_read``: operations failed; ``stall_open``, ``stall_read``:
-        operations stalled; ``stalled_now``); read from the mount's hidden stats file, without any
+        operations stalled; ``stalled_now``), and ``paths``: per file opened (its path relative to
+        ``source``), ``opens`` and ``bytes`` read; read from the mount's hidden stats file, without any
         emulated latency."""
         if self.mountpoint is None:
             raise EmulatorError("the emulator is not running")

@@ -1,0 +1,251 @@
+#include "tiers/peers.hpp"
+
+#include <dlfcn.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <map>
+#include <thread>
+
+#include "prestage/error.hpp"
+#include "util/crc32c.hpp"
+#include "util/file_io.hpp"
+
+namespace prestage::detail {
+
+Ownership Ownership::compute(const std::vector<uint64_t>& file_of,
+                             const std::vector<uint64_t>& file_size, PlanOptions plan, uint64_t epoch, const std::vector<uint64_t>& node_of,
+                             const std::vector<uint64_t>& budget_of) {
+  Ownership own;
+  own.owner.assign(file_size.size(), kNoOwner);
+  own.home.assign(file_size.size(), 0);
+  plan.rank = 0;
+  const EpochPlan e(plan, epoch);
+  // Per node, its files in order of first use: the order its home budget is spent in.
+  std::map<uint64_t, std::vector<uint64_t>> by_node;
+  for (uint64_t b = 0; b < e.num_batches(); ++b) {
+    for (uint64_t r = 0; r < plan.world_size; ++r) {
+      const uint64_t* ids = e.batch_of(b, r);
+      for (uint64_t k = 0; k < e.batch_size(b); ++k) {
+        const uint64_t f = file_of[ids[k]];
+        if (own.owner[f] != kNoOwner) continue;
+        own.owner[f] = r;
+        by_node[node_of[r]].push_back(f);
+      }
+    }
+  }
+  std::map<uint64_t, uint64_t> budget;  // per node: the budget of its lowest rank
+  for (uint64_t r = plan.world_size; r-- > 0;) budget[node_of[r]] = budget_of[r];
+  for (const auto& [node, files] : by_node) {
+    const uint64_t limit = budget[node];
+    uint64_t used = 0;
+    for (const uint64_t f : files) {
+      if (limit != 0 && (file_size[f] > limit - used)) break;  // the rest are beyond the budget
+      used += file_size[f];
+      own.home[f] = 1;
+    }
+  }
+  return own;
+}
+
+TransportStart Peers::plugin(std::string& why) {
+  static std::once_flag once;
+  static TransportStart start = nullptr;
+  static std::string reason;
+  std::call_once(once, [] {
+    std::vector<std::string> tried;
+    if (const char* path = std::getenv("PRESTAGE_MPI_PLUGIN"); path != nullptr && *path != '\0') {
+      tried.emplace_back(path);
+    } else {
+      // Beside the object that holds this code (the Python extension, or the program or shared
+      // library linking prestage), then where the dynamic loader looks.
+      Dl_info info;
+      if (dladdr(reinterpret_cast<void*>(&Peers::plugin), &info) != 0 &&
+          info.dli_fname != nullptr) {
+        tried.push_back(
+            (std::filesystem::path(info.dli_fname).parent_path() / kTransportPlugin).string());
+      }
+      tried.emplace_back(kTransportPlugin);
+    }
+    std::string errors;
+    for (const std::string& path : tried) {
+      // Global: MPI's own components, which it opens itself, need the MPI library's symbols.
+      void* handle = dlopen(path.c_str(), RTLD_NOW | RTLD_GLOBAL);
+      if (handle == nullptr) {
+        const char* e = dlerror();
+        errors += std::string(errors.empty() ? "" : "; ") + (e != nullptr ? e : path);
+        continue;
+      }
+      start = reinterpret_cast<TransportStart>(dlsym(handle, kTransportStartSymbol));
+      if (start != nullptr) return;
+      errors += "; " + path + " has no " + kTransportStartSymbol;
+    }
+    reason = std::string("plugin missing: ") + kTransportPlugin + " could not be opened (" + errors +
+             ")";
+  });
+  why = reason;
+  return start;
+}
+
+namespace {
+
+uint64_t file_bytes(const Catalog& catalog, uint64_t f) {
+  const uint64_t known = catalog.file_size(f);
+  if (known != Catalog::kUnknownSize) return known;
+  struct stat st;
+  if (::stat(catalog.file_source_path(f).c_str(), &st) != 0) return 0;
+  return static_cast<uint64_t>(st.st_size);
+}
+
+// PRESTAGE_NODE: ranks given the same number form one node (tests emulate nodes on one host).
+int64_t node_override() {
+  const char* value = std::getenv("PRESTAGE_NODE");
+  if (value == nullptr || *value == '\0') return -1;
+  char* end = nullptr;
+  const long long n = std::strtoll(value, &end, 10);
+  if (*end != '\0' || n < 0) {
+    throw ConfigError(std::string("PRESTAGE_NODE must be a number >= 0, not '") + value + "'");
+  }
+  return n;
+}
+
+}  // namespace
+
+Peers::Peers(const Catalog& catalog, const PlanOptions& plan, StageDirectory* stage,
+             uint64_t home_budget, const PeerOptions& options)
+    : catalog_(catalog), plan_(plan), stage_(stage), options_(options), pid_(::getpid()) {
+  if (plan.world_size < 2) {
+    why_off_ = "world_size 1: no other rank to fetch from";
+    return;
+  }
+  std::string why;
+  const TransportStart start = plugin(why);
+  if (start == nullptr) {
+    why_off_ = why;
+    return;
+  }
+  TransportConfig config;
+  config.comm = options.comm;
+  config.comm_fortran = options.comm_fortran;
+  config.node_override = node_override();
+  config.expect_rank = plan.rank;
+  config.expect_world_size = plan.world_size;
+  config.value = home_budget;
+  config.serve = [this](uint64_t file, std::vector<std::byte>& bytes, uint32_t& crc) {
+    return serve(file, bytes, crc);
+  };
+  transport_.reset(start(&config, &why));
+  if (transport_ == nullptr) {
+    why_off_ = why;
+    return;
+  }
+  node_of_ = transport_->nodes();
+}
+
+Peers::~Peers() { stop(); }
+
+void Peers::stop() {
+  if (transport_ && ::getpid() == pid_) transport_->stop();
+}
+
+void Peers::start_epoch(uint64_t epoch) {
+  if (!on()) return;
+  std::call_once(computed_, [&] {
+    std::vector<uint64_t> file_of(catalog_.size()), sizes(catalog_.num_files());
+    for (uint64_t s = 0; s < file_of.size(); ++s) file_of[s] = catalog_.locator(s).file;
+    for (uint64_t f = 0; f < sizes.size(); ++f) sizes[f] = file_bytes(catalog_, f);
+    own_ = Ownership::compute(file_of, sizes, plan_, epoch, node_of_, transport_->values());
+    ready_.store(true, std::memory_order_release);
+  });
+}
+
+bool Peers::home_here(uint64_t file) const {
+  const uint64_t owner = own_.owner[file];
+  return own_.home[file] != 0 && node_of_[owner] == node_of_[plan_.rank];
+}
+
+Peers::Fetched Peers::fetch(const Catalog::Locator& loc, std::vector<std::byte>& out) {
+  if (!on() || closing() || !ready_.load(std::memory_order_acquire) || ::getpid() != pid_) {
+    return Fetched::kNone;
+  }
+  const uint64_t owner = own_.owner[loc.file];
+  if (owner == Ownership::kNoOwner) return Fetched::kNone;
+  if (!own_.home[loc.file]) {
+    beyond_.fetch_add(1, std::memory_order_relaxed);
+    return Fetched::kNone;
+  }
+  if (node_of_[owner] == node_of_[plan_.rank]) return local(loc, out);
+  std::vector<std::byte> bytes;
+  uint32_t crc = 0;
+  const auto fall_back = [&](bool corrupt) {
+    fallbacks_.fetch_add(1, std::memory_order_relaxed);
+    if (corrupt) corrupt_.fetch_add(1, std::memory_order_relaxed);
+    return Fetched::kNone;
+  };
+  if (!transport_->request(owner, loc.file, options_.timeout, bytes, crc)) return fall_back(false);
+  const uint64_t size = catalog_.file_size(loc.file);
+  if ((size != Catalog::kUnknownSize && bytes.size() != size) || crc32c(bytes) != crc) {
+    return fall_back(true);
+  }
+  if (loc.length == Catalog::kWholeFile) {
+    out = std::move(bytes);
+  } else {
+    if (loc.offset > bytes.size() || loc.length > bytes.size() - loc.offset) return fall_back(true);
+    out.assign(bytes.begin() + static_cast<std::ptrdiff_t>(loc.offset),
+               bytes.begin() + static_cast<std::ptrdiff_t>(loc.offset + loc.length));
+  }
+  reads_.fetch_add(1, std::memory_order_relaxed);
+  bytes_.fetch_add(out.size(), std::memory_order_relaxed);
+  return Fetched::kPeer;
+}
+
+Peers::Fetched Peers::local(const Catalog::Locator& loc, std::vector<std::byte>& out) {
+  if (stage_ == nullptr) return Fetched::kNone;
+  const auto until = std::chrono::steady_clock::now() + options_.timeout;
+  while (true) {
+    stage_->take_over_published();
+    if (stage_->is_staged(loc.file)) {
+      try {
+        read_located(FileRef(stage_->staged_path(loc.file)), loc, out);
+        return Fetched::kLocal;
+      } catch (const IoError&) {
+        return Fetched::kNone;
+      }
+    }
+    if (closing() || std::chrono::steady_clock::now() >= until) return Fetched::kNone;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+}
+
+PeerAnswer Peers::serve(uint64_t file, std::vector<std::byte>& bytes, uint32_t& crc) {
+  if (!ready_.load(std::memory_order_acquire)) return PeerAnswer::kLater;  // e0 not started here
+  if (stage_ == nullptr || file >= own_.home.size() || !home_here(file)) return PeerAnswer::kAbsent;
+  stage_->take_over_published();  // a copy a neighbour on this node made
+  if (!stage_->is_staged(file)) return PeerAnswer::kLater;  // its copy is coming (e0)
+  crc = stage_->staged_crc(file);
+  try {
+    read_file(FileRef(stage_->staged_path(file)), bytes);
+  } catch (const IoError&) {
+    return PeerAnswer::kAbsent;
+  }
+  if (bytes.size() != stage_->staged_size(file)) return PeerAnswer::kAbsent;
+  served_.fetch_add(1, std::memory_order_relaxed);
+  served_bytes_.fetch_add(bytes.size(), std::memory_order_relaxed);
+  return PeerAnswer::kServed;
+}
+
+PeerCounts Peers::counts() const {
+  PeerCounts c;
+  c.reads = reads_.load(std::memory_order_relaxed);
+  c.bytes = bytes_.load(std::memory_order_relaxed);
+  c.fallbacks = fallbacks_.load(std::memory_order_relaxed);
+  c.corrupt = corrupt_.load(std::memory_order_relaxed);
+  c.beyond_budget = beyond_.load(std::memory_order_relaxed);
+  c.served = served_.load(std::memory_order_relaxed);
+  c.served_bytes = served_bytes_.load(std::memory_order_relaxed);
+  return c;
+}
+
+}  // namespace prestage::detail

@@ -1,0 +1,121 @@
+// The peer tier: a sample not on this node is fetched from the stage directory of the node that owns
+// it, over MPI (tiers/transport.hpp), instead of being read again from the source (the PFS).
+//
+// Ownership is computed, never negotiated, since every rank knows every rank's plan:
+//  - the owner of a file is the rank that first uses (a sample of) it in the job's start epoch e0:
+//    lowest batch index, then lowest rank, then position in the rank's batch (padding duplicates
+//    keep the first). Its node is the owner node.
+//  - each rank stages its slice of e0 from the source as without peers: the owner node's copy is the
+//    file's home copy. A node keeps its owned files in order of first use in e0 while they fit its
+//    home budget (its cache_bytes; none: all): the first file that does not fit and every later one
+//    are "beyond budget", read from the source at every use (and counted). Home copies are never
+//    evicted: only they are admitted to the stage directory while the tier is on.
+//  - later, a rank reads a sample from its node's stage directory if there, else (a home copy of
+//    another node) from that copy's owner rank over MPI into memory, else from the source. A reply
+//    carries the size and the CRC-32C of the owner's stage index; a mismatch, no answer within
+//    peer_timeout, or a stopped peer means a read of the source (counted), never a wait beyond it.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "prestage/catalog.hpp"
+#include "prestage/plan.hpp"
+#include "tiers/stage_directory.hpp"
+#include "tiers/transport.hpp"
+
+namespace prestage::detail {
+
+// Per file: who owns it and whether its owner node keeps a home copy. A pure function of the plan.
+struct Ownership {
+  static constexpr uint64_t kNoOwner = ~uint64_t{0};  // not used in e0 (drop_last)
+  std::vector<uint64_t> owner;  // per file: its owner rank
+  std::vector<uint8_t> home;    // per file: 1 if within its owner node's home budget
+
+  // `file_of[s]`: sample s's file; `file_size[f]`: its bytes; `node_of[r]`: rank r's node (any id);
+  // `budget_of[r]`: the home budget of rank r's node (0: none), as rank r sees it (the lowest rank
+  // of a node speaks for it). `plan`'s rank is ignored.
+  static Ownership compute(const std::vector<uint64_t>& file_of,
+                           const std::vector<uint64_t>& file_size, PlanOptions plan, uint64_t epoch, const std::vector<uint64_t>& node_of,
+                           const std::vector<uint64_t>& budget_of);
+};
+
+struct PeerOptions {
+  std::chrono::milliseconds timeout{1000};
+  const void* comm = nullptr;  // see TransportConfig
+  int64_t comm_fortran = -1;
+};
+
+struct PeerCounts {
+  uint64_t reads = 0, bytes = 0;  // samples and bytes fetched from peers
+  uint64_t fallbacks = 0;         // fetches that ended in a read of the source
+  uint64_t corrupt = 0;           // of those, replies whose size or CRC did not match
+  uint64_t beyond_budget = 0;     // uses of samples beyond their owner node's home budget
+  uint64_t served = 0, served_bytes = 0;  // answers this rank gave with bytes
+};
+
+// Thread-safe. Starting it is collective: every rank of the job constructs its loader's Peers
+// together (also a rank whose stage directory failed: `stage` null, it then serves nothing). The
+// catalog and the stage directory must outlive it.
+class Peers {
+ public:
+  Peers(const Catalog& catalog, const PlanOptions& plan, StageDirectory* stage,
+        uint64_t home_budget, const PeerOptions& options);
+  ~Peers();  // stops the transport
+  Peers(const Peers&) = delete;
+  Peers& operator=(const Peers&) = delete;
+
+  bool on() const noexcept { return transport_ != nullptr; }
+  const std::string& why_off() const noexcept { return why_off_; }
+
+  // Fixes e0, the epoch ownership is computed from: the first epoch the loader starts. Later calls
+  // are ignored. Must be called before the first batch is planned.
+  void start_epoch(uint64_t epoch);
+  // Whether this node keeps a home copy of `file` (it may be staged here).
+  bool home_here(uint64_t file) const;
+  // Stage 2: sample `loc`'s bytes from its home copy into `out`: kPeer from its owner node, kLocal
+  // from this node's stage directory (a home copy of this node that a neighbour, or this rank for an
+  // earlier batch, was still making when this batch was planned: waited for up to the timeout
+  // rather than read from the source a second time), or kNone (the caller reads the source) for a
+  // file with no home copy, a failed fetch (counted) or a forked process.
+  enum class Fetched { kNone, kPeer, kLocal };
+  Fetched fetch(const Catalog::Locator& loc, std::vector<std::byte>& out);
+
+  PeerCounts counts() const;
+  // The loader closes: fetches from now on fail at once and closing() says so, so that a batch that
+  // will never be delivered costs no read of the source. This rank still answers others.
+  void close() noexcept { closing_.store(true, std::memory_order_release); }
+  bool closing() const noexcept { return closing_.load(std::memory_order_acquire); }
+  // Stops answering (the loader has closed): other ranks read the source from now on.
+  void stop();
+
+  // The transport plugin, opened once per process: its start function, or null with the reason.
+  static TransportStart plugin(std::string& why);
+
+ private:
+  PeerAnswer serve(uint64_t file, std::vector<std::byte>& bytes, uint32_t& crc);
+  Fetched local(const Catalog::Locator& loc, std::vector<std::byte>& out);
+  bool owned_by_other_node(uint64_t file) const;
+
+  const Catalog& catalog_;
+  PlanOptions plan_;
+  StageDirectory* stage_;
+  PeerOptions options_;
+  pid_t pid_;
+  std::string why_off_;
+  std::unique_ptr<Transport> transport_;
+  std::once_flag computed_;
+  std::atomic<bool> ready_{false};  // own_ is computed
+  std::atomic<bool> closing_{false};
+  Ownership own_;
+  std::vector<uint64_t> node_of_;  // per rank
+  std::atomic<uint64_t> reads_{0}, bytes_{0}, fallbacks_{0}, corrupt_{0}, beyond_{0}, served_{0},
+      served_bytes_{0};
+};
+
+}  // namespace prestage::detail

@@ -1,0 +1,67 @@
+// The peer tier's transport: how a rank asks a rank of another node for a staged file, and answers
+// such requests. The core library only knows this interface; its one implementation, over MPI, is a
+// plugin (libprestage_mpi.so, tiers/mpi_transport.cpp) that the core opens at run time, so that
+// neither the core library nor the Python extension links an MPI library (a site brings its own).
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace prestage::detail {
+
+// What a rank answers to a request for a file.
+enum class PeerAnswer : uint32_t {
+  kServed = 0,  // the bytes and the CRC-32C its stage index records for them
+  kAbsent = 1,  // no copy here, and none coming: the requester reads the source
+  kLater = 2,   // a copy is coming (a home copy not made yet): asked again until the request's time
+};
+
+// Called on the transport's progress thread for each request: fills `bytes` (the whole file) and
+// `crc` for kServed. Must not block for long (it reads a file of the local stage directory).
+using PeerServe =
+    std::function<PeerAnswer(uint64_t file, std::vector<std::byte>& bytes, uint32_t& crc)>;
+
+struct TransportConfig {
+  // The communicator to duplicate: the address of an MPI_Comm (C++; opaque here), else a Fortran
+  // handle (mpi4py's Comm.py2f(), >= 0), else MPI_COMM_WORLD.
+  const void* comm = nullptr;
+  int64_t comm_fortran = -1;
+  // The ranks given the same value form one node; -1: the ranks that share memory
+  // (MPI_COMM_TYPE_SHARED). Tests emulate several nodes on one host with it.
+  int64_t node_override = -1;
+  uint64_t expect_rank = 0;        // the loader's rank and world size: a world that differs turns
+  uint64_t expect_world_size = 1;  // the tier off (torchrun's processes are MPI worlds of one)
+  uint64_t value = 0;              // gathered from every rank at start (values())
+  PeerServe serve;
+};
+
+// Thread-safe: request() may be called from any number of threads at once; the MPI calls are made
+// by the transport's one progress thread (and by the starting thread before it exists).
+class Transport {
+ public:
+  virtual ~Transport() = default;  // stop()s
+  virtual uint64_t rank() const = 0;
+  virtual uint64_t world_size() const = 0;
+  // Per rank: its node, named by the lowest rank on it.
+  virtual const std::vector<uint64_t>& nodes() const = 0;
+  // Per rank: the TransportConfig::value it started with.
+  virtual const std::vector<uint64_t>& values() const = 0;
+  // Asks rank `rank` for file `file` and waits up to `timeout` for its answer: true with the bytes
+  // and their CRC in `bytes` and `crc`, false for an absent copy, a timeout or a stopped transport.
+  virtual bool request(uint64_t rank, uint64_t file, std::chrono::milliseconds timeout,
+                       std::vector<std::byte>& bytes, uint32_t& crc) = 0;
+  // Stops serving and ends the waits under way (they return false); returns promptly whatever the
+  // other ranks do (no collective call). Idempotent.
+  virtual void stop() = 0;
+};
+
+// The plugin's one entry point, looked up by name: starts a transport (collective over the
+// communicator: every rank of it calls this together), or returns null with the reason in `error`.
+using TransportStart = Transport* (*)(const TransportConfig* config, std::string* error);
+inline constexpr const char* kTransportStartSymbol = "prestage_transport_start";
+inline constexpr const char* kTransportPlugin = "libprestage_mpi.so";
+
+}  // namespace prestage::detail

@@ -1,0 +1,146 @@
+// The MPI transport (the plugin libprestage_mpi.so), run by CTest under `mpiexec -np 2`: every rank
+// runs the same test cases in the same order, each starting its transport together.
+#include <doctest/doctest.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdlib>
+#include <future>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "tiers/peers.hpp"
+#include "tiers/transport.hpp"
+#include "util/crc32c.hpp"
+
+using namespace prestage::detail;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+constexpr uint64_t kAbsentFile = 7;
+constexpr uint64_t kLaterFile = 9;
+constexpr uint64_t kDoneFile = 99;  // "I have asked everything I will ask"
+
+std::vector<std::byte> content(uint64_t file, uint64_t rank) {
+  std::vector<std::byte> bytes(1000 + 4099 * file);  // small (eager) and large (rendezvous) replies
+  for (size_t i = 0; i < bytes.size(); ++i) {
+    bytes[i] = static_cast<std::byte>((i * 31 + file + rank) & 0xFF);
+  }
+  return bytes;
+}
+
+struct Rank {
+  std::unique_ptr<Transport> transport;
+  std::atomic<bool> other_done{false};
+};
+
+std::unique_ptr<Rank> start(int64_t node_override = -1, uint64_t value = 0) {
+  std::string why;
+  const TransportStart start = Peers::plugin(why);
+  const bool found = start != nullptr;
+  REQUIRE_MESSAGE(found, why);
+  const char* size = std::getenv("OMPI_COMM_WORLD_SIZE");
+  const char* rank = std::getenv("OMPI_COMM_WORLD_RANK");
+  REQUIRE_MESSAGE(size != nullptr, "run under mpiexec");
+  auto r = std::make_unique<Rank>();
+  TransportConfig config;
+  config.expect_world_size = std::strtoull(size, nullptr, 10);
+  config.expect_rank = std::strtoull(rank, nullptr, 10);
+  config.node_override = node_override;
+  config.value = value;
+  Rank* self = r.get();
+  const uint64_t me = config.expect_rank;
+  config.serve = [self, me](uint64_t file, std::vector<std::byte>& bytes, uint32_t& crc) {
+    if (file == kDoneFile) self->other_done.store(true);
+    if (file == kAbsentFile || file == kDoneFile) return PeerAnswer::kAbsent;
+    if (file == kLaterFile) return PeerAnswer::kLater;
+    bytes = content(file, me);
+    crc = crc32c(bytes);
+    return PeerAnswer::kServed;
+  };
+  r->transport.reset(start(&config, &why));
+  REQUIRE_MESSAGE(r->transport != nullptr, why);
+  return r;
+}
+
+// Tells the other rank this one is done asking, then answers it until it says the same.
+void finish(Rank& r, uint64_t other) {
+  std::vector<std::byte> bytes;
+  uint32_t crc = 0;
+  CHECK_FALSE(r.transport->request(other, kDoneFile, std::chrono::seconds(10), bytes, crc));
+  const auto until = Clock::now() + std::chrono::seconds(20);
+  while (!r.other_done.load() && Clock::now() < until) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  CHECK(r.other_done.load());
+  r.transport->stop();
+}
+
+}  // namespace
+
+TEST_CASE("peers over MPI: a rank fetches another's bytes and CRC; absent and late copies fail") {
+  auto r = start();
+  const uint64_t me = r->transport->rank(), other = 1 - me;
+  REQUIRE(r->transport->world_size() == 2);
+  for (const uint64_t file : {0, 1, 3, 40}) {
+    std::vector<std::byte> bytes;
+    uint32_t crc = 0;
+    REQUIRE(r->transport->request(other, file, std::chrono::seconds(10), bytes, crc));
+    CHECK(bytes == content(file, other));
+    CHECK(crc == crc32c(bytes));
+  }
+  std::vector<std::byte> bytes;
+  uint32_t crc = 0;
+  auto asked = Clock::now();
+  CHECK_FALSE(r->transport->request(other, kAbsentFile, std::chrono::seconds(10), bytes, crc));
+  CHECK(Clock::now() - asked < std::chrono::seconds(5));  // answered, not timed out
+  asked = Clock::now();
+  CHECK_FALSE(r->transport->request(other, kLaterFile, std::chrono::milliseconds(200), bytes, crc));
+  CHECK(Clock::now() - asked >= std::chrono::milliseconds(200));
+  // Many threads at once, as stage 2's prefetchers ask.
+  std::vector<std::future<bool>> asks;
+  for (uint64_t file = 10; file < 18; ++file) {
+    asks.push_back(std::async(std::launch::async, [&, file] {
+      std::vector<std::byte> got;
+      uint32_t c = 0;
+      return r->transport->request(other, file, std::chrono::seconds(10), got, c) &&
+             got == content(file, other);
+    }));
+  }
+  for (auto& a : asks) CHECK(a.get());
+  finish(*r, other);
+}
+
+TEST_CASE("peers over MPI: nodes come from the override, values are gathered from every rank") {
+  const uint64_t me = std::strtoull(std::getenv("OMPI_COMM_WORLD_RANK"), nullptr, 10);
+  {
+    auto r = start(/*node_override=*/static_cast<int64_t>(me), /*value=*/100 + me);
+    CHECK(r->transport->nodes() == std::vector<uint64_t>{0, 1});
+    CHECK(r->transport->values() == std::vector<uint64_t>{100, 101});
+    r->transport->stop();
+  }
+  auto r = start(/*node_override=*/5);
+  CHECK(r->transport->nodes() == std::vector<uint64_t>{0, 0});  // one node, named by its lowest rank
+  r->transport->stop();
+}
+
+TEST_CASE("peers over MPI: stop() ends a wait on a rank that does not answer, at once") {
+  auto r = start();
+  const uint64_t other = 1 - r->transport->rank();
+  auto waiting = std::async(std::launch::async, [&] {
+    std::vector<std::byte> bytes;
+    uint32_t crc = 0;
+    return r->transport->request(other, kLaterFile, std::chrono::seconds(60), bytes, crc);
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  const auto stopping = Clock::now();
+  r->transport->stop();
+  CHECK_FALSE(waiting.get());
+  CHECK(Clock::now() - stopping < std::chrono::seconds(5));
+  std::vector<std::byte> bytes;
+  uint32_t crc = 0;
+  CHECK_FALSE(r->transport->request(other, 0, std::chrono::seconds(60), bytes, crc));  // stopped
+}

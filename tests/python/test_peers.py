@@ -1,0 +1,343 @@
+"""The peer tier over MPI: 4 ranks under mpirun on one host, as 2 emulated nodes of 2 ranks
+(PRESTAGE_NODE), one stage directory per node, reading through the emulated PFS. Over 3 epochs every
+file is opened on the PFS once, the batches are those of a run without peers, and the bytes each
+rank fetched from peers are what the plan predicts (computed here from prestage.plan alone); a rank
+that stops answering costs the others reads of the source within peer_timeout, a corrupted home copy
+is caught by its CRC and read again, and a launch without mpirun reports the tier off."""
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+import prestage
+from prestage.plan import epoch_batches
+
+MPIRUN = shutil.which("mpirun")
+PLUGIN = Path(prestage.__file__).parent / "libprestage_mpi.so"
+pytestmark = [
+    pytest.mark.skipif(MPIRUN is None, reason="mpirun not found (install openmpi-bin)"),
+    pytest.mark.skipif(not PLUGIN.exists(), reason="libprestage_mpi.so not built (MPI not found)"),
+]
+
+WORLD, BATCH, SEED = 4, 5, 3
+RANKS_PER_NODE = 2
+
+# One rank. Node = rank // 2 (PRESTAGE_NODE), stage directory per node. Runs `epochs` epochs with a
+# barrier after each (as a training step's all-reduce makes); its batches in flight (lookahead 1,
+# depth 2) are fewer than an epoch's. Writes per batch the indices and a digest of the bytes, the
+# samples whose bytes differ from the backing file, and its figures. `stop_rank` closes its loader
+# after epoch 0 (a peer that stops answering); `corrupt` = [rank, file id]: that rank flips a byte
+# of its node's copy of the file after epoch 0.
+RANK = textwrap.dedent("""
+    import glob, hashlib, json, os, sys, time
+    from pathlib import Path
+    cfg = json.loads(sys.argv[1])
+    rank = int(os.environ["OMPI_COMM_WORLD_RANK"])
+    node = rank // 2
+    os.environ["PRESTAGE_NODE"] = str(node)
+    import prestage
+    cat = prestage.Catalog.load(cfg["catalog"])
+    stage = os.path.join(cfg["stage"], f"node{node}")
+    barrier = cfg["barrier"]
+    live = [r for r in range(cfg["world"]) if r != cfg["stop_rank"]]
+
+    def wait(name, ranks):
+        Path(barrier, f"{name}-{rank}").touch()
+        while not all(Path(barrier, f"{name}-{r}").exists() for r in ranks):
+            time.sleep(0.005)
+
+    batches, wrong = [], []
+    loader = prestage.Loader(cat, batch_size=cfg["batch"], decode="raw", stage_dir=stage, rank=rank,
+                             world_size=cfg["world"], seed=cfg["seed"], prefetchers=3, lookahead=1,
+                             depth=2, cache_bytes=cfg["cache_bytes"], peers=cfg["peers"],
+                             peer_timeout=cfg["peer_timeout"])
+    for epoch in range(cfg["epochs"]):
+        if rank == cfg["stop_rank"] and epoch > 0:
+            break
+        for b in loader:
+            data = b.data.tobytes()
+            batches.append([epoch, [int(i) for i in b.indices], hashlib.sha256(data).hexdigest()])
+            for k, i in enumerate(b.indices):
+                got = b.data[b.offsets[k]:b.offsets[k + 1]].tobytes()
+                if got != (Path(cfg["backing"]) / cat.path(int(i))).read_bytes():
+                    wrong.append(int(i))
+        wait(f"e{epoch}", live if epoch > 0 else range(cfg["world"]))
+        if epoch == 0 and cfg["corrupt"] and cfg["corrupt"][0] == rank:
+            f = cfg["corrupt"][1]
+            (copy,) = glob.glob(os.path.join(stage, "prestage-*", f"{f % 256:02x}", f"{f:x}"))
+            raw = bytearray(Path(copy).read_bytes())
+            raw[len(raw) // 2] ^= 0xFF
+            Path(copy).write_bytes(bytes(raw))
+        if epoch == 0 and cfg["stop_rank"] >= 0:
+            if rank == cfg["stop_rank"]:
+                loader.close()  # answers no more
+            wait("ready", range(cfg["world"]))
+    wait("done", range(cfg["world"]))  # every rank answers until all have their batches
+    loader.close()
+    Path(cfg["out"], f"{rank}.json").write_text(json.dumps({"stats": loader.stats(),
+                                                           "batches": batches, "wrong": wrong}))
+    wait("closed", range(cfg["world"]))
+""")
+
+
+@pytest.fixture
+def job(make_folder, pfs, tmp_path):
+    """(run(**config) -> per-rank results, catalog, emulator, backing): mpirun jobs over one data set
+    of 120 files served by the PFS emulator."""
+    backing = make_folder(4, 30, size=(24, 32))
+    emulator = pfs(backing)
+    cat = prestage.Catalog.from_folder(emulator.mountpoint)
+    catalog = tmp_path / "set.catalog"
+    cat.save(catalog)
+    runs = []
+
+    def run(peers=True, epochs=3, cache_bytes=0, peer_timeout=10.0, stop_rank=-1, corrupt=None,
+            env=None):
+        n = len(runs)
+        runs.append(n)
+        base = tmp_path / f"run{n}"
+        for d in ("stage", "barrier", "out"):
+            (base / d).mkdir(parents=True)
+        cfg = dict(catalog=str(catalog), backing=str(backing), stage=str(base / "stage"),
+                   barrier=str(base / "barrier"), out=str(base / "out"), world=WORLD, batch=BATCH,
+                   seed=SEED, epochs=epochs, cache_bytes=cache_bytes, peers=peers,
+                   peer_timeout=peer_timeout, stop_rank=stop_rank, corrupt=corrupt)
+        script = base / "rank.py"
+        script.write_text(RANK)
+        environment = dict(os.environ, OMPI_MCA_btl_vader_single_copy_mechanism="none",
+                           **(env or {}))
+        r = subprocess.run([MPIRUN, "--oversubscribe", "--allow-run-as-root", "-np", str(WORLD),
+                            sys.executable, str(script), json.dumps(cfg)],
+                           env=environment, capture_output=True, text=True, timeout=240)
+        assert r.returncode == 0, r.stdout + r.stderr
+        return [json.loads((base / "out" / f"{rank}.json").read_text()) for rank in range(WORLD)]
+
+    return run, cat, emulator, backing
+
+
+def ownership(cat, backing, budget=0):
+    """The rule, from prestage.plan alone: per file, its owner rank (the first to use it in epoch 0:
+    lowest batch, then lowest rank) and whether it is within its owner node's home budget (the
+    node's files in order of first use while they fit; 0: no budget)."""
+    plans = [epoch_batches(len(cat), BATCH, SEED, 0, rank=r, world_size=WORLD) for r in range(WORLD)]
+    owner, order = {}, {}
+    for b in range(len(plans[0])):
+        for r in range(WORLD):
+            for i in plans[r][b]:
+                if i not in owner:
+                    owner[i] = r
+                    order.setdefault(r // RANKS_PER_NODE, []).append(i)
+    home = set()
+    for files in order.values():
+        used = 0
+        for i in files:
+            size = (backing / cat.path(i)).stat().st_size
+            if budget and used + size > budget:
+                break
+            used += size
+            home.add(i)
+    return owner, home
+
+
+def predicted_peer_bytes(cat, backing, owner, home, rank, epoch):
+    """Bytes rank `rank` fetches from other nodes in `epoch` (> 0): its samples whose home copy is
+    on another node."""
+    node = rank // RANKS_PER_NODE
+    return sum((backing / cat.path(i)).stat().st_size
+               for batch in epoch_batches(len(cat), BATCH, SEED, epoch, rank=rank, world_size=WORLD)
+               for i in batch if i in home and owner[i] // RANKS_PER_NODE != node)
+
+
+def test_each_file_is_read_from_the_pfs_once_and_peers_serve_what_the_plan_predicts(job):
+    run, cat, emulator, backing = job
+    plain = run(peers=False)
+    before = emulator.stats()["paths"]
+    ranks = run(peers=True)
+    after = emulator.stats()["paths"]
+
+    # Every file opened on the PFS exactly once over 3 epochs, and as many bytes as the set.
+    opened = {p: c["opens"] - before.get(p, {"opens": 0})["opens"] for p, c in after.items()}
+    assert sorted(p for p, n in opened.items() if n) == sorted(cat.path(i) for i in range(len(cat)))
+    assert set(n for n in opened.values() if n) == {1}
+    for r in ranks:
+        s = r["stats"]
+        assert s["peer_tier"] and s["peer_tier_why"] == ""
+        assert s["peer_fallbacks"] == 0 and s["peer_corrupt"] == 0 and s["beyond_budget"] == 0
+        assert r["wrong"] == []
+    assert sum(r["stats"]["source_reads"] for r in ranks) == len(cat)
+    # The batches are those of the run without peers, byte for byte.
+    assert [r["batches"] for r in ranks] == [r["batches"] for r in plain]
+    assert all(r["wrong"] == [] for r in plain)
+    # Peer bytes per rank and epoch: what the plan says. Epoch 0 is all home copies.
+    owner, home = ownership(cat, backing)
+    assert len(home) == len(cat)
+    for rank, r in enumerate(ranks):
+        epochs = {e["epoch"]: e for e in r["stats"]["epochs"]}
+        assert epochs[0]["bytes_from_peers"] == 0
+        for epoch in (1, 2):
+            expected = predicted_peer_bytes(cat, backing, owner, home, rank, epoch)
+            assert expected > 0
+            assert epochs[epoch]["bytes_from_peers"] == expected, (rank, epoch)
+            # Epoch 1 is planned while the neighbour is still in epoch 0: a home copy it had not
+            # made yet is made by this rank instead (the node's one read of that file).
+            assert epochs[epoch]["source_reads"] == epochs[epoch]["copies_made"]
+        assert epochs[2]["source_reads"] == 0
+    # What one node served is what the other fetched.
+    assert sum(r["stats"]["peer_served_bytes"] for r in ranks) == \
+        sum(r["stats"]["peer_bytes"] for r in ranks)
+
+
+def test_a_home_budget_keeps_the_first_files_and_reads_the_rest_from_the_pfs(job):
+    run, cat, emulator, backing = job
+    set_bytes = sum((backing / cat.path(i)).stat().st_size for i in range(len(cat)))
+    budget = set_bytes // 4  # per node: the two nodes hold half the set
+    ranks = run(peers=True, epochs=2, cache_bytes=budget)
+    owner, home = ownership(cat, backing, budget)
+    assert 0 < len(home) < len(cat)
+    plans = {r: [i for b in epoch_batches(len(cat), BATCH, SEED, 1, rank=r, world_size=WORLD) for i in b]
+             for r in range(WORLD)}
+    for rank, r in enumerate(ranks):
+        s = r["stats"]
+        assert r["wrong"] == [] and s["peer_fallbacks"] == 0
+        epochs = {e["epoch"]: e for e in s["epochs"]}
+        assert epochs[1]["bytes_from_peers"] == predicted_peer_bytes(cat, backing, owner, home, rank, 1)
+        # Beyond the budget: read from the PFS at every use, counted (epoch 0's first reads too,
+        # and the uses in epoch 2 that the rank planned before it closed).
+        uses = [i for e in (0, 1, 2)
+                for b in epoch_batches(len(cat), BATCH, SEED, e, rank=rank, world_size=WORLD) for i in b]
+        beyond = [i not in home for i in uses]
+        assert sum(beyond[:60]) <= s["beyond_budget"] <= sum(beyond)
+        # Epoch 1 read from the PFS its samples beyond the budget, and the home copies of its node
+        # that this rank made before its neighbour reached them in epoch 0.
+        assert epochs[1]["source_reads"] == sum(beyond[30:60]) + epochs[1]["copies_made"]
+
+
+def test_a_stopped_peer_and_a_corrupted_home_copy_cost_reads_of_the_pfs_not_a_hang(job):
+    run, cat, emulator, backing = job
+    owner, home = ownership(cat, backing)
+    # A file of rank 2's that rank 0 uses in the last batch of epoch 1 (planned after the barrier).
+    last = epoch_batches(len(cat), BATCH, SEED, 1, rank=0, world_size=WORLD)[-1]
+    victim = next(i for i in last if owner[i] == 2)
+    before = emulator.stats()["paths"]
+    ranks = run(peers=True, epochs=2, peer_timeout=0.5, stop_rank=3, corrupt=[2, victim])
+    after = emulator.stats()["paths"]
+
+    for rank in (0, 1, 2):
+        assert ranks[rank]["wrong"] == []  # every byte delivered is right
+    s0, s1 = ranks[0]["stats"], ranks[1]["stats"]
+    assert s0["peer_corrupt"] == 1 and s1["peer_corrupt"] == 0
+    victim_path = cat.path(victim)
+    assert after[victim_path]["opens"] - before.get(victim_path, {"opens": 0})["opens"] == 2
+    for rank, s in ((0, s0), (1, s1)):
+        # Each of its epoch-1 samples homed on node 1 was fetched or, failing that, read from the PFS.
+        uses = [i for b in epoch_batches(len(cat), BATCH, SEED, 1, rank=rank, world_size=WORLD)
+                for i in b if owner[i] // RANKS_PER_NODE == 1]
+        epoch1 = {e["epoch"]: e for e in s["epochs"]}[1]
+        # (Less the home copies of its own node it made because its neighbour had not reached them.)
+        fetched_or_read = epoch1["peer_reads"] + epoch1["source_reads"] - epoch1["copies_made"]
+        assert fetched_or_read == len(uses)
+        # Rank 3 answers no more: its files (but those fetched before it stopped) were read from
+        # the PFS, each after peer_timeout.
+        fallbacks = epoch1["source_reads"] - epoch1["copies_made"] - s["peer_corrupt"]
+        assert 0 < fallbacks <= sum(owner[i] == 3 for i in uses)
+        assert s["peer_fallbacks"] >= fallbacks + s["peer_corrupt"]
+
+
+PLAIN = textwrap.dedent("""
+    import json, sys, prestage
+    cat = prestage.Catalog.load(sys.argv[1])
+    with prestage.Loader(cat, batch_size=5, decode="raw", stage_dir=sys.argv[2], rank=0, world_size=4,
+                         peers=True) as loader:
+        n = sum(len(b.indices) for b in loader)
+        s = loader.stats()
+    print(json.dumps({"n": n, "on": s["peer_tier"], "why": s["peer_tier_why"]}))
+""")
+
+
+@pytest.mark.parametrize("plugin, why", [(None, "MPI world of 1 does not match world_size 4"),
+                                          ("missing", "plugin missing: libprestage_mpi.so")])
+def test_without_mpirun_or_plugin_the_tier_is_off_and_says_why(make_folder, tmp_path, plugin, why):
+    cat = prestage.Catalog.from_folder(make_folder(2, 10))
+    catalog = tmp_path / "set.catalog"
+    cat.save(catalog)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OMPI_", "PMI", "PMIX"))}
+    if plugin:
+        env["PRESTAGE_MPI_PLUGIN"] = str(tmp_path / "absent" / "libprestage_mpi.so")
+    r = subprocess.run([sys.executable, "-c", PLAIN, str(catalog), str(tmp_path / "stage")], env=env,
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out == {"n": 5, "on": False, "why": out["why"]}  # rank 0 of 4: 5 of the 20 samples
+    assert out["why"].startswith(why)
+
+
+FORKED = textwrap.dedent("""
+    import json, os, sys, prestage
+    rank = int(os.environ["OMPI_COMM_WORLD_RANK"])
+    os.environ["PRESTAGE_NODE"] = str(rank)
+    cat = prestage.Catalog.load(sys.argv[1])
+    with prestage.Loader(cat, batch_size=5, decode="raw", stage_dir=f"{sys.argv[2]}/{rank}", rank=rank,
+                         world_size=2, peers=True) as loader:
+        before = sum(len(b.indices) for b in loader)
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # a DataLoader worker's place: it must not touch MPI, even at exit
+            os.close(r)
+            try:
+                next(iter(loader))
+                os.write(w, b"served")
+            except prestage.Error as e:
+                os.write(w, str(e).encode())
+            sys.exit(0)  # the interpreter's exit hooks run: the loader's, the MPI plugin's
+        os.close(w)
+        said = os.read(r, 4096).decode()
+        assert os.waitpid(pid, 0)[1] == 0
+        after = sum(len(b.indices) for b in loader)  # the parent's tier still works
+        s = loader.stats()
+    print(json.dumps({"child": said, "parent": [before, after, s["peer_tier"], s["peer_reads"]]}))
+""")
+
+
+def test_a_process_forked_after_mpi_started_keeps_off_mpi(make_folder, tmp_path):
+    cat = prestage.Catalog.from_folder(make_folder(2, 10))
+    catalog = tmp_path / "set.catalog"
+    cat.save(catalog)
+    script = tmp_path / "forked.py"
+    script.write_text(FORKED)
+    env = dict(os.environ, OMPI_MCA_btl_vader_single_copy_mechanism="none")
+    r = subprocess.run([MPIRUN, "--oversubscribe", "--allow-run-as-root", "-np", "2", sys.executable,
+                        str(script), str(catalog), str(tmp_path / "stage")], env=env,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    lines = r.stdout.splitlines()
+    assert len(lines) == 2
+    for line in lines:
+        out = json.loads(line)
+        assert "fork" in out["child"]  # refused with a clear error, then a clean exit
+        before, after, on, peer_reads = out["parent"]
+        assert (before, after, on) == (10, 10, True) and peer_reads > 0
+
+
+def test_peer_options_are_checked():
+    from prestage.options import to_core
+
+    cat = prestage.Catalog.from_paths("/", ["a"], [0])
+
+    class Comm:  # what prestage takes from an mpi4py communicator
+        def py2f(self):
+            return 5
+
+    options = to_core(cat, 1, None, {"peers": True, "peer_timeout": 0.25, "comm": Comm()})
+    assert (options.peers, options.peer_timeout_ms, options.peer_comm_fortran) == (True, 250, 5)
+    assert to_core(cat, 1, None, {}).peer_comm_fortran == -1
+    for bad in ({"peer_timeout": 0}, {"peer_timeout": -1}, {"peer_timeout": True},
+                {"comm": object()}):
+        with pytest.raises(prestage.ConfigError, match=next(iter(bad))):
+            to_core(cat, 1, None, bad)
