@@ -292,7 +292,9 @@ class _Batches:
     def __init__(self, loader: Loader, epoch: int, first: int) -> None:
         self.epoch, self.first = epoch, first
         self.calls = 0
-        self._batches = iter(loader)
+        self._loader = loader
+        # Started at the first next(): DataLoader calls iter() on its sampler twice and uses the second.
+        self._batches: Optional[Iterator[Any]] = None
         self._lock = threading.Lock()
 
     def __iter__(self) -> "_Batches":
@@ -301,6 +303,8 @@ class _Batches:
     def __next__(self) -> List[int]:
         with self._lock:
             self.calls += 1
+            if self._batches is None:
+                self._batches = iter(self._loader)
         batch = next(self._batches)
         indices: List[int] = batch.indices.tolist()
         del batch  # its buffer goes back to the ring at once: only the indices leave
