@@ -367,6 +367,8 @@ loader, every buffer held, KeyboardInterrupt) leaves the position as it was.
           "The next batch of the epoch, or None at its end. Raises the error of a failed sample, "
           "and prestage.ConfigError once the loader is closed (also by a close() from another "
           "thread while this one waits). Calls from several threads are served one at a time.")
+      .def("staged_path", &Loader::staged_path, py::arg("sample"),
+           "Where the copy of sample's file goes in the stage directory (there or not); '' without one.")
       .def(
           "stats",
           [](const Loader& l) {

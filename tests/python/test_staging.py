@@ -189,6 +189,7 @@ def test_packed_samples_are_byte_ranges_of_the_staged_shard(tmp_path):
         for i in range(len(packed)):
             sample = dataset.locate(i)
             assert sample.tier == "stage" and sample.length is not None
+            assert sample.path == sampler._loader._loader.staged_path(i)  # the workers' naming is the core's
             view = sample.bytes()
             assert view.readonly
             assert hashlib.sha256(view).hexdigest() == source_digest(source, i)
