@@ -24,7 +24,7 @@ from prestage.options import ImageOptions
 if TYPE_CHECKING:
     from typing_extensions import Unpack
 
-__all__ = ["dataset"]
+__all__ = ["dataset", "staged_paths"]
 
 # TensorFlow wraps a NumPy array without copying when its data are aligned to this (Eigen's largest
 # alignment); an unaligned array is copied again.
@@ -102,3 +102,61 @@ def _aligned_copy(array: np.ndarray) -> np.ndarray:
     out = raw[start:start + array.nbytes].view(array.dtype).reshape(array.shape)
     np.copyto(out, array)
     return out
+
+
+def staged_paths(catalog: _core.Catalog, batch_size: int, *, stage_dir: str, epochs: Optional[int] = None,
+                 read: bool = False, **options: object) -> tf.data.Dataset:
+    """Staging for your own parsing: a ``tf.data.Dataset`` of this rank's samples in plan order, each
+    ``(path, offset, length, label)`` where ``path`` is the staged copy on the local SSD, or the source
+    when it was not staged in time (``length`` -1: the whole file), or ``(bytes, label)`` with
+    ``read=True``. Stages 1 and 2 run on prestage's threads (:class:`prestage.staging.StagedSampler`,
+    whose options it takes) while your ``map`` parses, with ``num_parallel_calls=tf.data.AUTOTUNE`` and
+    the order kept:
+
+    >>> ds = prestage.tf.staged_paths(catalog, 256, stage_dir="/local/ssd")
+    >>> ds = ds.map(lambda path, offset, length, label: (parse(tf.io.read_file(path)), label),
+    ...             num_parallel_calls=tf.data.AUTOTUNE).batch(256)
+
+    Each pass is the next epoch (a new order), ``epochs`` passes in all (``None``: without end). A copy
+    stays staged for ``in_flight`` batches (default 16) after its batch was handed out; one evicted
+    sooner is simply gone, and ``tf.io.read_file`` fails: keep ``in_flight`` above what your pipeline
+    buffers (``prefetch``, ``AUTOTUNE``'s parallelism), or use ``read=True``, which reads each sample
+    here (the source if the copy went)."""
+    from prestage.staging import StagedSampler, StagedSample
+
+    in_flight = int(options.pop("in_flight", 16))  # type: ignore[call-overload]
+    sampler = StagedSampler(catalog, batch_size, stage_dir=stage_dir, num_workers=in_flight,
+                            prefetch_factor=1, **options)
+    where = sampler._where
+    next_epoch = [sampler._loader._epoch]
+
+    def samples() -> Iterator[tuple]:
+        sampler.set_epoch(next_epoch[0])
+        next_epoch[0] += 1
+        for batch in sampler:
+            for index in batch:
+                sample = where.find(index)
+                label = catalog.label(index)
+                if not read:
+                    yield sample.path, sample.offset, -1 if sample.length is None else sample.length, label
+                    continue
+                try:
+                    data = bytes(sample.bytes())
+                except FileNotFoundError:
+                    if sample.tier != "stage":
+                        raise
+                    where.gone()
+                    data = bytes(StagedSample(str(catalog.source_path(index)), sample.offset, sample.length,
+                                              "source", index).bytes())
+                yield data, label
+
+    signature: tuple
+    if read:
+        signature = (tf.TensorSpec((), tf.string), tf.TensorSpec((), tf.int64))
+    else:
+        signature = (tf.TensorSpec((), tf.string), tf.TensorSpec((), tf.int64), tf.TensorSpec((), tf.int64),
+                     tf.TensorSpec((), tf.int64))
+    ds = tf.data.Dataset.from_generator(samples, output_signature=signature)
+    ds = ds.repeat(epochs) if epochs != 1 else ds
+    ds.sampler = sampler  # type: ignore[attr-defined]  # stats(), close()
+    return ds

@@ -576,3 +576,10 @@ class _DeviceEpoch:
         tensors, event = self._copier.copy(host)
         self._hold.add(event, host)
         self._ahead = (tensors, event)
+
+
+# Staging for a dataset of your own (prestage.staging): the sampler, the dataset wrapper, the catalog of a
+# torchvision-style dataset.
+from prestage.staging import StagedDataset, StagedSample, StagedSampler, catalog_of  # noqa: E402
+
+__all__ += ["StagedDataset", "StagedSample", "StagedSampler", "catalog_of"]

@@ -245,6 +245,18 @@ file could be read), "reason"}. Empty for any other catalog; saved with it.
           "The relative path of sample i.")
       .def("source_path", &Catalog::source_path, py::arg("i"), "root / path(i).")
       .def("label", &Catalog::label, py::arg("i"))
+      .def(
+          "locator",
+          [](const Catalog& c, size_t i) {
+            if (i >= c.size()) throw py::index_error("sample " + std::to_string(i) + " of " + std::to_string(c.size()));
+            const Catalog::Locator loc = c.locator(i);
+            return py::make_tuple(loc.file, loc.offset,
+                                  loc.length == Catalog::kWholeFile ? py::object(py::none())
+                                                                    : py::object(py::int_(loc.length)));
+          },
+          py::arg("i"),
+          "(file, offset, length) of sample i: the index of its file (file_path), and its byte range "
+          "in it (length None: the whole file).")
       .def("__repr__", [](const Catalog& c) {
         return "<prestage.Catalog of " + std::to_string(c.size()) + " samples under '" +
                c.root().string() + "'" +

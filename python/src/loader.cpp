@@ -128,6 +128,7 @@ void register_loader(py::module_& m) {
   py::enum_<DecodeMode>(m, "DecodeMode")
       .value("jpeg", DecodeMode::kJpeg)
       .value("raw", DecodeMode::kRaw)
+      .value("locate", DecodeMode::kLocate)
       .value("npy", DecodeMode::kNpy)
       .value("npz", DecodeMode::kNpz)
       .value("hdf5", DecodeMode::kHdf5);
@@ -366,6 +367,8 @@ loader, every buffer held, KeyboardInterrupt) leaves the position as it was.
           "The next batch of the epoch, or None at its end. Raises the error of a failed sample, "
           "and prestage.ConfigError once the loader is closed (also by a close() from another "
           "thread while this one waits). Calls from several threads are served one at a time.")
+      .def("staged_path", &Loader::staged_path, py::arg("sample"),
+           "Where the copy of sample's file goes in the stage directory (there or not); '' without one.")
       .def(
           "stats",
           [](const Loader& l) {

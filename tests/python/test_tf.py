@@ -103,3 +103,35 @@ def test_signature_has_the_image_size_of_tfrecord_and_zstd_catalogs(tmp_path, wr
             ds = prestage.tf.dataset(cat, batch_size=4, layout=layout)
             assert ds.element_spec[0].shape.as_list() == shape
             assert [tuple(images.shape) for images, _ in ds] == [tuple(shape)]
+
+
+def test_staged_paths_in_plan_order_for_the_users_own_parsing(tmp_path):
+    import hashlib
+
+    rng = np.random.default_rng(3)
+    for i in range(30):
+        folder = tmp_path / "src" / f"c{i % 3}"
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / f"f{i:03d}.bin").write_bytes(rng.bytes(int(rng.integers(10, 500))))
+    catalog = prestage.Catalog.from_folder(tmp_path / "src", [])
+    plan = dict(batch_size=4, seed=9, rank=0, world_size=2)
+    with prestage.Loader(catalog, decode="raw", **plan) as loader:
+        expected = [[int(i) for i in b.indices] for e in range(2) for b in (loader.set_epoch(e) or loader)]
+    expected = [i for batch in expected for i in batch]
+    ds = prestage.tf.staged_paths(catalog, stage_dir=str(tmp_path / "stage"), epochs=2, stage_patience=None,
+                                  **plan)
+    parsed = ds.map(lambda path, offset, length, label: (tf.io.read_file(path), label),
+                    num_parallel_calls=tf.data.AUTOTUNE)
+    got = list(parsed.as_numpy_iterator())
+    assert len(got) == len(expected)
+    for (data, label), index in zip(got, expected):
+        assert data == catalog.source_path(index).read_bytes()
+        assert label == catalog.label(index)
+    assert ds.sampler.stats()["worker_staged"] > 0
+    ds.sampler.close()
+    # read=True: the bytes themselves.
+    ds = prestage.tf.staged_paths(catalog, stage_dir=str(tmp_path / "stage"), epochs=1, read=True, **plan)
+    got = [(hashlib.sha256(d).hexdigest(), int(label)) for d, label in ds.as_numpy_iterator()]
+    assert got == [(hashlib.sha256(catalog.source_path(i).read_bytes()).hexdigest(), catalog.label(i))
+                   for i in expected[:len(got)]]
+    ds.sampler.close()

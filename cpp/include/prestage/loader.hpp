@@ -67,6 +67,13 @@ class Loader {
 
   Stats stats() const;
 
+  // Where stage 2 puts the copy of sample `sample`'s file in the stage directory, whether it is there
+  // or not; empty without a usable stage directory. With decode=locate, the consumer opens it for a
+  // sample its batch says is staged (kLocatedStaged), and reads the source (Catalog::source_path)
+  // if it is gone by then (evicted later) or the batch says kLocatedSource: the sample's bytes are
+  // the file's range Catalog::locator(sample) either way.
+  std::string staged_path(uint64_t sample) const;
+
   // Stops the pipeline and joins its threads. Idempotent; batches already lent stay valid, and
   // stats() keeps the figures.
   void close();

@@ -16,7 +16,14 @@ enum class DecodeMode {
   kNpy,   // a .npy array: any dtype and shape, C or Fortran order
   kNpz,   // one array of a .npz archive (stored or deflated members): LoaderOptions::array_name
   kHdf5,  // a row along axis 0 of an HDF5 dataset (catalogs from Catalog::from_hdf5 only)
+  // No decoding and no read: stages 1 and 2 only. Each batch says where each sample's bytes are now,
+  // one byte per sample (Batch::data()): kLocatedStaged, in the stage directory (its copy,
+  // StageDirectory's path), or kLocatedSource, at the source (not staged in time: a miss). For users
+  // who decode the samples themselves (prestage.torch.StagedSampler).
+  kLocate,
 };
+inline constexpr uint8_t kLocatedStaged = 1;  // the numbers of the tiers: see tiers/tiers.hpp
+inline constexpr uint8_t kLocatedSource = 3;
 
 // kJpeg with an image_size: how each image is brought to it.
 enum class Transform {

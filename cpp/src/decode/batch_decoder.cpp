@@ -362,11 +362,37 @@ void BatchDecoder::decode(const BatchSamples& batch, BatchScratch& scratch, Slot
   slot.labels.resize(batch.count);
   for (size_t i = 0; i < batch.count; ++i) slot.labels[i] = tiers_.catalog().label(batch.ids[i]);
   if (stopping.load(std::memory_order_acquire)) return;  // nobody will look at it
+  if (codec_.mode == DecodeMode::kLocate) {
+    locate(batch, slot);
+    return;
+  }
   Run(*this, batch, scratch, slot, stopping)();
   // Recorded in thread order: listed in batch order.
   std::sort(slot.skipped.begin(), slot.skipped.end(),
             [](const Slot::Skip& a, const Slot::Skip& b) { return a.position < b.position; });
   decoded_.fetch_add(batch.count, std::memory_order_relaxed);
+}
+
+void BatchDecoder::locate(const BatchSamples& batch, Slot& slot) {
+  const size_t n = batch.count;
+  slot.dtype = "|u1";
+  slot.ragged = false;
+  slot.shape = {n, 0, 0, 0};
+  slot.offsets.resize(n + 1);
+  for (size_t i = 0; i <= n; ++i) slot.offsets[i] = i;
+  slot.dims.clear();
+  slot.dim_offsets.assign(n + 1, 0);
+  try {
+    slot.data.reserve(n);
+  } catch (const std::bad_alloc&) {
+    slot.error = std::current_exception();
+    return;
+  }
+  for (size_t i = 0; i < n; ++i) {
+    slot.data.data()[i] = static_cast<std::byte>(tiers_.locate(batch.ids[i], batch.tally));
+  }
+  slot.data_bytes = n;
+  decoded_.fetch_add(n, std::memory_order_relaxed);
 }
 
 }  // namespace prestage::detail

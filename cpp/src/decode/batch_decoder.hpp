@@ -66,6 +66,8 @@ class BatchDecoder {
  private:
   struct Reader;
   class Run;
+  // decode=locate: one byte per sample, the tier that holds its bytes now (Tiers::locate).
+  void locate(const BatchSamples& batch, Slot& slot);
 
   const LoaderOptions& options_;
   const Codec& codec_;

@@ -25,6 +25,8 @@ const char* mode_name(DecodeMode mode) {
       return "npz";
     case DecodeMode::kHdf5:
       return "hdf5";
+    case DecodeMode::kLocate:
+      return "locate";
   }
   return "?";
 }
@@ -40,7 +42,7 @@ Codec Codec::choose(const Catalog& catalog, const LoaderOptions& options) {
   c.max_bytes = options.max_sample_bytes;
   c.max_pixels = options.max_pixels;
   const bool hdf5_catalog = c.kind == Catalog::Kind::kHdf5;
-  if (hdf5_catalog != (c.mode == DecodeMode::kHdf5)) {
+  if (c.mode != DecodeMode::kLocate && hdf5_catalog != (c.mode == DecodeMode::kHdf5)) {
     throw ConfigError(hdf5_catalog ? std::string("a catalog of HDF5 rows needs decode=hdf5, not ") +
                                          mode_name(c.mode)
                                    : "decode=hdf5 needs a catalog from Catalog::from_hdf5");

@@ -35,7 +35,7 @@ struct Codec {
   // Checks that `options.decode` fits the catalog (ConfigError otherwise).
   static Codec choose(const Catalog& catalog, const LoaderOptions& options);
   bool arrays() const {
-    return mode != DecodeMode::kJpeg &&
+    return mode != DecodeMode::kJpeg && mode != DecodeMode::kLocate &&
            !(mode == DecodeMode::kRaw && kind == Catalog::Kind::kFiles);
   }
 };

@@ -307,8 +307,9 @@ void Pipeline::Impl::admit(Work& w, Admission& costs) {
 void Pipeline::Impl::plan_read_ahead(Work& w) {
   w.read_ahead.clear();
   w.held_at.assign(w.count, kNotHeld);
-  // Arrays are read by their codecs from a path; JPEG and raw files from bytes in memory.
-  if (!shared.codec.arrays()) {
+  // Arrays are read by their codecs from a path; JPEG and raw files from bytes in memory; with
+  // decode=locate nothing is read here (the consumer reads what it was told where to find).
+  if (!shared.codec.arrays() && shared.codec.mode != DecodeMode::kLocate) {
     uint64_t budget = kReadAheadBytes;
     for (const size_t k : w.declined) {
       const uint64_t size = shared.tiers->sample_size(w.ids[k]);

@@ -576,6 +576,12 @@ Loader::Loader(Catalog catalog, LoaderOptions options)
 Loader::~Loader() { close(); }
 
 const Catalog& Loader::catalog() const noexcept { return impl_->catalog; }
+
+std::string Loader::staged_path(uint64_t sample) const {
+  const auto& stage = impl_->shared->stage_dir;
+  if (!stage || sample >= impl_->catalog.size()) return {};
+  return stage->staged_path(impl_->catalog.locator(sample).file);
+}
 const LoaderOptions& Loader::options() const noexcept { return impl_->options; }
 uint64_t Loader::batches_per_epoch() const noexcept { return impl_->batches_per_epoch; }
 ImageSize Loader::image_size() const noexcept { return impl_->image_size; }

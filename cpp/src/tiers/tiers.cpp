@@ -47,6 +47,20 @@ std::span<const std::byte> Tiers::read(uint64_t id, const std::vector<std::byte>
   return bytes;
 }
 
+Tier Tiers::locate(uint64_t id, TierTally* tally) {
+  const uint64_t file = catalog_.locator(id).file;
+  const Tier tier = stage_ != nullptr && stage_->is_staged(file) && !stage_->unverified(file)
+                        ? Tier::kStage
+                        : Tier::kSource;
+  const uint64_t size = sample_size(id);
+  const uint64_t n = size == Catalog::kUnknownSize ? 0 : size;
+  if (tally != nullptr) {
+    served_.add(tier, n);
+    tally->add(tier, n);
+  }
+  return tier;
+}
+
 void Tiers::fetch_file(uint64_t file, std::vector<std::byte>& buffer, int64_t& mtime_ns,
                        TierTally* tally) {
   std::string path;

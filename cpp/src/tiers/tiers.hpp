@@ -110,6 +110,11 @@ class Tiers {
                                   std::vector<std::byte>& buffer, TierScratch& scratch,
                                   TierTally* tally);
 
+  // decode=locate: the tier that would serve sample `id` now, without reading it: the stage
+  // directory for a copy it may serve (as serve() decides), else the source. Counted as serve()
+  // counts a read of the sample's size (0 when unknown).
+  Tier locate(uint64_t id, TierTally* tally);
+
   // Stage 2, for its copies: the whole of catalog file `file`, from the tiers below the stage
   // directory, into `buffer` (resized to fit); `mtime_ns` gets the source's modification time.
   // Counted in fetched() and in `tally`, if given (also a read whose bytes are then not staged).

@@ -1,0 +1,414 @@
+"""Staging for your own decoding: prestage stages, your code reads.
+
+Stages 1 and 2 run in the trainer's process on prestage's threads, as for ``prestage.Loader`` (the plan,
+the look-ahead, the bounded stage directory with clairvoyant eviction, sharing between the ranks of a
+node); stage 3 is yours. A :class:`StagedSampler` yields each batch of this rank's plan as a list of
+catalog indices once stage 2 has dealt with it; a :class:`StagedDataset` hands your reading code, in
+``DataLoader`` workers or anywhere, where each sample's bytes are now: the staged copy on the local SSD,
+or the source when it was not staged in time (a miss, never a wait past ``stage_patience``).
+
+>>> sampler = prestage.torch.StagedSampler(catalog, batch_size=64, stage_dir="/local/ssd",
+...                                        num_workers=4)
+>>> dataset = prestage.torch.StagedDataset(sampler, read=lambda sample, label: (decode(sample.bytes()), label))
+>>> loader = sampler.data_loader(dataset)     # torch DataLoader(dataset, batch_sampler=sampler, ...)
+>>> for epoch in range(90):
+...     sampler.set_epoch(epoch)
+...     for batch in loader: ...
+
+Workers hold no prestage thread and take no lock: a worker gets an index (nothing else crosses the
+process boundary), opens the staged copy if it is there, else the source (a copy evicted after the
+batch was handed out is found missing and the source read: never a wrong byte). So ``fork``, ``spawn``
+and ``forkserver`` all work. Each worker counts what it read where in a slot of its own of a small shared
+file, and :meth:`StagedSampler.stats` adds those counts to the loader's.
+
+Resuming mid-epoch: ``DataLoader`` asks the sampler for ``prefetch_factor * num_workers`` batches ahead of
+what the training loop has taken, so the sampler must know those two numbers (give them to it, and build
+the ``DataLoader`` with :meth:`StagedSampler.data_loader`, which passes them on): then
+:meth:`StagedSampler.state_dict` counts the batches the loop has taken, and a resume yields exactly the
+rest, whatever ``num_workers`` the resumed job uses.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import threading
+from pathlib import Path
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union
+
+import numpy as np
+
+from prestage import _core
+from prestage.errors import ConfigError
+from prestage.loader import Loader
+
+__all__ = ["StagedDataset", "StagedSample", "StagedSampler", "TIER_SOURCE", "TIER_STAGE", "catalog_of"]
+
+TIER_STAGE = 1   # the stage directory (local SSD)
+TIER_SOURCE = 3  # the source (the PFS)
+
+_SHARDS = 256          # the stage directory's sub-folders (cpp/src/tiers/stage_directory.cpp)
+_COUNTER_SLOTS = 256   # worker slots of the counter file: slot 0 is the main process
+_COUNTERS = ("staged", "source", "gone", "bytes")
+
+
+def _area(stage_dir: Union[str, os.PathLike], catalog: _core.Catalog) -> Path:
+    return Path(stage_dir) / f"prestage-{catalog.fingerprint:016x}"
+
+
+class StagedSample:
+    """Where one sample's bytes are: ``path`` (the staged copy, or the source file), and its byte range
+    in it (``offset``, ``length``; ``length`` None: the whole file). ``tier`` is ``"stage"`` or
+    ``"source"``. :meth:`bytes` maps the range read-only: a zero-copy view, valid while it is held."""
+
+    __slots__ = ("path", "offset", "length", "tier", "index")
+
+    def __init__(self, path: str, offset: int, length: Optional[int], tier: str, index: int) -> None:
+        self.path, self.offset, self.length, self.tier, self.index = path, offset, length, tier, index
+
+    def open(self) -> Any:
+        """The file, opened for reading, positioned at the sample's first byte."""
+        f = open(self.path, "rb")
+        f.seek(self.offset)
+        return f
+
+    def bytes(self) -> memoryview:
+        """The sample's bytes as a read-only view of the file mapped into memory (no copy)."""
+        with open(self.path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            length = size - self.offset if self.length is None else self.length
+            if length == 0:
+                return memoryview(b"")
+            if self.offset + length > size:
+                raise OSError(f"{self.path}: bytes {self.offset}+{length} lie past its end ({size})")
+            start = self.offset - self.offset % mmap.ALLOCATIONGRANULARITY
+            mapped = mmap.mmap(f.fileno(), self.offset + length - start, access=mmap.ACCESS_READ,
+                               offset=start)
+        return memoryview(mapped)[self.offset - start:self.offset - start + length]
+
+    def __repr__(self) -> str:
+        return f"StagedSample({self.index}, {self.tier}: {self.path!r} [{self.offset}:+{self.length}])"
+
+
+class _Where:
+    """What a worker needs to find a sample: the saved catalog, the stage area, the counter file.
+    Small when pickled (three paths); the catalog is loaded once per process, on first use."""
+
+    def __init__(self, catalog_file: str, area: str, counters: str) -> None:
+        self.catalog_file, self.area, self.counters = catalog_file, area, counters
+        self._catalog: Optional[_core.Catalog] = None
+        self._slots: Optional[np.ndarray] = None
+        self._pid = -1
+
+    def __getstate__(self) -> Dict[str, Any]:
+        return {"catalog_file": self.catalog_file, "area": self.area, "counters": self.counters}
+
+    def __setstate__(self, state: Dict[str, Any]) -> None:
+        self.__init__(state["catalog_file"], state["area"], state["counters"])  # type: ignore[misc]
+
+    def catalog(self) -> _core.Catalog:
+        if self._catalog is None:
+            self._catalog = _core.Catalog.load(self.catalog_file)
+        return self._catalog
+
+    def _slot(self) -> np.ndarray:
+        if self._slots is None or self._pid != os.getpid():  # a forked worker maps it again
+            self._slots = np.memmap(self.counters, dtype=np.uint64, mode="r+",
+                                    shape=(_COUNTER_SLOTS, len(_COUNTERS)))
+            self._pid = os.getpid()
+        worker = _worker_id()
+        return self._slots[(worker + 1) % _COUNTER_SLOTS]
+
+    def find(self, index: int) -> StagedSample:
+        catalog = self.catalog()
+        if not 0 <= index < len(catalog):
+            raise IndexError(f"sample {index} of a catalog of {len(catalog)}")
+        file, offset, length = catalog.locator(index)
+        staged = os.path.join(self.area, f"{file % _SHARDS:02x}", f"{file:x}")
+        slot = self._slot()
+        # A copy under its final name is whole (published by a rename); one evicted since the batch
+        # was handed out is simply not there any more: the source has the same bytes.
+        if os.path.exists(staged):
+            slot[0] += 1
+            return StagedSample(staged, offset, length, "stage", index)
+        slot[1] += 1
+        return StagedSample(os.fspath(catalog.source_path(index)), offset, length, "source", index)
+
+    def gone(self) -> None:
+        self._slot()[2] += 1
+
+    def counts(self) -> Dict[str, int]:
+        slots = np.fromfile(self.counters, dtype=np.uint64).reshape(_COUNTER_SLOTS, len(_COUNTERS))
+        total = slots.sum(axis=0)
+        return {f"worker_{name}": int(v) for name, v in zip(_COUNTERS, total) if name != "bytes"}
+
+
+def _worker_id() -> int:
+    try:
+        import torch.utils.data
+
+        info = torch.utils.data.get_worker_info()
+    except ImportError:
+        info = None
+    return -1 if info is None else int(info.id)
+
+
+class StagedSampler:
+    """This rank's batches of the plan, as lists of catalog indices, each yielded once stage 2 has
+    dealt with it. A ``batch_sampler`` for ``torch.utils.data.DataLoader`` (or any loop).
+
+    Args:
+        catalog: the samples (``prestage.Catalog``); its indices are what the batches hold.
+        batch_size: samples per batch on this rank.
+        stage_dir: the node-local stage directory (required: staging is the point).
+        num_workers, prefetch_factor: those of the ``DataLoader`` that will use this sampler (see
+            :meth:`data_loader`): how many batches it takes ahead of the training loop, for
+            ``state_dict`` and for how long staged copies are kept after being handed out.
+        rank, world_size: this process's place (default: ``prestage.torch.distributed_rank()``'s
+            sources: ``torch.distributed``, then ``RANK``/``WORLD_SIZE``, else 0 of 1).
+        Other options as ``prestage.Loader``'s: ``seed``, ``shuffle``, ``drop_last``, ``cache_bytes``,
+        ``eviction``, ``prefetchers``, ``lookahead``, ``stage_patience``, ``io_timeout``, ``trace``,
+        ``tuned``.
+    """
+
+    def __init__(self, catalog: _core.Catalog, batch_size: int, *, stage_dir: Union[str, os.PathLike],
+                 num_workers: int = 0, prefetch_factor: Optional[int] = None,
+                 rank: Optional[int] = None, world_size: Optional[int] = None, **options: Any) -> None:
+        if not stage_dir:
+            raise ConfigError("StagedSampler needs a stage_dir: staging is what it is for")
+        for name in ("decode", "image_size", "readers", "depth", "on_error"):
+            if name in options:
+                raise TypeError(f"StagedSampler() takes no {name}=: it stages, your code decodes")
+        if num_workers < 0:
+            raise ConfigError(f"num_workers must be >= 0, got {num_workers}")
+        if prefetch_factor is None:
+            prefetch_factor = 2 if num_workers > 0 else 0
+        if num_workers > 0 and prefetch_factor < 1:
+            raise ConfigError(f"prefetch_factor must be >= 1 with workers, got {prefetch_factor}")
+        if num_workers == 0 and prefetch_factor:
+            raise ConfigError("prefetch_factor needs num_workers > 0 (as torch's DataLoader says)")
+        if num_workers + 1 >= _COUNTER_SLOTS:
+            raise ConfigError(f"at most {_COUNTER_SLOTS - 2} workers")
+        if rank is None or world_size is None:
+            rank, world_size = _rank_and_world(rank, world_size)
+        self.num_workers, self.prefetch_factor = num_workers, prefetch_factor
+        self._ahead = num_workers * prefetch_factor
+        # Batches handed out may still be read by workers: the loader keeps their copies that long.
+        self._loader = Loader(catalog, batch_size=batch_size, decode="locate", stage_dir=stage_dir,
+                              rank=rank, world_size=world_size, depth=max(4, self._ahead + 2), readers=1,
+                              **options)
+        self.catalog = catalog
+        area = _area(stage_dir, catalog)
+        area.mkdir(parents=True, exist_ok=True)
+        catalog_file = area / "catalog.prestage"
+        if not catalog_file.exists():
+            catalog.save(catalog_file)
+        counters = area / f"workers-{os.getpid()}-{id(self):x}.counts"
+        np.zeros((_COUNTER_SLOTS, len(_COUNTERS)), dtype=np.uint64).tofile(counters)
+        self._where = _Where(os.fspath(catalog_file), os.fspath(area), os.fspath(counters))
+        self._iteration: Optional[_Batches] = None
+
+    # ------------------------------------------------------------------ the sampler protocol
+
+    def __len__(self) -> int:
+        return len(self._loader)
+
+    def __iter__(self) -> Iterator[List[int]]:
+        # Where the loader's next iteration starts: set_epoch() or load_state_dict() said so.
+        epoch, first = self._loader._epoch, self._loader._first_batch
+        self._iteration = _Batches(self._loader, epoch, first)
+        return self._iteration
+
+    def set_epoch(self, epoch: int) -> None:
+        """Chooses the epoch (and so the order) of the next iteration."""
+        self._loader.set_epoch(epoch)
+
+    def state_dict(self) -> Dict[str, Any]:
+        """Where the training loop is: the batches it has taken from the ``DataLoader`` (those the
+        sampler yielded, less the ``prefetch_factor * num_workers`` the ``DataLoader`` asks for ahead
+        of the loop). Resume with :meth:`load_state_dict`, with any ``num_workers``."""
+        state = self._loader.state_dict()
+        run = self._iteration
+        if run is None:
+            return state
+        taken = run.first + max(0, run.calls - self._ahead)
+        if taken >= len(self):
+            state["epoch"], state["batch"] = run.epoch + 1, 0
+        else:
+            state["epoch"], state["batch"] = run.epoch, taken
+        return state
+
+    def load_state_dict(self, state: Dict[str, Any]) -> None:
+        """Makes the next iteration resume where ``state`` (from :meth:`state_dict`) was taken."""
+        self._loader.load_state_dict(state)
+        self._iteration = None
+
+    # ------------------------------------------------------------------ for the workers
+
+    def dataset(self, read: Optional[Callable[[StagedSample, int], Any]] = None,
+                dataset: Any = None) -> "StagedDataset":
+        """A :class:`StagedDataset` of this sampler's catalog (see there)."""
+        return StagedDataset(self, read=read, dataset=dataset)
+
+    def data_loader(self, dataset: Any, **kwargs: Any) -> Any:
+        """``torch.utils.data.DataLoader(dataset, batch_sampler=self, num_workers=...,
+        prefetch_factor=...)`` with this sampler's ``num_workers`` and ``prefetch_factor``, and
+        ``kwargs`` (``collate_fn``, ``multiprocessing_context``, ``pin_memory``, ...)."""
+        import torch.utils.data
+
+        for name in ("batch_sampler", "num_workers", "prefetch_factor", "batch_size", "shuffle", "sampler"):
+            if name in kwargs:
+                raise TypeError(f"data_loader() takes no {name}=: the sampler decides it")
+        extra = {"prefetch_factor": self.prefetch_factor} if self.num_workers > 0 else {}
+        return torch.utils.data.DataLoader(dataset, batch_sampler=self, num_workers=self.num_workers,
+                                           **extra, **kwargs)
+
+    def stats(self) -> Dict[str, Any]:
+        """The loader's figures (``hits``, ``misses``, ``evictions``, per epoch...: where stage 3
+        would have found each sample when its batch was handed out) and the workers' own:
+        ``worker_staged`` and ``worker_source`` (reads of staged copies and of the source),
+        ``worker_gone`` (copies that vanished between the look and the read)."""
+        stats = self._loader.stats()
+        stats.update(self._where.counts())
+        return stats
+
+    def close(self) -> None:
+        """Stops staging (joins prestage's threads). The counter file stays until the next
+        sampler on this stage directory of this process; the stage directory keeps its copies."""
+        self._loader.close()
+
+    def __enter__(self) -> "StagedSampler":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+class _Batches:
+    """One iteration of a StagedSampler. Counts every ``next()``, also those after the last batch: a
+    ``DataLoader`` asks for one batch more each time the training loop takes one, so the count tells
+    how many the loop has taken, even once every batch has been handed out."""
+
+    def __init__(self, loader: Loader, epoch: int, first: int) -> None:
+        self.epoch, self.first = epoch, first
+        self.calls = 0
+        self._loader = loader
+        # Started at the first next(): DataLoader calls iter() on its sampler twice and uses the second.
+        self._batches: Optional[Iterator[Any]] = None
+        self._lock = threading.Lock()
+
+    def __iter__(self) -> "_Batches":
+        return self
+
+    def __next__(self) -> List[int]:
+        with self._lock:
+            self.calls += 1
+            if self._batches is None:
+                self._batches = iter(self._loader)
+        batch = next(self._batches)
+        indices: List[int] = batch.indices.tolist()
+        del batch  # its buffer goes back to the ring at once: only the indices leave
+        return indices
+
+
+def _rank_and_world(rank: Optional[int], world_size: Optional[int]) -> Tuple[int, int]:
+    try:
+        from prestage.torch import distributed_rank
+    except ImportError:
+        env_rank, env_world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+        return (env_rank if rank is None else rank), (env_world if world_size is None else world_size)
+    return distributed_rank(rank, world_size)
+
+
+class StagedDataset:
+    """A map-style dataset over a :class:`StagedSampler`'s catalog whose items your code makes from
+    each sample's staged location. Give it one of:
+
+    - ``read(sample, label)``: called with a :class:`StagedSample` (``sample.path``, ``.offset``,
+      ``.length``, ``.open()``, ``.bytes()``: a read-only zero-copy view) and the catalog's label;
+      returns the item;
+    - ``dataset``: an unmodified dataset that loads files with a ``loader(path)`` attribute and lists
+      them in ``samples`` (torchvision's ``ImageFolder`` and ``DatasetFolder``), whose catalog is the
+      sampler's (:func:`catalog_of`): its ``loader`` is given the staged copy's path instead of the
+      source's, and everything else (transforms, targets) is its own.
+
+    Pickles small (the dataset, if any, and three paths); holds no thread and no lock.
+    """
+
+    def __init__(self, sampler: StagedSampler, *, read: Optional[Callable[[StagedSample, int], Any]] = None,
+                 dataset: Any = None) -> None:
+        if (read is None) == (dataset is None):
+            raise ConfigError("StagedDataset needs read= or dataset= (one of them)")
+        if dataset is not None:
+            for attribute in ("loader", "samples"):
+                if not hasattr(dataset, attribute):
+                    raise ConfigError(f"dataset= needs a dataset with a {attribute!r} attribute (as "
+                                      f"torchvision's ImageFolder); {type(dataset).__name__} has none: "
+                                      "use read= instead")
+            if len(dataset.samples) != len(sampler.catalog):
+                raise ConfigError(f"the dataset has {len(dataset.samples)} samples and the sampler's catalog "
+                                  f"{len(sampler.catalog)}: build the catalog with catalog_of(dataset)")
+        self._where = sampler._where
+        self._read = read
+        self.dataset = dataset
+        self._length = len(sampler.catalog)
+
+    def __len__(self) -> int:
+        return self._length
+
+    def locate(self, index: int) -> StagedSample:
+        """Where sample ``index``'s bytes are now (and counted as a read from there)."""
+        return self._where.find(int(index))
+
+    def __getitem__(self, index: int) -> Any:
+        sample = self._where.find(int(index))
+        if self._read is not None:
+            try:
+                return self._read(sample, self._where.catalog().label(sample.index))
+            except FileNotFoundError:
+                if sample.tier != "stage":
+                    raise
+        else:
+            try:
+                return self._through_dataset(sample)
+            except FileNotFoundError:
+                if sample.tier != "stage":
+                    raise
+        # The copy was evicted between the look and the read: the source has the same bytes.
+        self._where.gone()
+        catalog = self._where.catalog()
+        source = StagedSample(os.fspath(catalog.source_path(sample.index)), sample.offset, sample.length,
+                              "source", sample.index)
+        if self._read is not None:
+            return self._read(source, catalog.label(source.index))
+        return self._through_dataset(source)
+
+    def _through_dataset(self, sample: StagedSample) -> Any:
+        dataset = self.dataset
+        expected = os.fspath(dataset.samples[sample.index][0])
+        original = dataset.loader
+
+        def loader(path: Any) -> Any:
+            return original(sample.path if os.fspath(path) == expected else path)
+
+        dataset.loader = loader
+        try:
+            return dataset[sample.index]
+        finally:
+            dataset.loader = original
+
+
+def catalog_of(dataset: Any, root: Union[str, os.PathLike, None] = None) -> _core.Catalog:
+    """A catalog of a dataset that lists its files in ``samples`` as ``(path, target)`` (torchvision's
+    ``ImageFolder``, ``DatasetFolder``), in its order, so that index ``i`` is the same sample in both:
+    paths relative to ``root`` (default: ``dataset.root``), labels its targets, classes its ``classes``."""
+    root = os.fspath(root if root is not None else dataset.root)
+    paths: List[str] = []
+    for path, _ in dataset.samples:
+        rel = os.path.relpath(os.fspath(path), root)
+        if rel.startswith(".."):
+            raise ConfigError(f"{path} is not under the root {root}")
+        paths.append(rel)
+    labels = [int(t) for _, t in dataset.samples]
+    classes: Sequence[str] = list(getattr(dataset, "classes", []) or [])
+    return _core.Catalog.from_paths(root, paths, labels, classes)
