@@ -35,7 +35,7 @@ ReadBack read_back(const std::string& path) {
   const size_t body = bytes.size() - 16 - header_bytes;
   REQUIRE(body % sizeof(TraceRecord) == 0);
   out.records.resize(body / sizeof(TraceRecord));
-  std::memcpy(out.records.data(), bytes.data() + 16 + header_bytes, body);
+  if (body > 0) std::memcpy(out.records.data(), bytes.data() + 16 + header_bytes, body);
   return out;
 }
 
