@@ -1,15 +1,18 @@
-"""Every decode mode through the adaptors (prestage.torch.Loader, prestage.tf.dataset), each sample read
-against an independent oracle: NumPy for .npy/.npz, h5py for HDF5, the bytes written for raw samples and
-TensorFlow's TFRecordWriter for TFRecord (tf-marked). The torch tensors must view the batch buffer."""
+"""Every decode mode through prestage.torch.Loader, each sample read against an independent oracle: NumPy
+for .npy/.npz, h5py for HDF5, the bytes written for raw samples. The tensors must view the batch buffer.
+(prestage.tf.dataset's formats: test_tf_formats.py.)"""
 
 import h5py
 import numpy as np
 import pytest
-import torch
 
 import prestage
-import prestage.torch as pt
-from prestage.plan import epoch_batches
+
+torch = pytest.importorskip("torch")
+import prestage.torch as pt  # noqa: E402  (after the importorskip)
+from prestage.plan import epoch_batches  # noqa: E402
+
+pytestmark = pytest.mark.torch
 
 
 def _inside(tensor, buffers):
@@ -145,15 +148,20 @@ def test_torch_image_options_are_for_jpeg_only(tmp_path):
 
 
 def test_torch_device_copies_each_tensor_of_a_ragged_batch(tmp_path, monkeypatch):
-    from test_torch import FakeCopier  # noqa: F401  (the same fake as the JPEG device tests)
+    class Done:  # a copy's event, complete at once
+        def query(self):
+            return True
 
-    class ListCopier:
+        def synchronize(self):
+            pass
+
+    class ListCopier:  # the CUDA side of device=, on the CPU: a copy is a clone
         def __init__(self):
             self.handed = 0
 
         def copy(self, host):
             samples = [t.clone() for t in host[0]] if isinstance(host[0], list) else host[0].clone()
-            return (samples, host[1].clone()), FakeCopier.Event()
+            return (samples, host[1].clone()), Done()
 
         def hand_over(self, tensors, event):
             self.handed += 1
@@ -165,3 +173,14 @@ def test_torch_device_copies_each_tensor_of_a_ragged_batch(tmp_path, monkeypatch
     with pt.Loader(cat, batch_size=2, decode="npy", device="cuda") as loader:
         for b, (arrays, _) in enumerate(loader):
             assert [t.tolist() for t in arrays] == [np.load(cat.source_path(i)).tolist() for i in order[b]]
+
+
+@pytest.mark.gpu
+def test_torch_device_batches_of_ragged_arrays_equal_the_files(tmp_path):
+    cat = _write_npy(tmp_path, [(i + 1, 2) for i in range(6)], ">f4")
+    order = epoch_batches(6, 4, seed=0, epoch=0)
+    with pt.Loader(cat, batch_size=4, decode="npy", device="cuda") as loader:
+        for b, (arrays, labels) in enumerate(loader):
+            assert all(t.device.type == "cuda" for t in arrays) and labels.device.type == "cuda"
+            for t, i in zip(arrays, order[b]):
+                np.testing.assert_array_equal(t.cpu().numpy(), np.load(cat.source_path(i)))
