@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 import os
-from typing import TYPE_CHECKING, Any, Callable, Iterator, List, Optional, Tuple, Union
+from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, List, Optional, Tuple, Union
 
 import numpy as np
 import tensorflow as tf
@@ -77,8 +77,9 @@ def dataset(
 
     Args: ``catalog`` (or the path of a saved catalog), ``batch_size``, ``image_size`` and the
     options, by keyword, as for :class:`prestage.Loader` (:class:`prestage.options.ImageOptions`;
-    ``dtype`` and ``layout`` as strings; ``decode``, ``array_name``, ``max_sample_bytes``); ``rank``/``world_size`` give this worker its slice of every global batch (all workers
-    get the same number of batches). ``on_error="skip"`` replaces a sample that cannot be read or
+    ``dtype`` and ``layout`` as strings; ``decode``, ``array_name``, ``max_sample_bytes``);
+    ``rank``/``world_size`` give this worker its slice of every global batch (all workers get the
+    same number of batches). ``on_error="skip"`` replaces a sample that cannot be read or
     decoded by the next good one, so batches keep their shape (``on_error="raise"``, the default,
     raises at its batch).
 
@@ -97,7 +98,7 @@ def dataset(
         raise ConfigError(f"ragged must be True or False, got {ragged!r}")
     catalog = as_catalog(catalog)
     mode = decode if decode is not None else "hdf5" if catalog.kind == "hdf5" else "jpeg"
-    codec = {"decode": mode}
+    codec: Dict[str, Any] = {"decode": mode}
     if array_name is not None:
         codec["array_name"] = array_name
     if max_sample_bytes is not None:
@@ -109,7 +110,7 @@ def dataset(
     n = batch_size if full else None
     spec: Any
     if mode in _ARRAY_MODES:
-        spec, samples = _array_spec(catalog, loader, mode, codec, n, ragged)
+        spec, samples = _array_spec(catalog, mode, codec, n, ragged)
     else:
         height, width = loader.image_size or (None, None)
         shape = (n, 3, height, width) if o.layout == _core.Layout.NCHW else (n, height, width, 3)
@@ -130,7 +131,7 @@ def dataset(
     return data.apply(tf.data.experimental.assert_cardinality(len(loader)))
 
 
-def _array_spec(catalog: _core.Catalog, loader: Loader, mode: str, codec: dict, n: Optional[int],
+def _array_spec(catalog: _core.Catalog, mode: str, codec: Dict[str, Any], n: Optional[int],
                 ragged: bool) -> Tuple[Any, Callable[[_core.Batch], Any]]:
     """The element spec of a batch of arrays or raw bytes, and the function that copies a batch into it."""
     if mode == "raw":
@@ -159,7 +160,9 @@ def _array_spec(catalog: _core.Catalog, loader: Loader, mode: str, codec: dict, 
             raise ConfigError(f"batch {batch.index} of epoch {batch.epoch} holds samples of shapes "
                               f"{sorted(set(batch.shapes))}, not the first sample's {tuple(shape)}: pass "
                               "ragged=True for batches of mixed shapes")
-        return _aligned_copy(batch.arrays, dtype)
+        arrays = batch.arrays
+        assert not isinstance(arrays, list)  # not ragged: checked above
+        return _aligned_copy(arrays, dtype)
     return tf.TensorSpec((n, *shape), tf_dtype, name="arrays"), dense
 
 
