@@ -2,8 +2,9 @@
 ``torch.from_numpy`` on the batches of prestage.Loader, on the same .npy files, in the same run.
 
 Both read the same catalog with the same options (no stage directory: the files are in the page cache
-after the warm-up, so what differs is the adaptor's own work per batch). Rounds alternate the two, so they
-share the machine's conditions; each figure is the median of ``--runs`` rounds after one warm-up round.
+after the warm-up, so what differs is the adaptor's own work per batch). Each round times one epoch of
+each, the two in turn (which goes first alternates), so they share the machine's conditions; each figure
+is the median of ``--runs`` rounds after one warm-up round.
 
     python benchmarks/adaptor_bench.py --files 4000 --shape 3,64,64 --batch-size 64 --runs 5
 """
@@ -81,8 +82,13 @@ def main() -> None:
         catalog = write_set(Path(tmp), args.files, shape, args.ragged)
         runs: Dict[str, List[float]] = {"from_numpy": [], "adaptor": []}
         for r in range(args.runs + 1):  # round 0 warms the page cache up
-            base = timed(epoch_from_numpy, catalog, options)
-            adaptor = timed(epoch_adaptor, catalog, options)
+            # Which goes first alternates, so neither always runs after the other.
+            if r % 2:
+                adaptor = timed(epoch_adaptor, catalog, options)
+                base = timed(epoch_from_numpy, catalog, options)
+            else:
+                base = timed(epoch_from_numpy, catalog, options)
+                adaptor = timed(epoch_adaptor, catalog, options)
             if r > 0:
                 runs["from_numpy"].append(base)
                 runs["adaptor"].append(adaptor)

@@ -138,8 +138,16 @@ def as_tensors(batch: _core.Batch) -> Tuple[Samples, torch.Tensor]:
     ...     images, labels = prestage.torch.as_tensors(batch)
     """
     try:
-        samples: Samples = torch.from_numpy(batch.images)
+        return _tensors(batch, jpeg=True)
     except ConfigError:  # not decode="jpeg": the batch's arrays
+        return _tensors(batch, jpeg=False)
+
+
+def _tensors(batch: _core.Batch, jpeg: bool) -> _Pair:
+    """:func:`as_tensors` for a loader whose decode mode is known."""
+    if jpeg:
+        samples: Samples = torch.from_numpy(batch.images)
+    else:
         arrays = batch.arrays
         samples = [_view(a) for a in arrays] if isinstance(arrays, list) else _view(arrays)
     return samples, torch.from_numpy(batch.labels)
@@ -488,6 +496,7 @@ class Loader(torch.utils.data.IterableDataset):
                                   f"(stats()['pinned'] is {stats['pinned']!r}: {stats['pinned_why']}); "
                                   "leave pin_memory out (prestage never copies a batch on the host)")
         self._decode = self._loader.options.decode.name
+        self._jpeg = jpeg
         self._layout = layout if jpeg else None
         self._dtype = "float32" if normalize is not None else image_options.get("dtype")
         depth = self._loader.options.depth  # after `tuned`
@@ -524,9 +533,9 @@ class Loader(torch.utils.data.IterableDataset):
                               "the work)")
         if self._copier is not None:
             # One host batch is being copied ahead; at most depth - 1 are held, one is left to the ring.
-            return _DeviceEpoch(self._copier, self._in_flight, iter(self._loader),
+            return _DeviceEpoch(self._copier, self._in_flight, iter(self._loader), self._jpeg,
                                 keep_at_most=max(0, self._loader.options.depth - 2))
-        return _Epoch(self._lent, iter(self._loader))
+        return _Epoch(self._lent, iter(self._loader), self._jpeg)
 
     def state_dict(self) -> Dict[str, Any]:
         """Where the loader is (epoch, batches delivered, and the plan's parameters): a dict of plain
@@ -576,16 +585,17 @@ class _Epoch:
     """One epoch of ``(images, labels)``. An error of one batch is raised at that batch; iteration can go
     on."""
 
-    def __init__(self, lent: _LentUntilCopied, batches: Iterator[_core.Batch]) -> None:
+    def __init__(self, lent: _LentUntilCopied, batches: Iterator[_core.Batch], jpeg: bool) -> None:
         self._lent = lent
         self._batches = batches
+        self._jpeg = jpeg
 
     def __iter__(self) -> "_Epoch":
         return self
 
     def __next__(self) -> _Pair:
         self._lent.next_requested()
-        tensors = as_tensors(next(self._batches))
+        tensors = _tensors(next(self._batches), self._jpeg)
         self._lent.yielded(tensors)
         return tensors
 
@@ -596,11 +606,12 @@ class _DeviceEpoch:
     event completes; at most ``keep_at_most`` + 1 are held. An error of one batch is raised at that batch,
     after the batches before it."""
 
-    def __init__(self, copier: Any, hold: _HostHold, batches: Iterator[_core.Batch],
+    def __init__(self, copier: Any, hold: _HostHold, batches: Iterator[_core.Batch], jpeg: bool,
                  keep_at_most: int) -> None:
         self._copier = copier
         self._hold = hold
         self._batches = batches
+        self._jpeg = jpeg
         self._keep_at_most = keep_at_most
         self._ahead: Optional[Tuple[_Pair, Any]] = None
         self._error: Optional[BaseException] = None
@@ -627,7 +638,7 @@ class _DeviceEpoch:
             return
         self._hold.release(self._keep_at_most)
         try:
-            host = as_tensors(next(self._batches))
+            host = _tensors(next(self._batches), self._jpeg)
         except StopIteration:
             self._ended = True
             return

@@ -24,14 +24,14 @@ def _inside(tensor, buffers):
 def _record_buffers(monkeypatch):
     """Records the (address, size) of each batch buffer the torch adaptor turns into tensors."""
     buffers = []
-    real = pt.as_tensors
+    real = pt._tensors
 
-    def spy(batch):
+    def spy(batch, jpeg):
         buffers.append((batch.data.ctypes.data, batch.data.nbytes))
         buffers.append((batch.labels.ctypes.data, batch.labels.nbytes))
-        return real(batch)
+        return real(batch, jpeg)
 
-    monkeypatch.setattr(pt, "as_tensors", spy)
+    monkeypatch.setattr(pt, "_tensors", spy)
     return buffers
 
 
