@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import atexit
+import os
 import weakref
-from typing import TYPE_CHECKING, Any, Dict, Iterator, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Dict, Iterator, Optional, Tuple, Union
 
 from prestage import _core
 from prestage.errors import ConfigError
@@ -25,6 +26,14 @@ def _close_live_loaders() -> None:
         loader.close()
 
 
+def as_catalog(catalog: Union[_core.Catalog, str, "os.PathLike[str]"]) -> _core.Catalog:
+    """``catalog`` itself, or the catalog saved in the file it names (``prestage catalog SRC OUT``,
+    :meth:`prestage.Catalog.save`), so that a set walked once is not walked again by each job."""
+    if isinstance(catalog, (str, os.PathLike)):
+        return _core.Catalog.load(os.fspath(catalog))
+    return catalog
+
+
 def _count(name: str, value: object) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise ConfigError(f"{name} must be an integer >= 0, got {value!r}")
@@ -43,7 +52,8 @@ class Loader:
     shuffle); ``set_epoch`` picks one.
 
     Args:
-        catalog: the samples (:class:`prestage.Catalog`).
+        catalog: the samples (:class:`prestage.Catalog`), or the path of a catalog saved by
+            :meth:`prestage.Catalog.save` or ``prestage catalog`` (loaded with :meth:`Catalog.load`).
         batch_size: samples per batch on this rank.
         image_size: ``(height, width)``: resize the shorter side to cover it, then centre-crop
             (torchvision ``Resize`` + ``CenterCrop``). ``None``: no resize; every image must have the
@@ -149,8 +159,9 @@ class Loader:
     ...         train_step(batch.images, batch.labels)
     """
 
-    def __init__(self, catalog: _core.Catalog, batch_size: int,
+    def __init__(self, catalog: Union[_core.Catalog, str, "os.PathLike[str]"], batch_size: int,
                  image_size: Optional[Tuple[int, int]] = None, **options: Unpack[Options]) -> None:
+        catalog = as_catalog(catalog)
         core_options = to_core(catalog, batch_size, image_size, options)
         self._loader: Optional[_core.Loader] = _core.Loader(catalog, core_options)
         self._options = self._loader.options

@@ -12,13 +12,15 @@
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Iterator, Optional, Tuple
+import os
+from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, List, Optional, Tuple, Union
 
 import numpy as np
 import tensorflow as tf
 
 from prestage import _core
-from prestage.loader import Loader
+from prestage.errors import ConfigError
+from prestage.loader import Loader, as_catalog
 from prestage.options import ImageOptions
 
 if TYPE_CHECKING:
@@ -31,13 +33,22 @@ __all__ = ["dataset", "staged_paths"]
 _TF_ALIGNMENT = 64
 
 
+_ARRAY_MODES = ("raw", "npy", "npz", "hdf5")
+
+
 def dataset(
-    catalog: _core.Catalog,
+    catalog: Union[_core.Catalog, str, "os.PathLike[str]"],
     batch_size: int,
     image_size: Optional[Tuple[int, int]] = None,
+    *,
+    decode: Optional[str] = None,
+    array_name: Optional[str] = None,
+    max_sample_bytes: Optional[int] = None,
+    ragged: bool = False,
     **options: Unpack[ImageOptions],
 ) -> tf.data.Dataset:
-    """A ``tf.data.Dataset`` of ``(images, labels)`` batches: the batches of :class:`prestage.Loader`.
+    """A ``tf.data.Dataset`` of ``(images, labels)`` batches: the batches of :class:`prestage.Loader`;
+    with ``decode=`` another format, ``(arrays, labels)``.
 
     Elements are ``images`` ``(N, H, W, 3)`` (``layout="NHWC"``, Keras's ``channels_last``; or ``"NCHW"``),
     uint8 or normalised float32 (``dtype``), and ``labels`` int64 ``(N,)``: the batches the NumPy loader
@@ -56,10 +67,19 @@ def dataset(
     Keras's own ``shuffle`` does not apply (the order is prestage's global shuffle): pass ``shuffle=False``
     to ``model.fit`` to silence its warning.
 
-    Args: ``catalog``, ``batch_size``, ``image_size`` and the options, by keyword, as for
-    :class:`prestage.Loader` (:class:`prestage.options.ImageOptions`; ``dtype`` and ``layout`` as
-    strings); ``rank``/``world_size`` give this worker its slice of every global batch (all workers
-    get the same number of batches). ``on_error="skip"`` replaces a sample that cannot be read or
+    Other formats: ``decode="npy"``, ``"npz"`` (``array_name``), ``"hdf5"`` (inferred for an HDF5
+    catalog) give ``arrays`` of the stored dtype (in native byte order) and ``(N, *shape)``, ``shape``
+    the catalog's first sample's (read once, through the same codec, when the dataset is made);
+    a batch whose samples have another shape, or several, raises :class:`prestage.ConfigError` unless
+    ``ragged=True``, which makes every batch a ``tf.RaggedTensor`` (``ragged_rank`` = the samples'
+    rank). ``decode="raw"`` gives each sample's bytes as a ``tf.string`` ``(N,)``, for
+    ``tf.io.decode_raw``, ``tf.io.parse_example`` or the user's own parser.
+
+    Args: ``catalog`` (or the path of a saved catalog), ``batch_size``, ``image_size`` and the
+    options, by keyword, as for :class:`prestage.Loader` (:class:`prestage.options.ImageOptions`;
+    ``dtype`` and ``layout`` as strings; ``decode``, ``array_name``, ``max_sample_bytes``);
+    ``rank``/``world_size`` give this worker its slice of every global batch (all workers get the
+    same number of batches). ``on_error="skip"`` replaces a sample that cannot be read or
     decoded by the next good one, so batches keep their shape (``on_error="raise"``, the default,
     raises at its batch).
 
@@ -74,32 +94,89 @@ def dataset(
     for name in options:
         if name not in ImageOptions.__optional_keys__:
             raise TypeError(f"dataset() got an unexpected keyword argument {name!r}")
-    loader = Loader(catalog, batch_size, image_size, decode="jpeg", **options)
+    if not isinstance(ragged, bool):
+        raise ConfigError(f"ragged must be True or False, got {ragged!r}")
+    catalog = as_catalog(catalog)
+    mode = decode if decode is not None else "hdf5" if catalog.kind == "hdf5" else "jpeg"
+    codec: Dict[str, Any] = {"decode": mode}
+    if array_name is not None:
+        codec["array_name"] = array_name
+    if max_sample_bytes is not None:
+        codec["max_sample_bytes"] = max_sample_bytes
+    loader = Loader(catalog, batch_size, image_size, **codec, **options)
     o = loader.options
-    height, width = loader.image_size or (None, None)
     per_rank = math.ceil(len(catalog) / o.world_size)
     full = o.drop_last or per_rank % batch_size == 0
     n = batch_size if full else None
-    shape = (n, 3, height, width) if o.layout == _core.Layout.NCHW else (n, height, width, 3)
-    dtype = tf.as_dtype(o.dtype.name)
-    signature = (tf.TensorSpec(shape, dtype, name="images"),
-                 tf.TensorSpec((n,), tf.int64, name="labels"))
+    spec: Any
+    if mode in _ARRAY_MODES:
+        spec, samples = _array_spec(catalog, mode, codec, n, ragged)
+    else:
+        height, width = loader.image_size or (None, None)
+        shape = (n, 3, height, width) if o.layout == _core.Layout.NCHW else (n, height, width, 3)
+        spec = tf.TensorSpec(shape, tf.as_dtype(o.dtype.name), name="images")
 
-    def batches() -> Iterator[Tuple[np.ndarray, np.ndarray]]:
+        def samples(batch: _core.Batch) -> Any:
+            return _aligned_copy(batch.images)
+
+    signature = (spec, tf.TensorSpec((n,), tf.int64, name="labels"))
+
+    def batches() -> Iterator[Tuple[Any, np.ndarray]]:
         for batch in loader:
-            images, labels = _aligned_copy(batch.images), batch.labels.copy()
+            data, labels = samples(batch), batch.labels.copy()
             del batch  # the buffer goes back to the ring
-            yield images, labels
+            yield data, labels
 
     data = tf.data.Dataset.from_generator(batches, output_signature=signature)
     return data.apply(tf.data.experimental.assert_cardinality(len(loader)))
 
 
-def _aligned_copy(array: np.ndarray) -> np.ndarray:
-    """A copy of ``array`` whose data start on a ``_TF_ALIGNMENT`` boundary."""
+def _array_spec(catalog: _core.Catalog, mode: str, codec: Dict[str, Any], n: Optional[int],
+                ragged: bool) -> Tuple[Any, Callable[[_core.Batch], Any]]:
+    """The element spec of a batch of arrays or raw bytes, and the function that copies a batch into it."""
+    if mode == "raw":
+        def strings(batch: _core.Batch) -> np.ndarray:
+            return np.array([a.tobytes() for a in _each(batch.arrays)], dtype=object)
+        return tf.TensorSpec((n,), tf.string, name="data"), strings
+    if len(catalog) == 0:
+        raise ConfigError("the catalog is empty: there is no sample to take the arrays' dtype and shape from")
+    # The first sample, decoded as the loader will, gives the dtype and shape of the signature.
+    with Loader(catalog, 1, shuffle=False, readers=1, prefetchers=1, **codec) as first:
+        probe = next(iter(first))
+        dtype, shape = probe.dtype.newbyteorder("="), probe.shapes[0]
+        del probe
+    tf_dtype = tf.as_dtype(dtype)
+    if ragged:
+        if not shape:
+            raise ConfigError("ragged=True: the samples are scalars (rank 0), which cannot be ragged")
+
+        def stacked(batch: _core.Batch) -> Any:
+            return tf.ragged.stack([tf.constant(a.astype(dtype)) for a in _each(batch.arrays)])
+        spec = tf.RaggedTensorSpec((n, *[None] * len(shape)), tf_dtype, ragged_rank=len(shape))
+        return spec, stacked
+
+    def dense(batch: _core.Batch) -> np.ndarray:
+        if batch.ragged or tuple(batch.shapes[0]) != tuple(shape):
+            raise ConfigError(f"batch {batch.index} of epoch {batch.epoch} holds samples of shapes "
+                              f"{sorted(set(batch.shapes))}, not the first sample's {tuple(shape)}: pass "
+                              "ragged=True for batches of mixed shapes")
+        arrays = batch.arrays
+        assert not isinstance(arrays, list)  # not ragged: checked above
+        return _aligned_copy(arrays, dtype)
+    return tf.TensorSpec((n, *shape), tf_dtype, name="arrays"), dense
+
+
+def _each(arrays: Union[np.ndarray, List[np.ndarray]]) -> List[np.ndarray]:
+    return arrays if isinstance(arrays, list) else list(arrays)
+
+
+def _aligned_copy(array: np.ndarray, dtype: Optional[np.dtype] = None) -> np.ndarray:
+    """A copy of ``array`` (as ``dtype``: a byte order TensorFlow reads) whose data start on a
+    ``_TF_ALIGNMENT`` boundary."""
+    dtype = array.dtype if dtype is None else dtype
     raw = np.empty(array.nbytes + _TF_ALIGNMENT, dtype=np.uint8)
     start = -raw.ctypes.data % _TF_ALIGNMENT
-    out = raw[start:start + array.nbytes].view(array.dtype).reshape(array.shape)
+    out = raw[start:start + array.nbytes].view(dtype).reshape(array.shape)
     np.copyto(out, array)
     return out
 

@@ -38,14 +38,16 @@ from __future__ import annotations
 import collections
 import os
 import threading
-from typing import TYPE_CHECKING, Any, Deque, Dict, Iterator, Optional, Sequence, Tuple, Union
+from typing import TYPE_CHECKING, Any, Deque, Dict, Iterator, List, Optional, Sequence, Tuple, Union
+
+import numpy as np
 
 import torch
 import torch.utils.data
 
 from prestage import _core
 from prestage.errors import ConfigError, DecodeError, IoError
-from prestage.loader import Loader as _NumpyLoader
+from prestage.loader import Loader as _NumpyLoader, as_catalog
 from prestage.options import CommonOptions
 
 if TYPE_CHECKING:
@@ -69,6 +71,12 @@ _DATALOADER_ONLY = {
 }
 
 _DType = Union[torch.dtype, str]
+
+#: A batch's samples: one tensor ``(N, ...)`` when their shapes agree (JPEG images always), else a list of
+#: N tensors (ragged arrays, raw bytes of different lengths).
+Samples = Union[torch.Tensor, List[torch.Tensor]]
+_Pair = Tuple[Samples, torch.Tensor]
+_ARRAY_MODES = ("raw", "npy", "npz", "hdf5")
 
 
 def distributed_rank(rank: Optional[int] = None, world_size: Optional[int] = None) -> Tuple[int, int]:
@@ -116,14 +124,46 @@ def _channels(value: Any) -> Any:
     return value
 
 
-def as_tensors(batch: _core.Batch) -> Tuple[torch.Tensor, torch.Tensor]:
-    """``(images, labels)`` tensors viewing a :class:`prestage.Batch` of :class:`prestage.Loader`: no copy;
-    the batch's buffer stays lent while they live. Layout and dtype are the loader's.
+def as_tensors(batch: _core.Batch) -> Tuple[Samples, torch.Tensor]:
+    """``(samples, labels)`` tensors viewing a :class:`prestage.Batch` of :class:`prestage.Loader`, of any
+    decode mode: no copy; the batch's buffer stays lent while they live.
+
+    ``samples`` is ``batch.images`` (``decode="jpeg"``: layout and dtype are the loader's) or
+    ``batch.arrays`` (``"npy"``, ``"npz"``, ``"hdf5"``, ``"raw"``, TFRecord features) as tensors: one
+    ``(N, *shape)`` tensor when the samples' shapes agree, else a list of N tensors (``batch.ragged``).
+    Arrays stored big-endian are byte-swapped in place in the batch buffer (torch has no big-endian
+    dtypes), so they too are views, not copies.
 
     >>> for batch in numpy_loader:
     ...     images, labels = prestage.torch.as_tensors(batch)
     """
-    return torch.from_numpy(batch.images), torch.from_numpy(batch.labels)
+    try:
+        return _tensors(batch, jpeg=True)
+    except ConfigError:  # not decode="jpeg": the batch's arrays
+        return _tensors(batch, jpeg=False)
+
+
+def _tensors(batch: _core.Batch, jpeg: bool) -> _Pair:
+    """:func:`as_tensors` for a loader whose decode mode is known."""
+    if jpeg:
+        samples: Samples = torch.from_numpy(batch.images)
+    else:
+        arrays = batch.arrays
+        samples = [_view(a) for a in arrays] if isinstance(arrays, list) else _view(arrays)
+    return samples, torch.from_numpy(batch.labels)
+
+
+def _view(array: np.ndarray) -> torch.Tensor:
+    """``torch.from_numpy(array)``; a non-native byte order is swapped in place first (the batch buffer is
+    lent to this batch alone), since torch refuses it."""
+    if not array.dtype.isnative:
+        array.byteswap(inplace=True)
+        array = array.view(array.dtype.newbyteorder("="))
+    return torch.from_numpy(array)
+
+
+def _each(samples: Samples) -> List[torch.Tensor]:
+    return samples if isinstance(samples, list) else [samples]
 
 
 def _cuda_in_use() -> bool:
@@ -194,14 +234,14 @@ class _HostHold:
     Thread-safe (close() may drain from another thread)."""
 
     def __init__(self) -> None:
-        self._held: Deque[Tuple[Any, Tuple[torch.Tensor, torch.Tensor]]] = collections.deque()
+        self._held: Deque[Tuple[Any, _Pair]] = collections.deque()
         self._lock = threading.Lock()
 
     def __len__(self) -> int:
         with self._lock:
             return len(self._held)
 
-    def add(self, event: Any, tensors: Tuple[torch.Tensor, torch.Tensor]) -> None:
+    def add(self, event: Any, tensors: _Pair) -> None:
         with self._lock:
             self._held.append((event, tensors))
 
@@ -231,25 +271,25 @@ class _CudaCopier:
             scale, shift = _affine(normalize, layout)
             self._affine = (scale.to(device), shift.to(device))
 
-    def copy(self, host: Tuple[torch.Tensor, torch.Tensor]
-             ) -> Tuple[Tuple[torch.Tensor, torch.Tensor], Any]:
+    def copy(self, host: _Pair) -> Tuple[_Pair, Any]:
         """Enqueues the copy of ``host`` (and the normalisation) on the side stream; returns the device
         tensors and an event recorded after them."""
         with torch.cuda.stream(self._stream):
-            images = host[0].to(self.device, non_blocking=True)
+            moved = [t.to(self.device, non_blocking=True) for t in _each(host[0])]
             labels = host[1].to(self.device, non_blocking=True)
-            if self._affine is not None:
-                images = images.float().mul_(self._affine[0]).add_(self._affine[1])
+            if self._affine is not None:  # JPEG images: one tensor
+                moved = [moved[0].float().mul_(self._affine[0]).add_(self._affine[1])]
+            images: Samples = moved if isinstance(host[0], list) else moved[0]
             event = torch.cuda.Event()
             event.record(self._stream)
         return (images, labels), event
 
-    def hand_over(self, tensors: Tuple[torch.Tensor, torch.Tensor], event: Any) -> None:
+    def hand_over(self, tensors: _Pair, event: Any) -> None:
         """Makes the caller's current stream wait for the copy, and tells the caching allocator that the
         tensors (allocated on the side stream) are used there."""
         stream = torch.cuda.current_stream(self.device)
         stream.wait_event(event)
-        for t in tensors:
+        for t in (*_each(tensors[0]), tensors[1]):
             t.record_stream(stream)
 
 
@@ -270,11 +310,11 @@ class _LentUntilCopied:
     def __init__(self, limit: int) -> None:
         self._limit = limit
         self._cuda = _cuda_in_use()
-        self._last: Optional[Tuple[torch.Tensor, torch.Tensor]] = None
+        self._last: Optional[_Pair] = None
         self._held = _HostHold()
         self._lock = threading.Lock()  # close() may drain from another thread
 
-    def yielded(self, tensors: Tuple[torch.Tensor, torch.Tensor]) -> None:
+    def yielded(self, tensors: _Pair) -> None:
         with self._lock:
             self._last = tensors if self._cuda else None
 
@@ -297,7 +337,8 @@ class _LentUntilCopied:
 
 
 class Loader(torch.utils.data.IterableDataset):
-    """:class:`prestage.Loader` yielding ``(images, labels)`` torch tensors, ready for DDP.
+    """:class:`prestage.Loader` yielding ``(images, labels)`` torch tensors, ready for DDP; or, with
+    ``decode=``, ``(arrays, labels)`` of any other format.
 
     Iterating gives one epoch: ``images`` ``(N, 3, H, W)`` (``layout="NCHW"``, the default) or
     ``(N, H, W, 3)`` (``"NHWC"``), uint8 or normalised float32 (``dtype``); ``labels`` int64 ``(N,)``. Both
@@ -329,11 +370,21 @@ class Loader(torch.utils.data.IterableDataset):
     stream is made to wait for each copy, so they can be used at once. ``len()``, resume and the order are
     as on the host.
 
+    Formats other than JPEG: ``decode="npy"``, ``"npz"`` (with ``array_name``), ``"hdf5"`` (inferred for a
+    :meth:`prestage.Catalog.from_hdf5` catalog) or ``"raw"`` (TFRecord features and any file's bytes) yield
+    ``(arrays, labels)``: ``arrays`` is one ``(N, *shape)`` tensor of the stored dtype when the batch's
+    samples have one shape, else a list of N tensors; either views the batch buffer, as
+    :func:`as_tensors` says (no copy). ``layout``, ``dtype``, ``mean``, ``std`` and
+    ``normalize_on_device`` are for JPEG only. With ``device=``, each tensor of the list is copied.
+
     Args:
-        catalog: the samples (:class:`prestage.Catalog`).
+        catalog: the samples (:class:`prestage.Catalog`), or the path of a saved catalog
+            (``prestage catalog``, :meth:`prestage.Catalog.save`).
         batch_size: samples per batch on this rank.
         image_size: ``(height, width)`` of the output; ``None``: every image must have the size of the
             first.
+        decode, array_name, max_sample_bytes: as for :class:`prestage.Loader` (``decode=None``:
+            ``"hdf5"`` for an HDF5 catalog, else ``"jpeg"``).
         shuffle, seed, drop_last: as for ``DataLoader`` / ``DistributedSampler``; the same ``seed`` gives
             the same batches on any machine.
         transform: ``"center-crop"`` (torchvision ``Resize`` + ``CenterCrop``: evaluation) or
@@ -374,10 +425,13 @@ class Loader(torch.utils.data.IterableDataset):
 
     def __init__(
         self,
-        catalog: _core.Catalog,
+        catalog: Union[_core.Catalog, str, "os.PathLike[str]"],
         batch_size: int,
         image_size: Optional[Tuple[int, int]] = None,
         *,
+        decode: Optional[str] = None,
+        array_name: Optional[str] = None,
+        max_sample_bytes: Optional[int] = None,
         layout: str = "NCHW",
         dtype: _DType = torch.uint8,
         mean: Union[float, Sequence[float], None] = None,
@@ -400,12 +454,25 @@ class Loader(torch.utils.data.IterableDataset):
             if not isinstance(flag, bool):
                 raise ConfigError(f"{name} must be True or False, got {flag!r}")
         self._device = _resolve_device(device)
+        catalog = as_catalog(catalog)
+        decode_options: Dict[str, Any] = {"decode": decode}
+        if array_name is not None:
+            decode_options["array_name"] = array_name
+        if max_sample_bytes is not None:
+            decode_options["max_sample_bytes"] = max_sample_bytes
         # What PyTorch spells differently is converted here; every rule is the core's.
         image_options: Dict[str, Any] = {"layout": layout, "dtype": _dtype_name(dtype)}
         if mean is not None:
             image_options["mean"] = _channels(mean)
         if std is not None:
             image_options["std"] = _channels(std)
+        jpeg = not (decode in _ARRAY_MODES or (decode is None and catalog.kind == "hdf5"))
+        if not jpeg:
+            # Arrays and bytes come out as stored: PyTorch's own image defaults do not apply to them.
+            if image_options != {"layout": "NCHW", "dtype": "uint8"} or normalize_on_device:
+                raise ConfigError(f"layout, dtype, mean, std and normalize_on_device apply to decode='jpeg' "
+                                  f"only; decode={decode!r} gives the samples as stored")
+            image_options = {}
         normalize = None
         if normalize_on_device:
             if self._device is None:
@@ -419,7 +486,7 @@ class Loader(torch.utils.data.IterableDataset):
             image_options = {"layout": layout, "dtype": "uint8"}  # what crosses the bus
         self._rank, self._world_size = distributed_rank(rank, world_size)
         self._loader = _NumpyLoader(catalog, batch_size, image_size, rank=self._rank,
-                                    world_size=self._world_size, decode="jpeg",
+                                    world_size=self._world_size, **decode_options,
                                     **image_options, **options)
         if pin_memory:
             stats = self._loader.stats()
@@ -428,8 +495,10 @@ class Loader(torch.utils.data.IterableDataset):
                 raise ConfigError("pin_memory=True: the batch buffers are not registered with CUDA "
                                   f"(stats()['pinned'] is {stats['pinned']!r}: {stats['pinned_why']}); "
                                   "leave pin_memory out (prestage never copies a batch on the host)")
-        self._layout = layout
-        self._dtype = "float32" if normalize is not None else image_options["dtype"]
+        self._decode = self._loader.options.decode.name
+        self._jpeg = jpeg
+        self._layout = layout if jpeg else None
+        self._dtype = "float32" if normalize is not None else image_options.get("dtype")
         depth = self._loader.options.depth  # after `tuned`
         self._lent = _LentUntilCopied(limit=max(0, depth - 1))
         self._copier = None if self._device is None else _make_copier(self._device, normalize, layout)
@@ -457,16 +526,16 @@ class Loader(torch.utils.data.IterableDataset):
         ``DistributedSampler.set_epoch``."""
         self._loader.set_epoch(epoch)
 
-    def __iter__(self) -> Iterator[Tuple[torch.Tensor, torch.Tensor]]:
+    def __iter__(self) -> Iterator[_Pair]:
         if torch.utils.data.get_worker_info() is not None:
             raise ConfigError("prestage.torch.Loader must be iterated in the process that made it: use "
                               "DataLoader(loader, batch_size=None) with num_workers=0 (its threads do "
                               "the work)")
         if self._copier is not None:
             # One host batch is being copied ahead; at most depth - 1 are held, one is left to the ring.
-            return _DeviceEpoch(self._copier, self._in_flight, iter(self._loader),
+            return _DeviceEpoch(self._copier, self._in_flight, iter(self._loader), self._jpeg,
                                 keep_at_most=max(0, self._loader.options.depth - 2))
-        return _Epoch(self._lent, iter(self._loader))
+        return _Epoch(self._lent, iter(self._loader), self._jpeg)
 
     def state_dict(self) -> Dict[str, Any]:
         """Where the loader is (epoch, batches delivered, and the plan's parameters): a dict of plain
@@ -507,7 +576,8 @@ class Loader(torch.utils.data.IterableDataset):
 
     def __repr__(self) -> str:
         return (f"prestage.torch.Loader(batch_size={self._loader.options.batch_size}, rank={self._rank}, "
-                f"world_size={self._world_size}, batches={len(self)}, layout={self._layout!r}, "
+                f"world_size={self._world_size}, batches={len(self)}, decode={self._decode!r}, "
+                f"layout={self._layout!r}, "
                 f"dtype={self._dtype!r}, device={self._device})")
 
 
@@ -515,16 +585,17 @@ class _Epoch:
     """One epoch of ``(images, labels)``. An error of one batch is raised at that batch; iteration can go
     on."""
 
-    def __init__(self, lent: _LentUntilCopied, batches: Iterator[_core.Batch]) -> None:
+    def __init__(self, lent: _LentUntilCopied, batches: Iterator[_core.Batch], jpeg: bool) -> None:
         self._lent = lent
         self._batches = batches
+        self._jpeg = jpeg
 
     def __iter__(self) -> "_Epoch":
         return self
 
-    def __next__(self) -> Tuple[torch.Tensor, torch.Tensor]:
+    def __next__(self) -> _Pair:
         self._lent.next_requested()
-        tensors = as_tensors(next(self._batches))
+        tensors = _tensors(next(self._batches), self._jpeg)
         self._lent.yielded(tensors)
         return tensors
 
@@ -535,20 +606,21 @@ class _DeviceEpoch:
     event completes; at most ``keep_at_most`` + 1 are held. An error of one batch is raised at that batch,
     after the batches before it."""
 
-    def __init__(self, copier: Any, hold: _HostHold, batches: Iterator[_core.Batch],
+    def __init__(self, copier: Any, hold: _HostHold, batches: Iterator[_core.Batch], jpeg: bool,
                  keep_at_most: int) -> None:
         self._copier = copier
         self._hold = hold
         self._batches = batches
+        self._jpeg = jpeg
         self._keep_at_most = keep_at_most
-        self._ahead: Optional[Tuple[Tuple[torch.Tensor, torch.Tensor], Any]] = None
+        self._ahead: Optional[Tuple[_Pair, Any]] = None
         self._error: Optional[BaseException] = None
         self._ended = False
 
     def __iter__(self) -> "_DeviceEpoch":
         return self
 
-    def __next__(self) -> Tuple[torch.Tensor, torch.Tensor]:
+    def __next__(self) -> _Pair:
         if self._ahead is None and self._error is None:
             self._fetch()
         if self._ahead is None:
@@ -566,7 +638,7 @@ class _DeviceEpoch:
             return
         self._hold.release(self._keep_at_most)
         try:
-            host = as_tensors(next(self._batches))
+            host = _tensors(next(self._batches), self._jpeg)
         except StopIteration:
             self._ended = True
             return

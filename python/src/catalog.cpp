@@ -2,6 +2,7 @@
 #include <optional>
 #include <string>
 
+#include <pybind11/numpy.h>
 #include <pybind11/stl.h>
 #include <pybind11/stl/filesystem.h>
 
@@ -257,6 +258,23 @@ file could be read), "reason"}. Empty for any other catalog; saved with it.
           py::arg("i"),
           "(file, offset, length) of sample i: the index of its file (file_path), and its byte range "
           "in it (length None: the whole file).")
+      .def_property_readonly("num_files", &Catalog::num_files,
+                             "Files the samples are in (a file may hold several: HDF5, TFRecord).")
+      .def(
+          "file_sizes",
+          [](const Catalog& c) {
+            py::array_t<int64_t> out(static_cast<py::ssize_t>(c.num_files()));
+            auto sizes = out.mutable_unchecked<1>();
+            for (size_t f = 0; f < c.num_files(); ++f) {
+              const uint64_t size = c.file_size(f);
+              sizes(static_cast<py::ssize_t>(f)) =
+                  size == Catalog::kUnknownSize ? -1 : static_cast<int64_t>(size);
+            }
+            return out;
+          },
+          "Each file's size in bytes when the catalog was built (from_folder, from_list), -1 where "
+          "it was not recorded; an int64 array of num_files entries, read from the catalog (no "
+          "file system call).")
       .def("__repr__", [](const Catalog& c) {
         return "<prestage.Catalog of " + std::to_string(c.size()) + " samples under '" +
                c.root().string() + "'" +

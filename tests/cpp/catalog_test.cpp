@@ -61,11 +61,26 @@ TEST_CASE("catalog: from_folder labels classes in sorted order and sorts files w
   CHECK(cat.source_path(3) == dir.path() / "zebra/b.jpg");
 }
 
-TEST_CASE("catalog: from_folder refuses a missing root and a root without class folders") {
+TEST_CASE("catalog: from_folder refuses a missing root and a root with neither class folders nor files") {
   TempDir dir;
   CHECK_THROWS_AS(Catalog::from_folder(dir / "missing"), prestage::IoError);
-  touch(dir / "flat.jpg");
+  touch(dir / "notes.txt");  // not of the extensions asked for
   CHECK_THROWS_AS(Catalog::from_folder(dir.path()), prestage::ConfigError);
+}
+
+TEST_CASE("catalog: a flat folder's files are samples without a class (label -1), sorted") {
+  TempDir dir;
+  touch(dir / "b.jpg");
+  touch(dir / "a.JPEG");
+  touch(dir / "notes.txt");
+  const Catalog cat = Catalog::from_folder(dir.path());
+  REQUIRE(cat.size() == 2);
+  CHECK(cat.classes().empty());
+  CHECK(cat.path(0) == "a.JPEG");
+  CHECK(cat.path(1) == "b.jpg");
+  CHECK(cat.label(0) == -1);
+  CHECK(cat.label(1) == -1);
+  CHECK(cat.source_path(1) == dir.path() / "b.jpg");
 }
 
 TEST_CASE("catalog: from_list reads paths and labels, skipping blanks and comments") {

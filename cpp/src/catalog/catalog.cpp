@@ -293,22 +293,21 @@ Catalog Catalog::from_folder(const fs::path& root, const std::vector<std::string
     classes.push_back(it->path().filename().string());
   }
   if (ec) throw_fs_error(root, ec, "cannot list");
-  if (classes.empty()) {
-    throw ConfigError("no class folders under '" + root.string() +
-                      "': expected one sub-folder per class, as torchvision's ImageFolder");
-  }
   std::sort(classes.begin(), classes.end());
+  // A flat folder (no sub-folder at all) is a set without classes: its files are the samples, with
+  // label -1 ("none", as a line of from_list without one), and classes() is empty.
+  const bool flat = classes.empty();
 
   std::vector<std::string> paths;
   std::vector<int64_t> labels;
-  for (size_t label = 0; label < classes.size(); ++label) {
+  for (size_t label = 0; label < (flat ? 1 : classes.size()); ++label) {
     // Sorted by (folder, file name), the order of torchvision's sorted(os.walk(...)).
     struct Found {
       std::string dir, name;
       bool operator<(const Found& o) const { return std::tie(dir, name) < std::tie(o.dir, o.name); }
     };
     std::vector<Found> files;
-    const fs::path class_dir = root / classes[label];
+    const fs::path class_dir = flat ? root : root / classes[label];
     auto options = fs::directory_options::follow_directory_symlink;
     for (fs::recursive_directory_iterator it(class_dir, options, ec), end; !ec && it != end;
          it.increment(ec)) {
@@ -321,9 +320,14 @@ Catalog Catalog::from_folder(const fs::path& root, const std::vector<std::string
     if (ec) throw_fs_error(class_dir, ec, "cannot list");
     std::sort(files.begin(), files.end());
     for (auto& f : files) {
-      paths.push_back(f.dir + "/" + f.name);
-      labels.push_back(static_cast<int64_t>(label));
+      paths.push_back(f.dir.empty() ? f.name : f.dir + "/" + f.name);
+      labels.push_back(flat ? int64_t{-1} : static_cast<int64_t>(label));
     }
+  }
+  if (flat && paths.empty()) {
+    throw ConfigError("no class folders and no files of the extensions asked for under '" +
+                      root.string() + "': expected files, or one sub-folder per class as "
+                      "torchvision's ImageFolder");
   }
   auto data = make_data(root, paths, labels, classes);
   set_symlinks(*data, symlinks);

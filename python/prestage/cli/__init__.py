@@ -6,7 +6,7 @@ import argparse
 import sys
 from typing import List, Optional
 
-from prestage.cli import bench, demo, pack, synth, trace, tune
+from prestage.cli import bench, catalog, demo, pack, synth, trace, tune
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -16,7 +16,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     )
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     subparsers.required = True
-    commands = {"synth": synth, "demo": demo, "bench": bench, "tune": tune, "pack": pack, "trace": trace}
+    commands = {"synth": synth, "demo": demo, "bench": bench, "tune": tune, "catalog": catalog, "pack": pack,
+                "trace": trace}
     for module in commands.values():
         module.add_parser(subparsers)
     args = parser.parse_args(argv)

@@ -65,9 +65,11 @@ def run_demo(
     """Runs one epoch and returns its figures (images/s, stall time, per-stage stats)."""
     import prestage
 
-    catalog = prestage.Catalog.from_folder(source)
+    # A file is a catalog saved by `prestage catalog`: the set is not walked again.
+    saved = Path(source).is_file()
+    catalog = prestage.Catalog.load(source) if saved else prestage.Catalog.from_folder(source)
     if cold:
-        evict_from_page_cache(source)
+        evict_from_page_cache(catalog.root)
     start = time.perf_counter()
     images = 0
     nbytes = 0
@@ -167,7 +169,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("source", nargs="?", type=Path,
-                   help="data set root (one folder per class); default: a synthetic set")
+                   help="data set root (one folder per class), or a catalog saved by prestage catalog; "
+                        "default: a synthetic set")
     p.add_argument("--images", type=int, default=DEFAULT_IMAGES,
                    help=f"images in the synthetic set when no source is given (default {DEFAULT_IMAGES})")
     p.add_argument("--stage-dir", type=Path,

@@ -1,0 +1,149 @@
+"""prestage catalog: walk a data set once, save its catalog, and say what is in it.
+
+A catalog built by walking the parallel file system costs one directory read per folder and one stat per
+file; every job (and every rank of it) that calls ``Catalog.from_folder`` pays that again. This walks
+SOURCE once, saves the catalog to OUT, and prints the files, classes, bytes and a histogram of file
+sizes. The loaders take OUT in place of a catalog, and ``prestage demo`` takes it in place of SOURCE:
+
+  prestage catalog /pfs/imagenet/train train.catalog
+  loader = prestage.Loader("train.catalog", batch_size=256, stage_dir="/local/ssd/stage")
+
+Sizes and the report are read from the catalog itself (recorded during the walk): no second pass over
+the file system. A folder of files with no sub-folders is a catalog without classes (label -1, as
+``Catalog.from_folder`` reads it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import threading
+from pathlib import Path
+from typing import Any, Dict, List
+
+from prestage.cli.progress import progress
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    p = subparsers.add_parser(
+        "catalog",
+        help="walk a data set once, save its catalog, report files, classes, bytes and sizes",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("source", type=Path, metavar="SOURCE", help="data set root (one folder per class)")
+    p.add_argument("out", type=Path, metavar="OUT", help="file to save the catalog to")
+    p.add_argument("--extensions", default=None, metavar="LIST",
+                   help="file name endings to take, comma-separated (default: from_folder's, JPEG)")
+    p.add_argument("--symlinks", choices=("follow", "inside"), default="follow",
+                   help="how symbolic links under SOURCE are treated (see Catalog.from_folder)")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    return p
+
+
+def walk(source: Path, extensions: List[str] | None, symlinks: str, show_progress: bool) -> Any:
+    """``Catalog.from_folder`` with a bar that shows the walk is alive (its elapsed time) while it runs.
+
+    The walk is one call into the core, which reports no progress of its own: it runs on a thread, and this
+    one redraws the bar until it is done."""
+    import prestage
+
+    result: Dict[str, Any] = {}
+
+    def build() -> None:
+        try:
+            args = {} if extensions is None else {"extensions": extensions}
+            result["catalog"] = prestage.Catalog.from_folder(source, symlinks=symlinks, **args)
+        except BaseException as e:  # raised again in the caller's thread
+            result["error"] = e
+
+    thread = threading.Thread(target=build, name="prestage-catalog-walk", daemon=True)
+    thread.start()
+    with progress(0, desc=f"walking {source}", unit="s", enabled=show_progress) as bar:
+        while thread.is_alive():
+            thread.join(0.1)
+            bar.update(0)  # redraws the elapsed time
+    if "error" in result:
+        raise result["error"]
+    return result["catalog"]
+
+
+def report(catalog: Any) -> Dict[str, Any]:
+    """Files, samples, classes (with their sample counts), bytes and a power-of-two histogram of file sizes,
+    from what the catalog recorded."""
+    import numpy as np
+
+    sizes = catalog.file_sizes()
+    known = sizes[sizes >= 0]
+    labels = np.fromiter((catalog.label(i) for i in range(len(catalog))), dtype=np.int64,
+                         count=len(catalog))
+    names = list(catalog.classes)
+    counts = np.bincount(labels[labels >= 0], minlength=len(names))  # -1: no class (a flat folder)
+    histogram = []
+    if len(known):
+        # Bins [2^k, 2^(k+1)) bytes; an empty file counts in the first bin.
+        exponents = np.floor(np.log2(np.maximum(known, 1))).astype(int)
+        for k in range(int(exponents.min()), int(exponents.max()) + 1):
+            histogram.append({"from_bytes": 0 if k == 0 else 2 ** k, "to_bytes": 2 ** (k + 1),
+                              "files": int((exponents == k).sum())})
+    return {
+        "root": str(catalog.root),
+        "samples": len(catalog),
+        "files": catalog.num_files,
+        "classes": len(names),
+        "unlabelled": int((labels < 0).sum()),
+        "per_class": {name: int(n) for name, n in zip(names, counts)},
+        "bytes": int(known.sum()),
+        "sizes_unknown": int((sizes < 0).sum()),
+        "size_histogram": histogram,
+    }
+
+
+def _human(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if n < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TiB"  # pragma: no cover
+
+
+def format_report(r: Dict[str, Any], out: Path) -> str:
+    lines = [f"catalog of {r['root']} saved to {out}",
+             f"  {r['files']} files, {r['samples']} samples, {r['classes']} classes, "
+             f"{_human(r['bytes'])} ({r['bytes']} bytes)"]
+    if r["sizes_unknown"]:
+        lines.append(f"  {r['sizes_unknown']} files of unknown size")
+    if r["size_histogram"]:
+        lines.append("  file sizes:")
+        widest = max(b["files"] for b in r["size_histogram"])
+        for b in r["size_histogram"]:
+            bar = "#" * max(1 if b["files"] else 0, math.ceil(40 * b["files"] / widest))
+            lines.append(f"    {_human(b['from_bytes']):>10} .. {_human(b['to_bytes']):>10}  "
+                         f"{b['files']:>9}  {bar}")
+    return "\n".join(lines)
+
+
+def run(args: argparse.Namespace) -> int:
+    import prestage
+
+    try:
+        if not args.source.is_dir():
+            raise ValueError(f"{args.source} is not a directory")
+        extensions = None if args.extensions is None else [e for e in args.extensions.split(",") if e]
+        catalog = walk(args.source, extensions, args.symlinks, show_progress=not args.quiet)
+        if len(catalog) == 0:
+            raise ValueError(f"{args.source} holds no files with the extensions asked for")
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        catalog.save(args.out)
+        result = report(catalog)
+    except KeyboardInterrupt:
+        print("prestage catalog: interrupted; nothing saved", file=sys.stderr)
+        return 130
+    except (prestage.Error, ValueError, OSError) as e:
+        print(f"prestage catalog: {e}", file=sys.stderr)
+        return 2
+    print(json.dumps(result, indent=1) if args.json else format_report(result, args.out))
+    return 0
