@@ -6,7 +6,7 @@ import argparse
 import sys
 from typing import List, Optional
 
-from prestage.cli import bench, demo, synth, tune
+from prestage.cli import bench, demo, simulate, synth, tune
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -16,7 +16,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     )
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     subparsers.required = True
-    commands = {"synth": synth, "demo": demo, "bench": bench, "tune": tune}
+    commands = {"synth": synth, "demo": demo, "bench": bench, "tune": tune, "simulate": simulate}
     for module in commands.values():
         module.add_parser(subparsers)
     args = parser.parse_args(argv)
