@@ -364,11 +364,12 @@ def plot_study(study: Dict[str, Any], path: Any) -> Any:
                  color="#2ca02c", label="peer bytes, all nodes")
         top.set_ylim(0, 1.05)
         top.set_title(f"aggregate cache {cache:.0%} of the set", fontsize=10)
-        bottom.plot(xs, [r["later"]["seconds_without"] for r in rows], "o-", color="#d62728",
-                    label="no peers: PFS")
-        bottom.plot(xs, [r["later"]["seconds_pfs"] for r in rows], "s-", color="#1f77b4", label="peers: PFS")
-        bottom.plot(xs, [r["later"]["seconds_link"] for r in rows], "^--", color="#2ca02c",
-                    label="peers: busiest node link")
+        def seconds(key: str) -> List[float]:  # none (0 s) is left out of the log scale
+            return [r["later"][key] or float("nan") for r in rows]
+
+        bottom.plot(xs, seconds("seconds_without"), "o-", color="#d62728", label="no peers: PFS")
+        bottom.plot(xs, seconds("seconds_pfs"), "s-", color="#1f77b4", label="peers: PFS")
+        bottom.plot(xs, seconds("seconds_link"), "^--", color="#2ca02c", label="peers: busiest node's link")
         bottom.set_yscale("log")
         bottom.set_xscale("log", base=2)
         bottom.set_xticks(xs)
@@ -376,9 +377,9 @@ def plot_study(study: Dict[str, Any], path: Any) -> Any:
         bottom.set_xlabel("nodes")
         for ax in (top, bottom):
             ax.grid(True, which="both", alpha=0.3)
-    axes[0][0].set_ylabel("bytes per epoch, epochs 2 on (of the set)")
+    axes[0][0].set_ylabel("bytes per epoch from epoch 2 (of the set)")
     cfg = study["config"]
-    axes[1][0].set_ylabel(f"I/O time per epoch, s (PFS {cfg['pfs_gbs']:g} GB/s, link {cfg['link_gbs']:g} GB/s)")
+    axes[1][0].set_ylabel(f"I/O s per epoch (PFS {cfg['pfs_gbs']:g}, link {cfg['link_gbs']:g} GB/s)")
     axes[0][0].legend(fontsize=8)
     axes[1][0].legend(fontsize=8)
     fig.tight_layout()
