@@ -6,7 +6,7 @@ import argparse
 import sys
 from typing import List, Optional
 
-from prestage.cli import bench, catalog, demo, pack, synth, trace, tune
+from prestage.cli import bench, catalog, demo, pack, simulate, synth, trace, tune
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -17,7 +17,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     subparsers.required = True
     commands = {"synth": synth, "demo": demo, "bench": bench, "tune": tune, "catalog": catalog, "pack": pack,
-                "trace": trace}
+                "trace": trace, "simulate": simulate}
     for module in commands.values():
         module.add_parser(subparsers)
     args = parser.parse_args(argv)

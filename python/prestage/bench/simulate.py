@@ -1,0 +1,388 @@
+"""The peer tier at scale, simulated: ``prestage simulate``.
+
+For W = nodes x ranks-per-node ranks, it lays out each epoch exactly as the plan does (the real
+``prestage.plan.epoch_order``, padded and sliced into global batches as ``EpochPlan`` does; a test checks
+the layout against ``prestage.plan.epoch_batches``) and follows every use of every sample through two
+policies, each node holding B = cache fraction x set bytes / nodes:
+
+with peers (the peer tier's rule)
+    The owner of a sample is the rank that first uses it in the start epoch e0 (lowest batch, then
+    lowest rank, then position in the batch: padding duplicates keep the first); its node is the owner
+    node. That first use is a read of the PFS, and the copy is the owner node's home copy while the
+    node's owned samples, in order of first use, fit B (the first that does not and every later one are
+    "beyond budget", read from the PFS at every use). Home copies are never evicted. Every other use (a
+    later epoch, or a padding duplicate in e0) is served by the user's own node if it holds the home
+    copy, else by the owner node over the interconnect (peer bytes: sent by the owner node, received by
+    the user's), else by the PFS.
+without peers (prestage without the tier)
+    Each node's stage directory is bounded to B and managed by Belady's rule with bypass over the node's
+    own stream (as the clairvoyant eviction does, seeing every simulated epoch): on a miss that does not
+    fit, the samples used farthest in the future are evicted if they are used later than the incoming
+    one, else the incoming one is read without being kept. Every miss is a read of the PFS.
+
+A node's stream is its ranks' uses in plan order: global batch, then rank, then position in the batch
+(ranks run concurrently, so within a global batch the real order is interleaved; the simulation
+serialises it). Bytes only: no time is simulated, but from a PFS aggregate bandwidth and a per-node link
+bandwidth it gives the time an epoch's I/O needs at least, bound by each, and which one binds.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import heapq
+import re
+from typing import Any, Callable, Dict, List, Optional, Sequence
+
+import numpy as np
+
+__all__ = ["Config", "parse_nodes", "parse_caches", "sample_sizes", "epoch_layout", "simulate_one",
+           "simulate", "format_table", "plot_study"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    """What the study is about (every field is checked by ``check()``)."""
+
+    num_samples: int
+    ranks_per_node: int = 4
+    batch_size: int = 32  # per rank
+    epochs: int = 3
+    seed: int = 0
+    pfs_gbs: float = 100.0  # PFS aggregate bandwidth, GB/s
+    link_gbs: float = 12.5  # per-node interconnect link, GB/s (each direction)
+
+    def check(self, nodes: Sequence[int], caches: Sequence[float], sizes: np.ndarray) -> None:
+        for name in ("num_samples", "ranks_per_node", "batch_size", "epochs"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
+        if self.epochs < 2:
+            raise ValueError(f"epochs must be at least 2 (the peer tier serves the epochs after the first), "
+                             f"got {self.epochs}")
+        if not (self.pfs_gbs > 0 and self.link_gbs > 0):
+            raise ValueError(f"bandwidths must be > 0 GB/s, got PFS {self.pfs_gbs} and link {self.link_gbs}")
+        if not nodes or min(nodes) < 1:
+            raise ValueError(f"node counts must be at least 1, got {list(nodes)}")
+        if max(nodes) * self.ranks_per_node > self.num_samples:
+            raise ValueError(f"{max(nodes)} nodes x {self.ranks_per_node} ranks need at least one sample each: "
+                             f"give at least {max(nodes) * self.ranks_per_node} samples, not {self.num_samples}")
+        if not caches or not all(c > 0 for c in caches):
+            raise ValueError(f"cache fractions must be > 0, got {list(caches)}")
+        if sizes.shape != (self.num_samples,) or (sizes.size and sizes.min() < 1):
+            raise ValueError(f"sizes must be {self.num_samples} positive byte counts")
+
+
+def parse_nodes(text: str) -> List[int]:
+    """``"1-1024"`` (the powers of two from 1 to 1024) or ``"1,3,8"``: node counts, sorted, no repeats."""
+    t = text.strip()
+    m = re.fullmatch(r"(\d+)\s*-\s*(\d+)", t)
+    if m:
+        lo, hi = int(m.group(1)), int(m.group(2))
+        if lo < 1 or hi < lo or lo & (lo - 1) or hi & (hi - 1):
+            raise ValueError(f"a node range is two powers of two, low to high, e.g. 1-1024; got {text!r}")
+        return [1 << k for k in range(lo.bit_length() - 1, hi.bit_length())]
+    try:
+        values = sorted({int(p) for p in t.split(",") if p.strip()})
+    except ValueError:
+        raise ValueError(f"node counts are a range like 1-1024 or integers like 1,2,8; got {text!r}") from None
+    if not values or values[0] < 1:
+        raise ValueError(f"node counts must be at least 1; got {text!r}")
+    return values
+
+
+def parse_caches(text: str) -> List[float]:
+    """``"25,50,100"``: aggregate cache sizes in percent of the set, as fractions."""
+    try:
+        values = sorted({float(p.strip().removesuffix("%")) for p in text.split(",") if p.strip()})
+    except ValueError:
+        raise ValueError(f"cache sizes are percentages of the set like 25,50,100; got {text!r}") from None
+    if not values or values[0] <= 0:
+        raise ValueError(f"cache sizes must be percentages above 0; got {text!r}")
+    return [v / 100 for v in values]
+
+
+def sample_sizes(num_samples: int, mean_bytes: float, sigma: float, seed: int) -> np.ndarray:
+    """Per sample, its bytes: lognormal with the given mean and shape ``sigma`` (seeded), or all
+    ``mean_bytes`` when ``sigma`` is 0."""
+    if num_samples < 1 or not mean_bytes >= 1 or not sigma >= 0:
+        raise ValueError(f"sizes need samples >= 1, a mean >= 1 byte and sigma >= 0; got {num_samples}, "
+                         f"{mean_bytes}, {sigma}")
+    if sigma == 0:
+        return np.full(num_samples, int(mean_bytes), dtype=np.int64)
+    rng = np.random.default_rng(seed)
+    # The lognormal's mean is exp(mu + sigma^2 / 2).
+    drawn = rng.lognormal(np.log(mean_bytes) - sigma * sigma / 2, sigma, num_samples)
+    return np.maximum(1, np.rint(drawn)).astype(np.int64)
+
+
+def epoch_layout(order: np.ndarray, world_size: int, batch_size: int) -> tuple[np.ndarray, np.ndarray]:
+    """One epoch as the plan lays it out (drop_last=False): the padded order (its first samples repeated
+    up to a multiple of ``world_size``) and, per position, the rank that uses it. Global batch g holds
+    positions [g * B * W, ...); rank r takes the r-th contiguous slice, of the batch's size per rank."""
+    n = order.size
+    per_rank = -(-n // world_size)
+    positions = np.arange(per_rank * world_size, dtype=np.int64)
+    samples = order[positions % n].astype(np.int64)
+    g = positions // (batch_size * world_size)
+    within = positions - g * batch_size * world_size
+    size_of_batch = np.minimum(batch_size, per_rank - g * batch_size)
+    return samples, within // size_of_batch
+
+
+def _belady_hits(samples: List[int], next_use: List[int], sizes: List[int], capacity: int) -> bytearray:
+    """Per use, 1 if Belady's rule with bypass (byte capacity) finds the sample kept. ``next_use[i]``: the
+    index of the sample's next use, or ``len(samples)`` if none."""
+    hits = bytearray(len(samples))
+    kept: Dict[int, int] = {}  # sample -> its next use
+    heap: List[tuple[int, int]] = []  # (-next use, sample); stale entries are skipped when met
+    used = 0
+    for i, s in enumerate(samples):
+        nxt = next_use[i]
+        if s in kept:
+            hits[i] = 1
+            kept[s] = nxt
+            heapq.heappush(heap, (-nxt, s))
+            continue
+        size = sizes[s]
+        if used + size > capacity:
+            if size > capacity:
+                continue
+            victims = []
+            freed = 0
+            while heap and used - freed + size > capacity:
+                key, v = heap[0]
+                if kept.get(v) != -key:
+                    heapq.heappop(heap)
+                    continue
+                if -key <= nxt:  # only a sample needed later than this one is worth giving up
+                    break
+                victims.append(heapq.heappop(heap))
+                freed += sizes[v]
+            if used - freed + size > capacity:
+                for entry in victims:
+                    heapq.heappush(heap, entry)
+                continue
+            for _, v in victims:
+                del kept[v]
+            used -= freed
+        kept[s] = nxt
+        used += size
+        heapq.heappush(heap, (-nxt, s))
+    return hits
+
+
+class _Streams:
+    """The uses of every epoch for one node count, in node order then plan order: what both policies walk."""
+
+    def __init__(self, orders: Sequence[np.ndarray], nodes: int, config: Config):
+        world = nodes * config.ranks_per_node
+        per_epoch = [epoch_layout(o, world, config.batch_size) for o in orders]
+        self.nodes = nodes
+        self.uses_per_epoch = per_epoch[0][0].size
+        samples = np.concatenate([s for s, _ in per_epoch])
+        ranks = np.concatenate([r for _, r in per_epoch])
+        epoch = np.repeat(np.arange(len(orders)), self.uses_per_epoch)
+        self.first_in_e0 = np.zeros(samples.size, dtype=bool)
+        self.first_in_e0[:config.num_samples] = True  # e0's padded order starts with the permutation
+        node = ranks // config.ranks_per_node
+        # Owner: the rank of the sample's position in e0's permutation (its first use in plan order).
+        self.owner_rank = np.empty(config.num_samples, dtype=np.int64)
+        self.owner_rank[samples[:config.num_samples]] = ranks[:config.num_samples]
+        by_node = np.argsort(node, kind="stable")  # plan order kept within each node
+        self.samples, self.node, self.epoch = samples[by_node], node[by_node], epoch[by_node]
+        self.first = self.first_in_e0[by_node]
+        self.bounds = np.searchsorted(self.node, np.arange(nodes + 1))
+        key = self.node * config.num_samples + self.samples
+        same = np.argsort(key, kind="stable")
+        repeat = key[same[1:]] == key[same[:-1]]
+        self.next_use = np.full(samples.size, samples.size, dtype=np.int64)
+        self.next_use[same[:-1][repeat]] = same[1:][repeat]
+
+
+def _with_peers(st: _Streams, sizes: np.ndarray, budget: int, config: Config) -> Dict[str, Any]:
+    epochs, n = config.epochs, st.nodes
+    owner_node = st.owner_rank // config.ranks_per_node
+    # Home copies: per owner node, its samples in order of first use, while they fit the budget.
+    first_pos = np.empty(config.num_samples, dtype=np.int64)
+    first_pos[st.samples[st.first]] = np.flatnonzero(st.first)  # node-sorted index keeps plan order
+    by_owner = np.lexsort((first_pos, owner_node))
+    cum = np.cumsum(sizes[by_owner])
+    start = np.searchsorted(owner_node[by_owner], np.arange(n))
+    before = np.concatenate(([0], cum))[start]
+    home = np.empty(config.num_samples, dtype=bool)
+    home[by_owner] = cum - np.repeat(before, np.diff(np.append(start, by_owner.size))) <= budget
+
+    s, user, ep = st.samples, st.node, st.epoch
+    size, is_home, owner = sizes[s], home[s], owner_node[s]
+    pfs = st.first | ~is_home
+    peer = ~pfs & (owner != user)
+    local = ~pfs & (owner == user)
+    sent = np.zeros((epochs, n))
+    received = np.zeros((epochs, n))
+    np.add.at(sent, (ep[peer], owner[peer]), size[peer])
+    np.add.at(received, (ep[peer], user[peer]), size[peer])
+    return {"pfs_bytes": np.bincount(ep[pfs], size[pfs], epochs).tolist(),
+            "local_bytes": np.bincount(ep[local], size[local], epochs).tolist(),
+            "peer_sent": sent.tolist(), "peer_received": received.tolist(),
+            "beyond_budget_samples": int((~home).sum()),
+            "beyond_budget_bytes": int(sizes[~home].sum())}
+
+
+def _without_peers(st: _Streams, sizes: np.ndarray, budget: int, config: Config,
+                   on_uses: Optional[Callable[[int], None]] = None) -> Dict[str, Any]:
+    size_list = sizes.tolist()
+    hits = np.empty(st.samples.size, dtype=bool)
+    for node in range(st.nodes):
+        lo, hi = st.bounds[node], st.bounds[node + 1]
+        hits[lo:hi] = np.frombuffer(_belady_hits(st.samples[lo:hi].tolist(), (st.next_use[lo:hi] - lo).tolist(),
+                                                 size_list, budget), dtype=np.uint8)
+        if on_uses is not None:
+            on_uses(int(hi - lo))
+    miss = ~hits
+    return {"pfs_bytes": np.bincount(st.epoch[miss], sizes[st.samples[miss]], config.epochs).tolist()}
+
+
+def _summary(nodes: int, cache: float, budget: int, set_bytes: int, peers: Dict[str, Any],
+             baseline: Dict[str, Any], config: Config) -> Dict[str, Any]:
+    later = slice(1, config.epochs)
+    sent = np.asarray(peers["peer_sent"])[later]
+    received = np.asarray(peers["peer_received"])[later]
+    link = np.maximum(sent, received)  # each direction of a link carries its own bytes
+    mean_link = float(np.mean(link.max(axis=1)))
+    base_pfs = float(np.mean(baseline["pfs_bytes"][later]))
+    peer_pfs = float(np.mean(peers["pfs_bytes"][later]))
+    t_base = base_pfs / (config.pfs_gbs * 1e9)
+    t_pfs = peer_pfs / (config.pfs_gbs * 1e9)
+    t_link = mean_link / (config.link_gbs * 1e9)
+    per_node = sent.sum(axis=1) / nodes  # mean over nodes, per epoch
+
+    def imbalance(a: np.ndarray) -> Optional[float]:
+        means = a.mean(axis=1)
+        return float(np.max(a.max(axis=1) / means)) if np.all(means > 0) else None
+
+    return {
+        "nodes": nodes, "ranks": nodes * config.ranks_per_node, "cache": cache, "node_budget_bytes": budget,
+        "set_bytes": set_bytes,
+        "with_peers": peers, "without_peers": baseline,
+        # Epochs 2 on (means over them): what the tier is for.
+        "later": {
+            "pfs_fraction_without": base_pfs / set_bytes, "pfs_fraction_with": peer_pfs / set_bytes,
+            "peer_bytes_per_node": float(per_node.mean()),
+            "peer_bytes_max_node": mean_link,
+            "imbalance_sent": imbalance(sent), "imbalance_received": imbalance(received),
+            "seconds_without": t_base, "seconds_pfs": t_pfs, "seconds_link": t_link,
+            "binds": "link" if t_link > t_pfs else "PFS",
+            "speedup": t_base / max(t_pfs, t_link) if max(t_pfs, t_link) > 0 else None,
+        },
+    }
+
+
+def simulate_one(orders: Sequence[np.ndarray], sizes: np.ndarray, nodes: int, caches: Sequence[float],
+                 config: Config, on_uses: Optional[Callable[[int], None]] = None,
+                 streams: Optional[_Streams] = None) -> List[Dict[str, Any]]:
+    """Both policies for one node count and each aggregate cache fraction; ``orders[e]`` is
+    ``epoch_order(num_samples, seed, e)``. ``on_uses(k)`` is called as the baseline walks k more uses."""
+    st = streams if streams is not None else _Streams(orders, nodes, config)
+    set_bytes = int(sizes.sum())
+    out = []
+    for cache in caches:
+        budget = int(cache * set_bytes / nodes)
+        out.append(_summary(nodes, cache, budget, set_bytes, _with_peers(st, sizes, budget, config),
+                            _without_peers(st, sizes, budget, config, on_uses), config))
+    return out
+
+
+def simulate(config: Config, nodes: Sequence[int], caches: Sequence[float], sizes: np.ndarray,
+             on_uses: Optional[Callable[[int], None]] = None) -> Dict[str, Any]:
+    """The study: every node count x cache fraction. Raises ValueError for arguments out of range."""
+    from prestage.plan import epoch_order
+
+    config.check(nodes, caches, sizes)
+    orders = [np.asarray(epoch_order(config.num_samples, config.seed, e)) for e in range(config.epochs)]
+    rows: List[Dict[str, Any]] = []
+    for n in nodes:
+        rows.extend(simulate_one(orders, sizes, n, caches, config, on_uses))
+    return {"config": dataclasses.asdict(config) | {"nodes": list(nodes), "caches": list(caches)},
+            "set_bytes": int(sizes.sum()), "rows": rows}
+
+
+def total_uses(config: Config, nodes: Sequence[int], caches: Sequence[float]) -> int:
+    """Uses the baseline walks in the whole study (a progress bar's total)."""
+    return sum(-(-config.num_samples // (n * config.ranks_per_node)) * n * config.ranks_per_node
+               for n in nodes) * config.epochs * len(caches)
+
+
+def _bytes(v: float) -> str:
+    for unit, scale in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if v >= scale:
+            return f"{v / scale:.1f} {unit}"
+    return f"{v:.0f} B"
+
+
+def format_table(study: Dict[str, Any]) -> str:
+    """A markdown table: one row per cache fraction and node count."""
+    set_bytes = study["set_bytes"]
+    lines = ["| cache | nodes | PFS per epoch, no peers (of the set) | PFS per epoch, peers | beyond budget "
+             "| peer bytes per node per epoch (mean; max node) | imbalance sent / received (max/mean) "
+             "| I/O s per epoch: no peers; peers PFS; peers link | binds | speedup |",
+             "|---:|---:|---|---|---:|---|---|---|---|---:|"]
+    for r in sorted(study["rows"], key=lambda r: (r["cache"], r["nodes"])):
+        later = r["later"]
+        base = " / ".join(f"{b / set_bytes:.3f}" for b in r["without_peers"]["pfs_bytes"])
+        peer = " / ".join(f"{b / set_bytes:.3f}" for b in r["with_peers"]["pfs_bytes"])
+        imb = " / ".join("-" if v is None else f"{v:.2f}"
+                         for v in (later["imbalance_sent"], later["imbalance_received"]))
+        speed = "-" if later["speedup"] is None else f"{later['speedup']:.1f}x"
+        lines.append(
+            f"| {r['cache']:.0%} | {r['nodes']} | {base} | {peer} "
+            f"| {r['with_peers']['beyond_budget_bytes'] / set_bytes:.1%} "
+            f"| {_bytes(later['peer_bytes_per_node'])}; {_bytes(later['peer_bytes_max_node'])} | {imb} "
+            f"| {later['seconds_without']:.3f}; {later['seconds_pfs']:.3f}; {later['seconds_link']:.3f} "
+            f"| {later['binds']} | {speed} |")
+    return "\n".join(lines)
+
+
+def plot_study(study: Dict[str, Any], path: Any) -> Any:
+    """Per cache fraction, against nodes: PFS and peer bytes per epoch (top) and the I/O time each
+    resource needs per epoch (bottom), epochs 2 on. A PNG at ``path``."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    caches = study["config"]["caches"]
+    fig, axes = plt.subplots(2, len(caches), figsize=(4.2 * len(caches), 7), dpi=90, squeeze=False,
+                             sharex=True)
+    for col, cache in enumerate(caches):
+        rows = [r for r in study["rows"] if r["cache"] == cache]
+        xs = [r["nodes"] for r in rows]
+        top, bottom = axes[0][col], axes[1][col]
+        top.plot(xs, [r["later"]["pfs_fraction_without"] for r in rows], "o-", color="#d62728",
+                 label="PFS, no peers")
+        top.plot(xs, [r["later"]["pfs_fraction_with"] for r in rows], "s-", color="#1f77b4",
+                 label="PFS, peers")
+        top.plot(xs, [r["later"]["peer_bytes_per_node"] * r["nodes"] / r["set_bytes"] for r in rows], "^--",
+                 color="#2ca02c", label="peer bytes, all nodes")
+        top.set_ylim(0, 1.05)
+        top.set_title(f"aggregate cache {cache:.0%} of the set", fontsize=10)
+        def seconds(key: str) -> List[float]:  # none (0 s) is left out of the log scale
+            return [r["later"][key] or float("nan") for r in rows]
+
+        bottom.plot(xs, seconds("seconds_without"), "o-", color="#d62728", label="no peers: PFS")
+        bottom.plot(xs, seconds("seconds_pfs"), "s-", color="#1f77b4", label="peers: PFS")
+        bottom.plot(xs, seconds("seconds_link"), "^--", color="#2ca02c", label="peers: busiest node's link")
+        bottom.set_yscale("log")
+        bottom.set_xscale("log", base=2)
+        bottom.set_xticks(xs)
+        bottom.set_xticklabels([str(x) for x in xs], fontsize=7)
+        bottom.set_xlabel("nodes")
+        for ax in (top, bottom):
+            ax.grid(True, which="both", alpha=0.3)
+    axes[0][0].set_ylabel("bytes per epoch from epoch 2 (of the set)")
+    cfg = study["config"]
+    axes[1][0].set_ylabel(f"I/O s per epoch (PFS {cfg['pfs_gbs']:g}, link {cfg['link_gbs']:g} GB/s)")
+    axes[0][0].legend(fontsize=8)
+    axes[1][0].legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path

@@ -1,0 +1,183 @@
+"""prestage simulate against a plain per-sample walk of the same rules over prestage.plan.epoch_batches."""
+
+from __future__ import annotations
+
+from typing import Dict, List, Tuple
+
+import numpy as np
+import pytest
+
+from prestage.bench import simulate as sim
+from prestage.cli import main
+from prestage.plan import epoch_batches, epoch_order
+
+
+def walk(n: int, batch: int, seed: int, epoch: int, nodes: int, per_node: int) -> List[Tuple[int, int]]:
+    """(rank, sample) for every use of an epoch in plan order: batch, then rank, then position."""
+    world = nodes * per_node
+    plans = [epoch_batches(n, batch, seed=seed, epoch=epoch, rank=r, world_size=world) for r in range(world)]
+    return [(r, s) for b in range(len(plans[0])) for r in range(world) for s in plans[r][b]]
+
+
+def belady_misses(stream: List[Tuple[int, int]], sizes: List[int], capacity: int, epochs: int) -> List[int]:
+    """Bytes missed per epoch by Belady's rule with bypass over (epoch, sample) uses, by scanning ahead."""
+    def next_use(i: int, s: int) -> float:
+        return next((j for j in range(i + 1, len(stream)) if stream[j][1] == s), float("inf"))
+
+    kept: Dict[int, float] = {}
+    missed = [0] * epochs
+    for i, (e, s) in enumerate(stream):
+        here = next_use(i, s)
+        if s in kept:
+            kept[s] = here
+            continue
+        missed[e] += sizes[s]
+        if sizes[s] > capacity:
+            continue
+        victims: List[int] = []
+        for v in sorted(kept, key=lambda v: -kept[v]):
+            if sum(sizes[k] for k in kept if k not in victims) + sizes[s] <= capacity or kept[v] <= here:
+                break
+            victims.append(v)
+        if sum(sizes[k] for k in kept if k not in victims) + sizes[s] <= capacity:
+            for v in victims:
+                del kept[v]
+            kept[s] = here
+    return missed
+
+
+def oracle(n: int, sizes: List[int], nodes: int, per_node: int, cache: float, epochs: int, batch: int,
+           seed: int) -> Dict[str, object]:
+    uses = [walk(n, batch, seed, e, nodes, per_node) for e in range(epochs)]
+    owner: Dict[int, int] = {}
+    owned: Dict[int, List[int]] = {k: [] for k in range(nodes)}
+    for r, s in uses[0]:
+        if s not in owner:
+            owner[s] = r // per_node
+            owned[r // per_node].append(s)
+    budget = int(cache * sum(sizes) / nodes)
+    home = set()
+    for node, samples in owned.items():
+        used = 0
+        for s in samples:
+            if used + sizes[s] > budget:
+                break
+            used += sizes[s]
+            home.add(s)
+    pfs = [0] * epochs
+    sent = [[0] * nodes for _ in range(epochs)]
+    received = [[0] * nodes for _ in range(epochs)]
+    read_once = set()
+    streams: Dict[int, List[Tuple[int, int]]] = {k: [] for k in range(nodes)}
+    for e in range(epochs):
+        for r, s in uses[e]:
+            node = r // per_node
+            streams[node].append((e, s))
+            if e == 0 and s not in read_once:
+                read_once.add(s)
+                pfs[e] += sizes[s]
+            elif s not in home:
+                pfs[e] += sizes[s]
+            elif owner[s] != node:
+                sent[e][owner[s]] += sizes[s]
+                received[e][node] += sizes[s]
+    base = [0] * epochs
+    for node in range(nodes):
+        for e, b in enumerate(belady_misses(streams[node], sizes, budget, epochs)):
+            base[e] += b
+    return {"pfs": pfs, "sent": sent, "received": received, "base": base}
+
+
+def run_sim(n: int, sizes: np.ndarray, nodes: int, per_node: int, caches: List[float], epochs: int,
+            batch: int, seed: int) -> List[Dict[str, object]]:
+    config = sim.Config(num_samples=n, ranks_per_node=per_node, batch_size=batch, epochs=epochs, seed=seed)
+    return sim.simulate(config, [nodes], caches, sizes)["rows"]
+
+
+@pytest.mark.parametrize("n,nodes,per_node,batch,sigma", [(53, 2, 2, 3, 0.6), (61, 3, 2, 4, 0.0),
+                                                           (47, 4, 1, 2, 0.8), (29, 1, 3, 5, 0.5)])
+def test_simulation_matches_a_per_sample_walk(n, nodes, per_node, batch, sigma):
+    sizes = sim.sample_sizes(n, 1000, sigma, seed=n)
+    caches = [0.25, 0.5, 1.0]
+    rows = run_sim(n, sizes, nodes, per_node, caches, 3, batch, seed=7)
+    for cache, row in zip(caches, rows):
+        want = oracle(n, sizes.tolist(), nodes, per_node, cache, 3, batch, seed=7)
+        assert row["with_peers"]["pfs_bytes"] == want["pfs"]
+        assert row["with_peers"]["peer_sent"] == want["sent"]
+        assert row["with_peers"]["peer_received"] == want["received"]
+        assert row["without_peers"]["pfs_bytes"] == want["base"]
+
+
+def test_layout_is_the_plans():
+    n, world, batch = 83, 6, 4
+    samples, ranks = sim.epoch_layout(np.asarray(epoch_order(n, 3, 1)), world, batch)
+    for r in range(world):
+        want = [s for b in epoch_batches(n, batch, seed=3, epoch=1, rank=r, world_size=world) for s in b]
+        assert samples[ranks == r].tolist() == want
+
+
+def test_full_cache_reads_each_sample_once_and_peer_bytes_balance():
+    n, nodes, per_node = 256, 8, 2  # no padding, equal sizes: every node's share fits its budget
+    sizes = sim.sample_sizes(n, 500, 0.0, seed=0)
+    row = run_sim(n, sizes, nodes, per_node, [1.0], 4, 4, seed=1)[0]
+    assert row["with_peers"]["pfs_bytes"] == [int(sizes.sum()), 0, 0, 0]
+    assert row["with_peers"]["beyond_budget_samples"] == 0
+    assert sum(row["without_peers"]["pfs_bytes"][1:]) > 0  # without peers, the shuffle costs reads
+    sent, received = np.asarray(row["with_peers"]["peer_sent"]), np.asarray(row["with_peers"]["peer_received"])
+    assert sent.sum() > 0 and sent.sum() == received.sum()
+    assert np.allclose(sent.sum(axis=1), received.sum(axis=1))
+
+
+def test_sent_equals_received_with_padding_and_uneven_sizes():
+    sizes = sim.sample_sizes(301, 2000, 0.7, seed=5)
+    for row in run_sim(301, sizes, 8, 3, [0.25, 1.0], 3, 5, seed=2):
+        assert np.isclose(np.sum(row["with_peers"]["peer_sent"]), np.sum(row["with_peers"]["peer_received"]))
+
+
+def test_one_node_has_no_peer_bytes_and_at_full_cache_matches_the_baseline():
+    sizes = sim.sample_sizes(97, 800, 0.0, seed=0)
+    rows = run_sim(97, sizes, 1, 4, [0.25, 0.5, 1.0], 3, 8, seed=4)
+    for row in rows:
+        assert np.sum(row["with_peers"]["peer_sent"]) == 0 and np.sum(row["with_peers"]["peer_received"]) == 0
+        # Home copies are one policy a single node may follow; Belady's rule (equal sizes) does no worse.
+        assert all(b <= p for b, p in zip(row["without_peers"]["pfs_bytes"], row["with_peers"]["pfs_bytes"]))
+    assert rows[-1]["with_peers"]["pfs_bytes"] == rows[-1]["without_peers"]["pfs_bytes"] == [sizes.sum(), 0, 0]
+
+
+def test_node_specs():
+    assert sim.parse_nodes("1-1024") == [1 << k for k in range(11)]
+    assert sim.parse_nodes("4-16") == [4, 8, 16]
+    assert sim.parse_nodes("8,1,3") == [1, 3, 8]
+    assert sim.parse_caches("25,100%,50") == [0.25, 0.5, 1.0]
+    for bad in ("0", "1-1000", "3-8", "16-4", "a,b", ""):
+        with pytest.raises(ValueError):
+            sim.parse_nodes(bad)
+    for bad in ("0", "-5,25", "x", ""):
+        with pytest.raises(ValueError):
+            sim.parse_caches(bad)
+
+
+@pytest.mark.parametrize("argv,words", [
+    (["--nodes", "0"], "at least 1"),
+    (["--nodes", "1-1000"], "powers of two"),
+    (["--cache", "0"], "above 0"),
+    (["--epochs", "1"], "at least 2"),
+    (["--samples", "100", "--nodes", "64"], "at least 256 samples"),
+    (["--link-gbs", "0"], "bandwidths"),
+    (["--size-sigma", "-1"], "sigma"),
+])
+def test_bad_arguments_say_what_is_wrong(argv, words, capsys):
+    assert main(["simulate", "--samples", "1000", "--nodes", "1,2", "--quiet", *argv]) == 2
+    assert words in capsys.readouterr().err
+
+
+def test_cli_writes_table_json_and_plot(tmp_path, capsys):
+    assert main(["simulate", "--nodes", "1-4", "--samples", "400", "--cache", "50,100", "--epochs", "2",
+                 "--out", str(tmp_path), "--quiet"]) == 0
+    table = capsys.readouterr().out
+    assert table.count("\n| ") == 6  # two cache sizes x three node counts, after the header
+    assert (tmp_path / "simulate.png").stat().st_size > 0
+    assert (tmp_path / "simulate.md").read_text().strip() == table.strip()
+    import json
+    study = json.loads((tmp_path / "simulate.json").read_text())
+    assert [(r["cache"], r["nodes"]) for r in study["rows"]] == [(c, k) for k in (1, 2, 4) for c in (0.5, 1.0)]
