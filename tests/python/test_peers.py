@@ -98,7 +98,10 @@ def job(make_folder, pfs, tmp_path):
     cat.save(catalog)
     runs = []
 
-    def run(peers=True, epochs=3, cache_bytes=0, peer_timeout=10.0, stop_rank=-1, corrupt=None,
+    # A fetch waits for its owner's home copy while the owner is still in epoch 0 (it is coming); on a
+    # loaded machine that took more than 10 s once (a CI check: one fallback), so the jobs that count
+    # on no fallback give it a minute. The stalled-peer test passes its own, short timeout.
+    def run(peers=True, epochs=3, cache_bytes=0, peer_timeout=60.0, stop_rank=-1, corrupt=None,
             env=None):
         n = len(runs)
         runs.append(n)
