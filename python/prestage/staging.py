@@ -99,6 +99,13 @@ class _Where:
         self._catalog: Optional[_core.Catalog] = None
         self._slots: Optional[np.ndarray] = None
         self._pid = -1
+        self._final: Optional[Dict[str, int]] = None  # the counts once the counter file is gone
+
+    def remove(self) -> None:
+        """Keeps the final counts and removes the counter file (the sampler's close())."""
+        if self._final is None and os.path.exists(self.counters):
+            self._final = self.counts()
+            os.unlink(self.counters)
 
     def __getstate__(self) -> Dict[str, Any]:
         return {"catalog_file": self.catalog_file, "area": self.area, "counters": self.counters}
@@ -138,6 +145,8 @@ class _Where:
         self._slot()[2] += 1
 
     def counts(self) -> Dict[str, int]:
+        if self._final is not None:
+            return dict(self._final)
         slots = np.fromfile(self.counters, dtype=np.uint64).reshape(_COUNTER_SLOTS, len(_COUNTERS))
         total = slots.sum(axis=0)
         return {f"worker_{name}": int(v) for name, v in zip(_COUNTERS, total) if name != "bytes"}
@@ -273,9 +282,11 @@ class StagedSampler:
         return stats
 
     def close(self) -> None:
-        """Stops staging (joins prestage's threads). The counter file stays until the next
-        sampler on this stage directory of this process; the stage directory keeps its copies."""
+        """Stops staging (joins prestage's threads) and removes the workers' counter file (their
+        counts stay in stats()); the stage directory keeps its copies. Call it once the workers are
+        done (the DataLoader's iteration is over)."""
         self._loader.close()
+        self._where.remove()
 
     def __enter__(self) -> "StagedSampler":
         return self

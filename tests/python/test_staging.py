@@ -99,6 +99,8 @@ def test_a_quarter_cache_serves_no_wrong_byte_and_the_workers_say_where_they_rea
                     seen += 1
         stats = sampler.stats()
     assert seen == 3 * len(catalog)
+    assert sampler.stats()["worker_staged"] == stats["worker_staged"]  # kept after close()
+    assert not list((tmp_path / "stage").glob("prestage-*/workers-*.counts"))  # removed by close()
     assert stats["worker_staged"] + stats["worker_source"] == seen
     assert stats["worker_staged"] > 0 and stats["worker_source"] > 0  # a quarter fits
     assert stats["misses"] > 0 and stats["stage_bytes_peak"] <= total // 4
