@@ -5,23 +5,23 @@ that an epoch opens a few files on the parallel file system instead of one per s
 from __future__ import annotations
 
 import argparse
-import re
 import sys
 from typing import Any, cast
 
 from prestage import pack as packing
+from prestage.bench.cache_study import resolve_size
 from prestage.errors import Error
 
 
 def _size(text: str) -> int:
-    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kKmMgGtT]?)(?:i?[bB])?\s*", text)
-    if not match:
-        raise argparse.ArgumentTypeError(f"'{text}' is not a size (e.g. 256M, 1G, 65536)")
-    scale = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}[match.group(2).lower()]
-    value = int(float(match.group(1)) * scale)
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"'{text}' is not a positive size")
-    return value
+    """Bytes, with an optional K, M, G or T suffix: the grammar of `prestage bench --cache-bytes`
+    (cache_study.resolve_size), less its percentages, which mean nothing for a shard."""
+    if text.strip().endswith("%"):
+        raise argparse.ArgumentTypeError(f"'{text}': a shard size is bytes (e.g. 256M, 1G), not a share")
+    try:
+        return resolve_size(text, 0)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
