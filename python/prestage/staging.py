@@ -139,10 +139,16 @@ class _Where:
             slot[0] += 1
             return StagedSample(staged, offset, length, "stage", index)
         slot[1] += 1
-        return StagedSample(os.fspath(catalog.source_path(index)), offset, length, "source", index)
+        return self.at_source(index, offset, length)
 
-    def gone(self) -> None:
+    def at_source(self, index: int, offset: int, length: Optional[int]) -> StagedSample:
+        return StagedSample(os.fspath(self.catalog().source_path(index)), offset, length, "source", index)
+
+    def gone(self, sample: StagedSample) -> StagedSample:
+        """Counts a staged copy that vanished between the look and the read (evicted since); returns
+        where the same bytes are: the source."""
         self._slot()[2] += 1
+        return self.at_source(sample.index, sample.offset, sample.length)
 
     def counts(self) -> Dict[str, int]:
         if self._final is not None:
@@ -268,7 +274,7 @@ class StagedSampler:
         for name in ("batch_sampler", "num_workers", "prefetch_factor", "batch_size", "shuffle", "sampler"):
             if name in kwargs:
                 raise TypeError(f"data_loader() takes no {name}=: the sampler decides it")
-        extra = {"prefetch_factor": self.prefetch_factor} if self.num_workers > 0 else {}
+        extra: Dict[str, Any] = {"prefetch_factor": self.prefetch_factor} if self.num_workers > 0 else {}
         return torch.utils.data.DataLoader(dataset, batch_sampler=self, num_workers=self.num_workers,
                                            **extra, **kwargs)
 
@@ -373,26 +379,18 @@ class StagedDataset:
 
     def __getitem__(self, index: int) -> Any:
         sample = self._where.find(int(index))
-        if self._read is not None:
-            try:
-                return self._read(sample, self._where.catalog().label(sample.index))
-            except FileNotFoundError:
-                if sample.tier != "stage":
-                    raise
-        else:
-            try:
-                return self._through_dataset(sample)
-            except FileNotFoundError:
-                if sample.tier != "stage":
-                    raise
+        try:
+            return self._use(sample)
+        except FileNotFoundError:
+            if sample.tier != "stage":
+                raise
         # The copy was evicted between the look and the read: the source has the same bytes.
-        self._where.gone()
-        catalog = self._where.catalog()
-        source = StagedSample(os.fspath(catalog.source_path(sample.index)), sample.offset, sample.length,
-                              "source", sample.index)
+        return self._use(self._where.gone(sample))
+
+    def _use(self, sample: StagedSample) -> Any:
         if self._read is not None:
-            return self._read(source, catalog.label(source.index))
-        return self._through_dataset(source)
+            return self._read(sample, self._where.catalog().label(sample.index))
+        return self._through_dataset(sample)
 
     def _through_dataset(self, sample: StagedSample) -> Any:
         dataset = self.dataset

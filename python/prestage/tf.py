@@ -199,7 +199,7 @@ def staged_paths(catalog: _core.Catalog, batch_size: int, *, stage_dir: str, epo
     sooner is simply gone, and ``tf.io.read_file`` fails: keep ``in_flight`` above what your pipeline
     buffers (``prefetch``, ``AUTOTUNE``'s parallelism), or use ``read=True``, which reads each sample
     here (the source if the copy went)."""
-    from prestage.staging import StagedSampler, StagedSample
+    from prestage.staging import StagedSampler
 
     in_flight = int(options.pop("in_flight", 16))  # type: ignore[call-overload]
     sampler = StagedSampler(catalog, batch_size, stage_dir=stage_dir, num_workers=in_flight,
@@ -222,9 +222,7 @@ def staged_paths(catalog: _core.Catalog, batch_size: int, *, stage_dir: str, epo
                 except FileNotFoundError:
                     if sample.tier != "stage":
                         raise
-                    where.gone()
-                    data = bytes(StagedSample(str(catalog.source_path(index)), sample.offset, sample.length,
-                                              "source", index).bytes())
+                    data = bytes(where.gone(sample).bytes())
                 yield data, label
 
     signature: tuple
