@@ -182,7 +182,7 @@ def _aligned_copy(array: np.ndarray, dtype: Optional[np.dtype] = None) -> np.nda
 
 
 def staged_paths(catalog: _core.Catalog, batch_size: int, *, stage_dir: str, epochs: Optional[int] = None,
-                 read: bool = False, **options: object) -> tf.data.Dataset:
+                 read: bool = False, **options: Any) -> tf.data.Dataset:
     """Staging for your own parsing: a ``tf.data.Dataset`` of this rank's samples in plan order, each
     ``(path, offset, length, label)`` where ``path`` is the staged copy on the local SSD, or the source
     when it was not staged in time (``length`` -1: the whole file), or ``(bytes, label)`` with
@@ -201,7 +201,7 @@ def staged_paths(catalog: _core.Catalog, batch_size: int, *, stage_dir: str, epo
     here (the source if the copy went)."""
     from prestage.staging import StagedSampler
 
-    in_flight = int(options.pop("in_flight", 16))  # type: ignore[call-overload]
+    in_flight = int(options.pop("in_flight", 16))
     sampler = StagedSampler(catalog, batch_size, stage_dir=stage_dir, num_workers=in_flight,
                             prefetch_factor=1, **options)
     where = sampler._where
