@@ -1,5 +1,6 @@
 // The .npy codec: parse_npy_header on every prefix length that matters, probe_npy and decode_npy
-// (C and Fortran order) on the whole input. Input: a .npy file.
+// (C and Fortran order) on the whole input, and read_slice of the first and last slices along the
+// first and last axes. Input: a .npy file.
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
@@ -54,6 +55,17 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
                   "probe_npy: accepted data of the wrong length");
     out.resize(static_cast<size_t>(info.bytes));
     prestage::detail::decode_npy(source, info, offset, out, scratch);
+    for (const int64_t axis : {int64_t{0}, int64_t{-1}}) {
+      const auto resolved = prestage::detail::resolve_axis(axis, info.ndim);
+      if (!resolved || info.shape[*resolved] == 0) continue;
+      const ArrayInfo slice = prestage::detail::slice_info(info, *resolved, kMaxBytes, path);
+      harness_check(slice.bytes * info.shape[*resolved] == info.bytes,
+                    "slice_info: slices do not add up");
+      out.resize(static_cast<size_t>(slice.bytes));
+      for (const uint64_t index : {uint64_t{0}, info.shape[*resolved] - 1}) {
+        prestage::detail::read_slice(source, offset, info, *resolved, index, out, scratch);
+      }
+    }
   } catch (const prestage::Error&) {
   }
   return 0;

@@ -83,10 +83,12 @@ class Loader:
             ``batch.arrays`` otherwise): ``"jpeg"`` (RGB images), ``"raw"`` (the bytes as they are:
             ``batch.data`` and ``batch.offsets``), ``"npy"`` (a ``.npy`` array: any dtype and
             shape, C or Fortran order), ``"npz"`` (one array of a ``.npz``, stored or deflated: see
-            ``array_name``), ``"hdf5"`` (rows of a :meth:`Catalog.from_hdf5` catalog). ``None``:
-            ``"hdf5"`` for an HDF5 catalog, else ``"jpeg"``. A sample that is a zstd frame
-            (``.zst``) is decompressed first (all but ``"raw"``). Arrays of one shape make one
-            ``(N, *shape)`` array; arrays of different shapes make a list (``batch.ragged``).
+            ``array_name``), ``"hdf5"`` (slices of a :meth:`Catalog.from_hdf5` catalog). ``None``:
+            ``"hdf5"`` for an HDF5 catalog, ``"npy"`` for slices of array files
+            (:meth:`Catalog.from_arrays`, ``.npy`` and ``.npz`` alike), else ``"jpeg"``. A
+            sample that is a zstd frame (``.zst``) is decompressed first (all but ``"raw"``).
+            Arrays of one shape make one ``(N, *shape)`` array; arrays of different shapes make a
+            list (``batch.ragged``).
         max_pixels: images with more pixels are refused before decoding (decompression bombs).
         io_timeout: seconds a read may take before it fails (``IoError``, ``errno.ETIMEDOUT``, at its
             sample's batch) instead of hanging on a stalled file system; ``None``: no limit.

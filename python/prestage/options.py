@@ -245,6 +245,12 @@ _CONVERT: Dict[str, Callable[[_core.LoaderOptions, str, Any], None]] = {
 }
 
 
+def default_decode(catalog: Any) -> str:
+    """The decode mode a catalog's samples take when none is given: ``"hdf5"`` for
+    :meth:`Catalog.from_hdf5`, ``"npy"`` for :meth:`Catalog.from_arrays`, else ``"jpeg"``."""
+    return {"hdf5": "hdf5", "arrays": "npy"}.get(catalog.kind, "jpeg")
+
+
 def to_core(catalog: _core.Catalog, batch_size: int, image_size: Optional[Tuple[int, int]],
             given: Mapping[str, Any], surface: str = "Loader") -> _core.LoaderOptions:
     """The C++ options for the arguments of a call of ``surface``: those in ``given`` converted, the
@@ -276,8 +282,7 @@ def to_core(catalog: _core.Catalog, batch_size: int, image_size: Optional[Tuple[
                               f"got {image_size!r}")
         _set(options, "image_size", "image_size", (operator.index(image_size[0]),
                                                    operator.index(image_size[1])))
-    if catalog.kind == "hdf5":
-        options.decode = _core.DecodeMode.hdf5
+    options.decode = getattr(_core.DecodeMode, default_decode(catalog))
     for name, value in values.items():
         _CONVERT[name](options, name, value)
     return options

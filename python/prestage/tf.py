@@ -21,7 +21,7 @@ import tensorflow as tf
 from prestage import _core
 from prestage.errors import ConfigError
 from prestage.loader import Loader, as_catalog
-from prestage.options import ImageOptions
+from prestage.options import ImageOptions, default_decode
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -68,7 +68,8 @@ def dataset(
     to ``model.fit`` to silence its warning.
 
     Other formats: ``decode="npy"``, ``"npz"`` (``array_name``), ``"hdf5"`` (inferred for an HDF5
-    catalog) give ``arrays`` of the stored dtype (in native byte order) and ``(N, *shape)``, ``shape``
+    catalog; ``"npy"`` is inferred for slices of array files, :meth:`Catalog.from_arrays`) give
+    ``arrays`` of the stored dtype (in native byte order) and ``(N, *shape)``, ``shape``
     the catalog's first sample's (read once, through the same codec, when the dataset is made);
     a batch whose samples have another shape, or several, raises :class:`prestage.ConfigError` unless
     ``ragged=True``, which makes every batch a ``tf.RaggedTensor`` (``ragged_rank`` = the samples'
@@ -97,7 +98,7 @@ def dataset(
     if not isinstance(ragged, bool):
         raise ConfigError(f"ragged must be True or False, got {ragged!r}")
     catalog = as_catalog(catalog)
-    mode = decode if decode is not None else "hdf5" if catalog.kind == "hdf5" else "jpeg"
+    mode = decode if decode is not None else default_decode(catalog)
     codec: Dict[str, Any] = {"decode": mode}
     if array_name is not None:
         codec["array_name"] = array_name

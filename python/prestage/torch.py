@@ -48,7 +48,7 @@ import torch.utils.data
 from prestage import _core
 from prestage.errors import ConfigError, DecodeError, IoError
 from prestage.loader import Loader as _NumpyLoader, as_catalog
-from prestage.options import CommonOptions
+from prestage.options import CommonOptions, default_decode
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -384,7 +384,8 @@ class Loader(torch.utils.data.IterableDataset):
         image_size: ``(height, width)`` of the output; ``None``: every image must have the size of the
             first.
         decode, array_name, max_sample_bytes: as for :class:`prestage.Loader` (``decode=None``:
-            ``"hdf5"`` for an HDF5 catalog, else ``"jpeg"``).
+            ``"hdf5"`` for an HDF5 catalog, ``"npy"`` for :meth:`Catalog.from_arrays`, else
+            ``"jpeg"``).
         shuffle, seed, drop_last: as for ``DataLoader`` / ``DistributedSampler``; the same ``seed`` gives
             the same batches on any machine.
         transform: ``"center-crop"`` (torchvision ``Resize`` + ``CenterCrop``: evaluation) or
@@ -466,7 +467,7 @@ class Loader(torch.utils.data.IterableDataset):
             image_options["mean"] = _channels(mean)
         if std is not None:
             image_options["std"] = _channels(std)
-        jpeg = not (decode in _ARRAY_MODES or (decode is None and catalog.kind == "hdf5"))
+        jpeg = (decode if decode is not None else default_decode(catalog)) not in _ARRAY_MODES
         if not jpeg:
             # Arrays and bytes come out as stored: PyTorch's own image defaults do not apply to them.
             if image_options != {"layout": "NCHW", "dtype": "uint8"} or normalize_on_device:

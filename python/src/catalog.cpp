@@ -136,18 +136,47 @@ A shard is staged whole; a sample packed with zstd is decompressed by every deco
       .def_static(
           "from_hdf5",
           [](py::handle paths, const std::string& dataset,
+             const std::optional<std::string>& labels, int64_t axis) {
+            const auto files = path_list(paths);
+            py::gil_scoped_release release;
+            return Catalog::from_hdf5(files, dataset, labels.value_or(""), axis);
+          },
+          py::arg("paths"), py::arg("dataset"), py::arg("labels") = py::none(), py::kw_only(),
+          py::arg("axis") = 0, R"doc(
+Samples are the slices along `axis` of `dataset` in each file of `paths`, in order: its rows with
+axis=0 (one sample per file is a dataset of one row); a negative axis counts from the last. A
+sample has the dataset's shape without that axis (h5py's ``dset[i]``, ``dset[:, i]``, ...).
+`labels`: a 1-D integer dataset with one entry per sample of its file, or None (-1). Decode with
+Loader(decode="hdf5"). HDF5 calls are serialised process-wide (the library is not thread-safe).
+
+>>> cat = prestage.Catalog.from_hdf5(["climate_0.h5", "climate_1.h5"], "fields", labels="labels")
+>>> cat = prestage.Catalog.from_hdf5(files, "records", labels="labels", axis=-1)
+)doc")
+      .def_static(
+          "from_arrays",
+          [](py::handle paths, int64_t axis, const std::optional<std::string>& member,
              const std::optional<std::string>& labels) {
             const auto files = path_list(paths);
             py::gil_scoped_release release;
-            return Catalog::from_hdf5(files, dataset, labels.value_or(""));
+            return Catalog::from_arrays(files, axis, member.value_or(""), labels.value_or(""));
           },
-          py::arg("paths"), py::arg("dataset"), py::arg("labels") = py::none(), R"doc(
-Samples are the rows along axis 0 of `dataset` in each file of `paths`, in order (one sample per file
-is a dataset of one row). `labels`: a 1-D integer dataset with as many rows, or None (-1). Decode
-with Loader(decode="hdf5"). HDF5 calls are serialised process-wide (the library is not
-thread-safe).
+          py::arg("paths"), py::kw_only(), py::arg("axis") = 0, py::arg("member") = py::none(),
+          py::arg("labels") = py::none(), R"doc(
+Samples are the slices along `axis` of one array per file of `paths`, in order: the array of a
+``.npy`` file, or member `member` of a ``.npz`` archive (``np.savez`` or ``np.savez_compressed``;
+None: its only member). A sample has the array's shape without that axis, in C order (NumPy's
+``np.take(a, i, axis)``); a negative axis counts from the last, as some generators put the
+samples. `labels`: a 1-D integer member of each ``.npz`` with one entry per sample, or None (-1).
+Reads each file's headers (and labels) once; save() the catalog to do that only once. Decode
+with Loader(decode="npy") (the default for this catalog).
 
->>> cat = prestage.Catalog.from_hdf5(["climate_0.h5", "climate_1.h5"], "fields", labels="labels")
+Along axis 0 of a C-order array a sample is one contiguous read; along another axis it is read
+a run at a time, or as the span it covers (up to 64 MiB) at once. A deflated member is inflated
+whole for each sample (its size counts against max_sample_bytes): store many-sample archives with
+np.savez. A slice of a stored member is read without the member's CRC (which covers all of it).
+
+>>> files = sorted(glob.glob("data/*.npz"))
+>>> cat = prestage.Catalog.from_arrays(files, axis=-1, member="x", labels="y")
 )doc")
       .def_static(
           "from_tfrecord",
@@ -202,13 +231,19 @@ truncation loses the rest of that file (nothing after it can be located). Read e
                 return "tfrecord";
               case Catalog::Kind::kHdf5:
                 return "hdf5";
+              case Catalog::Kind::kArrays:
+                return "arrays";
               default:
                 return "files";
             }
           },
-          "'files', 'tfrecord' or 'hdf5': what a sample's locator names.")
-      .def_property_readonly("field", &Catalog::field,
-                             "The TFRecord data feature or the HDF5 dataset ('' for files).")
+          "'files', 'tfrecord', 'hdf5' or 'arrays' (from_arrays): what a sample's locator names.")
+      .def_property_readonly(
+          "field", &Catalog::field,
+          "The TFRecord data feature, the HDF5 dataset or the .npz member ('' for files).")
+      .def_property_readonly("axis", &Catalog::axis,
+                             "from_hdf5 and from_arrays: the axis the samples are sliced along, as "
+                             "given (negative: from the last); else 0.")
       .def_property_readonly(
           "symlinks", [](const Catalog& c) { return symlinks_name(c.symlinks()); },
           "'follow' or 'inside': how symbolic links under the root are treated (see from_folder).")

@@ -251,35 +251,40 @@ TEST_CASE("catalog: the symlink policy is saved, and a confined catalog has its 
   CHECK(Catalog::load(dir / "follow.bin").symlinks() == Catalog::Symlinks::kFollow);
 }
 
-TEST_CASE("catalog: a catalog file of format version 3 still loads, as following links") {
+TEST_CASE("catalog: catalog files of format versions 3 and 4 still load, as following links") {
   TempDir dir;
   const Catalog cat = Catalog::from_paths("/data/set", {"a/1.jpg", "b/2.jpg"}, {4, 5});
-  cat.save(dir / "v4.bin");
-  std::string bytes;
+  cat.save(dir / "v5.bin");
+  std::string v5;
   {
-    std::ifstream in(dir / "v4.bin", std::ios::binary);
-    bytes.assign(std::istreambuf_iterator<char>(in), {});
+    std::ifstream in(dir / "v5.bin", std::ios::binary);
+    v5.assign(std::istreambuf_iterator<char>(in), {});
   }
-  // Version 3 is version 4 without the policy byte and the (empty) damage list before the checksum.
-  bytes.resize(bytes.size() - 8 - 1 - 8);
-  const uint32_t v3 = 3;
-  std::memcpy(bytes.data() + 8, &v3, sizeof(v3));
-  uint64_t sum = 0xcbf29ce484222325ULL;
-  for (unsigned char c : bytes) {
-    sum ^= c;
-    sum *= 0x100000001b3ULL;
+  // Each older version is the next without its last fields (before the checksum): version 4
+  // without the axis, version 3 also without the policy byte and the (empty) damage list.
+  auto older = [&](uint32_t version, size_t cut) {
+    std::string bytes = v5.substr(0, v5.size() - 8 - cut);
+    std::memcpy(bytes.data() + 8, &version, sizeof(version));
+    uint64_t sum = 0xcbf29ce484222325ULL;
+    for (unsigned char c : bytes) {
+      sum ^= c;
+      sum *= 0x100000001b3ULL;
+    }
+    bytes.append(reinterpret_cast<const char*>(&sum), sizeof(sum));
+    return bytes;
+  };
+  for (const auto& [version, cut] : {std::pair<uint32_t, size_t>{4, 8}, {3, 8 + 1 + 8}}) {
+    CAPTURE(version);
+    std::ofstream(dir / "old.bin", std::ios::binary | std::ios::trunc) << older(version, cut);
+    const Catalog back = Catalog::load(dir / "old.bin");
+    CHECK(back.size() == 2);
+    CHECK(back.label(1) == 5);
+    CHECK(back.symlinks() == Catalog::Symlinks::kFollow);
+    CHECK(back.damage().empty());
+    CHECK(back.axis() == 0);
+    CHECK(back.fingerprint() == cat.fingerprint());
   }
-  bytes.append(reinterpret_cast<const char*>(&sum), sizeof(sum));
-  std::ofstream(dir / "v3.bin", std::ios::binary) << bytes;
-  const Catalog back = Catalog::load(dir / "v3.bin");
-  CHECK(back.size() == 2);
-  CHECK(back.label(1) == 5);
-  CHECK(back.symlinks() == Catalog::Symlinks::kFollow);
-  CHECK(back.damage().empty());
-  CHECK(back.fingerprint() == cat.fingerprint());
-  const uint32_t v99 = 99;
-  std::memcpy(bytes.data() + 8, &v99, sizeof(v99));
-  std::ofstream(dir / "v99.bin", std::ios::binary) << bytes;
+  std::ofstream(dir / "v99.bin", std::ios::binary) << older(99, 0);
   CHECK_THROWS_AS(Catalog::load(dir / "v99.bin"), prestage::DecodeError);
 }
 

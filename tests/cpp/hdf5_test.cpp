@@ -44,17 +44,18 @@ TEST_CASE("hdf5: rows of a dataset are read as the library wrote them, big-endia
   write_dataset(file, "x", H5T_STD_I32BE, H5T_NATIVE_INT32, {5, 2, 3}, values, true);
   write_dataset(file, "labels", H5T_STD_I64LE, H5T_NATIVE_INT64, {5},
                 std::vector<int64_t>{4, 3, 2, 1, 0});
-  const Hdf5Dataset d = hdf5::describe(file, "x", 1 << 20, file);
+  const Hdf5Dataset d = hdf5::describe(file, "x", 0, 1 << 20, file);
   CHECK(d.rows == 5);
   CHECK(d.row.dtype == "<i4");
   CHECK(d.row.ndim == 2);
   CHECK(d.row.bytes == 24);
   std::vector<int32_t> row(6);
-  hdf5::read_row(file, "x", 3, d.row, std::as_writable_bytes(std::span(row)), file);
+  hdf5::read_row(file, "x", 0, 3, d.row, std::as_writable_bytes(std::span(row)), file);
   for (size_t i = 0; i < 6; ++i) CHECK(row[i] == values[18 + i]);
   CHECK(hdf5::read_labels(file, "labels", file) == std::vector<int64_t>{4, 3, 2, 1, 0});
-  CHECK_THROWS_AS(hdf5::read_row(file, "x", 5, d.row, std::as_writable_bytes(std::span(row)), file),
-                  DecodeError);
+  CHECK_THROWS_AS(
+      hdf5::read_row(file, "x", 0, 5, d.row, std::as_writable_bytes(std::span(row)), file),
+      DecodeError);
   hdf5::close_all();
 }
 
@@ -64,14 +65,14 @@ TEST_CASE("hdf5: concurrent readers are serialised and all get their rows") {
   std::vector<float> values(64 * 100);
   for (size_t i = 0; i < values.size(); ++i) values[i] = static_cast<float>(i);
   write_dataset(file, "x", H5T_IEEE_F32LE, H5T_NATIVE_FLOAT, {64, 100}, values, true);
-  const Hdf5Dataset d = hdf5::describe(file, "x", 1 << 20, file);
+  const Hdf5Dataset d = hdf5::describe(file, "x", 0, 1 << 20, file);
   std::vector<std::thread> threads;
   std::vector<int> ok(4, 0);
   for (int t = 0; t < 4; ++t) {
     threads.emplace_back([&, t] {
       std::vector<float> row(100);
       for (uint64_t r = static_cast<uint64_t>(t); r < 64; r += 4) {
-        hdf5::read_row(file, "x", r, d.row, std::as_writable_bytes(std::span(row)), file);
+        hdf5::read_row(file, "x", 0, r, d.row, std::as_writable_bytes(std::span(row)), file);
         ok[static_cast<size_t>(t)] +=
             row[0] == static_cast<float>(r * 100) && row[99] == static_cast<float>(r * 100 + 99);
       }
@@ -97,7 +98,7 @@ TEST_CASE(
   for (const char* name : {"names", "missing"}) {
     CAPTURE(name);
     try {
-      hdf5::describe(file, name, 1 << 20, "shown/name.h5");
+      hdf5::describe(file, name, 0, 1 << 20, "shown/name.h5");
       FAIL("no exception");
     } catch (const DecodeError& e) {
       CHECK(e.path() == "shown/name.h5");
@@ -106,6 +107,38 @@ TEST_CASE(
   CHECK_THROWS_AS(hdf5::read_labels(file, "floats", file), DecodeError);
   const std::string text = (dir / "text.h5").string();
   prestage::test::write_file(text, {'n', 'o', 't', ' ', 'h', 'd', 'f', '5'});
-  CHECK_THROWS_AS(hdf5::describe(text, "x", 1 << 20, text), DecodeError);
+  CHECK_THROWS_AS(hdf5::describe(text, "x", 0, 1 << 20, text), DecodeError);
+  hdf5::close_all();
+}
+
+TEST_CASE("hdf5: slices along another axis are the library's own hyperslabs") {
+  prestage::test::TempDir dir;
+  const std::string file = (dir / "axis.h5").string();
+  // (4, 3, 5): element (i, j, k) holds 100 i + 10 j + k.
+  std::vector<int16_t> values(4 * 3 * 5);
+  for (int i = 0; i < 4; ++i)
+    for (int j = 0; j < 3; ++j)
+      for (int k = 0; k < 5; ++k)
+        values[static_cast<size_t>((i * 3 + j) * 5 + k)] = static_cast<int16_t>(100 * i + 10 * j + k);
+  write_dataset(file, "x", H5T_STD_I16BE, H5T_NATIVE_INT16, {4, 3, 5}, values, true);
+  for (const int64_t axis : {1, -1}) {
+    const Hdf5Dataset d = hdf5::describe(file, "x", axis, 1 << 20, file);
+    const uint32_t a = axis == 1 ? 1 : 2;
+    CHECK(d.axis == a);
+    CHECK(d.rows == (a == 1 ? 3u : 5u));
+    CHECK(d.row.ndim == 2);
+    for (uint64_t r = 0; r < d.rows; ++r) {
+      std::vector<int16_t> got(d.row.bytes / 2), want;
+      hdf5::read_row(file, "x", axis, r, d.row, std::as_writable_bytes(std::span(got)), file);
+      for (int i = 0; i < 4; ++i)
+        for (int j = 0; j < 3; ++j)
+          for (int k = 0; k < 5; ++k)
+            if (static_cast<uint64_t>(a == 1 ? j : k) == r)
+              want.push_back(static_cast<int16_t>(100 * i + 10 * j + k));
+      CHECK(got == want);
+    }
+  }
+  CHECK_THROWS_AS(hdf5::describe(file, "x", 3, 1 << 20, file), DecodeError);
+  CHECK_THROWS_AS(hdf5::describe(file, "x", -4, 1 << 20, file), DecodeError);
   hdf5::close_all();
 }

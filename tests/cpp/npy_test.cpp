@@ -9,6 +9,8 @@
 
 #include "decode/array.hpp"
 #include "prestage/error.hpp"
+#include "test_util.hpp"
+#include "util/file_io.hpp"
 
 namespace {
 
@@ -150,4 +152,81 @@ TEST_CASE(
                info),
         DecodeError);
   }
+}
+
+namespace {
+
+// A (2, 3, 4) uint16 array whose element (i, j, k) holds 100 i + 10 j + k, in C or Fortran order,
+// and the slice of it along `axis` at `index`, by its element values.
+struct Cube {
+  ArrayInfo info;
+  std::vector<uint16_t> data;
+  explicit Cube(bool fortran) : data(24) {
+    info.dtype = "<u2";
+    info.ndim = 3;
+    info.shape = {2, 3, 4};
+    info.fortran = fortran;
+    finish_array_info(info, 1 << 20, kPath);
+    for (int i = 0; i < 2; ++i)
+      for (int j = 0; j < 3; ++j)
+        for (int k = 0; k < 4; ++k)
+          data[fortran ? i + 2 * j + 6 * k : (i * 3 + j) * 4 + k] =
+              static_cast<uint16_t>(100 * i + 10 * j + k);
+  }
+  std::vector<uint16_t> expected(uint32_t axis, int index) const {
+    std::vector<uint16_t> out;
+    for (int i = 0; i < 2; ++i)
+      for (int j = 0; j < 3; ++j)
+        for (int k = 0; k < 4; ++k)
+          if ((axis == 0 ? i : axis == 1 ? j : k) == index)
+            out.push_back(static_cast<uint16_t>(100 * i + 10 * j + k));
+    return out;
+  }
+};
+
+}  // namespace
+
+TEST_CASE("npy: a slice along any axis of a C or Fortran array is its elements in C order") {
+  for (const bool fortran : {false, true}) {
+    const Cube cube(fortran);
+    // Behind a 16-byte header, from a file and from memory.
+    std::vector<std::byte> file(16 + cube.info.bytes);
+    std::memcpy(file.data() + 16, cube.data.data(), cube.info.bytes);
+    prestage::test::TempDir dir;
+    const std::string path = (dir / "cube.bin").string();
+    const auto* first = reinterpret_cast<const unsigned char*>(file.data());
+    prestage::test::write_file(path, std::vector<unsigned char>(first, first + file.size()));
+    for (uint32_t axis = 0; axis < 3; ++axis) {
+      const ArrayInfo slice = slice_info(cube.info, axis, 1 << 20, kPath);
+      CHECK(slice.ndim == 2);
+      for (int index = 0; index < static_cast<int>(cube.info.shape[axis]); ++index) {
+        const auto want = cube.expected(axis, index);
+        REQUIRE(slice.bytes == want.size() * 2);
+        std::vector<uint16_t> got(want.size());
+        std::vector<std::byte> window;
+        read_slice(MemorySource(file, kPath), 16, cube.info, axis, static_cast<uint64_t>(index),
+                   std::as_writable_bytes(std::span(got)), window);
+        CHECK(got == want);
+        std::fill(got.begin(), got.end(), 0);
+        read_slice(FileSource(FileRef(path), 0, file.size(), kPath), 16, cube.info, axis,
+                   static_cast<uint64_t>(index), std::as_writable_bytes(std::span(got)), window);
+        CHECK(got == want);
+      }
+    }
+  }
+}
+
+TEST_CASE("npy: axes resolve from the end, and a slice past the data is a DecodeError") {
+  CHECK(resolve_axis(-1, 3) == 2u);
+  CHECK(resolve_axis(-3, 3) == 0u);
+  CHECK(!resolve_axis(3, 3));
+  CHECK(!resolve_axis(-4, 3));
+  CHECK(!resolve_axis(0, 0));
+  const Cube cube(false);
+  std::vector<std::byte> cut(16 + cube.info.bytes - 2);
+  std::vector<uint16_t> got(6);
+  std::vector<std::byte> window;
+  CHECK_THROWS_AS(read_slice(MemorySource(cut, kPath), 16, cube.info, 2, 3,
+                             std::as_writable_bytes(std::span(got)), window),
+                  DecodeError);
 }

@@ -80,15 +80,37 @@ class Catalog {
   enum class Kind : uint8_t {
     kFiles,     // whole files or byte ranges of files (the constructors above)
     kTfrecord,  // framed TFRecord records (the locator's byte range); field() names the data feature
-    kHdf5,      // rows of an HDF5 dataset: locator.offset is the row; field() names the dataset
+    kHdf5,      // slices of an HDF5 dataset along axis(): locator.offset is the index along it;
+                // field() names the dataset
+    kArrays,    // slices of the array of a .npy file or of an .npz member along axis():
+                // locator.offset is the index along it; field() names the member ("": the only one)
   };
 
-  // Samples are the rows along axis 0 of `dataset` in each of `files`, in order (a file of one
-  // sample is a dataset of one row). `labels`: a 1-D integer dataset of as many rows in each file,
-  // or empty (-1). The root is the files' common folder. Opens each file once (IoError,
-  // DecodeError naming the file).
+  // Samples are the slices along `axis` of `dataset` in each of `files`, in order: with axis 0 (the
+  // default) its rows, the usual layout (a file of one sample is a dataset of one row); a negative
+  // axis counts from the last (-1). A sample has the dataset's shape without that axis. `labels`:
+  // a 1-D integer dataset with one entry per sample of its file, or empty (-1). The root is the
+  // files' common folder. Opens each file once (IoError, DecodeError naming the file; ConfigError
+  // if a dataset has no such axis).
   static Catalog from_hdf5(const std::vector<std::filesystem::path>& files, const std::string& dataset,
-                           const std::string& labels = "");
+                           const std::string& labels = "", int64_t axis = 0);
+
+  // Samples are the slices along `axis` of one array per file, in order: the array of each `.npy`
+  // file, or member `member` of each `.npz` archive (np.savez or np.savez_compressed; empty: the
+  // archive's only member). Axis 0 is the usual layout; some generators put the samples along the
+  // last axis (-1). A sample has the array's shape without that axis, in C order whatever the
+  // file's order. `labels`: a 1-D integer member of each archive with one entry per sample, or
+  // empty (-1); a .npy file holds one array, so it cannot have labels (ConfigError). Reads each
+  // file's headers (and labels) once (IoError, DecodeError naming the file; ConfigError if an array
+  // has no such axis). Decode with DecodeMode::kNpy.
+  //
+  // Costs: along axis 0 of a C-order array a sample is one contiguous read; along another axis its
+  // elements are strided, and it is read a run at a time, or the span it covers (up to 64 MiB) at
+  // once. A deflated member is inflated whole for each sample (its size counts against
+  // max_sample_bytes), so store many-sample files uncompressed. A slice of a stored member is read
+  // without the member's CRC, which covers the whole member.
+  static Catalog from_arrays(const std::vector<std::filesystem::path>& files, int64_t axis = 0,
+                             const std::string& member = "", const std::string& labels = "");
 
   // Samples are the records of TFRecord `files` (tf.train.Example messages), in order. Reads every
   // record once to build the index (offsets and lengths, checking both CRCs of each record, and
@@ -119,7 +141,11 @@ class Catalog {
   const std::vector<Damage>& damage() const noexcept;
 
   Kind kind() const noexcept;
-  const std::string& field() const noexcept;  // kTfrecord: data feature; kHdf5: dataset; else ""
+  // kTfrecord: the data feature; kHdf5: the dataset; kArrays: the .npz member; else "".
+  const std::string& field() const noexcept;
+  // kHdf5, kArrays: the axis the samples are taken along, as given (negative: from the last);
+  // else 0.
+  int64_t axis() const noexcept;
   Symlinks symlinks() const noexcept;         // how source files are opened (see the class comment)
 
   // Saves to / loads from one binary file, so a job does not walk the file system at every start.

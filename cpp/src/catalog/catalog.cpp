@@ -12,7 +12,10 @@
 #include <tuple>
 #include <utility>
 
+#include "decode/array.hpp"
 #include "decode/hdf5.hpp"
+#include "decode/npy.hpp"
+#include "decode/npz.hpp"
 #include "decode/tfrecord.hpp"
 #include "prestage/error.hpp"
 #include "util/file_io.hpp"
@@ -33,7 +36,8 @@ struct Catalog::Data {
   std::vector<uint64_t> file_sizes;  // one per file, or empty: unknown
   std::vector<int64_t> file_mtimes;  // ns since the epoch, one per file, or empty: unknown
   Kind kind = Kind::kFiles;
-  std::string field;  // kTfrecord: the data feature; kHdf5: the dataset
+  std::string field;  // kTfrecord: the data feature; kHdf5: the dataset; kArrays: the member
+  int64_t axis = 0;   // kHdf5, kArrays: the axis of the slices
   Symlinks symlinks = Symlinks::kFollow;
   std::vector<Damage> damage;  // kTfrecord built with OnError::kSkip: records left out
   uint64_t fingerprint = 0;
@@ -45,8 +49,9 @@ static_assert(std::endian::native == std::endian::little, "the catalog file form
 
 constexpr char kMagic[8] = {'P', 'S', 'T', 'G', 'C', 'A', 'T', '\0'};
 // Version 4 added the symlink policy and the TFRecord damage list; version 3 files load as
-// Symlinks::kFollow with no damage (what they were built with).
-constexpr uint32_t kFormatVersion = 4;
+// Symlinks::kFollow with no damage (what they were built with). Version 5 added the slices' axis
+// (older files: 0, the only axis they had).
+constexpr uint32_t kFormatVersion = 5;
 constexpr uint32_t kOldestFormatVersion = 3;
 
 uint64_t fnv1a(std::string_view bytes, uint64_t hash = 0xcbf29ce484222325ULL) {
@@ -491,6 +496,7 @@ void Catalog::save(const fs::path& file) const {
     w.pod(static_cast<uint8_t>(d.rest_of_file));
     w.bytes(d.reason);
   }
+  w.pod(data_->axis);
   w.pod(fnv1a(out));  // checksum of everything before it
 
   // Written to a temporary name, then renamed: a reader never sees half a catalog.
@@ -548,7 +554,7 @@ Catalog Catalog::load(const fs::path& file) {
   const auto file_mtimes = body.array<int64_t>();
   const auto kind = body.pod<uint8_t>();
   const std::string field = body.bytes();
-  if (kind > static_cast<uint8_t>(Kind::kHdf5)) body.fail("unknown catalog kind");
+  if (kind > static_cast<uint8_t>(Kind::kArrays)) body.fail("unknown catalog kind");
   auto symlinks = Symlinks::kFollow;
   std::vector<Damage> damage;
   if (version >= 4) {
@@ -570,6 +576,7 @@ Catalog Catalog::load(const fs::path& file) {
       damage.push_back(std::move(d));
     }
   }
+  const int64_t axis = version >= 5 ? body.pod<int64_t>() : 0;
   if (body.remaining() != 0) body.fail("bytes after the last field");
   const size_t samples = locators.empty() ? offsets.size() - 1 : locators.size();
   if (offsets.empty() || offsets.front() != 0 || offsets.back() != blob.size() ||
@@ -589,6 +596,7 @@ Catalog Catalog::load(const fs::path& file) {
     data->file_mtimes = file_mtimes;
     data->kind = static_cast<Kind>(kind);
     data->field = field;
+    data->axis = axis;
     for (const auto& d : damage) {
       if (d.file >= paths.size()) body.fail("a damage entry names a file past the list");
     }
@@ -639,6 +647,7 @@ int64_t Catalog::label(size_t i) const {
 const std::vector<std::string>& Catalog::classes() const noexcept { return data_->classes; }
 Catalog::Kind Catalog::kind() const noexcept { return data_->kind; }
 const std::string& Catalog::field() const noexcept { return data_->field; }
+int64_t Catalog::axis() const noexcept { return data_->axis; }
 Catalog::Symlinks Catalog::symlinks() const noexcept { return data_->symlinks; }
 const std::vector<Catalog::Damage>& Catalog::damage() const noexcept { return data_->damage; }
 
@@ -664,23 +673,82 @@ std::pair<fs::path, std::vector<std::string>> common_root(const std::vector<fs::
 
 }  // namespace
 
+namespace {
+
+// A catalog asked for slices along an axis that a file's array does not have.
+[[noreturn]] void no_axis(const char* from, const std::string& path, uint32_t ndim, int64_t axis) {
+  throw ConfigError(std::string(from) + ": '" + path + "' holds an array of " +
+                    std::to_string(ndim) + " dimensions: it has no axis " + std::to_string(axis));
+}
+
+// Labels beside the data must give one per sample of their file.
+void check_label_count(const std::string& path, const std::string& name, uint64_t labels,
+                       uint64_t samples, uint32_t axis) {
+  if (labels == samples) return;
+  throw DecodeError(path, "labels '" + name + "' has " + std::to_string(labels) + " entries, for " +
+                              std::to_string(samples) + " samples (along axis " +
+                              std::to_string(axis) + ")");
+}
+
+// The integers of a 1-D integer (or bool) array as int64; `info` describes `bytes`.
+std::vector<int64_t> integers(std::span<const std::byte> bytes, const detail::ArrayInfo& info,
+                              const std::string& path, const std::string& name) {
+  const char kind = info.dtype[1];
+  const size_t size = info.item_size;
+  if (info.ndim != 1 || (kind != 'i' && kind != 'u' && kind != 'b') ||
+      (size != 1 && size != 2 && size != 4 && size != 8)) {
+    throw DecodeError(path, "labels '" + name + "' must be a 1-D integer array, not " +
+                                std::to_string(info.ndim) + "-D of dtype " + info.dtype);
+  }
+  const bool swap = size > 1 && info.dtype[0] == '>';
+  std::vector<int64_t> out(info.shape[0]);
+  for (size_t i = 0; i < out.size(); ++i) {
+    uint64_t v = 0;
+    for (size_t b = 0; b < size; ++b) {
+      const auto byte = std::to_integer<uint64_t>(bytes[i * size + (swap ? size - 1 - b : b)]);
+      v |= byte << (8 * b);
+    }
+    if (kind == 'i' && size < 8 && (v >> (8 * size - 1)) != 0) v |= ~uint64_t{0} << (8 * size);
+    if (kind == 'u' && size == 8 && v > uint64_t{INT64_MAX}) {
+      throw DecodeError(path, "labels '" + name + "' holds " + std::to_string(v) +
+                                  ", past the int64 labels");
+    }
+    out[i] = static_cast<int64_t>(v);
+  }
+  return out;
+}
+
+// Each slice becomes a catalog entry (and a label): a header claiming far more slices than its
+// file stores is refused before anything is allocated for them.
+void check_slice_count(const std::string& path, uint64_t slices, uint64_t slice_bytes,
+                       uint64_t file_bytes) {
+  constexpr uint64_t kMaxRatio = 1024;  // compression shrinks data, but not a thousandfold
+  const uint64_t most =
+      (file_bytes * kMaxRatio + (uint64_t{1} << 20)) / std::max<uint64_t>(slice_bytes, 1);
+  if (slices > most) {
+    throw DecodeError(path, "its array claims " + std::to_string(slices) + " slices of " +
+                                std::to_string(slice_bytes) + " bytes in a file of " +
+                                std::to_string(file_bytes) + " bytes");
+  }
+}
+
+}  // namespace
+
 Catalog Catalog::from_hdf5(const std::vector<fs::path>& files, const std::string& dataset,
-                           const std::string& labels_dataset) {
+                           const std::string& labels_dataset, int64_t axis) {
   if (dataset.empty()) throw ConfigError("from_hdf5: the dataset name is empty");
   auto [root, relative] = common_root(files);
   std::vector<Locator> locators;
   std::vector<int64_t> labels;
   for (size_t f = 0; f < files.size(); ++f) {
     const std::string path = (root / relative[f]).string();
-    const auto info = detail::hdf5::describe(path, dataset, ~uint64_t{0}, path);
+    const uint32_t rank = detail::hdf5::describe(path, dataset, 0, ~uint64_t{0}, path).row.ndim + 1;
+    if (!detail::resolve_axis(axis, rank)) no_axis("from_hdf5", path, rank, axis);
+    const auto info = detail::hdf5::describe(path, dataset, axis, ~uint64_t{0}, path);
     for (uint64_t row = 0; row < info.rows; ++row) locators.push_back(Locator{f, row, kWholeFile});
     if (!labels_dataset.empty()) {
       const auto file_labels = detail::hdf5::read_labels(path, labels_dataset, path);
-      if (file_labels.size() != info.rows) {
-        throw DecodeError(path, "labels dataset '" + labels_dataset + "' has " +
-                                    std::to_string(file_labels.size()) + " rows, '" + dataset +
-                                    "' has " + std::to_string(info.rows));
-      }
+      check_label_count(path, labels_dataset, file_labels.size(), info.rows, info.axis);
       labels.insert(labels.end(), file_labels.begin(), file_labels.end());
     }
   }
@@ -688,6 +756,61 @@ Catalog Catalog::from_hdf5(const std::vector<fs::path>& files, const std::string
   auto data = make_data(root, relative, labels, {}, locators);
   data->kind = Kind::kHdf5;
   data->field = dataset;
+  data->axis = axis;
+  return Catalog(data);
+}
+
+Catalog Catalog::from_arrays(const std::vector<fs::path>& files, int64_t axis,
+                             const std::string& member, const std::string& labels_member) {
+  auto [root, relative] = common_root(files);
+  std::vector<Locator> locators;
+  std::vector<int64_t> labels;
+  detail::NpzDecoder npz;
+  std::vector<std::byte> scratch, label_bytes;
+  for (size_t f = 0; f < files.size(); ++f) {
+    const std::string path = (root / relative[f]).string();
+    const detail::FileRef file(path);
+    const uint64_t size = detail::file_size(file);
+    const detail::FileSource source(file, 0, size, path);
+    std::byte magic[8] = {};
+    const size_t magic_len = static_cast<size_t>(std::min<uint64_t>(sizeof(magic), size));
+    source.read(0, std::span(magic, magic_len));
+    const std::span<const std::byte> head(magic, magic_len);
+    detail::ArrayInfo whole;
+    if (detail::is_npy(head)) {
+      if (!member.empty() || !labels_member.empty()) {
+        throw ConfigError("from_arrays: '" + path + "' is a .npy file, which holds one array: it " +
+                          "has no member '" + (member.empty() ? labels_member : member) + "'");
+      }
+      detail::probe_npy(source, whole, ~uint64_t{0}, scratch);
+    } else if (detail::is_zip(head)) {
+      npz.probe(source, member, whole, ~uint64_t{0});
+    } else {
+      throw DecodeError(path, "neither a .npy file nor a .npz archive");
+    }
+    const auto resolved = detail::resolve_axis(axis, whole.ndim);
+    if (!resolved) no_axis("from_arrays", path, whole.ndim, axis);
+    const uint64_t samples = whole.shape[*resolved];
+    check_slice_count(path, samples, detail::slice_info(whole, *resolved, ~uint64_t{0}, path).bytes,
+                      size);
+    for (uint64_t i = 0; i < samples; ++i) locators.push_back(Locator{f, i, kWholeFile});
+    if (!labels_member.empty()) {
+      detail::ArrayInfo info;
+      const auto where = npz.probe(source, labels_member, info, uint64_t{1} << 32);
+      label_bytes.resize(info.bytes);
+      npz.decode(source, where, info, label_bytes);
+      const auto file_labels = integers(label_bytes, info, path, labels_member);
+      check_label_count(path, labels_member, file_labels.size(), samples, *resolved);
+      labels.insert(labels.end(), file_labels.begin(), file_labels.end());
+    }
+  }
+  if (locators.empty()) throw ConfigError("from_arrays: the arrays have no samples along axis " +
+                                          std::to_string(axis));
+  auto data = make_data(root, relative, labels, {}, locators);
+  data->kind = Kind::kArrays;
+  data->field = member;
+  data->axis = axis;
+  record_file_stats(*data);
   return Catalog(data);
 }
 

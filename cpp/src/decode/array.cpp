@@ -87,6 +87,78 @@ void fortran_to_c(const std::byte* src, std::byte* dst, const ArrayInfo& info) {
   }
 }
 
+std::optional<uint32_t> resolve_axis(int64_t axis, uint32_t ndim) {
+  const int64_t n = ndim;
+  if (axis < -n || axis >= n) return std::nullopt;
+  return static_cast<uint32_t>(axis < 0 ? axis + n : axis);
+}
+
+ArrayInfo slice_info(const ArrayInfo& whole, uint32_t axis, uint64_t max_bytes,
+                     const std::string& path) {
+  ArrayInfo slice;
+  slice.dtype = whole.dtype;
+  for (uint32_t d = 0; d < whole.ndim; ++d) {
+    if (d != axis) slice.shape[slice.ndim++] = whole.shape[d];
+  }
+  finish_array_info(slice, max_bytes, path);
+  return slice;
+}
+
+void read_slice(const ByteSource& source, uint64_t data_offset, const ArrayInfo& whole,
+                uint32_t axis, uint64_t index, std::span<std::byte> out,
+                std::vector<std::byte>& window) {
+  if (out.empty()) return;
+  const uint32_t n = whole.ndim;
+  const uint64_t item = whole.item_size;
+  // Byte strides of the array as stored (whole.bytes was overflow-checked, and so are they).
+  std::array<uint64_t, kMaxDims> stride{};
+  if (whole.fortran) {
+    stride[0] = item;
+    for (uint32_t d = 1; d < n; ++d) stride[d] = stride[d - 1] * whole.shape[d - 1];
+  } else {
+    stride[n - 1] = item;
+    for (uint32_t d = n - 1; d-- > 0;) stride[d] = stride[d + 1] * whole.shape[d + 1];
+  }
+  // The slice's dimensions, outermost first, with their strides in the source; the innermost ones
+  // that are contiguous there make one run.
+  std::array<uint64_t, kMaxDims> dim{}, step{};
+  uint32_t m = 0;
+  for (uint32_t d = 0; d < n; ++d) {
+    if (d != axis) dim[m] = whole.shape[d], step[m] = stride[d], ++m;
+  }
+  uint64_t run = item;
+  while (m > 0 && step[m - 1] == run) run *= dim[--m];
+  uint64_t span = run;
+  for (uint32_t k = 0; k < m; ++k) span += (dim[k] - 1) * step[k];
+  const uint64_t start = data_offset + index * stride[axis];
+  const uint64_t runs = out.size() / run;
+
+  constexpr uint64_t kLargeRun = 64 << 10;
+  const std::byte* from = nullptr;  // the covered span, in memory
+  if (!source.memory().empty() || (runs > 1 && run < kLargeRun && span <= kMaxSliceWindow)) {
+    from = read_span(source, start, span, window).data();
+  }
+  std::array<uint64_t, kMaxDims> at{};
+  uint64_t offset = 0;  // of the current run, from `start`
+  std::byte* to = out.data();
+  for (uint64_t r = 0; r < runs; ++r, to += run) {
+    if (from != nullptr) {
+      std::memcpy(to, from + offset, run);
+    } else {
+      source.read(start + offset, std::span(to, run));
+    }
+    // Odometer over the slice's outer dimensions, the last fastest.
+    for (uint32_t k = m; k-- > 0;) {
+      if (++at[k] < dim[k]) {
+        offset += step[k];
+        break;
+      }
+      offset -= step[k] * (at[k] - 1);
+      at[k] = 0;
+    }
+  }
+}
+
 void MemorySource::read(uint64_t offset, std::span<std::byte> out) const {
   if (offset > bytes_.size() || out.size() > bytes_.size() - offset) {
     throw DecodeError(path_, "truncated: needs " + std::to_string(offset + out.size()) +

@@ -5,6 +5,7 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -39,6 +40,16 @@ void finish_array_info(ArrayInfo& info, uint64_t max_bytes, const std::string& p
 // Rewrites a column-major array as row-major. `src` and `dst` hold info.bytes bytes and must not
 // overlap.
 void fortran_to_c(const std::byte* src, std::byte* dst, const ArrayInfo& info);
+
+// Samples that are slices of one array along an axis (Catalog::from_arrays, from_hdf5 with an
+// axis). The axis as given (negative: from the last) in 0..ndim-1, or nothing if the array has no
+// such axis.
+std::optional<uint32_t> resolve_axis(int64_t axis, uint32_t ndim);
+
+// One slice of `whole` along `axis`: its shape without that axis, C order; refused (DecodeError
+// naming `path`) over `max_bytes`.
+ArrayInfo slice_info(const ArrayInfo& whole, uint32_t axis, uint64_t max_bytes,
+                     const std::string& path);
 
 // Random access to one sample's bytes. Not thread-safe; one per call site.
 class ByteSource {
@@ -89,5 +100,14 @@ class FileSource final : public ByteSource {
 // memory when it has some, else read into `buffer` (grown, never shrunk).
 std::span<const std::byte> read_span(const ByteSource& source, uint64_t offset, uint64_t length,
                                      std::vector<std::byte>& buffer);
+
+// Writes slice `index` along `axis` of the array `whole` (laid out as whole.fortran says) whose
+// data start at byte `data_offset` of `source` into `out` (C order, slice_info's bytes). The
+// slice's contiguous runs are read one by one when they are large (or the slice is one run), else
+// the span the slice covers is read at once into `window` (up to kMaxSliceWindow) and gathered.
+inline constexpr uint64_t kMaxSliceWindow = uint64_t{64} << 20;
+void read_slice(const ByteSource& source, uint64_t data_offset, const ArrayInfo& whole,
+                uint32_t axis, uint64_t index, std::span<std::byte> out,
+                std::vector<std::byte>& window);
 
 }  // namespace prestage::detail

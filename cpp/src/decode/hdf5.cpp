@@ -47,7 +47,11 @@ class Id {
 struct Open {
   std::string file, dataset;
   Id file_id, dataset_id, memory_type;
-  Hdf5Dataset info;
+  std::string dtype;  // NumPy type string of an element, little-endian
+  size_t item_size = 0;
+  uint32_t rank = 0;
+  hsize_t dims[kMaxDims + 1] = {};
+  uint64_t bytes = 0;  // all of the dataset, decoded
   bool chunked = false;
   hsize_t chunk[kMaxDims + 1] = {};  // chunked: the chunk shape
   uint64_t chunk_bytes = 0;          // chunked: a whole chunk, decoded
@@ -132,19 +136,17 @@ void read_layout(Open& o, const std::string& dataset, const std::string& path) {
   if (layout == H5D_COMPACT) {
     // HDF5 1.10 copies a compact dataset out of the buffer it read from the header, trusting the
     // dataspace: data shorter than rows x row bytes would be read past its end.
-    const uint64_t stored = H5Dget_storage_size(o.dataset_id.get());
-    const uint64_t row_bytes = o.info.row.bytes;
-    if (row_bytes != 0 && (o.info.rows > stored / row_bytes)) {
+    if (o.bytes > H5Dget_storage_size(o.dataset_id.get())) {
       fail(path, "dataset '" + dataset + "' stores fewer bytes than its shape needs (corrupt)");
     }
     return;
   }
   if (layout != H5D_CHUNKED) return;
   const int rank = H5Pget_chunk(plist.get(), static_cast<int>(kMaxDims + 1), o.chunk);
-  if (rank != static_cast<int>(o.info.row.ndim) + 1) {
+  if (rank != static_cast<int>(o.rank)) {
     fail(path, "cannot read the chunk shape of '" + dataset + "'");
   }
-  uint64_t chunk_bytes = std::max<uint64_t>(o.info.row.item_size, 1);
+  uint64_t chunk_bytes = std::max<uint64_t>(o.item_size, 1);
   for (int d = 0; d < rank; ++d) {
     if (o.chunk[d] == 0 || chunk_bytes > kMaxChunkBytes / o.chunk[d]) {
       fail(path, "dataset '" + dataset + "' has chunks over 1 GiB");
@@ -180,7 +182,7 @@ void read_layout(Open& o, const std::string& dataset, const std::string& path) {
       fail(path, "cannot read the chunk index of '" + dataset + "'");
     }
     for (int d = 0; d < rank; ++d) {
-      const hsize_t extent = d == 0 ? o.info.rows : o.info.row.shape[static_cast<size_t>(d - 1)];
+      const hsize_t extent = o.dims[d];
       if (offset[d] % o.chunk[d] != 0 || offset[d] >= std::max<hsize_t>(extent, 1)) {
         fail(path, "dataset '" + dataset + "' has a corrupt chunk index");
       }
@@ -189,12 +191,11 @@ void read_layout(Open& o, const std::string& dataset, const std::string& path) {
   }
 }
 
-// Checks that every stored chunk that row `row` touches lies inside the file.
-void check_row_chunks(const Open& o, uint64_t row, const std::string& path) {
+// Checks that every stored chunk that slice `row` along `axis` touches lies inside the file.
+void check_row_chunks(const Open& o, uint32_t axis, uint64_t row, const std::string& path) {
   if (!o.chunked) return;
-  const uint32_t n = o.info.row.ndim;
   hsize_t coord[kMaxDims + 1] = {};
-  coord[0] = row / o.chunk[0] * o.chunk[0];
+  coord[axis] = row / o.chunk[axis] * o.chunk[axis];
   while (true) {
     unsigned filter_mask = 0;
     haddr_t address = HADDR_UNDEF;
@@ -204,20 +205,21 @@ void check_row_chunks(const Open& o, uint64_t row, const std::string& path) {
       fail(path, "cannot look up a chunk of '" + o.dataset + "' (corrupt chunk index)");
     }
     check_chunk(o, address, stored, path);
-    // Next chunk along the row's axes (odometer, last axis fastest).
-    int d = static_cast<int>(n);
-    for (; d >= 1; --d) {
+    // Next chunk along the slice's axes (odometer, last axis fastest).
+    uint32_t d = o.rank;
+    while (d-- > 0) {
+      if (d == axis) continue;
       coord[d] += o.chunk[d];
-      if (coord[d] < o.info.row.shape[static_cast<size_t>(d - 1)]) break;
+      if (coord[d] < o.dims[d]) break;
       coord[d] = 0;
     }
-    if (d < 1) return;
+    if (d == UINT32_MAX) return;
   }
 }
 
 // Opens (or finds) `dataset` of `file`. Called with the lock held.
 Open& open_dataset(State& s, const FileRef& file, const std::string& dataset,
-                   uint64_t max_bytes, const std::string& path) {
+                   const std::string& path) {
   for (auto it = s.open.begin(); it != s.open.end(); ++it) {
     if (it->file == file.path() && it->dataset == dataset) {
       s.open.splice(s.open.begin(), s.open, it);
@@ -265,67 +267,89 @@ Open& open_dataset(State& s, const FileRef& file, const std::string& dataset,
   Id space(H5Dget_space(o.dataset_id.get()), H5Sclose);
   const int rank = space.valid() ? H5Sget_simple_extent_ndims(space.get()) : -1;
   if (rank < 1) fail(path, "dataset '" + dataset + "' is a scalar or has no simple shape: no rows");
-  if (static_cast<size_t>(rank) > kMaxDims + 1)
+  if (static_cast<size_t>(rank) > kMaxDims)
     fail(path, "dataset '" + dataset + "' has too many dimensions");
   hsize_t dims[kMaxDims + 1];
   if (H5Sget_simple_extent_dims(space.get(), dims, nullptr) != rank) {
     fail(path, "cannot read the shape of '" + dataset + "'");
   }
-  o.info.rows = dims[0];
-  o.info.row.dtype = std::string(size == 1 ? "|" : "<") + kind + std::to_string(size);
-  o.info.row.ndim = static_cast<uint32_t>(rank - 1);
-  for (int d = 1; d < rank; ++d) o.info.row.shape[static_cast<size_t>(d - 1)] = dims[d];
-  finish_array_info(o.info.row, max_bytes, path);
+  o.dtype = std::string(size == 1 ? "|" : "<") + kind + std::to_string(size);
+  o.rank = static_cast<uint32_t>(rank);
+  o.item_size = size;
+  ArrayInfo all;  // the whole dataset: checks that its size is a number of bytes
+  all.dtype = o.dtype;
+  all.ndim = o.rank;
+  for (int d = 0; d < rank; ++d) o.dims[d] = all.shape[static_cast<size_t>(d)] = dims[d];
+  finish_array_info(all, ~uint64_t{0}, path);
+  o.bytes = all.bytes;
   read_layout(o, dataset, path);
-  // Each row becomes a catalog entry (and a label): a corrupt header claiming far more rows than
-  // the file stores is refused before anything is allocated for them. Compression can shrink
-  // data, but not a thousandfold.
-  // The stored size comes from the file's own (possibly corrupt) header: no more than the file holds.
-  const uint64_t stored =
-      std::min<uint64_t>(H5Dget_storage_size(o.dataset_id.get()), file_bytes(o, path));
-  const uint64_t row_bytes = std::max<uint64_t>(o.info.row.bytes, 1);
-  constexpr uint64_t kMaxRatio = 1024;
-  if (o.info.rows > (stored * kMaxRatio + (uint64_t{1} << 20)) / row_bytes) {
-    fail(path, "dataset '" + dataset + "' claims " + std::to_string(o.info.rows) + " rows of " +
-                   std::to_string(row_bytes) + " bytes but stores " + std::to_string(stored) +
-                   " bytes");
-  }
   if (s.open.size() >= kMaxOpen) s.open.pop_back();
   s.open.push_front(std::move(o));
   return s.open.front();
 }
 
-}  // namespace
-
-Hdf5Dataset describe(const FileRef& file, const std::string& dataset, uint64_t max_bytes,
-                     const std::string& path) {
-  State& s = state();
-  std::lock_guard lock(s.mutex);
-  return open_dataset(s, file, dataset, max_bytes, path).info;
+// The dataset sliced along `axis`. Each slice becomes a catalog entry (and a label): a corrupt
+// header claiming far more slices than the file stores is refused before anything is allocated
+// for them. Compression can shrink data, but not a thousandfold.
+Hdf5Dataset along(const Open& o, int64_t axis, uint64_t max_bytes, const std::string& path) {
+  const auto resolved = resolve_axis(axis, o.rank);
+  if (!resolved) {
+    fail(path, "dataset '" + o.dataset + "' has " + std::to_string(o.rank) +
+                   " dimensions: no axis " + std::to_string(axis));
+  }
+  Hdf5Dataset d;
+  d.axis = *resolved;
+  d.rows = o.dims[d.axis];
+  d.row.dtype = o.dtype;
+  for (uint32_t k = 0; k < o.rank; ++k) {
+    if (k != d.axis) d.row.shape[d.row.ndim++] = o.dims[k];
+  }
+  finish_array_info(d.row, max_bytes, path);
+  // The stored size comes from the file's own (possibly corrupt) header: no more than the file holds.
+  const uint64_t stored =
+      std::min<uint64_t>(H5Dget_storage_size(o.dataset_id.get()), file_bytes(o, path));
+  const uint64_t row_bytes = std::max<uint64_t>(d.row.bytes, 1);
+  constexpr uint64_t kMaxRatio = 1024;
+  if (d.rows > (stored * kMaxRatio + (uint64_t{1} << 20)) / row_bytes) {
+    fail(path, "dataset '" + o.dataset + "' claims " + std::to_string(d.rows) + " slices of " +
+                   std::to_string(row_bytes) + " bytes but stores " + std::to_string(stored) +
+                   " bytes");
+  }
+  return d;
 }
 
-void read_row(const FileRef& file, const std::string& dataset, uint64_t row,
+}  // namespace
+
+Hdf5Dataset describe(const FileRef& file, const std::string& dataset, int64_t axis,
+                     uint64_t max_bytes, const std::string& path) {
+  State& s = state();
+  std::lock_guard lock(s.mutex);
+  return along(open_dataset(s, file, dataset, path), axis, max_bytes, path);
+}
+
+void read_row(const FileRef& file, const std::string& dataset, int64_t axis, uint64_t row,
               const ArrayInfo& info, std::span<std::byte> out, const std::string& path) {
   if (out.size() != info.bytes) throw std::logic_error("hdf5::read_row: output of the wrong size");
   State& s = state();
   std::lock_guard lock(s.mutex);
-  Open& o = open_dataset(s, file, dataset, ~uint64_t{0}, path);
-  if (!o.info.row.same_layout(info)) {
+  Open& o = open_dataset(s, file, dataset, path);
+  const Hdf5Dataset d = along(o, axis, ~uint64_t{0}, path);
+  if (!d.row.same_layout(info)) {
     fail(path, "dataset '" + dataset + "' changed type or shape since the catalog was built");
   }
-  if (row >= o.info.rows) {
-    fail(path, "row " + std::to_string(row) + " is past the " + std::to_string(o.info.rows) +
-                   " rows of '" + dataset + "'");
+  if (row >= d.rows) {
+    fail(path, "slice " + std::to_string(row) + " is past the " + std::to_string(d.rows) +
+                   " along axis " + std::to_string(d.axis) + " of '" + dataset + "'");
   }
-  check_row_chunks(o, row, path);
+  check_row_chunks(o, d.axis, row, path);
   Id file_space(H5Dget_space(o.dataset_id.get()), H5Sclose);
   if (!file_space.valid()) fail(path, "cannot read the shape of '" + dataset + "'");
-  const uint32_t rank = info.ndim + 1;
+  const uint32_t rank = o.rank;
   hsize_t start[kMaxDims + 1] = {};
   hsize_t count[kMaxDims + 1];
-  start[0] = row;
-  count[0] = 1;
-  for (uint32_t d = 0; d < info.ndim; ++d) count[d + 1] = info.shape[d];
+  for (uint32_t k = 0; k < rank; ++k) count[k] = o.dims[k];
+  start[d.axis] = row;
+  count[d.axis] = 1;
   if (H5Sselect_hyperslab(file_space.get(), H5S_SELECT_SET, start, nullptr, count, nullptr) < 0) {
     fail(path, "cannot select row " + std::to_string(row));
   }
@@ -342,14 +366,15 @@ std::vector<int64_t> read_labels(const FileRef& file, const std::string& dataset
                                  const std::string& path) {
   State& s = state();
   std::lock_guard lock(s.mutex);
-  Open& o = open_dataset(s, file, dataset, ~uint64_t{0}, path);
-  if (o.info.row.ndim != 0 || o.info.row.dtype[1] == 'f') {
+  Open& o = open_dataset(s, file, dataset, path);
+  if (o.rank != 1 || o.dtype[1] == 'f') {
     fail(path, "labels dataset '" + dataset + "' must be a 1-D integer dataset");
   }
+  const Hdf5Dataset d = along(o, 0, ~uint64_t{0}, path);
   if (o.chunked) {
-    for (uint64_t row = 0; row < o.info.rows; row += o.chunk[0]) check_row_chunks(o, row, path);
+    for (uint64_t row = 0; row < d.rows; row += o.chunk[0]) check_row_chunks(o, 0, row, path);
   }
-  std::vector<int64_t> labels(o.info.rows);
+  std::vector<int64_t> labels(d.rows);
   if (!labels.empty() && H5Dread(o.dataset_id.get(), H5T_NATIVE_INT64, H5S_ALL, H5S_ALL,
                                  H5P_DEFAULT, labels.data()) < 0) {
     fail(path, "cannot read labels dataset '" + dataset + "'");

@@ -1,7 +1,7 @@
-// Stage 3, HDF5: samples are rows along axis 0 of a dataset. The only file that includes hdf5.h is
-// hdf5.cpp. Debian's HDF5 is built without thread safety, so every HDF5 call of the process goes
-// through one mutex there; open files and datasets are cached (at most kMaxOpen), so a row costs
-// one H5Dread under the lock.
+// Stage 3, HDF5: samples are slices of a dataset along one axis (rows: axis 0). The only file that
+// includes hdf5.h is hdf5.cpp. Debian's HDF5 is built without thread safety, so every HDF5 call of
+// the process goes through one mutex there; open files and datasets are cached (at most kMaxOpen),
+// so a row costs one H5Dread under the lock.
 #pragma once
 
 #include <cstdint>
@@ -15,22 +15,24 @@
 namespace prestage::detail {
 
 struct Hdf5Dataset {
-  uint64_t rows = 0;
-  ArrayInfo row;  // the type and shape of one row (dims 1.. of the dataset), C order
+  uint64_t rows = 0;  // slices along the axis asked for
+  ArrayInfo row;      // the type and shape of one slice (the other dims of the dataset), C order
+  uint32_t axis = 0;  // the axis, resolved (0..rank-1)
 };
 
 // Every function is thread-safe (serialised) and throws DecodeError naming `path` (the catalog's
 // name of the file; `file` is the copy read, staged or source, opened as FileRef says).
 namespace hdf5 {
 
-// Describes `dataset`: rows and one row's type and shape. Only integer and floating-point datasets
-// of rank >= 1 are accepted; one row over `max_bytes` is refused.
-Hdf5Dataset describe(const FileRef& file, const std::string& dataset, uint64_t max_bytes,
-                     const std::string& path);
+// Describes `dataset` sliced along `axis` (negative: from the last): slices and one slice's type
+// and shape. Only integer and floating-point datasets of rank >= 1 are accepted; a dataset without
+// that axis, or one slice over `max_bytes`, is refused.
+Hdf5Dataset describe(const FileRef& file, const std::string& dataset, int64_t axis,
+                     uint64_t max_bytes, const std::string& path);
 
-// Reads row `row` of `dataset` into `out` (info.bytes bytes), little-endian, as `info` (from
-// describe) says.
-void read_row(const FileRef& file, const std::string& dataset, uint64_t row,
+// Reads slice `row` along `axis` of `dataset` into `out` (info.bytes bytes), little-endian, as
+// `info` (from describe) says.
+void read_row(const FileRef& file, const std::string& dataset, int64_t axis, uint64_t row,
               const ArrayInfo& info, std::span<std::byte> out, const std::string& path);
 
 // A 1-D integer dataset, converted to int64.

@@ -38,6 +38,7 @@ Codec Codec::choose(const Catalog& catalog, const LoaderOptions& options) {
   c.mode = options.decode;
   c.kind = catalog.kind();
   c.field = catalog.field();
+  c.axis = catalog.axis();
   c.array_name = options.array_name;
   c.max_bytes = options.max_sample_bytes;
   c.max_pixels = options.max_pixels;
@@ -46,6 +47,17 @@ Codec Codec::choose(const Catalog& catalog, const LoaderOptions& options) {
     throw ConfigError(hdf5_catalog ? std::string("a catalog of HDF5 rows needs decode=hdf5, not ") +
                                          mode_name(c.mode)
                                    : "decode=hdf5 needs a catalog from Catalog::from_hdf5");
+  }
+  if (c.kind == Catalog::Kind::kArrays) {
+    // Each file's kind (.npy or .npz) is read from its first bytes: either mode reads both.
+    if (c.mode != DecodeMode::kNpy && c.mode != DecodeMode::kNpz && c.mode != DecodeMode::kLocate) {
+      throw ConfigError(std::string("a catalog of array slices needs decode=npy, not ") +
+                        mode_name(c.mode));
+    }
+    if (!c.array_name.empty()) {
+      throw ConfigError("array_name does not apply to a catalog of array slices: its member is "
+                        "named when it is built (Catalog::from_arrays)");
+    }
   }
   return c;
 }
@@ -95,14 +107,20 @@ std::span<const std::byte> SampleDecoder::image_payload(std::span<const std::byt
 
 void SampleDecoder::probe(const SampleLocation& where, ArrayProbe& probe) {
   if (codec_.kind == Catalog::Kind::kHdf5) {
-    const Hdf5Dataset d = hdf5::describe(where.file, codec_.field, codec_.max_bytes, where.path);
+    const Hdf5Dataset d =
+        hdf5::describe(where.file, codec_.field, codec_.axis, codec_.max_bytes, where.path);
     if (where.locator.offset >= d.rows) {
-      throw DecodeError(where.path, "row " + std::to_string(where.locator.offset) +
-                                        " is past the " + std::to_string(d.rows) + " rows of '" +
+      throw DecodeError(where.path, "slice " + std::to_string(where.locator.offset) +
+                                        " is past the " + std::to_string(d.rows) +
+                                        " along axis " + std::to_string(d.axis) + " of '" +
                                         codec_.field + "'");
     }
     probe.info = d.row;
     probe.kind = ArrayProbe::Kind::kHdf5;
+    return;
+  }
+  if (codec_.kind == Catalog::Kind::kArrays) {
+    probe_slice(where, probe);
     return;
   }
   const ByteSource& source = payload(where);
@@ -166,10 +184,57 @@ void SampleDecoder::probe(const SampleLocation& where, ArrayProbe& probe) {
   probe.kind = ArrayProbe::Kind::kNpy;
 }
 
+void SampleDecoder::probe_slice(const SampleLocation& where, ArrayProbe& probe) {
+  const ByteSource& source = payload(where);
+  std::byte magic[8] = {};
+  const size_t magic_len = static_cast<size_t>(std::min<uint64_t>(sizeof(magic), source.size()));
+  source.read(0, std::span(magic, magic_len));
+  const std::span<const std::byte> head(magic, magic_len);
+  ArrayInfo& whole = probe.whole;
+  // The whole array is bounded by the file that holds it, not by max_sample_bytes: only the slice
+  // is decoded (but a deflated member is inflated whole).
+  if (is_npy(head)) {
+    probe.data_offset = probe_npy(source, whole, ~uint64_t{0}, scratch_);
+    probe.kind = ArrayProbe::Kind::kSlice;
+  } else if (is_zip(head)) {
+    probe.member = npz_.probe(source, codec_.field, whole, ~uint64_t{0});
+    probe.kind = ArrayProbe::Kind::kSlice;
+    probe.data_offset = probe.member.data_start + probe.member.npy_offset;
+    if (probe.member.deflated) {
+      probe.kind = ArrayProbe::Kind::kDeflatedSlice;
+      if (whole.bytes > codec_.max_bytes) {
+        throw DecodeError(where.path,
+                          "a deflated member is inflated whole to take a slice, and its " +
+                              std::to_string(whole.bytes) + " bytes exceed max_sample_bytes (" +
+                              std::to_string(codec_.max_bytes) + ")");
+      }
+    }
+  } else {
+    throw DecodeError(where.path, is_zstd_frame(head)
+                                      ? "a zstd frame: an array is sliced from a .npy file or an "
+                                        ".npz archive as NumPy wrote it"
+                                      : "neither a .npy file nor a .npz archive");
+  }
+  const auto axis = resolve_axis(codec_.axis, whole.ndim);
+  if (!axis) {
+    throw DecodeError(where.path, "its array has " + std::to_string(whole.ndim) +
+                                      " dimensions: no axis " + std::to_string(codec_.axis));
+  }
+  if (where.locator.offset >= whole.shape[*axis]) {
+    throw DecodeError(where.path, "slice " + std::to_string(where.locator.offset) +
+                                      " is past the " + std::to_string(whole.shape[*axis]) +
+                                      " along axis " + std::to_string(*axis));
+  }
+  probe.axis = *axis;
+  probe.index = where.locator.offset;
+  probe.info = slice_info(whole, *axis, codec_.max_bytes, where.path);
+}
+
 void SampleDecoder::fill(const SampleLocation& where, const ArrayProbe& probe,
                          std::span<std::byte> out) {
   if (probe.kind == ArrayProbe::Kind::kHdf5) {
-    hdf5::read_row(where.file, codec_.field, where.locator.offset, probe.info, out, where.path);
+    hdf5::read_row(where.file, codec_.field, codec_.axis, where.locator.offset, probe.info, out,
+                   where.path);
     return;
   }
   const ByteSource& source = payload(where);
@@ -201,6 +266,18 @@ void SampleDecoder::fill(const SampleLocation& where, const ArrayProbe& probe,
       const auto archive = zstd_.decompress(packed, unpacked_, codec_.max_bytes, where.path);
       const MemorySource inner(archive, where.path);
       npz_.decode(inner, probe.member, probe.info, out);
+      return;
+    }
+    case ArrayProbe::Kind::kSlice:
+      read_slice(source, probe.data_offset, probe.whole, probe.axis, probe.index, out, scratch_);
+      return;
+    case ArrayProbe::Kind::kDeflatedSlice: {
+      if (unpacked_.size() < probe.whole.bytes) unpacked_.resize(probe.whole.bytes);
+      const std::span<std::byte> all(unpacked_.data(), probe.whole.bytes);
+      npz_.decode(source, probe.member, probe.whole, all);  // in C order, CRC checked
+      ArrayInfo c_order = probe.whole;
+      c_order.fortran = false;
+      read_slice(MemorySource(all, where.path), 0, c_order, probe.axis, probe.index, out, scratch_);
       return;
     }
     case ArrayProbe::Kind::kHdf5:

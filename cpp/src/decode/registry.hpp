@@ -27,7 +27,8 @@ namespace prestage::detail {
 struct Codec {
   DecodeMode mode = DecodeMode::kJpeg;
   Catalog::Kind kind = Catalog::Kind::kFiles;
-  std::string field;       // kTfrecord: the data feature; kHdf5: the dataset
+  std::string field;       // kTfrecord: the data feature; kHdf5: the dataset; kArrays: the member
+  int64_t axis = 0;        // kHdf5, kArrays: the axis samples are sliced along
   std::string array_name;  // kNpz
   uint64_t max_bytes = 0;
   uint64_t max_pixels = 0;
@@ -49,12 +50,24 @@ struct SampleLocation {
 
 // What probe() found, kept until fill().
 struct ArrayProbe {
-  enum class Kind : uint8_t { kNpy, kZstdNpy, kNpz, kZstdNpz, kHdf5, kBytes };
+  enum class Kind : uint8_t {
+    kNpy,
+    kZstdNpy,
+    kNpz,
+    kZstdNpz,
+    kHdf5,
+    kBytes,
+    kSlice,          // a slice of an array stored as it is (a .npy file, a stored .npz member)
+    kDeflatedSlice,  // a slice of a deflated .npz member
+  };
   ArrayInfo info;
   Kind kind = Kind::kNpy;
-  uint64_t data_offset =
-      0;             // kNpy, kZstdNpy: the array data's offset in the (decompressed) payload
-  NpzMember member;  // kNpz, kZstdNpz
+  // kNpy, kZstdNpy: the array data's offset in the (decompressed) payload; kSlice: in the file.
+  uint64_t data_offset = 0;
+  NpzMember member;  // kNpz, kZstdNpz, kDeflatedSlice
+  ArrayInfo whole;   // kSlice, kDeflatedSlice: the array the sample is a slice of
+  uint32_t axis = 0;
+  uint64_t index = 0;
 };
 
 class SampleDecoder {
@@ -74,6 +87,7 @@ class SampleDecoder {
  private:
   // The sample's payload as a byte source: the file range, or the TFRecord feature in memory.
   const ByteSource& payload(const SampleLocation& where);
+  void probe_slice(const SampleLocation& where, ArrayProbe& probe);
 
   const Codec& codec_;
   ZstdDecoder zstd_;
