@@ -58,8 +58,10 @@ def _area(stage_dir: Union[str, os.PathLike], catalog: _core.Catalog) -> Path:
 
 class StagedSample:
     """Where one sample's bytes are: ``path`` (the staged copy, or the source file), and its byte range
-    in it (``offset``, ``length``; ``length`` None: the whole file). ``tier`` is ``"stage"`` or
-    ``"source"``. :meth:`bytes` maps the range read-only: a zero-copy view, valid while it is held."""
+    in it (``offset``, ``length``; ``length`` None: the whole file). For slices of array files and HDF5
+    datasets (``catalog.kind`` ``"arrays"``, ``"hdf5"``) the range is the whole file, and
+    ``catalog.locator(sample.index)[1]`` is the slice's index along ``catalog.axis``. ``tier`` is
+    ``"stage"`` or ``"source"``. :meth:`bytes` maps the range read-only: a zero-copy view, valid while it is held."""
 
     __slots__ = ("path", "offset", "length", "tier", "index")
 
@@ -131,6 +133,8 @@ class _Where:
         if not 0 <= index < len(catalog):
             raise IndexError(f"sample {index} of a catalog of {len(catalog)}")
         file, offset, length = catalog.locator(index)
+        if catalog.kind in ("arrays", "hdf5"):
+            offset = 0  # the locator's offset is the slice's index, not a byte
         staged = os.path.join(self.area, f"{file % _SHARDS:02x}", f"{file:x}")
         slot = self._slot()
         # A copy under its final name is whole (published by a rename); one evicted since the batch

@@ -292,7 +292,8 @@ file could be read), "reason"}. Empty for any other catalog; saved with it.
           },
           py::arg("i"),
           "(file, offset, length) of sample i: the index of its file (file_path), and its byte range "
-          "in it (length None: the whole file).")
+          "in it (length None: the whole file). For kind 'hdf5' and 'arrays', offset is the "
+          "sample's index along `axis` in the whole file.")
       .def_property_readonly("num_files", &Catalog::num_files,
                              "Files the samples are in (a file may hold several: HDF5, TFRecord).")
       .def(

@@ -244,3 +244,28 @@ def test_a_file_cut_after_the_catalog_was_built_fails_its_samples_or_skips_them(
         f, k = divmod(i, 6)
         assert f != 1, "a sample of the cut file was served"
         np.testing.assert_array_equal(array, arrays[f][:, k])
+
+
+def test_staged_dataset_gives_the_whole_file_and_the_slice_index(tmp_path):
+    from prestage.staging import StagedDataset, StagedSampler
+
+    x = np.arange(2 * 3 * 5, dtype=np.int16).reshape(2, 3, 5)
+    np.savez(tmp_path / "a.npz", x=x, y=np.arange(5) + 10)
+    cat = prestage.Catalog.from_arrays([tmp_path / "a.npz"], axis=-1, member="x", labels="y")
+
+    def read(sample, label):
+        assert (sample.offset, sample.length) == (0, None)
+        with np.load(sample.path) as archive:
+            return archive["x"][..., cat.locator(sample.index)[1]], label
+
+    seen = set()
+    with StagedSampler(cat, 2, stage_dir=tmp_path / "stage", num_workers=0) as sampler:
+        dataset = StagedDataset(sampler, read=read)
+        for batch in sampler:
+            for i in batch:
+                array, label = dataset[i]
+                np.testing.assert_array_equal(array, x[..., i])
+                assert label == 10 + i
+                seen.add(i)
+        assert sampler.stats()["worker_staged"] > 0
+    assert seen == set(range(5))
