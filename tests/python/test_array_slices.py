@@ -269,3 +269,37 @@ def test_staged_dataset_gives_the_whole_file_and_the_slice_index(tmp_path):
                 seen.add(i)
         assert sampler.stats()["worker_staged"] > 0
     assert seen == set(range(5))
+
+
+def test_prestage_catalog_saves_slices_the_loaders_take(tmp_path, capsys):
+    import json
+
+    from prestage.cli import main
+
+    src = tmp_path / "src"
+    src.mkdir()
+    arrays, labels = [], []
+    for f in range(3):
+        x = np.full((2, 2, 3 + f), f, dtype=np.uint8) + np.arange(3 + f, dtype=np.uint8)
+        np.savez(src / f"{f}.npz", x=x, y=np.arange(3 + f) + 10 * f)
+        arrays.append(x)
+        labels.extend((np.arange(3 + f) + 10 * f).tolist())
+    out = tmp_path / "slices.catalog"
+    assert main(["catalog", str(src), str(out), "--axis", "-1", "--member", "x", "--labels", "y",
+                 "--json", "--quiet"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert (report["files"], report["samples"], report["sizes_unknown"]) == (3, 12, 0)
+    check(out, arrays, -1, labels)
+
+    with h5py.File(src / "a.h5", "w") as h5:
+        h5["records"] = np.arange(24, dtype=np.float32).reshape(2, 3, 4)
+    assert main(["catalog", str(src), str(tmp_path / "h5.catalog"), "--dataset", "records", "--axis", "2",
+                 "--quiet"]) == 0
+    assert len(prestage.Catalog.load(tmp_path / "h5.catalog")) == 4
+    capsys.readouterr()
+    assert main(["catalog", str(src), str(tmp_path / "bad"), "--dataset", "records", "--member", "x",
+                 "--quiet"]) == 2
+    assert "--member" in capsys.readouterr().err
+    assert main(["catalog", str(src), str(tmp_path / "bad"), "--axis", "5", "--member", "x",
+                 "--quiet"]) == 2
+    assert "no axis 5" in capsys.readouterr().err

@@ -757,6 +757,7 @@ Catalog Catalog::from_hdf5(const std::vector<fs::path>& files, const std::string
   data->kind = Kind::kHdf5;
   data->field = dataset;
   data->axis = axis;
+  record_file_stats(*data);
   return Catalog(data);
 }
 

@@ -11,6 +11,13 @@ sizes. The loaders take OUT in place of a catalog, and ``prestage demo`` takes i
 Sizes and the report are read from the catalog itself (recorded during the walk): no second pass over
 the file system. A folder of files with no sub-folders is a catalog without classes (label -1, as
 ``Catalog.from_folder`` reads it).
+
+Files that hold many samples: with ``--axis`` (and ``--member``, ``--labels``) each sample is a slice
+of the array in each ``.npy`` or ``.npz`` file under SOURCE (``Catalog.from_arrays``); with
+``--dataset`` a slice of that dataset in each ``.h5``/``.hdf5`` file (``Catalog.from_hdf5``). The files
+are taken in the walk's order, and their headers (and labels) are read once, here:
+
+  prestage catalog /pfs/dlio/train train.catalog --axis -1 --member x --labels y
 """
 
 from __future__ import annotations
@@ -21,7 +28,7 @@ import math
 import sys
 import threading
 from pathlib import Path
-from typing import Any, Dict, List
+from typing import Any, Callable, Dict, List
 
 from prestage.cli.progress import progress
 
@@ -39,30 +46,61 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="file name endings to take, comma-separated (default: from_folder's, JPEG)")
     p.add_argument("--symlinks", choices=("follow", "inside"), default="follow",
                    help="how symbolic links under SOURCE are treated (see Catalog.from_folder)")
+    p.add_argument("--axis", type=int, default=None, metavar="N",
+                   help="samples are slices along axis N (negative: from the last) of the array in each "
+                        "file, not whole files (default 0 with --member, --dataset or --labels)")
+    p.add_argument("--member", default=None, metavar="NAME",
+                   help=".npz files: the member to slice (default: the archive's only one)")
+    p.add_argument("--dataset", default=None, metavar="NAME",
+                   help="HDF5 files (.h5, .hdf5): the dataset to slice")
+    p.add_argument("--labels", default=None, metavar="NAME",
+                   help="the .npz member or HDF5 dataset beside the data with one integer label per sample")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     return p
 
 
 def walk(source: Path, extensions: List[str] | None, symlinks: str, show_progress: bool) -> Any:
-    """``Catalog.from_folder`` with a bar that shows the walk is alive (its elapsed time) while it runs.
-
-    The walk is one call into the core, which reports no progress of its own: it runs on a thread, and this
-    one redraws the bar until it is done."""
+    """``Catalog.from_folder`` with a bar that shows the walk is alive (its elapsed time) while it runs."""
     import prestage
 
+    args = {} if extensions is None else {"extensions": extensions}
+    return _with_bar(f"walking {source}", show_progress,
+                     lambda: prestage.Catalog.from_folder(source, symlinks=symlinks, **args))
+
+
+def slices(walked: Any, args: argparse.Namespace) -> Any:
+    """The catalog of the slices of the arrays in the files ``walked`` found (see the module's doc)."""
+    import prestage
+
+    files = [walked.source_path(i) for i in range(len(walked))]  # a walk: one file per sample
+    axis = 0 if args.axis is None else args.axis
+    if args.dataset is not None:
+        if args.member is not None:
+            raise ValueError("--member names an .npz member; HDF5 files take --dataset")
+        build = lambda: prestage.Catalog.from_hdf5(files, args.dataset, labels=args.labels, axis=axis)  # noqa: E731
+    else:
+        build = lambda: prestage.Catalog.from_arrays(files, axis=axis, member=args.member,  # noqa: E731
+                                                     labels=args.labels)
+    return _with_bar(f"reading the headers of {len(files)} files", not args.quiet, build)
+
+
+def _with_bar(desc: str, show_progress: bool, build: Callable[[], Any]) -> Any:
+    """``build()``'s result, with a bar that shows it is alive (its elapsed time) while it runs.
+
+    A catalog is built by one call into the core, which reports no progress of its own: it runs on a
+    thread, and this one redraws the bar until it is done."""
     result: Dict[str, Any] = {}
 
-    def build() -> None:
+    def run() -> None:
         try:
-            args = {} if extensions is None else {"extensions": extensions}
-            result["catalog"] = prestage.Catalog.from_folder(source, symlinks=symlinks, **args)
+            result["catalog"] = build()
         except BaseException as e:  # raised again in the caller's thread
             result["error"] = e
 
-    thread = threading.Thread(target=build, name="prestage-catalog-walk", daemon=True)
+    thread = threading.Thread(target=run, name="prestage-catalog-build", daemon=True)
     thread.start()
-    with progress(0, desc=f"walking {source}", unit="s", enabled=show_progress) as bar:
+    with progress(0, desc=desc, unit="s", enabled=show_progress) as bar:
         while thread.is_alive():
             thread.join(0.1)
             bar.update(0)  # redraws the elapsed time
@@ -133,9 +171,14 @@ def run(args: argparse.Namespace) -> int:
         if not args.source.is_dir():
             raise ValueError(f"{args.source} is not a directory")
         extensions = None if args.extensions is None else [e for e in args.extensions.split(",") if e]
+        sliced = any(v is not None for v in (args.axis, args.member, args.dataset, args.labels))
+        if sliced and extensions is None:
+            extensions = [".h5", ".hdf5"] if args.dataset is not None else [".npy", ".npz"]
         catalog = walk(args.source, extensions, args.symlinks, show_progress=not args.quiet)
         if len(catalog) == 0:
             raise ValueError(f"{args.source} holds no files with the extensions asked for")
+        if sliced:
+            catalog = slices(catalog, args)
         args.out.parent.mkdir(parents=True, exist_ok=True)
         catalog.save(args.out)
         result = report(catalog)
