@@ -202,7 +202,7 @@ def test_big_endian_raw_files_equal_numpy_fromfile(tmp_path):
 def test_big_endian_raw_files_through_torch_are_native_values(tmp_path):
     import prestage.torch as pt
 
-    arrays = [np.arange(6, dtype=">i2").reshape(2, 3) * (k - 2) for k in range(4)]
+    arrays = [(np.arange(6).reshape(2, 3) * (k - 2)).astype(">i2") for k in range(4)]
     cat = _raw_files(tmp_path, arrays)
     with pt.Loader(cat, batch_size=4, decode="raw", raw_dtype=">i2", raw_shape=(2, 3),
                    shuffle=False) as loader:
