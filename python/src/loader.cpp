@@ -260,7 +260,7 @@ copy); the buffer is reused only after the batch and every array viewing it have
           },
           "The samples as NumPy arrays (zero-copy): one (N, *shape) array when their shapes agree, "
           "else "
-          "a list of N arrays. decode='raw': uint8 arrays of the samples' bytes (typed: raw_dtype).")
+          "a list of N arrays. decode='raw': the samples' bytes (uint8, or raw_dtype).")
       .def_property_readonly("ragged", &Batch::ragged, "Whether the samples' shapes differ.")
       .def_property_readonly(
           "dtype", [](const Batch& b) { return py::dtype(std::string(b.dtype())); },

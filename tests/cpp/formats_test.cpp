@@ -126,7 +126,7 @@ TEST_CASE("formats: HDF5 rows across files, in order, with 1, 2 and 4 readers") 
   CHECK_THROWS_AS(Loader(cat, jpeg), prestage::ConfigError);  // an HDF5 catalog needs decode=hdf5
 }
 
-TEST_CASE("formats: raw samples typed by raw_dtype and raw_shape, -1 inferred, for 1, 2 and 4 readers") {
+TEST_CASE("formats: raw samples typed by raw_dtype and raw_shape (-1 inferred), 1, 2, 4 readers") {
   TempDir dir;
   std::vector<std::string> paths;
   for (int i = 0; i < 6; ++i) {
@@ -138,7 +138,8 @@ TEST_CASE("formats: raw samples typed by raw_dtype and raw_shape, -1 inferred, f
       data += static_cast<char>(v & 0xFF);
     }
     paths.push_back(std::to_string(i) + ".bin");
-    prestage::test::write_file(dir / paths.back(), std::vector<unsigned char>(data.begin(), data.end()));
+    prestage::test::write_file(dir / paths.back(),
+                               std::vector<unsigned char>(data.begin(), data.end()));
   }
   const Catalog cat = Catalog::from_paths(dir.path(), paths);
   for (const uint64_t readers : {1, 2, 4}) {

@@ -56,8 +56,8 @@ void Codec::raw_array(uint64_t bytes, std::string_view stored, ArrayInfo& info,
                       const std::string& path) const {
   const bool retyped = !raw_dtype.empty() && stored == "|u1";
   if (!raw_dtype.empty() && !retyped && raw_dtype != stored) {
-    throw DecodeError(path, "its values are of type '" + std::string(stored) + "', not raw_dtype '" +
-                                raw_dtype + "'");
+    throw DecodeError(path, "its values are of type '" + std::string(stored) +
+                                "', not raw_dtype '" + raw_dtype + "'");
   }
   const std::string_view dtype = retyped ? std::string_view(raw_dtype) : stored;
   std::string why;

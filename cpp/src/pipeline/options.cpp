@@ -21,7 +21,9 @@ void validate_raw_array(const LoaderOptions& o) {
     if (o.raw_shape) throw ConfigError("raw_shape needs a raw_dtype (the type of its items)");
     return;
   }
-  if (o.decode != DecodeMode::kRaw) throw ConfigError("raw_dtype and raw_shape apply to decode=raw only");
+  if (o.decode != DecodeMode::kRaw) {
+    throw ConfigError("raw_dtype and raw_shape apply to decode=raw only");
+  }
   std::string why;
   const uint64_t item = detail::dtype_item_size(o.raw_dtype, why);
   if (item == 0) throw ConfigError("raw_dtype '" + o.raw_dtype + "' is not supported: " + why);
