@@ -211,6 +211,28 @@ def test_big_endian_raw_files_through_torch_are_native_values(tmp_path):
             np.testing.assert_array_equal(data[k].numpy(), arrays[label])
 
 
+def test_byte_ranges_of_packed_shards_are_typed_as_the_files_were(tmp_path):
+    from prestage import pack as packing
+
+    rng = np.random.default_rng(11)
+    arrays = [rng.standard_normal((3, 4)).astype("<f8") for _ in range(9)]
+    (tmp_path / "src").mkdir()
+    _raw_files(tmp_path / "src", arrays)
+    source = prestage.Catalog.from_folder(tmp_path / "src", extensions=[".bin"])
+    packing.pack(source, tmp_path / "shards", shard_bytes=300, workers=1)
+    cat = prestage.Catalog.from_shards(tmp_path / "shards")
+    assert len({cat.locator(i)[0] for i in range(len(cat))}) > 1  # several shards, byte ranges
+    with prestage.Loader(cat, batch_size=4, decode="raw", raw_dtype=np.float64, raw_shape=(3, 4),
+                         seed=3) as loader:
+        got = _samples(loader)
+    assert sorted(got) == list(range(9))
+    for index, (array, _) in got.items():
+        _, offset, length = cat.locator(index)
+        in_shard = np.fromfile(cat.source_path(index), dtype="<f8", count=length // 8, offset=offset)
+        np.testing.assert_array_equal(array, in_shard.reshape(3, 4))
+        np.testing.assert_array_equal(array, arrays[int(source.path(index)[:2])])  # pack keeps the order
+
+
 def test_a_size_that_does_not_fit_raises_naming_the_path_and_skip_replaces_it(tmp_path):
     good = [np.full((2, 4), k, dtype="<f4") for k in range(6)]
     cat = _raw_files(tmp_path, good)
