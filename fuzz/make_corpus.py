@@ -311,6 +311,9 @@ def seeds():
         "duplicate-keys": example({"x": feature_bytes(b"first")}) + example({"x": feature_bytes(b"last")}),
         "empty-feature": field(1, 2, field(1, 2, field(1, 2, b"image"))),
         "empty": b"",
+        "mixed-lists": example({"x": field(2, 2, field(1, 2, struct.pack("<2f", 1.0, 2.0)) +
+                                             field(1, 5, struct.pack("<f", 3.0))),
+                                "image": feature_int64(-5, 6, packed=True)}),
     }
 
     # The index of a packed set (prestage pack): the harness puts a 64-byte shard-00000.bin beside it.
@@ -377,6 +380,8 @@ def seeds():
         "tfrecord-zstd-npy": b"\x02" + example({"x": feature_bytes(zstd(s["npy"]["bool"]))}),
         "tfrecord-npz": b"\x03" + example({"x": feature_bytes(s["npz"]["deflated-fortran"])}),
         "tfrecord-raw": b"\x04" + example({"x": feature_bytes(b"raw bytes")}),
+        "tfrecord-raw-floats": b"\x04" + example({"x": feature_float(1.0, -2.0, 3.5)}),
+        "tfrecord-raw-int64": b"\x04" + example({"x": feature_int64(1, -1, 1 << 40)}),
         "tfrecord-raw-framed": b"\x0c" + tfrecord(example({"x": feature_bytes(b"framed")})),
         "jpeg": b"\x05" + jpegs["rgb422"],
         "zstd-jpeg": b"\x05" + zstd(jpegs["cmyk"]),

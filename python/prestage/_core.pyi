@@ -152,6 +152,8 @@ class LoaderOptions:
     std: List[float]
     array_name: str
     max_sample_bytes: int
+    raw_dtype: str
+    raw_shape: Optional[List[int]]
     trace: str
     def __init__(self, other: LoaderOptions = ...) -> None: ...
     def validate(self) -> None: ...

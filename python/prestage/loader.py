@@ -133,6 +133,16 @@ class Loader:
             ``None``: the archive's only array.
         max_sample_bytes: an array (or raw sample) larger than this is refused before any
             allocation (lying headers, decompression bombs).
+        raw_dtype: ``decode="raw"``: each sample (a file, a shard's byte range, a TFRecord
+            feature) as an array of this dtype (anything ``np.dtype()`` takes: ``"<f4"``,
+            ``">i2"``, ``np.uint8``), its bytes kept in their stored order (``batch.dtype`` says
+            which), as ``np.frombuffer`` reads them. A sample whose size is not a whole number of
+            items, or does not fit ``raw_shape``, is a :class:`prestage.DecodeError` naming it
+            (``on_error="skip"`` replaces it). ``None``: the bytes as they are (uint8); a TFRecord
+            ``float_list`` or ``int64_list`` feature gives float32 or int64 values, and a
+            ``raw_dtype`` given for one must be that type.
+        raw_shape: with ``raw_dtype``: each sample's shape, one dimension of which may be -1
+            (inferred from the sample's size, as NumPy's ``reshape``); ``None``: 1-D.
         tuned: a JSON file written by ``prestage tune``. Of ``prefetchers``, ``readers``,
             ``lookahead`` and ``depth``, those not passed to this call take the file's values; one
             passed always wins, even when it equals its default (precedence: the call, then the

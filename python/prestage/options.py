@@ -30,6 +30,8 @@ import operator
 import os
 from typing import Any, Callable, Dict, Literal, Mapping, Optional, Sequence, Tuple, TypedDict, Union
 
+import numpy as np
+
 from prestage import _core
 from prestage.errors import ConfigError
 
@@ -78,6 +80,8 @@ class Options(ImageOptions, total=False):
     decode: Optional[Literal["jpeg", "raw", "npy", "npz", "hdf5", "locate"]]
     array_name: Optional[str]
     max_sample_bytes: int
+    raw_dtype: Any
+    raw_shape: Union[int, Sequence[int], None]
 
 
 _TUNED = ("prefetchers", "readers", "lookahead", "depth")
@@ -203,6 +207,34 @@ def _comm(options: _core.LoaderOptions, name: str, value: Any) -> None:
     _set(options, "peer_comm_fortran", name, int(py2f()))
 
 
+def _raw_dtype(options: _core.LoaderOptions, name: str, value: Any) -> None:
+    """Anything ``np.dtype()`` takes, as its type string ("<f4"): the C++ core checks which it reads."""
+    if value is None:
+        _set(options, name, name, "")
+        return
+    try:
+        text = np.dtype(value).str
+    except (TypeError, ValueError) as e:
+        raise ConfigError(f"{name}={value!r} is not a NumPy dtype: {e}") from None
+    _set(options, name, name, text)
+
+
+def _raw_shape(options: _core.LoaderOptions, name: str, value: Any) -> None:
+    """A shape as NumPy's reshape takes it: an integer or a sequence of them (None: none)."""
+    if value is None:
+        _set(options, name, name, None)
+        return
+    dims = (value,) if isinstance(value, numbers.Integral) else value
+    try:
+        if isinstance(dims, (str, bytes)) or any(isinstance(d, bool) for d in dims):
+            raise TypeError
+        shape = [operator.index(d) for d in dims]
+    except TypeError:
+        raise ConfigError(f"{name} must be a shape (integers, one of which may be -1) or None, "
+                          f"got {value!r}") from None
+    _set(options, name, name, shape)
+
+
 _decode_mode = _enum(_core.DecodeMode)
 
 
@@ -238,6 +270,8 @@ _CONVERT: Dict[str, Callable[[_core.LoaderOptions, str, Any], None]] = {
     "decode": _decode,
     "array_name": _text("array_name"),
     "max_sample_bytes": _integer,
+    "raw_dtype": _raw_dtype,
+    "raw_shape": _raw_shape,
     "trace": _text("trace"),
     "peers": _flag,
     "peer_timeout": _peer_timeout,

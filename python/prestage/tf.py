@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 import os
-from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, List, Optional, Tuple, Union
+from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import tensorflow as tf
@@ -44,6 +44,8 @@ def dataset(
     decode: Optional[str] = None,
     array_name: Optional[str] = None,
     max_sample_bytes: Optional[int] = None,
+    raw_dtype: Any = None,
+    raw_shape: Union[int, Sequence[int], None] = None,
     ragged: bool = False,
     **options: Unpack[ImageOptions],
 ) -> tf.data.Dataset:
@@ -74,11 +76,15 @@ def dataset(
     a batch whose samples have another shape, or several, raises :class:`prestage.ConfigError` unless
     ``ragged=True``, which makes every batch a ``tf.RaggedTensor`` (``ragged_rank`` = the samples'
     rank). ``decode="raw"`` gives each sample's bytes as a ``tf.string`` ``(N,)``, for
-    ``tf.io.decode_raw``, ``tf.io.parse_example`` or the user's own parser.
+    ``tf.io.decode_raw``, ``tf.io.parse_example`` or the user's own parser; with ``raw_dtype``
+    (and ``raw_shape``) it gives arrays as the other formats do, ``(N, *shape)`` of that dtype:
+    what ``tf.io.decode_raw`` and ``tf.reshape`` would make of each sample (a TFRecord feature's
+    raw pixels, a ``float_list``), without the strings.
 
     Args: ``catalog`` (or the path of a saved catalog), ``batch_size``, ``image_size`` and the
     options, by keyword, as for :class:`prestage.Loader` (:class:`prestage.options.ImageOptions`;
-    ``dtype`` and ``layout`` as strings; ``decode``, ``array_name``, ``max_sample_bytes``);
+    ``dtype`` and ``layout`` as strings; ``decode``, ``array_name``, ``max_sample_bytes``,
+    ``raw_dtype``, ``raw_shape``);
     ``rank``/``world_size`` give this worker its slice of every global batch (all workers get the
     same number of batches). ``on_error="skip"`` replaces a sample that cannot be read or
     decoded by the next good one, so batches keep their shape (``on_error="raise"``, the default,
@@ -104,6 +110,8 @@ def dataset(
         codec["array_name"] = array_name
     if max_sample_bytes is not None:
         codec["max_sample_bytes"] = max_sample_bytes
+    if raw_dtype is not None or raw_shape is not None:
+        codec.update(raw_dtype=raw_dtype, raw_shape=raw_shape)
     loader = Loader(catalog, batch_size, image_size, **codec, **options)
     o = loader.options
     per_rank = math.ceil(len(catalog) / o.world_size)
@@ -135,7 +143,7 @@ def dataset(
 def _array_spec(catalog: _core.Catalog, mode: str, codec: Dict[str, Any], n: Optional[int],
                 ragged: bool) -> Tuple[Any, Callable[[_core.Batch], Any]]:
     """The element spec of a batch of arrays or raw bytes, and the function that copies a batch into it."""
-    if mode == "raw":
+    if mode == "raw" and codec.get("raw_dtype") is None:
         def strings(batch: _core.Batch) -> np.ndarray:
             return np.array([a.tobytes() for a in _each(batch.arrays)], dtype=object)
         return tf.TensorSpec((n,), tf.string, name="data"), strings

@@ -383,9 +383,9 @@ class Loader(torch.utils.data.IterableDataset):
         batch_size: samples per batch on this rank.
         image_size: ``(height, width)`` of the output; ``None``: every image must have the size of the
             first.
-        decode, array_name, max_sample_bytes: as for :class:`prestage.Loader` (``decode=None``:
-            ``"hdf5"`` for an HDF5 catalog, ``"npy"`` for :meth:`Catalog.from_arrays`, else
-            ``"jpeg"``).
+        decode, array_name, max_sample_bytes, raw_dtype, raw_shape: as for :class:`prestage.Loader`
+            (``decode=None``: ``"hdf5"`` for an HDF5 catalog, ``"npy"`` for
+            :meth:`Catalog.from_arrays`, else ``"jpeg"``).
         shuffle, seed, drop_last: as for ``DataLoader`` / ``DistributedSampler``; the same ``seed`` gives
             the same batches on any machine.
         transform: ``"center-crop"`` (torchvision ``Resize`` + ``CenterCrop``: evaluation) or
@@ -433,6 +433,8 @@ class Loader(torch.utils.data.IterableDataset):
         decode: Optional[str] = None,
         array_name: Optional[str] = None,
         max_sample_bytes: Optional[int] = None,
+        raw_dtype: Any = None,
+        raw_shape: Union[int, Sequence[int], None] = None,
         layout: str = "NCHW",
         dtype: _DType = torch.uint8,
         mean: Union[float, Sequence[float], None] = None,
@@ -461,6 +463,8 @@ class Loader(torch.utils.data.IterableDataset):
             decode_options["array_name"] = array_name
         if max_sample_bytes is not None:
             decode_options["max_sample_bytes"] = max_sample_bytes
+        if raw_dtype is not None or raw_shape is not None:
+            decode_options.update(raw_dtype=raw_dtype, raw_shape=raw_shape)
         # What PyTorch spells differently is converted here; every rule is the core's.
         image_options: Dict[str, Any] = {"layout": layout, "dtype": _dtype_name(dtype)}
         if mean is not None:

@@ -183,15 +183,18 @@ np.savez. A slice of a stored member is read without the member's CRC (which cov
           [](py::handle paths, const std::map<std::string, std::string>& features,
              const std::string& on_error) {
             for (const auto& [key, value] : features) {
-              if (key != "image" && key != "label") {
+              if (key != "image" && key != "data" && key != "label") {
                 throw ConfigError(
-                    "from_tfrecord: features takes the keys 'image' and 'label', got '" + key +
-                    "'");
+                    "from_tfrecord: features takes the keys 'image' or 'data', and 'label', got '" +
+                    key + "'");
               }
             }
-            const auto image = features.find("image");
-            if (image == features.end())
-              throw ConfigError("from_tfrecord: features needs an 'image' entry");
+            // "data" is "image" by another name, for features that are not images.
+            auto image = features.find("image");
+            const auto data = features.find("data");
+            if ((image == features.end()) == (data == features.end()))
+              throw ConfigError("from_tfrecord: features needs one 'image' or 'data' entry");
+            if (image == features.end()) image = data;
             const auto label = features.find("label");
             const auto files = path_list(paths);
             const auto policy = error_policy(on_error);
@@ -208,8 +211,10 @@ np.savez. A slice of a stored member is read without the member's CRC (which cov
           R"doc(
 Samples are the records (tf.train.Example) of the TFRecord files `paths`, in order. `features`:
 {"image": name of the bytes feature to decode (decode="jpeg", "raw", "npy" or "npz"),
- "label": name of an int64 feature (optional)}. Reads every record once, checking its CRCs, to build
-the index of record offsets; save() the catalog to do that only once.
+ "label": name of an int64 feature (optional)}; "data" may stand for "image" (one of the two). With
+decode="raw" the data feature may also be a float_list or int64_list (float32 or int64 arrays), and
+raw_dtype/raw_shape give a bytes feature its type and shape. Reads every record once, checking its
+CRCs, to build the index of record offsets; save() the catalog to do that only once.
 
 A damaged record (bad CRC, truncated file, an Example that is malformed or lacks a feature):
 on_error="raise" (the default) raises prestage.DecodeError naming the file and the byte;
@@ -221,6 +226,7 @@ truncation loses the rest of that file (nothing after it can be located). Read e
 >>> cat = prestage.Catalog.from_tfrecord(["train-0.tfrecord"],
 ...                                      features={"image": "image/encoded", "label": "image/class/label"})
 >>> cat = prestage.Catalog.from_tfrecord(shards, features={"image": "jpg"}, on_error="skip")
+>>> cat = prestage.Catalog.from_tfrecord(files, features={"data": "image", "label": "size"})
 >>> cat.damage   # [{"path": ..., "offset": ..., "rest_of_file": ..., "reason": ...}, ...]
 )doc")
       .def_property_readonly(

@@ -202,6 +202,8 @@ prestage.options for how the Python arguments become these fields). validate() i
           })
       .def_readwrite("array_name", &LoaderOptions::array_name)
       .def_readwrite("max_sample_bytes", &LoaderOptions::max_sample_bytes)
+      .def_readwrite("raw_dtype", &LoaderOptions::raw_dtype)
+      .def_readwrite("raw_shape", &LoaderOptions::raw_shape)
       .def_readwrite("trace", &LoaderOptions::trace)
       .def("validate", &LoaderOptions::validate, R"doc(
 Raises prestage.ConfigError naming the first invalid option: the one place options are checked.
@@ -258,7 +260,7 @@ copy); the buffer is reused only after the batch and every array viewing it have
           },
           "The samples as NumPy arrays (zero-copy): one (N, *shape) array when their shapes agree, "
           "else "
-          "a list of N arrays. decode='raw': uint8 arrays of the samples' bytes.")
+          "a list of N arrays. decode='raw': the samples' bytes (uint8, or raw_dtype).")
       .def_property_readonly("ragged", &Batch::ragged, "Whether the samples' shapes differ.")
       .def_property_readonly(
           "dtype", [](const Batch& b) { return py::dtype(std::string(b.dtype())); },

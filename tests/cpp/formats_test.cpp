@@ -125,3 +125,71 @@ TEST_CASE("formats: HDF5 rows across files, in order, with 1, 2 and 4 readers") 
   LoaderOptions jpeg;
   CHECK_THROWS_AS(Loader(cat, jpeg), prestage::ConfigError);  // an HDF5 catalog needs decode=hdf5
 }
+
+TEST_CASE("formats: raw samples typed by raw_dtype and raw_shape (-1 inferred), 1, 2, 4 readers") {
+  TempDir dir;
+  std::vector<std::string> paths;
+  for (int i = 0; i < 6; ++i) {
+    // Big-endian int16 values i * 10, i * 10 + 1, ...: 2 * (i % 2 + 1) rows of 3.
+    std::string data;
+    for (int k = 0; k < 6 * (i % 2 + 1); ++k) {
+      const int v = i * 10 + k;
+      data += static_cast<char>(v >> 8);
+      data += static_cast<char>(v & 0xFF);
+    }
+    paths.push_back(std::to_string(i) + ".bin");
+    prestage::test::write_file(dir / paths.back(),
+                               std::vector<unsigned char>(data.begin(), data.end()));
+  }
+  const Catalog cat = Catalog::from_paths(dir.path(), paths);
+  for (const uint64_t readers : {1, 2, 4}) {
+    CAPTURE(readers);
+    LoaderOptions o;
+    o.batch_size = 3;
+    o.decode = DecodeMode::kRaw;
+    o.readers = readers;
+    o.raw_dtype = ">i2";
+    o.raw_shape = std::vector<int64_t>{-1, 3};
+    Loader loader(cat, o);
+    loader.start_epoch(0);
+    size_t seen = 0;
+    while (auto batch = loader.next()) {
+      CHECK(batch->dtype() == ">i2");
+      for (size_t i = 0; i < batch->size(); ++i, ++seen) {
+        const int64_t id = batch->indices()[i];
+        const auto shape = batch->sample_shape(i);
+        CHECK(std::vector<uint64_t>(shape.begin(), shape.end()) ==
+              std::vector<uint64_t>{static_cast<uint64_t>(2 * (id % 2 + 1)), 3});
+        const auto* p = reinterpret_cast<const unsigned char*>(batch->data().data()) +
+                        batch->offsets()[i];
+        CHECK(((p[2] << 8) | p[3]) == id * 10 + 1);  // the second value, stored big-endian
+      }
+    }
+    CHECK(seen == 6);
+  }
+  // Three rows of 3 fit (-1, 3) but not (4, -1) nor (2, 3).
+  for (const auto& shape : {std::vector<int64_t>{4, -1}, std::vector<int64_t>{2, 3}}) {
+    LoaderOptions o;
+    o.batch_size = 6;
+    o.decode = DecodeMode::kRaw;
+    o.raw_dtype = ">i2";
+    o.raw_shape = shape;
+    Loader loader(cat, o);
+    loader.start_epoch(0);
+    CHECK_THROWS_AS(loader.next(), prestage::DecodeError);
+  }
+  LoaderOptions bad;
+  bad.decode = DecodeMode::kRaw;
+  bad.raw_dtype = "<x4";
+  CHECK_THROWS_AS(bad.validate(), prestage::ConfigError);
+  bad.raw_dtype = "<f4";
+  bad.raw_shape = std::vector<int64_t>{-1, 2, -1};
+  CHECK_THROWS_AS(bad.validate(), prestage::ConfigError);
+  bad.raw_shape = std::vector<int64_t>{-2};
+  CHECK_THROWS_AS(bad.validate(), prestage::ConfigError);
+  bad.raw_dtype.clear();
+  bad.raw_shape = std::vector<int64_t>{2};
+  CHECK_THROWS_AS(bad.validate(), prestage::ConfigError);  // a shape without a dtype
+  bad.raw_shape.reset();
+  bad.validate();
+}

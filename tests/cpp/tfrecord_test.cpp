@@ -142,6 +142,108 @@ TEST_CASE("tfrecord: every single-byte change of an Example is parsed or refused
 
 namespace {
 
+std::string fixed32(float v) {
+  std::string out(4, '\0');
+  std::memcpy(out.data(), &v, 4);
+  return out;
+}
+
+// example_values of feature "x", as values of T; `dtype` receives their type string.
+template <typename T>
+std::vector<T> values_of(const std::string& message, std::string& dtype,
+                         uint64_t max_bytes = 1 << 20) {
+  const auto example = bytes(message);  // a bytes_list's value points into it
+  std::vector<std::byte> buffer;
+  std::span<const std::byte> values;
+  std::string_view type;
+  REQUIRE(example_values(example, "x", max_bytes, buffer, values, type, "r"));
+  dtype = type;
+  REQUIRE(values.size() % sizeof(T) == 0);
+  std::vector<T> out(values.size() / sizeof(T));
+  if (!out.empty()) std::memcpy(out.data(), values.data(), values.size());
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("tfrecord: float_list values are read packed, unpacked and mixed, in order") {
+  const std::vector<float> want{1.5f, -2.0f, 3.25f, 0.0f, 1e30f};
+  std::string packed, unpacked;
+  for (const float v : want) {
+    packed += fixed32(v);
+    unpacked += varint(1 << 3 | 5) + fixed32(v);
+  }
+  std::string dtype;
+  CHECK(values_of<float>(example("x", 2, field(1, packed)), dtype) == want);
+  CHECK(dtype == "<f4");
+  CHECK(values_of<float>(example("x", 2, unpacked), dtype) == want);
+  // Protobuf parsers accept a packed run and single values in one list.
+  const std::string mixed = field(1, fixed32(1.5f) + fixed32(-2.0f)) +
+                            varint(1 << 3 | 5) + fixed32(3.25f) +
+                            field(1, fixed32(0.0f) + fixed32(1e30f));
+  CHECK(values_of<float>(example("x", 2, mixed), dtype) == want);
+  CHECK(values_of<float>(example("x", 2, ""), dtype).empty());  // an empty list
+}
+
+TEST_CASE("tfrecord: int64_list values are read packed and unpacked, negatives included") {
+  const std::vector<int64_t> want{0, 1, -1, 300, INT64_MIN, INT64_MAX};
+  std::string packed, unpacked;
+  for (const int64_t v : want) {
+    packed += varint(static_cast<uint64_t>(v));
+    unpacked += varint(1 << 3) + varint(static_cast<uint64_t>(v));
+  }
+  std::string dtype;
+  CHECK(values_of<int64_t>(example("x", 3, field(1, packed)), dtype) == want);
+  CHECK(dtype == "<i8");
+  CHECK(values_of<int64_t>(example("x", 3, unpacked), dtype) == want);
+  // A bytes_list is its first value, untouched.
+  CHECK(values_of<char>(example("x", 1, field(1, "raw!") + field(1, "more")), dtype) ==
+        std::vector<char>{'r', 'a', 'w', '!'});
+  CHECK(dtype == "|u1");
+}
+
+TEST_CASE("tfrecord: malformed or oversized float and int64 lists are DecodeErrors") {
+  std::vector<std::byte> buffer;
+  std::span<const std::byte> values;
+  std::string_view dtype;
+  auto read = [&](const std::string& message, uint64_t max_bytes = 1 << 20) {
+    return example_values(bytes(message), "x", max_bytes, buffer, values, dtype, "r");
+  };
+  CHECK_FALSE(read(example("y", 2, field(1, fixed32(1)))));  // another feature
+  // A packed float run whose length is not a multiple of 4; a cut single value.
+  CHECK_THROWS_AS(read(example("x", 2, field(1, fixed32(1) + "ab"))), DecodeError);
+  CHECK_THROWS_AS(read(example("x", 2, varint(1 << 3 | 5) + "ab")), DecodeError);
+  // A packed varint run that ends inside a varint; a varint of more than 10 bytes.
+  CHECK_THROWS_AS(read(example("x", 3, field(1, varint(5) + "\x80"))), DecodeError);
+  CHECK_THROWS_AS(read(example("x", 3, field(1, std::string(11, '\xff') + '\x01'))),
+                  DecodeError);
+  // An empty Feature (no list at all) is refused, as the other accessors do.
+  CHECK_THROWS_AS(read(field(1, field(1, field(1, "x") + field(2, "")))), DecodeError);
+  // More values than max_bytes allows: refused before the buffer grows.
+  std::string many;
+  for (int i = 0; i < 100; ++i) many += varint(static_cast<uint64_t>(i));
+  buffer.clear();
+  CHECK_THROWS_AS(read(example("x", 3, field(1, many)), 799), DecodeError);
+  CHECK(buffer.empty());
+  CHECK(read(example("x", 3, field(1, many)), 800));
+  CHECK(values.size() == 800);
+  // Every cut of a good list is parsed or refused, never read past.
+  const std::string good = example("x", 2, field(1, fixed32(1) + fixed32(2))) +
+                           example("y", 3, field(1, varint(1) + varint(2)));
+  for (size_t cut = 0; cut < good.size(); ++cut) {
+    try {
+      read(good.substr(0, cut));
+    } catch (const DecodeError&) {
+    }
+  }
+  CHECK(example_has_data(bytes(good), "x", "r"));
+  CHECK_FALSE(example_has_data(bytes(good), "z", "r"));
+  CHECK_THROWS_AS(example_has_data(bytes(example("x", 3, field(1, "\x80"))), "x", "r"),
+                  DecodeError);
+}
+
+namespace {
+
 // A TFRecord file of `count` Examples {"image": "record <i>", "label": i}; returns each record's
 // offset (and, last, the file's size).
 std::vector<uint64_t> write_shard(const std::filesystem::path& path, int count, int first_label) {

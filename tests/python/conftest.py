@@ -189,6 +189,32 @@ def write_tfrecord() -> Callable[..., Path]:
     return write
 
 
+@pytest.fixture
+def write_tf_examples() -> Callable[..., str]:
+    """write_tf_examples(path, [features dict, ...]) -> path, written by TensorFlow's own
+    tf.io.TFRecordWriter and tf.train.Example (tf-marked tests only). A value that is bytes is a
+    bytes_list, a float array or list of floats a float_list, an int or integer array an int64_list."""
+    import tensorflow as tf
+
+    def feature(value):
+        if isinstance(value, bytes):
+            return tf.train.Feature(bytes_list=tf.train.BytesList(value=[value]))
+        values = np.atleast_1d(np.asarray(value))
+        if values.dtype.kind == "f":
+            return tf.train.Feature(float_list=tf.train.FloatList(value=values.tolist()))
+        return tf.train.Feature(int64_list=tf.train.Int64List(value=values.tolist()))
+
+    def write(path, examples: list) -> str:
+        with tf.io.TFRecordWriter(str(path)) as writer:
+            for features in examples:
+                example = tf.train.Example(features=tf.train.Features(
+                    feature={name: feature(value) for name, value in features.items()}))
+                writer.write(example.SerializeToString())
+        return str(path)
+
+    return write
+
+
 def jpeg_bytes(array: np.ndarray, **save_args) -> bytes:
     """A JPEG of `array` encoded by Pillow."""
     import io

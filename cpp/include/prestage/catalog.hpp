@@ -114,7 +114,8 @@ class Catalog {
 
   // Samples are the records of TFRecord `files` (tf.train.Example messages), in order. Reads every
   // record once to build the index (offsets and lengths, checking both CRCs of each record, and
-  // that `data_feature` is there); `label_feature`, an int64 feature, gives the labels (else -1).
+  // that `data_feature` is there: a bytes_list, or for decode=raw a float_list or int64_list too);
+  // `label_feature`, an int64 feature, gives the labels (else -1).
   // Save the catalog to build the index only once.
   //
   // A damaged record (a bad CRC, a truncated file, an Example that is malformed or lacks a

@@ -3,7 +3,9 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
+#include <vector>
 
 namespace prestage {
 
@@ -12,7 +14,7 @@ namespace prestage {
 // is a zstd frame is decompressed first (every mode but kRaw).
 enum class DecodeMode {
   kJpeg,  // JPEG -> RGB images (see Transform, Layout, OutputType)
-  kRaw,   // the sample's bytes as they are (ragged: one buffer plus offsets)
+  kRaw,   // the sample's bytes as they are (ragged: one buffer plus offsets); typed: raw_dtype
   kNpy,   // a .npy array: any dtype and shape, C or Fortran order
   kNpz,   // one array of a .npz archive (stored or deflated members): LoaderOptions::array_name
   kHdf5,  // a row along axis 0 of an HDF5 dataset (catalogs from Catalog::from_hdf5 only)
@@ -130,6 +132,16 @@ struct LoaderOptions {
   // kNpy, kNpz, kHdf5: a sample whose header claims more bytes than this is refused before any
   // allocation (decompression bombs, lying headers).
   uint64_t max_sample_bytes = uint64_t{4} << 30;
+
+  // kRaw: each sample (a file, a byte range, a TFRecord feature) as an array of this NumPy type
+  // string ("|u1", "<f4", ">i2", ...: the batch's dtype, bytes kept in their stored order) instead
+  // of its bytes. Its size must be a whole number of items and fit raw_shape, else a DecodeError
+  // naming the sample. Empty: the bytes as they are (a TFRecord float_list or int64_list feature:
+  // its values as "<f4" or "<i8"; a raw_dtype given for one must be that type).
+  std::string raw_dtype;
+  // kRaw with a raw_dtype: each sample's shape; one dimension may be -1, inferred from the sample's
+  // size (NumPy's reshape). None: 1-D, as many items as the sample holds.
+  std::optional<std::vector<int64_t>> raw_shape;
 
   // A file to write the I/O trace to: one record per read of a sample's or a file's bytes (sample,
   // tier, file, offset, size, start, end, thread), for `prestage trace FILE`. Empty: no trace.

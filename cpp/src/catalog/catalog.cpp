@@ -831,8 +831,7 @@ Catalog Catalog::from_tfrecord(const std::vector<fs::path>& files, const std::st
       damage.push_back(Damage{f, offset, rest_of_file, reason});
     };
     auto index = [&](uint64_t offset, uint64_t framed, std::span<const std::byte> record) {
-      std::span<const std::byte> value;
-      if (!detail::example_bytes(record, data_feature, value, path)) {
+      if (!detail::example_has_data(record, data_feature, path)) {
         throw DecodeError(path, "the record at byte " + std::to_string(offset) +
                                     " has no feature '" + data_feature + "'");
       }

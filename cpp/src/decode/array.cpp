@@ -16,23 +16,32 @@ bool ArrayInfo::same_layout(const ArrayInfo& other) const {
   return true;
 }
 
-void finish_array_info(ArrayInfo& info, uint64_t max_bytes, const std::string& path) {
-  const std::string& t = info.dtype;
-  auto refuse = [&](const std::string& why) {
-    throw DecodeError(path, "unsupported dtype '" + t + "': " + why);
-  };
-  if (t.size() < 3 || t.size() > 8) refuse("expected a simple type string such as '<f4'");
-  if (t[0] != '<' && t[0] != '>' && t[0] != '|' && t[0] != '=') refuse("unknown byte order");
-  if (std::string_view("biufcmM").find(t[1]) == std::string_view::npos) {
-    refuse("only bool, integer, float, complex and datetime types are supported");
+size_t dtype_item_size(std::string_view t, std::string& why) {
+  why.clear();
+  if (t.size() < 3 || t.size() > 8) {
+    why = "expected a simple type string such as '<f4'";
+  } else if (t[0] != '<' && t[0] != '>' && t[0] != '|' && t[0] != '=') {
+    why = "unknown byte order";
+  } else if (std::string_view("biufcmM").find(t[1]) == std::string_view::npos) {
+    why = "only bool, integer, float, complex and datetime types are supported";
   }
+  if (!why.empty()) return 0;
   uint64_t size = 0;
-  for (size_t i = 2; i < t.size(); ++i) {
-    if (t[i] < '0' || t[i] > '9') refuse("bad item size");
-    size = size * 10 + static_cast<uint64_t>(t[i] - '0');
+  for (size_t i = 2; i < t.size() && size <= 64; ++i) {
+    size = t[i] < '0' || t[i] > '9' ? 65 : size * 10 + static_cast<uint64_t>(t[i] - '0');
   }
-  if (size == 0 || size > 64) refuse("bad item size");
-  info.item_size = static_cast<size_t>(size);
+  if (size == 0 || size > 64) {
+    why = "bad item size";
+    return 0;
+  }
+  return static_cast<size_t>(size);
+}
+
+void finish_array_info(ArrayInfo& info, uint64_t max_bytes, const std::string& path) {
+  std::string why;
+  const size_t size = dtype_item_size(info.dtype, why);
+  if (size == 0) throw DecodeError(path, "unsupported dtype '" + info.dtype + "': " + why);
+  info.item_size = size;
   if (info.ndim > kMaxDims) {
     throw DecodeError(path, "array has " + std::to_string(info.ndim) + " dimensions, more than " +
                                 std::to_string(kMaxDims));

@@ -32,6 +32,10 @@ struct ArrayInfo {
   bool same_layout(const ArrayInfo& other) const;  // dtype and shape equal
 };
 
+// The item size of `dtype`, a simple type string (byte order '<', '>', '|' or '=', kind in
+// "biufcmM", item size); 0 if it is not one, with `why` saying what is wrong.
+size_t dtype_item_size(std::string_view dtype, std::string& why);
+
 // Checks `dtype` (a simple type string: byte order '<', '>', '|' or '=', kind in "biufcmM", item
 // size) and sets item_size; computes bytes, refusing more than `max_bytes`. Throws DecodeError
 // naming `path`.

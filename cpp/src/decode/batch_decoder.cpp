@@ -169,7 +169,7 @@ class BatchDecoder::Run {
     }
     Reader& r = reader();
     if (!codec.arrays()) {
-      // Raw files: one 1-D uint8 array of the file's length.
+      // Raw files: the file's (or byte range's) bytes as one array (Codec::raw_array).
       uint64_t n = 0;
       s_.tiers[i] = d_.tiers_.serve(id, Tier::kMemory, held(i, id), r.paths, nullptr,
                                     [&](const SampleAt& at) -> uint64_t {
@@ -180,11 +180,7 @@ class BatchDecoder::Run {
                                       return n;
                                     });
       d_.tiers_.check_size(id, n);
-      info.dtype = "|u1";
-      info.ndim = 1;
-      info.shape = {};
-      info.shape[0] = n;
-      info.bytes = n;
+      codec.raw_array(n, "|u1", info, r.paths.source);
       return;
     }
     s_.tiers[i] = d_.tiers_.serve(id, Tier::kStage, nullptr, r.paths, nullptr,

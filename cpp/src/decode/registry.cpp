@@ -42,6 +42,8 @@ Codec Codec::choose(const Catalog& catalog, const LoaderOptions& options) {
   c.array_name = options.array_name;
   c.max_bytes = options.max_sample_bytes;
   c.max_pixels = options.max_pixels;
+  c.raw_dtype = options.raw_dtype;
+  c.raw_shape = options.raw_shape;
   const bool hdf5_catalog = c.kind == Catalog::Kind::kHdf5;
   if (c.mode != DecodeMode::kLocate && hdf5_catalog != (c.mode == DecodeMode::kHdf5)) {
     throw ConfigError(hdf5_catalog ? std::string("a catalog of HDF5 rows needs decode=hdf5, not ") +
@@ -62,11 +64,61 @@ Codec Codec::choose(const Catalog& catalog, const LoaderOptions& options) {
   return c;
 }
 
+void Codec::raw_array(uint64_t bytes, std::string_view stored, ArrayInfo& info,
+                      const std::string& path) const {
+  const bool retyped = !raw_dtype.empty() && stored == "|u1";
+  if (!raw_dtype.empty() && !retyped && raw_dtype != stored) {
+    throw DecodeError(path, "its values are of type '" + std::string(stored) +
+                                "', not raw_dtype '" + raw_dtype + "'");
+  }
+  const std::string_view dtype = retyped ? std::string_view(raw_dtype) : stored;
+  std::string why;
+  const uint64_t item = dtype_item_size(dtype, why);  // validate() checked raw_dtype
+  if (bytes % item != 0) {
+    throw DecodeError(path, "its " + std::to_string(bytes) + " bytes are not a whole number of '" +
+                                std::string(dtype) + "' items of " + std::to_string(item) +
+                                " bytes");
+  }
+  info = ArrayInfo{};
+  info.dtype = dtype;
+  info.item_size = static_cast<size_t>(item);
+  info.bytes = bytes;
+  const uint64_t items = bytes / item;
+  if (!raw_shape) {
+    info.ndim = 1;
+    info.shape[0] = items;
+    return;
+  }
+  // validate() allows at most one -1, no other negative and a product within max_sample_bytes.
+  info.ndim = static_cast<uint32_t>(raw_shape->size());
+  uint64_t known = 1;
+  int inferred = -1;
+  for (uint32_t d = 0; d < info.ndim; ++d) {
+    const int64_t n = (*raw_shape)[d];
+    if (n < 0) {
+      inferred = static_cast<int>(d);
+    } else {
+      info.shape[d] = static_cast<uint64_t>(n);
+      known *= info.shape[d];
+    }
+  }
+  if (inferred >= 0 && known != 0 && items % known == 0) {
+    info.shape[inferred] = items / known;
+  } else if (inferred >= 0 || known != items) {
+    std::string shape;
+    for (const int64_t n : *raw_shape) shape += (shape.empty() ? "" : ", ") + std::to_string(n);
+    throw DecodeError(path, "its " + std::to_string(items) + " items of '" + info.dtype + "' (" +
+                                std::to_string(bytes) + " bytes) do not fit raw_shape (" + shape +
+                                (raw_shape->size() == 1 ? ",)" : ")"));
+  }
+}
+
 SampleDecoder::SampleDecoder(const Codec& codec) : jpeg(codec.max_pixels), codec_(codec) {}
 
 const ByteSource& SampleDecoder::payload(const SampleLocation& where) {
   const Catalog::Locator& loc = where.locator;
   const uint64_t length = loc.length == Catalog::kWholeFile ? file_size(where.file) : loc.length;
+  payload_dtype_ = "|u1";
   if (codec_.kind != Catalog::Kind::kTfrecord) {
     file_source_.emplace(where.file, loc.length == Catalog::kWholeFile ? 0 : loc.offset, length,
                          where.path);
@@ -81,7 +133,10 @@ const ByteSource& SampleDecoder::payload(const SampleLocation& where) {
   read_range(where.file, loc.offset, framed);
   const auto data = unframe_record(framed, where.path);
   std::span<const std::byte> value;
-  if (!example_bytes(data, codec_.field, value, where.path)) {
+  if (codec_.mode == DecodeMode::kRaw
+          ? !example_values(data, codec_.field, codec_.max_bytes, values_, value, payload_dtype_,
+                            where.path)
+          : !example_bytes(data, codec_.field, value, where.path)) {
     throw DecodeError(where.path, "TFRecord record at byte " + std::to_string(loc.offset) +
                                       " has no feature '" + codec_.field + "'");
   }
@@ -127,12 +182,7 @@ void SampleDecoder::probe(const SampleLocation& where, ArrayProbe& probe) {
   if (codec_.mode == DecodeMode::kRaw) {
     if (source.size() > codec_.max_bytes)
       throw DecodeError(where.path, "sample exceeds max_sample_bytes");
-    probe.info = ArrayInfo{};
-    probe.info.dtype = "|u1";
-    probe.info.item_size = 1;
-    probe.info.ndim = 1;
-    probe.info.shape[0] = source.size();
-    probe.info.bytes = source.size();
+    codec_.raw_array(source.size(), payload_dtype_, probe.info, where.path);
     probe.kind = ArrayProbe::Kind::kBytes;
     return;
   }

@@ -13,6 +13,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "decode/array.hpp"
@@ -32,9 +33,16 @@ struct Codec {
   std::string array_name;  // kNpz
   uint64_t max_bytes = 0;
   uint64_t max_pixels = 0;
+  std::string raw_dtype;                        // kRaw: LoaderOptions::raw_dtype
+  std::optional<std::vector<int64_t>> raw_shape;  // kRaw: LoaderOptions::raw_shape
 
   // Checks that `options.decode` fits the catalog (ConfigError otherwise).
   static Codec choose(const Catalog& catalog, const LoaderOptions& options);
+  // kRaw: `info` for a sample of `bytes` bytes whose items are `stored` ("|u1": bytes, which
+  // raw_dtype may retype; "<f4" or "<i8": a TFRecord float_list or int64_list, which raw_dtype must
+  // name if given), shaped by raw_shape. Throws DecodeError naming `path` if they do not fit.
+  void raw_array(uint64_t bytes, std::string_view stored, ArrayInfo& info,
+                 const std::string& path) const;
   bool arrays() const {
     return mode != DecodeMode::kJpeg && mode != DecodeMode::kLocate &&
            !(mode == DecodeMode::kRaw && kind == Catalog::Kind::kFiles);
@@ -85,7 +93,8 @@ class SampleDecoder {
   JpegDecoder jpeg;
 
  private:
-  // The sample's payload as a byte source: the file range, or the TFRecord feature in memory.
+  // The sample's payload as a byte source: the file range, or the TFRecord feature in memory
+  // (kRaw: a float_list's or int64_list's values too, their type left in payload_dtype_).
   const ByteSource& payload(const SampleLocation& where);
   void probe_slice(const SampleLocation& where, ArrayProbe& probe);
 
@@ -96,6 +105,8 @@ class SampleDecoder {
   std::vector<std::byte> packed_;    // compressed bytes
   std::vector<std::byte> unpacked_;  // decompressed bytes
   std::vector<std::byte> scratch_;
+  std::vector<std::byte> values_;    // a TFRecord feature's float or int64 values
+  std::string_view payload_dtype_ = "|u1";
   std::optional<FileSource> file_source_;
   std::optional<MemorySource> memory_source_;
 };

@@ -73,6 +73,11 @@ class Wire {
         fail("unsupported wire type " + std::to_string(type));
     }
   }
+  uint32_t fixed32() {
+    const size_t at = pos_;
+    advance(4);
+    return load_u32(p_.data() + at);
+  }
   [[noreturn]] void fail(const std::string& why) const {
     throw DecodeError(path_, "malformed tf.train.Example: " + why);
   }
@@ -128,27 +133,79 @@ bool find_feature(std::span<const std::byte> example, std::string_view name,
   return found;
 }
 
-// The list message of `feature` if it is of kind `want` (1 bytes, 2 float, 3 int64).
-std::span<const std::byte> feature_list(std::span<const std::byte> feature, uint32_t want,
-                                        std::string_view name, const std::string& path) {
-  static const char* const kinds[] = {"empty", "bytes_list", "float_list", "int64_list"};
+enum ListKind : uint32_t { kEmpty = 0, kBytesList = 1, kFloatList = 2, kInt64List = 3 };
+const char* const kListNames[] = {"empty", "bytes_list", "float_list", "int64_list"};
+
+// The kind of `feature` and its list message (the last one, as protobuf's oneof); kEmpty if none.
+ListKind feature_kind(std::span<const std::byte> feature, std::span<const std::byte>& list,
+                      const std::string& path) {
   Wire f(feature, path);
   uint32_t field, type;
-  uint32_t kind = 0;
-  std::span<const std::byte> list;
+  ListKind kind = kEmpty;
   while (f.next(field, type)) {
     if (field >= 1 && field <= 3 && type == 2) {
-      kind = field;
+      kind = static_cast<ListKind>(field);
       list = f.bytes();
     } else {
       f.skip(type);
     }
   }
+  return kind;
+}
+
+// The list message of `feature` if it is of kind `want`.
+std::span<const std::byte> feature_list(std::span<const std::byte> feature, ListKind want,
+                                        std::string_view name, const std::string& path) {
+  std::span<const std::byte> list;
+  const ListKind kind = feature_kind(feature, list, path);
   if (kind != want) {
-    throw DecodeError(path, "feature '" + std::string(name) + "' is a " + kinds[kind] +
-                                ", expected a " + kinds[want]);
+    throw DecodeError(path, "feature '" + std::string(name) + "' is a " + kListNames[kind] +
+                                ", expected a " + kListNames[want]);
   }
   return list;
+}
+
+// The first value of a bytes_list message.
+std::span<const std::byte> first_bytes(std::span<const std::byte> list, std::string_view name,
+                                       const std::string& path) {
+  Wire w(list, path);
+  uint32_t field, type;
+  while (w.next(field, type)) {
+    if (field == 1 && type == 2) return w.bytes();
+    w.skip(type);
+  }
+  throw DecodeError(path, "feature '" + std::string(name) + "' holds no bytes value");
+}
+
+// Calls `value(bits)` for each value of a float_list (fixed32) or int64_list (varint) message, in
+// order, whether packed (one length-delimited field) or not (one field per value), or both mixed
+// as protobuf parsers must accept.
+template <typename Value>
+void each_value(std::span<const std::byte> list, ListKind kind, const std::string& path,
+                const Value& value) {
+  const uint32_t scalar = kind == kFloatList ? 5 : 0;  // wire type of one unpacked value
+  Wire w(list, path);
+  uint32_t field, type;
+  while (w.next(field, type)) {
+    if (field == 1 && type == scalar) {
+      value(kind == kFloatList ? w.fixed32() : w.varint());
+    } else if (field == 1 && type == 2) {
+      Wire packed(w.bytes(), path);
+      while (!packed.done()) value(kind == kFloatList ? packed.fixed32() : packed.varint());
+    } else {
+      w.skip(type);
+    }
+  }
+}
+
+// The data feature `name` of `example` (its kind and list); false if absent, DecodeError if empty.
+bool find_data(std::span<const std::byte> example, std::string_view name, ListKind& kind,
+               std::span<const std::byte>& list, const std::string& path) {
+  std::span<const std::byte> feature;
+  if (!find_feature(example, name, feature, path)) return false;
+  kind = feature_kind(feature, list, path);
+  if (kind == kEmpty) throw DecodeError(path, "feature '" + std::string(name) + "' is empty");
+  return true;
 }
 
 }  // namespace
@@ -259,23 +316,15 @@ bool example_bytes(std::span<const std::byte> example, std::string_view name,
                    std::span<const std::byte>& value, const std::string& path) {
   std::span<const std::byte> feature;
   if (!find_feature(example, name, feature, path)) return false;
-  Wire list(feature_list(feature, 1, name, path), path);
-  uint32_t field, type;
-  while (list.next(field, type)) {
-    if (field == 1 && type == 2) {
-      value = list.bytes();
-      return true;
-    }
-    list.skip(type);
-  }
-  throw DecodeError(path, "feature '" + std::string(name) + "' holds no bytes value");
+  value = first_bytes(feature_list(feature, kBytesList, name, path), name, path);
+  return true;
 }
 
 bool example_int64(std::span<const std::byte> example, std::string_view name, int64_t& value,
                    const std::string& path) {
   std::span<const std::byte> feature;
   if (!find_feature(example, name, feature, path)) return false;
-  Wire list(feature_list(feature, 3, name, path), path);
+  Wire list(feature_list(feature, kInt64List, name, path), path);
   uint32_t field, type;
   while (list.next(field, type)) {
     if (field == 1 && type == 0) {  // unpacked
@@ -291,6 +340,57 @@ bool example_int64(std::span<const std::byte> example, std::string_view name, in
     list.skip(type);
   }
   throw DecodeError(path, "feature '" + std::string(name) + "' holds no int64 value");
+}
+
+bool example_values(std::span<const std::byte> example, std::string_view name, uint64_t max_bytes,
+                    std::vector<std::byte>& buffer, std::span<const std::byte>& values,
+                    std::string_view& dtype, const std::string& path) {
+  ListKind kind;
+  std::span<const std::byte> list;
+  if (!find_data(example, name, kind, list, path)) return false;
+  if (kind == kBytesList) {
+    values = first_bytes(list, name, path);
+    dtype = "|u1";
+    return true;
+  }
+  // Counted first, so that the buffer is sized once and bounded before it grows.
+  uint64_t count = 0;
+  each_value(list, kind, path, [&](uint64_t) { ++count; });
+  const size_t item = kind == kFloatList ? 4 : 8;
+  if (count > max_bytes / item) {
+    throw DecodeError(path, "feature '" + std::string(name) + "' holds " + std::to_string(count) +
+                                " values, more than max_sample_bytes (" +
+                                std::to_string(max_bytes) + " bytes)");
+  }
+  const auto bytes = static_cast<size_t>(count * item);
+  if (buffer.size() < bytes) buffer.resize(bytes);
+  std::byte* out = buffer.data();
+  // Little-endian on a little-endian host (as the catalog format requires): stored as they are.
+  each_value(list, kind, path, [&](uint64_t bits) {
+    if (item == 4) {
+      const auto v = static_cast<uint32_t>(bits);
+      std::memcpy(out, &v, 4);
+    } else {
+      std::memcpy(out, &bits, 8);
+    }
+    out += item;
+  });
+  values = std::span<const std::byte>(buffer.data(), bytes);
+  dtype = kind == kFloatList ? "<f4" : "<i8";
+  return true;
+}
+
+bool example_has_data(std::span<const std::byte> example, std::string_view name,
+                      const std::string& path) {
+  ListKind kind;
+  std::span<const std::byte> list;
+  if (!find_data(example, name, kind, list, path)) return false;
+  if (kind == kBytesList) {
+    first_bytes(list, name, path);
+  } else {
+    each_value(list, kind, path, [](uint64_t) {});
+  }
+  return true;
 }
 
 }  // namespace prestage::detail

@@ -8,6 +8,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "util/crc32c.hpp"
 
@@ -50,5 +51,17 @@ bool example_bytes(std::span<const std::byte> example, std::string_view name,
                    std::span<const std::byte>& value, const std::string& path);
 bool example_int64(std::span<const std::byte> example, std::string_view name, int64_t& value,
                    const std::string& path);
+
+// The values of data feature `name`, whatever its kind: a bytes_list's first value (`dtype` "|u1",
+// `values` inside `example`), or a float_list's or int64_list's values, packed or not, in order,
+// as little-endian float32 ("<f4") or int64 ("<i8") written into `buffer` (grown, never shrunk;
+// more than `max_bytes` of them is a DecodeError). Returns false and throws as the accessors above.
+bool example_values(std::span<const std::byte> example, std::string_view name, uint64_t max_bytes,
+                    std::vector<std::byte>& buffer, std::span<const std::byte>& values,
+                    std::string_view& dtype, const std::string& path);
+// Whether the Example has data feature `name` that example_values can read (without copying its
+// values); throws as the accessors above.
+bool example_has_data(std::span<const std::byte> example, std::string_view name,
+                      const std::string& path);
 
 }  // namespace prestage::detail

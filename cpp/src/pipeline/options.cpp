@@ -1,5 +1,6 @@
 #include <string>
 
+#include "decode/array.hpp"
 #include "prestage/error.hpp"
 #include "prestage/options.hpp"
 
@@ -12,6 +13,49 @@ void at_least(const char* name, uint64_t value, uint64_t minimum) {
                       std::to_string(value));
   }
 }
+
+// raw_dtype and raw_shape: a type string the decoder knows and a shape that can be fitted to a
+// sample (at most one -1, no other negative, not larger than max_sample_bytes).
+void validate_raw_array(const LoaderOptions& o) {
+  if (o.raw_dtype.empty()) {
+    if (o.raw_shape) throw ConfigError("raw_shape needs a raw_dtype (the type of its items)");
+    return;
+  }
+  if (o.decode != DecodeMode::kRaw) {
+    throw ConfigError("raw_dtype and raw_shape apply to decode=raw only");
+  }
+  std::string why;
+  const uint64_t item = detail::dtype_item_size(o.raw_dtype, why);
+  if (item == 0) throw ConfigError("raw_dtype '" + o.raw_dtype + "' is not supported: " + why);
+  if (!o.raw_shape) return;
+  const auto& shape = *o.raw_shape;
+  if (shape.size() > detail::kMaxDims) {
+    throw ConfigError("raw_shape has " + std::to_string(shape.size()) + " dimensions, more than " +
+                      std::to_string(detail::kMaxDims));
+  }
+  bool inferred = false;
+  uint64_t bytes = item;
+  for (const int64_t d : shape) {
+    if (d == -1 && !inferred) {
+      inferred = true;
+      continue;
+    }
+    if (d < 0) {
+      throw ConfigError("raw_shape takes sizes of at least 0 and at most one -1, got " +
+                        std::to_string(d) + (d == -1 ? " twice" : ""));
+    }
+    const auto n = static_cast<uint64_t>(d);
+    if (n != 0 && bytes > o.max_sample_bytes / n) {
+      throw ConfigError("raw_shape describes samples larger than max_sample_bytes (" +
+                        std::to_string(o.max_sample_bytes) + ")");
+    }
+    bytes *= n;
+  }
+  if (inferred && bytes == 0) {
+    throw ConfigError("raw_shape cannot infer its -1 beside a dimension of size 0");
+  }
+}
+
 }  // namespace
 
 void LoaderOptions::validate() const {
@@ -57,6 +101,7 @@ void LoaderOptions::validate() const {
     }
   }
   at_least("max_sample_bytes", max_sample_bytes, 1);
+  validate_raw_array(*this);
   if (on_error != OnError::kRaise && on_error != OnError::kSkip) {
     throw ConfigError("on_error must be raise or skip, got " +
                       std::to_string(static_cast<int>(on_error)));
