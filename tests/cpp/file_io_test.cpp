@@ -122,6 +122,36 @@ TEST_CASE("file io: a file too short for its range or size is an IoError, nothin
   CHECK(err != 0);
 }
 
+TEST_CASE("file io: an open file serves every read from the file it opened, with or without a limit") {
+  TempDir dir;
+  const std::string path = (dir / "held").string();
+  write(path, "0123456789");
+  for (const int limit_ms : {0, 5000}) {
+    CAPTURE(limit_ms);
+    const io::IoTimeoutScope limit{std::chrono::milliseconds(limit_ms)};
+    const io::OpenFile file(path);
+    CHECK(file.size() == 10);
+    // The name now leads elsewhere: the reads still see the file that was opened.
+    std::filesystem::rename(path, (dir / "moved").string());
+    write(path, "other");
+    std::vector<std::byte> out(4);
+    file.read(2, out);
+    CHECK(text(out) == "2345");
+    file.read(6, out);
+    CHECK(text(out) == "6789");
+    file.read(10, std::span<std::byte>());
+    CHECK(io_errno(path, [&] { file.read(8, out); }) == EIO);  // past its end
+    // Cut short while open: a read of what is gone fails, naming the file.
+    std::filesystem::resize_file(dir / "moved", 5);
+    CHECK(io_errno(path, [&] { file.read(4, out); }) == EIO);
+    std::filesystem::remove(dir / "moved");
+    write(path, "0123456789");
+  }
+  CHECK(io_errno(dir.path().string(), [&] { io::OpenFile{dir.path().string()}; }) == EISDIR);
+  CHECK(io_errno((dir / "missing").string(), [&] { io::OpenFile{(dir / "missing").string()}; }) ==
+        ENOENT);
+}
+
 TEST_CASE("file io: a directory or an unreadable file is an IoError with its errno") {
   TempDir dir;
   const std::string sub = (dir / "sub").string();

@@ -303,3 +303,26 @@ def test_prestage_catalog_saves_slices_the_loaders_take(tmp_path, capsys):
     assert main(["catalog", str(src), str(tmp_path / "bad"), "--axis", "5", "--member", "x",
                  "--quiet"]) == 2
     assert "no axis 5" in capsys.readouterr().err
+
+
+def test_the_source_is_opened_once_per_read_step_or_once_per_file_when_staged(tmp_path, pfs):
+    # On the emulated parallel file system, where opens are metadata operations: without a stage
+    # directory a sample costs one open to read its headers and one to read its slice (however many
+    # reads each takes: the zip directory, the member's header); with one, each file is opened once.
+    src = tmp_path / "src"
+    src.mkdir()
+    for f in range(4):
+        np.savez(src / f"{f}.npz", x=np.full((8, 8, 16), f, np.uint8), y=np.arange(16))
+    emulator = pfs(src)
+    files = [emulator.mountpoint / f"{f}.npz" for f in range(4)]
+    cat = prestage.Catalog.from_arrays(files, axis=-1, member="x", labels="y")
+    for stage in (None, tmp_path / "stage"):
+        before = emulator.stats()["ops"]["open"]
+        with prestage.Loader(cat, batch_size=8, depth=2, stage_dir=stage and str(stage)) as loader:
+            assert sum(len(b) for b in loader) == 64
+        opens = emulator.stats()["ops"]["open"] - before
+        if stage is None:
+            # The loader may have started the next epoch's first batches (depth 2) before it closed.
+            assert 2 * 64 <= opens <= 2 * (64 + 2 * 8), opens
+        else:
+            assert opens == 4

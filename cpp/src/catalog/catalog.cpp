@@ -771,8 +771,8 @@ Catalog Catalog::from_arrays(const std::vector<fs::path>& files, int64_t axis,
   for (size_t f = 0; f < files.size(); ++f) {
     const std::string path = (root / relative[f]).string();
     const detail::FileRef file(path);
-    const uint64_t size = detail::file_size(file);
-    const detail::FileSource source(file, 0, size, path);
+    const detail::FileSource source(file, 0, kWholeFile, path);  // one open for all its reads
+    const uint64_t size = source.size();
     std::byte magic[8] = {};
     const size_t magic_len = static_cast<size_t>(std::min<uint64_t>(sizeof(magic), size));
     source.read(0, std::span(magic, magic_len));

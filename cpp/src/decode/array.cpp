@@ -176,12 +176,26 @@ void MemorySource::read(uint64_t offset, std::span<std::byte> out) const {
   if (!out.empty()) std::memcpy(out.data(), bytes_.data() + offset, out.size());
 }
 
-void FileSource::read(uint64_t offset, std::span<std::byte> out) const {
-  if (offset > length_ || out.size() > length_ - offset) {
-    throw DecodeError(path_, "truncated: needs " + std::to_string(offset + out.size()) +
-                                 " bytes, has " + std::to_string(length_));
+const OpenFile& FileSource::open() const {
+  if (!open_) {
+    open_.emplace(file_);
+    if (length_ == ~uint64_t{0}) length_ = open_->size() - std::min<uint64_t>(offset_, open_->size());
   }
-  read_range(file_, offset_ + offset, out);
+  return *open_;
+}
+
+uint64_t FileSource::size() const {
+  if (length_ == ~uint64_t{0}) open();
+  return length_;
+}
+
+void FileSource::read(uint64_t offset, std::span<std::byte> out) const {
+  const uint64_t length = size();
+  if (offset > length || out.size() > length - offset) {
+    throw DecodeError(path_, "truncated: needs " + std::to_string(offset + out.size()) +
+                                 " bytes, has " + std::to_string(length));
+  }
+  open().read(offset_ + offset, out);
 }
 
 std::span<const std::byte> read_span(const ByteSource& source, uint64_t offset, uint64_t length,

@@ -81,23 +81,24 @@ class MemorySource final : public ByteSource {
   const std::string& path_;
 };
 
-// `length` bytes at `offset` of the file `file` (read with pread, opened per read); errors name
-// `path` (the catalog's source path, whichever copy is read).
+// `length` bytes at `offset` of the file `file` (Catalog::kWholeFile: all of it), opened at the
+// first look (size() or read()) and held open for every read after it: a sample's headers and
+// data cost one open. Errors name `path` (the catalog's source path, whichever copy is read).
 class FileSource final : public ByteSource {
  public:
   FileSource(const FileRef& file, uint64_t offset, uint64_t length, const std::string& path)
       : file_(file), offset_(offset), length_(length), path_(path) {}
-  uint64_t size() const override { return length_; }
+  uint64_t size() const override;
   void read(uint64_t offset, std::span<std::byte> out) const override;
   const std::string& path() const override { return path_; }
-  const FileRef& file() const { return file_; }
-  uint64_t offset() const { return offset_; }
 
  private:
+  const OpenFile& open() const;
   FileRef file_;
   uint64_t offset_;
-  uint64_t length_;
+  mutable uint64_t length_;
   const std::string& path_;
+  mutable std::optional<OpenFile> open_;
 };
 
 // The bytes of `source` from `offset` to the end (or `length` of them) as one span: `source`'s own

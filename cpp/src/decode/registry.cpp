@@ -117,13 +117,14 @@ SampleDecoder::SampleDecoder(const Codec& codec) : jpeg(codec.max_pixels), codec
 
 const ByteSource& SampleDecoder::payload(const SampleLocation& where) {
   const Catalog::Locator& loc = where.locator;
-  const uint64_t length = loc.length == Catalog::kWholeFile ? file_size(where.file) : loc.length;
   payload_dtype_ = "|u1";
   if (codec_.kind != Catalog::Kind::kTfrecord) {
-    file_source_.emplace(where.file, loc.length == Catalog::kWholeFile ? 0 : loc.offset, length,
-                         where.path);
+    // A whole file (a slice's file too: the locator's offset is the slice's index) or a range.
+    const bool whole = loc.length == Catalog::kWholeFile;
+    file_source_.emplace(where.file, whole ? 0 : loc.offset, loc.length, where.path);
     return *file_source_;
   }
+  const uint64_t length = loc.length;
   if (length > codec_.max_bytes + kFramingBytes) {
     throw DecodeError(where.path, "TFRecord record of " + std::to_string(length) +
                                       " bytes exceeds max_sample_bytes");

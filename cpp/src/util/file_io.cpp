@@ -168,10 +168,10 @@ size_t read_file_now(const FileRef& file, std::vector<std::byte>& buffer, int64_
   return size;
 }
 
-void read_range_now(const FileRef& file, uint64_t offset, std::span<std::byte> out) {
-  const std::string& path = file.path();
-  Fd fd = open_for_reading(file);
-  const size_t size = regular_file_size(path, fd.get());
+// Reads out.size() bytes at `offset` of the open file `fd` of `size` bytes (as the catalog or an
+// earlier look saw it).
+void pread_range(const std::string& path, int fd, size_t size, uint64_t offset,
+                 std::span<std::byte> out) {
   const size_t length = out.size();
   if (offset > size || length > size - offset) {
     throw IoError(path, EIO,
@@ -184,7 +184,7 @@ void read_range_now(const FileRef& file, uint64_t offset, std::span<std::byte> o
   }
   size_t done = 0;
   while (done < length) {
-    const ssize_t n = ::pread(fd.get(), out.data() + done, length - done,
+    const ssize_t n = ::pread(fd, out.data() + done, length - done,
                               static_cast<off_t>(offset + done));
     if (n < 0) {
       if (errno == EINTR) continue;
@@ -193,6 +193,11 @@ void read_range_now(const FileRef& file, uint64_t offset, std::span<std::byte> o
     if (n == 0) fail_shrank(path, offset, done, length);
     done += static_cast<size_t>(n);
   }
+}
+
+void read_range_now(const FileRef& file, uint64_t offset, std::span<std::byte> out) {
+  Fd fd = open_for_reading(file);
+  pread_range(file.path(), fd.get(), regular_file_size(file.path(), fd.get()), offset, out);
 }
 
 FileStat file_stat_now(const FileRef& file) {
@@ -397,6 +402,49 @@ FileStat file_stat(const FileRef& file) {
 }
 
 size_t file_size(const FileRef& file) { return static_cast<size_t>(file_stat(file).size); }
+
+// Shared with the reads on helper threads (io_timeout), which may outlive the OpenFile.
+struct OpenFile::State {
+  std::string path;
+  Fd fd;
+  size_t size = 0;
+  State(std::string p, Fd f) : path(std::move(p)), fd(std::move(f)) {
+    size = regular_file_size(path, fd.get());
+  }
+};
+
+OpenFile::OpenFile(const FileRef& file) {
+  const auto open = [](const FileRef& f) { return std::make_shared<State>(f.path(), open_for_reading(f)); };
+  const auto timeout = io_timeout();
+  if (timeout.count() == 0) {
+    state_ = open(file);
+    return;
+  }
+  state_ = DeadlineThreads::instance().run<std::shared_ptr<State>>(
+      file.path(), timeout, [owned = OwnedFileRef(file), open] { return open(owned.ref()); });
+}
+
+OpenFile::~OpenFile() = default;
+OpenFile::OpenFile(OpenFile&&) noexcept = default;
+OpenFile& OpenFile::operator=(OpenFile&&) noexcept = default;
+
+uint64_t OpenFile::size() const noexcept { return state_->size; }
+
+void OpenFile::read(uint64_t offset, std::span<std::byte> out) const {
+  const auto timeout = io_timeout();
+  if (timeout.count() == 0) {
+    pread_range(state_->path, state_->fd.get(), state_->size, offset, out);
+    return;
+  }
+  const size_t length = out.size();
+  auto bytes = DeadlineThreads::instance().run<std::vector<std::byte>>(
+      state_->path, timeout, [state = state_, offset, length] {
+        std::vector<std::byte> b(length);
+        pread_range(state->path, state->fd.get(), state->size, offset, b);
+        return b;
+      });
+  std::memcpy(out.data(), bytes.data(), length);
+}
 
 void read_file_exact(const FileRef& file, std::span<std::byte> out) {
   const auto timeout = io_timeout();

@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <span>
 #include <string>
 #include <vector>
@@ -97,6 +98,29 @@ size_t read_file(const FileRef& file, std::vector<std::byte>& buffer, int64_t* m
 // Reads out.size() bytes at `offset` of a regular file into `out`. A file too short for the range is
 // an IoError.
 void read_range(const FileRef& file, uint64_t offset, std::span<std::byte> out);
+
+// A regular file held open for several reads (a sample's headers, then its data): one open and
+// one stat in all, where the functions below cost one of each per read, and a parallel file system
+// counts both as metadata operations. Reads see the file that was opened, whatever happens to its
+// name since, and obey the io_timeout of the thread that makes them, as the functions below do.
+// Not thread-safe; the file is closed when the OpenFile is destroyed (or, after a read that timed
+// out, when that read returns).
+class OpenFile {
+ public:
+  explicit OpenFile(const FileRef& file);  // IoError if it cannot be opened or is not a regular file
+  ~OpenFile();
+  OpenFile(OpenFile&&) noexcept;
+  OpenFile& operator=(OpenFile&&) noexcept;
+  uint64_t size() const noexcept;  // when it was opened
+  // Reads out.size() bytes at `offset`; a range past size() or a file that became shorter is an
+  // IoError (EIO), as read_range says.
+  void read(uint64_t offset, std::span<std::byte> out) const;
+
+  struct State;
+
+ private:
+  std::shared_ptr<State> state_;
+};
 
 // The size of a regular file (one stat; confined, one open).
 size_t file_size(const FileRef& file);
