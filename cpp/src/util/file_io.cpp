@@ -391,7 +391,7 @@ void read_range(const FileRef& file, uint64_t offset, std::span<std::byte> out) 
         read_range_now(owned.ref(), offset, b);
         return b;
       });
-  std::memcpy(out.data(), bytes.data(), length);
+  if (length != 0) std::memcpy(out.data(), bytes.data(), length);
 }
 
 FileStat file_stat(const FileRef& file) {
@@ -443,7 +443,7 @@ void OpenFile::read(uint64_t offset, std::span<std::byte> out) const {
         pread_range(state->path, state->fd.get(), state->size, offset, b);
         return b;
       });
-  std::memcpy(out.data(), bytes.data(), length);
+  if (length != 0) std::memcpy(out.data(), bytes.data(), length);
 }
 
 void read_file_exact(const FileRef& file, std::span<std::byte> out) {
@@ -456,7 +456,7 @@ void read_file_exact(const FileRef& file, std::span<std::byte> out) {
         read_file_exact_now(owned.ref(), b);
         return b;
       });
-  std::memcpy(out.data(), bytes.data(), length);
+  if (length != 0) std::memcpy(out.data(), bytes.data(), length);
 }
 
 void read_located(const FileRef& file, const Catalog::Locator& loc,
