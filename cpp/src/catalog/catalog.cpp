@@ -773,10 +773,8 @@ Catalog Catalog::from_arrays(const std::vector<fs::path>& files, int64_t axis,
     const detail::FileRef file(path);
     const detail::FileSource source(file, 0, kWholeFile, path);  // one open for all its reads
     const uint64_t size = source.size();
-    std::byte magic[8] = {};
-    const size_t magic_len = static_cast<size_t>(std::min<uint64_t>(sizeof(magic), size));
-    source.read(0, std::span(magic, magic_len));
-    const std::span<const std::byte> head(magic, magic_len);
+    std::array<std::byte, 8> magic;
+    const std::span<const std::byte> head = detail::read_magic(source, magic);
     detail::ArrayInfo whole;
     if (detail::is_npy(head)) {
       if (!member.empty() || !labels_member.empty()) {

@@ -1,5 +1,6 @@
 #include "decode/array.hpp"
 
+#include <algorithm>
 #include <cstring>
 #include <string>
 
@@ -196,6 +197,13 @@ void FileSource::read(uint64_t offset, std::span<std::byte> out) const {
                                  " bytes, has " + std::to_string(length));
   }
   open().read(offset_ + offset, out);
+}
+
+std::span<const std::byte> read_magic(const ByteSource& source, std::array<std::byte, 8>& buffer) {
+  const auto head = std::span(buffer).first(
+      static_cast<size_t>(std::min<uint64_t>(buffer.size(), source.size())));
+  source.read(0, head);
+  return head;
 }
 
 std::span<const std::byte> read_span(const ByteSource& source, uint64_t offset, uint64_t length,

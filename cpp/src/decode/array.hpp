@@ -106,6 +106,10 @@ class FileSource final : public ByteSource {
 std::span<const std::byte> read_span(const ByteSource& source, uint64_t offset, uint64_t length,
                                      std::vector<std::byte>& buffer);
 
+// The first bytes of `source` (up to buffer's 8), which tell its format (.npy, zip, zstd), read
+// into `buffer`.
+std::span<const std::byte> read_magic(const ByteSource& source, std::array<std::byte, 8>& buffer);
+
 // Writes slice `index` along `axis` of the array `whole` (laid out as whole.fortran says) whose
 // data start at byte `data_offset` of `source` into `out` (C order, slice_info's bytes). The
 // slice's contiguous runs are read one by one when they are large (or the slice is one run), else

@@ -188,10 +188,8 @@ void SampleDecoder::probe(const SampleLocation& where, ArrayProbe& probe) {
     return;
   }
   const bool npz = codec_.mode == DecodeMode::kNpz;
-  std::byte magic[8] = {};
-  const size_t magic_len = static_cast<size_t>(std::min<uint64_t>(sizeof(magic), source.size()));
-  source.read(0, std::span(magic, magic_len));
-  const std::span<const std::byte> head(magic, magic_len);
+  std::array<std::byte, 8> magic;
+  const std::span<const std::byte> head = read_magic(source, magic);
   if (is_zstd_frame(head)) {
     const auto packed = read_span(source, 0, source.size(), packed_);
     if (npz) {
@@ -237,10 +235,8 @@ void SampleDecoder::probe(const SampleLocation& where, ArrayProbe& probe) {
 
 void SampleDecoder::probe_slice(const SampleLocation& where, ArrayProbe& probe) {
   const ByteSource& source = payload(where);
-  std::byte magic[8] = {};
-  const size_t magic_len = static_cast<size_t>(std::min<uint64_t>(sizeof(magic), source.size()));
-  source.read(0, std::span(magic, magic_len));
-  const std::span<const std::byte> head(magic, magic_len);
+  std::array<std::byte, 8> magic;
+  const std::span<const std::byte> head = read_magic(source, magic);
   ArrayInfo& whole = probe.whole;
   // The whole array is bounded by the file that holds it, not by max_sample_bytes: only the slice
   // is decoded (but a deflated member is inflated whole).
