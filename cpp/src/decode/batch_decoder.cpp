@@ -82,12 +82,18 @@ class BatchDecoder::Run {
     if (!lay_out()) return;
     each([&](size_t i) { fill(i, static_cast<uint64_t>(slot_.indices[i])); },
          [&](size_t i, uint64_t id) {
-           // The batch is laid out: a replacement must fit the failed sample's place.
+           // The batch is laid out: a replacement must fit the failed sample's place, which a
+           // candidate refused must not change for the next one.
            const ArrayInfo place = s_.probes[i].info;
-           size(i, id);
-           if (!s_.probes[i].info.same_layout(place)) {
-             throw DecodeError(d_.tiers_.catalog().source_path(id).string(),
-                               "its type or shape differs from the failed sample's");
+           try {
+             size(i, id);
+             if (!s_.probes[i].info.same_layout(place)) {
+               throw DecodeError(d_.tiers_.catalog().source_path(id).string(),
+                                 "its type or shape differs from the failed sample's");
+             }
+           } catch (...) {
+             s_.probes[i].info = place;
+             throw;
            }
            fill(i, id);
          });
