@@ -81,11 +81,15 @@ cat = prestage.Catalog.from_folder(root)
 print(json.dumps({"prestage": prestage.__version__, "module": prestage.__file__}), flush=True)
 for line in sys.stdin:
     with prestage.Loader(cat, batch_size=batch, readers=readers, seed=0, **path) as loader:
-        start, cpu, n = time.perf_counter(), time.process_time(), 0
-        for b in loader:
+        start, cpu, n, warm = time.perf_counter(), time.process_time(), 0, None
+        for k, b in enumerate(loader):
             n += len(b)
-        print(json.dumps({"rate": n / (time.perf_counter() - start),
-                          "cpu_rate": n / (time.process_time() - cpu)}), flush=True)
+            if k + 1 == loader.options.depth:
+                warm = (time.perf_counter(), time.process_time(), n)
+        end, cpu_end = time.perf_counter(), time.process_time()
+        print(json.dumps({"rate": n / (end - start), "cpu_rate": n / (cpu_end - cpu),
+                          "warm_rate": (n - warm[2]) / (end - warm[0]),
+                          "warm_cpu_rate": (n - warm[2]) / (cpu_end - warm[1])}), flush=True)
 """
 
 
@@ -108,15 +112,21 @@ class Contender:
         self.proc.wait()
 
 
-def epoch_rate(loader, cpu: list | None = None) -> float:
+def epoch_rate(loader, cpu: list | None = None, warm: list | None = None) -> float:
     """Images/s of one epoch; appends images per CPU-second of this process (all its threads) to
-    `cpu` if given."""
-    start, cpu_start, n = time.perf_counter(), time.process_time(), 0
-    for batch in loader:
+    `cpu` if given, and to `warm` (images/s, images per CPU-second) after the first `depth` batches:
+    once every batch buffer has been used (without image_size the first batches allocate them)."""
+    start, cpu_start, n, warm_at = time.perf_counter(), time.process_time(), 0, None
+    for k, batch in enumerate(loader):
         n += len(batch)
+        if k + 1 == loader.options.depth:
+            warm_at = (time.perf_counter(), time.process_time(), n)
+    end, cpu_end = time.perf_counter(), time.process_time()
     if cpu is not None:
-        cpu.append(n / (time.process_time() - cpu_start))
-    return n / (time.perf_counter() - start)
+        cpu.append(n / (cpu_end - cpu_start))
+    if warm is not None:
+        warm.append(((n - warm_at[2]) / (end - warm_at[0]), (n - warm_at[2]) / (cpu_end - warm_at[1])))
+    return n / (end - start)
 
 
 def median_rate(make_loader, runs: int) -> dict:
@@ -278,13 +288,14 @@ def main() -> int:
     if args.baseline:
         env = {**os.environ, "PYTHONPATH": str(Path(args.baseline).resolve())}
         baseline = Contender(sys.executable, BASELINE_SCRIPT, contender_args, env)
-        results["baseline"] = {**baseline.hello, "runs": [], "per_cpu_second_runs": []}
+        results["baseline"] = {**baseline.hello, "runs": [], "per_cpu_second_runs": [], "warm_runs": []}
     rrc, rrc_cpu, limit, limit_cpu, limit_together, torch_cpu, load = [], [], [], [], [], [], [os.getloadavg()[0]]
+    rrc_warm: list = []
     # A new loader per run (see median_rate), so that no run starts with batches decoded while the
     # other contender ran.
-    def rrc_epoch(cpu: list | None = None) -> float:
+    def rrc_epoch(cpu: list | None = None, warm: list | None = None) -> float:
         with prestage.Loader(cat, **timed) as loader:
-            return epoch_rate(loader, cpu)
+            return epoch_rate(loader, cpu, warm)
 
     rrc_epoch()  # warm-up: page cache
     for contender in (torch, baseline):
@@ -294,12 +305,13 @@ def main() -> int:
         run = baseline.epoch()
         results["baseline"]["runs"].append(run["rate"])
         results["baseline"]["per_cpu_second_runs"].append(run["cpu_rate"])
+        results["baseline"]["warm_runs"].append((run["warm_rate"], run["warm_cpu_rate"]))
 
     for k in range(args.runs):
         # The baseline goes first in every other round: neither build always runs after the other.
         if baseline and k % 2:
             baseline_epoch()
-        rrc.append(rrc_epoch(rrc_cpu))
+        rrc.append(rrc_epoch(rrc_cpu, rrc_warm))
         if torch:
             run = torch.epoch()
             results["pytorch_dataloader"]["runs"].append(run["rate"])
@@ -322,13 +334,20 @@ def main() -> int:
         b["ratio"] = statistics.median(b["ratio_rounds"])
         b["ratio_per_cpu_second"] = statistics.median(
             [a / r for a, r in zip(rrc_cpu, b["per_cpu_second_runs"])])
+        # After the first `depth` batches of each epoch: every batch buffer allocated.
+        b["warm_median"] = statistics.median(r for r, _ in b["warm_runs"])
+        b["ratio_warm_rounds"] = [a[0] / r[0] for a, r in zip(rrc_warm, b["warm_runs"])]
+        b["ratio_warm"] = statistics.median(b["ratio_warm_rounds"])
+        b["ratio_warm_per_cpu_second"] = statistics.median(
+            [a[1] / r[1] for a, r in zip(rrc_warm, b["warm_runs"])])
     if torch:
         torch.close()
         results["pytorch_dataloader"]["median"] = statistics.median(results["pytorch_dataloader"]["runs"])
         results["pytorch_dataloader"]["per_cpu_second"] = statistics.median(torch_cpu)
         results["pytorch_dataloader"]["per_cpu_second_runs"] = torch_cpu
     results["random_resized_crop"] = {"median": statistics.median(rrc), "runs": rrc,
-                                      "per_cpu_second": statistics.median(rrc_cpu), "per_cpu_second_runs": rrc_cpu}
+                                      "per_cpu_second": statistics.median(rrc_cpu), "per_cpu_second_runs": rrc_cpu,
+                                      "warm": statistics.median(r for r, _ in rrc_warm), "warm_runs": rrc_warm}
     if limit:
         per_core = statistics.median(limit)
         results["tjbench_decode_only"] = {"images": len(sample), "benchtime": args.tjbench_time,
