@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 import os
-from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, List, Optional, Tuple, Union
+from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, List, Mapping, Optional, Tuple, Union
 
 import numpy as np
 import tensorflow as tf
@@ -175,7 +175,7 @@ def _first_sample(catalog: _core.Catalog, **options: Any) -> Tuple[np.dtype, Tup
 _FIRST_IMAGE_OPTIONS = ("max_pixels", "on_error", "io_timeout")
 
 
-def _image_spec(catalog: _core.Catalog, loader: Loader, options: Dict[str, Any], n: Optional[int],
+def _image_spec(catalog: _core.Catalog, loader: Loader, options: Mapping[str, object], n: Optional[int],
                 ragged: bool) -> Tuple[Any, Callable[[_core.Batch], Any]]:
     """The element spec of a batch of images, and the function that copies a batch into it."""
     o = loader.options
