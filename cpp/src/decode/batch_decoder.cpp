@@ -285,7 +285,7 @@ class BatchDecoder::Run {
     }
     if (!direct) {
       convert_image(r.image.data(), static_cast<int>(size.height), static_cast<int>(size.width),
-                    o.layout, o.dtype, *d_.normalizer_, place.data());
+                    o.layout, o.dtype, d_.normalizer_, place.data());
     }
   }
 
