@@ -8,6 +8,8 @@ median of ``--runs`` timed runs after one warm-up run; the JSON goes to ``--json
 
 ``--baseline DIR`` times another build of prestage (installed with ``pip install --target DIR``, e.g.
 an earlier commit) on the training path in the same rounds: before and after a change, in one run.
+``--unresized`` times the path without ``image_size`` instead (full decode, no resize), on the set's
+images all brought to 500x375 first (one size: one array per batch), here and in the baseline.
 """
 
 from __future__ import annotations
@@ -74,16 +76,20 @@ BASELINE_SCRIPT = r"""
 import json, sys, time
 import prestage
 root, readers, batch = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+path = {"transform": "random-resized-crop", "image_size": (224, 224)} if sys.argv[4] == "rrc" else {}
 cat = prestage.Catalog.from_folder(root)
 print(json.dumps({"prestage": prestage.__version__, "module": prestage.__file__}), flush=True)
 for line in sys.stdin:
-    with prestage.Loader(cat, transform="random-resized-crop", batch_size=batch, image_size=(224, 224),
-                         readers=readers, seed=0) as loader:
-        start, cpu, n = time.perf_counter(), time.process_time(), 0
-        for b in loader:
+    with prestage.Loader(cat, batch_size=batch, readers=readers, seed=0, **path) as loader:
+        start, cpu, n, warm = time.perf_counter(), time.process_time(), 0, None
+        for k, b in enumerate(loader):
             n += len(b)
-        print(json.dumps({"rate": n / (time.perf_counter() - start),
-                          "cpu_rate": n / (time.process_time() - cpu)}), flush=True)
+            if k + 1 == loader.options.depth:
+                warm = (time.perf_counter(), time.process_time(), n)
+        end, cpu_end = time.perf_counter(), time.process_time()
+        print(json.dumps({"rate": n / (end - start), "cpu_rate": n / (cpu_end - cpu),
+                          "warm_rate": (n - warm[2]) / (end - warm[0]),
+                          "warm_cpu_rate": (n - warm[2]) / (cpu_end - warm[1])}), flush=True)
 """
 
 
@@ -106,15 +112,21 @@ class Contender:
         self.proc.wait()
 
 
-def epoch_rate(loader, cpu: list | None = None) -> float:
+def epoch_rate(loader, cpu: list | None = None, warm: list | None = None) -> float:
     """Images/s of one epoch; appends images per CPU-second of this process (all its threads) to
-    `cpu` if given."""
-    start, cpu_start, n = time.perf_counter(), time.process_time(), 0
-    for batch in loader:
+    `cpu` if given, and to `warm` (images/s, images per CPU-second) after the first `depth` batches:
+    once every batch buffer has been used (without image_size the first batches allocate them)."""
+    start, cpu_start, n, warm_at = time.perf_counter(), time.process_time(), 0, None
+    for k, batch in enumerate(loader):
         n += len(batch)
+        if k + 1 == loader.options.depth:
+            warm_at = (time.perf_counter(), time.process_time(), n)
+    end, cpu_end = time.perf_counter(), time.process_time()
     if cpu is not None:
-        cpu.append(n / (time.process_time() - cpu_start))
-    return n / (time.perf_counter() - start)
+        cpu.append(n / (cpu_end - cpu_start))
+    if warm is not None:
+        warm.append(((n - warm_at[2]) / (end - warm_at[0]), (n - warm_at[2]) / (cpu_end - warm_at[1])))
+    return n / (end - start)
 
 
 def median_rate(make_loader, runs: int) -> dict:
@@ -198,6 +210,22 @@ def hdf5_cost(work: Path, runs: int) -> dict:
     return result
 
 
+def one_size(src: Path, out: Path, size: tuple[int, int] = (500, 375)) -> Path:
+    """The images of `src` resized to `size` (width, height) and saved again (quality 90) under `out`,
+    in the same class folders; made once."""
+    from PIL import Image
+
+    if (out / ".done").exists():
+        return out
+    for path in sorted(src.rglob("*.jpg")):
+        target = out / path.relative_to(src)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        with Image.open(path) as im:
+            im.convert("RGB").resize(size).save(target, quality=90)
+    (out / ".done").touch()
+    return out
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--images", type=int, default=2000)
@@ -214,19 +242,27 @@ def main() -> int:
     parser.add_argument("--baseline", default=None,
                         help="a folder holding another build of prestage (pip install --target): timed "
                              "on the training path in the same rounds")
+    parser.add_argument("--unresized", action="store_true",
+                        help="time the path without image_size (full decode) on the images brought to "
+                             "one size, instead of the random-resized-crop training path")
     parser.add_argument("--json", default=None, help="write the results here (default: stdout)")
     args = parser.parse_args()
+    if args.unresized and args.torch_python:
+        parser.error("--torch-python times the random-resized-crop path: not with --unresized")
 
     work = Path(args.data or tempfile.mkdtemp(prefix="prestage-decode-bench-"))
     images = work / "imagenet-like"
     subprocess.run([sys.executable, "-m", "prestage", "synth", str(images), "--images", str(args.images),
                     "--classes", "10", "--seed", "0", "--quiet"], check=True)
+    if args.unresized:
+        images = one_size(images, work / "one-size")
     cat = prestage.Catalog.from_folder(images)
     results = {
         "machine": {"cpus": os.cpu_count(), "processor": platform.processor() or platform.machine(),
                     "python": platform.python_version(), "prestage": prestage.__version__},
         "set": {"images": len(cat), "bytes": sum(cat.source_path(i).stat().st_size for i in range(len(cat)))},
         "readers": args.readers, "batch_size": args.batch_size, "runs": args.runs,
+        "timed_path": "unresized" if args.unresized else "random-resized-crop",
     }
     common = dict(batch_size=args.batch_size, image_size=(224, 224), readers=args.readers, seed=0)
     results["center_crop"] = median_rate(lambda: prestage.Loader(cat, **common), args.runs)
@@ -239,7 +275,11 @@ def main() -> int:
     by_size = sorted(range(len(cat)), key=lambda i: (cat.source_path(i).stat().st_size, i))
     n = args.tjbench_images if 0 < args.tjbench_images < len(cat) else len(cat)
     sample = [cat.source_path(by_size[(2 * k + 1) * len(cat) // (2 * n)]) for k in range(n)]
-    contender_args = [str(images), str(args.readers), str(args.batch_size)]
+    contender_args = [str(images), str(args.readers), str(args.batch_size),
+                      "unresized" if args.unresized else "rrc"]
+    # The path timed against the contenders (results under "random_resized_crop", whichever it is).
+    timed = ({**common, "image_size": None} if args.unresized
+             else {**common, "transform": "random-resized-crop"})
     torch = baseline = None
     if args.torch_python:
         torch = Contender(args.torch_python, TORCH_SCRIPT, contender_args)
@@ -248,13 +288,14 @@ def main() -> int:
     if args.baseline:
         env = {**os.environ, "PYTHONPATH": str(Path(args.baseline).resolve())}
         baseline = Contender(sys.executable, BASELINE_SCRIPT, contender_args, env)
-        results["baseline"] = {**baseline.hello, "runs": [], "per_cpu_second_runs": []}
+        results["baseline"] = {**baseline.hello, "runs": [], "per_cpu_second_runs": [], "warm_runs": []}
     rrc, rrc_cpu, limit, limit_cpu, limit_together, torch_cpu, load = [], [], [], [], [], [], [os.getloadavg()[0]]
+    rrc_warm: list = []
     # A new loader per run (see median_rate), so that no run starts with batches decoded while the
     # other contender ran.
-    def rrc_epoch(cpu: list | None = None) -> float:
-        with prestage.Loader(cat, transform="random-resized-crop", **common) as loader:
-            return epoch_rate(loader, cpu)
+    def rrc_epoch(cpu: list | None = None, warm: list | None = None) -> float:
+        with prestage.Loader(cat, **timed) as loader:
+            return epoch_rate(loader, cpu, warm)
 
     rrc_epoch()  # warm-up: page cache
     for contender in (torch, baseline):
@@ -264,12 +305,13 @@ def main() -> int:
         run = baseline.epoch()
         results["baseline"]["runs"].append(run["rate"])
         results["baseline"]["per_cpu_second_runs"].append(run["cpu_rate"])
+        results["baseline"]["warm_runs"].append((run["warm_rate"], run["warm_cpu_rate"]))
 
     for k in range(args.runs):
         # The baseline goes first in every other round: neither build always runs after the other.
         if baseline and k % 2:
             baseline_epoch()
-        rrc.append(rrc_epoch(rrc_cpu))
+        rrc.append(rrc_epoch(rrc_cpu, rrc_warm))
         if torch:
             run = torch.epoch()
             results["pytorch_dataloader"]["runs"].append(run["rate"])
@@ -292,13 +334,20 @@ def main() -> int:
         b["ratio"] = statistics.median(b["ratio_rounds"])
         b["ratio_per_cpu_second"] = statistics.median(
             [a / r for a, r in zip(rrc_cpu, b["per_cpu_second_runs"])])
+        # After the first `depth` batches of each epoch: every batch buffer allocated.
+        b["warm_median"] = statistics.median(r for r, _ in b["warm_runs"])
+        b["ratio_warm_rounds"] = [a[0] / r[0] for a, r in zip(rrc_warm, b["warm_runs"])]
+        b["ratio_warm"] = statistics.median(b["ratio_warm_rounds"])
+        b["ratio_warm_per_cpu_second"] = statistics.median(
+            [a[1] / r[1] for a, r in zip(rrc_warm, b["warm_runs"])])
     if torch:
         torch.close()
         results["pytorch_dataloader"]["median"] = statistics.median(results["pytorch_dataloader"]["runs"])
         results["pytorch_dataloader"]["per_cpu_second"] = statistics.median(torch_cpu)
         results["pytorch_dataloader"]["per_cpu_second_runs"] = torch_cpu
     results["random_resized_crop"] = {"median": statistics.median(rrc), "runs": rrc,
-                                      "per_cpu_second": statistics.median(rrc_cpu), "per_cpu_second_runs": rrc_cpu}
+                                      "per_cpu_second": statistics.median(rrc_cpu), "per_cpu_second_runs": rrc_cpu,
+                                      "warm": statistics.median(r for r, _ in rrc_warm), "warm_runs": rrc_warm}
     if limit:
         per_core = statistics.median(limit)
         results["tjbench_decode_only"] = {"images": len(sample), "benchtime": args.tjbench_time,

@@ -56,8 +56,9 @@ class Loader:
             :meth:`prestage.Catalog.save` or ``prestage catalog`` (loaded with :meth:`Catalog.load`).
         batch_size: samples per batch on this rank.
         image_size: ``(height, width)``: resize the shorter side to cover it, then centre-crop
-            (torchvision ``Resize`` + ``CenterCrop``). ``None``: no resize; every image must have the
-            size of the catalog's first image.
+            (torchvision ``Resize`` + ``CenterCrop``). ``None``: no resize, each image keeps its own
+            size; a batch of images of mixed sizes is ragged (``batch.ragged``), its ``batch.images``
+            a list of N arrays ``(H_i, W_i, 3)`` (or ``(3, H_i, W_i)``).
         shuffle: a new global permutation each epoch (else catalog order).
         seed: the shuffle's seed; the same seed gives the same batches on any machine and for any
             thread counts.
@@ -117,9 +118,9 @@ class Loader:
             alone, not on thread counts. At most 32 samples are tried; if none is good, the error
             is raised after all. ``stats()["skipped"]`` counts the replaced samples and
             ``stats()["skipped_samples"]`` lists the first 1000 (path, error, sample,
-            replacement, epoch, batch). With ``decode="raw"`` or arrays, a sample that fails only
-            once its batch is laid out (its size or header read, its data not) is replaced by one
-            of the same size, or dtype and shape.
+            replacement, epoch, batch). With ``decode="raw"``, arrays or JPEGs without
+            ``image_size``, a sample that fails only once its batch is laid out (its size or header
+            read, its data not) is replaced by one of the same size, or dtype and shape.
         transform: with ``image_size``: ``"center-crop"`` (torchvision ``Resize`` +
             ``CenterCrop``: the eval path) or ``"random-resized-crop"`` (torchvision
             ``RandomResizedCrop`` with scale (0.08, 1), ratio (3/4, 4/3), then a horizontal flip
@@ -198,9 +199,9 @@ class Loader:
 
     @property
     def image_size(self) -> Optional[Tuple[int, int]]:
-        """``decode="jpeg"``: ``(height, width)`` of every image of a batch (``image_size``, or the
-        catalog's first image's as its codec reads it: a TFRecord record, a zstd frame, a byte range);
-        ``None`` for the other decode modes."""
+        """``decode="jpeg"``: ``(height, width)`` of every image of a batch: the ``image_size`` given.
+        ``None`` without one (images keep their own sizes: ``batch.shapes``) and for the other
+        decode modes."""
         return self._image_size
 
     @property

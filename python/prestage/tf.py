@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import math
 import os
-from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union
+from typing import (TYPE_CHECKING, Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple,
+                    Union)
 
 import numpy as np
 import tensorflow as tf
@@ -55,10 +56,13 @@ def dataset(
     Elements are ``images`` ``(N, H, W, 3)`` (``layout="NHWC"``, Keras's ``channels_last``; or ``"NCHW"``),
     uint8 or normalised float32 (``dtype``), and ``labels`` int64 ``(N,)``: the batches the NumPy loader
     gives with the same arguments, in the same order. The ``output_signature`` is complete:
-    ``H`` and ``W`` are the loader's :attr:`prestage.Loader.image_size` (``image_size``, or when it is
-``None`` the catalog's first image's, read through its codec: TFRecord records and zstd frames too);
-    the batch dimension is ``batch_size`` when every batch is full (``drop_last=True``, or the rank's share
-    of the set is a multiple of ``batch_size``), else ``None``. The cardinality is the number of batches
+    ``H`` and ``W`` are ``image_size``, or when it is ``None`` the catalog's first image's (read once,
+    through its codec: TFRecord records and zstd frames too, when the dataset is made), and a batch
+    holding an image of another size raises :class:`prestage.ConfigError` unless ``ragged=True``,
+    which makes every batch a ``tf.RaggedTensor`` of images of their own sizes (``(N, None, None,
+    3)``, ``ragged_rank`` 2; NCHW ``(N, 3, None, None)``, ``ragged_rank`` 3); the batch dimension
+    is ``batch_size`` when every batch is full (``drop_last=True``, or the rank's share of the set
+    is a multiple of ``batch_size``), else ``None``. The cardinality is the number of batches
     per epoch, so Keras knows the steps per epoch. Each complete pass over the dataset is the loader's next
     epoch (a new shuffle); a pass stopped early starts its epoch again.
 
@@ -121,12 +125,7 @@ def dataset(
     if mode in _ARRAY_MODES:
         spec, samples = _array_spec(catalog, mode, codec, n, ragged)
     else:
-        height, width = loader.image_size or (None, None)
-        shape = (n, 3, height, width) if o.layout == _core.Layout.NCHW else (n, height, width, 3)
-        spec = tf.TensorSpec(shape, tf.as_dtype(o.dtype.name), name="images")
-
-        def samples(batch: _core.Batch) -> Any:
-            return _aligned_copy(batch.images)
+        spec, samples = _image_spec(catalog, loader, options, n, ragged)
 
     signature = (spec, tf.TensorSpec((n,), tf.int64, name="labels"))
 
@@ -149,11 +148,7 @@ def _array_spec(catalog: _core.Catalog, mode: str, codec: Dict[str, Any], n: Opt
         return tf.TensorSpec((n,), tf.string, name="data"), strings
     if len(catalog) == 0:
         raise ConfigError("the catalog is empty: there is no sample to take the arrays' dtype and shape from")
-    # The first sample, decoded as the loader will, gives the dtype and shape of the signature.
-    with Loader(catalog, 1, shuffle=False, readers=1, prefetchers=1, **codec) as first:
-        probe = next(iter(first))
-        dtype, shape = probe.dtype.newbyteorder("="), probe.shapes[0]
-        del probe
+    dtype, shape = _first_sample(catalog, **codec)
     tf_dtype = tf.as_dtype(dtype)
     if ragged:
         if not shape:
@@ -173,6 +168,55 @@ def _array_spec(catalog: _core.Catalog, mode: str, codec: Dict[str, Any], n: Opt
         assert not isinstance(arrays, list)  # not ragged: checked above
         return _aligned_copy(arrays, dtype)
     return tf.TensorSpec((n, *shape), tf_dtype, name="arrays"), dense
+
+
+def _first_sample(catalog: _core.Catalog, **options: Any) -> Tuple[np.dtype, Tuple[int, ...]]:
+    """The dtype (native byte order) and shape of the catalog's first sample, decoded as a loader with
+    ``options`` decodes it: they give the dtype and shape of the signature."""
+    with Loader(catalog, 1, shuffle=False, readers=1, prefetchers=1, **options) as first:
+        probe = next(iter(first))
+        dtype, shape = probe.dtype.newbyteorder("="), tuple(probe.shapes[0])
+        del probe
+    return dtype, shape
+
+
+# What decides the first image's size besides the catalog: the pixel limit, and which image stands in
+# for a first one that fails.
+_FIRST_IMAGE_OPTIONS = ("max_pixels", "on_error", "io_timeout")
+
+
+def _image_spec(catalog: _core.Catalog, loader: Loader, options: Mapping[str, object], n: Optional[int],
+                ragged: bool) -> Tuple[Any, Callable[[_core.Batch], Any]]:
+    """The element spec of a batch of images, and the function that copies a batch into it."""
+    o = loader.options
+    nchw = o.layout == _core.Layout.NCHW
+    tf_dtype = tf.as_dtype(o.dtype.name)
+    if ragged:
+        # Each image's height and width ragged, its channels not (NHWC): tf.ragged.stack needs the
+        # images' own ragged dimensions made explicit.
+        inner = 2 if nchw else 1
+
+        def stacked(batch: _core.Batch) -> Any:
+            return tf.ragged.stack([tf.RaggedTensor.from_tensor(image, ragged_rank=inner)
+                                    for image in _each(batch.images)])
+        shape = (n, 3, None, None) if nchw else (n, None, None, 3)
+        return tf.RaggedTensorSpec(shape, tf_dtype, ragged_rank=inner + 1), stacked
+    if loader.image_size is not None:
+        height, width = loader.image_size
+    else:
+        # Not resized: the first image's size, as the loader reads it (TFRecord, zstd frames too).
+        first = {k: v for k, v in options.items() if k in _FIRST_IMAGE_OPTIONS}
+        _, (height, width, _) = _first_sample(catalog, decode="jpeg", layout="NHWC", **first)
+    image = (3, height, width) if nchw else (height, width, 3)
+
+    def dense(batch: _core.Batch) -> np.ndarray:
+        images = batch.images
+        if isinstance(images, list) or images.shape[1:] != image:
+            raise ConfigError(f"batch {batch.index} of epoch {batch.epoch} holds images of shapes "
+                              f"{sorted(set(batch.shapes))}, not the first image's {image}: pass "
+                              "ragged=True for batches of images of mixed sizes")
+        return _aligned_copy(images)
+    return tf.TensorSpec((n, *image), tf_dtype, name="images"), dense
 
 
 def _each(arrays: Union[np.ndarray, List[np.ndarray]]) -> List[np.ndarray]:

@@ -72,8 +72,8 @@ _DATALOADER_ONLY = {
 
 _DType = Union[torch.dtype, str]
 
-#: A batch's samples: one tensor ``(N, ...)`` when their shapes agree (JPEG images always), else a list of
-#: N tensors (ragged arrays, raw bytes of different lengths).
+#: A batch's samples: one tensor ``(N, ...)`` when their shapes agree, else a list of N tensors (ragged
+#: arrays, raw bytes of different lengths, JPEG images of mixed sizes without ``image_size``).
 Samples = Union[torch.Tensor, List[torch.Tensor]]
 _Pair = Tuple[Samples, torch.Tensor]
 _ARRAY_MODES = ("raw", "npy", "npz", "hdf5")
@@ -145,11 +145,8 @@ def as_tensors(batch: _core.Batch) -> Tuple[Samples, torch.Tensor]:
 
 def _tensors(batch: _core.Batch, jpeg: bool) -> _Pair:
     """:func:`as_tensors` for a loader whose decode mode is known."""
-    if jpeg:
-        samples: Samples = torch.from_numpy(batch.images)
-    else:
-        arrays = batch.arrays
-        samples = [_view(a) for a in arrays] if isinstance(arrays, list) else _view(arrays)
+    arrays = batch.images if jpeg else batch.arrays
+    samples: Samples = [_view(a) for a in arrays] if isinstance(arrays, list) else _view(arrays)
     return samples, torch.from_numpy(batch.labels)
 
 
@@ -228,6 +225,16 @@ def _affine(normalize: Tuple[Sequence[float], Sequence[float]],
     return scale.float(), shift.float()
 
 
+def _normalized(images: List[torch.Tensor], affine: Tuple[torch.Tensor, torch.Tensor],
+                ragged: bool) -> List[torch.Tensor]:
+    """``x * scale + shift`` (:func:`_affine`) in float32 on one batch tensor, or on each image of a ragged
+    batch (images without the batch dimension)."""
+    scale, shift = affine
+    if ragged:
+        scale, shift = scale[0], shift[0]
+    return [t.float().mul_(scale).add_(shift) for t in images]
+
+
 class _HostHold:
     """Host batches kept lent until the device copies from them are done: ``(event, tensors)`` pairs, in
     the order the copies were enqueued; an event is anything with ``query()`` and ``synchronize()``.
@@ -277,8 +284,8 @@ class _CudaCopier:
         with torch.cuda.stream(self._stream):
             moved = [t.to(self.device, non_blocking=True) for t in _each(host[0])]
             labels = host[1].to(self.device, non_blocking=True)
-            if self._affine is not None:  # JPEG images: one tensor
-                moved = [moved[0].float().mul_(self._affine[0]).add_(self._affine[1])]
+            if self._affine is not None:  # JPEG images
+                moved = _normalized(moved, self._affine, ragged=isinstance(host[0], list))
             images: Samples = moved if isinstance(host[0], list) else moved[0]
             event = torch.cuda.Event()
             event.record(self._stream)
@@ -381,8 +388,8 @@ class Loader(torch.utils.data.IterableDataset):
         catalog: the samples (:class:`prestage.Catalog`), or the path of a saved catalog
             (``prestage catalog``, :meth:`prestage.Catalog.save`).
         batch_size: samples per batch on this rank.
-        image_size: ``(height, width)`` of the output; ``None``: every image must have the size of the
-            first.
+        image_size: ``(height, width)`` of the output; ``None``: each image keeps its own size (a batch
+            of images of mixed sizes is a list of N tensors, ``(3, H_i, W_i)`` or ``(H_i, W_i, 3)``).
         decode, array_name, max_sample_bytes, raw_dtype, raw_shape: as for :class:`prestage.Loader`
             (``decode=None``: ``"hdf5"`` for an HDF5 catalog, ``"npy"`` for
             :meth:`Catalog.from_arrays`, else ``"jpeg"``).

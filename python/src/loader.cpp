@@ -39,6 +39,26 @@ py::array typed_view(py::handle owner, const Batch& b, std::vector<py::ssize_t> 
   return py::array(dtype, std::move(shape), {}, b.data().data() + begin, owner);
 }
 
+// A batch's samples (zero-copy): one (N, *shape) array when their shapes agree, else a list of N
+// arrays of their own shapes.
+py::object sample_views(py::handle owner, const Batch& b) {
+  const auto shape_of = [&](size_t i) {
+    std::vector<py::ssize_t> shape;
+    for (const uint64_t d : b.sample_shape(i)) shape.push_back(static_cast<py::ssize_t>(d));
+    return shape;
+  };
+  if (!b.ragged() && b.size() > 0) {
+    std::vector<py::ssize_t> shape = shape_of(0);
+    shape.insert(shape.begin(), static_cast<py::ssize_t>(b.size()));
+    return typed_view(owner, b, shape, 0, b.data().size());
+  }
+  py::list out;
+  for (size_t i = 0; i < b.size(); ++i) {
+    out.append(typed_view(owner, b, shape_of(i), b.offsets()[i], b.offsets()[i + 1]));
+  }
+  return out;
+}
+
 // Stats as a dict, from one table of fields per struct: a field's key is its C++ name. A field
 // added to a struct of stats.hpp is added to its table here.
 template <typename Struct, typename Member>
@@ -226,38 +246,23 @@ copy); the buffer is reused only after the batch and every array viewing it have
           "asynchronous), \"mlock\" or \"none\".")
       .def_property_readonly(
           "images",
-          [](py::object self) {
+          [](py::object self) -> py::object {
             const auto& b = self.cast<const Batch&>();
             if (b.mode() != DecodeMode::kJpeg)
               throw ConfigError("images: this loader does not decode JPEG");
+            if (b.ragged()) return sample_views(self, b);
             const auto s = b.shape();
             return typed_view(self, b,
                               {static_cast<py::ssize_t>(s[0]), static_cast<py::ssize_t>(s[1]),
                                static_cast<py::ssize_t>(s[2]), static_cast<py::ssize_t>(s[3])},
                               0, b.data().size());
           },
-          "RGB images: (N, H, W, 3) or (N, 3, H, W) (layout=), uint8 or float32 (dtype=).")
+          "RGB images (zero-copy): (N, H, W, 3) or (N, 3, H, W) (layout=), uint8 or float32 "
+          "(dtype=). Without image_size, a batch of images of mixed sizes (ragged) is a list of N "
+          "arrays, (H_i, W_i, 3) or (3, H_i, W_i).")
       .def_property_readonly(
           "arrays",
-          [](py::object self) -> py::object {
-            const auto& b = self.cast<const Batch&>();
-            const auto shape_of = [&](size_t i) {
-              std::vector<py::ssize_t> shape;
-              for (const uint64_t d : b.sample_shape(i))
-                shape.push_back(static_cast<py::ssize_t>(d));
-              return shape;
-            };
-            if (!b.ragged() && b.size() > 0) {
-              std::vector<py::ssize_t> shape = shape_of(0);
-              shape.insert(shape.begin(), static_cast<py::ssize_t>(b.size()));
-              return typed_view(self, b, shape, 0, b.data().size());
-            }
-            py::list out;
-            for (size_t i = 0; i < b.size(); ++i) {
-              out.append(typed_view(self, b, shape_of(i), b.offsets()[i], b.offsets()[i + 1]));
-            }
-            return out;
-          },
+          [](py::object self) { return sample_views(self, self.cast<const Batch&>()); },
           "The samples as NumPy arrays (zero-copy): one (N, *shape) array when their shapes agree, "
           "else "
           "a list of N arrays. decode='raw': the samples' bytes (uint8, or raw_dtype).")
@@ -327,12 +332,11 @@ Validates `options` (prestage.ConfigError naming the first invalid one) and allo
             return py::make_tuple(size.height, size.width);
           },
           R"doc(
-decode="jpeg": (height, width) of every image of a batch: the image_size option, or the size of
-the catalog's first image read through its codec (TFRecord record, zstd frame, byte range).
-None for the other decode modes.
+decode="jpeg": (height, width) of every image of a batch: the image_size option. None without
+it (images are not resized: each keeps its own size, Batch.shapes) and for the other decode modes.
 
 >>> core.image_size
-(375, 500)
+(224, 224)
 )doc")
       .def_property_readonly(
           "position",

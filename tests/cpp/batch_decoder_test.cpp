@@ -7,6 +7,7 @@
 #include <memory>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "pipeline/graph.hpp"
@@ -97,6 +98,67 @@ TEST_CASE("batch decoder: the sample whose dtype differs from its batch's is the
     CHECK(std::vector<int64_t>(batch->indices().begin(), batch->indices().end()) ==
           std::vector<int64_t>{1, 1, 2, 3});
     CHECK(loader.stats().skipped == 1);
+  }
+}
+
+TEST_CASE("batch decoder: JPEGs of mixed sizes without image_size are ragged, each its own shape") {
+  TempDir dir;
+  // (width, height): batch 0 mixes two sizes, batch 1 has one, batch 2 is a single image.
+  const std::vector<std::pair<int, int>> sizes = {{16, 8}, {10, 21}, {16, 8}, {16, 8}, {33, 7}};
+  std::vector<std::string> names;
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    names.push_back(std::to_string(i) + ".jpg");
+    prestage::test::write_jpeg(dir / names.back(), sizes[i].first, sizes[i].second,
+                               static_cast<uint32_t>(i));
+  }
+  const Catalog cat = Catalog::from_paths(dir.path(), names);
+  for (const auto layout : {prestage::Layout::kNHWC, prestage::Layout::kNCHW}) {
+    for (const size_t readers : {1, 2, 4}) {
+      CAPTURE(readers);
+      LoaderOptions o = in_order(DecodeMode::kJpeg, 2);
+      o.readers = readers;
+      o.layout = layout;
+      Loader loader(cat, o);
+      CHECK(loader.image_size().empty());
+      loader.start_epoch(0);
+      size_t sample = 0;
+      for (const bool ragged : {true, false, false}) {
+        const auto batch = loader.next();
+        REQUIRE(batch);
+        CHECK(batch->ragged() == ragged);
+        const auto offsets = batch->offsets();
+        REQUIRE(offsets.size() == batch->size() + 1);
+        for (size_t k = 0; k < batch->size(); ++k, ++sample) {
+          const auto [w, h] = sizes[sample];
+          const std::vector<uint64_t> shape =
+              layout == prestage::Layout::kNHWC ? std::vector<uint64_t>{uint64_t(h), uint64_t(w), 3}
+                                                : std::vector<uint64_t>{3, uint64_t(h), uint64_t(w)};
+          const auto got = batch->sample_shape(k);
+          CHECK(std::vector<uint64_t>(got.begin(), got.end()) == shape);
+          // Back to back: each image's pixels at its own offset, in the batch's layout.
+          const std::vector<uint8_t> rgb = prestage::test::decode_with_turbojpeg(dir / names[sample]);
+          REQUIRE(offsets[k + 1] - offsets[k] == rgb.size());
+          const auto* data = reinterpret_cast<const uint8_t*>(batch->data().data()) + offsets[k];
+          size_t wrong = 0;
+          for (size_t p = 0; p < size_t(w) * h; ++p) {
+            for (size_t c = 0; c < 3; ++c) {
+              const uint8_t v = layout == prestage::Layout::kNHWC ? data[p * 3 + c]
+                                                                  : data[c * size_t(w) * h + p];
+              wrong += v != rgb[p * 3 + c];
+            }
+          }
+          CHECK(wrong == 0);
+        }
+        if (!ragged) {
+          const auto [w, h] = sizes[sample - 1];
+          const auto shape = batch->shape();
+          CHECK(shape[0] == batch->size());
+          CHECK(batch->data().size() == batch->size() * size_t(w) * h * 3);
+        }
+      }
+      CHECK(sample == sizes.size());
+      CHECK_FALSE(loader.next());
+    }
   }
 }
 

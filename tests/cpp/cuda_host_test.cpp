@@ -288,6 +288,9 @@ TEST_CASE("cuda host: a Batch held after its loader is closed stays registered u
   prestage::LoaderOptions o;
   o.batch_size = 4;
   o.depth = 2;
+  // The images' own size: buffers of a known size, allocated and registered when the loader is built
+  // (without an image_size they are allocated, as for arrays, when the first batches are laid out).
+  o.image_size = {16, 24};
   // oneTBB frees an arena observer (the loader's ArenaIoTimeout) lazily, in a worker thread: joined
   // below before the process exits, so that a leak check at exit does not see it in flight.
   tbb::task_scheduler_handle workers{tbb::attach{}};

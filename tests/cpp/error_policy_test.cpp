@@ -222,20 +222,20 @@ TEST_CASE("error policy: with every file bad, skip raises instead of looping") {
     paths.push_back("bad_" + std::to_string(i) + ".jpg");
     overwrite(dir / paths.back(), "not a jpeg");
   }
-  // image_size given: the constructor reads no image.
-  LoaderOptions o = skip_options(3, 2, (dir / "stage").string());
-  o.image_size = {8, 8};
-  Loader loader(Catalog::from_paths(dir.path(), paths), o);
-  const auto start = std::chrono::steady_clock::now();
-  loader.start_epoch(0);
-  CHECK_THROWS_AS(loader.next(), prestage::DecodeError);
-  CHECK_THROWS_AS(loader.next(), prestage::DecodeError);
-  CHECK(!loader.next().has_value());
-  CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(10));
-  CHECK(loader.stats().skipped == 0);
-  // Without image_size the size comes from the first good image, and there is none.
-  o.image_size = {};
-  CHECK_THROWS_AS(Loader(Catalog::from_paths(dir.path(), paths), o), prestage::DecodeError);
+  // Resized or not: each batch raises its first sample's error, none is built from the bad files.
+  for (const prestage::ImageSize size : {prestage::ImageSize{8, 8}, prestage::ImageSize{}}) {
+    CAPTURE(size.height);
+    LoaderOptions o = skip_options(3, 2, (dir / ("stage" + std::to_string(size.height))).string());
+    o.image_size = size;
+    Loader loader(Catalog::from_paths(dir.path(), paths), o);
+    const auto start = std::chrono::steady_clock::now();
+    loader.start_epoch(0);
+    CHECK_THROWS_AS(loader.next(), prestage::DecodeError);
+    CHECK_THROWS_AS(loader.next(), prestage::DecodeError);
+    CHECK(!loader.next().has_value());
+    CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(10));
+    CHECK(loader.stats().skipped == 0);
+  }
 }
 
 TEST_CASE("error policy: more bad samples in a row than kSkipCandidates raise the first's error") {
@@ -253,7 +253,6 @@ TEST_CASE("error policy: more bad samples in a row than kSkipCandidates raise th
   const Catalog cat = Catalog::from_paths(dir.path(), paths);
   LoaderOptions o = skip_options(4, 2, "");
   o.shuffle = false;
-  o.image_size = {8, 8};  // else the constructor looks for the size in the first images, all bad
   Loader loader(cat, o);
   loader.start_epoch(0);
   // Sample 0's candidates, 1..kSkipCandidates, are all bad; samples 2 and 3 reach a good one.

@@ -294,7 +294,7 @@ TEST_CASE("patience: a lagging stage 2 gives exact batches, expedited, each samp
       locked.push_back(std::make_unique<LockedCopy>(copies[cat.locator(epoch0.batch(0)[k]).file]));
     }
 
-    Loader loader(cat, o);  // reads the first image for the output size: before the count starts
+    Loader loader(cat, o);
     OpenCounter source;
     for (const auto& entry : std::filesystem::directory_iterator(dir / "data")) source.watch(entry);
     loader.start_epoch(0);

@@ -71,7 +71,7 @@ TEST_CASE("transform: float32 NCHW output is the normalised, transposed image") 
   const Normalizer norm(o);
   const uint8_t rgb[2 * 3] = {0, 51, 255, 255, 102, 0};  // two pixels
   std::vector<float> out(6);
-  convert_image(rgb, 1, 2, prestage::Layout::kNCHW, prestage::OutputType::kFloat32, norm,
+  convert_image(rgb, 1, 2, prestage::Layout::kNCHW, prestage::OutputType::kFloat32, &norm,
                 reinterpret_cast<std::byte*>(out.data()));
   CHECK(out[0] == doctest::Approx(-0.5));  // R of pixel 0
   CHECK(out[1] == doctest::Approx(0.5));   // R of pixel 1
@@ -79,7 +79,7 @@ TEST_CASE("transform: float32 NCHW output is the normalised, transposed image") 
   CHECK(out[4] == doctest::Approx(4.0));   // B of pixel 0: 1 / 0.25
   CHECK(out[5] == doctest::Approx(0.0));
   std::vector<uint8_t> planes(6);
-  convert_image(rgb, 1, 2, prestage::Layout::kNCHW, prestage::OutputType::kUint8, norm,
+  convert_image(rgb, 1, 2, prestage::Layout::kNCHW, prestage::OutputType::kUint8, nullptr,
                 reinterpret_cast<std::byte*>(planes.data()));
   CHECK(planes == std::vector<uint8_t>{0, 255, 51, 102, 255, 0});
 }

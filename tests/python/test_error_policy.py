@@ -144,23 +144,26 @@ def test_all_bad_data_raises_instead_of_hanging(make_folder):
     for i in range(len(cat)):
         cat.source_path(i).write_bytes(b"not a jpeg")
     start = time.monotonic()
-    with pytest.raises(prestage.DecodeError):  # no good image to take the size from
-        prestage.Loader(cat, batch_size=4, on_error="skip")
-    with prestage.Loader(cat, batch_size=4, image_size=(16, 16), on_error="skip") as loader:
-        it = iter(loader)
-        for _ in range(2):
-            with pytest.raises(prestage.DecodeError):
+    for image_size in (None, (16, 16)):  # each image its own size, or resized
+        with prestage.Loader(cat, batch_size=4, image_size=image_size, on_error="skip") as loader:
+            it = iter(loader)
+            for _ in range(2):
+                with pytest.raises(prestage.DecodeError):
+                    next(it)
+            with pytest.raises(StopIteration):
                 next(it)
-        with pytest.raises(StopIteration):
-            next(it)
     assert time.monotonic() - start < 10
 
 
-def test_a_bad_first_image_does_not_stop_skip_from_finding_the_size(make_folder):
+def test_a_bad_first_image_raises_at_its_batch_or_is_skipped(make_folder):
     cat = prestage.Catalog.from_folder(make_folder(1, 6))
     cat.source_path(0).write_bytes(b"not a jpeg")
-    with pytest.raises(prestage.DecodeError):
-        prestage.Loader(cat, batch_size=3)
+    with prestage.Loader(cat, batch_size=3, shuffle=False) as loader:  # no image read to build it
+        it = iter(loader)
+        with pytest.raises(prestage.DecodeError) as error:
+            next(it)
+        assert error.value.path == str(cat.source_path(0))
+        assert next(it).indices.tolist() == [3, 4, 5]
     with prestage.Loader(cat, batch_size=3, on_error="skip") as loader:
         idx, _, img, _ = run_epoch(loader)
     assert 0 not in idx.tolist() and img.shape == (6, 32, 48, 3)

@@ -391,8 +391,8 @@ def test_a_slow_read_within_io_timeout_is_not_an_error(make_folder, pfs, tmp_pat
     assert emulator.stats()["faults"]["stall_read"] >= 3
 
 
-def test_a_first_file_that_stalls_times_out_when_the_loader_is_built(make_folder, pfs):
-    # Without image_size, the loader reads the catalog's first image to learn the batch's shape.
+def test_a_first_file_that_stalls_times_out_at_its_batch_not_when_the_loader_is_built(make_folder, pfs):
+    # Without image_size each image keeps its own size: building the loader reads no image.
     import errno
 
     backing = make_folder(2, 3)
@@ -403,8 +403,11 @@ def test_a_first_file_that_stalls_times_out_when_the_loader_is_built(make_folder
     watchdog.start()
     start = time.monotonic()
     try:
-        with pytest.raises(prestage.IoError) as error:
-            prestage.Loader(cat, batch_size=2, io_timeout=0.3)
+        with prestage.Loader(cat, batch_size=2, shuffle=False, io_timeout=0.3) as loader:
+            it = iter(loader)
+            with pytest.raises(prestage.IoError) as error:
+                next(it)
+            assert next(it).indices.tolist() == [2, 3]  # the epoch goes on
     finally:
         watchdog.cancel()
     assert time.monotonic() - start < 2.0

@@ -283,11 +283,14 @@ def test_bad_options_raise_config_error(folder, kwargs):
         prestage.Loader(cat, **args)
 
 
-def test_mixed_sizes_without_image_size_is_a_decode_error(make_folder):
+def test_mixed_sizes_without_image_size_keep_their_sizes(make_folder):
     cat = prestage.Catalog.from_folder(make_folder(1, 6, size=None))
     with prestage.Loader(cat, batch_size=6) as loader:
-        with pytest.raises(prestage.DecodeError):
-            epoch(loader)
+        batch = next(iter(loader))
+        assert batch.ragged
+        for index, image in zip(batch.indices.tolist(), batch.images):
+            with Image.open(cat.source_path(index)) as im:
+                assert image.shape == (im.height, im.width, 3)
 
 
 def test_holding_every_buffer_raises_instead_of_hanging(folder):
@@ -404,7 +407,8 @@ def test_unknown_option_is_a_type_error(folder):
 def test_image_size_is_the_size_of_the_images_delivered(make_folder):
     cat = prestage.Catalog.from_folder(make_folder(1, 3, size=(20, 30)))
     with prestage.Loader(cat, batch_size=3) as loader:
-        assert loader.image_size == (20, 30)
+        assert loader.image_size is None  # each image keeps its own size
+        assert next(iter(loader)).images.shape == (3, 20, 30, 3)
     with prestage.Loader(cat, batch_size=3, image_size=(8, 9)) as loader:
         assert loader.image_size == (8, 9)
     with prestage.Loader(cat, batch_size=3, decode="raw") as loader:

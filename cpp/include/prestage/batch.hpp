@@ -34,7 +34,9 @@ class Batch {
   size_t size() const noexcept;     // samples in the batch
   DecodeMode mode() const noexcept;
 
-  // kJpeg: size() images of shape (height, width, 3) (NHWC) or (3, height, width) (NCHW), contiguous.
+  // kJpeg: size() images of shape (height, width, 3) (NHWC) or (3, height, width) (NCHW), contiguous;
+  // when ragged() (no image_size, images of mixed sizes), the first image's, and sample_shape(i) gives
+  // each image's.
   std::array<size_t, 4> shape() const noexcept;
   // The batch buffer: images (kJpeg), arrays (kNpy, kNpz, kHdf5: C order, back to back) or the
   // samples' bytes back to back (kRaw).
@@ -44,7 +46,8 @@ class Batch {
   // The elements' type as a NumPy array-interface type string: "|u1" for images and raw bytes, "<f4"
   // for float32 images, an array's own ("<i8", ">f8", "|b1", ...) for kNpy, kNpz and kHdf5.
   std::string_view dtype() const noexcept;
-  // Whether the samples' shapes differ. If not, data() is one (size(), *sample_shape(0)) array.
+  // Whether the samples' shapes differ (arrays; raw bytes; JPEGs of mixed sizes without an
+  // image_size). If not, data() is one (size(), *sample_shape(0)) array.
   bool ragged() const noexcept;
   // The shape of sample i (kRaw: its length in bytes). Valid while the Batch lives.
   std::span<const uint64_t> sample_shape(size_t i) const noexcept;

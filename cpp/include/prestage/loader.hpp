@@ -35,9 +35,9 @@ class Loader {
   const Catalog& catalog() const noexcept;
   const LoaderOptions& options() const noexcept;
   uint64_t batches_per_epoch() const noexcept;
-  // decode=jpeg: the (height, width) of every image of a batch: options().image_size, or when that
-  // is empty the size of the catalog's first image, read through its codec (a TFRecord record, a
-  // zstd frame, a byte range) at construction. Empty for the other decode modes.
+  // decode=jpeg: the (height, width) of every image of a batch: options().image_size. Empty when
+  // that is empty (images are not resized: each keeps its own size, Batch::sample_shape) and for the
+  // other decode modes.
   ImageSize image_size() const noexcept;
 
   // The consumer's position: the epoch and index of the batch next() returns next. A batch is

@@ -68,8 +68,9 @@ struct ImageSize {
 
 struct LoaderOptions {
   uint64_t batch_size = 32;  // samples per batch on this rank
-  // Output size. Empty: no resize, and every image must have the size of the first one. Otherwise the
-  // shorter side is resized to cover it, then the centre is cropped (torchvision Resize + CenterCrop).
+  // Output size. Empty: no resize, each image keeps its own size (a batch of mixed sizes is ragged,
+  // see Batch::ragged). Otherwise the shorter side is resized to cover it, then the centre is cropped
+  // (torchvision Resize + CenterCrop).
   ImageSize image_size{};
   DecodeMode decode = DecodeMode::kJpeg;
 

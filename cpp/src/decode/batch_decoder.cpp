@@ -70,18 +70,30 @@ class BatchDecoder::Run {
   void operator()() {
     s_.tiers.assign(b_.count, Tier::kMemory);
     s_.probes.resize(b_.count);
+    if (unresized()) {
+      // Only grown: the buffers keep their capacity for the next batches.
+      if (s_.bytes.size() < b_.count) s_.bytes.resize(b_.count);
+      if (s_.unpacked.size() < b_.count) s_.unpacked.resize(b_.count);
+      s_.jpegs.resize(b_.count);
+    }
     each([&](size_t i) { size(i, b_.ids[i]); },
          [&](size_t i, uint64_t id) { size(i, id); });
     if ((slot_.error = first_error_.get())) return;
     if (!lay_out()) return;
     each([&](size_t i) { fill(i, static_cast<uint64_t>(slot_.indices[i])); },
          [&](size_t i, uint64_t id) {
-           // The batch is laid out: a replacement must fit the failed sample's place.
+           // The batch is laid out: a replacement must fit the failed sample's place, which a
+           // candidate refused must not change for the next one.
            const ArrayInfo place = s_.probes[i].info;
-           size(i, id);
-           if (!s_.probes[i].info.same_layout(place)) {
-             throw DecodeError(d_.tiers_.catalog().source_path(id).string(),
-                               "its type or shape differs from the failed sample's");
+           try {
+             size(i, id);
+             if (!s_.probes[i].info.same_layout(place)) {
+               throw DecodeError(d_.tiers_.catalog().source_path(id).string(),
+                                 "its type or shape differs from the failed sample's");
+             }
+           } catch (...) {
+             s_.probes[i].info = place;
+             throw;
            }
            fill(i, id);
          });
@@ -147,14 +159,39 @@ class BatchDecoder::Run {
 
   Reader& reader() { return d_.readers_->local(); }
 
+  // JPEGs that keep their own size: step 1 reads each one to learn it.
+  bool unresized() const {
+    return d_.codec_.mode == DecodeMode::kJpeg && d_.image_size_.empty();
+  }
+
+  // Without an image_size: reads sample i (catalog sample `id`) once, keeps its bytes and its JPEG
+  // for step 3, and returns the image's size from its header (max_pixels checked there, before the
+  // batch is laid out).
+  ImageSize read_image(size_t i, uint64_t id) {
+    Reader& r = reader();
+    const auto bytes = d_.tiers_.read(id, held(i, id), s_.bytes[i], r.paths, b_.tally);
+    d_.bytes_read_.fetch_add(bytes.size(), std::memory_order_relaxed);
+    const std::string& path = r.paths.source;  // the sample's source path, as read() left it
+    SampleDecoder& decoder = r.codec(d_.codec_);
+    s_.jpegs[i] = decoder.image_payload(bytes, path, s_.unpacked[i]);
+    const ImageHeader header = decoder.jpeg.header(s_.jpegs[i], path);
+    return {static_cast<uint32_t>(header.height), static_cast<uint32_t>(header.width)};
+  }
+
+  // The (height, width) of an image laid out as `info`.
+  ImageSize image_size_of(const ArrayInfo& info) const {
+    const size_t h = d_.options_.layout == Layout::kNCHW ? 1 : 0;
+    return {static_cast<uint32_t>(info.shape[h]), static_cast<uint32_t>(info.shape[h + 1])};
+  }
+
   // Step 1: sample i's size, type and shape (from catalog sample `id`), and the tier they came from.
   void size(size_t i, uint64_t id) {
     ArrayInfo& info = s_.probes[i].info;
     const Codec& codec = d_.codec_;
     if (codec.mode == DecodeMode::kJpeg) {
-      // Every image decodes to the loader's size: nothing to read yet.
+      // Every image decodes to the loader's size (nothing to read yet), or keeps its own.
       const LoaderOptions& o = d_.options_;
-      const ImageSize size = d_.image_size_;
+      const ImageSize size = unresized() ? read_image(i, id) : d_.image_size_;
       info.dtype = o.dtype == OutputType::kFloat32 ? "<f4" : "|u1";
       info.ndim = 3;
       info.shape = {};
@@ -225,29 +262,41 @@ class BatchDecoder::Run {
 
   void fill_image(size_t i, uint64_t id, Reader& r, std::span<std::byte> place) {
     const LoaderOptions& o = d_.options_;
-    const ImageSize size = d_.image_size_;
+    const ImageSize size = image_size_of(s_.probes[i].info);
     // NHWC uint8 is what the codec writes: straight into the batch buffer. Anything else goes
     // through the reader's RGB image and is converted into place.
     const bool direct = o.layout != Layout::kNCHW && o.dtype == OutputType::kUint8;
     const size_t rgb_bytes = size_t{size.height} * size.width * 3;
-    const auto bytes = d_.tiers_.read(id, held(i, id), r.buffer, r.paths, b_.tally);
-    d_.bytes_read_.fetch_add(bytes.size(), std::memory_order_relaxed);
     if (!direct && r.image.size() < rgb_bytes) r.image.resize(rgb_bytes);
     const std::span<std::byte> rgb(
         direct ? place.data() : reinterpret_cast<std::byte*>(r.image.data()), rgb_bytes);
-    const std::string& path = r.paths.source;  // the sample's source path, as read() left it
     SampleDecoder& decoder = r.codec(d_.codec_);
-    const auto jpeg = decoder.image_payload(bytes, path);
-    if (o.image_size.empty()) {
-      decoder.jpeg.decode_exact(jpeg, size, rgb, path);
-    } else if (o.transform == Transform::kRandomResizedCrop) {
-      decoder.jpeg.decode_random_crop(jpeg, size, o.seed, b_.epoch, id, rgb, path);
+    if (unresized()) {
+      // Step 1 read the sample and found its JPEG.
+      const std::string& path =
+          d_.tiers_.source_path(d_.tiers_.catalog().locator(id).file, r.paths.source);
+      decoder.jpeg.decode_exact(s_.jpegs[i], size, rgb, path);
     } else {
-      decoder.jpeg.decode_resized(jpeg, size, rgb, path);
+      fill_resized(i, id, r, decoder, size, rgb);
     }
     if (!direct) {
       convert_image(r.image.data(), static_cast<int>(size.height), static_cast<int>(size.width),
-                    o.layout, o.dtype, *d_.normalizer_, place.data());
+                    o.layout, o.dtype, d_.normalizer_, place.data());
+    }
+  }
+
+  // With an image_size: reads sample i (catalog sample `id`) and decodes it to `size` into `rgb`.
+  void fill_resized(size_t i, uint64_t id, Reader& r, SampleDecoder& decoder, ImageSize size,
+                    std::span<std::byte> rgb) {
+    const LoaderOptions& o = d_.options_;
+    const auto bytes = d_.tiers_.read(id, held(i, id), r.buffer, r.paths, b_.tally);
+    d_.bytes_read_.fetch_add(bytes.size(), std::memory_order_relaxed);
+    const std::string& path = r.paths.source;  // the sample's source path, as read() left it
+    const auto jpeg = decoder.image_payload(bytes, path);
+    if (o.transform == Transform::kRandomResizedCrop) {
+      decoder.jpeg.decode_random_crop(jpeg, size, o.seed, b_.epoch, id, rgb, path);
+    } else {
+      decoder.jpeg.decode_resized(jpeg, size, rgb, path);
     }
   }
 

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <span>
 #include <vector>
 
 #include <oneapi/tbb/enumerable_thread_specific.h>
@@ -39,12 +40,19 @@ struct BatchSamples {
 struct BatchScratch {
   std::vector<Tier> tiers;          // per sample: the tier its size was taken from
   std::vector<ArrayProbe> probes;   // per sample: its size, type and shape (arrays: its header)
+  // JPEGs without an image_size, per sample: its bytes as step 1 read them to learn its size, kept
+  // for step 3 so that no sample is read twice; the JPEG in them (in `bytes`, in stage 2's
+  // read-ahead, or in `unpacked` when it came in a zstd frame). Grown, never shrunk.
+  std::vector<std::vector<std::byte>> bytes;
+  std::vector<std::vector<std::byte>> unpacked;
+  std::vector<std::span<const std::byte>> jpegs;
   std::mutex skip_mutex;            // guards the slot's `skipped` while the batch decodes
 };
 
 class BatchDecoder {
  public:
-  // `normalizer`: kJpeg with float32 output. All arguments must outlive the decoder.
+  // `image_size`: kJpeg, every image's output size; empty: each image keeps its own. `normalizer`:
+  // kJpeg with float32 output. All arguments must outlive the decoder.
   BatchDecoder(const LoaderOptions& options, const Codec& codec, ImageSize image_size,
                const Normalizer* normalizer, Tiers& tiers);
   ~BatchDecoder();

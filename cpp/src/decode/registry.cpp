@@ -147,6 +147,12 @@ const ByteSource& SampleDecoder::payload(const SampleLocation& where) {
 
 std::span<const std::byte> SampleDecoder::image_payload(std::span<const std::byte> sample,
                                                         const std::string& path) {
+  return image_payload(sample, path, unpacked_);
+}
+
+std::span<const std::byte> SampleDecoder::image_payload(std::span<const std::byte> sample,
+                                                        const std::string& path,
+                                                        std::vector<std::byte>& unpacked) {
   std::span<const std::byte> bytes = sample;
   if (codec_.kind == Catalog::Kind::kTfrecord) {
     const auto data = unframe_record(sample, path);
@@ -156,7 +162,7 @@ std::span<const std::byte> SampleDecoder::image_payload(std::span<const std::byt
   }
   if (is_zstd_frame(bytes)) {
     // A JPEG is never larger than its pixels (plus headers): bound the output by max_pixels.
-    bytes = zstd_.decompress(bytes, unpacked_, codec_.max_pixels * 4 + (1 << 20), path);
+    bytes = zstd_.decompress(bytes, unpacked, codec_.max_pixels * 4 + (1 << 20), path);
   }
   return bytes;
 }

@@ -86,6 +86,11 @@ class SampleDecoder {
   // out of its record, a zstd frame decompressed. May point into `sample` or into this decoder.
   std::span<const std::byte> image_payload(std::span<const std::byte> sample,
                                            const std::string& path);
+  // As above, a zstd frame decompressed into `unpacked` (grown, never shrunk), so that the JPEG
+  // outlives this decoder's next call.
+  std::span<const std::byte> image_payload(std::span<const std::byte> sample,
+                                           const std::string& path,
+                                           std::vector<std::byte>& unpacked);
 
   void probe(const SampleLocation& where, ArrayProbe& probe);
   void fill(const SampleLocation& where, const ArrayProbe& probe, std::span<std::byte> out);

@@ -105,7 +105,7 @@ size_t image_sample_bytes(uint32_t height, uint32_t width, OutputType type) {
 }
 
 void convert_image(const uint8_t* rgb, int height, int width, Layout layout, OutputType type,
-                   const Normalizer& normalizer, std::byte* out) {
+                   const Normalizer* normalizer, std::byte* out) {
   const size_t pixels = static_cast<size_t>(height) * static_cast<size_t>(width);
   if (type == OutputType::kUint8) {
     auto* dst = reinterpret_cast<uint8_t*>(out);
@@ -122,7 +122,7 @@ void convert_image(const uint8_t* rgb, int height, int width, Layout layout, Out
   }
   // The batch buffer is page-aligned and every image's size is a multiple of 4 bytes, so floats
   // are aligned; memcpy keeps that an assumption the compiler need not trust.
-  const auto& t = normalizer.table;
+  const auto& t = normalizer->table;
   if (layout == Layout::kNHWC) {
     for (size_t i = 0; i < pixels; ++i) {
       const float v[3] = {t[0][rgb[3 * i]], t[1][rgb[3 * i + 1]], t[2][rgb[3 * i + 2]]};

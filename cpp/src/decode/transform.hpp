@@ -39,9 +39,9 @@ struct Normalizer {
 };
 
 // Writes an RGB image (height x width x 3, packed) as one sample of the batch: NHWC or NCHW, uint8
-// or float32 (through `normalizer`, which kUint8 ignores).
+// or float32 (through `normalizer`, which kUint8 ignores: it may be null then).
 void convert_image(const uint8_t* rgb, int height, int width, Layout layout, OutputType type,
-                   const Normalizer& normalizer, std::byte* out);
+                   const Normalizer* normalizer, std::byte* out);
 
 // Bytes of one image in the batch buffer.
 size_t image_sample_bytes(uint32_t height, uint32_t width, OutputType type);

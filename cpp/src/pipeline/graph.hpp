@@ -63,8 +63,8 @@ struct Shared {
   Catalog catalog;
   LoaderOptions options;
   PlanOptions plan;
-  ImageSize image_size;     // of every decoded image (kJpeg)
-  size_t image_bytes = 0;   // of every decoded image in the batch buffer (any layout and type)
+  ImageSize image_size;     // of every decoded image (kJpeg); empty: each keeps its own
+  size_t image_bytes = 0;   // of every decoded image in the batch buffer (any layout and type), or 0
   Codec codec;              // what stage 3 decodes, chosen once
   std::unique_ptr<Normalizer> normalizer;  // kJpeg, float32 output
   std::unique_ptr<StageDirectory> stage_dir;  // null: direct reads

@@ -249,40 +249,21 @@ Loader::Impl::Impl(Catalog catalog_in, LoaderOptions options_in)
     }
   }
   if (o.decode == DecodeMode::kJpeg) {
-    ImageSize size = o.image_size;
-    if (size.empty()) {
-      // Every image must have the size of the catalog's first one (on_error=skip: of its first good
-      // one, among as many as a failed sample's replacement is sought from). Reading it may stall like
-      // any read of the source, so this loader's limit applies.
-      const detail::IoTimeoutScope timeout(std::chrono::milliseconds(o.io_timeout_ms));
-      std::vector<std::byte> bytes;
-      detail::TierScratch paths;
-      const auto look_further = [&](size_t i) {
-        return o.on_error == OnError::kSkip && i < kSkipCandidates &&
-               i + 1 < shared->catalog.size();
-      };
-      for (size_t i = 0; size.empty(); ++i) {
-        try {
-          const auto sample = shared->tiers->read(i, nullptr, bytes, paths, /*tally=*/nullptr);
-          const std::string& path = paths.source;
-          detail::SampleDecoder decoder(shared->codec);
-          const auto header = decoder.jpeg.header(decoder.image_payload(sample, path), path);
-          size = {static_cast<uint32_t>(header.height), static_cast<uint32_t>(header.width)};
-        } catch (const IoError&) {
-          if (!look_further(i)) throw;
-        } catch (const DecodeError&) {
-          if (!look_further(i)) throw;
-        }
-      }
-    }
+    // Without an image_size each image keeps its own size: stage 3 reads it from the image's header,
+    // and the batch buffers grow to the batches' sizes as they do for arrays.
+    const ImageSize size = o.image_size;
     shared->image_size = size;
     image_size = size;
-    if (static_cast<uint64_t>(size.height) * size.width > o.max_pixels) {
-      throw ConfigError("image_size exceeds max_pixels");
+    if (!size.empty()) {
+      if (static_cast<uint64_t>(size.height) * size.width > o.max_pixels) {
+        throw ConfigError("image_size exceeds max_pixels");
+      }
+      detail::checked_mul(detail::checked_mul(size.height, size.width, "image_size"), 12,
+                          "image_size");
+      shared->image_bytes = detail::image_sample_bytes(size.height, size.width, o.dtype);
+      slot_bytes =
+          detail::checked_mul(shared->image_bytes, o.batch_size, "batch_size x image size");
     }
-    detail::checked_mul(detail::checked_mul(size.height, size.width, "image_size"), 12, "image_size");
-    shared->image_bytes = detail::image_sample_bytes(size.height, size.width, o.dtype);
-    slot_bytes = detail::checked_mul(shared->image_bytes, o.batch_size, "batch_size x image size");
     if (o.dtype == OutputType::kFloat32) shared->normalizer = std::make_unique<detail::Normalizer>(o);
   }
 
