@@ -6,6 +6,7 @@
 #include <string>
 
 #include <oneapi/tbb/parallel_for.h>
+#include <oneapi/tbb/task_arena.h>
 
 #include "decode/skip_policy.hpp"
 #include "prestage/error.hpp"
@@ -102,18 +103,23 @@ class BatchDecoder::Run {
 
  private:
   // Runs `step(i)` for every sample in parallel; a sample that fails is handed to `replace`.
+  // Isolated: while this thread waits for the batch's other samples it takes no other batch's
+  // decode, which could otherwise sit on top of this one on its stack: a later batch whose read
+  // stalls would hold up this one (and every batch after it) for as long as that read lasts.
   template <typename Step, typename Replace>
   void each(const Step& step, const Replace& replace) {
-    tbb::parallel_for(size_t{0}, b_.count, [&](size_t i) {
-      const auto start = Clock::now();
-      try {
-        step(i);
-      } catch (...) {
-        replace_or_fail(i, std::current_exception(), replace);
-      }
-      d_.busy_ns_.fetch_add(
-          std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - start).count(),
-          std::memory_order_relaxed);
+    tbb::this_task_arena::isolate([&] {
+      tbb::parallel_for(size_t{0}, b_.count, [&](size_t i) {
+        const auto start = Clock::now();
+        try {
+          step(i);
+        } catch (...) {
+          replace_or_fail(i, std::current_exception(), replace);
+        }
+        d_.busy_ns_.fetch_add(
+            std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - start).count(),
+            std::memory_order_relaxed);
+      });
     });
   }
 

@@ -167,8 +167,12 @@ Pipeline::Impl::Impl(Shared& s, std::shared_ptr<BatchRing> r, uint64_t first_epo
     // one (which the consumer waits for) needs.
     staged_in_order.emplace(g, [](Ticket t) { return static_cast<size_t>(t->seq); });
     buffers.emplace(g, o.depth);
-    // Stage 3: each batch decodes its samples in parallel on the arena's threads.
-    decoding.emplace(g, flow::unlimited, [this](Ticket t) {
+    // Stage 3: each batch decodes its samples in parallel on the arena's threads. At most as many
+    // batches at once as there are threads, the others queued in plan order: a batch's task that
+    // no thread can take at once would wait behind later batches (a task scheduler runs the last
+    // spawned first), and a later batch stalled in a read would then hold up the one the consumer
+    // waits for for as long as the read lasts (with one reader, for ever).
+    decoding.emplace(g, o.readers, [this](Ticket t) {
       try {
         return decode(t);
       } catch (...) {
