@@ -279,6 +279,20 @@ _CONVERT: Dict[str, Callable[[_core.LoaderOptions, str, Any], None]] = {
 }
 
 
+def decode_options(decode: Optional[str], array_name: Optional[str],
+                   max_sample_bytes: Optional[int], raw_dtype: Any, raw_shape: Any) -> Dict[str, Any]:
+    """The decode options an adaptor passes on to :class:`prestage.Loader`: ``decode`` and those of
+    the others given (``None``: the Loader's default)."""
+    out: Dict[str, Any] = {"decode": decode}
+    if array_name is not None:
+        out["array_name"] = array_name
+    if max_sample_bytes is not None:
+        out["max_sample_bytes"] = max_sample_bytes
+    if raw_dtype is not None or raw_shape is not None:
+        out.update(raw_dtype=raw_dtype, raw_shape=raw_shape)
+    return out
+
+
 def default_decode(catalog: Any) -> str:
     """The decode mode a catalog's samples take when none is given: ``"hdf5"`` for
     :meth:`Catalog.from_hdf5`, ``"npy"`` for :meth:`Catalog.from_arrays`, else ``"jpeg"``."""

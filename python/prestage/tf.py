@@ -22,7 +22,7 @@ import tensorflow as tf
 from prestage import _core
 from prestage.errors import ConfigError
 from prestage.loader import Loader, as_catalog
-from prestage.options import ImageOptions, default_decode
+from prestage.options import ImageOptions, decode_options, default_decode
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -109,13 +109,7 @@ def dataset(
         raise ConfigError(f"ragged must be True or False, got {ragged!r}")
     catalog = as_catalog(catalog)
     mode = decode if decode is not None else default_decode(catalog)
-    codec: Dict[str, Any] = {"decode": mode}
-    if array_name is not None:
-        codec["array_name"] = array_name
-    if max_sample_bytes is not None:
-        codec["max_sample_bytes"] = max_sample_bytes
-    if raw_dtype is not None or raw_shape is not None:
-        codec.update(raw_dtype=raw_dtype, raw_shape=raw_shape)
+    codec = decode_options(mode, array_name, max_sample_bytes, raw_dtype, raw_shape)
     loader = Loader(catalog, batch_size, image_size, **codec, **options)
     o = loader.options
     per_rank = math.ceil(len(catalog) / o.world_size)

@@ -48,7 +48,7 @@ import torch.utils.data
 from prestage import _core
 from prestage.errors import ConfigError, DecodeError, IoError
 from prestage.loader import Loader as _NumpyLoader, as_catalog
-from prestage.options import CommonOptions, default_decode
+from prestage.options import CommonOptions, decode_options, default_decode
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -465,13 +465,7 @@ class Loader(torch.utils.data.IterableDataset):
                 raise ConfigError(f"{name} must be True or False, got {flag!r}")
         self._device = _resolve_device(device)
         catalog = as_catalog(catalog)
-        decode_options: Dict[str, Any] = {"decode": decode}
-        if array_name is not None:
-            decode_options["array_name"] = array_name
-        if max_sample_bytes is not None:
-            decode_options["max_sample_bytes"] = max_sample_bytes
-        if raw_dtype is not None or raw_shape is not None:
-            decode_options.update(raw_dtype=raw_dtype, raw_shape=raw_shape)
+        codec = decode_options(decode, array_name, max_sample_bytes, raw_dtype, raw_shape)
         # What PyTorch spells differently is converted here; every rule is the core's.
         image_options: Dict[str, Any] = {"layout": layout, "dtype": _dtype_name(dtype)}
         if mean is not None:
@@ -498,7 +492,7 @@ class Loader(torch.utils.data.IterableDataset):
             image_options = {"layout": layout, "dtype": "uint8"}  # what crosses the bus
         self._rank, self._world_size = distributed_rank(rank, world_size)
         self._loader = _NumpyLoader(catalog, batch_size, image_size, rank=self._rank,
-                                    world_size=self._world_size, **decode_options,
+                                    world_size=self._world_size, **codec,
                                     **image_options, **options)
         if pin_memory:
             stats = self._loader.stats()
