@@ -14,7 +14,6 @@
 
 #include "decode/array.hpp"
 #include "decode/hdf5.hpp"
-#include "decode/npy.hpp"
 #include "decode/npz.hpp"
 #include "decode/tfrecord.hpp"
 #include "prestage/error.hpp"
@@ -773,19 +772,11 @@ Catalog Catalog::from_arrays(const std::vector<fs::path>& files, int64_t axis,
     const detail::FileRef file(path);
     const detail::FileSource source(file, 0, kWholeFile, path);  // one open for all its reads
     const uint64_t size = source.size();
-    std::array<std::byte, 8> magic;
-    const std::span<const std::byte> head = detail::read_magic(source, magic);
     detail::ArrayInfo whole;
-    if (detail::is_npy(head)) {
-      if (!member.empty() || !labels_member.empty()) {
-        throw ConfigError("from_arrays: '" + path + "' is a .npy file, which holds one array: it " +
-                          "has no member '" + (member.empty() ? labels_member : member) + "'");
-      }
-      detail::probe_npy(source, whole, ~uint64_t{0}, scratch);
-    } else if (detail::is_zip(head)) {
-      npz.probe(source, member, whole, ~uint64_t{0});
-    } else {
-      throw DecodeError(path, "neither a .npy file nor a .npz archive");
+    const auto array = detail::probe_array_file(source, member, whole, ~uint64_t{0}, npz, scratch);
+    if (!array.member && !(member.empty() && labels_member.empty())) {
+      throw ConfigError("from_arrays: '" + path + "' is a .npy file, which holds one array: it " +
+                        "has no member '" + (member.empty() ? labels_member : member) + "'");
     }
     const auto resolved = detail::resolve_axis(axis, whole.ndim);
     if (!resolved) no_axis("from_arrays", path, whole.ndim, axis);

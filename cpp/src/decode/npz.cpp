@@ -8,6 +8,7 @@
 #include <stdexcept>
 
 #include "decode/npy.hpp"
+#include "decode/zstd.hpp"
 #include "prestage/error.hpp"
 
 namespace prestage::detail {
@@ -352,6 +353,27 @@ void NpzDecoder::decode(const ByteSource& archive, const NpzMember& member, cons
   crc = crc32_of(crc, std::span<const std::byte>(target, info.bytes));
   if (crc != member.crc) Impl::fail(archive, "CRC mismatch in member data");
   if (transpose) fortran_to_c(target, out.data(), info);
+}
+
+ArrayFile probe_array_file(const ByteSource& file, const std::string& name, ArrayInfo& info,
+                           uint64_t max_bytes, NpzDecoder& npz, std::vector<std::byte>& scratch) {
+  std::array<std::byte, 8> magic;
+  const std::span<const std::byte> head = read_magic(file, magic);
+  ArrayFile found;
+  if (is_npy(head)) {
+    found.data_offset = probe_npy(file, info, max_bytes, scratch);
+  } else if (is_zip(head)) {
+    found.member = npz.probe(file, name, info, max_bytes);
+    if (!found.member->deflated) {
+      found.data_offset = found.member->data_start + found.member->npy_offset;
+    }
+  } else {
+    throw DecodeError(file.path(), is_zstd_frame(head)
+                                       ? "a zstd frame: an array is sliced from a .npy file or an "
+                                         ".npz archive as NumPy wrote it"
+                                       : "neither a .npy file nor a .npz archive");
+  }
+  return found;
 }
 
 }  // namespace prestage::detail

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -47,5 +48,17 @@ class NpzDecoder {
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };
+
+// The array of an array file, whose samples are slices of it: a .npy file's, or member `name` of an
+// .npz archive (empty: its only one), described in `info` (up to `max_bytes`) without reading its
+// data. `data_offset` is where its data start in the file (a deflated member: 0, as its data are
+// read only once inflated, by NpzDecoder::decode); `member` is set for an archive. A DecodeError
+// naming the file if it is neither.
+struct ArrayFile {
+  uint64_t data_offset = 0;
+  std::optional<NpzMember> member;
+};
+ArrayFile probe_array_file(const ByteSource& file, const std::string& name, ArrayInfo& info,
+                           uint64_t max_bytes, NpzDecoder& npz, std::vector<std::byte>& scratch);
 
 }  // namespace prestage::detail

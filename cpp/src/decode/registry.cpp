@@ -241,18 +241,15 @@ void SampleDecoder::probe(const SampleLocation& where, ArrayProbe& probe) {
 
 void SampleDecoder::probe_slice(const SampleLocation& where, ArrayProbe& probe) {
   const ByteSource& source = payload(where);
-  std::array<std::byte, 8> magic;
-  const std::span<const std::byte> head = read_magic(source, magic);
   ArrayInfo& whole = probe.whole;
   // The whole array is bounded by the file that holds it, not by max_sample_bytes: only the slice
   // is decoded (but a deflated member is inflated whole).
-  if (is_npy(head)) {
-    probe.data_offset = probe_npy(source, whole, ~uint64_t{0}, scratch_);
-    probe.kind = ArrayProbe::Kind::kSlice;
-  } else if (is_zip(head)) {
-    probe.member = npz_.probe(source, codec_.field, whole, ~uint64_t{0});
-    probe.kind = ArrayProbe::Kind::kSlice;
-    probe.data_offset = probe.member.data_start + probe.member.npy_offset;
+  const ArrayFile file =
+      probe_array_file(source, codec_.field, whole, ~uint64_t{0}, npz_, scratch_);
+  probe.data_offset = file.data_offset;
+  probe.kind = ArrayProbe::Kind::kSlice;
+  if (file.member) {
+    probe.member = *file.member;
     if (probe.member.deflated) {
       probe.kind = ArrayProbe::Kind::kDeflatedSlice;
       if (whole.bytes > codec_.max_bytes) {
@@ -262,11 +259,6 @@ void SampleDecoder::probe_slice(const SampleLocation& where, ArrayProbe& probe) 
                               std::to_string(codec_.max_bytes) + ")");
       }
     }
-  } else {
-    throw DecodeError(where.path, is_zstd_frame(head)
-                                      ? "a zstd frame: an array is sliced from a .npy file or an "
-                                        ".npz archive as NumPy wrote it"
-                                      : "neither a .npy file nor a .npz archive");
   }
   const auto axis = resolve_axis(codec_.axis, whole.ndim);
   if (!axis) {
