@@ -96,7 +96,7 @@ constexpr auto kStatsFields = std::make_tuple(
     field("plan", &Stats::plan), field("stage", &Stats::stage), field("decode", &Stats::decode),
     field("staged_files", &Stats::staged_files), field("adopted_files", &Stats::adopted_files),
     field("already_staged", &Stats::already_staged),
-    field("stage_failures", &Stats::stage_failures),
+    field("stage_failures", &Stats::stage_failures), field("stage_corrupt", &Stats::stage_corrupt),
     field("stage_expedited", &Stats::stage_expedited), field("read_ahead", &Stats::read_ahead),
     field("read_ahead_bytes", &Stats::read_ahead_bytes),
     field("stage_dir_disabled", &Stats::stage_dir_disabled),

@@ -2,9 +2,11 @@
 // and is counted in the tier that served it.
 #include <doctest/doctest.h>
 
+#include <chrono>
 #include <cstring>
 #include <filesystem>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "prestage/catalog.hpp"
@@ -14,6 +16,7 @@
 #include "tiers/tiers.hpp"
 
 using prestage::Catalog;
+using prestage::detail::Access;
 using prestage::detail::StageDirectory;
 using prestage::detail::Tier;
 using prestage::detail::TierScratch;
@@ -133,14 +136,14 @@ TEST_CASE("tiers: serve starts at the tier a first look chose and counts only wh
     file = *sample.file;
     return 6;
   };
-  CHECK(tiers.serve(1, Tier::kStage, nullptr, scratch, nullptr, look) == Tier::kStage);
+  CHECK(tiers.serve(1, Tier::kStage, nullptr, scratch, nullptr, Access::kLook, look) == Tier::kStage);
   CHECK(file == stage.staged_path(1));
-  CHECK(tiers.serve(1, Tier::kSource, nullptr, scratch, &tally, look) == Tier::kSource);
+  CHECK(tiers.serve(1, Tier::kSource, nullptr, scratch, &tally, Access::kLook, look) == Tier::kSource);
   CHECK(file == set.catalog.file_source_path(1).string());
   CHECK(tiers.served().reads[at(Tier::kStage)] == 0);
   CHECK(tiers.served().reads[at(Tier::kSource)] == 1);
   // An error other than a vanished copy is the sample's: it is not hidden by the next tier.
-  CHECK_THROWS_AS(tiers.serve(1, Tier::kStage, nullptr, scratch, &tally,
+  CHECK_THROWS_AS(tiers.serve(1, Tier::kStage, nullptr, scratch, &tally, Access::kLook,
                               [](const prestage::detail::SampleAt& s) -> uint64_t {
                                 throw prestage::DecodeError(*s.path, "bad");
                               }),
@@ -188,4 +191,85 @@ TEST_CASE("tiers: a sample over the limit is refused, unread when its size is kn
   Tiers unknown(set.catalog, nullptr, 10);
   CHECK_THROWS_AS(unknown.read(2, nullptr, buffer, scratch, &tally), prestage::DecodeError);
   CHECK_THROWS_AS(unknown.fetch_sample(2, buffer), prestage::DecodeError);
+}
+
+TEST_CASE("tiers: a staged copy changed after it was written is never served, read whole or in part") {
+  Set set;
+  StageDirectory stage(set.dir / "stage", set.catalog);
+  stage_file(stage, set.catalog, 1);
+  stage_file(stage, set.catalog, 2);
+  REQUIRE_FALSE(stage.unverified(1));
+  Tiers tiers(set.catalog, &stage, 1 << 20);
+  TierScratch scratch;
+  TierTally tally;
+  std::vector<std::byte> buffer;
+  CHECK(text(tiers.read(1, nullptr, buffer, scratch, &tally)) == "bravo!");
+  CHECK(tiers.served().reads[at(Tier::kStage)] == 1);
+  // Overwritten in place (same size, other bytes: a failing disk, a stray job), during the run.
+  prestage::test::write_file(stage.staged_path(1), bytes_of("BRAVO!"));
+  prestage::test::write_file(stage.staged_path(2), bytes_of(std::string(100, 'C')));
+  // Read whole: its CRC fails, the copy goes, the source serves.
+  CHECK(text(tiers.read(1, nullptr, buffer, scratch, &tally)) == "bravo!");
+  CHECK(tiers.served().reads[at(Tier::kStage)] == 1);
+  CHECK(tiers.served().reads[at(Tier::kSource)] == 1);
+  CHECK(stage.corrupt() == 1);
+  CHECK_FALSE(stage.is_staged(1));
+  CHECK_FALSE(std::filesystem::exists(stage.staged_path(1)));
+  // Read in part (as a codec reads a header): its identity changed, so its bytes are checked whole
+  // first, and fail.
+  std::string served_from;
+  const auto part = [&](const prestage::detail::SampleAt& at) -> uint64_t {
+    served_from = *at.file;
+    return 10;
+  };
+  CHECK(tiers.serve(2, Tier::kStage, nullptr, scratch, &tally, Access::kFile, part) == Tier::kSource);
+  CHECK(served_from == set.catalog.file_source_path(2).string());
+  CHECK(stage.corrupt() == 2);
+  CHECK_FALSE(stage.is_staged(2));
+  // decode=locate points at the source for a copy that fails.
+  stage_file(stage, set.catalog, 2);
+  CHECK(tiers.locate(2, nullptr) == Tier::kStage);
+  prestage::test::write_file(stage.staged_path(2), bytes_of(std::string(100, 'D')));
+  CHECK(tiers.locate(2, nullptr) == Tier::kSource);
+  CHECK(stage.corrupt() == 3);
+}
+
+TEST_CASE("tiers: a copy read in part is checked whole until it has settled, then by its identity") {
+  Set set;
+  StageDirectory stage(set.dir / "stage", set.catalog);
+  stage_file(stage, set.catalog, 2);
+  Tiers tiers(set.catalog, &stage, 1 << 20);
+  TierScratch scratch;
+  const auto part = [](const prestage::detail::SampleAt&) -> uint64_t { return 10; };
+  // Younger than the file times' tick: a write in it would not show, so each read checks it whole.
+  for (int i = 0; i < 2; ++i) {
+    scratch.check.clear();
+    CHECK(tiers.serve(2, Tier::kStage, nullptr, scratch, nullptr, Access::kFile, part) == Tier::kStage);
+    CHECK(scratch.check.size() == 100);
+  }
+  // Settled: checked whole once more, then trusted while its identity holds.
+  stage.set_settle_time(std::chrono::nanoseconds(0));
+  scratch.check.clear();
+  CHECK(tiers.serve(2, Tier::kStage, nullptr, scratch, nullptr, Access::kFile, part) == Tier::kStage);
+  CHECK(scratch.check.size() == 100);
+  scratch.check.clear();
+  CHECK(tiers.serve(2, Tier::kStage, nullptr, scratch, nullptr, Access::kFile, part) == Tier::kStage);
+  CHECK(scratch.check.empty());
+  CHECK(stage.corrupt() == 0);
+  // Any write changes its identity (a tick later at most): checked whole again, and caught.
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  prestage::test::write_file(stage.staged_path(2), bytes_of(std::string(100, 'X')));
+  CHECK(tiers.serve(2, Tier::kStage, nullptr, scratch, nullptr, Access::kFile, part) == Tier::kSource);
+  CHECK(stage.corrupt() == 1);
+}
+
+TEST_CASE("tiers: a use that reads a whole staged copy must check it") {
+  Set set;
+  StageDirectory stage(set.dir / "stage", set.catalog);
+  stage_file(stage, set.catalog, 1);
+  Tiers tiers(set.catalog, &stage, 1 << 20);
+  TierScratch scratch;
+  CHECK_THROWS_AS(tiers.serve(1, Tier::kStage, nullptr, scratch, nullptr, Access::kBytes,
+                              [](const prestage::detail::SampleAt&) -> uint64_t { return 6; }),
+                  std::logic_error);
 }

@@ -69,6 +69,8 @@ struct Stats {
                                  // when the consumer's next batch was due
   uint64_t read_ahead = 0;        // samples the stage directory declined (a bounded cache keeps
   uint64_t read_ahead_bytes = 0;  // what is needed sooner), read into memory by stage 2 instead
+  uint64_t stage_corrupt = 0;  // staged copies whose bytes did not match their record when read:
+                               // removed, and the source read instead (never a wrong byte)
   bool stage_dir_disabled = false;  // the stage directory failed; reads go to the source
   std::string stage_dir_error;
 

@@ -214,7 +214,7 @@ class BatchDecoder::Run {
     if (!codec.arrays()) {
       // Raw files: the file's (or byte range's) bytes as one array (Codec::raw_array).
       uint64_t n = 0;
-      s_.tiers[i] = d_.tiers_.serve(id, Tier::kMemory, held(i, id), r.paths, nullptr,
+      s_.tiers[i] = d_.tiers_.serve(id, Tier::kMemory, held(i, id), r.paths, nullptr, Access::kLook,
                                     [&](const SampleAt& at) -> uint64_t {
                                       n = at.in_memory() ? at.bytes.size()
                                           : at.locator.length != Catalog::kWholeFile
@@ -226,7 +226,7 @@ class BatchDecoder::Run {
       codec.raw_array(n, "|u1", info, r.paths.source);
       return;
     }
-    s_.tiers[i] = d_.tiers_.serve(id, Tier::kStage, nullptr, r.paths, nullptr,
+    s_.tiers[i] = d_.tiers_.serve(id, Tier::kStage, nullptr, r.paths, nullptr, Access::kFile,
                                   [&](const SampleAt& at) -> uint64_t {
                                     r.codec(codec).probe(
                                         SampleLocation{at.open(), *at.path, at.locator}, s_.probes[i]);
@@ -245,10 +245,11 @@ class BatchDecoder::Run {
       return;
     }
     if (!codec.arrays()) {
-      d_.tiers_.serve(id, s_.tiers[i], held(i, id), r.paths, b_.tally,
+      d_.tiers_.serve(id, s_.tiers[i], held(i, id), r.paths, b_.tally, Access::kBytes,
                       [&](const SampleAt& at) -> uint64_t {
                         if (!at.in_memory()) {
                           read_located(at.open(), at.locator, out);
+                          at.check(out);
                         } else if (at.bytes.size() == out.size()) {
                           std::copy(at.bytes.begin(), at.bytes.end(), out.begin());
                         } else {
@@ -257,7 +258,8 @@ class BatchDecoder::Run {
                         return out.size();
                       });
     } else {
-      d_.tiers_.serve(id, s_.tiers[i], nullptr, r.paths, b_.tally, [&](const SampleAt& at) -> uint64_t {
+      d_.tiers_.serve(id, s_.tiers[i], nullptr, r.paths, b_.tally, Access::kFile,
+                      [&](const SampleAt& at) -> uint64_t {
         r.codec(codec).fill(SampleLocation{at.open(), *at.path, at.locator}, s_.probes[i], out);
         return out.size();
       });

@@ -207,12 +207,18 @@ Peers::Fetched Peers::local(const Catalog::Locator& loc, std::vector<std::byte>&
   while (true) {
     stage_->take_over_published();
     if (stage_->is_staged(loc.file)) {
+      // Checked as Tiers::serve() checks a staged copy: a whole copy by its CRC, a part of one by
+      // the copy's identity. A copy that fails is removed; the caller reads the source.
+      const bool whole = loc.length == Catalog::kWholeFile;
+      std::vector<std::byte> check;
+      if (!whole && !stage_->unchanged(loc.file, check)) return Fetched::kNone;
       try {
         read_located(FileRef(stage_->staged_path(loc.file)), loc, out);
-        return Fetched::kLocal;
       } catch (const IoError&) {
         return Fetched::kNone;
       }
+      if (whole && !stage_->intact(loc.file, out)) return Fetched::kNone;
+      return Fetched::kLocal;
     }
     if (closing() || std::chrono::steady_clock::now() >= until) return Fetched::kNone;
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
@@ -230,7 +236,8 @@ PeerAnswer Peers::serve(uint64_t file, std::vector<std::byte>& bytes, uint32_t& 
   } catch (const IoError&) {
     return PeerAnswer::kAbsent;
   }
-  if (bytes.size() != stage_->staged_size(file)) return PeerAnswer::kAbsent;
+  // A copy that changed on this node's SSD is removed here too, not only refused by the asker.
+  if (!stage_->intact(file, bytes)) return PeerAnswer::kAbsent;
   served_.fetch_add(1, std::memory_order_relaxed);
   served_bytes_.fetch_add(bytes.size(), std::memory_order_relaxed);
   return PeerAnswer::kServed;

@@ -5,7 +5,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <ctime>
 #include <charconv>
 #include <cstdio>
 #include <cstring>
@@ -95,6 +97,20 @@ size_t for_each_record(std::span<const std::byte> bytes, Found found) {
   }
   return at;
 }
+// What any write to a file changes: its inode, size, modification and change times (the change
+// time cannot be set back by a user), mixed into one nonzero word.
+uint64_t identity(const struct stat& st) noexcept {
+  uint64_t h = 0x9e3779b97f4a7c15ULL;
+  for (const uint64_t v : {static_cast<uint64_t>(st.st_dev), static_cast<uint64_t>(st.st_ino),
+                           static_cast<uint64_t>(st.st_size), static_cast<uint64_t>(st.st_mtim.tv_sec),
+                           static_cast<uint64_t>(st.st_mtim.tv_nsec), static_cast<uint64_t>(st.st_ctim.tv_sec),
+                           static_cast<uint64_t>(st.st_ctim.tv_nsec)}) {
+    h ^= v + 0x9e3779b97f4a7c15ULL + (h << 6) + (h >> 2);
+    h *= 0xbf58476d1ce4e5b9ULL;
+    h ^= h >> 31;
+  }
+  return h != 0 ? h : 1;
+}
 }  // namespace
 
 StageDirectory::StageDirectory(const fs::path& dir, const Catalog& catalog)
@@ -107,6 +123,7 @@ StageDirectory::StageDirectory(const fs::path& dir, const Catalog& catalog)
       crcs_(new std::atomic<uint32_t>[size_]()),
       taken_(new std::atomic<uint8_t>[size_]()),
       reserved_(new std::atomic<uint64_t>[size_]()),
+      checked_(new std::atomic<uint64_t>[size_]()),
       indexed_size_(size_, kNoRecord),
       indexed_crc_(size_, 0) {
   std::error_code ec;
@@ -542,10 +559,62 @@ bool StageDirectory::verify(uint64_t id, std::vector<std::byte>& buffer) {
     return false;
   }
   if (buffer.size() != staged_size(id) || crc32c(buffer) != crcs_[id].load(std::memory_order_relaxed)) {
-    discard(id);  // corrupted on the SSD: never served
+    reject(id);  // corrupted on the SSD: never served
     return false;
   }
   unverified_[id].store(0, std::memory_order_release);
+  return true;
+}
+
+void StageDirectory::reject(uint64_t id) noexcept {
+  corrupt_.fetch_add(1, std::memory_order_relaxed);
+  checked_[id].store(0, std::memory_order_relaxed);
+  discard(id);
+}
+
+bool StageDirectory::intact(uint64_t id, std::span<const std::byte> bytes) noexcept {
+  if (bytes.size() == staged_size(id) && crc32c(bytes) == crcs_[id].load(std::memory_order_relaxed)) {
+    return true;
+  }
+  reject(id);
+  return false;
+}
+
+bool StageDirectory::unchanged(uint64_t id, std::vector<std::byte>& buffer) {
+  const std::string path = staged_path(id);
+  struct stat before {};
+  if (::stat(path.c_str(), &before) != 0) return false;  // gone: the caller reads the source
+  const uint64_t seen = identity(before);
+  if (checked_[id].load(std::memory_order_relaxed) == seen) return true;
+  // Read through one descriptor, so that the bytes checked are those of the file whose identity
+  // is kept.
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return false;
+  struct Closer {
+    int fd;
+    ~Closer() { ::close(fd); }
+  } closer{fd};
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) return false;
+  buffer.resize(static_cast<size_t>(st.st_size));
+  size_t done = 0;
+  while (done < buffer.size()) {
+    const ssize_t n = ::pread(fd, buffer.data() + done, buffer.size() - done, static_cast<off_t>(done));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    done += static_cast<size_t>(n);
+  }
+  buffer.resize(done);
+  if (!intact(id, buffer)) return false;
+  // File times tick coarsely (a kernel tick, or a second on some file systems): a write in the
+  // tick of the last change leaves them as they are. The identity is trusted only once that tick
+  // is surely over; until then each read checks the bytes whole.
+  timespec now {};
+  ::clock_gettime(CLOCK_REALTIME, &now);
+  const auto ns = [](const timespec& t) { return int64_t{t.tv_sec} * 1'000'000'000 + t.tv_nsec; };
+  const int64_t changed = std::max(ns(st.st_mtim), ns(st.st_ctim));
+  const bool settled = ns(now) - changed >= settle_.count();
+  checked_[id].store(settled ? identity(st) : 0, std::memory_order_relaxed);
   return true;
 }
 

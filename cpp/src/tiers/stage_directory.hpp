@@ -141,6 +141,26 @@ class StageDirectory {
   // copy is gone.
   bool verify(uint64_t id, std::vector<std::byte>& buffer);
 
+  // The checks of every read from a staged copy (never a wrong byte), from any thread:
+  //  - intact(): the bytes of a read of the whole copy against its record (size, CRC-32C): no
+  //    extra I/O.
+  //  - unchanged(): before a read of part of the copy (a sample of a shard, an array's header or
+  //    data), the copy's identity (inode, size, modification and change times: any write to the
+  //    file changes them) against the one it had when this process last read it whole and checked
+  //    it; where it differs or is not known yet, its bytes are checked whole again (a read of the
+  //    copy into `buffer`). File times tick coarsely, so an identity is kept only once its copy
+  //    has not changed for settle_time(): a copy younger than that is checked whole at each read.
+  // A copy that fails is removed (whoever holds it: the next use copies it again) and counted in
+  // corrupt(); the caller reads the source instead.
+  bool intact(uint64_t id, std::span<const std::byte> bytes) noexcept;
+  bool unchanged(uint64_t id, std::vector<std::byte>& buffer);
+  // Copies found corrupt by a read (intact(), unchanged(), verify()) and removed.
+  uint64_t corrupt() const noexcept { return corrupt_.load(std::memory_order_relaxed); }
+  // Longer than the coarsest file-time tick of the file systems a stage directory lives on (ext4
+  // with small inodes: 1 s). Tests shorten it; set before the first read.
+  static constexpr std::chrono::milliseconds kSettleTime{2000};
+  void set_settle_time(std::chrono::nanoseconds t) noexcept { settle_ = t; }
+
   // The source side of stage() failed (reading the PFS), not the stage directory.
   struct SourceError {
     std::exception_ptr error;
@@ -160,6 +180,7 @@ class StageDirectory {
   void append_record(const Record& record);
   void forget(uint64_t id) noexcept;  // staged in this view -> absent (its copy is gone)
   void discard(uint64_t id) noexcept;  // a corrupt or vanished copy: removed, whoever holds it
+  void reject(uint64_t id) noexcept;   // a corrupt copy: discarded and counted
   // Unlinks the copy the table has just marked gone, and gives its bytes back to the node.
   void remove_copy(uint64_t id) noexcept;
   bool open_index(const std::string& index);
@@ -175,6 +196,10 @@ class StageDirectory {
   std::unique_ptr<std::atomic<uint32_t>[]> crcs_;
   std::unique_ptr<std::atomic<uint8_t>[]> taken_;  // see first_use_of_taken_over()
   std::unique_ptr<std::atomic<uint64_t>[]> reserved_;  // bytes reserved for this process's claim
+  // Per file: the identity its copy had when this process last checked its bytes whole (0: none).
+  std::unique_ptr<std::atomic<uint64_t>[]> checked_;
+  std::atomic<uint64_t> corrupt_{0};
+  std::chrono::nanoseconds settle_ = kSettleTime;
   std::unique_ptr<NodeTable> table_;
   std::atomic<uint64_t> taken_over_{0};
   uint64_t found_at_start_ = 0;

@@ -7,6 +7,11 @@
 
 namespace prestage::detail {
 
+void SampleAt::check(std::span<const std::byte> read) const {
+  checked = true;
+  if (stage != nullptr && !stage->intact(file_id, read)) throw CorruptCopy{};
+}
+
 Tiers::Tiers(const Catalog& catalog, StageDirectory* stage, uint64_t max_read_bytes)
     : catalog_(catalog), stage_(stage), max_read_bytes_(max_read_bytes) {}
 
@@ -34,12 +39,13 @@ std::span<const std::byte> Tiers::read(uint64_t id, const std::vector<std::byte>
                                        TierTally* tally) {
   check_size(id, sample_size(id));
   std::span<const std::byte> bytes;
-  serve(id, Tier::kMemory, held, scratch, tally, [&](const SampleAt& at) -> uint64_t {
+  serve(id, Tier::kMemory, held, scratch, tally, Access::kBytes, [&](const SampleAt& at) -> uint64_t {
     if (at.in_memory()) {
       bytes = at.bytes;
     } else {
       read_located(at.open(), at.locator, buffer);
       check_size(id, buffer.size());  // a file without a recorded size
+      at.check(buffer);
       bytes = buffer;
     }
     return bytes.size();
@@ -49,7 +55,11 @@ std::span<const std::byte> Tiers::read(uint64_t id, const std::vector<std::byte>
 
 Tier Tiers::locate(uint64_t id, TierTally* tally) {
   const uint64_t file = catalog_.locator(id).file;
-  const Tier tier = stage_ != nullptr && stage_->is_staged(file) && !stage_->unverified(file)
+  // The consumer reads what it is told to: a staged copy is checked first, as serve() checks one
+  // that is read in part.
+  std::vector<std::byte> check;
+  const Tier tier = stage_ != nullptr && stage_->is_staged(file) && !stage_->unverified(file) &&
+                            stage_->unchanged(file, check)
                         ? Tier::kStage
                         : Tier::kSource;
   const uint64_t size = sample_size(id);

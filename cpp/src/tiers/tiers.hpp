@@ -10,6 +10,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <span>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -39,12 +40,32 @@ struct SampleAt {
   bool in_memory() const noexcept { return file == nullptr; }
   // `file` as it must be opened (the catalog's symlink policy applies to source files only).
   FileRef open() const { return root != nullptr ? FileRef(*file, *root) : FileRef(*file); }
+
+  // A use that reads the sample's bytes (Access::kBytes) passes them here once read: a staged
+  // copy read whole is checked against its record; a copy that fails is removed and the read
+  // goes to the next tier (StageDirectory::intact()).
+  void check(std::span<const std::byte> read) const;
+
+  StageDirectory* stage = nullptr;  // set: `file` is a whole staged copy, to check()
+  uint64_t file_id = 0;
+  mutable bool checked = false;
 };
+
+// What a use of a sample (Tiers::serve) does with it, which says how a staged copy is checked.
+enum class Access : uint8_t {
+  kLook,   // reads nothing of its bytes (a size from the catalog or the file's length)
+  kBytes,  // reads them whole, and passes them to SampleAt::check()
+  kFile,   // reads parts of the file itself (a codec's header and data)
+};
+
+// Thrown by SampleAt::check() for a copy that failed: serve() reads the next tier.
+struct CorruptCopy {};
 
 // Per-thread strings for the paths a lookup builds, so that no read allocates once warm.
 struct TierScratch {
   std::string staged;
   std::string source;
+  std::vector<std::byte> check;  // a staged copy's bytes, read to check it whole
 };
 
 struct TierCounts {
@@ -95,13 +116,16 @@ class Tiers {
   // (the bytes stage 2 read ahead for it, or null), the stage directory's copy (not one left by an
   // earlier run that stage 2 has not yet checked against its record), the source.
   // `use` returns the bytes it took; an IoError it throws while the stage directory serves means the
-  // copy vanished (the directory was cleaned or lost), and the next tier serves. With a `tally`, the
-  // read is counted in the tier that served, there and in served() (a first look at a sample's size
-  // or header passes null, and its read the batch's tally). Returns that tier. Other errors
-  // propagate.
+  // copy vanished (the directory was cleaned or lost), and the next tier serves. `access` says what
+  // `use` reads, and so how a staged copy is checked before it is trusted (never a wrong byte):
+  // kBytes of a whole copy by its CRC-32C (use calls at.check()), kFile and kBytes of part of a copy
+  // by StageDirectory::unchanged(); a copy that fails is removed and counted, and the source serves.
+  // With a `tally`, the read is counted in the tier that served, there and in served() (a first
+  // look at a sample's size or header passes null, and its read the batch's tally), and the I/O
+  // trace records it: one record per counted read. Returns that tier. Other errors propagate.
   template <typename Use>
   Tier serve(uint64_t id, Tier from, const std::vector<std::byte>* held, TierScratch& scratch,
-             TierTally* tally, const Use& use);
+             TierTally* tally, Access access, const Use& use);
 
   // Stage 3: sample `id`'s bytes, from `held` or read into `buffer` (resized to fit), counted
   // as serve() says (null: a look at the set, not a read of an epoch's sample). Refuses a sample
@@ -141,25 +165,23 @@ class Tiers {
 
 template <typename Use>
 Tier Tiers::serve(uint64_t id, Tier from, const std::vector<std::byte>* held, TierScratch& scratch,
-                  TierTally* tally, const Use& use) {
+                  TierTally* tally, Access access, const Use& use) {
   const Catalog::Locator loc = catalog_.locator(id);
   SampleAt at;
   at.locator = loc;
   at.path = &source_path(loc.file, scratch.source);
-  const auto done = [&](Tier tier, uint64_t n) {
-    if (tally != nullptr) {
+  const auto run = [&](Tier tier) {
+    const bool counted = tally != nullptr;
+    const int64_t start = counted && trace_ != nullptr ? trace_->now_ns() : 0;
+    const uint64_t n = use(at);
+    if (counted) {
+      if (trace_ != nullptr) {
+        trace_->add(id, loc.file, loc.offset, n, start, static_cast<uint8_t>(tier), TraceKind::kRead);
+      }
       served_.add(tier, n);
       tally->add(tier, n);
     }
     return tier;
-  };
-  const auto run = [&](Tier tier) {
-    const int64_t start = trace_ != nullptr ? trace_->now_ns() : 0;
-    const uint64_t n = use(at);
-    if (trace_ != nullptr) {
-      trace_->add(id, loc.file, loc.offset, n, start, static_cast<uint8_t>(tier), TraceKind::kRead);
-    }
-    return done(tier, n);
   };
   if (from == Tier::kMemory && held != nullptr) {
     at.tier = Tier::kMemory;
@@ -169,13 +191,27 @@ Tier Tiers::serve(uint64_t id, Tier from, const std::vector<std::byte>* held, Ti
   // A copy left by an earlier run is served only once stage 2 has checked it against its record.
   if (from <= Tier::kStage && stage_ != nullptr && stage_->is_staged(loc.file) &&
       !stage_->unverified(loc.file)) {
-    scratch.staged = stage_->staged_path(loc.file);
-    at.tier = Tier::kStage;
-    at.file = &scratch.staged;
-    try {
-      return run(Tier::kStage);
-    } catch (const IoError&) {
-      // The copy vanished: the source has the same bytes.
+    const bool whole = access == Access::kBytes && loc.length == Catalog::kWholeFile;
+    if (whole || access == Access::kLook || stage_->unchanged(loc.file, scratch.check)) {
+      scratch.staged = stage_->staged_path(loc.file);
+      at.tier = Tier::kStage;
+      at.file = &scratch.staged;
+      if (whole) {
+        at.stage = stage_;
+        at.file_id = loc.file;
+      }
+      try {
+        const Tier tier = run(Tier::kStage);
+        if (whole && !at.checked) throw std::logic_error("tiers: a staged copy was read unchecked");
+        return tier;
+      } catch (const IoError&) {
+        // The copy vanished: the source has the same bytes.
+      } catch (const CorruptCopy&) {
+        // Removed and counted by check(): the source has the right bytes.
+      }
+      at = SampleAt{};
+      at.locator = loc;
+      at.path = &scratch.source;
     }
   }
   at.tier = Tier::kSource;
