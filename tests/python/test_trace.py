@@ -120,3 +120,38 @@ def test_a_bad_trace_is_refused_and_a_torn_record_dropped(tmp_path, capsys):
     with pytest.raises(prestage.IoError, match="cannot create the I/O trace"):
         prestage.Loader(small_set(tmp_path / "src"), batch_size=4, decode="raw",
                         trace=tmp_path / "missing" / "dir" / "run.trace")
+
+
+@pytest.mark.parametrize("staged", [False, True])
+def test_the_trace_has_one_record_per_read_the_counters_count(tmp_path, staged):
+    # Raw samples are sized by a first look (a stat, or the stage directory's record), then read:
+    # only the read is one.
+    root = tmp_path / "src"
+    root.mkdir()
+    for i in range(10):
+        (root / f"{i}.bin").write_bytes(bytes([i]) * 1000)
+    catalog = prestage.Catalog.from_folder(root, [".bin"])
+    path = tmp_path / "run.trace"
+    stage = {"stage_dir": tmp_path / "stage", "stage_patience": None} if staged else {}
+    loader = prestage.Loader(catalog, batch_size=5, decode="raw", trace=path, **stage)
+    for epoch in range(2):
+        loader.set_epoch(epoch)
+        for _ in loader:
+            pass
+    loader.close()
+    stats = loader.stats()
+    _, records = traces.read(path)
+    kinds = records["kind"].tolist()
+    tiers = records["tier"].tolist()
+    count = {(k, t): sum(1 for a, b in zip(kinds, tiers)
+                         if a == traces.KINDS.index(k) and b == traces.TIERS.index(t))
+             for k in traces.KINDS for t in traces.TIERS}
+    assert sum(count.values()) == len(records)
+    if staged:
+        # Each file copied once from the source, then every read served by its copy.
+        assert count[("copy", "source")] == stats["staged_files"] == stats["source_reads"] == 10
+        assert count[("read", "stage")] == stats["bytes_from_stage"] // 1000 >= 20
+        assert len(records) == count[("copy", "source")] + count[("read", "stage")]
+    else:
+        assert count[("read", "source")] == stats["source_reads"] >= 20
+        assert len(records) == count[("read", "source")]
