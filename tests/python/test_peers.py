@@ -34,7 +34,8 @@ RANKS_PER_NODE = 2
 # depth 2) are fewer than an epoch's. Writes per batch the indices and a digest of the bytes, the
 # samples whose bytes differ from the backing file, and its figures. `stop_rank` closes its loader
 # after epoch 0 (a peer that stops answering); `corrupt` = [rank, file id]: that rank flips a byte
-# of its node's copy of the file after epoch 0.
+# of its node's copy of the file after epoch 0, in place; [rank, "all"]: the first 64 bytes of every
+# copy of its node (the other ranks wait until it is done).
 RANK = textwrap.dedent("""
     import glob, hashlib, json, os, sys, time
     from pathlib import Path
@@ -71,10 +72,23 @@ RANK = textwrap.dedent("""
         wait(f"e{epoch}", live if epoch > 0 else range(cfg["world"]))
         if epoch == 0 and cfg["corrupt"] and cfg["corrupt"][0] == rank:
             f = cfg["corrupt"][1]
-            (copy,) = glob.glob(os.path.join(stage, "prestage-*", f"{f % 256:02x}", f"{f:x}"))
-            raw = bytearray(Path(copy).read_bytes())
-            raw[len(raw) // 2] ^= 0xFF
-            Path(copy).write_bytes(bytes(raw))
+            if f == "all":  # the first 64 bytes of every copy of the node, in place
+                copies = glob.glob(os.path.join(stage, "prestage-*", "[0-9a-f][0-9a-f]", "*"))
+            else:
+                copies = glob.glob(os.path.join(stage, "prestage-*", f"{f % 256:02x}", f"{f:x}"))
+                assert len(copies) == 1
+            for copy in copies:
+                if copy.endswith(".part"):
+                    continue
+                raw = bytearray(Path(copy).read_bytes())
+                span = range(min(64, len(raw))) if f == "all" else [len(raw) // 2]
+                for k in span:
+                    raw[k] ^= 0xFF
+                with open(copy, "r+b") as out:
+                    out.write(bytes(raw))
+            wait("corrupted", range(cfg["world"]))
+        elif epoch == 0 and cfg["corrupt"]:
+            wait("corrupted", range(cfg["world"]))
         if epoch == 0 and cfg["stop_rank"] >= 0:
             if rank == cfg["stop_rank"]:
                 loader.close()  # answers no more
@@ -235,7 +249,11 @@ def test_a_stopped_peer_and_a_corrupted_home_copy_cost_reads_of_the_pfs_not_a_ha
     for rank in (0, 1, 2):
         assert ranks[rank]["wrong"] == []  # every byte delivered is right
     s0, s1 = ranks[0]["stats"], ranks[1]["stats"]
-    assert s0["peer_corrupt"] == 1 and s1["peer_corrupt"] == 0
+    # The owner checks its copy before it sends it, finds it changed, removes it and answers that
+    # it has none: rank 0 reads the PFS (a fallback; a reply that is corrupt on the way would be
+    # counted in its peer_corrupt).
+    assert ranks[2]["stats"]["stage_corrupt"] == 1
+    assert s0["peer_corrupt"] == 0 and s1["peer_corrupt"] == 0
     victim_path = cat.path(victim)
     assert after[victim_path]["opens"] - before.get(victim_path, {"opens": 0})["opens"] == 2
     for rank, s in ((0, s0), (1, s1)):
@@ -248,7 +266,8 @@ def test_a_stopped_peer_and_a_corrupted_home_copy_cost_reads_of_the_pfs_not_a_ha
         assert fetched_or_read == len(uses)
         # Rank 3 answers no more: its files (but those fetched before it stopped) were read from
         # the PFS, each after peer_timeout.
-        fallbacks = epoch1["source_reads"] - epoch1["copies_made"] - s["peer_corrupt"]
+        refused = int(rank == 0)  # the victim
+        fallbacks = epoch1["source_reads"] - epoch1["copies_made"] - refused
         assert 0 < fallbacks <= sum(owner[i] == 3 for i in uses)
         assert s["peer_fallbacks"] >= fallbacks + s["peer_corrupt"]
 
@@ -344,3 +363,19 @@ def test_peer_options_are_checked():
                 {"comm": object()}):
         with pytest.raises(prestage.ConfigError, match=next(iter(bad))):
             to_core(cat, 1, None, bad)
+
+
+def test_copies_changed_on_a_nodes_ssd_are_never_served_by_its_own_ranks_nor_its_peers(job):
+    run, cat, emulator, backing = job
+    # After epoch 0 every copy on node 1 is overwritten in part (a failing disk, a stray job). Its
+    # own ranks check each copy they read (stage 3, and their neighbour's copies for read-ahead), and
+    # node 0's ranks check what node 1 sends: not one wrong sample, the changes counted.
+    ranks = run(peers=True, epochs=3, corrupt=[2, "all"])
+    assert all(r["wrong"] == [] for r in ranks)
+    node1 = [r["stats"] for r in ranks[2:]]
+    caught = sum(s["stage_corrupt"] for s in node1)
+    assert caught > 0
+    reference = run(peers=False, epochs=3)
+    for r, ref in zip(ranks, reference):
+        assert [b[:2] for b in r["batches"]] == [b[:2] for b in ref["batches"]]
+        assert [b[2] for b in r["batches"]] == [b[2] for b in ref["batches"]]

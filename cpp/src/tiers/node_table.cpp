@@ -101,7 +101,7 @@ void NodeTable::release(uint64_t bytes) noexcept {
 void NodeTable::let_go(uint64_t id) noexcept {
   uint32_t w = word(id).load(std::memory_order_relaxed);
   // Never below zero holders: a hold cannot be let go twice, but the word is shared memory.
-  while ((w & ~kOnDisk) != 0 &&
+  while ((w & kHolders) != 0 &&
          !word(id).compare_exchange_weak(w, w - 1, std::memory_order_acq_rel)) {
   }
 }

@@ -35,7 +35,13 @@ class NodeTable {
   void release(uint64_t bytes) noexcept;
 
   // File `id`'s copy is on disk now.
-  void published(uint64_t id) noexcept { word(id).fetch_or(kOnDisk, std::memory_order_acq_rel); }
+  void published(uint64_t id) noexcept {
+    word(id).fetch_or(kOnDisk | kPublished, std::memory_order_acq_rel);
+  }
+  // A copy of `id` was on the node's disk at some time (it may be gone since).
+  bool ever_published(uint64_t id) const noexcept {
+    return (word(id).load(std::memory_order_acquire) & kPublished) != 0;
+  }
   bool on_disk(uint64_t id) const noexcept {
     return (word(id).load(std::memory_order_acquire) & kOnDisk) != 0;
   }
@@ -47,8 +53,11 @@ class NodeTable {
   // Marks the copy of `id` gone if it is on disk and nobody holds it; true if this call did (the
   // caller then removes the file and releases its bytes). So two processes never both remove it.
   bool remove(uint64_t id) noexcept {
-    uint32_t expected = kOnDisk;
-    return word(id).compare_exchange_strong(expected, 0, std::memory_order_acq_rel);
+    uint32_t w = word(id).load(std::memory_order_acquire);
+    while ((w & ~kPublished) == kOnDisk) {
+      if (word(id).compare_exchange_weak(w, w & ~kOnDisk, std::memory_order_acq_rel)) return true;
+    }
+    return false;
   }
   // Marks it gone whoever holds it (a copy found corrupt); true if it was on disk.
   bool remove_held(uint64_t id) noexcept {
@@ -62,6 +71,8 @@ class NodeTable {
 
  private:
   static constexpr uint32_t kOnDisk = 0x80000000u;
+  static constexpr uint32_t kPublished = 0x40000000u;  // sticky: see ever_published()
+  static constexpr uint32_t kHolders = ~(kOnDisk | kPublished);
   struct Header;
   std::atomic<uint32_t>& word(uint64_t id) const noexcept { return words_[id]; }
 

@@ -220,7 +220,12 @@ Peers::Fetched Peers::local(const Catalog::Locator& loc, std::vector<std::byte>&
       if (whole && !stage_->intact(loc.file, out)) return Fetched::kNone;
       return Fetched::kLocal;
     }
-    if (closing() || std::chrono::steady_clock::now() >= until) return Fetched::kNone;
+    // The wait is for a home copy that is coming (the start epoch's first copy). One that was on
+    // the node and is gone (found corrupt, here or by a neighbour) is not: the source is read now.
+    if (stage_->node().ever_published(loc.file) || closing() ||
+        std::chrono::steady_clock::now() >= until) {
+      return Fetched::kNone;
+    }
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
 }
@@ -229,7 +234,10 @@ PeerAnswer Peers::serve(uint64_t file, std::vector<std::byte>& bytes, uint32_t& 
   if (!ready_.load(std::memory_order_acquire)) return PeerAnswer::kLater;  // e0 not started here
   if (stage_ == nullptr || file >= own_.home.size() || !home_here(file)) return PeerAnswer::kAbsent;
   stage_->take_over_published();  // a copy a neighbour on this node made
-  if (!stage_->is_staged(file)) return PeerAnswer::kLater;  // its copy is coming (e0)
+  if (!stage_->is_staged(file)) {
+    // Its copy is coming (e0), unless it was here and is gone (found corrupt): then none is.
+    return stage_->node().ever_published(file) ? PeerAnswer::kAbsent : PeerAnswer::kLater;
+  }
   crc = stage_->staged_crc(file);
   try {
     read_file(FileRef(stage_->staged_path(file)), bytes);

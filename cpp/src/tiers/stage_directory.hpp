@@ -156,6 +156,7 @@ class StageDirectory {
   bool unchanged(uint64_t id, std::vector<std::byte>& buffer);
   // Copies found corrupt by a read (intact(), unchanged(), verify()) and removed.
   uint64_t corrupt() const noexcept { return corrupt_.load(std::memory_order_relaxed); }
+
   // Longer than the coarsest file-time tick of the file systems a stage directory lives on (ext4
   // with small inodes: 1 s). Tests shorten it; set before the first read.
   static constexpr std::chrono::milliseconds kSettleTime{2000};
