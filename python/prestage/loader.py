@@ -77,6 +77,12 @@ class Loader:
         prefetchers: stage 2 threads (I/O bound: more than cores is normal).
         readers: stage 3 threads (CPU bound).
         lookahead: batches stage 2 may work on ahead of stage 3.
+            Each of these three left out (or None) is sized to the machine: readers from the CPUs
+            this process may use (its affinity and cgroup quota) shared among the ranks of its
+            node (``LOCAL_WORLD_SIZE``, ``SLURM_NTASKS_PER_NODE``, ``OMPI_COMM_WORLD_LOCAL_SIZE``),
+            less one for the training loop from 4 up; prefetchers twice that (4 to 64); lookahead
+            4 (8 from 16 prefetchers). ``stats()["threads_why"]`` says what was chosen and why,
+            ``loader.options`` gives the values. A value given (here or in ``tuned=``) is kept.
         depth: batch buffers: batches decoded ahead plus those the caller still holds.
         rank, world_size: this process's share of every global batch (distributed training).
         drop_last: drop the last, incomplete global batch (else ranks are padded to equal counts).

@@ -48,9 +48,9 @@ class CommonOptions(TypedDict, total=False):
     stage_dir: Union[str, os.PathLike[str], None]
     cache_bytes: Optional[int]
     eviction: Literal["clairvoyant", "lru"]
-    prefetchers: int
-    readers: int
-    lookahead: int
+    prefetchers: Optional[int]
+    readers: Optional[int]
+    lookahead: Optional[int]
     depth: int
     max_pixels: int
     io_timeout: Optional[float]
@@ -119,6 +119,16 @@ def _set(options: _core.LoaderOptions, field: str, name: str, value: Any) -> Non
 def _integer(options: _core.LoaderOptions, name: str, value: Any) -> None:
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise ConfigError(f"{name} must be an integer, got {value!r}")
+    _set(options, name, name, operator.index(value))
+
+
+def _threads(options: _core.LoaderOptions, name: str, value: Any) -> None:
+    """prefetchers, readers, lookahead: a count of at least 1, or None: sized to the machine."""
+    if value is None:
+        return  # the C++ default: LoaderOptions::kAuto
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+        raise ConfigError(f"{name} must be an integer of at least 1, or None to size it to the "
+                          f"machine, got {value!r}")
     _set(options, name, name, operator.index(value))
 
 
@@ -252,9 +262,9 @@ _CONVERT: Dict[str, Callable[[_core.LoaderOptions, str, Any], None]] = {
     "stage_dir": _text("stage_dir"),
     "cache_bytes": _cache_bytes,
     "eviction": _enum(_core.Eviction),
-    "prefetchers": _integer,
-    "readers": _integer,
-    "lookahead": _integer,
+    "prefetchers": _threads,
+    "readers": _threads,
+    "lookahead": _threads,
     "depth": _integer,
     "max_pixels": _integer,
     "io_timeout": _seconds("io_timeout_ms", none=0, zero_means_none=True),

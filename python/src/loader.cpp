@@ -94,6 +94,8 @@ constexpr auto kStatsFields = std::make_tuple(
     field("wall_s", &Stats::wall_s), field("batches", &Stats::batches),
     field("samples", &Stats::samples), field("consumer_stall_s", &Stats::consumer_stall_s),
     field("plan", &Stats::plan), field("stage", &Stats::stage), field("decode", &Stats::decode),
+    field("threads_why", &Stats::threads_why), field("usable_cpus", &Stats::usable_cpus),
+    field("local_ranks", &Stats::local_ranks),
     field("staged_files", &Stats::staged_files), field("adopted_files", &Stats::adopted_files),
     field("already_staged", &Stats::already_staged),
     field("stage_failures", &Stats::stage_failures), field("stage_corrupt", &Stats::stage_corrupt),

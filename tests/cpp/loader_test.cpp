@@ -261,7 +261,7 @@ TEST_CASE("loader: options are checked at construction, naming the option") {
     CHECK_THROWS_AS(Loader(cat, o), prestage::ConfigError);
   };
   bad([](LoaderOptions& o) { o.batch_size = 0; });
-  bad([](LoaderOptions& o) { o.readers = 0; });
+  bad([](LoaderOptions& o) { o.readers = 2000; });  // 0 is LoaderOptions::kAuto (machine_test)
   bad([](LoaderOptions& o) { o.depth = 1; });  // a loop holds one batch while asking for the next
   bad([](LoaderOptions& o) { o.rank = 2, o.world_size = 2; });
   bad([](LoaderOptions& o) { o.image_size = {0, 5}; });

@@ -272,7 +272,7 @@ def test_raw_mode_returns_file_bytes(folder):
 
 
 @pytest.mark.parametrize("kwargs", [
-    {"batch_size": 0}, {"readers": 0}, {"depth": 1}, {"rank": 2, "world_size": 2},
+    {"batch_size": 0}, {"readers": 0}, {"prefetchers": -1}, {"lookahead": 1.5}, {"depth": 1}, {"rank": 2, "world_size": 2},
     {"image_size": (0, 4)}, {"image_size": (4,)}, {"decode": "png"}, {"batch_size": 2.5},
     {"batch_size": 100, "drop_last": True},
 ])
@@ -422,8 +422,9 @@ def test_stats_keys_are_the_documented_ones(folder):
         epoch(loader)
         s = loader.stats()
     assert set(s) == {
-        "wall_s", "batches", "samples", "consumer_stall_s", "plan", "stage", "decode", "staged_files",
-        "adopted_files", "already_staged", "stage_failures", "stage_expedited", "read_ahead",
+        "wall_s", "batches", "samples", "consumer_stall_s", "plan", "stage", "decode", "threads_why",
+        "usable_cpus", "local_ranks", "staged_files", "adopted_files", "already_staged", "stage_failures",
+        "stage_corrupt", "stage_expedited", "read_ahead",
         "read_ahead_bytes", "stage_dir_disabled", "stage_dir_error", "hits", "misses", "misses_read_ahead",
         "bytes_from_source", "bytes_from_stage", "source_reads", "source_bytes", "skipped",
         "skipped_samples", "pinned", "pinned_why", "cache_bytes", "stage_bytes", "stage_bytes_peak",
@@ -437,3 +438,33 @@ def test_stats_keys_are_the_documented_ones(folder):
                                    "bytes_from_source", "copies_made", "copies_adopted", "peer_reads",
                                    "bytes_from_peers"}
     assert s["pinned"] in ("cuda", "mlock", "none") and s["pinned_why"] and isinstance(s["wall_s"], float)
+
+
+def test_thread_options_left_out_are_sized_to_the_machine_and_given_ones_kept(folder, monkeypatch):
+    cat = prestage.Catalog.from_folder(folder)
+    for name in ("LOCAL_WORLD_SIZE", "SLURM_NTASKS_PER_NODE", "OMPI_COMM_WORLD_LOCAL_SIZE",
+                 "MPI_LOCALNRANKS"):
+        monkeypatch.delenv(name, raising=False)
+    cpus = len(os.sched_getaffinity(0))
+    with prestage.Loader(cat, batch_size=4) as loader:
+        s = loader.stats()
+        assert s["usable_cpus"] <= cpus and s["local_ranks"] == 1
+        share = s["usable_cpus"]
+        assert loader.options.readers == (share - 1 if share >= 4 else share)
+        assert loader.options.prefetchers == min(64, max(4, 2 * loader.options.readers))
+        assert "readers" in s["threads_why"] and "no launcher variable" in s["threads_why"]
+        assert len(next(iter(loader))) == 4
+    # Four ranks on the node share its CPUs.
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
+    with prestage.Loader(cat, batch_size=4) as loader:
+        s = loader.stats()
+        assert s["local_ranks"] == 4 and "LOCAL_WORLD_SIZE" in s["threads_why"]
+        share = max(1, s["usable_cpus"] // 4)
+        assert loader.options.readers == (share - 1 if share >= 4 else share)
+    # Given values stay; None is the same as leaving one out.
+    with prestage.Loader(cat, batch_size=4, readers=3, prefetchers=None, lookahead=2) as loader:
+        assert (loader.options.readers, loader.options.lookahead) == (3, 2)
+        assert loader.options.prefetchers == 6
+        assert "readers" not in loader.stats()["threads_why"].split(" from ")[0]
+    with prestage.Loader(cat, batch_size=4, readers=1, prefetchers=1, lookahead=1) as loader:
+        assert loader.stats()["threads_why"] == ""

@@ -94,9 +94,13 @@ struct LoaderOptions {
   uint64_t cache_bytes = kFitFreeSpace;
   Eviction eviction = Eviction::kClairvoyant;
 
-  uint64_t prefetchers = 4;  // stage 2 threads (I/O bound: more than cores is normal)
-  uint64_t readers = 2;      // stage 3 threads (CPU bound: about the cores you can spare)
-  uint64_t lookahead = 4;    // batches that stage 2 may work on ahead of stage 3
+  // kAuto: sized to the machine when the loader is made, from the CPUs this process may use (its
+  // affinity and cgroup quota) shared among the ranks of its node (the launcher's environment);
+  // Stats::threads_why says what was chosen and why, and Loader::options() gives the values.
+  static constexpr uint64_t kAuto = 0;
+  uint64_t prefetchers = kAuto;  // stage 2 threads (I/O bound: more than cores is normal)
+  uint64_t readers = kAuto;      // stage 3 threads (CPU bound: about the cores you can spare)
+  uint64_t lookahead = kAuto;    // batches that stage 2 may work on ahead of stage 3
   // Batch buffers in the ring: batches decoded ahead plus those the caller holds. At least 2: a loop
   // holds one batch while it asks for the next, so with 1 the second next() would find every buffer
   // lent and throw (Loader::next); at most 4096.

@@ -59,6 +59,12 @@ struct Stats {
   StageStats stage;
   StageStats decode;
 
+  // What the thread options left to the machine (LoaderOptions::kAuto) came to, and why: the
+  // CPUs this process may use and the ranks of its node. Empty when every value was given.
+  std::string threads_why;
+  uint64_t usable_cpus = 0;
+  uint64_t local_ranks = 0;
+
   // Stage 2.
   uint64_t staged_files = 0;     // files copied to the stage directory in this run
   uint64_t adopted_files = 0;    // copies another process (sharing the directory) made meanwhile,

@@ -16,6 +16,7 @@
 
 #include "prestage/error.hpp"
 #include "pipeline/graph.hpp"
+#include "pipeline/machine.hpp"
 #include "decode/tfrecord.hpp"
 #include "util/file_io.hpp"
 
@@ -110,6 +111,10 @@ class Loader::Impl {
   // Kept apart from `shared`, which a forked child abandons.
   Catalog catalog;
   LoaderOptions options;
+  // What size_to_machine() chose, for stats().
+  std::string threads_why;
+  uint64_t usable_cpus = 0;
+  uint64_t local_ranks = 0;
   std::unique_ptr<detail::Shared> shared;
   uint64_t batches_per_epoch = 0;
   ImageSize image_size;  // Loader::image_size()
@@ -188,6 +193,11 @@ class Loader::Impl {
 Loader::Impl::Impl(Catalog catalog_in, LoaderOptions options_in)
     : catalog(std::move(catalog_in)), options(std::move(options_in)) {
   options.validate();
+  std::string cpus_why, ranks_why;
+  usable_cpus = detail::usable_cpus(cpus_why);
+  local_ranks = detail::local_ranks(ranks_why);
+  detail::size_to_machine(options, usable_cpus, local_ranks, threads_why);
+  if (!threads_why.empty()) threads_why += ": " + cpus_why + "; " + ranks_why;
   if (catalog.size() == 0) throw ConfigError("the catalog is empty");
   shared = std::make_unique<detail::Shared>(catalog, options);
   const LoaderOptions& o = shared->options;
@@ -474,6 +484,9 @@ Stats Loader::Impl::stats() const {
   }
   s.skipped = skipped;
   s.skipped_samples = skipped_samples;
+  s.threads_why = threads_why;
+  s.usable_cpus = usable_cpus;
+  s.local_ranks = local_ranks;
   detail::PinnedBuffer::Status pinning = ring->status();  // both read together
   s.pinned = pinning.pinning;
   s.pinned_why = std::move(pinning.why);

@@ -65,9 +65,7 @@ void LoaderOptions::validate() const {
     throw ConfigError("rank must be below world_size (" + std::to_string(world_size) + "), got " +
                       std::to_string(rank));
   }
-  at_least("readers", readers, 1);
-  at_least("prefetchers", prefetchers, 1);
-  at_least("lookahead", lookahead, 1);
+  // readers, prefetchers and lookahead: kAuto (0) or any count (the limits below).
   at_least("depth", depth, 2);
   at_least("max_pixels", max_pixels, 1);
   if (peers) at_least("peer_timeout_ms", peer_timeout_ms, 1);

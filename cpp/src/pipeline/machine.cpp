@@ -1,0 +1,120 @@
+#include "pipeline/machine.hpp"
+
+#include <sched.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+#include <vector>
+
+namespace prestage::detail {
+
+namespace {
+
+// The cgroup v2 path of this process ("0::/some/path"), or empty.
+std::string own_cgroup(const std::string& self_cgroup) {
+  std::ifstream in(self_cgroup);
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("0::", 0) == 0) return line.substr(3);
+  }
+  return {};
+}
+
+// cpu.max of one cgroup directory: the CPUs its quota allows (rounded up), or 0 for no quota.
+uint64_t quota_cpus(const std::string& dir) {
+  std::ifstream in(dir + "/cpu.max");
+  std::string quota;
+  uint64_t period = 0;
+  if (!(in >> quota >> period) || quota == "max" || period == 0) return 0;
+  char* end = nullptr;
+  const unsigned long long q = std::strtoull(quota.c_str(), &end, 10);
+  if (end == quota.c_str() || *end != '\0' || q == 0) return 0;
+  return std::max<uint64_t>(1, (q + period - 1) / period);
+}
+
+uint64_t first_count(const char* value) {
+  if (value == nullptr) return 0;
+  char* end = nullptr;
+  const unsigned long long n = std::strtoull(value, &end, 10);
+  return end != value ? n : 0;
+}
+
+}  // namespace
+
+uint64_t usable_cpus(std::string& why, const std::string& cgroup_root, const std::string& self_cgroup) {
+  uint64_t cpus = 0;
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (::sched_getaffinity(0, sizeof(set), &set) == 0) cpus = static_cast<uint64_t>(CPU_COUNT(&set));
+  std::ostringstream out;
+  if (cpus == 0) {
+    cpus = 1;
+    out << "affinity unknown";
+  } else {
+    out << cpus << " in this process's affinity";
+  }
+  std::string path = own_cgroup(self_cgroup);
+  uint64_t quota = 0;
+  std::string quota_at;
+  // The tightest quota on the way up to the root.
+  while (!path.empty()) {
+    const uint64_t q = quota_cpus(cgroup_root + (path == "/" ? "" : path));
+    if (q != 0 && (quota == 0 || q < quota)) {
+      quota = q;
+      quota_at = path;
+    }
+    if (path == "/") break;
+    const size_t slash = path.find_last_of('/');
+    path = slash == 0 ? "/" : path.substr(0, slash);
+  }
+  if (quota != 0 && quota < cpus) {
+    out << ", " << quota << " by the cgroup quota of " << quota_at;
+    cpus = quota;
+  }
+  why = out.str();
+  return cpus;
+}
+
+uint64_t local_ranks(std::string& why, const std::function<const char*(const char*)>& env) {
+  const auto get = [&](const char* name) { return env ? env(name) : std::getenv(name); };
+  for (const char* name :
+       {"LOCAL_WORLD_SIZE", "SLURM_NTASKS_PER_NODE", "OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS"}) {
+    const uint64_t n = first_count(get(name));
+    if (n != 0) {
+      why = std::to_string(n) + " ranks on this node (" + name + ")";
+      return n;
+    }
+  }
+  why = "1 rank on this node (no launcher variable)";
+  return 1;
+}
+
+void size_to_machine(LoaderOptions& options, uint64_t cpus, uint64_t ranks, std::string& why) {
+  const bool any = options.readers == LoaderOptions::kAuto ||
+                   options.prefetchers == LoaderOptions::kAuto ||
+                   options.lookahead == LoaderOptions::kAuto;
+  why.clear();
+  if (!any) return;
+  const uint64_t share = std::max<uint64_t>(1, cpus / std::max<uint64_t>(1, ranks));
+  std::vector<std::string> chosen;
+  if (options.readers == LoaderOptions::kAuto) {
+    options.readers = share >= 4 ? share - 1 : share;
+    chosen.push_back("readers " + std::to_string(options.readers));
+  }
+  if (options.prefetchers == LoaderOptions::kAuto) {
+    options.prefetchers = std::clamp<uint64_t>(2 * options.readers, 4, 64);
+    chosen.push_back("prefetchers " + std::to_string(options.prefetchers));
+  }
+  if (options.lookahead == LoaderOptions::kAuto) {
+    options.lookahead = options.prefetchers >= 16 ? 8 : 4;
+    chosen.push_back("lookahead " + std::to_string(options.lookahead));
+  }
+  std::string list;
+  for (const std::string& c : chosen) list += (list.empty() ? "" : ", ") + c;
+  why = list + " from " + std::to_string(share) + " CPUs for this rank (" + std::to_string(cpus) +
+        " usable / " + std::to_string(std::max<uint64_t>(1, ranks)) + " ranks)";
+}
+
+}  // namespace prestage::detail

@@ -1,0 +1,37 @@
+// Defaults sized to the machine: the loader's thread counts when the user gives none, from the CPUs
+// this process may use (its affinity, a cgroup v2 quota as containers and Slurm set) shared among
+// the ranks of its node (from the launcher's environment).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+
+#include "prestage/options.hpp"
+
+namespace prestage::detail {
+
+// The CPUs this process may run on: sched_getaffinity's count, capped by the cgroup v2 quota
+// (cpu.max "quota period", rounded up) of its cgroup and of every cgroup above it. `why` says
+// where the figure came from. The roots are parameters so that tests can give a fake tree.
+uint64_t usable_cpus(std::string& why, const std::string& cgroup_root = "/sys/fs/cgroup",
+                     const std::string& self_cgroup = "/proc/self/cgroup");
+
+// The ranks that share this node, from the first launcher variable set among LOCAL_WORLD_SIZE
+// (torchrun), SLURM_NTASKS_PER_NODE (srun; "4(x2)" forms taken by their first count),
+// OMPI_COMM_WORLD_LOCAL_SIZE (Open MPI), MPI_LOCALNRANKS (MPICH); 1 if none. `env` looks a
+// variable up (null: unset).
+uint64_t local_ranks(std::string& why,
+                     const std::function<const char*(const char*)>& env = nullptr);
+
+// Fills the thread options left at LoaderOptions::kAuto from `cpus` usable CPUs shared by `ranks`
+// ranks, and says what it chose and why in `why` (empty when every value was given):
+//  - readers (decode, CPU bound): this rank's share of the CPUs, less one from 4 up for the
+//    training loop's own thread (below 4 the share is too small to give one away: when stage 3
+//    is ahead its threads sleep, and when it is behind the loop is waiting for it anyway);
+//  - prefetchers (I/O bound, mostly waiting on the file system): twice the readers, 4 to 64;
+//  - lookahead: 4 batches, 8 from 16 prefetchers up (enough copies in flight to keep them busy).
+// Values the user gave are kept as they are.
+void size_to_machine(LoaderOptions& options, uint64_t cpus, uint64_t ranks, std::string& why);
+
+}  // namespace prestage::detail

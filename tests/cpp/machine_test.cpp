@@ -1,0 +1,141 @@
+// Defaults sized to the machine: usable CPUs from affinity and a cgroup v2 quota (a fake cgroup
+// tree), the node's ranks from the launcher's environment, and the thread counts they give.
+#include <doctest/doctest.h>
+
+#include <sched.h>
+
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <string>
+
+#include "pipeline/machine.hpp"
+#include "prestage/loader.hpp"
+#include "test_util.hpp"
+
+using prestage::LoaderOptions;
+using prestage::detail::local_ranks;
+using prestage::detail::size_to_machine;
+using prestage::detail::usable_cpus;
+using prestage::test::TempDir;
+
+namespace {
+
+void write(const std::filesystem::path& p, const std::string& text) {
+  std::filesystem::create_directories(p.parent_path());
+  std::ofstream(p) << text;
+}
+
+uint64_t affinity() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  REQUIRE(sched_getaffinity(0, sizeof(set), &set) == 0);
+  return static_cast<uint64_t>(CPU_COUNT(&set));
+}
+
+}  // namespace
+
+TEST_CASE("machine: usable CPUs are the affinity's, capped by the tightest cgroup quota above") {
+  TempDir dir;
+  const auto root = dir / "cgroup";
+  write(dir / "self", "0::/slurm/job1/step0\n");
+  std::string why;
+  // No cpu.max anywhere: the affinity.
+  std::filesystem::create_directories(root / "slurm/job1/step0");
+  CHECK(usable_cpus(why, root.string(), (dir / "self").string()) == affinity());
+  CHECK(why.find("affinity") != std::string::npos);
+  // "max": no quota.
+  write(root / "slurm/job1/step0/cpu.max", "max 100000\n");
+  CHECK(usable_cpus(why, root.string(), (dir / "self").string()) == affinity());
+  // A quota of half a CPU above: rounded up to one, whatever the affinity.
+  write(root / "slurm/cpu.max", "50000 100000\n");
+  CHECK(usable_cpus(why, root.string(), (dir / "self").string()) == 1);
+  CHECK(why.find("/slurm") != std::string::npos);
+  // A quota larger than the affinity does not raise it.
+  write(root / "slurm/cpu.max", "6400000 100000\n");
+  CHECK(usable_cpus(why, root.string(), (dir / "self").string()) == affinity());
+  // A malformed file or a missing /proc entry: no quota.
+  write(root / "slurm/cpu.max", "lots\n");
+  CHECK(usable_cpus(why, root.string(), (dir / "self").string()) == affinity());
+  CHECK(usable_cpus(why, root.string(), (dir / "missing").string()) == affinity());
+}
+
+TEST_CASE("machine: the node's ranks come from the first launcher variable set") {
+  std::map<std::string, std::string> vars;
+  const auto env = [&](const char* name) -> const char* {
+    const auto it = vars.find(name);
+    return it == vars.end() ? nullptr : it->second.c_str();
+  };
+  std::string why;
+  CHECK(local_ranks(why, env) == 1);
+  vars["OMPI_COMM_WORLD_LOCAL_SIZE"] = "8";
+  CHECK(local_ranks(why, env) == 8);
+  CHECK(why.find("OMPI_COMM_WORLD_LOCAL_SIZE") != std::string::npos);
+  vars["SLURM_NTASKS_PER_NODE"] = "4(x2)";
+  CHECK(local_ranks(why, env) == 4);
+  vars["LOCAL_WORLD_SIZE"] = "2";
+  CHECK(local_ranks(why, env) == 2);
+  vars["LOCAL_WORLD_SIZE"] = "garbage";  // unusable: the next one
+  CHECK(local_ranks(why, env) == 4);
+}
+
+TEST_CASE("machine: thread counts from the rank's share of the CPUs; given values are kept") {
+  std::string why;
+  LoaderOptions o;
+  size_to_machine(o, 16, 1, why);
+  CHECK(o.readers == 15);
+  CHECK(o.prefetchers == 30);
+  CHECK(o.lookahead == 8);
+  CHECK(why.find("readers 15") != std::string::npos);
+
+  LoaderOptions shared;
+  size_to_machine(shared, 16, 4, why);  // 4 ranks on a 16-CPU node
+  CHECK(shared.readers == 3);
+  CHECK(shared.prefetchers == 6);
+  CHECK(shared.lookahead == 4);
+
+  LoaderOptions small;
+  size_to_machine(small, 2, 1, why);  // the share is too small to give a CPU away
+  CHECK(small.readers == 2);
+  CHECK(small.prefetchers == 4);
+
+  LoaderOptions crowded;
+  size_to_machine(crowded, 2, 8, why);  // more ranks than CPUs: one reader each
+  CHECK(crowded.readers == 1);
+
+  LoaderOptions given;
+  given.readers = 5;
+  given.lookahead = 2;
+  size_to_machine(given, 64, 1, why);
+  CHECK(given.readers == 5);
+  CHECK(given.lookahead == 2);
+  CHECK(given.prefetchers == 10);  // from the readers given
+  CHECK(why.find("readers") == std::string::npos);
+
+  LoaderOptions all;
+  all.readers = 1, all.prefetchers = 1, all.lookahead = 1;
+  size_to_machine(all, 64, 1, why);
+  CHECK(why.empty());
+}
+
+TEST_CASE("machine: a loader with no thread option says what it chose") {
+  TempDir dir;
+  std::filesystem::create_directories(dir / "src");
+  prestage::test::write_file(dir / "src/a", std::vector<unsigned char>(10, 1));
+  const auto catalog = prestage::Catalog::from_paths(dir / "src", {"a"});
+  LoaderOptions o;
+  o.decode = prestage::DecodeMode::kRaw;
+  o.batch_size = 1;
+  prestage::Loader loader(catalog, o);
+  CHECK(loader.options().readers >= 1);
+  CHECK(loader.options().prefetchers >= 4);
+  const prestage::Stats s = loader.stats();
+  CHECK(s.usable_cpus >= 1);
+  CHECK(s.local_ranks >= 1);
+  CHECK(s.threads_why.find("readers") != std::string::npos);
+  LoaderOptions fixed = o;
+  fixed.readers = 1, fixed.prefetchers = 1, fixed.lookahead = 1;
+  prestage::Loader pinned(catalog, fixed);
+  CHECK(pinned.options().readers == 1);
+  CHECK(pinned.stats().threads_why.empty());
+}
