@@ -66,7 +66,7 @@ class Peers {
  public:
   Peers(const Catalog& catalog, const PlanOptions& plan, StageDirectory* stage,
         uint64_t home_budget, const PeerOptions& options);
-  ~Peers();  // stops the transport
+  ~Peers();  // stops the transport (in the process that started it; a forked one leaves it be)
   Peers(const Peers&) = delete;
   Peers& operator=(const Peers&) = delete;
 
