@@ -100,7 +100,6 @@ class Peers {
  private:
   PeerAnswer serve(uint64_t file, std::vector<std::byte>& bytes, uint32_t& crc);
   Fetched local(const Catalog::Locator& loc, std::vector<std::byte>& out);
-  bool owned_by_other_node(uint64_t file) const;
 
   const Catalog& catalog_;
   PlanOptions plan_;
