@@ -86,12 +86,14 @@ class IoTimeoutScope {
   const std::atomic<bool>* previous_cancel_;
 };
 
-// A file that is shorter than its catalog (or an earlier look at its size) says is an IoError (EIO,
-// the errno of a read that finds the data gone) whose message says so: how long the file is, how
-// long it was expected to be, and that it changed since.
+// A read that finds fewer bytes than it expects is an IoError (EIO, the errno of a read that finds
+// the data gone) whose message gives both sizes and says that the file changed: a range past the
+// end of the file (read_range, OpenFile::read, read_located of a range), a file of another size
+// than expected (read_file_exact), a file that became shorter while it was read (all of them).
 
-// Reads a whole regular file into `buffer` (resized to fit; its capacity is reused across calls).
-// Returns the number of bytes read.
+// Reads a whole regular file into `buffer` (resized to fit; its capacity is reused across calls):
+// as many bytes as the file holds when it is opened, whatever size was expected of it. Returns the
+// number of bytes read.
 // With `mtime_ns`, also gives the file's modification time (ns since the epoch) from the same open.
 size_t read_file(const FileRef& file, std::vector<std::byte>& buffer, int64_t* mtime_ns = nullptr);
 
