@@ -271,7 +271,7 @@ class FolderOfImages:
 
 
 def test_an_imagefolder_like_dataset_reads_the_staged_copies_and_gives_the_same_tensors(tmp_path):
-    from prestage.cli.synth import make_synthetic_set
+    from prestage.synth import make_synthetic_set
 
     make_synthetic_set(tmp_path / "src", images=24, classes=3, seed=1, workers=1, progress=False)
     folder = FolderOfImages(tmp_path / "src")
@@ -296,7 +296,7 @@ def test_an_imagefolder_like_dataset_reads_the_staged_copies_and_gives_the_same_
 def test_torchvision_imagefolder_with_a_v2_pipeline(tmp_path):
     datasets = pytest.importorskip("torchvision.datasets")
     v2 = pytest.importorskip("torchvision.transforms.v2")
-    from prestage.cli.synth import make_synthetic_set
+    from prestage.synth import make_synthetic_set
 
     make_synthetic_set(tmp_path / "src", images=20, classes=2, seed=2, workers=1, progress=False)
     transform = v2.Compose([v2.PILToTensor(), v2.Resize((40, 40), antialias=True), v2.CenterCrop(32),
