@@ -189,10 +189,10 @@ def _channels(options: _core.LoaderOptions, name: str, value: Any) -> None:
 
 
 def _peer_timeout(options: _core.LoaderOptions, name: str, value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not value > 0 \
-            or value == float("inf"):
+    seconds = float(value) if isinstance(value, numbers.Real) and not isinstance(value, bool) else None
+    if seconds is None or not 0 < seconds < float("inf"):
         raise ConfigError(f"{name} must be a positive number of seconds, got {value!r}")
-    _set(options, "peer_timeout_ms", name, max(1, round(float(value) * 1000)))
+    _set(options, "peer_timeout_ms", name, max(1, round(seconds * 1000)))
 
 
 def _comm(options: _core.LoaderOptions, name: str, value: Any) -> None:
