@@ -54,9 +54,10 @@ void with_file_name(const FileRef& file, const std::function<void(const std::str
 
 // A read (of the functions below) that takes longer than this fails with an IoError (ETIMEDOUT)
 // instead of hanging on a stalled file system: with a limit, each read runs on a helper thread, which
-// is left behind if the read never returns. 0 (the default): no limit, reads run on the caller's
-// thread. Per thread: each loader sets its own limit on the threads that read for it, so loaders in
-// one process keep their own limits.
+// is left behind if the read never returns. The helpers are the process's, shared by its loaders
+// and named "prestage-io"; an idle one leaves after 2 s. 0 (the default): no limit, reads run on
+// the caller's thread. Per thread: each loader sets its own limit on the threads that read for it,
+// so loaders in one process keep their own limits.
 void set_io_timeout(std::chrono::milliseconds timeout);
 std::chrono::milliseconds io_timeout();
 
