@@ -30,7 +30,7 @@ from pathlib import Path
 
 import prestage
 from prestage.bench import emulator
-from prestage.cli import synth
+from prestage import synth
 
 
 def simulate(plan_epochs, sizes, capacity, policy, epochs, window=0):

@@ -24,7 +24,8 @@ from pathlib import Path
 from PIL import Image
 
 import prestage
-from prestage.cli import demo, synth
+from prestage import synth
+from prestage.cli import demo
 
 
 def pil_loop(paths, size=224):

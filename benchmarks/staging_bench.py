@@ -33,7 +33,7 @@ from torchvision.transforms import v2
 import prestage
 import prestage.torch
 from prestage.bench.emulator import PfsEmulator
-from prestage.cli.synth import make_synthetic_set
+from prestage.synth import make_synthetic_set
 
 
 def pipeline() -> v2.Compose:

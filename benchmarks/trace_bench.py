@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 import prestage
-from prestage.cli.synth import make_synthetic_set
+from prestage.synth import make_synthetic_set
 
 
 def epoch_rate(catalog: prestage.Catalog, trace: Path | None, epochs: int, **options) -> tuple:

@@ -18,7 +18,9 @@ APT_PACKAGES=(build-essential cmake ninja-build pkg-config python3-venv python3-
               openmpi-bin libopenmpi-dev)  # the peer tier's MPI plugin and its tests (mpirun)
 PIP_BUILD=(scikit-build-core pybind11 numpy)
 PIP_RUN=(pillow scikit-image tqdm matplotlib)
-PIP_TEST=(pytest mypy h5py zstandard torch==2.13.0 tensorflow-cpu)  # torch pinned: a range pulls a CUDA build
+# torch pinned: a range pulls a CUDA build. mpi4py: the peer tier's tests hand the loader mpi4py's own
+# objects as comm= (its wheel runs on the Open MPI installed above).
+PIP_TEST=(pytest mypy h5py zstandard torch==2.13.0 tensorflow-cpu mpi4py)
 JOBS=${JOBS:-$(nproc)}
 
 log() { printf '\033[1m== %s\033[0m\n' "$*" >&2; }

@@ -21,7 +21,7 @@ from PIL import Image
 
 import prestage
 import prestage.torch
-from prestage.cli.synth import make_synthetic_set
+from prestage.synth import make_synthetic_set
 
 
 def read(sample: prestage.torch.StagedSample, label: int):

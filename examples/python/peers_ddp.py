@@ -26,7 +26,7 @@ from torch import nn
 
 import prestage
 import prestage.torch
-from prestage.cli.synth import make_synthetic_set
+from prestage.synth import make_synthetic_set
 
 
 def launcher_rank() -> tuple[int, int, int]:

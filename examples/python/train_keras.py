@@ -19,7 +19,7 @@ import tensorflow as tf
 
 import prestage
 import prestage.tf
-from prestage.cli.synth import make_synthetic_set
+from prestage.synth import make_synthetic_set
 
 keras = tf.keras
 

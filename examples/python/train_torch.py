@@ -23,7 +23,7 @@ from torch import nn
 
 import prestage
 import prestage.torch
-from prestage.cli.synth import make_synthetic_set
+from prestage.synth import make_synthetic_set
 
 # ImageNet's channel statistics, on the 0-1 scale (torchvision's Normalize).
 MEAN = (0.485, 0.456, 0.406)

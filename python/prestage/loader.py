@@ -110,11 +110,14 @@ class Loader:
             fetched over MPI from the stage directory of the node that owns it instead of being read
             again from the source. Launch with ``mpirun`` or ``srun``; every rank creates its loader
             together. When the MPI world does not match ``world_size`` or the plugin is missing, the
-            tier is off and ``stats()["peer_tier_why"]`` says why. See the README, "Beyond one node".
+            tier is off and ``stats()["peer_tier_why"]`` says why. With the tier on, the loader
+            belongs to the process that made it: iterated in a process forked from it (a DataLoader
+            worker), it raises :class:`prestage.Error` at once. See the README, "Beyond one node".
         peer_timeout: seconds a fetch from a peer may wait for its answer before the source is read
             instead (counted in ``stats()["peer_fallbacks"]``).
-        comm: the mpi4py communicator whose ranks are the loader's ranks (``None``:
-            ``MPI_COMM_WORLD``); prestage duplicates it.
+        comm: the mpi4py intra-communicator whose ranks are the loader's ranks (``None``:
+            ``MPI_COMM_WORLD``); prestage duplicates it. Any other object (a datatype, a group, a
+            request, ``COMM_NULL``, an inter-communicator) is a :class:`prestage.ConfigError`.
         on_error: what a sample that cannot be read or decoded (``IoError``, ``DecodeError``, a
             timed-out read) does. ``"raise"``: its error, naming its path, is raised at its batch.
             ``"skip"``: it is replaced in its batch by the next good sample of this rank's epoch

@@ -199,21 +199,32 @@ def _channels(options: _core.LoaderOptions, name: str, value: Any) -> None:
 
 
 def _peer_timeout(options: _core.LoaderOptions, name: str, value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not value > 0 \
-            or value == float("inf"):
+    seconds = float(value) if isinstance(value, numbers.Real) and not isinstance(value, bool) else None
+    if seconds is None or not 0 < seconds < float("inf"):
         raise ConfigError(f"{name} must be a positive number of seconds, got {value!r}")
-    _set(options, "peer_timeout_ms", name, max(1, round(float(value) * 1000)))
+    _set(options, "peer_timeout_ms", name, max(1, round(seconds * 1000)))
 
 
 def _comm(options: _core.LoaderOptions, name: str, value: Any) -> None:
-    """An mpi4py communicator, passed by its Fortran handle, so prestage needs no mpi4py headers."""
+    """An mpi4py intra-communicator, passed by its Fortran handle, so prestage needs no mpi4py headers.
+
+    Any other mpi4py handle has a Fortran handle too (a datatype's, a group's, ``REQUEST_NULL``'s 0,
+    which is ``MPI_COMM_WORLD``'s), so the handle alone cannot tell: the object must say it is an
+    intra-communicator (``Is_intra()``), and ``COMM_NULL`` and inter-communicators are refused."""
     if value is None:
         options.peer_comm_fortran = -1
         return
-    py2f = getattr(value, "py2f", None)
-    if not callable(py2f):
-        raise ConfigError(f"{name} must be an mpi4py communicator (with py2f()) or None, "
-                          f"got {type(value).__name__}")
+    py2f, is_intra = getattr(value, "py2f", None), getattr(value, "Is_intra", None)
+    if not callable(py2f) or not callable(is_intra):
+        raise ConfigError(f"{name} must be an mpi4py intra-communicator (MPI.COMM_WORLD or one made "
+                          f"from it) or None, got {type(value).__name__}")
+    try:
+        intra = bool(is_intra())
+    except Exception as e:  # COMM_NULL: MPI_ERR_COMM
+        raise ConfigError(f"{name} must be an mpi4py intra-communicator, got one that is not valid "
+                          f"({e})") from e
+    if not intra:
+        raise ConfigError(f"{name} must be an mpi4py intra-communicator, got an inter-communicator")
     _set(options, "peer_comm_fortran", name, int(py2f()))
 
 

@@ -47,13 +47,12 @@ __all__ = ["StagedDataset", "StagedSample", "StagedSampler", "TIER_SOURCE", "TIE
 TIER_STAGE = 1   # the stage directory (local SSD)
 TIER_SOURCE = 3  # the source (the PFS)
 
-_SHARDS = 256          # the stage directory's sub-folders (cpp/src/tiers/stage_directory.cpp)
 _COUNTER_SLOTS = 256   # worker slots of the counter file: slot 0 is the main process
 _COUNTERS = ("staged", "source", "gone", "bytes")
 
 
 def _area(stage_dir: Union[str, os.PathLike], catalog: _core.Catalog) -> Path:
-    return Path(stage_dir) / f"prestage-{catalog.fingerprint:016x}"
+    return Path(_core.stage_area(stage_dir, catalog))  # the stage directory's own naming (C++)
 
 
 class StagedSample:
@@ -135,7 +134,7 @@ class _Where:
         file, offset, length = catalog.locator(index)
         if catalog.kind in ("arrays", "hdf5"):
             offset = 0  # the locator's offset is the slice's index, not a byte
-        staged = os.path.join(self.area, f"{file % _SHARDS:02x}", f"{file:x}")
+        staged = _core.staged_copy_path(self.area, file)
         slot = self._slot()
         # A copy under its final name is whole (published by a rename); one evicted since the batch
         # was handed out is simply not there any more: the source has the same bytes.

@@ -149,7 +149,9 @@ def _array_spec(catalog: _core.Catalog, mode: str, codec: Dict[str, Any], n: Opt
             raise ConfigError("ragged=True: the samples are scalars (rank 0), which cannot be ragged")
 
         def stacked(batch: _core.Batch) -> Any:
-            return tf.ragged.stack([tf.constant(a.astype(dtype)) for a in _each(batch.arrays)])
+            # The spec's row splits are int64, but tf.ragged.stack makes int32 ones for 1-D items.
+            rows = tf.ragged.stack([tf.constant(a.astype(dtype)) for a in _each(batch.arrays)])
+            return rows.with_row_splits_dtype(tf.int64)
         spec = tf.RaggedTensorSpec((n, *[None] * len(shape)), tf_dtype, ragged_rank=len(shape))
         return spec, stacked
 

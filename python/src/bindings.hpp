@@ -11,5 +11,6 @@ void register_plan(pybind11::module_& m);
 void register_loader(pybind11::module_& m);
 void register_transforms(pybind11::module_& m);
 void register_pack(pybind11::module_& m);
+void register_staging(pybind11::module_& m);
 
 }  // namespace prestage::python

@@ -9,6 +9,7 @@ PYBIND11_MODULE(_core, m) {
   prestage::python::register_plan(m);
   prestage::python::register_loader(m);
   prestage::python::register_pack(m);
+  prestage::python::register_staging(m);
   auto transforms = m.def_submodule("transforms", "Stage 3's random transforms.");
   prestage::python::register_transforms(transforms);
 }

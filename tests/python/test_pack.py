@@ -70,7 +70,7 @@ def test_shards_hold_every_file_exactly(tmp_path, zstd_level):
 
 
 def test_packed_jpegs_decode_to_the_same_batches(tmp_path):
-    from prestage.cli.synth import make_synthetic_set
+    from prestage.synth import make_synthetic_set
 
     make_synthetic_set(tmp_path / "src", images=40, classes=4, seed=3, workers=1, progress=False)
     source = prestage.Catalog.from_folder(tmp_path / "src")

@@ -6,6 +6,7 @@ that stops answering costs the others reads of the source within peer_timeout, a
 is caught by its CRC and read again, and a launch without mpirun reports the tier off."""
 
 import hashlib
+import importlib.util
 import json
 import os
 import shutil
@@ -347,20 +348,165 @@ def test_a_process_forked_after_mpi_started_keeps_off_mpi(make_folder, tmp_path)
         assert (before, after, on) == (10, 10, True) and peer_reads > 0
 
 
+# A rank forks before it iterates (a DataLoader's workers start so) and the child iterates the
+# parent's loader: by os.fork, then by multiprocessing's fork. The child must get prestage.Error (the
+# peer tier's MPI transport lives in the parent), not a batch read around the tier nor a hang, and
+# exit cleanly through the interpreter's exit hooks; the parent's loader goes on.
+FORKED_BEFORE = textwrap.dedent("""
+    import json, multiprocessing, os, select, sys, time, prestage
+    rank = int(os.environ["OMPI_COMM_WORLD_RANK"])
+    os.environ["PRESTAGE_NODE"] = str(rank)
+    cat = prestage.Catalog.load(sys.argv[1])
+
+    def child(w):
+        start = time.monotonic()
+        try:
+            next(iter(loader))
+            said = "served"
+        except prestage.Error as e:
+            said = f"{type(e).__name__}: {e}"
+        os.write(w, json.dumps([said, time.monotonic() - start]).encode())
+
+    def answer(r, pid_or_process):
+        # Bounded, so that a child that hangs fails the test instead of stalling it.
+        ready, _, _ = select.select([r], [], [], 60)
+        said = json.loads(os.read(r, 4096).decode()) if ready else ["no answer in 60 s", None]
+        if isinstance(pid_or_process, int):
+            if not ready:
+                os.kill(pid_or_process, 9)
+            status = os.waitpid(pid_or_process, 0)[1]
+            code = os.WEXITSTATUS(status) if os.WIFEXITED(status) else -os.WTERMSIG(status)
+        else:
+            pid_or_process.join(60)
+            if pid_or_process.exitcode is None:
+                pid_or_process.kill()
+                pid_or_process.join()
+            code = pid_or_process.exitcode
+        return said + [code]
+
+    with prestage.Loader(cat, batch_size=5, decode="raw", stage_dir=f"{sys.argv[2]}/{rank}", rank=rank,
+                         world_size=2, peers=True) as loader:
+        out = {}
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            os.close(r)
+            child(w)
+            sys.exit(0)  # the interpreter's exit hooks run: the loader's, the MPI plugin's
+        os.close(w)
+        out["os.fork"] = answer(r, pid)
+        r, w = os.pipe()
+        process = multiprocessing.get_context("fork").Process(target=child, args=(w,))
+        process.start()
+        os.close(w)
+        out["multiprocessing"] = answer(r, process)
+        out["parent"] = [sum(len(b.indices) for b in loader), loader.stats()["peer_tier"]]
+    print(json.dumps(out))
+""")
+
+
+def test_a_process_forked_before_the_loader_started_refuses_it_at_once(make_folder, tmp_path):
+    cat = prestage.Catalog.from_folder(make_folder(2, 10))
+    catalog = tmp_path / "set.catalog"
+    cat.save(catalog)
+    script = tmp_path / "forked.py"
+    script.write_text(FORKED_BEFORE)
+    env = dict(os.environ, OMPI_MCA_btl_vader_single_copy_mechanism="none")
+    r = subprocess.run([MPIRUN, "--oversubscribe", "--allow-run-as-root", "-np", "2", sys.executable,
+                        str(script), str(catalog), str(tmp_path / "stage")], env=env,
+                       capture_output=True, text=True, timeout=240)
+    assert r.returncode == 0, r.stdout + r.stderr
+    lines = r.stdout.splitlines()
+    assert len(lines) == 2, r.stdout + r.stderr
+    for line in lines:
+        out = json.loads(line)
+        for how in ("os.fork", "multiprocessing"):
+            said, seconds, exit_code = out[how]
+            # Refused, saying what to do, then a clean exit.
+            assert said.startswith("Error: ") and "forked" in said and "new loader" in said, (how, said, seconds)
+            assert exit_code == 0, (how, out[how])
+        assert out["parent"] == [10, True]  # rank's half of 20 samples; its tier still on
+
+
+# What the loader is given as comm= under mpirun, by mpi4py's own objects: each non-communicator
+# (whose Fortran handles name some communicator: REQUEST_NULL's 0 is MPI_COMM_WORLD's) and
+# COMM_NULL is refused before anything collective; a duplicate of the world is taken.
+COMMS = textwrap.dedent("""
+    import json, os, sys
+    from mpi4py import MPI
+    import prestage
+    rank = MPI.COMM_WORLD.Get_rank()
+    cat = prestage.Catalog.load(sys.argv[1])
+    bad = {"MPI.INT": MPI.INT, "group": MPI.COMM_WORLD.Get_group(), "MPI.REQUEST_NULL": MPI.REQUEST_NULL,
+           "MPI.COMM_NULL": MPI.COMM_NULL}
+    out = {}
+    for name, comm in bad.items():
+        try:
+            with prestage.Loader(cat, batch_size=5, decode="raw", stage_dir=f"{sys.argv[2]}/{rank}",
+                                 rank=rank, world_size=2, peers=True, comm=comm) as loader:
+                out[name] = ["accepted", loader.stats()["peer_tier"]]
+        except prestage.ConfigError as e:
+            out[name] = ["ConfigError", str(e)]
+    comm = MPI.COMM_WORLD.Dup()
+    with prestage.Loader(cat, batch_size=5, decode="raw", stage_dir=f"{sys.argv[2]}/{rank}", rank=rank,
+                         world_size=2, peers=True, comm=comm) as loader:
+        out["dup"] = [sum(len(b.indices) for b in loader), loader.stats()["peer_tier"]]
+    comm.Free()
+    print(json.dumps(out))
+""")
+
+
+@pytest.mark.skipif(importlib.util.find_spec("mpi4py") is None, reason="needs mpi4py")
+def test_comm_must_be_an_intra_communicator(make_folder, tmp_path):
+    cat = prestage.Catalog.from_folder(make_folder(2, 10))
+    catalog = tmp_path / "set.catalog"
+    cat.save(catalog)
+    script = tmp_path / "comms.py"
+    script.write_text(COMMS)
+    env = dict(os.environ, OMPI_MCA_btl_vader_single_copy_mechanism="none")
+    r = subprocess.run([MPIRUN, "--oversubscribe", "--allow-run-as-root", "-np", "2", sys.executable,
+                        str(script), str(catalog), str(tmp_path / "stage")], env=env,
+                       capture_output=True, text=True, timeout=240)
+    assert r.returncode == 0, r.stdout + r.stderr
+    lines = r.stdout.splitlines()
+    assert len(lines) == 2, r.stdout + r.stderr
+    for line in lines:
+        out = json.loads(line)
+        for name in ("MPI.INT", "group", "MPI.REQUEST_NULL", "MPI.COMM_NULL"):
+            kind, message = out[name]
+            assert kind == "ConfigError" and message.startswith("comm "), (name, out[name])
+        assert out["dup"] == [10, True]
+
+
 def test_peer_options_are_checked():
     from prestage.options import to_core
 
     cat = prestage.Catalog.from_paths("/", ["a"], [0])
 
-    class Comm:  # what prestage takes from an mpi4py communicator
+    class Comm:  # what prestage takes from an mpi4py intra-communicator
         def py2f(self):
             return 5
+
+        def Is_intra(self):
+            return True
+
+    class Handle:  # any other mpi4py handle (a datatype, a group, a request)
+        def py2f(self):
+            return 0
+
+    class Intercomm(Comm):
+        def Is_intra(self):
+            return False
+
+    class NullComm(Comm):  # COMM_NULL: mpi4py raises MPI.Exception (MPI_ERR_COMM)
+        def Is_intra(self):
+            raise RuntimeError("MPI_ERR_COMM: invalid communicator")
 
     options = to_core(cat, 1, None, {"peers": True, "peer_timeout": 0.25, "comm": Comm()})
     assert (options.peers, options.peer_timeout_ms, options.peer_comm_fortran) == (True, 250, 5)
     assert to_core(cat, 1, None, {}).peer_comm_fortran == -1
     for bad in ({"peer_timeout": 0}, {"peer_timeout": -1}, {"peer_timeout": True},
-                {"comm": object()}):
+                {"comm": object()}, {"comm": Handle()}, {"comm": Intercomm()}, {"comm": NullComm()}):
         with pytest.raises(prestage.ConfigError, match=next(iter(bad))):
             to_core(cat, 1, None, bad)
 

@@ -198,6 +198,28 @@ def test_packed_samples_are_byte_ranges_of_the_staged_shard(tmp_path):
             assert hashlib.sha256(view).hexdigest() == source_digest(source, i)
 
 
+def test_the_workers_find_copies_by_the_stage_directorys_own_names(tmp_path):
+    """The stage directory's layout is named in C++ alone: prestage.staging takes the area and each
+    copy's path from the core, so a worker looks where stage 2 wrote. 300 files: ids past the 256
+    shard folders."""
+    catalog = make_files(tmp_path / "src", n=300, sizes=(10, 50))
+    stage = tmp_path / "stage"
+    area = prestage._core.stage_area(stage, catalog)
+    assert area == str(stage / f"prestage-{catalog.fingerprint:016x}")  # tiers/stage_directory.hpp's layout
+    with prestage.torch.StagedSampler(catalog, batch_size=50, stage_dir=stage,
+                                      stage_patience=None) as sampler:
+        dataset = prestage.torch.StagedDataset(sampler, read=digest)
+        list(iter(sampler))
+        for i in range(len(catalog)):
+            file = catalog.locator(i)[0]
+            path = prestage._core.staged_copy_path(area, file)
+            assert path == os.path.join(area, f"{file % 256:02x}", f"{file:x}")
+            assert path == sampler._loader._loader.staged_path(i)  # where stage 2 wrote it
+            sample = dataset.locate(i)
+            assert (sample.tier, sample.path) == ("stage", path)
+            assert hashlib.sha256(sample.bytes()).hexdigest() == source_digest(catalog, i)
+
+
 def test_bad_arguments(tmp_path):
     catalog = make_files(tmp_path / "src", n=8)
     with pytest.raises(prestage.ConfigError, match="stage_dir"):
@@ -249,7 +271,7 @@ class FolderOfImages:
 
 
 def test_an_imagefolder_like_dataset_reads_the_staged_copies_and_gives_the_same_tensors(tmp_path):
-    from prestage.cli.synth import make_synthetic_set
+    from prestage.synth import make_synthetic_set
 
     make_synthetic_set(tmp_path / "src", images=24, classes=3, seed=1, workers=1, progress=False)
     folder = FolderOfImages(tmp_path / "src")
@@ -274,7 +296,7 @@ def test_an_imagefolder_like_dataset_reads_the_staged_copies_and_gives_the_same_
 def test_torchvision_imagefolder_with_a_v2_pipeline(tmp_path):
     datasets = pytest.importorskip("torchvision.datasets")
     v2 = pytest.importorskip("torchvision.transforms.v2")
-    from prestage.cli.synth import make_synthetic_set
+    from prestage.synth import make_synthetic_set
 
     make_synthetic_set(tmp_path / "src", images=20, classes=2, seed=2, workers=1, progress=False)
     transform = v2.Compose([v2.PILToTensor(), v2.Resize((40, 40), antialias=True), v2.CenterCrop(32),

@@ -1,5 +1,6 @@
 """The typing surface: the extension module's stubs name everything it has, the package is marked typed
-and both are installed, and mypy's stubtest (where mypy is installed) finds no stub that disagrees."""
+and both are installed, mypy's stubtest (where mypy is installed) finds no stub that disagrees, and mypy
+finds no error in the package."""
 
 import ast
 import importlib.util
@@ -95,3 +96,15 @@ def test_type_checkers_see_every_option_of_the_loader(tmp_path):
                            str(tmp_path / "cache"), str(user)], capture_output=True, text=True, cwd=tmp_path)
     lines = [line for line in done.stdout.splitlines() if ": error:" in line]
     assert [line.split(":")[1] for line in lines] == ["5", "6"], done.stdout + done.stderr
+
+
+@pytest.mark.slow
+def test_mypy_finds_no_error_in_the_package(tmp_path):
+    """mypy as the project runs it (pyproject.toml's [tool.mypy]: the package, with the optional
+    dependencies that have no type information ignored) finds nothing to report."""
+    if importlib.util.find_spec("mypy") is None:
+        pytest.skip("needs mypy")
+    root = Path(__file__).resolve().parents[2]
+    done = subprocess.run([sys.executable, "-m", "mypy", "--no-incremental", "--cache-dir", str(tmp_path / "cache"),
+                           "python/prestage"], capture_output=True, text=True, cwd=root)
+    assert done.returncode == 0, done.stdout + done.stderr

@@ -1,4 +1,5 @@
-"""Tests of ``prestage synth``: layout, JPEG properties, content, determinism, argument checks and the CLI."""
+"""Tests of ``prestage synth`` (the library, prestage.synth, and the command): layout, JPEG properties, content,
+determinism, argument checks and the CLI."""
 
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ from typing import Any
 import numpy as np
 import pytest
 from PIL import Image, JpegImagePlugin
-from prestage.cli import synth
+from prestage import synth
+from prestage.cli import synth as synth_cli
 from prestage.cli.progress import progress
 
 IMAGES = 24
@@ -34,7 +36,7 @@ def _tree_bytes(root: Path) -> dict[str, bytes]:
 
 def _parse(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="prestage")
-    synth.add_parser(parser.add_subparsers(dest="command"))
+    synth_cli.add_parser(parser.add_subparsers(dest="command"))
     return parser.parse_args(argv)
 
 
@@ -228,7 +230,7 @@ def test_missing_scikit_image_is_reported_with_the_fix(
     monkeypatch.setattr(importlib.util, "find_spec", find_spec)
     with pytest.raises(ModuleNotFoundError, match="pip install scikit-image"):
         synth.make_synthetic_set(tmp_path / "out", 2, 1, workers=1, progress=False)
-    assert synth.run(_parse(["synth", str(tmp_path / "out"), "--images", "2", "--classes", "1"])) == 1
+    assert synth_cli.run(_parse(["synth", str(tmp_path / "out"), "--images", "2", "--classes", "1"])) == 1
     assert "pip install scikit-image" in capsys.readouterr().err
 
 
@@ -245,21 +247,21 @@ def test_missing_scikit_image_is_reported_with_the_fix(
 def test_cli_returns_2_on_bad_arguments(
     tmp_path: Path, argv: list[str], capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert synth.run(_parse(["synth", str(tmp_path / "out"), *argv])) == 2
+    assert synth_cli.run(_parse(["synth", str(tmp_path / "out"), *argv])) == 2
     assert "error" in capsys.readouterr().err
 
 
 def test_cli_writes_then_says_already_there(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = str(tmp_path / "out")
     argv = ["synth", out, "--images", "4", "--classes", "2", "--workers", "1"]
-    assert synth.run(_parse(argv)) == 0
+    assert synth_cli.run(_parse(argv)) == 0
     assert "wrote 4 images in 2 classes" in capsys.readouterr().out
-    assert synth.run(_parse(argv)) == 0
+    assert synth_cli.run(_parse(argv)) == 0
     assert "already there" in capsys.readouterr().out
-    assert synth.run(_parse([*argv, "--quiet"])) == 0
+    assert synth_cli.run(_parse([*argv, "--quiet"])) == 0
     assert capsys.readouterr().out == ""
     other = ["synth", out, "--images", "4", "--classes", "1", "--workers", "1"]
-    assert synth.run(_parse(other)) == 2  # a different set is there: refused without --overwrite
+    assert synth_cli.run(_parse(other)) == 2  # a different set is there: refused without --overwrite
     assert "--overwrite" in capsys.readouterr().err
 
 

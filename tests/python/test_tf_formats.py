@@ -50,6 +50,20 @@ def test_tf_ragged_arrays_need_ragged_true(tmp_path):
         prestage.tf.dataset(cat, batch_size=2, decode="npy", ragged="yes")
 
 
+@pytest.mark.parametrize("dtype", [np.uint8, "<f8"])
+def test_tf_ragged_vectors(tmp_path, dtype):
+    """1-D samples of mixed lengths (a batch of equal lengths included) as ragged rows: the values,
+    and the row splits of the spec (int64)."""
+    lengths = [3, 5, 4, 4, 1, 6, 2]
+    cat = _npy_set(tmp_path, [(n,) for n in lengths], dtype)
+    ds = prestage.tf.dataset(cat, batch_size=2, decode="npy", ragged=True, shuffle=False)
+    spec = ds.element_spec[0]
+    assert spec.shape.as_list() == [None, None] and spec.ragged_rank == 1
+    assert spec.row_splits_dtype == tf.int64 and spec.dtype == tf.as_dtype(np.dtype(dtype).newbyteorder("="))
+    rows = [r.numpy().tolist() for arrays, _ in ds for r in arrays]
+    assert rows == [np.load(cat.source_path(i)).tolist() for i in range(len(lengths))]
+
+
 def test_tf_hdf5_rows_equal_h5py(tmp_path):
     with h5py.File(tmp_path / "d.h5", "w") as h5:
         h5["x"] = np.arange(40, dtype=">f8").reshape(10, 4) / 3

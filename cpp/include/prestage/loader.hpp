@@ -26,7 +26,10 @@ namespace prestage {
 class Loader {
  public:
   // Validates the options (ConfigError) and allocates the batch ring; threads start with the first
-  // start_epoch(), in the calling process.
+  // start_epoch(), in the calling process. From then on, the loader belongs to that process (with
+  // the peer tier on, from construction: its MPI transport runs there): in a process forked from
+  // it, start_epoch(), next() and next_for() throw Error at once, and close() leaves the parent's
+  // threads and state alone.
   Loader(Catalog catalog, LoaderOptions options);
   ~Loader();  // stops and joins every thread
   Loader(const Loader&) = delete;

@@ -152,9 +152,15 @@ class Loader::Impl {
   // Needs the consumer's turn, and neither lock held.
   void restart(uint64_t epoch, uint64_t batch);
   void check_open() const;  // needs `state` held
-  bool forked() const noexcept {
+  // The process the loader belongs to: the one whose threads run the pipeline, or before they
+  // start, the one whose peer tier started (0: none yet, any process may start it).
+  pid_t home() const noexcept {
     const pid_t o = owner.load(std::memory_order_acquire);
-    return o != 0 && o != ::getpid();
+    return o != 0 ? o : peer_home;
+  }
+  bool forked() const noexcept {
+    const pid_t h = home();
+    return h != 0 && h != ::getpid();
   }
   void check_not_forked() const;
   // The state lock; none in a forked child, where none of the threads that may hold it exist.
@@ -169,6 +175,9 @@ class Loader::Impl {
   std::unique_ptr<Locks> locks = std::make_unique<Locks>();
   size_t slot_bytes = 0;
   std::atomic<pid_t> owner{0};  // the process whose threads run the pipeline
+  // The process whose peer tier started (its MPI transport's thread and state live there), set once
+  // by the constructor: the loader is bound to it before any thread starts.
+  pid_t peer_home = 0;
   std::string stage_dir_error;
 
   // State: read and written under locks->state. The thread whose turn it is waits in
@@ -248,6 +257,7 @@ Loader::Impl::Impl(Catalog catalog_in, LoaderOptions options_in)
     shared->peers = std::make_unique<detail::Peers>(shared->catalog, shared->plan,
                                                     shared->stage_dir.get(), home_budget, peer_options);
     if (shared->peers->on()) {
+      peer_home = ::getpid();
       shared->tiers->set_peers(shared->peers.get());
       detail::Peers* peers = shared->peers.get();
       if (shared->cache) {
@@ -284,10 +294,15 @@ Loader::Impl::Impl(Catalog catalog_in, LoaderOptions options_in)
 }
 
 void Loader::Impl::check_not_forked() const {
-  if (forked()) {
-    throw Error("this loader's threads live in process " + std::to_string(owner.load()) +
-                "; after fork() create a new loader in the child");
-  }
+  if (!forked()) return;
+  const std::string home_pid = std::to_string(home());
+  const bool started = owner.load(std::memory_order_acquire) != 0;
+  throw Error(
+      "this loader belongs to process " + home_pid + ", where its " +
+      (started ? "threads run" : "peer tier runs over MPI") +
+      "; this process was forked from it and cannot use it: iterate the loader in process " +
+      home_pid + " (a PyTorch DataLoader over it with num_workers=0), or create " +
+      "a new loader in this process after fork()");
 }
 
 void Loader::Impl::check_open() const {

@@ -1,5 +1,7 @@
-// Stage 2: copies the samples of upcoming batches from the source (the PFS) to the stage directory,
-// on `prefetchers` threads of its own (blocking reads must not hold a TBB worker).
+// Stage 2: deals with the files of upcoming batches before stage 3 needs them, on `prefetchers`
+// threads of its own (blocking reads must not hold a TBB worker): copies them from the source (the
+// PFS) to the stage directory, checks the copies an earlier run left there against their CRC, and
+// reads into memory the samples that are not to be staged (StageTask::read_ahead).
 #pragma once
 
 #include <atomic>
@@ -25,10 +27,13 @@ namespace prestage::detail {
 struct StageTask {
   const uint64_t* ids = nullptr;  // catalog file ids
   size_t count = 0;
-  // Samples the stage directory declined (they would be evicted before their use): read from the
-  // source into memory instead, so that stage 3 does not read them through the PFS's latency
-  // itself. read_ahead[j] is a catalog sample id; its bytes go to held[j] and held_ok[j] becomes 1.
-  // A read that fails leaves held_ok[j] at 0: stage 3 reads the source again and reports the error.
+  // Samples not staged (the stage directory declined them: no room without evicting files needed
+  // sooner, or not a home copy of this node while the peer tier is on; or it cannot be used), of
+  // those the pipeline chose (JPEG and raw, up to a budget per batch): read into memory through
+  // Tiers::fetch_sample (a peer's home copy, else the source) instead, so that stage 3 does not
+  // read them through the PFS's latency itself. read_ahead[j] is a catalog sample id; its bytes go
+  // to held[j] and held_ok[j] becomes 1. A read that fails leaves held_ok[j] at 0: stage 3 reads
+  // the source again and reports the error.
   const uint64_t* read_ahead = nullptr;
   size_t read_ahead_count = 0;
   std::vector<std::byte>* held = nullptr;

@@ -144,7 +144,12 @@ Peers::Peers(const Catalog& catalog, const PlanOptions& plan, StageDirectory* st
   node_of_ = transport_->nodes();
 }
 
-Peers::~Peers() { stop(); }
+Peers::~Peers() {
+  stop();
+  // In a forked process the transport's thread and MPI state are the parent's: joining that thread
+  // or freeing its state would hang or crash, so the copy is left as it is.
+  if (::getpid() != pid_) (void)transport_.release();
+}
 
 void Peers::stop() {
   if (transport_ && ::getpid() == pid_) transport_->stop();

@@ -66,7 +66,7 @@ class Peers {
  public:
   Peers(const Catalog& catalog, const PlanOptions& plan, StageDirectory* stage,
         uint64_t home_budget, const PeerOptions& options);
-  ~Peers();  // stops the transport
+  ~Peers();  // stops the transport (in the process that started it; a forked one leaves it be)
   Peers(const Peers&) = delete;
   Peers& operator=(const Peers&) = delete;
 
@@ -100,7 +100,6 @@ class Peers {
  private:
   PeerAnswer serve(uint64_t file, std::vector<std::byte>& bytes, uint32_t& crc);
   Fetched local(const Catalog::Locator& loc, std::vector<std::byte>& out);
-  bool owned_by_other_node(uint64_t file) const;
 
   const Catalog& catalog_;
   PlanOptions plan_;

@@ -115,7 +115,7 @@ uint64_t identity(const struct stat& st) noexcept {
 
 StageDirectory::StageDirectory(const fs::path& dir, const Catalog& catalog)
     : catalog_(catalog),
-      area_(dir / ("prestage-" + hex(catalog.fingerprint(), 16))),
+      area_(area_of(dir, catalog)),
       size_(catalog.num_files()),
       state_(new std::atomic<uint8_t>[size_]()),
       unverified_(new std::atomic<uint8_t>[size_]()),
@@ -308,9 +308,15 @@ StageDirectory::~StageDirectory() {
   if (index_fd_ >= 0) ::close(index_fd_);
 }
 
-std::string StageDirectory::staged_path(uint64_t id) const {
-  return (area_ / hex(id % kShards, 2) / hex(id, 0)).string();
+fs::path StageDirectory::area_of(const fs::path& dir, const Catalog& catalog) {
+  return dir / ("prestage-" + hex(catalog.fingerprint(), 16));
 }
+
+std::string StageDirectory::copy_path(const fs::path& area, uint64_t id) {
+  return (area / hex(id % kShards, 2) / hex(id, 0)).string();
+}
+
+std::string StageDirectory::staged_path(uint64_t id) const { return copy_path(area_, id); }
 
 bool StageDirectory::try_claim(uint64_t id) noexcept {
   uint8_t expected = kAbsent;

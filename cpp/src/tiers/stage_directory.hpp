@@ -52,6 +52,12 @@ class StageDirectory {
   StageDirectory(const StageDirectory&) = delete;
   StageDirectory& operator=(const StageDirectory&) = delete;
 
+  // The layout's names, the one place they are made (prestage.staging finds copies by them too):
+  // the area of `catalog`'s copies under the stage directory `dir`, and the copy of file `id` in an
+  // area.
+  static std::filesystem::path area_of(const std::filesystem::path& dir, const Catalog& catalog);
+  static std::string copy_path(const std::filesystem::path& area, uint64_t id);
+
   const std::filesystem::path& path() const noexcept { return area_; }
   uint64_t found_at_start() const noexcept { return found_at_start_; }
 

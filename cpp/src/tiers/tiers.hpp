@@ -1,8 +1,14 @@
-// Where a sample's bytes come from: one interface over the storage tiers, tried in order — bytes that
-// stage 2 already holds in memory (its read-ahead), the node's stage directory, a peer node's stage
-// directory (the peer tier, tiers/peers.hpp: for stage 2's read-ahead), the source (the PFS). Stage
-// 2's copies and read-ahead and stage 3's reads go through it alone, and it keeps the per-tier counters, so that a new tier
-// changes this unit and nothing in stages 1 and 3.
+// Where a sample's bytes come from, through one interface that keeps the per-tier counters (and
+// records each read in the I/O trace). Each caller tries its tiers nearest first:
+//  - stage 3 (serve(), read(), locate()): the bytes stage 2 read ahead into memory for its
+//    batch, the node's stage directory (a copy left by an earlier run only once stage 2 has
+//    checked it), the source (the PFS);
+//  - stage 2's read-ahead (fetch_sample()): the sample's home copy through the peer tier
+//    (tiers/peers.hpp: from the owner node over MPI, or from this node's stage directory), then
+//    the source;
+//  - stage 2's copies (fetch_file()): the source.
+// Stages 2 and 3 read samples through this unit alone (but for stage 2's check of an earlier run's
+// copies, StageDirectory::verify), so that a new tier changes it and nothing in stages 1 and 3.
 #pragma once
 
 #include <array>

@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <linux/openat2.h>
+#include <pthread.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -319,6 +320,8 @@ class DeadlineThreads {
   }
 
   void serve() {
+    // Told apart from the loaders' own threads (a stuck read's helper outlives its loader).
+    pthread_setname_np(pthread_self(), "prestage-io");  // at most 15 characters
     std::unique_lock lock(mutex_);
     while (true) {
       ++idle_;

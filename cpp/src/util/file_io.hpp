@@ -54,9 +54,10 @@ void with_file_name(const FileRef& file, const std::function<void(const std::str
 
 // A read (of the functions below) that takes longer than this fails with an IoError (ETIMEDOUT)
 // instead of hanging on a stalled file system: with a limit, each read runs on a helper thread, which
-// is left behind if the read never returns. 0 (the default): no limit, reads run on the caller's
-// thread. Per thread: each loader sets its own limit on the threads that read for it, so loaders in
-// one process keep their own limits.
+// is left behind if the read never returns. The helpers are the process's, shared by its loaders
+// and named "prestage-io"; an idle one leaves after 2 s. 0 (the default): no limit, reads run on
+// the caller's thread. Per thread: each loader sets its own limit on the threads that read for it,
+// so loaders in one process keep their own limits.
 void set_io_timeout(std::chrono::milliseconds timeout);
 std::chrono::milliseconds io_timeout();
 
@@ -86,12 +87,14 @@ class IoTimeoutScope {
   const std::atomic<bool>* previous_cancel_;
 };
 
-// A file that is shorter than its catalog (or an earlier look at its size) says is an IoError (EIO,
-// the errno of a read that finds the data gone) whose message says so: how long the file is, how
-// long it was expected to be, and that it changed since.
+// A read that finds fewer bytes than it expects is an IoError (EIO, the errno of a read that finds
+// the data gone) whose message gives both sizes and says that the file changed: a range past the
+// end of the file (read_range, OpenFile::read, read_located of a range), a file of another size
+// than expected (read_file_exact), a file that became shorter while it was read (all of them).
 
-// Reads a whole regular file into `buffer` (resized to fit; its capacity is reused across calls).
-// Returns the number of bytes read.
+// Reads a whole regular file into `buffer` (resized to fit; its capacity is reused across calls):
+// as many bytes as the file holds when it is opened, whatever size was expected of it. Returns the
+// number of bytes read.
 // With `mtime_ns`, also gives the file's modification time (ns since the epoch) from the same open.
 size_t read_file(const FileRef& file, std::vector<std::byte>& buffer, int64_t* mtime_ns = nullptr);
 

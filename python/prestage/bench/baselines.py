@@ -28,6 +28,7 @@ import time
 import warnings
 from typing import Any, Dict, Iterator, List, Optional, Tuple
 
+from prestage.cli.progress import progress
 
 
 def _consume(batches: Iterator[Any], count: Optional[int], compute_s: float, desc: str,
@@ -35,7 +36,6 @@ def _consume(batches: Iterator[Any], count: Optional[int], compute_s: float, des
     images = 0
     stall = 0.0
     start = time.perf_counter()
-    from prestage.cli.progress import progress  # here: prestage.cli imports this package
     with progress(count or 0, desc=desc, unit="batch", enabled=show_progress) as bar:
         while True:
             t = time.perf_counter()

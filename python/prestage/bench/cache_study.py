@@ -13,13 +13,13 @@ from __future__ import annotations
 import os
 import re
 import shutil
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Literal, Optional, Sequence, Tuple
 
 from prestage.bench.modes import Setup, _consume, _loader_kwargs
 
 __all__ = ["EVICTIONS", "parse_size", "resolve_size", "run_cache_study", "format_cache_study"]
 
-EVICTIONS = ("clairvoyant", "lru")
+EVICTIONS: Tuple[Literal["clairvoyant", "lru"], ...] = ("clairvoyant", "lru")
 
 _UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 
@@ -51,8 +51,8 @@ def set_bytes_of(setup: Setup) -> int:
     return sum(os.stat(setup.source / p).st_size for p in setup.paths)
 
 
-def run_cache_study(setup: Setup, cache_size: str, evictions: Sequence[str], epochs: int,
-                    prefetchers: int, readers: int, lookahead: int) -> Dict[str, Any]:
+def run_cache_study(setup: Setup, cache_size: str, evictions: Sequence[Literal["clairvoyant", "lru"]],
+                    epochs: int, prefetchers: int, readers: int, lookahead: int) -> Dict[str, Any]:
     import prestage
 
     total = set_bytes_of(setup)

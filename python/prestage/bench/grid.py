@@ -13,6 +13,7 @@ import statistics
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence
 
 from prestage.bench.modes import Setup, run_mode
+from prestage.cli.progress import progress
 
 __all__ = ["Job", "counts", "run_jobs", "summarize", "pipelined_jobs", "best"]
 
@@ -76,7 +77,6 @@ def run_jobs(setup: Setup, jobs: Sequence[Job], batches: Optional[int], repeat: 
     shown = setup.show_progress
     setup.show_progress = False  # one bar for the grid, none per run
     try:
-        from prestage.cli.progress import progress  # here: prestage.cli imports this package
         with progress(total, desc=desc, unit="run", enabled=show_progress and shown) as bar:
             for _ in range(repeat):
                 for job in jobs:

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 from prestage.bench import cache
+from prestage.cli.progress import progress
 
 __all__ = ["MODES", "PRESTAGE_MODES", "BASELINES", "Setup", "run_mode"]
 
@@ -164,7 +165,6 @@ def _consume(batches: Iterator[Any], count: int, compute_s: float, size_of: Any,
     images = 0
     stall = 0.0
     start = time.perf_counter()
-    from prestage.cli.progress import progress  # here: prestage.cli imports this package
     with progress(count, desc=desc, unit="batch", enabled=show_progress) as bar:
         for _ in range(count):
             t = time.perf_counter()
@@ -225,7 +225,6 @@ def _copy_files(pairs: Sequence[Tuple[Path, Path]], threads: int, desc: str, sho
     for parent in {dst.parent for _, dst in pairs}:
         parent.mkdir(parents=True, exist_ok=True)
     total = 0
-    from prestage.cli.progress import progress  # here: prestage.cli imports this package
     with progress(len(pairs), desc=desc, unit="file", enabled=show_progress) as bar:
         with concurrent.futures.ThreadPoolExecutor(max_workers=threads) as pool:
             futures = [pool.submit(copy, pair) for pair in pairs]

@@ -99,20 +99,20 @@ def _figure(summaries: Sequence[Dict[str, Any]], axis: str, values: Sequence[int
     width = 0.38
     positions = range(len(values))
     for offset, mode in ((-width / 2, "stage-all"), (width / 2, "pipelined")):
-        row = series.get(mode)
-        if row is None:
+        bars = series.get(mode)
+        if bars is None:
             continue
         if mode == "stage-all":
-            bottom = [(p["copy_s"] or 0) if p else 0 for p in row]
-            top = [(p["seconds"] - (p["copy_s"] or 0)) if p else 0 for p in row]
+            bottom = [(p["copy_s"] or 0) if p else 0 for p in bars]
+            top = [(p["seconds"] - (p["copy_s"] or 0)) if p else 0 for p in bars]
             labels = ("stage-all: copy", "stage-all: read")
         else:
-            bottom = [min(_decode_busy_per_thread(p), p["seconds"]) if p else 0 for p in row]
-            top = [(p["seconds"] - b) if p else 0 for p, b in zip(row, bottom)]
+            bottom = [min(_decode_busy_per_thread(p), p["seconds"]) if p else 0 for p in bars]
+            top = [(p["seconds"] - b) if p else 0 for p, b in zip(bars, bottom)]
             labels = ("pipelined: stage 3 busy", "pipelined: stage 3 waiting")
-        xs = [i + offset for i in positions]
-        right.bar(xs, bottom, width, color=_COLORS[mode], alpha=0.9, label=labels[0])
-        right.bar(xs, top, width, bottom=bottom, color=_COLORS[mode], alpha=0.4, hatch="//",
+        bar_xs = [i + offset for i in positions]
+        right.bar(bar_xs, bottom, width, color=_COLORS[mode], alpha=0.9, label=labels[0])
+        right.bar(bar_xs, top, width, bottom=bottom, color=_COLORS[mode], alpha=0.4, hatch="//",
                   label=labels[1])
     right.set_xticks(list(positions))
     right.set_xticklabels([str(v) for v in values])

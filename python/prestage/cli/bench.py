@@ -53,6 +53,7 @@ from prestage.bench.grid import Job, counts, run_jobs, summarize
 from prestage.bench.modes import MODES, run_mode
 from prestage.bench.session import (add_data_options, add_emulator_options, machine, note, positive,
                                     session)
+from prestage.cli import summary
 
 
 def _modes(text: str) -> List[str]:
@@ -76,7 +77,7 @@ def _default_readers() -> List[int]:
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p = subparsers.add_parser(
         "bench",
-        help="compare direct, stage-all, pipelined and ideal loading, and PyTorch and tf.data",
+        help=summary("bench"),
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

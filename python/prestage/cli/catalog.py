@@ -30,13 +30,14 @@ import threading
 from pathlib import Path
 from typing import Any, Callable, Dict, List
 
+from prestage.cli import summary
 from prestage.cli.progress import progress
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p = subparsers.add_parser(
         "catalog",
-        help="walk a data set once, save its catalog, report files, classes, bytes and sizes",
+        help=summary("catalog"),
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 from typing import Any, Dict, Optional, Tuple
 
+from prestage.cli import summary
 from prestage.cli.progress import progress
 
 DEFAULT_IMAGES = 2000
@@ -42,7 +43,7 @@ def evict_from_page_cache(root: Path) -> int:
 
 def default_source(images: int, classes: int, quiet: bool) -> Path:
     """The synthetic set the demo uses when given none, generated once into the user's cache."""
-    from prestage.cli import synth
+    from prestage import synth
 
     cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "prestage"
     out = cache / f"synth-{images}-{classes}"
@@ -164,7 +165,7 @@ def _image_size(text: str) -> Optional[Tuple[int, int]]:
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p = subparsers.add_parser(
         "demo",
-        help="run one epoch through a stage directory and print the figures",
+        help=summary("demo"),
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

@@ -10,6 +10,7 @@ from typing import Any, cast
 
 from prestage import pack as packing
 from prestage.bench.cache_study import resolve_size
+from prestage.cli import summary
 from prestage.errors import Error
 
 
@@ -28,7 +29,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Register the ``pack`` subcommand and return its parser."""
     parser = subparsers.add_parser(
         "pack",
-        help="pack a set of small files into shards with an index (fewer PFS opens per epoch)",
+        help=summary("pack"),
         description=(
             "Pack the files of SRC (a class-folder tree, or a catalog saved by Catalog.save) into shards "
             "of about --shard-size bytes in OUT, with OUT/index.tsv (shard, offset, length, label, "

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from prestage.bench.session import note, positive
+from prestage.cli import summary
 from prestage.cli.progress import progress
 
 IMAGENET_TRAIN = 1_281_167
@@ -30,7 +31,7 @@ IMAGENET_TRAIN = 1_281_167
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p = subparsers.add_parser(
         "simulate",
-        help="the peer tier on 1 to 1,024 nodes, simulated from the plan: PFS and peer bytes per epoch",
+        help=summary("simulate"),
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

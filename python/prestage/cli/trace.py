@@ -9,13 +9,14 @@ from pathlib import Path
 from typing import Any, cast
 
 from prestage import trace as traces
+from prestage.cli import summary
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Register the ``trace`` subcommand and return its parser."""
     parser = subparsers.add_parser(
         "trace",
-        help="summarise and draw an I/O trace (a loader's trace=FILE)",
+        help=summary("trace"),
         description=("Print reads, bytes and mean time per read by tier and by kind, and draw "
                      "spatial.png (files and offsets read over time), temporal.png (reads and bytes per "
                      "second) and timeline.png (a row per thread, a bar per read) into --out."),

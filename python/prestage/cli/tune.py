@@ -23,6 +23,7 @@ from typing import Any, Dict
 from prestage.bench import report
 from prestage.bench.grid import counts, pipelined_jobs, run_jobs
 from prestage.bench.session import add_data_options, add_emulator_options, machine, note, positive, session
+from prestage.cli import summary
 from prestage.options import load_tuned
 
 DEFAULT_BATCHES = 20
@@ -37,7 +38,7 @@ def _default_readers() -> str:
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p = subparsers.add_parser(
         "tune",
-        help="search prefetchers x readers x lookahead on your own file systems; write the best",
+        help=summary("tune"),
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

@@ -1,0 +1,29 @@
+#include <pybind11/stl/filesystem.h>
+
+#include <filesystem>
+
+#include "bindings.hpp"
+#include "prestage/catalog.hpp"
+#include "tiers/stage_directory.hpp"
+
+namespace py = pybind11;
+
+namespace prestage::python {
+
+void register_staging(py::module_& m) {
+  m.def(
+      "stage_area",
+      [](const std::filesystem::path& stage_dir, const Catalog& catalog) {
+        return detail::StageDirectory::area_of(stage_dir, catalog).string();
+      },
+      py::arg("stage_dir"), py::arg("catalog"),
+      "Where the copies of the catalog's files go under a stage directory (there or not).\n\n"
+      ">>> prestage._core.stage_area('/local/stage', catalog)\n"
+      "'/local/stage/prestage-8f3c2a9d0b1e4f67'");
+  m.def("staged_copy_path", &detail::StageDirectory::copy_path, py::arg("area"), py::arg("file"),
+        "The path of the copy of catalog file `file` in a stage area (there or not).\n\n"
+        ">>> prestage._core.staged_copy_path(area, 300)\n"
+        "'/local/stage/prestage-8f3c2a9d0b1e4f67/2c/12c'");
+}
+
+}  // namespace prestage::python
