@@ -212,14 +212,16 @@ class BatchDecoder::Run {
     }
     Reader& r = reader();
     if (!codec.arrays()) {
-      // Raw files: the file's (or byte range's) bytes as one array (Codec::raw_array).
+      // Raw files: the file's (or byte range's) bytes as one array (Codec::raw_array), of the size
+      // the catalog recorded (a file that no longer has it fails when read in step 3), else of the
+      // size the file has now.
+      const uint64_t recorded = d_.tiers_.sample_size(id);
       uint64_t n = 0;
       s_.tiers[i] = d_.tiers_.serve(id, Tier::kMemory, held(i, id), r.paths, nullptr, Access::kLook,
                                     [&](const SampleAt& at) -> uint64_t {
-                                      n = at.in_memory() ? at.bytes.size()
-                                          : at.locator.length != Catalog::kWholeFile
-                                              ? at.locator.length
-                                              : file_size(at.open());
+                                      n = at.in_memory()                      ? at.bytes.size()
+                                          : recorded != Catalog::kUnknownSize ? recorded
+                                                                              : file_size(at.open());
                                       return n;
                                     });
       d_.tiers_.check_size(id, n);
