@@ -52,3 +52,28 @@ def test_a_loose_file_costs_one_open_and_one_read_per_cold_epoch(tmp_path, pfs, 
     assert ops["read"] == ops["open"], ops
     # ... and no stat: the getattrs are the kernel's lookups of the names (one per file; the root's).
     assert ops["getattr"] <= FILES + 2, ops
+
+
+def test_a_packed_set_costs_one_open_per_shard_when_staged(tmp_path, pfs, encode_jpeg):
+    import prestage.pack
+
+    src = tmp_path / "src"
+    src.mkdir()
+    rng = np.random.default_rng(1)
+    for i in range(FILES):
+        (src / f"{i:03d}.jpg").write_bytes(encode_jpeg(rng.integers(0, 256, (48, 48, 3), dtype=np.uint8)))
+    packed = tmp_path / "packed"
+    prestage.pack.pack(prestage.Catalog.from_folder(src), packed, shard_bytes=64 << 10)
+    shards = sorted(p.name for p in packed.glob("shard-*.bin"))
+    assert len(shards) > 1
+    emulator = pfs(packed)
+    cat = prestage.Catalog.from_shards(emulator.mountpoint)
+    time.sleep(1.2)
+    before = emulator.stats()
+    with prestage.Loader(cat, batch_size=BATCH, shuffle=False, decode="raw",
+                         stage_dir=str(tmp_path / "stage")) as loader:
+        assert sum(len(b) for b in loader) == FILES
+    after = emulator.stats()
+    opens = {p: c["opens"] - before["paths"].get(p, {}).get("opens", 0) for p, c in after["paths"].items()}
+    assert {p: n for p, n in opens.items() if n} == {name: 1 for name in shards}
+    assert after["ops"]["getattr"] - before["ops"]["getattr"] <= len(shards) + 2
