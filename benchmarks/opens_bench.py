@@ -8,6 +8,15 @@ the emulator's, for one epoch of ``prestage.Loader`` (batches of 8), including t
 epoch the loader may have started before it closed.
 
     python benchmarks/opens_bench.py --files 4 --per-file 16
+
+``--loose N`` measures instead N loose files per kind (JPEG images of 20 to 300 KB, and raw ``.bin``
+files of the same sizes, one cold epoch each with ``decode="raw"``; the JPEGs also with
+``decode="jpeg"``), read directly and copied to a stage directory, and the same files packed into
+shards by ``prestage.pack`` (one cold epoch, staged): per file, the opens, reads and getattrs the
+emulated PFS served. The loader reads every loose file once per epoch, so one open per file is the
+floor; "getattr" counts the kernel's own lookups of each name too.
+
+    python benchmarks/opens_bench.py --loose 200
 """
 
 from __future__ import annotations
@@ -15,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import tempfile
+import time
 from pathlib import Path
 
 import numpy as np
@@ -23,11 +33,71 @@ import prestage
 from prestage.bench.emulator import PfsEmulator
 
 
+def loose(n: int) -> dict:
+    """Operations per loose file (and per shard, packed) for one cold epoch of each case."""
+    import io
+
+    from PIL import Image
+
+    import prestage.pack
+
+    rng = np.random.default_rng(0)
+    results = {}
+    with tempfile.TemporaryDirectory(prefix="prestage-opens-bench-") as tmp:
+        src = Path(tmp) / "src"
+        (src / "jpeg").mkdir(parents=True)
+        (src / "raw").mkdir()
+        for i in range(n):
+            # Noise compresses little: the side sets the size, about 20 to 300 KB.
+            side = int(rng.integers(80, 330))
+            out = io.BytesIO()
+            Image.fromarray(rng.integers(0, 256, (side, side, 3), dtype=np.uint8)).save(out, "JPEG", quality=90)
+            (src / "jpeg" / f"{i:05d}.jpg").write_bytes(out.getvalue())
+            (src / "raw" / f"{i:05d}.bin").write_bytes(out.getvalue())
+        prestage.pack.pack(prestage.Catalog.from_folder(src / "jpeg"), Path(tmp) / "packed",
+                           shard_bytes=4 << 20)
+        shards = len(list((Path(tmp) / "packed").glob("shard-*.bin")))
+        emulator = PfsEmulator(Path(tmp), latency_ms=0, bandwidth_mbs=0, max_ops=0)
+        emulator.start()
+        try:
+            mount = Path(emulator.mountpoint)
+            jpeg = prestage.Catalog.from_folder(mount / "src" / "jpeg")
+            raw = prestage.Catalog.from_folder(mount / "src" / "raw", extensions=[".bin"])
+            packed = prestage.Catalog.from_shards(mount / "packed")
+            cases = [("jpeg_raw", jpeg, {"decode": "raw"}), ("jpeg", jpeg, {"image_size": (64, 64)}),
+                     ("bin_raw", raw, {"decode": "raw"})]
+            for name, catalog, options in cases + [("packed_jpeg", packed, {"decode": "raw"})]:
+                for staged in (False, True) if name != "packed_jpeg" else (True,):
+                    stage = str(Path(tmp) / f"stage-{name}") if staged else None
+                    time.sleep(1.2)  # the kernel's cached names and attributes expire: a cold epoch
+                    before = emulator.stats()["ops"]
+                    with prestage.Loader(catalog, batch_size=8, stage_dir=stage, shuffle=False,
+                                         **options) as loader:
+                        samples = 0
+                        for batch in loader:
+                            samples += len(batch)
+                            if samples >= len(catalog):
+                                break  # no batch of the next epoch is asked for
+                    after = emulator.stats()["ops"]
+                    ops = {k: after[k] - before.get(k, 0) for k in ("open", "read", "getattr")}
+                    files = shards if name == "packed_jpeg" else len(catalog)
+                    results[f"{name}{'_staged' if staged else ''}"] = {
+                        "samples": samples, "files": files, **ops,
+                        **{f"{k}s_per_file": round(v / files, 3) for k, v in ops.items()}}
+        finally:
+            emulator.stop()
+    return results
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--files", type=int, default=4)
     p.add_argument("--per-file", type=int, default=16)
+    p.add_argument("--loose", type=int, default=0, help="measure N loose files per kind instead")
     args = p.parse_args()
+    if args.loose:
+        print(json.dumps({"loose": args.loose, "epoch": loose(args.loose)}, indent=1))
+        return
     results = {}
     with tempfile.TemporaryDirectory(prefix="prestage-opens-bench-") as tmp:
         src = Path(tmp) / "src"

@@ -75,8 +75,9 @@ def dataset(
 
     Other formats: ``decode="npy"``, ``"npz"`` (``array_name``), ``"hdf5"`` (inferred for an HDF5
     catalog; ``"npy"`` is inferred for slices of array files, :meth:`Catalog.from_arrays`) give
-    ``arrays`` of the stored dtype (in native byte order) and ``(N, *shape)``, ``shape``
-    the catalog's first sample's (read once, through the same codec, when the dataset is made);
+    ``arrays`` of the data set's dtype (in native byte order; a sample of another dtype raises at its
+    batch, or is skipped) and ``(N, *shape)``, ``shape`` the catalog's first sample of that dtype's
+    (read once, through the same codec, when the dataset is made);
     a batch whose samples have another shape, or several, raises :class:`prestage.ConfigError` unless
     ``ragged=True``, which makes every batch a ``tf.RaggedTensor`` (``ragged_rank`` = the samples'
     rank). ``decode="raw"`` gives each sample's bytes as a ``tf.string`` ``(N,)``, for
@@ -167,9 +168,10 @@ def _array_spec(catalog: _core.Catalog, mode: str, codec: Dict[str, Any], n: Opt
 
 
 def _first_sample(catalog: _core.Catalog, **options: Any) -> Tuple[np.dtype, Tuple[int, ...]]:
-    """The dtype (native byte order) and shape of the catalog's first sample, decoded as a loader with
-    ``options`` decodes it: they give the dtype and shape of the signature."""
-    with Loader(catalog, 1, shuffle=False, readers=1, prefetchers=1, **options) as first:
+    """The dtype (native byte order) and shape of the catalog's first sample of the data set's dtype (the
+    first one that reads and has it: a loader's batches take the data set's dtype, see the README),
+    decoded as a loader with ``options`` decodes it: they give the dtype and shape of the signature."""
+    with Loader(catalog, 1, shuffle=False, readers=1, prefetchers=1, on_error="skip", **options) as first:
         probe = next(iter(first))
         dtype, shape = probe.dtype.newbyteorder("="), tuple(probe.shapes[0])
         del probe

@@ -101,6 +101,42 @@ TEST_CASE("batch decoder: the sample whose dtype differs from its batch's is the
   }
 }
 
+TEST_CASE("batch decoder: the dtype is the data set's, so an odd file first in a tied batch is named") {
+  // Batches of 2 over [odd, good, good, good]: the batch's own majority is a tie, which went to the
+  // first sample, so the good file after it was named and skip replaced it.
+  TempDir dir;
+  write_npy(dir / "0.npy", "<f4", 3, 9);
+  for (int i = 1; i < 4; ++i) write_npy(dir / (std::to_string(i) + ".npy"), "<i2", 3, i);
+  const Catalog cat = Catalog::from_paths(dir.path(), {"0.npy", "1.npy", "2.npy", "3.npy"});
+  for (const size_t readers : {1, 2, 4}) {
+    CAPTURE(readers);
+    LoaderOptions o = in_order(DecodeMode::kNpy, 2);
+    o.readers = readers;
+    {
+      Loader loader(cat, o);
+      loader.start_epoch(0);
+      try {
+        loader.next();
+        FAIL("a batch of two dtypes was served");
+      } catch (const prestage::DecodeError& e) {
+        CHECK(e.path() == (dir / "0.npy").string());
+      }
+      const auto second = loader.next();
+      REQUIRE(second);
+      CHECK(second->dtype() == "<i2");
+    }
+    o.on_error = OnError::kSkip;
+    Loader loader(cat, o);
+    loader.start_epoch(0);
+    const auto batch = loader.next();
+    REQUIRE(batch);
+    CHECK(batch->dtype() == "<i2");
+    CHECK(std::vector<int64_t>(batch->indices().begin(), batch->indices().end()) ==
+          std::vector<int64_t>{1, 1});
+    CHECK(loader.stats().skipped == 1);
+  }
+}
+
 TEST_CASE("batch decoder: JPEGs of mixed sizes without image_size are ragged, each its own shape") {
   TempDir dir;
   // (width, height): batch 0 mixes two sizes, batch 1 has one, batch 2 is a single image.

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstring>
 #include <filesystem>
@@ -183,7 +184,8 @@ TEST_CASE("error policy: raise, the default, raises the bad sample's error namin
     } catch (const prestage::IoError& e) {
       ++failed;
       CHECK(bad_paths.count(e.path()) == 1);
-      CHECK(e.error_code() == ENOENT);
+      // Missing, or shorter than its catalog says (truncated, not a JPEG): it changed since.
+      CHECK((e.error_code() == ENOENT || e.error_code() == EIO));
     } catch (const prestage::DecodeError& e) {
       ++failed;
       CHECK(bad_paths.count(e.path()) == 1);

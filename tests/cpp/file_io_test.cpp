@@ -122,6 +122,31 @@ TEST_CASE("file io: a file too short for its range or size is an IoError, nothin
   CHECK(err != 0);
 }
 
+TEST_CASE("file io: a file of another size than expected is an EIO naming both sizes, read exact otherwise") {
+  TempDir dir;
+  const std::string path = (dir / "f").string();
+  write(path, "abcdef");
+  for (const size_t expected : {size_t{0}, size_t{3}, size_t{5}, size_t{7}, size_t{100}}) {
+    CAPTURE(expected);
+    std::vector<std::byte> out(expected);
+    try {
+      io::read_file_exact(path, out);
+      FAIL("a file of 6 bytes was read as one of " << expected);
+    } catch (const IoError& e) {
+      CHECK(e.error_code() == EIO);
+      const std::string what = e.what();
+      CHECK(what.find("is 6 bytes, its catalog says " + std::to_string(expected)) != std::string::npos);
+      CHECK(what.find(expected < 6 ? "longer" : "shorter") != std::string::npos);
+    }
+  }
+  std::vector<std::byte> six(6);
+  io::read_file_exact(path, six);
+  CHECK(std::string(reinterpret_cast<const char*>(six.data()), 6) == "abcdef");
+  write(path, "");
+  std::vector<std::byte> none;
+  io::read_file_exact(path, none);  // an empty file of an expected 0 bytes
+}
+
 TEST_CASE("file io: an open file serves every read from the file it opened, with or without a limit") {
   TempDir dir;
   const std::string path = (dir / "held").string();

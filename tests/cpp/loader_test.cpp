@@ -137,6 +137,9 @@ TEST_CASE("loader: a second run over the same stage directory copies nothing") {
 TEST_CASE("loader: a missing or corrupt file raises at its batch, naming it, and the epoch goes on") {
   TempDir dir;
   prestage::test::make_image_folder(dir / "data", 1, 12);
+  // The corrupt file is written before the catalog is built: one that changed size since is an
+  // IoError (EIO), not a DecodeError.
+  std::ofstream(dir / "data" / "class_0" / "img_9.jpg", std::ios::trunc) << "not a jpeg at all";
   const Catalog cat = Catalog::from_folder(dir / "data");
   LoaderOptions o = options(4, (dir / "stage").string());
   o.shuffle = false;  // catalog order: sample 5 is in batch 1, sample 10 in batch 2
@@ -148,7 +151,6 @@ TEST_CASE("loader: a missing or corrupt file raises at its batch, naming it, and
   }
   REQUIRE(missing / 4 != corrupt / 4);
   std::filesystem::remove(cat.source_path(missing));
-  std::ofstream(cat.source_path(corrupt), std::ios::trunc) << "not a jpeg at all";
   Loader loader(cat, o);
   loader.start_epoch(0);
   int batches = 0;

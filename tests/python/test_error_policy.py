@@ -3,6 +3,7 @@ next good sample of this rank's epoch ("skip"), identically for any thread count
 is tested in test_torch.py and test_tf.py (importing a framework here would leave its threads running
 into the thread-counting tests of test_loader.py)."""
 
+import errno
 import time
 
 import numpy as np
@@ -130,7 +131,8 @@ def test_raise_still_raises_naming_the_path(faulty):
             except StopIteration:
                 break
             except prestage.IoError as e:
-                assert e.filename in paths and e.errno == 2
+                # Missing (ENOENT), or shorter than the catalog says (EIO: truncated, not a JPEG).
+                assert e.filename in paths and e.errno in (errno.ENOENT, errno.EIO)
                 failed += 1
             except prestage.DecodeError as e:
                 assert e.path in paths and e.path in str(e)
@@ -140,9 +142,11 @@ def test_raise_still_raises_naming_the_path(faulty):
 
 
 def test_all_bad_data_raises_instead_of_hanging(make_folder):
-    cat = prestage.Catalog.from_folder(make_folder(2, 4))
+    root = make_folder(2, 4)
+    cat = prestage.Catalog.from_folder(root)
     for i in range(len(cat)):
         cat.source_path(i).write_bytes(b"not a jpeg")
+    cat = prestage.Catalog.from_folder(root)  # of their sizes now: a changed size is an IoError
     start = time.monotonic()
     for image_size in (None, (16, 16)):  # each image its own size, or resized
         with prestage.Loader(cat, batch_size=4, image_size=image_size, on_error="skip") as loader:
@@ -156,8 +160,9 @@ def test_all_bad_data_raises_instead_of_hanging(make_folder):
 
 
 def test_a_bad_first_image_raises_at_its_batch_or_is_skipped(make_folder):
-    cat = prestage.Catalog.from_folder(make_folder(1, 6))
-    cat.source_path(0).write_bytes(b"not a jpeg")
+    root = make_folder(1, 6)
+    prestage.Catalog.from_folder(root).source_path(0).write_bytes(b"not a jpeg")
+    cat = prestage.Catalog.from_folder(root)  # of its size now: a changed size is an IoError
     with prestage.Loader(cat, batch_size=3, shuffle=False) as loader:  # no image read to build it
         it = iter(loader)
         with pytest.raises(prestage.DecodeError) as error:
@@ -234,3 +239,47 @@ def test_npy_truncated_after_its_header_is_replaced_by_one_of_its_shape(tmp_path
             np.testing.assert_array_equal(arrays[k], np.full((3, 4), sample, dtype=np.int32))
     assert stats["skipped"] == 2
     assert [s["sample"] for s in stats["skipped_samples"]] == [4, 7]
+
+
+@pytest.mark.parametrize("batch_size", [1, 2, 3, 4])
+def test_an_npy_of_another_dtype_is_the_one_named_or_skipped_wherever_it_lies_in_its_batch(
+        tmp_path, batch_size):
+    # The batch's dtype was its own samples' (the majority, ties to the first): an odd file first in
+    # a batch of 2, or two odd files in a batch of 3, made the good files fail ("raise") or be
+    # replaced ("skip"). The dtype is the data set's: most of a few samples spread over the catalog.
+    root = tmp_path / "npy"
+    root.mkdir()
+    odd = {0, 1, 6}  # 0 and 1 fill most of the first batch of 3; 6 is first in a batch of 2 and 3
+    for i in range(12):
+        np.save(root / f"{i:02d}.npy", np.full(3, i, dtype=np.int32 if i in odd else np.float64))
+    cat = prestage.Catalog.from_folder(root, extensions=[".npy"])
+    # "raise": each batch raises the error of its first odd file, naming it; good batches are whole.
+    with prestage.Loader(cat, batch_size=batch_size, decode="npy", shuffle=False) as loader:
+        named, delivered = [], []
+        it = iter(loader)
+        while True:
+            try:
+                batch = next(it)
+            except StopIteration:
+                break
+            except prestage.DecodeError as e:
+                named.append(int(e.path.rsplit("/", 1)[-1][:2]))
+                assert "its dtype <i4 differs from the data set's <f8" in str(e)
+                continue
+            assert batch.dtype == np.float64
+            delivered += batch.indices.tolist()
+    batches = [list(range(b, min(b + batch_size, 12))) for b in range(0, 12, batch_size)]
+    assert named == [min(odd & set(b)) for b in batches if odd & set(b)]
+    assert delivered == [i for b in batches if not odd & set(b) for i in b]
+    # "skip": exactly the odd files are replaced, every good file is delivered with its values.
+    with prestage.Loader(cat, batch_size=batch_size, decode="npy", shuffle=False,
+                         on_error="skip") as loader:
+        got = []
+        for batch in loader:
+            assert batch.dtype == np.float64
+            for k, i in enumerate(batch.indices.tolist()):
+                np.testing.assert_array_equal(batch.arrays[k], np.load(cat.source_path(i)))
+                got.append(i)
+        stats = loader.stats()
+    assert sorted(s["sample"] for s in stats["skipped_samples"]) == sorted(odd)
+    assert set(got) == set(range(12)) - odd

@@ -1,5 +1,6 @@
 """Hostile inputs that used to get past a clean refusal: a damaged TFRecord shard (it made the whole
-catalog unbuildable), a file that became shorter than its catalog says (reported as a bare EIO), and
+catalog unbuildable), a file that became shorter than its catalog says (reported as a bare EIO; a
+whole file rewritten shorter or longer was served as it is now), and
 symbolic links that lead out of the data set's root (followed, with no way to refuse them)."""
 
 import errno
@@ -140,6 +141,50 @@ def test_a_file_shorter_than_its_catalog_says_is_an_io_error_saying_so(tmp_path,
     assert len(skipped) == 1 and skipped[0]["path"] == str(path)
     assert f"is {size - 30} bytes, the catalog expected at least {size}" in skipped[0]["error"]
     assert "changed since the catalog was built" in skipped[0]["error"]
+
+
+def rewrite_jpeg(path, size):
+    Image.fromarray(np.full((size, size, 3), 90, np.uint8)).save(path, quality=90)
+
+
+@pytest.mark.parametrize("kind", ["raw", "jpeg", "jpeg-resized"])
+@pytest.mark.parametrize("when", ["before the first epoch", "between epochs"])
+@pytest.mark.parametrize("change", ["shorter", "longer"])
+def test_a_file_that_changed_size_since_its_catalog_is_an_io_error_naming_both_sizes(
+        tmp_path, kind, when, change):
+    # Whole files (raw and JPEG), read directly (no stage directory): the file's size now was used,
+    # so a file rewritten shorter (or longer) was served as it is now, with no error.
+    root = tmp_path / "data"
+    root.mkdir()
+    names = [f"{i}.bin" if kind == "raw" else f"{i}.jpg" for i in range(4)]
+    for name in names:
+        if kind == "raw":
+            (root / name).write_bytes(bytes(1000))
+        else:
+            rewrite_jpeg(root / name, 64)
+    cat = prestage.Catalog.from_folder(root, extensions=[".bin" if kind == "raw" else ".jpg"])
+    recorded = (root / names[1]).stat().st_size
+    options = {"decode": "raw"} if kind == "raw" else {"image_size": (32, 32)} if kind == "jpeg-resized" else {}
+
+    def rewrite():
+        if kind == "raw":
+            (root / names[1]).write_bytes(bytes(10 if change == "shorter" else 2000))
+        else:
+            rewrite_jpeg(root / names[1], 16 if change == "shorter" else 256)
+        return (root / names[1]).stat().st_size
+
+    with prestage.Loader(cat, batch_size=4, shuffle=False, depth=2, **options) as loader:
+        if when == "between epochs":
+            assert len(next(iter(loader))) == 4  # the one batch of epoch 0
+            # Epoch 2, not 1: the pipeline, which may have read epoch 1 already, starts again.
+            loader.set_epoch(2)
+        now = rewrite()
+        assert (now < recorded) == (change == "shorter")
+        with pytest.raises(prestage.IoError) as info:
+            next(iter(loader))
+    assert info.value.errno == errno.EIO and info.value.filename == str(root / names[1])
+    assert f"is {now} bytes, its catalog says {recorded}" in str(info.value)
+    assert "changed since the catalog was built" in str(info.value)
 
 
 # ----------------------------------------------------------------------------------- symbolic links

@@ -112,8 +112,9 @@ def test_every_sample_once_per_epoch_across_ranks(folder, world, drop_last):
 def test_missing_and_corrupt_files_raise_at_their_batch_naming_them(folder, tmp_path):
     cat = prestage.Catalog.from_folder(folder)
     missing, corrupt = 5, 13  # with shuffle=False: batches 1 and 3 of size 4
-    cat.source_path(missing).unlink()
     cat.source_path(corrupt).write_bytes(b"\xff\xd8\xff\xe0 this is not a jpeg")
+    cat = prestage.Catalog.from_folder(folder)  # of its size now: a changed size is an IoError (EIO)
+    cat.source_path(missing).unlink()
     loader = prestage.Loader(cat, batch_size=4, shuffle=False, stage_dir=tmp_path / "stage")
     it = iter(loader)
     outcomes = []

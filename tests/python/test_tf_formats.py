@@ -36,6 +36,22 @@ def test_tf_npy_batches_are_dense_with_the_first_samples_shape(tmp_path):
         assert labels.tolist() == [0] * 3
 
 
+def test_tf_an_odd_first_npy_gives_neither_the_signature_nor_the_batches_their_dtype(tmp_path):
+    # The signature was the first sample's: an int32 file first made every float64 batch int32.
+    root = tmp_path / "c"
+    root.mkdir()
+    for i in range(6):
+        np.save(root / f"{i}.npy", np.full((2, 2), i + 0.5) if i else np.zeros((3,), np.int32))
+    cat = prestage.Catalog.from_folder(tmp_path, extensions=[".npy"])
+    ds = prestage.tf.dataset(cat, batch_size=2, decode="npy", shuffle=False, on_error="skip")
+    assert ds.element_spec[0].dtype == tf.float64 and ds.element_spec[0].shape.as_list() == [2, 2, 2]
+    got = np.concatenate([a.numpy() for a, _ in ds])
+    np.testing.assert_array_equal(got, np.stack([np.full((2, 2), i + 0.5) for i in (1, 1, 2, 3, 4, 5)]))
+    it = iter(prestage.tf.dataset(cat, batch_size=2, decode="npy", shuffle=False))
+    with pytest.raises(Exception, match=r"/c/0\.npy"):  # the odd file is the one named
+        next(it)
+
+
 def test_tf_ragged_arrays_need_ragged_true(tmp_path):
     cat = _npy_set(tmp_path, [(i + 1, 2) for i in range(5)], np.float32)
     with pytest.raises(Exception, match="ragged=True"):

@@ -385,10 +385,12 @@ def test_non_blocking_copies_to_cuda_get_the_batches(make_folder):
 
 
 def test_on_error_skip_is_passed_through(make_folder):
-    cat = prestage.Catalog.from_folder(make_folder(3, 8))  # 24 images of 32x48
+    root = make_folder(3, 8)
+    cat = prestage.Catalog.from_folder(root)  # 24 images of 32x48
     bad = [3, 11, 17]
     for i in bad:
         cat.source_path(i).write_bytes(b"not a jpeg")
+    cat = prestage.Catalog.from_folder(root)  # of their sizes now: a changed size is an IoError
     with pt.Loader(cat, batch_size=6, seed=2) as loader, pytest.raises(prestage.DecodeError):
         for _ in loader:
             pass
@@ -529,8 +531,9 @@ def test_device_batches_raise_a_batchs_error_at_that_batch(make_folder, monkeypa
     copier = FakeCopier()
     monkeypatch.setattr(pt, "_resolve_device", lambda device: torch.device("cuda", 0))
     monkeypatch.setattr(pt, "_make_copier", lambda device, normalize, layout: copier)
-    cat = prestage.Catalog.from_folder(make_folder(1, 8))
-    cat.source_path(5).write_bytes(b"not a jpeg")  # batch 2 of 4 (batches of 2, no shuffle)
+    root = make_folder(1, 8)
+    prestage.Catalog.from_folder(root).source_path(5).write_bytes(b"not a jpeg")  # batch 2 of 4
+    cat = prestage.Catalog.from_folder(root)  # of its size now (batches of 2, no shuffle)
     with pt.Loader(cat, batch_size=2, depth=3, shuffle=False, device="cuda") as loader:
         it = iter(loader)
         next(it), next(it)

@@ -71,7 +71,7 @@ class BatchDecoder::Run {
   void operator()() {
     s_.tiers.assign(b_.count, Tier::kMemory);
     s_.probes.resize(b_.count);
-    if (unresized()) {
+    if (keeps_bytes()) {
       // Only grown: the buffers keep their capacity for the next batches.
       if (s_.bytes.size() < b_.count) s_.bytes.resize(b_.count);
       if (s_.unpacked.size() < b_.count) s_.unpacked.resize(b_.count);
@@ -170,6 +170,14 @@ class BatchDecoder::Run {
     return d_.codec_.mode == DecodeMode::kJpeg && d_.image_size_.empty();
   }
 
+  // Raw files: step 1 reads each one, so that a file that cannot be read, or no longer has its
+  // catalog's size, fails before the batch is laid out (and is replaced by any good file, whatever
+  // its size), with one open and one read and no stat; step 3 copies the bytes into place.
+  bool raw_files() const { return d_.codec_.mode == DecodeMode::kRaw && !d_.codec_.arrays(); }
+
+  // Step 1 keeps each sample's bytes for step 3.
+  bool keeps_bytes() const { return unresized() || raw_files(); }
+
   // Without an image_size: reads sample i (catalog sample `id`) once, keeps its bytes and its JPEG
   // for step 3, and returns the image's size from its header (max_pixels checked there, before the
   // batch is laid out).
@@ -213,15 +221,10 @@ class BatchDecoder::Run {
     Reader& r = reader();
     if (!codec.arrays()) {
       // Raw files: the file's (or byte range's) bytes as one array (Codec::raw_array).
-      uint64_t n = 0;
-      s_.tiers[i] = d_.tiers_.serve(id, Tier::kMemory, held(i, id), r.paths, nullptr, Access::kLook,
-                                    [&](const SampleAt& at) -> uint64_t {
-                                      n = at.in_memory() ? at.bytes.size()
-                                          : at.locator.length != Catalog::kWholeFile
-                                              ? at.locator.length
-                                              : file_size(at.open());
-                                      return n;
-                                    });
+      const auto bytes = d_.tiers_.read(id, held(i, id), s_.bytes[i], r.paths, b_.tally);
+      s_.jpegs[i] = bytes;
+      s_.tiers[i] = Tier::kMemory;
+      const uint64_t n = bytes.size();
       d_.tiers_.check_size(id, n);
       codec.raw_array(n, "|u1", info, r.paths.source);
       return;
@@ -245,18 +248,13 @@ class BatchDecoder::Run {
       return;
     }
     if (!codec.arrays()) {
-      d_.tiers_.serve(id, s_.tiers[i], held(i, id), r.paths, b_.tally, Access::kBytes,
-                      [&](const SampleAt& at) -> uint64_t {
-                        if (!at.in_memory()) {
-                          read_located(at.open(), at.locator, out);
-                          at.check(out);
-                        } else if (at.bytes.size() == out.size()) {
-                          std::copy(at.bytes.begin(), at.bytes.end(), out.begin());
-                        } else {
-                          throw DecodeError(*at.path, "its size differs from the failed sample's");
-                        }
-                        return out.size();
-                      });
+      // Step 1 read it (and counted the read).
+      const std::span<const std::byte> bytes = s_.jpegs[i];
+      if (bytes.size() != out.size()) {
+        throw DecodeError(d_.tiers_.catalog().source_path(id).string(),
+                          "its size differs from the failed sample's");
+      }
+      std::copy(bytes.begin(), bytes.end(), out.begin());
     } else {
       d_.tiers_.serve(id, s_.tiers[i], nullptr, r.paths, b_.tally, Access::kFile,
                       [&](const SampleAt& at) -> uint64_t {
@@ -312,7 +310,10 @@ class BatchDecoder::Run {
   // are replaced), its layout (one array when the shapes agree, else ragged) and its buffer.
   bool lay_out() {
     const size_t n = b_.count;
-    const std::string& dtype = batch_dtype();
+    const std::string* expected = d_.codec_.mode == DecodeMode::kJpeg ? nullptr
+                                                                       : d_.data_set_dtype(stopping_);
+    const std::string& dtype = expected != nullptr ? *expected : batch_dtype();
+    const std::string whose = expected != nullptr ? "the data set's " : "the batch's ";
     for (size_t i = 0; i < n; ++i) {
       if (s_.probes[i].info.dtype == dtype) continue;
       const ArrayInfo odd = s_.probes[i].info;
@@ -320,12 +321,12 @@ class BatchDecoder::Run {
           i,
           std::make_exception_ptr(DecodeError(
               d_.tiers_.catalog().source_path(slot_.indices[i]).string(),
-              "its dtype " + odd.dtype + " differs from the batch's " + dtype)),
+              "its dtype " + odd.dtype + " differs from " + whose + dtype)),
           [&](size_t j, uint64_t id) {
             size(j, id);
             if (s_.probes[j].info.dtype != dtype) {
               throw DecodeError(d_.tiers_.catalog().source_path(id).string(),
-                                "its dtype " + s_.probes[j].info.dtype + " differs from the batch's " +
+                                "its dtype " + s_.probes[j].info.dtype + " differs from " + whose +
                                     dtype);
             }
           });
@@ -369,7 +370,8 @@ class BatchDecoder::Run {
     return true;
   }
 
-  // The dtype most samples of the batch have; of equal counts, the earliest sample's.
+  // Without the data set's dtype: the dtype most samples of the batch have; of equal counts, the
+  // earliest sample's.
   const std::string& batch_dtype() const {
     const std::string* best = &s_.probes[0].info.dtype;
     size_t best_count = 0;
@@ -404,6 +406,43 @@ BatchDecoder::BatchDecoder(const LoaderOptions& options, const Codec& codec, Ima
 BatchDecoder::~BatchDecoder() = default;
 
 void BatchDecoder::clear_thread_state() { readers_->clear(); }
+
+const std::string* BatchDecoder::data_set_dtype(const std::atomic<bool>& stopping) {
+  std::lock_guard lock(data_set_mutex_);
+  if (data_set_probed_) return data_set_dtype_ ? &*data_set_dtype_ : nullptr;
+  if (!codec_.arrays() || (codec_.mode == DecodeMode::kRaw && !codec_.raw_dtype.empty())) {
+    // Declared or fixed: every sample has it or fails on its own (Codec::raw_array).
+    data_set_probed_ = true;
+    return nullptr;
+  }
+  const uint64_t n = tiers_.catalog().size();
+  const uint64_t k = std::min(kDataSetProbes, n);
+  SampleDecoder decoder(codec_);  // its own: the readers' are their threads'
+  TierScratch paths;
+  ArrayProbe probe;
+  std::vector<std::string> found;  // in the order of the probes' ids
+  for (uint64_t j = 0; j < k; ++j) {
+    const uint64_t id = j * n / k;
+    try {
+      tiers_.serve(id, Tier::kStage, nullptr, paths, nullptr, Access::kFile,
+                   [&](const SampleAt& at) -> uint64_t {
+        decoder.probe(SampleLocation{at.open(), *at.path, at.locator}, probe);
+        return 0;
+      });
+      found.push_back(probe.info.dtype);
+    } catch (const Error&) {
+      // Unreadable or undecodable: its batch reports it; the others decide.
+    }
+  }
+  if (stopping.load(std::memory_order_acquire)) return nullptr;  // cancelled reads decide nothing
+  data_set_probed_ = true;
+  size_t best_count = 0;
+  for (const std::string& dtype : found) {
+    const auto count = static_cast<size_t>(std::count(found.begin(), found.end(), dtype));
+    if (count > best_count) best_count = count, data_set_dtype_ = dtype;
+  }
+  return data_set_dtype_ ? &*data_set_dtype_ : nullptr;
+}
 
 void BatchDecoder::decode(const BatchSamples& batch, BatchScratch& scratch, Slot& slot,
                           const std::atomic<bool>& stopping) {

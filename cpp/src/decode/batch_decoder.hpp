@@ -8,6 +8,8 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <optional>
+#include <string>
 #include <span>
 #include <vector>
 
@@ -40,9 +42,10 @@ struct BatchSamples {
 struct BatchScratch {
   std::vector<Tier> tiers;          // per sample: the tier its size was taken from
   std::vector<ArrayProbe> probes;   // per sample: its size, type and shape (arrays: its header)
-  // JPEGs without an image_size, per sample: its bytes as step 1 read them to learn its size, kept
-  // for step 3 so that no sample is read twice; the JPEG in them (in `bytes`, in stage 2's
-  // read-ahead, or in `unpacked` when it came in a zstd frame). Grown, never shrunk.
+  // JPEGs without an image_size and raw files, per sample: its bytes as step 1 read them to learn
+  // its size, kept for step 3 so that no sample is read twice; in `jpegs`, the JPEG in them (in
+  // `bytes`, in stage 2's read-ahead, or in `unpacked` when it came in a zstd frame), or the raw
+  // file's bytes. Grown, never shrunk.
   std::vector<std::vector<std::byte>> bytes;
   std::vector<std::vector<std::byte>> unpacked;
   std::vector<std::span<const std::byte>> jpegs;
@@ -66,6 +69,19 @@ class BatchDecoder {
   // Drops the per-thread codec contexts (the threads that made them are about to go).
   void clear_thread_state();
 
+  // Arrays: the dtype every sample must have, the data set's, taken once, before the first batch is
+  // laid out: the one most of kDataSetProbes samples spread evenly over the catalog (ids j * N / k)
+  // have, ties going to the lowest id. Not the first sample's (of the batch or of the catalog): one
+  // odd file there would make every good file fail; the majority of a few is wrong only if most
+  // of them are odd, and the catalog's spread, not the plan's order, makes it the same on every rank
+  // and in every epoch. None is probed where the dtype is declared (decode="raw" with a raw_dtype)
+  // or fixed (raw whole files: bytes): every sample has it or fails on its own. A probe that fails
+  // is left out; none readable: null, and each batch takes the dtype most of its own samples have.
+  // Costs the probes' header reads, once per loader. Any thread; `stopping` set while it probes:
+  // nothing is kept, the next call probes again.
+  const std::string* data_set_dtype(const std::atomic<bool>& stopping);
+  static constexpr uint64_t kDataSetProbes = 5;
+
   // Counters, read from any thread.
   uint64_t busy_ns() const noexcept { return busy_ns_.load(std::memory_order_relaxed); }
   uint64_t decoded() const noexcept { return decoded_.load(std::memory_order_relaxed); }
@@ -83,6 +99,9 @@ class BatchDecoder {
   const Normalizer* normalizer_;
   Tiers& tiers_;
   std::unique_ptr<tbb::enumerable_thread_specific<Reader>> readers_;
+  std::mutex data_set_mutex_;
+  bool data_set_probed_ = false;        // guarded by data_set_mutex_
+  std::optional<std::string> data_set_dtype_;  // set once probed, then read without the lock
   std::atomic<uint64_t> busy_ns_{0}, decoded_{0}, bytes_read_{0};
 };
 

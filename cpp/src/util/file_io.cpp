@@ -5,6 +5,7 @@
 #include <pthread.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -196,9 +197,33 @@ void pread_range(const std::string& path, int fd, size_t size, uint64_t offset,
   }
 }
 
+// The range is read without looking at the file's size first (a stat is a metadata operation on a
+// parallel file system): a file that ends inside it is found by the read, and only then is the file
+// looked at, for the message.
 void read_range_now(const FileRef& file, uint64_t offset, std::span<std::byte> out) {
   Fd fd = open_for_reading(file);
-  pread_range(file.path(), fd.get(), regular_file_size(file.path(), fd.get()), offset, out);
+  const std::string& path = file.path();
+  const size_t length = out.size();
+  if (length == 0) {  // nothing to read to find the end with: its offset is checked on the size
+    pread_range(path, fd.get(), regular_file_size(path, fd.get()), offset, out);
+    return;
+  }
+  size_t done = 0;
+  while (done < length) {
+    const ssize_t n = ::pread(fd.get(), out.data() + done, length - done,
+                              static_cast<off_t>(offset + done));
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      fail(path, errno, "read");
+    }
+    if (n == 0) {
+      // Ended early: too short for the range (pread_range says so, with the file's size).
+      const size_t size = regular_file_size(path, fd.get());
+      if (offset > size || length > size - offset) pread_range(path, fd.get(), size, offset, out);
+      fail_shrank(path, offset, done, length);
+    }
+    done += static_cast<size_t>(n);
+  }
 }
 
 FileStat file_stat_now(const FileRef& file) {
@@ -216,18 +241,67 @@ FileStat file_stat_now(const FileRef& file) {
           static_cast<int64_t>(st.st_mtim.tv_sec) * 1'000'000'000 + st.st_mtim.tv_nsec};
 }
 
-void read_file_exact_now(const FileRef& file, std::span<std::byte> out) {
-  const std::string& path = file.path();
-  Fd fd = open_for_reading(file);
-  const size_t size = regular_file_size(path, fd.get());
-  if (size != out.size()) {
-    throw IoError(path, EIO,
-                  "'" + path + "' is " + std::to_string(size) + " bytes, " +
-                      std::to_string(out.size()) + " were expected: the file is " +
-                      (size < out.size() ? "shorter" : "longer") +
-                      " than when its size was taken, it changed since");
+// `path` (open as `fd`) was expected to be `expected` bytes, the size its catalog recorded, and is
+// not: it changed since the catalog was built.
+[[noreturn]] void fail_changed_size(const std::string& path, int fd, size_t expected, bool longer) {
+  struct stat st;  // only for the message: an error path
+  const bool known = ::fstat(fd, &st) == 0;
+  if (known && !S_ISREG(st.st_mode)) fail(path, EINVAL, "read a non-regular file");
+  const std::string actual = known    ? std::to_string(st.st_size)
+                             : longer ? "more than " + std::to_string(expected)
+                                      : "fewer than " + std::to_string(expected);
+  throw IoError(path, EIO,
+                "'" + path + "' is " + actual + " bytes, its catalog says " +
+                    std::to_string(expected) + ": the file is " + (longer ? "longer" : "shorter") +
+                    ", it changed since the catalog was built");
+}
+
+// Reads the whole of `fd`, a regular file expected to be exactly out.size() bytes, into `out`, with
+// one read call when it is that size: one read of out.size() + 1 bytes (the extra byte into a
+// spare), whose short count is the end of the file. Both a shorter and a longer file are found.
+//
+// Deciding on one read rests on this: a read of a regular file that returns fewer bytes than asked
+// has met the end of the file. POSIX promises that only at the end or on a signal, but Linux's
+// regular-file reads (local file systems, NFS, FUSE, Lustre, GPFS) return short only at the end of
+// the file (or when a signal arrives after some bytes were read). So a short read that brings the
+// count to exactly out.size() is taken as the end: the file is not longer. A short read below
+// out.size() is not taken as the end (it may be a signal's): reads go on until the end of the file
+// (a read of 0 bytes: the file is shorter) or until out.size() + 1 bytes (longer).
+void read_expecting(const std::string& path, int fd, std::span<std::byte> out) {
+  const size_t size = out.size();
+  std::byte spare{};
+  size_t done = 0;
+  while (true) {
+    iovec parts[2];
+    int count = 0;
+    if (done < size) parts[count++] = {out.data() + done, size - done};
+    parts[count++] = {&spare, 1};
+    const size_t asked = size + 1 - done;
+    const ssize_t n = ::readv(fd, parts, count);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      fail(path, errno, "read");
+    }
+    done += static_cast<size_t>(n);
+    if (done > size) fail_changed_size(path, fd, size, true);
+    if (done == size && static_cast<size_t>(n) < asked) return;  // short: the end of the file
+    if (n == 0) fail_changed_size(path, fd, size, false);
   }
-  read_all(path, fd.get(), out.data(), out.size());
+}
+
+// Linux's default read-ahead window (VM_READAHEAD_PAGES).
+constexpr size_t kReadAheadWindow = size_t{128} << 10;
+
+void read_file_exact_now(const FileRef& file, std::span<std::byte> out) {
+  Fd fd = open_for_reading(file);
+  if (out.size() > kReadAheadWindow) {
+    // The whole file is read at once: a larger read-ahead window makes the kernel fetch it in fewer,
+    // larger requests (a FUSE file system gets one request per window: 128 KiB by default, twice
+    // that when sequential). Advice only: it costs no operation of the file system, and is ignored
+    // where it is not understood.
+    ::posix_fadvise(fd.get(), 0, 0, POSIX_FADV_SEQUENTIAL);
+  }
+  read_expecting(file.path(), fd.get(), out);
 }
 
 // A FileRef's strings, owned: what a read on a helper thread keeps (its caller may give up on it).

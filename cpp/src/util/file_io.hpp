@@ -98,8 +98,8 @@ class IoTimeoutScope {
 // With `mtime_ns`, also gives the file's modification time (ns since the epoch) from the same open.
 size_t read_file(const FileRef& file, std::vector<std::byte>& buffer, int64_t* mtime_ns = nullptr);
 
-// Reads out.size() bytes at `offset` of a regular file into `out`. A file too short for the range is
-// an IoError.
+// Reads out.size() bytes at `offset` of a regular file into `out`: one open and one read, no stat.
+// A file too short for the range is an IoError.
 void read_range(const FileRef& file, uint64_t offset, std::span<std::byte> out);
 
 // A regular file held open for several reads (a sample's headers, then its data): one open and
@@ -135,8 +135,11 @@ struct FileStat {
 };
 FileStat file_stat(const FileRef& file);
 
-// Reads a regular file of exactly out.size() bytes into `out`; a file of any other size is an IoError
-// (it changed since its size was taken).
+// Reads a regular file of exactly out.size() bytes (the size its catalog recorded) into `out`; a file
+// of any other size, shorter or longer, is an IoError (EIO) naming both sizes: it changed since the
+// catalog was built. One open and, for a file of that size, one read (of out.size() + 1 bytes: the
+// file_io.cpp says why that is enough), no stat: the fewest operations a parallel file system can serve
+// a file with.
 void read_file_exact(const FileRef& file, std::span<std::byte> out);
 
 // A sample's bytes, located by `loc` in `file` (the whole file, or a range of it), into `buffer`

@@ -1,0 +1,79 @@
+"""The PFS operations a loader costs per loose file and cold epoch, counted by the emulated parallel file
+system (prestage-pfs): one open and one read of the size the catalog recorded, no stat, whether the file
+is read directly or copied to a stage directory."""
+
+import time
+
+import numpy as np
+import pytest
+
+import prestage
+
+FILES = 48
+BATCH = 8
+
+
+@pytest.mark.parametrize("decode", ["raw", "jpeg"])
+@pytest.mark.parametrize("staged", [False, True], ids=["direct", "staged"])
+def test_a_loose_file_costs_one_open_and_one_read_per_cold_epoch(tmp_path, pfs, encode_jpeg, decode,
+                                                                   staged):
+    src = tmp_path / "src"
+    src.mkdir()
+    rng = np.random.default_rng(0)
+    for i in range(FILES):
+        # Up to ~110 KB: below the 128 KiB a FUSE read request carries, so one read() is one request.
+        side = int(rng.integers(24, 160))
+        (src / f"{i:03d}.jpg").write_bytes(encode_jpeg(rng.integers(0, 256, (side, side, 3), dtype=np.uint8)))
+    emulator = pfs(src)
+    cat = prestage.Catalog.from_folder(emulator.mountpoint)
+    assert len(cat) == FILES
+    time.sleep(1.2)  # the catalog's lookups expire from the kernel's cache (--attr-timeout 1): cold
+    options = {"decode": "raw"} if decode == "raw" else {"image_size": (16, 16)}
+    stage = str(tmp_path / "stage") if staged else None
+    before = emulator.stats()
+    # depth 2: at most one batch of the next epoch is decoded before close (read from the PFS when
+    # direct, from the stage directory when staged).
+    with prestage.Loader(cat, batch_size=BATCH, shuffle=False, depth=2, lookahead=2, stage_dir=stage,
+                         **options) as loader:
+        samples = 0
+        for batch in loader:
+            samples += len(batch)
+            if samples == FILES:
+                break
+    after = emulator.stats()
+    ops = {k: after["ops"][k] - before["ops"].get(k, 0) for k in ("open", "read", "getattr")}
+    opens = {p: c["opens"] - before["paths"].get(p, {}).get("opens", 0) for p, c in after["paths"].items()}
+    ahead = 0 if staged else 2 * BATCH  # the next epoch's first batches, decoded ahead
+    # Every file opened once in the epoch; the next epoch's first files at most once more.
+    assert all(opens[cat.path(i)] == 1 for i in range(ahead, FILES)), opens
+    assert all(1 <= opens[cat.path(i)] <= 2 for i in range(ahead)), opens
+    assert FILES <= ops["open"] <= FILES + ahead
+    # One read per open (a file of a known size: no second read to find its end) ...
+    assert ops["read"] == ops["open"], ops
+    # ... and no stat: the getattrs are the kernel's lookups of the names (one per file; the root's).
+    assert ops["getattr"] <= FILES + 2, ops
+
+
+def test_a_packed_set_costs_one_open_per_shard_when_staged(tmp_path, pfs, encode_jpeg):
+    import prestage.pack
+
+    src = tmp_path / "src"
+    src.mkdir()
+    rng = np.random.default_rng(1)
+    for i in range(FILES):
+        (src / f"{i:03d}.jpg").write_bytes(encode_jpeg(rng.integers(0, 256, (48, 48, 3), dtype=np.uint8)))
+    packed = tmp_path / "packed"
+    prestage.pack.pack(prestage.Catalog.from_folder(src), packed, shard_bytes=64 << 10)
+    shards = sorted(p.name for p in packed.glob("shard-*.bin"))
+    assert len(shards) > 1
+    emulator = pfs(packed)
+    cat = prestage.Catalog.from_shards(emulator.mountpoint)
+    time.sleep(1.2)
+    before = emulator.stats()
+    with prestage.Loader(cat, batch_size=BATCH, shuffle=False, decode="raw",
+                         stage_dir=str(tmp_path / "stage")) as loader:
+        assert sum(len(b) for b in loader) == FILES
+    after = emulator.stats()
+    opens = {p: c["opens"] - before["paths"].get(p, {}).get("opens", 0) for p, c in after["paths"].items()}
+    assert {p: n for p, n in opens.items() if n} == {name: 1 for name in shards}
+    assert after["ops"]["getattr"] - before["ops"]["getattr"] <= len(shards) + 2
