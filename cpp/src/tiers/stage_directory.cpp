@@ -113,9 +113,29 @@ StageDirectory::StageDirectory(const fs::path& dir, const Catalog& catalog)
   fs::create_directories(area_, ec);
   if (ec) fail(area_.string(), ec.value(), "create stage directory");
 
+  // Start-ups take turns on start.lock, which a process holds from before it looks at the index's
+  // lock until it holds the index shared: with flock, turning an exclusive lock into a shared one
+  // lets go of it first, and a process starting in that gap would take itself for the directory's
+  // only one and make the node's table anew under the first. A process that starts alone keeps it
+  // for its whole start-up (checking copies, resetting the table, compacting the index); one that
+  // joins others lets go of it as soon as it holds the index. Without it (a directory where no file
+  // can be created), start-ups go on as they are.
+  struct StartLock {
+    int fd;
+    void release() {
+      if (fd >= 0) ::close(fd);  // releases the lock
+      fd = -1;
+    }
+    ~StartLock() { release(); }
+  } start{::open((area_ / "start.lock").c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644)};
+  while (start.fd >= 0 && ::flock(start.fd, LOCK_EX) != 0) {
+    if (errno != EINTR) start.release();
+  }
+
   // The index: the last valid record of each file vouches for its copy.
   const std::string index = (area_ / "index.log").string();
   const bool alone = open_index(index);
+  if (!alone) start.release();
   std::vector<int64_t> mtimes(size_);  // of each file's latest record
   auto read_index = [&] {
     std::lock_guard lock(index_mutex_);
@@ -189,7 +209,8 @@ StageDirectory::StageDirectory(const fs::path& dir, const Catalog& catalog)
         static_cast<uint64_t>(index_read_) > 2 * sizeof(Record) * found_at_start_) {
       compact_index(index, mtimes);
     }
-    ::flock(index_fd_, LOCK_SH);  // others may join now
+    ::flock(index_fd_, LOCK_SH);  // others may join now (once the start lock is let go)
+    start.release();
   }
   std::lock_guard lock(index_mutex_);
   started_ = true;
