@@ -533,3 +533,53 @@ TEST_CASE("stage directory: an eviction and a neighbour's new copy of the same f
   CHECK_FALSE(std::filesystem::exists(second.staged_path(0) + ".part"));
   CHECK(second.node().used() == 0);
 }
+
+TEST_CASE("stage directory: a copy under way is not evicted, so its room is not given to another") {
+  // Stage 3 may give up waiting for a copy (stage_patience) and its batch leave the window while
+  // stage 2 still copies the file: stage 1 may then pick it to evict. Were its claim given back, its
+  // reserved bytes would go to the next copy while both are written: the bound crossed.
+  for (int run = 0; run < 20; ++run) {
+    TempDir dir;
+    const Catalog cat = many_files(dir, 2);  // "file 0", "file 1": 6 bytes each
+    StageDirectory stage(dir / "stage", cat);
+    const uint64_t bound = 6;
+    REQUIRE(stage.reserve(0, 6, bound));
+    REQUIRE(stage.try_claim(0));
+    std::atomic<bool> fetching{false}, go_on{false};
+    Outcome copied = Outcome::kBusy;
+    std::thread copier([&] {
+      std::vector<std::byte> buffer;
+      copied = stage.stage(0, [&](std::vector<std::byte>& out, int64_t& mtime) {
+        fetching = true;
+        while (!go_on) std::this_thread::sleep_for(milliseconds(1));
+        prestage::detail::read_file(cat.file_source_path(0).string(), out, &mtime);
+      }, buffer);
+    });
+    while (!fetching) std::this_thread::sleep_for(milliseconds(1));
+    CHECK_FALSE(stage.evict(0));
+    CHECK_FALSE(stage.reserve(1, 6, bound));  // no room for another copy meanwhile
+    go_on = true;
+    copier.join();
+    CHECK(copied == Outcome::kStaged);
+    CHECK(stage.is_staged(0));
+    CHECK(stage.node().used() == 6);
+    // Published, it is evicted as any copy is.
+    CHECK(stage.evict(0));
+    CHECK(stage.node().used() == 0);
+  }
+}
+
+TEST_CASE("stage directory: a claim given back before its copy began is not copied") {
+  TempDir dir;
+  const Catalog cat = many_files(dir, 2);
+  StageDirectory stage(dir / "stage", cat);
+  REQUIRE(stage.reserve(1, 6, 6));
+  REQUIRE(stage.try_claim(1));
+  CHECK(stage.evict(1));  // its copy had not begun: the claim goes back
+  CHECK(stage.node().used() == 0);
+  std::vector<std::byte> buffer;
+  const Fetch never = [](std::vector<std::byte>&, int64_t&) { FAIL("the source was read"); };
+  CHECK(stage.stage(1, never, buffer) == Outcome::kDropped);
+  CHECK(stage.is_absent(1));
+  CHECK_FALSE(std::filesystem::exists(stage.staged_path(1)));
+}

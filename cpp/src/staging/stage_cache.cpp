@@ -239,8 +239,8 @@ bool StageCache::make_room(uint64_t need, uint64_t incoming_key, Admission& stat
   for (const auto& [key, file] : victims) {
     if (directory_.evict(file)) {
       ++stats.evictions;
-    } else if (directory_.is_staged(file)) {
-      continue;  // another process holds it: it stays, and stays a candidate
+    } else if (!directory_.is_absent(file)) {
+      continue;  // another process holds it, or it is being copied: it stays, and stays a candidate
     }
     untrack(file);
   }

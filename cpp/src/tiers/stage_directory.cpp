@@ -347,6 +347,11 @@ bool StageDirectory::hold(uint64_t id) noexcept {
   return false;
 }
 
+void StageDirectory::give_back_copy(uint64_t id) noexcept {
+  uint8_t expected = kCopying;
+  if (state_[id].compare_exchange_strong(expected, kAbsent, std::memory_order_acq_rel)) unreserve(id);
+}
+
 void StageDirectory::forget(uint64_t id) noexcept {
   unverified_[id].store(0, std::memory_order_relaxed);
   taken_[id].store(0, std::memory_order_relaxed);
@@ -355,13 +360,15 @@ void StageDirectory::forget(uint64_t id) noexcept {
 }
 
 bool StageDirectory::evict(uint64_t id) noexcept {
-  // A claim with no copy yet is given back. (Stage 1 never evicts a file of a batch in flight, so
-  // this is a claim that nobody is copying.)
+  // A claim with no copy begun is given back. A copy under way is not: stage 1 may evict a file of a
+  // batch that stage 3 has given up waiting for while stage 2 still copies it, and giving its room
+  // to another copy meanwhile would put both on disk, past the bound.
   uint8_t expected = kInFlight;
   if (state_[id].compare_exchange_strong(expected, kAbsent, std::memory_order_acq_rel)) {
     unreserve(id);
     return true;
   }
+  if (expected == kCopying) return false;
   // Under the file's copy lock (its ".part" file's, as stage() takes it): a neighbour that finds the
   // copy gone from the table waits for the lock before it copies the file anew, so the unlink below
   // never removes that new copy. A file whose lock another process holds is not evicted now. On a
@@ -459,12 +466,17 @@ StageDirectory::Outcome StageDirectory::stage(uint64_t id, const Fetch& fetch,
   const Clock::time_point deadline =
       wait == kForever ? Clock::time_point::max() : Clock::now() + wait;
   auto pause = std::chrono::microseconds(200);
+  // From here on the claim is this call's: an eviction leaves it alone until it is published.
+  uint8_t claimed = kInFlight;
+  if (!state_[id].compare_exchange_strong(claimed, kCopying, std::memory_order_acq_rel)) {
+    return Outcome::kDropped;
+  }
   while (true) {
     if (adopt(id)) return Outcome::kAdopted;
     const int fd = ::open(part_path.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
     if (fd < 0) {
       const int err = errno;
-      abandon(id);
+      give_back_copy(id);
       fail(part_path, err, "create");
     }
     if (::flock(fd, LOCK_EX | LOCK_NB) == 0 && still_at(fd, part_path)) {
@@ -477,7 +489,7 @@ StageDirectory::Outcome StageDirectory::stage(uint64_t id, const Fetch& fetch,
     const std::atomic<bool>* cancel = io_cancel();
     const auto now = Clock::now();
     if (now >= deadline || (cancel != nullptr && cancel->load(std::memory_order_acquire))) {
-      abandon(id);
+      give_back_copy(id);
       return Outcome::kBusy;
     }
     std::this_thread::sleep_for(std::min<Clock::duration>(pause, deadline - now));
@@ -494,7 +506,7 @@ StageDirectory::Outcome StageDirectory::copy_locked(uint64_t id, int fd, const s
   } closer{fd};
   auto give_up = [&] {
     ::unlink(part_path.c_str());
-    abandon(id);
+    give_back_copy(id);
   };
   if (adopt(id)) {  // finished by another process between our first look and the lock
     ::unlink(part_path.c_str());
@@ -536,7 +548,7 @@ StageDirectory::Outcome StageDirectory::copy_locked(uint64_t id, int fd, const s
   } catch (...) {
     ::unlink(part_path.c_str());
     ::unlink(final_path.c_str());
-    abandon(id);
+    give_back_copy(id);
     throw;
   }
   // The copy takes the bytes reserved for it, made exact; it is on disk for the node from now on.

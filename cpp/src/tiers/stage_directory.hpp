@@ -44,7 +44,9 @@ namespace prestage::detail {
 // another process removed is found out when this one holds the file (hold()).
 class StageDirectory {
  public:
-  enum State : uint8_t { kAbsent = 0, kInFlight = 1, kStaged = 2 };
+  // kInFlight: claimed, its copy not begun (the claim can still be given back: abandon(), evict());
+  // kCopying: stage() is copying it (its reservation stands until the copy is published or given up).
+  enum State : uint8_t { kAbsent = 0, kInFlight = 1, kStaged = 2, kCopying = 3 };
 
   // Creates the directories, reads the index and takes stock of the copies there. Throws IoError.
   StageDirectory(const std::filesystem::path& dir, const Catalog& catalog);
@@ -86,12 +88,13 @@ class StageDirectory {
 
   // True if the caller now owns the copy of `id` (it was absent); then it must stage() or abandon().
   bool try_claim(uint64_t id) noexcept;
-  // Gives back a claim (in flight -> absent) and its reservation; a file in any other state, a
-  // staged copy included, is left as it is.
+  // Gives back a claim whose copy has not begun (in flight -> absent) and its reservation; a file in
+  // any other state, a staged copy or one being copied included, is left as it is.
   void abandon(uint64_t id) noexcept;
   // Removes a copy (eviction) unless another process holds it (NodeTable::hold) or it is gone
-  // already; true if removed. A claim not copied yet is given back instead. The caller guarantees
-  // that no thread of this process still needs the file.
+  // already; true if removed. A claim whose copy has not begun is given back instead; a copy under
+  // way is not evicted (false): its bytes are being written, and stay counted until it is published
+  // and can be evicted. The caller guarantees that no thread of this process still needs the file.
   bool evict(uint64_t id) noexcept;
 
   // The node's shared state: its bound, the bytes used, the ranks sharing the directory.
@@ -111,6 +114,7 @@ class StageDirectory {
     kAdopted,  // another process had copied it: nothing read from the source
     kBusy,     // another process was still copying it when the wait ran out: the claim is given back
     kChanged,  // the source no longer matches the catalog (size): not staged, claim given back
+    kDropped,  // the claim was given back (evicted) before the copy began: nothing done
   };
   // Reads the file's bytes into `buffer` (resized to fit) and its source's modification time into
   // `mtime_ns`; throws on failure. Stage 2 passes the tiers below the stage directory.
@@ -120,7 +124,7 @@ class StageDirectory {
   // that copy is done or given up (a wait also ends when this thread's io_cancel() flag is set).
   static constexpr std::chrono::milliseconds kForever = std::chrono::milliseconds::max();
 
-  // Stages claimed file `id`, reading it with `fetch` into `buffer` while it holds the file's lock
+  // Stages claimed file `id` (kDropped if the claim has been given back since), reading it with `fetch` into `buffer` while it holds the file's lock
   // (so that processes sharing the directory read the source once). If another process is copying
   // the file, waits up to `wait` for its copy and takes it (kAdopted); copies it itself if that
   // process gave up. Throws SourceError when `fetch` fails (the claim is given back) and IoError
@@ -159,6 +163,7 @@ class StageDirectory {
   void follow_index(const std::function<void(const Record&)>& found);
   void append_record(const Record& record);
   void forget(uint64_t id) noexcept;  // staged in this view -> absent (its copy is gone)
+  void give_back_copy(uint64_t id) noexcept;  // stage()'s own claim (copying -> absent)
   void discard(uint64_t id) noexcept;  // a corrupt or vanished copy: removed, whoever holds it
   // Unlinks the copy the table has just marked gone, and gives its bytes back to the node.
   void remove_copy(uint64_t id) noexcept;
