@@ -28,6 +28,7 @@ struct NodeTable::Header {
   uint64_t files;
   std::atomic<uint64_t> used;
   std::atomic<uint64_t> ranks[kMaxRanks];  // rank + 1, or 0 for a free place
+  std::atomic<uint64_t> index_counted;     // the index's bytes on disk, as counted in `used`
 };
 static_assert(std::atomic<uint64_t>::is_always_lock_free && std::atomic<uint32_t>::is_always_lock_free,
               "the table is shared between processes: its atomics must not hide a lock");
@@ -95,6 +96,16 @@ void NodeTable::release(uint64_t bytes) noexcept {
   uint64_t used = header_->used.load(std::memory_order_relaxed);
   while (!header_->used.compare_exchange_weak(used, used - std::min(used, bytes),
                                               std::memory_order_acq_rel)) {
+  }
+}
+
+void NodeTable::count_index(uint64_t allocated) noexcept {
+  uint64_t counted = header_->index_counted.load(std::memory_order_relaxed);
+  while (allocated > counted) {
+    if (header_->index_counted.compare_exchange_weak(counted, allocated, std::memory_order_acq_rel)) {
+      add(allocated - counted);
+      return;
+    }
   }
 }
 

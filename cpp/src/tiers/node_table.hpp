@@ -33,6 +33,11 @@ class NodeTable {
   bool reserve(uint64_t bytes, uint64_t bound) noexcept;
   void add(uint64_t bytes) noexcept;
   void release(uint64_t bytes) noexcept;
+  // The index file (index.log, append-only) takes `allocated` bytes on disk now: the bytes used grow
+  // by what it has grown since it was last counted (the first call counts it whole). Any process.
+  void count_index(uint64_t allocated) noexcept;
+  // The bytes of the table's own file.
+  size_t file_bytes() const noexcept { return bytes_; }
 
   // File `id`'s copy is on disk now.
   void published(uint64_t id) noexcept { word(id).fetch_or(kOnDisk, std::memory_order_acq_rel); }

@@ -3,8 +3,10 @@
 #include <fcntl.h>
 #include <sys/file.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <charconv>
 #include <cstdio>
@@ -97,10 +99,12 @@ size_t for_each_record(std::span<const std::byte> bytes, Found found) {
 }
 }  // namespace
 
-StageDirectory::StageDirectory(const fs::path& dir, const Catalog& catalog)
+StageDirectory::StageDirectory(const fs::path& dir, const Catalog& catalog, uint64_t block)
     : catalog_(catalog),
       area_(dir / ("prestage-" + hex(catalog.fingerprint(), 16))),
       size_(catalog.num_files()),
+      block_(std::max<uint64_t>(block, 1)),
+      count_own_files_(block != 1),
       state_(new std::atomic<uint8_t>[size_]()),
       unverified_(new std::atomic<uint8_t>[size_]()),
       sizes_(new std::atomic<uint64_t>[size_]()),
@@ -112,6 +116,10 @@ StageDirectory::StageDirectory(const fs::path& dir, const Catalog& catalog)
   std::error_code ec;
   fs::create_directories(area_, ec);
   if (ec) fail(area_.string(), ec.value(), "create stage directory");
+  if (block == 0) {
+    struct statvfs fs;
+    block_ = ::statvfs(area_.c_str(), &fs) == 0 && fs.f_frsize > 0 ? fs.f_frsize : 4096;
+  }
 
   // Start-ups take turns on start.lock, which a process holds from before it looks at the index's
   // lock until it holds the index shared: with flock, turning an exclusive lock into a shared one
@@ -200,8 +208,9 @@ StageDirectory::StageDirectory(const fs::path& dir, const Catalog& catalog)
     for (uint64_t id = 0; id < size_; ++id) {
       if (state_[id].load(std::memory_order_relaxed) != kStaged) continue;
       table_->published(id);
-      table_->add(sizes_[id].load(std::memory_order_relaxed));
+      table_->add(charge(sizes_[id].load(std::memory_order_relaxed)));
     }
+    if (count_own_files_) table_->add(charge(table_->file_bytes()));
     ::unlink((index + ".compact").c_str());  // left by a process that died compacting
     // Every copy staged, evicted and staged again left a record: rewrite the index with the live
     // ones once it is mostly dead, so that it stays as bounded as the copies.
@@ -209,6 +218,7 @@ StageDirectory::StageDirectory(const fs::path& dir, const Catalog& catalog)
         static_cast<uint64_t>(index_read_) > 2 * sizeof(Record) * found_at_start_) {
       compact_index(index, mtimes);
     }
+    count_index();  // as compacted
     ::flock(index_fd_, LOCK_SH);  // others may join now (once the start lock is let go)
     start.release();
   }
@@ -400,7 +410,23 @@ void StageDirectory::discard(uint64_t id) noexcept {
 
 void StageDirectory::remove_copy(uint64_t id) noexcept {
   ::unlink(staged_path(id).c_str());
-  table_->release(sizes_[id].load(std::memory_order_relaxed));
+  table_->release(charge(sizes_[id].load(std::memory_order_relaxed)));
+}
+
+void StageDirectory::count_index() noexcept {
+  // Counted a record ahead: the block the next record may need is in the count before it is
+  // written. Its growth is added past the bound if need be (a block at most); stage 1's next
+  // admission evicts to bring the node back within it.
+  struct stat st;
+  if (count_own_files_ && ::fstat(index_fd_, &st) == 0) {
+    table_->count_index(charge(static_cast<uint64_t>(st.st_size) + sizeof(Record)));
+  }
+}
+
+uint64_t StageDirectory::own_files_bytes() {
+  struct stat st;
+  const uint64_t index = ::fstat(index_fd_, &st) == 0 ? static_cast<uint64_t>(st.st_size) : 0;
+  return charge(index) + charge(table_->file_bytes());
 }
 
 void StageDirectory::append_record(const Record& record) {
@@ -545,6 +571,7 @@ StageDirectory::Outcome StageDirectory::copy_locked(uint64_t id, int fd, const s
     }
     if (::rename(part_path.c_str(), final_path.c_str()) != 0) fail(final_path, errno, "rename");
     append_record(record);  // still holding the lock: a scan in another process leaves it alone
+    count_index();  // its 40 bytes may have taken a new block
   } catch (...) {
     ::unlink(part_path.c_str());
     ::unlink(final_path.c_str());
@@ -553,10 +580,11 @@ StageDirectory::Outcome StageDirectory::copy_locked(uint64_t id, int fd, const s
   }
   // The copy takes the bytes reserved for it, made exact; it is on disk for the node from now on.
   const uint64_t reserved = reserved_[id].exchange(0, std::memory_order_relaxed);
-  if (reserved >= record.size) {
-    table_->release(reserved - record.size);
+  const uint64_t charged = charge(record.size);
+  if (reserved >= charged) {
+    table_->release(reserved - charged);
   } else {
-    table_->add(record.size - reserved);
+    table_->add(charged - reserved);
   }
   sizes_[id].store(record.size, std::memory_order_relaxed);
   crcs_[id].store(record.crc, std::memory_order_relaxed);

@@ -38,6 +38,9 @@ namespace prestage::detail {
 // appended since it last looked (the index is append-only while it is shared): taking over a
 // neighbour's copy costs a few system calls, not a read of the whole index.
 //
+// Processes starting at once take turns on start.lock (see the constructor), so that exactly one of
+// them finds itself alone and makes the node's table anew.
+//
 // The processes' shared state is in node.table beside the index (NodeTable): the bytes of the
 // node's copies and copies under way against one bound, and per file whether its copy is on disk
 // and who holds it. A process's own view (is_staged(), is_absent()) may lag behind it: a copy
@@ -49,12 +52,24 @@ class StageDirectory {
   enum State : uint8_t { kAbsent = 0, kInFlight = 1, kStaged = 2, kCopying = 3 };
 
   // Creates the directories, reads the index and takes stock of the copies there. Throws IoError.
-  StageDirectory(const std::filesystem::path& dir, const Catalog& catalog);
+  // `block`: what the node's count (NodeTable::used) charges a copy of n bytes: n rounded up to a
+  // multiple of `block`. 1: its bytes (a bound given in bytes of copies). 0: the file system's block
+  // (statvfs), as the disk charges it; then the directory's own files (index.log, node.table) are
+  // counted too, so that a bound of free space is one of the disk's. Any other value stands for
+  // the file system's block in tests, and counts the own files too.
+  StageDirectory(const std::filesystem::path& dir, const Catalog& catalog, uint64_t block = 1);
   ~StageDirectory();
   StageDirectory(const StageDirectory&) = delete;
   StageDirectory& operator=(const StageDirectory&) = delete;
 
   const std::filesystem::path& path() const noexcept { return area_; }
+  // What the node's count charges a copy of `bytes` bytes (see the constructor's `block`).
+  uint64_t charge(uint64_t bytes) const noexcept {
+    return block_ == 1 ? bytes : (bytes + block_ - 1) / block_ * block_;
+  }
+  uint64_t block() const noexcept { return block_; }
+  // The bytes of the directory's own files on disk (index.log, node.table), in whole blocks.
+  uint64_t own_files_bytes();
   uint64_t found_at_start() const noexcept { return found_at_start_; }
 
   bool is_staged(uint64_t id) const noexcept {
@@ -162,6 +177,7 @@ class StageDirectory {
   // absent files among them (see take_over_published()). Needs index_mutex_.
   void follow_index(const std::function<void(const Record&)>& found);
   void append_record(const Record& record);
+  void count_index() noexcept;  // the index's growth, into the node's count (with count_own_files_)
   void forget(uint64_t id) noexcept;  // staged in this view -> absent (its copy is gone)
   void give_back_copy(uint64_t id) noexcept;  // stage()'s own claim (copying -> absent)
   void discard(uint64_t id) noexcept;  // a corrupt or vanished copy: removed, whoever holds it
@@ -173,6 +189,8 @@ class StageDirectory {
   Catalog catalog_;
   std::filesystem::path area_;
   uint64_t size_;
+  uint64_t block_;
+  bool count_own_files_;
   int index_fd_ = -1;
   std::unique_ptr<std::atomic<uint8_t>[]> state_;
   std::unique_ptr<std::atomic<uint8_t>[]> unverified_;
