@@ -2,10 +2,12 @@
 ones included, sampled while a staging sampler runs with workers, never take more than cache_bytes."""
 
 import os
+import subprocess
 import threading
 import time
 
 import numpy as np
+import pytest
 
 import prestage
 from prestage.staging import StagedDataset, StagedSampler
@@ -121,3 +123,41 @@ def test_the_default_bound_never_fills_a_disk_of_small_files(tmp_path, tmpfs):
     assert 0 < stats["cache_bytes"] <= room * 9 // 10
     assert stats["staged_files"] > 0 and stats["stage_bytes_peak"] <= stats["cache_bytes"]
     assert peak[0] - baseline <= stats["cache_bytes"] + block
+
+
+def test_a_read_only_stage_directory_serves_the_copies_in_it_and_copies_nothing(tmp_path, tmpfs):
+    source = tmp_path / "set"
+    rng = np.random.default_rng(4)
+    for i in range(24):
+        (source / f"c{i % 2}").mkdir(parents=True, exist_ok=True)
+        (source / f"c{i % 2}" / f"{i:03d}.bin").write_bytes(rng.bytes(int(rng.integers(100, 3000))))
+    catalog = prestage.Catalog.from_folder(source, extensions=[".bin"])
+    mount = tmpfs(1024)
+    stage = mount / "stage"
+    set_bytes = sum(catalog.source_path(i).stat().st_size for i in range(len(catalog)))
+    # A first job stages about half the set (a bound given in bytes), then the disk turns read-only
+    # (root ignores permissions: a read-only mount is what refuses root's writes).
+    with prestage.Loader(catalog, batch_size=4, decode="raw", stage_dir=stage, stage_patience=None,
+                         cache_bytes=set_bytes // 2) as loader:
+        for _ in loader:
+            pass
+        staged = loader.stats()["staged_files"]
+    assert 0 < staged < len(catalog)
+    r = subprocess.run(["mount", "-o", "remount,ro", str(mount)], capture_output=True)
+    if r.returncode != 0:
+        pytest.skip("cannot remount the tmpfs read-only: " + r.stderr.decode().strip())
+    on_disk = used_bytes(mount)
+    with prestage.Loader(catalog, batch_size=4, decode="raw", stage_dir=stage,
+                         stage_patience=None) as loader:
+        for batch in loader:
+            for k, i in enumerate(batch.indices):
+                got = batch.data[batch.offsets[k]:batch.offsets[k + 1]].tobytes()
+                assert got == catalog.source_path(int(i)).read_bytes()
+        stats = loader.stats()
+    assert not stats["stage_dir_disabled"], stats["stage_dir_error"]
+    assert stats["staged_files"] == 0 and stats["stage_failures"] == 0  # nothing copied, nothing tried
+    kept = [p for p in stage.glob("prestage-*/*/*") if p.is_file() and "." not in p.name]
+    assert stats["epochs"][0]["hits"] == len(kept) > 0  # every copy there was served
+    kept_bytes = sum(p.stat().st_size for p in kept)
+    assert stats["epochs"][0]["bytes_from_source"] == set_bytes - kept_bytes
+    assert used_bytes(mount) == on_disk

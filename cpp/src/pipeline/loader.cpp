@@ -202,7 +202,9 @@ Loader::Impl::Impl(Catalog catalog_in, LoaderOptions options_in)
       // Files of the batches in flight (planned, not yet decoded) are never evicted: the window of
       // the pipeline, plus the batch the source holds when the window is full, plus the current one.
       // With processes sharing the directory, the bound is on the bytes of all their copies.
-      const uint64_t bound = o.cache_bytes == LoaderOptions::kFitFreeSpace
+      // A directory that cannot be written only serves the copies in it: nothing to bound.
+      const uint64_t bound = shared->stage_dir->read_only() ? 0
+                             : o.cache_bytes == LoaderOptions::kFitFreeSpace
                                  ? fit_free_space(*shared->stage_dir, shared->catalog)
                                  : o.cache_bytes;
       shared->cache = std::make_unique<detail::StageCache>(shared->catalog, shared->plan,

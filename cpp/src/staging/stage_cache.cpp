@@ -293,7 +293,8 @@ void StageCache::admit(uint64_t epoch, uint64_t batch, const uint64_t* samples, 
     const uint64_t bytes = size_of(file);
     stats.bytes_missed += bytes;
     const uint64_t size = directory_.charge(bytes);  // what it takes of the bound
-    if (copy_only_ && !copy_only_(file)) {
+    // A directory that cannot be written serves its copies and takes no new one.
+    if ((copy_only_ && !copy_only_(file)) || directory_.read_only()) {
       declined.push_back(k);
       continue;
     }

@@ -72,6 +72,20 @@ NodeTable::NodeTable(const std::filesystem::path& path, uint64_t files, bool res
   }
 }
 
+NodeTable::NodeTable(uint64_t files) : files_(files) {
+  if (files > (SIZE_MAX - kHeaderBytes) / sizeof(uint32_t)) fail("node table", EFBIG, "size");
+  bytes_ = kHeaderBytes + files * sizeof(uint32_t);
+  map_ = ::mmap(nullptr, bytes_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (map_ == MAP_FAILED) {
+    map_ = nullptr;
+    fail("node table", errno, "map");
+  }
+  header_ = static_cast<Header*>(map_);
+  words_ = reinterpret_cast<std::atomic<uint32_t>*>(static_cast<char*>(map_) + kHeaderBytes);
+  header_->files = files;
+  header_->magic = kMagic;
+}
+
 NodeTable::~NodeTable() {
   if (map_ != nullptr) ::munmap(map_, bytes_);
 }

@@ -22,6 +22,8 @@ class NodeTable {
   // index's lock alone): the table is made anew, empty. Otherwise it must be one made for as many
   // files. Throws IoError (a full disk, a table of another layout).
   NodeTable(const std::filesystem::path& path, uint64_t files, bool reset);
+  // A table of this process's alone, in memory, made anew (a directory it cannot write).
+  explicit NodeTable(uint64_t files);
   ~NodeTable();
   NodeTable(const NodeTable&) = delete;
   NodeTable& operator=(const NodeTable&) = delete;

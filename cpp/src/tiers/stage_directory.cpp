@@ -159,8 +159,12 @@ StageDirectory::StageDirectory(const fs::path& dir, const Catalog& catalog, uint
 
   for (int shard = 0; shard < kShards; ++shard) {
     const fs::path shard_dir = area_ / hex(shard, 2);
-    fs::create_directories(shard_dir, ec);
-    if (ec) fail(shard_dir.string(), ec.value(), "create stage directory");
+    if (read_only_) {
+      if (!fs::is_directory(shard_dir, ec)) continue;  // no copies there
+    } else {
+      fs::create_directories(shard_dir, ec);
+      if (ec) fail(shard_dir.string(), ec.value(), "create stage directory");
+    }
     for (fs::directory_iterator it(shard_dir, ec), end; !ec && it != end; it.increment(ec)) {
       const std::string name = it->path().filename().string();
       const size_t dot = name.find('.');
@@ -202,8 +206,15 @@ StageDirectory::StageDirectory(const fs::path& dir, const Catalog& catalog, uint
     }
     if (ec) fail(shard_dir.string(), ec.value(), "list stage directory");
   }
-  table_ = std::make_unique<NodeTable>(area_ / "node.table", size_, alone);
-  if (alone) {
+  table_ = read_only_ ? std::make_unique<NodeTable>(size_)
+                      : std::make_unique<NodeTable>(area_ / "node.table", size_, alone);
+  if (read_only_) {
+    // Nobody can have copied or be copying here: the copies found are on disk, for this process.
+    for (uint64_t id = 0; id < size_; ++id) {
+      if (state_[id].load(std::memory_order_relaxed) == kStaged) table_->published(id);
+    }
+    ::flock(index_fd_, LOCK_SH);  // as any process's, for as long as it uses the directory
+  } else if (alone) {
     // The node's state starts from what is on disk: whoever held files before has gone.
     for (uint64_t id = 0; id < size_; ++id) {
       if (state_[id].load(std::memory_order_relaxed) != kStaged) continue;
@@ -279,6 +290,12 @@ bool StageDirectory::open_index(const std::string& index) {
   // finds nobody else there holds it exclusively until its start-up is done (and may compact).
   while (true) {
     index_fd_ = ::open(index.c_str(), O_RDWR | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+    if (index_fd_ < 0 && (errno == EROFS || errno == EACCES || errno == EPERM)) {
+      // A directory this process cannot write: its copies, if the index vouches for them, are
+      // still served (read_only()).
+      index_fd_ = ::open(index.c_str(), O_RDONLY | O_CLOEXEC);
+      read_only_ = index_fd_ >= 0;
+    }
     if (index_fd_ < 0) fail(index, errno, "open");
     bool alone = ::flock(index_fd_, LOCK_EX | LOCK_NB) == 0;
     if (!alone) {
@@ -378,7 +395,7 @@ bool StageDirectory::evict(uint64_t id) noexcept {
     unreserve(id);
     return true;
   }
-  if (expected == kCopying) return false;
+  if (expected == kCopying || read_only_) return false;
   // Under the file's copy lock (its ".part" file's, as stage() takes it): a neighbour that finds the
   // copy gone from the table waits for the lock before it copies the file anew, so the unlink below
   // never removes that new copy. A file whose lock another process holds is not evicted now. On a

@@ -68,6 +68,10 @@ class StageDirectory {
     return block_ == 1 ? bytes : (bytes + block_ - 1) / block_ * block_;
   }
   uint64_t block() const noexcept { return block_; }
+  // A directory this process cannot write (a read-only file system or its permissions): the copies
+  // found there are checked and served, nothing is copied, removed or evicted, and the node's table
+  // is this process's own.
+  bool read_only() const noexcept { return read_only_; }
   // The bytes of the directory's own files on disk (index.log, node.table), in whole blocks.
   uint64_t own_files_bytes();
   uint64_t found_at_start() const noexcept { return found_at_start_; }
@@ -191,6 +195,7 @@ class StageDirectory {
   uint64_t size_;
   uint64_t block_;
   bool count_own_files_;
+  bool read_only_ = false;
   int index_fd_ = -1;
   std::unique_ptr<std::atomic<uint8_t>[]> state_;
   std::unique_ptr<std::atomic<uint8_t>[]> unverified_;
