@@ -536,8 +536,8 @@ TEST_CASE("stage directory: an eviction and a neighbour's new copy of the same f
 
 TEST_CASE("stage directory: a copy under way is not evicted, so its room is not given to another") {
   // Stage 3 may give up waiting for a copy (stage_patience) and its batch leave the window while
-  // stage 2 still copies the file: stage 1 may then pick it to evict. Were its claim given back, its
-  // reserved bytes would go to the next copy while both are written: the bound crossed.
+  // stage 2 still copies the file: stage 1 may then pick it to evict. Were its claim given back,
+  // its reserved bytes would go to the next copy while both are written: the bound crossed.
   for (int run = 0; run < 20; ++run) {
     TempDir dir;
     const Catalog cat = many_files(dir, 2);  // "file 0", "file 1": 6 bytes each
@@ -584,7 +584,7 @@ TEST_CASE("stage directory: a claim given back before its copy began is not copi
   CHECK_FALSE(std::filesystem::exists(stage.staged_path(1)));
 }
 
-TEST_CASE("stage directory: counting the disk's blocks, a copy takes whole blocks and the own files count") {
+TEST_CASE("stage directory: counting the disk's blocks, copies take whole blocks, own files too") {
   // A block of 4096 stands for the file system's (statvfs), whatever the disk the test runs on.
   TempDir dir;
   write(dir / "src/a", std::string(2100, 'a'));

@@ -36,7 +36,8 @@ uint64_t fit_free_space(detail::StageDirectory& dir, const Catalog& catalog) {
   for (uint64_t f = 0; f < catalog.num_files(); ++f) {
     if (dir.is_staged(f)) room += dir.charge(dir.staged_size(f));
     const uint64_t size = catalog.file_size(f);
-    data = size == Catalog::kUnknownSize || data == UINT64_MAX ? UINT64_MAX : data + dir.charge(size);
+    const bool unknown = size == Catalog::kUnknownSize || data == UINT64_MAX;
+    data = unknown ? UINT64_MAX : data + dir.charge(size);
   }
   // The index grows by a record per copy made: room for a record per file is kept out of the bound.
   const uint64_t records = dir.charge(catalog.num_files() * 40);

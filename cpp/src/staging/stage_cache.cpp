@@ -160,6 +160,11 @@ void StageCache::unpin_oldest(uint64_t epoch, uint64_t position_in_epoch) {
   oldest.clear();
 }
 
+uint64_t StageCache::charge_of(uint64_t file) const {
+  const uint64_t bytes = directory_.is_staged(file) ? directory_.staged_size(file) : size_of(file);
+  return directory_.charge(bytes);
+}
+
 uint64_t StageCache::size_of(uint64_t file) const {
   const uint64_t known = catalog_.file_size(file);
   if (known != Catalog::kUnknownSize) return known;
@@ -198,7 +203,7 @@ void StageCache::restart(uint64_t epoch, uint64_t batch) {
   epoch_ = epoch;
   for (uint64_t f = 0; f < catalog_.num_files(); ++f) {
     if (directory_.is_absent(f)) continue;
-    charged_[f] = directory_.charge(directory_.is_staged(f) ? directory_.staged_size(f) : size_of(f));
+    charged_[f] = charge_of(f);
     track(f, eviction_ == Eviction::kClairvoyant ? next_use_from(f, epoch, here) : 0);
   }
   while (used() > capacity_ && !tracked_.empty()) {
@@ -279,8 +284,7 @@ void StageCache::admit(uint64_t epoch, uint64_t batch, const uint64_t* samples, 
         if (directory_.unverified(file)) to_stage.push_back(file);
         if (held) {
           if (key_[file] == kNever) {  // not tracked: a neighbour's copy, or one of before a restart
-            charged_[file] =
-                directory_.charge(directory_.is_staged(file) ? directory_.staged_size(file) : size_of(file));
+            charged_[file] = charge_of(file);
           }
           track(file, key);
           pinned_now.push_back(file);

@@ -116,7 +116,8 @@ void NodeTable::release(uint64_t bytes) noexcept {
 void NodeTable::count_index(uint64_t allocated) noexcept {
   uint64_t counted = header_->index_counted.load(std::memory_order_relaxed);
   while (allocated > counted) {
-    if (header_->index_counted.compare_exchange_weak(counted, allocated, std::memory_order_acq_rel)) {
+    if (header_->index_counted.compare_exchange_weak(counted, allocated,
+                                                     std::memory_order_acq_rel)) {
       add(allocated - counted);
       return;
     }

@@ -35,8 +35,9 @@ class NodeTable {
   bool reserve(uint64_t bytes, uint64_t bound) noexcept;
   void add(uint64_t bytes) noexcept;
   void release(uint64_t bytes) noexcept;
-  // The index file (index.log, append-only) takes `allocated` bytes on disk now: the bytes used grow
-  // by what it has grown since it was last counted (the first call counts it whole). Any process.
+  // The index file (index.log, append-only) takes `allocated` bytes on disk now: the bytes used
+  // grow by what it has grown since it was last counted (the first call counts it whole). Any
+  // process.
   void count_index(uint64_t allocated) noexcept;
   // The bytes of the table's own file.
   size_t file_bytes() const noexcept { return bytes_; }

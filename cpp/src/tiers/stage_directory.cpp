@@ -376,7 +376,9 @@ bool StageDirectory::hold(uint64_t id) noexcept {
 
 void StageDirectory::give_back_copy(uint64_t id) noexcept {
   uint8_t expected = kCopying;
-  if (state_[id].compare_exchange_strong(expected, kAbsent, std::memory_order_acq_rel)) unreserve(id);
+  if (state_[id].compare_exchange_strong(expected, kAbsent, std::memory_order_acq_rel)) {
+    unreserve(id);
+  }
 }
 
 void StageDirectory::forget(uint64_t id) noexcept {
@@ -387,9 +389,8 @@ void StageDirectory::forget(uint64_t id) noexcept {
 }
 
 bool StageDirectory::evict(uint64_t id) noexcept {
-  // A claim with no copy begun is given back. A copy under way is not: stage 1 may evict a file of a
-  // batch that stage 3 has given up waiting for while stage 2 still copies it, and giving its room
-  // to another copy meanwhile would put both on disk, past the bound.
+  // A claim with no copy begun is given back. A copy under way is not: its room given to another
+  // copy meanwhile would put both on disk, past the bound.
   uint8_t expected = kInFlight;
   if (state_[id].compare_exchange_strong(expected, kAbsent, std::memory_order_acq_rel)) {
     unreserve(id);

@@ -48,15 +48,16 @@ namespace prestage::detail {
 class StageDirectory {
  public:
   // kInFlight: claimed, its copy not begun (the claim can still be given back: abandon(), evict());
-  // kCopying: stage() is copying it (its reservation stands until the copy is published or given up).
+  // kCopying: stage() is copying it (its reservation stands until the copy is published or given
+  // up).
   enum State : uint8_t { kAbsent = 0, kInFlight = 1, kStaged = 2, kCopying = 3 };
 
   // Creates the directories, reads the index and takes stock of the copies there. Throws IoError.
   // `block`: what the node's count (NodeTable::used) charges a copy of n bytes: n rounded up to a
-  // multiple of `block`. 1: its bytes (a bound given in bytes of copies). 0: the file system's block
-  // (statvfs), as the disk charges it; then the directory's own files (index.log, node.table) are
-  // counted too, so that a bound of free space is one of the disk's. Any other value stands for
-  // the file system's block in tests, and counts the own files too.
+  // multiple of `block`. 1: its bytes (a bound given in bytes of copies). 0: the file system's
+  // block (statvfs), as the disk charges it; then the directory's own files (index.log,
+  // node.table) are counted too, so that a bound of free space is one of the disk's. Any other
+  // value stands for the file system's block in tests, and counts the own files too.
   StageDirectory(const std::filesystem::path& dir, const Catalog& catalog, uint64_t block = 1);
   ~StageDirectory();
   StageDirectory(const StageDirectory&) = delete;
@@ -107,8 +108,8 @@ class StageDirectory {
 
   // True if the caller now owns the copy of `id` (it was absent); then it must stage() or abandon().
   bool try_claim(uint64_t id) noexcept;
-  // Gives back a claim whose copy has not begun (in flight -> absent) and its reservation; a file in
-  // any other state, a staged copy or one being copied included, is left as it is.
+  // Gives back a claim whose copy has not begun (in flight -> absent) and its reservation; a file
+  // in any other state, a staged copy or one being copied included, is left as it is.
   void abandon(uint64_t id) noexcept;
   // Removes a copy (eviction) unless another process holds it (NodeTable::hold) or it is gone
   // already; true if removed. A claim whose copy has not begun is given back instead; a copy under
@@ -143,8 +144,9 @@ class StageDirectory {
   // that copy is done or given up (a wait also ends when this thread's io_cancel() flag is set).
   static constexpr std::chrono::milliseconds kForever = std::chrono::milliseconds::max();
 
-  // Stages claimed file `id` (kDropped if the claim has been given back since), reading it with `fetch` into `buffer` while it holds the file's lock
-  // (so that processes sharing the directory read the source once). If another process is copying
+  // Stages claimed file `id` (kDropped if the claim has been given back since), reading it with
+  // `fetch` into `buffer` while it holds the file's lock (so that processes sharing the directory
+  // read the source once). If another process is copying
   // the file, waits up to `wait` for its copy and takes it (kAdopted); copies it itself if that
   // process gave up. Throws SourceError when `fetch` fails (the claim is given back) and IoError
   // when the stage directory fails (full, read-only, vanished: the claim is given back).
