@@ -66,8 +66,10 @@ class Loader:
         cache_bytes: the most bytes the stage directory's copies may take (files being written
             included; its index adds 40 bytes per copy made); 0: no bound; ``None`` (the default):
             no bound if the data set fits in 90% of the stage directory's room at start (its file
-            system's free space plus the copies already there), else that 90%, so that a node's
-            disk is never filled up (``stats()["cache_bytes"]`` gives the bound chosen). When the
+            system's free space plus what the directory takes already), else that 90%, counted as
+            the disk counts it (each copy in whole blocks, copies being written, the index and the
+            node's table), so that a node's disk is never filled up (``stats()["cache_bytes"]``
+            gives the bound chosen). When the
             bound is reached, a file is staged only by evicting one used later; a file not staged (it would displace files
             needed sooner) is read from the source into memory by stage 2 instead
             (``stats()["read_ahead"]``; JPEG and raw files, up to 64 MiB per batch), so stage 3 does

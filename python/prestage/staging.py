@@ -211,11 +211,9 @@ class StagedSampler:
             rank, world_size = _rank_and_world(rank, world_size)
         self.num_workers, self.prefetch_factor = num_workers, prefetch_factor
         self._ahead = num_workers * prefetch_factor
-        # Batches handed out may still be read by workers: the loader keeps their copies that long.
-        self._loader = Loader(catalog, batch_size=batch_size, decode="locate", stage_dir=stage_dir,
-                              rank=rank, world_size=world_size, depth=max(4, self._ahead + 2), readers=1,
-                              **options)
         self.catalog = catalog
+        # The workers' files are written before the loader looks at the disk's free space (its
+        # default bound), so that they are not taken out of the room it counts on.
         area = _area(stage_dir, catalog)
         area.mkdir(parents=True, exist_ok=True)
         catalog_file = area / "catalog.prestage"
@@ -223,6 +221,14 @@ class StagedSampler:
             catalog.save(catalog_file)
         counters = area / f"workers-{os.getpid()}-{id(self):x}.counts"
         np.zeros((_COUNTER_SLOTS, len(_COUNTERS)), dtype=np.uint64).tofile(counters)
+        # Batches handed out may still be read by workers: the loader keeps their copies that long.
+        try:
+            self._loader = Loader(catalog, batch_size=batch_size, decode="locate", stage_dir=stage_dir,
+                                  rank=rank, world_size=world_size, depth=max(4, self._ahead + 2),
+                                  readers=1, **options)
+        except BaseException:
+            counters.unlink()
+            raise
         self._where = _Where(os.fspath(catalog_file), os.fspath(area), os.fspath(counters))
         self._iteration: Optional[_Batches] = None
 

@@ -533,3 +533,115 @@ TEST_CASE("stage directory: an eviction and a neighbour's new copy of the same f
   CHECK_FALSE(std::filesystem::exists(second.staged_path(0) + ".part"));
   CHECK(second.node().used() == 0);
 }
+
+TEST_CASE("stage directory: a copy under way is not evicted, so its room is not given to another") {
+  // Stage 3 may give up waiting for a copy (stage_patience) and its batch leave the window while
+  // stage 2 still copies the file: stage 1 may then pick it to evict. Were its claim given back,
+  // its reserved bytes would go to the next copy while both are written: the bound crossed.
+  for (int run = 0; run < 20; ++run) {
+    TempDir dir;
+    const Catalog cat = many_files(dir, 2);  // "file 0", "file 1": 6 bytes each
+    StageDirectory stage(dir / "stage", cat);
+    const uint64_t bound = 6;
+    REQUIRE(stage.reserve(0, 6, bound));
+    REQUIRE(stage.try_claim(0));
+    std::atomic<bool> fetching{false}, go_on{false};
+    Outcome copied = Outcome::kBusy;
+    std::thread copier([&] {
+      std::vector<std::byte> buffer;
+      copied = stage.stage(0, [&](std::vector<std::byte>& out, int64_t& mtime) {
+        fetching = true;
+        while (!go_on) std::this_thread::sleep_for(milliseconds(1));
+        prestage::detail::read_file(cat.file_source_path(0).string(), out, &mtime);
+      }, buffer);
+    });
+    while (!fetching) std::this_thread::sleep_for(milliseconds(1));
+    CHECK_FALSE(stage.evict(0));
+    CHECK_FALSE(stage.reserve(1, 6, bound));  // no room for another copy meanwhile
+    go_on = true;
+    copier.join();
+    CHECK(copied == Outcome::kStaged);
+    CHECK(stage.is_staged(0));
+    CHECK(stage.node().used() == 6);
+    // Published, it is evicted as any copy is.
+    CHECK(stage.evict(0));
+    CHECK(stage.node().used() == 0);
+  }
+}
+
+TEST_CASE("stage directory: a claim given back before its copy began is not copied") {
+  TempDir dir;
+  const Catalog cat = many_files(dir, 2);
+  StageDirectory stage(dir / "stage", cat);
+  REQUIRE(stage.reserve(1, 6, 6));
+  REQUIRE(stage.try_claim(1));
+  CHECK(stage.evict(1));  // its copy had not begun: the claim goes back
+  CHECK(stage.node().used() == 0);
+  std::vector<std::byte> buffer;
+  const Fetch never = [](std::vector<std::byte>&, int64_t&) { FAIL("the source was read"); };
+  CHECK(stage.stage(1, never, buffer) == Outcome::kDropped);
+  CHECK(stage.is_absent(1));
+  CHECK_FALSE(std::filesystem::exists(stage.staged_path(1)));
+}
+
+TEST_CASE("stage directory: counting the disk's blocks, copies take whole blocks, own files too") {
+  // A block of 4096 stands for the file system's (statvfs), whatever the disk the test runs on.
+  TempDir dir;
+  write(dir / "src/a", std::string(2100, 'a'));
+  write(dir / "src/b", std::string(4200, 'b'));
+  const Catalog cat = Catalog::from_paths(dir / "src", {"a", "b"});
+  constexpr uint64_t kBlock = 4096;
+  StageDirectory stage(dir / "stage", cat, kBlock);
+  CHECK(stage.charge(0) == 0);
+  CHECK(stage.charge(1) == kBlock);
+  CHECK(stage.charge(2100) == kBlock);
+  CHECK(stage.charge(4200) == 2 * kBlock);
+  // The node's table (a page and a word per file) from the start, and the index's next record's
+  // block, counted before it is written.
+  const uint64_t table = 2 * kBlock;
+  CHECK(stage.own_files_bytes() == table);  // on disk now: the index is empty
+  CHECK(stage.node().used() == table + kBlock);
+
+  std::vector<std::byte> buffer;
+  const uint64_t bound = 6 * kBlock;
+  REQUIRE(stage.reserve(0, stage.charge(2100), bound));
+  REQUIRE(stage.try_claim(0));
+  CHECK(stage.node().used() == table + kBlock + kBlock);  // a copy counts before it is written
+  REQUIRE(stage.stage(0, cat.file_source_path(0).string(), buffer) == Outcome::kStaged);
+  CHECK(stage.node().used() == table + kBlock + kBlock);  // 40 index bytes, 80 with the next
+  // 4200 bytes take two blocks: they do not fit beside the rest under a bound of five.
+  CHECK_FALSE(stage.reserve(1, stage.charge(4200), 5 * kBlock));
+  REQUIRE(stage.reserve(1, stage.charge(4200), bound));
+  REQUIRE(stage.try_claim(1));
+  REQUIRE(stage.stage(1, cat.file_source_path(1).string(), buffer) == Outcome::kStaged);
+  CHECK(stage.node().used() == table + kBlock + 2 * kBlock + kBlock);  // 120 index bytes: one block
+  CHECK(stage.evict(1));
+  CHECK(stage.node().used() == table + kBlock + kBlock);
+
+  // Counting bytes (block 1), as a bound given in bytes does: the copies' bytes only.
+  TempDir other;
+  write(other / "src/a", std::string(2100, 'a'));
+  const Catalog one = Catalog::from_paths(other / "src", {"a"});
+  StageDirectory bytes(other / "stage", one);
+  REQUIRE(bytes.try_claim(0));
+  REQUIRE(bytes.stage(0, one.file_source_path(0).string(), buffer) == Outcome::kStaged);
+  CHECK(bytes.node().used() == 2100);
+}
+
+TEST_CASE("stage directory: a second process counts the node's blocks as the first left them") {
+  TempDir dir;
+  write(dir / "src/a", std::string(100, 'a'));
+  const Catalog cat = Catalog::from_paths(dir / "src", {"a"});
+  std::vector<std::byte> buffer;
+  {
+    StageDirectory earlier(dir / "stage", cat, 4096);
+    REQUIRE(earlier.try_claim(0));
+    REQUIRE(earlier.stage(0, cat.file_source_path(0).string(), buffer) == Outcome::kStaged);
+  }
+  // Alone at start-up: its copy, the index and the table, each in whole blocks.
+  StageDirectory later(dir / "stage", cat, 4096);
+  CHECK(later.is_staged(0));
+  CHECK(later.node().used() == 4096 + 4096 + 2 * 4096);
+  StageDirectory neighbour(dir / "stage", cat, 4096);
+  CHECK(neighbour.node().used() == 4096 + 4096 + 2 * 4096);
+}

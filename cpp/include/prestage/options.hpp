@@ -86,8 +86,10 @@ struct LoaderOptions {
   // the bound keeps out (it would displace files needed sooner) is read into memory by stage 2
   // instead (JPEG and raw files, up to 64 MiB per batch: Stats::read_ahead).
   // kFitFreeSpace: no bound if the data set fits in 90% of the room the stage directory has at start
-  // (its file system's free space plus the copies already there; files in whole blocks), else the
-  // copies that fill that 90% (Stats::cache_bytes says which): a node-local disk is never filled up.
+  // (its file system's free space plus what the directory takes already), else that 90%
+  // (Stats::cache_bytes says which), counted as the disk counts it: each copy in whole blocks of
+  // the file system, copies being written, and the directory's own files (index.log, node.table),
+  // so that a node-local disk is never filled up. A bound given counts the copies' bytes.
   // Processes sharing one stage directory (the ranks of a node) share the bound: it holds for the
   // bytes of all their copies, so give each the node's bound (they all get about the same default).
   static constexpr uint64_t kFitFreeSpace = UINT64_MAX;

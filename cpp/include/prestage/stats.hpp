@@ -105,8 +105,9 @@ struct Stats {
   std::string pinned_why;
 
   // Bounded stage directory: the bound in effect (0: none; see LoaderOptions::kFitFreeSpace), bytes
-  // held now and at most (files being written included), by every process sharing the directory,
-  // as of the batches this one has planned.
+  // held now and at most (files being written included; with the default bound, in whole blocks
+  // with the directory's own files), by every process sharing the directory, as of the batches this
+  // one has planned.
   uint64_t cache_bytes = 0;
   uint64_t stage_bytes = 0;
   uint64_t stage_bytes_peak = 0;

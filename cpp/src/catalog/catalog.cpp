@@ -1,6 +1,7 @@
 #include "prestage/catalog.hpp"
 
 #include <algorithm>
+#include <atomic>
 #include <bit>
 #include <charconv>
 #include <cerrno>
@@ -9,6 +10,7 @@
 #include <system_error>
 
 #include <sys/stat.h>
+#include <unistd.h>
 #include <tuple>
 #include <utility>
 
@@ -498,8 +500,12 @@ void Catalog::save(const fs::path& file) const {
   w.pod(data_->axis);
   w.pod(fnv1a(out));  // checksum of everything before it
 
-  // Written to a temporary name, then renamed: a reader never sees half a catalog.
-  const fs::path tmp = file.string() + ".tmp";
+  // Written to a temporary name, then renamed: a reader never sees half a catalog. The name is this
+  // call's own, so that processes saving the same catalog at once (the ranks of a node, each into
+  // the stage directory) never rename or remove each other's: the last rename wins, whole.
+  static std::atomic<uint64_t> saves{0};
+  const fs::path tmp = file.string() + ".tmp." + std::to_string(::getpid()) + "." +
+                       std::to_string(saves.fetch_add(1, std::memory_order_relaxed));
   {
     std::ofstream os(tmp, std::ios::binary | std::ios::trunc);
     os.write(out.data(), static_cast<std::streamsize>(out.size()));

@@ -25,31 +25,26 @@ namespace prestage {
 namespace {
 
 // LoaderOptions::kFitFreeSpace: no bound (0) if the data set fits in 90% of the stage directory's room
-// (its file system's free space and the copies already there), else the bytes of copies that fill
-// that 90%, each file taking whole blocks of the file system.
-uint64_t fit_free_space(const detail::StageDirectory& dir, const Catalog& catalog) {
+// (its file system's free space and what the directory takes already: copies and its own files),
+// else that 90%. The directory counts what the disk charges (`dir` was made with the file system's
+// block): each copy in whole blocks, copies being written, and its index as it grows.
+uint64_t fit_free_space(detail::StageDirectory& dir, const Catalog& catalog) {
   struct statvfs fs;
   if (::statvfs(dir.path().c_str(), &fs) != 0) return 0;  // cannot tell: a full disk is handled anyway
-  const uint64_t block = std::max<uint64_t>(fs.f_frsize, 1);
-  const auto on_disk = [&](uint64_t bytes) { return (bytes + block - 1) / block * block; };
-  uint64_t room = static_cast<uint64_t>(fs.f_bavail) * block;
-  uint64_t data = 0, data_on_disk = 0;  // UINT64_MAX: a size unknown
+  const uint64_t own = dir.own_files_bytes();
+  uint64_t room = static_cast<uint64_t>(fs.f_bavail) * std::max<uint64_t>(fs.f_frsize, 1) + own;
+  uint64_t data = own;  // UINT64_MAX: a size unknown
   for (uint64_t f = 0; f < catalog.num_files(); ++f) {
-    if (dir.is_staged(f)) room += on_disk(dir.staged_size(f));
+    if (dir.is_staged(f)) room += dir.charge(dir.staged_size(f));
     const uint64_t size = catalog.file_size(f);
-    if (size == Catalog::kUnknownSize || data == UINT64_MAX) {
-      data = data_on_disk = UINT64_MAX;
-    } else {
-      data += size;
-      data_on_disk += on_disk(size);
-    }
+    const bool unknown = size == Catalog::kUnknownSize || data == UINT64_MAX;
+    data = unknown ? UINT64_MAX : data + dir.charge(size);
   }
+  // The index grows by a record per copy made: room for a record per file is kept out of the bound.
+  const uint64_t records = dir.charge(catalog.num_files() * 40);
   const uint64_t usable = room / 10 * 9;
-  if (data_on_disk <= usable) return 0;
-  if (data == UINT64_MAX) return std::max<uint64_t>(usable, 1);
-  // The bound counts the copies' bytes: scale the room by the set's bytes per byte on disk.
-  const double fill = static_cast<double>(data) / static_cast<double>(data_on_disk);
-  return std::max<uint64_t>(static_cast<uint64_t>(static_cast<double>(usable) * fill), 1);
+  if (data != UINT64_MAX && data + records <= usable) return 0;
+  return std::max<uint64_t>(usable, 1);
 }
 
 }  // namespace
@@ -220,11 +215,16 @@ Loader::Impl::Impl(Catalog catalog_in, LoaderOptions options_in)
 
   if (!o.stage_dir.empty()) {
     try {
-      shared->stage_dir = std::make_unique<detail::StageDirectory>(o.stage_dir, shared->catalog);
+      // With the default bound, the directory counts what the disk charges (0: its block); a bound
+      // given is one on the copies' bytes.
+      shared->stage_dir = std::make_unique<detail::StageDirectory>(
+          o.stage_dir, shared->catalog, o.cache_bytes == LoaderOptions::kFitFreeSpace ? 0 : 1);
       // Files of the batches in flight (planned, not yet decoded) are never evicted: the window of
       // the pipeline, plus the batch the source holds when the window is full, plus the current one.
       // With processes sharing the directory, the bound is on the bytes of all their copies.
-      const uint64_t bound = o.cache_bytes == LoaderOptions::kFitFreeSpace
+      // A directory that cannot be written only serves the copies in it: nothing to bound.
+      const uint64_t bound = shared->stage_dir->read_only() ? 0
+                             : o.cache_bytes == LoaderOptions::kFitFreeSpace
                                  ? fit_free_space(*shared->stage_dir, shared->catalog)
                                  : o.cache_bytes;
       shared->cache = std::make_unique<detail::StageCache>(shared->catalog, shared->plan,

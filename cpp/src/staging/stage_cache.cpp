@@ -160,6 +160,11 @@ void StageCache::unpin_oldest(uint64_t epoch, uint64_t position_in_epoch) {
   oldest.clear();
 }
 
+uint64_t StageCache::charge_of(uint64_t file) const {
+  const uint64_t bytes = directory_.is_staged(file) ? directory_.staged_size(file) : size_of(file);
+  return directory_.charge(bytes);
+}
+
 uint64_t StageCache::size_of(uint64_t file) const {
   const uint64_t known = catalog_.file_size(file);
   if (known != Catalog::kUnknownSize) return known;
@@ -198,7 +203,7 @@ void StageCache::restart(uint64_t epoch, uint64_t batch) {
   epoch_ = epoch;
   for (uint64_t f = 0; f < catalog_.num_files(); ++f) {
     if (directory_.is_absent(f)) continue;
-    charged_[f] = directory_.is_staged(f) ? directory_.staged_size(f) : size_of(f);
+    charged_[f] = charge_of(f);
     track(f, eviction_ == Eviction::kClairvoyant ? next_use_from(f, epoch, here) : 0);
   }
   while (used() > capacity_ && !tracked_.empty()) {
@@ -239,8 +244,8 @@ bool StageCache::make_room(uint64_t need, uint64_t incoming_key, Admission& stat
   for (const auto& [key, file] : victims) {
     if (directory_.evict(file)) {
       ++stats.evictions;
-    } else if (directory_.is_staged(file)) {
-      continue;  // another process holds it: it stays, and stays a candidate
+    } else if (!directory_.is_absent(file)) {
+      continue;  // another process holds it, or it is being copied: it stays, and stays a candidate
     }
     untrack(file);
   }
@@ -255,6 +260,9 @@ void StageCache::admit(uint64_t epoch, uint64_t batch, const uint64_t* samples, 
     if (epoch != epoch_) enter_epoch(epoch, batch * plan_.batch_size);
     unpin_oldest(epoch, batch * plan_.batch_size);
   }
+  // The index's growth is counted past the bound when a copy's record needs a new block: brought
+  // back within it first.
+  if (capacity_ != 0 && used() > capacity_) make_room(0, 0, stats);
   std::vector<uint64_t>& pinned_now = pins_[batch_seq_ % window_];
   for (size_t k = 0; k < count; ++k) {
     const uint64_t file = catalog_.locator(samples[k]).file;
@@ -276,7 +284,7 @@ void StageCache::admit(uint64_t epoch, uint64_t batch, const uint64_t* samples, 
         if (directory_.unverified(file)) to_stage.push_back(file);
         if (held) {
           if (key_[file] == kNever) {  // not tracked: a neighbour's copy, or one of before a restart
-            charged_[file] = directory_.is_staged(file) ? directory_.staged_size(file) : size_of(file);
+            charged_[file] = charge_of(file);
           }
           track(file, key);
           pinned_now.push_back(file);
@@ -286,9 +294,11 @@ void StageCache::admit(uint64_t epoch, uint64_t batch, const uint64_t* samples, 
     }
     untrack(file);
     ++stats.misses;
-    const uint64_t size = size_of(file);
-    stats.bytes_missed += size;
-    if (copy_only_ && !copy_only_(file)) {
+    const uint64_t bytes = size_of(file);
+    stats.bytes_missed += bytes;
+    const uint64_t size = directory_.charge(bytes);  // what it takes of the bound
+    // A directory that cannot be written serves its copies and takes no new one.
+    if ((copy_only_ && !copy_only_(file)) || directory_.read_only()) {
       declined.push_back(k);
       continue;
     }

@@ -101,6 +101,7 @@ class StageCache {
   // Files of the batch that has just left the window become candidates for eviction.
   void unpin_oldest(uint64_t epoch, uint64_t position_in_epoch);
   uint64_t size_of(uint64_t file) const;
+  uint64_t charge_of(uint64_t file) const;  // what its copy takes of the bound (staged or to be)
   uint64_t used() const noexcept { return directory_.node().used(); }
   std::vector<uint64_t> node_ranks() const;  // whose plans order the eviction
   void track(uint64_t file, uint64_t key);

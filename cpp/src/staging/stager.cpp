@@ -163,6 +163,8 @@ void Stager::stage_one(StageTask& task, uint64_t id, std::vector<std::byte>& buf
         case StageDirectory::Outcome::kChanged:
           failures_.fetch_add(1, std::memory_order_relaxed);
           break;
+        case StageDirectory::Outcome::kDropped:  // evicted before its copy began: not wanted now
+          break;
       }
     } catch (const StageDirectory::SourceError&) {
       // Stage 3 reads the source again and reports the error at the sample's batch. A read given up

@@ -28,6 +28,7 @@ struct NodeTable::Header {
   uint64_t files;
   std::atomic<uint64_t> used;
   std::atomic<uint64_t> ranks[kMaxRanks];  // rank + 1, or 0 for a free place
+  std::atomic<uint64_t> index_counted;     // the index's bytes on disk, as counted in `used`
 };
 static_assert(std::atomic<uint64_t>::is_always_lock_free && std::atomic<uint32_t>::is_always_lock_free,
               "the table is shared between processes: its atomics must not hide a lock");
@@ -71,6 +72,20 @@ NodeTable::NodeTable(const std::filesystem::path& path, uint64_t files, bool res
   }
 }
 
+NodeTable::NodeTable(uint64_t files) : files_(files) {
+  if (files > (SIZE_MAX - kHeaderBytes) / sizeof(uint32_t)) fail("node table", EFBIG, "size");
+  bytes_ = kHeaderBytes + files * sizeof(uint32_t);
+  map_ = ::mmap(nullptr, bytes_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (map_ == MAP_FAILED) {
+    map_ = nullptr;
+    fail("node table", errno, "map");
+  }
+  header_ = static_cast<Header*>(map_);
+  words_ = reinterpret_cast<std::atomic<uint32_t>*>(static_cast<char*>(map_) + kHeaderBytes);
+  header_->files = files;
+  header_->magic = kMagic;
+}
+
 NodeTable::~NodeTable() {
   if (map_ != nullptr) ::munmap(map_, bytes_);
 }
@@ -95,6 +110,17 @@ void NodeTable::release(uint64_t bytes) noexcept {
   uint64_t used = header_->used.load(std::memory_order_relaxed);
   while (!header_->used.compare_exchange_weak(used, used - std::min(used, bytes),
                                               std::memory_order_acq_rel)) {
+  }
+}
+
+void NodeTable::count_index(uint64_t allocated) noexcept {
+  uint64_t counted = header_->index_counted.load(std::memory_order_relaxed);
+  while (allocated > counted) {
+    if (header_->index_counted.compare_exchange_weak(counted, allocated,
+                                                     std::memory_order_acq_rel)) {
+      add(allocated - counted);
+      return;
+    }
   }
 }
 

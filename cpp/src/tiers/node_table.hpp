@@ -22,6 +22,8 @@ class NodeTable {
   // index's lock alone): the table is made anew, empty. Otherwise it must be one made for as many
   // files. Throws IoError (a full disk, a table of another layout).
   NodeTable(const std::filesystem::path& path, uint64_t files, bool reset);
+  // A table of this process's alone, in memory, made anew (a directory it cannot write).
+  explicit NodeTable(uint64_t files);
   ~NodeTable();
   NodeTable(const NodeTable&) = delete;
   NodeTable& operator=(const NodeTable&) = delete;
@@ -33,6 +35,12 @@ class NodeTable {
   bool reserve(uint64_t bytes, uint64_t bound) noexcept;
   void add(uint64_t bytes) noexcept;
   void release(uint64_t bytes) noexcept;
+  // The index file (index.log, append-only) takes `allocated` bytes on disk now: the bytes used
+  // grow by what it has grown since it was last counted (the first call counts it whole). Any
+  // process.
+  void count_index(uint64_t allocated) noexcept;
+  // The bytes of the table's own file.
+  size_t file_bytes() const noexcept { return bytes_; }
 
   // File `id`'s copy is on disk now.
   void published(uint64_t id) noexcept {

@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <sys/file.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -113,10 +114,12 @@ uint64_t identity(const struct stat& st) noexcept {
 }
 }  // namespace
 
-StageDirectory::StageDirectory(const fs::path& dir, const Catalog& catalog)
+StageDirectory::StageDirectory(const fs::path& dir, const Catalog& catalog, uint64_t block)
     : catalog_(catalog),
       area_(area_of(dir, catalog)),
       size_(catalog.num_files()),
+      block_(std::max<uint64_t>(block, 1)),
+      count_own_files_(block != 1),
       state_(new std::atomic<uint8_t>[size_]()),
       unverified_(new std::atomic<uint8_t>[size_]()),
       sizes_(new std::atomic<uint64_t>[size_]()),
@@ -129,10 +132,34 @@ StageDirectory::StageDirectory(const fs::path& dir, const Catalog& catalog)
   std::error_code ec;
   fs::create_directories(area_, ec);
   if (ec) fail(area_.string(), ec.value(), "create stage directory");
+  if (block == 0) {
+    struct statvfs fs;
+    block_ = ::statvfs(area_.c_str(), &fs) == 0 && fs.f_frsize > 0 ? fs.f_frsize : 4096;
+  }
+
+  // Start-ups take turns on start.lock, which a process holds from before it looks at the index's
+  // lock until it holds the index shared: with flock, turning an exclusive lock into a shared one
+  // lets go of it first, and a process starting in that gap would take itself for the directory's
+  // only one and make the node's table anew under the first. A process that starts alone keeps it
+  // for its whole start-up (checking copies, resetting the table, compacting the index); one that
+  // joins others lets go of it as soon as it holds the index. Without it (a directory where no file
+  // can be created), start-ups go on as they are.
+  struct StartLock {
+    int fd;
+    void release() {
+      if (fd >= 0) ::close(fd);  // releases the lock
+      fd = -1;
+    }
+    ~StartLock() { release(); }
+  } start{::open((area_ / "start.lock").c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644)};
+  while (start.fd >= 0 && ::flock(start.fd, LOCK_EX) != 0) {
+    if (errno != EINTR) start.release();
+  }
 
   // The index: the last valid record of each file vouches for its copy.
   const std::string index = (area_ / "index.log").string();
   const bool alone = open_index(index);
+  if (!alone) start.release();
   std::vector<int64_t> mtimes(size_);  // of each file's latest record
   auto read_index = [&] {
     std::lock_guard lock(index_mutex_);
@@ -148,8 +175,12 @@ StageDirectory::StageDirectory(const fs::path& dir, const Catalog& catalog)
 
   for (int shard = 0; shard < kShards; ++shard) {
     const fs::path shard_dir = area_ / hex(shard, 2);
-    fs::create_directories(shard_dir, ec);
-    if (ec) fail(shard_dir.string(), ec.value(), "create stage directory");
+    if (read_only_) {
+      if (!fs::is_directory(shard_dir, ec)) continue;  // no copies there
+    } else {
+      fs::create_directories(shard_dir, ec);
+      if (ec) fail(shard_dir.string(), ec.value(), "create stage directory");
+    }
     for (fs::directory_iterator it(shard_dir, ec), end; !ec && it != end; it.increment(ec)) {
       const std::string name = it->path().filename().string();
       const size_t dot = name.find('.');
@@ -191,14 +222,22 @@ StageDirectory::StageDirectory(const fs::path& dir, const Catalog& catalog)
     }
     if (ec) fail(shard_dir.string(), ec.value(), "list stage directory");
   }
-  table_ = std::make_unique<NodeTable>(area_ / "node.table", size_, alone);
-  if (alone) {
+  table_ = read_only_ ? std::make_unique<NodeTable>(size_)
+                      : std::make_unique<NodeTable>(area_ / "node.table", size_, alone);
+  if (read_only_) {
+    // Nobody can have copied or be copying here: the copies found are on disk, for this process.
+    for (uint64_t id = 0; id < size_; ++id) {
+      if (state_[id].load(std::memory_order_relaxed) == kStaged) table_->published(id);
+    }
+    ::flock(index_fd_, LOCK_SH);  // as any process's, for as long as it uses the directory
+  } else if (alone) {
     // The node's state starts from what is on disk: whoever held files before has gone.
     for (uint64_t id = 0; id < size_; ++id) {
       if (state_[id].load(std::memory_order_relaxed) != kStaged) continue;
       table_->published(id);
-      table_->add(sizes_[id].load(std::memory_order_relaxed));
+      table_->add(charge(sizes_[id].load(std::memory_order_relaxed)));
     }
+    if (count_own_files_) table_->add(charge(table_->file_bytes()));
     ::unlink((index + ".compact").c_str());  // left by a process that died compacting
     // Every copy staged, evicted and staged again left a record: rewrite the index with the live
     // ones once it is mostly dead, so that it stays as bounded as the copies.
@@ -206,7 +245,9 @@ StageDirectory::StageDirectory(const fs::path& dir, const Catalog& catalog)
         static_cast<uint64_t>(index_read_) > 2 * sizeof(Record) * found_at_start_) {
       compact_index(index, mtimes);
     }
-    ::flock(index_fd_, LOCK_SH);  // others may join now
+    count_index();  // as compacted
+    ::flock(index_fd_, LOCK_SH);  // others may join now (once the start lock is let go)
+    start.release();
   }
   std::lock_guard lock(index_mutex_);
   started_ = true;
@@ -265,6 +306,12 @@ bool StageDirectory::open_index(const std::string& index) {
   // finds nobody else there holds it exclusively until its start-up is done (and may compact).
   while (true) {
     index_fd_ = ::open(index.c_str(), O_RDWR | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+    if (index_fd_ < 0 && (errno == EROFS || errno == EACCES || errno == EPERM)) {
+      // A directory this process cannot write: its copies, if the index vouches for them, are
+      // still served (read_only()).
+      index_fd_ = ::open(index.c_str(), O_RDONLY | O_CLOEXEC);
+      read_only_ = index_fd_ >= 0;
+    }
     if (index_fd_ < 0) fail(index, errno, "open");
     bool alone = ::flock(index_fd_, LOCK_EX | LOCK_NB) == 0;
     if (!alone) {
@@ -349,6 +396,13 @@ bool StageDirectory::hold(uint64_t id) noexcept {
   return false;
 }
 
+void StageDirectory::give_back_copy(uint64_t id) noexcept {
+  uint8_t expected = kCopying;
+  if (state_[id].compare_exchange_strong(expected, kAbsent, std::memory_order_acq_rel)) {
+    unreserve(id);
+  }
+}
+
 void StageDirectory::forget(uint64_t id) noexcept {
   unverified_[id].store(0, std::memory_order_relaxed);
   taken_[id].store(0, std::memory_order_relaxed);
@@ -357,13 +411,14 @@ void StageDirectory::forget(uint64_t id) noexcept {
 }
 
 bool StageDirectory::evict(uint64_t id) noexcept {
-  // A claim with no copy yet is given back. (Stage 1 never evicts a file of a batch in flight, so
-  // this is a claim that nobody is copying.)
+  // A claim with no copy begun is given back. A copy under way is not: its room given to another
+  // copy meanwhile would put both on disk, past the bound.
   uint8_t expected = kInFlight;
   if (state_[id].compare_exchange_strong(expected, kAbsent, std::memory_order_acq_rel)) {
     unreserve(id);
     return true;
   }
+  if (expected == kCopying || read_only_) return false;
   // Under the file's copy lock (its ".part" file's, as stage() takes it): a neighbour that finds the
   // copy gone from the table waits for the lock before it copies the file anew, so the unlink below
   // never removes that new copy. A file whose lock another process holds is not evicted now. On a
@@ -395,7 +450,23 @@ void StageDirectory::discard(uint64_t id) noexcept {
 
 void StageDirectory::remove_copy(uint64_t id) noexcept {
   ::unlink(staged_path(id).c_str());
-  table_->release(sizes_[id].load(std::memory_order_relaxed));
+  table_->release(charge(sizes_[id].load(std::memory_order_relaxed)));
+}
+
+void StageDirectory::count_index() noexcept {
+  // Counted a record ahead: the block the next record may need is in the count before it is
+  // written. Its growth is added past the bound if need be (a block at most); stage 1's next
+  // admission evicts to bring the node back within it.
+  struct stat st;
+  if (count_own_files_ && ::fstat(index_fd_, &st) == 0) {
+    table_->count_index(charge(static_cast<uint64_t>(st.st_size) + sizeof(Record)));
+  }
+}
+
+uint64_t StageDirectory::own_files_bytes() {
+  struct stat st;
+  const uint64_t index = ::fstat(index_fd_, &st) == 0 ? static_cast<uint64_t>(st.st_size) : 0;
+  return charge(index) + charge(table_->file_bytes());
 }
 
 void StageDirectory::append_record(const Record& record) {
@@ -461,12 +532,17 @@ StageDirectory::Outcome StageDirectory::stage(uint64_t id, const Fetch& fetch,
   const Clock::time_point deadline =
       wait == kForever ? Clock::time_point::max() : Clock::now() + wait;
   auto pause = std::chrono::microseconds(200);
+  // From here on the claim is this call's: an eviction leaves it alone until it is published.
+  uint8_t claimed = kInFlight;
+  if (!state_[id].compare_exchange_strong(claimed, kCopying, std::memory_order_acq_rel)) {
+    return Outcome::kDropped;
+  }
   while (true) {
     if (adopt(id)) return Outcome::kAdopted;
     const int fd = ::open(part_path.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
     if (fd < 0) {
       const int err = errno;
-      abandon(id);
+      give_back_copy(id);
       fail(part_path, err, "create");
     }
     if (::flock(fd, LOCK_EX | LOCK_NB) == 0 && still_at(fd, part_path)) {
@@ -479,7 +555,7 @@ StageDirectory::Outcome StageDirectory::stage(uint64_t id, const Fetch& fetch,
     const std::atomic<bool>* cancel = io_cancel();
     const auto now = Clock::now();
     if (now >= deadline || (cancel != nullptr && cancel->load(std::memory_order_acquire))) {
-      abandon(id);
+      give_back_copy(id);
       return Outcome::kBusy;
     }
     std::this_thread::sleep_for(std::min<Clock::duration>(pause, deadline - now));
@@ -496,7 +572,7 @@ StageDirectory::Outcome StageDirectory::copy_locked(uint64_t id, int fd, const s
   } closer{fd};
   auto give_up = [&] {
     ::unlink(part_path.c_str());
-    abandon(id);
+    give_back_copy(id);
   };
   if (adopt(id)) {  // finished by another process between our first look and the lock
     ::unlink(part_path.c_str());
@@ -535,18 +611,20 @@ StageDirectory::Outcome StageDirectory::copy_locked(uint64_t id, int fd, const s
     }
     if (::rename(part_path.c_str(), final_path.c_str()) != 0) fail(final_path, errno, "rename");
     append_record(record);  // still holding the lock: a scan in another process leaves it alone
+    count_index();  // its 40 bytes may have taken a new block
   } catch (...) {
     ::unlink(part_path.c_str());
     ::unlink(final_path.c_str());
-    abandon(id);
+    give_back_copy(id);
     throw;
   }
   // The copy takes the bytes reserved for it, made exact; it is on disk for the node from now on.
   const uint64_t reserved = reserved_[id].exchange(0, std::memory_order_relaxed);
-  if (reserved >= record.size) {
-    table_->release(reserved - record.size);
+  const uint64_t charged = charge(record.size);
+  if (reserved >= charged) {
+    table_->release(reserved - charged);
   } else {
-    table_->add(record.size - reserved);
+    table_->add(charged - reserved);
   }
   sizes_[id].store(record.size, std::memory_order_relaxed);
   crcs_[id].store(record.crc, std::memory_order_relaxed);

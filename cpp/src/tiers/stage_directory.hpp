@@ -38,16 +38,27 @@ namespace prestage::detail {
 // appended since it last looked (the index is append-only while it is shared): taking over a
 // neighbour's copy costs a few system calls, not a read of the whole index.
 //
+// Processes starting at once take turns on start.lock (see the constructor), so that exactly one of
+// them finds itself alone and makes the node's table anew.
+//
 // The processes' shared state is in node.table beside the index (NodeTable): the bytes of the
 // node's copies and copies under way against one bound, and per file whether its copy is on disk
 // and who holds it. A process's own view (is_staged(), is_absent()) may lag behind it: a copy
 // another process removed is found out when this one holds the file (hold()).
 class StageDirectory {
  public:
-  enum State : uint8_t { kAbsent = 0, kInFlight = 1, kStaged = 2 };
+  // kInFlight: claimed, its copy not begun (the claim can still be given back: abandon(), evict());
+  // kCopying: stage() is copying it (its reservation stands until the copy is published or given
+  // up).
+  enum State : uint8_t { kAbsent = 0, kInFlight = 1, kStaged = 2, kCopying = 3 };
 
   // Creates the directories, reads the index and takes stock of the copies there. Throws IoError.
-  StageDirectory(const std::filesystem::path& dir, const Catalog& catalog);
+  // `block`: what the node's count (NodeTable::used) charges a copy of n bytes: n rounded up to a
+  // multiple of `block`. 1: its bytes (a bound given in bytes of copies). 0: the file system's
+  // block (statvfs), as the disk charges it; then the directory's own files (index.log,
+  // node.table) are counted too, so that a bound of free space is one of the disk's. Any other
+  // value stands for the file system's block in tests, and counts the own files too.
+  StageDirectory(const std::filesystem::path& dir, const Catalog& catalog, uint64_t block = 1);
   ~StageDirectory();
   StageDirectory(const StageDirectory&) = delete;
   StageDirectory& operator=(const StageDirectory&) = delete;
@@ -59,6 +70,17 @@ class StageDirectory {
   static std::string copy_path(const std::filesystem::path& area, uint64_t id);
 
   const std::filesystem::path& path() const noexcept { return area_; }
+  // What the node's count charges a copy of `bytes` bytes (see the constructor's `block`).
+  uint64_t charge(uint64_t bytes) const noexcept {
+    return block_ == 1 ? bytes : (bytes + block_ - 1) / block_ * block_;
+  }
+  uint64_t block() const noexcept { return block_; }
+  // A directory this process cannot write (a read-only file system or its permissions): the copies
+  // found there are checked and served, nothing is copied, removed or evicted, and the node's table
+  // is this process's own.
+  bool read_only() const noexcept { return read_only_; }
+  // The bytes of the directory's own files on disk (index.log, node.table), in whole blocks.
+  uint64_t own_files_bytes();
   uint64_t found_at_start() const noexcept { return found_at_start_; }
 
   bool is_staged(uint64_t id) const noexcept {
@@ -92,12 +114,13 @@ class StageDirectory {
 
   // True if the caller now owns the copy of `id` (it was absent); then it must stage() or abandon().
   bool try_claim(uint64_t id) noexcept;
-  // Gives back a claim (in flight -> absent) and its reservation; a file in any other state, a
-  // staged copy included, is left as it is.
+  // Gives back a claim whose copy has not begun (in flight -> absent) and its reservation; a file
+  // in any other state, a staged copy or one being copied included, is left as it is.
   void abandon(uint64_t id) noexcept;
   // Removes a copy (eviction) unless another process holds it (NodeTable::hold) or it is gone
-  // already; true if removed. A claim not copied yet is given back instead. The caller guarantees
-  // that no thread of this process still needs the file.
+  // already; true if removed. A claim whose copy has not begun is given back instead; a copy under
+  // way is not evicted (false): its bytes are being written, and stay counted until it is published
+  // and can be evicted. The caller guarantees that no thread of this process still needs the file.
   bool evict(uint64_t id) noexcept;
 
   // The node's shared state: its bound, the bytes used, the ranks sharing the directory.
@@ -117,6 +140,7 @@ class StageDirectory {
     kAdopted,  // another process had copied it: nothing read from the source
     kBusy,     // another process was still copying it when the wait ran out: the claim is given back
     kChanged,  // the source no longer matches the catalog (size): not staged, claim given back
+    kDropped,  // the claim was given back (evicted) before the copy began: nothing done
   };
   // Reads the file's bytes into `buffer` (resized to fit) and its source's modification time into
   // `mtime_ns`; throws on failure. Stage 2 passes the tiers below the stage directory.
@@ -126,8 +150,9 @@ class StageDirectory {
   // that copy is done or given up (a wait also ends when this thread's io_cancel() flag is set).
   static constexpr std::chrono::milliseconds kForever = std::chrono::milliseconds::max();
 
-  // Stages claimed file `id`, reading it with `fetch` into `buffer` while it holds the file's lock
-  // (so that processes sharing the directory read the source once). If another process is copying
+  // Stages claimed file `id` (kDropped if the claim has been given back since), reading it with
+  // `fetch` into `buffer` while it holds the file's lock (so that processes sharing the directory
+  // read the source once). If another process is copying
   // the file, waits up to `wait` for its copy and takes it (kAdopted); copies it itself if that
   // process gave up. Throws SourceError when `fetch` fails (the claim is given back) and IoError
   // when the stage directory fails (full, read-only, vanished: the claim is given back).
@@ -185,7 +210,9 @@ class StageDirectory {
   // absent files among them (see take_over_published()). Needs index_mutex_.
   void follow_index(const std::function<void(const Record&)>& found);
   void append_record(const Record& record);
+  void count_index() noexcept;  // the index's growth, into the node's count (with count_own_files_)
   void forget(uint64_t id) noexcept;  // staged in this view -> absent (its copy is gone)
+  void give_back_copy(uint64_t id) noexcept;  // stage()'s own claim (copying -> absent)
   void discard(uint64_t id) noexcept;  // a corrupt or vanished copy: removed, whoever holds it
   void reject(uint64_t id) noexcept;   // a corrupt copy: discarded and counted
   // Unlinks the copy the table has just marked gone, and gives its bytes back to the node.
@@ -196,6 +223,9 @@ class StageDirectory {
   Catalog catalog_;
   std::filesystem::path area_;
   uint64_t size_;
+  uint64_t block_;
+  bool count_own_files_;
+  bool read_only_ = false;
   int index_fd_ = -1;
   std::unique_ptr<std::atomic<uint8_t>[]> state_;
   std::unique_ptr<std::atomic<uint8_t>[]> unverified_;
