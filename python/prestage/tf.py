@@ -171,7 +171,8 @@ def _first_sample(catalog: _core.Catalog, **options: Any) -> Tuple[np.dtype, Tup
     """The dtype (native byte order) and shape of the catalog's first sample of the data set's dtype (the
     first one that reads and has it: a loader's batches take the data set's dtype, see the README),
     decoded as a loader with ``options`` decodes it: they give the dtype and shape of the signature."""
-    with Loader(catalog, 1, shuffle=False, readers=1, prefetchers=1, on_error="skip", **options) as first:
+    options = {**options, "on_error": "skip"}  # an odd or unreadable first sample is passed over
+    with Loader(catalog, 1, shuffle=False, readers=1, prefetchers=1, **options) as first:
         probe = next(iter(first))
         dtype, shape = probe.dtype.newbyteorder("="), tuple(probe.shapes[0])
         del probe
