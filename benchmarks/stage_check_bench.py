@@ -22,6 +22,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from decode_bench import Contender  # a build in its own interpreter, one epoch per request
+
 WORKER = r"""
 import json, sys, time
 import prestage
@@ -46,22 +48,6 @@ for line in sys.stdin:
                       "stage_corrupt": s.get("stage_corrupt", 0)}), flush=True)
 loader.close()
 """
-
-
-class Worker:
-    def __init__(self, args: list[str], env: dict) -> None:
-        self.proc = subprocess.Popen([sys.executable, "-c", WORKER, *args], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, text=True, env=env)
-        self.hello = json.loads(self.proc.stdout.readline())
-
-    def epoch(self) -> dict:
-        self.proc.stdin.write("run\n")
-        self.proc.stdin.flush()
-        return json.loads(self.proc.stdout.readline())
-
-    def close(self) -> None:
-        self.proc.stdin.close()
-        self.proc.wait()
 
 
 def make_raw(root: Path, n: int, size: int) -> None:
@@ -91,10 +77,12 @@ def main() -> None:
     results: dict = {"machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
                      "images": args.images, "rounds": args.rounds, "readers": args.readers}
     for mode, root in (("jpeg", jpegs), ("raw", raw)):
-        this = Worker([str(root), str(work / f"stage-{mode}-this"), mode, str(args.readers)],
-                      dict(os.environ))
-        base = Worker([str(root), str(work / f"stage-{mode}-base"), mode, str(args.readers)],
-                      {**os.environ, "PYTHONPATH": str(Path(args.baseline).resolve())})
+        this = Contender(sys.executable, WORKER,
+                         [str(root), str(work / f"stage-{mode}-this"), mode, str(args.readers)],
+                         dict(os.environ))
+        base = Contender(sys.executable, WORKER,
+                         [str(root), str(work / f"stage-{mode}-base"), mode, str(args.readers)],
+                         {**os.environ, "PYTHONPATH": str(Path(args.baseline).resolve())})
         rates = {"this": [], "baseline": []}
         ratios = []
         for k in range(args.rounds):

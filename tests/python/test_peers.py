@@ -405,12 +405,14 @@ FORKED_BEFORE = textwrap.dedent("""
 """)
 
 
-def test_a_process_forked_before_the_loader_started_refuses_it_at_once(make_folder, tmp_path):
+def two_ranks(make_folder, tmp_path, source: str) -> list:
+    """Runs `source` under `mpirun -np 2` with a catalog of 20 images and a stage directory as its
+    arguments; each rank prints one JSON line: their values, by rank."""
     cat = prestage.Catalog.from_folder(make_folder(2, 10))
     catalog = tmp_path / "set.catalog"
     cat.save(catalog)
-    script = tmp_path / "forked.py"
-    script.write_text(FORKED_BEFORE)
+    script = tmp_path / "ranks.py"
+    script.write_text(source)
     env = dict(os.environ, OMPI_MCA_btl_vader_single_copy_mechanism="none")
     r = subprocess.run([MPIRUN, "--oversubscribe", "--allow-run-as-root", "-np", "2", sys.executable,
                         str(script), str(catalog), str(tmp_path / "stage")], env=env,
@@ -418,8 +420,11 @@ def test_a_process_forked_before_the_loader_started_refuses_it_at_once(make_fold
     assert r.returncode == 0, r.stdout + r.stderr
     lines = r.stdout.splitlines()
     assert len(lines) == 2, r.stdout + r.stderr
-    for line in lines:
-        out = json.loads(line)
+    return [json.loads(line) for line in lines]
+
+
+def test_a_process_forked_before_the_loader_started_refuses_it_at_once(make_folder, tmp_path):
+    for out in two_ranks(make_folder, tmp_path, FORKED_BEFORE):
         for how in ("os.fork", "multiprocessing"):
             said, seconds, exit_code = out[how]
             # Refused, saying what to do, then a clean exit.
@@ -458,20 +463,7 @@ COMMS = textwrap.dedent("""
 
 @pytest.mark.skipif(importlib.util.find_spec("mpi4py") is None, reason="needs mpi4py")
 def test_comm_must_be_an_intra_communicator(make_folder, tmp_path):
-    cat = prestage.Catalog.from_folder(make_folder(2, 10))
-    catalog = tmp_path / "set.catalog"
-    cat.save(catalog)
-    script = tmp_path / "comms.py"
-    script.write_text(COMMS)
-    env = dict(os.environ, OMPI_MCA_btl_vader_single_copy_mechanism="none")
-    r = subprocess.run([MPIRUN, "--oversubscribe", "--allow-run-as-root", "-np", "2", sys.executable,
-                        str(script), str(catalog), str(tmp_path / "stage")], env=env,
-                       capture_output=True, text=True, timeout=240)
-    assert r.returncode == 0, r.stdout + r.stderr
-    lines = r.stdout.splitlines()
-    assert len(lines) == 2, r.stdout + r.stderr
-    for line in lines:
-        out = json.loads(line)
+    for out in two_ranks(make_folder, tmp_path, COMMS):
         for name in ("MPI.INT", "group", "MPI.REQUEST_NULL", "MPI.COMM_NULL"):
             kind, message = out[name]
             assert kind == "ConfigError" and message.startswith("comm "), (name, out[name])
