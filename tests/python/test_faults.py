@@ -379,6 +379,31 @@ def test_a_read_stalled_on_the_source_times_out_and_unmounting_is_prompt(make_fo
     assert time.monotonic() - stopping < 2.0
 
 
+def test_a_read_stage_2_gave_up_on_is_not_waited_for_again_by_stage_3(make_folder, pfs, tmp_path):
+    import errno
+
+    backing = make_folder(3, 6)
+    plan = prestage.plan.epoch_batches(18, 4, seed=3, epoch=0)
+    first = plan[0][0]  # class_c/img_i.jpg, in the catalog's sorted order
+    victim = f"class_{first // 6}/img_{first % 6:03d}.jpg"
+    emulator = pfs(backing, stall_read=[victim])  # for ever, until unmounted
+    cat = prestage.Catalog.from_folder(emulator.mountpoint)
+    assert cat.path(first) == victim
+    # Stage 2 tries the file (a copy) and gives it up after io_timeout; stage 3 does not open it
+    # again for the same batch, it raises stage 2's timeout at once.
+    loader = prestage.Loader(cat, batch_size=4, seed=3, stage_dir=tmp_path / "stage", io_timeout=0.5,
+                             lookahead=1, depth=2, stage_patience=None)
+    try:
+        with pytest.raises(prestage.IoError) as raised:
+            next(iter(loader))
+        assert raised.value.errno == errno.ETIMEDOUT
+        assert Path(raised.value.filename).relative_to(cat.root).as_posix() == victim
+        assert emulator.stats()["paths"][victim]["opens"] == 1
+    finally:
+        loader.close()
+    emulator.stop()
+
+
 def test_a_slow_read_within_io_timeout_is_not_an_error(make_folder, pfs, tmp_path):
     backing = make_folder(2, 6)
     emulator = pfs(backing, stall_read=["class_0/img_00[0-2].jpg"], stall_ms=100)

@@ -13,7 +13,19 @@ void SampleAt::check(std::span<const std::byte> read) const {
 }
 
 Tiers::Tiers(const Catalog& catalog, StageDirectory* stage, uint64_t max_read_bytes)
-    : catalog_(catalog), stage_(stage), max_read_bytes_(max_read_bytes) {}
+    : catalog_(catalog),
+      stage_(stage),
+      max_read_bytes_(max_read_bytes),
+      stalled_(new std::atomic<uint8_t>[catalog.num_files()]()) {}
+
+void Tiers::refuse_if_stalled(uint64_t file, const std::string& path) {
+  if (stalled_[file].load(std::memory_order_relaxed) == 0 ||
+      stalled_[file].exchange(0, std::memory_order_acq_rel) == 0) {
+    return;
+  }
+  throw IoError(path, ETIMEDOUT,
+                "'" + path + "': stage 2's read of it ran past io_timeout; not read again for this batch");
+}
 
 uint64_t Tiers::sample_size(uint64_t id) const {
   const Catalog::Locator loc = catalog_.locator(id);
@@ -92,10 +104,10 @@ void Tiers::fetch_file(uint64_t file, std::vector<std::byte>& buffer, int64_t& m
     // time, which the source is not asked for: a rewrite that keeps the size is not seen here, as
     // it is not by a direct read.
     buffer.resize(size);
-    read_file_exact(source, buffer);
+    stalled_if_timed_out(file, [&] { read_file_exact(source, buffer); });
     mtime_ns = mtime;
   } else {
-    read_file(source, buffer, &mtime_ns);
+    stalled_if_timed_out(file, [&] { read_file(source, buffer, &mtime_ns); });
   }
   if (trace_ != nullptr) {
     trace_->add(IoTrace::kNoSample, file, 0, buffer.size(), start,
@@ -121,12 +133,14 @@ void Tiers::fetch_sample(uint64_t id, std::vector<std::byte>& buffer, TierTally*
     tier = Tier::kSource;
     const FileRef source = source_file(catalog_, source_path(loc.file, path));
     const uint64_t size = sample_size(id);
-    if (size != Catalog::kUnknownSize) {
-      buffer.resize(size);  // exactly the recorded size, as read() takes it
-      read_located(source, loc, std::span<std::byte>(buffer));
-    } else {
-      read_located(source, loc, buffer);
-    }
+    stalled_if_timed_out(loc.file, [&] {
+      if (size != Catalog::kUnknownSize) {
+        buffer.resize(size);  // exactly the recorded size, as read() takes it
+        read_located(source, loc, std::span<std::byte>(buffer));
+      } else {
+        read_located(source, loc, buffer);
+      }
+    });
   }
   if (trace_ != nullptr) {
     trace_->add(id, loc.file, loc.offset, buffer.size(), start, static_cast<uint8_t>(tier),

@@ -12,6 +12,8 @@
 #pragma once
 
 #include <array>
+#include <memory>
+#include <cerrno>
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
@@ -161,12 +163,27 @@ class Tiers {
   const std::string& source_path(uint64_t file, std::string& out) const;
 
  private:
+  // A stalled source: stage 2's read of a file that ran past io_timeout marks it, and the next
+  // read of it from the source (stage 3's, of the same batch) fails at once with the same error
+  // instead of waiting out the limit a second time.
+  template <typename Read>
+  void stalled_if_timed_out(uint64_t file, const Read& read) {
+    try {
+      read();
+    } catch (const IoError& e) {
+      if (e.error_code() == ETIMEDOUT) stalled_[file].store(1, std::memory_order_relaxed);
+      throw;
+    }
+  }
+  void refuse_if_stalled(uint64_t file, const std::string& path);
+
   const Catalog& catalog_;
   StageDirectory* stage_;
   Peers* peers_ = nullptr;
   uint64_t max_read_bytes_;
   TierTally served_, fetched_;
   IoTrace* trace_ = nullptr;
+  std::unique_ptr<std::atomic<uint8_t>[]> stalled_;  // per file: see stalled_if_timed_out()
 };
 
 template <typename Use>
@@ -223,6 +240,7 @@ Tier Tiers::serve(uint64_t id, Tier from, const std::vector<std::byte>* held, Ti
   at.tier = Tier::kSource;
   at.file = at.path;
   if (catalog_.symlinks() == Catalog::Symlinks::kInside) at.root = &catalog_.root().native();
+  if (access != Access::kLook) refuse_if_stalled(loc.file, *at.path);
   return run(Tier::kSource);
 }
 
