@@ -302,7 +302,7 @@ def test_without_mpirun_or_plugin_the_tier_is_off_and_says_why(make_folder, tmp_
 
 
 FORKED = textwrap.dedent("""
-    import json, os, sys, prestage
+    import json, os, sys, time, prestage
     rank = int(os.environ["OMPI_COMM_WORLD_RANK"])
     os.environ["PRESTAGE_NODE"] = str(rank)
     cat = prestage.Catalog.load(sys.argv[1])
@@ -324,6 +324,11 @@ FORKED = textwrap.dedent("""
         assert os.waitpid(pid, 0)[1] == 0
         after = sum(len(b.indices) for b in loader)  # the parent's tier still works
         s = loader.stats()
+        # Each answers the other's fetches until both have their batches (a rank that closed early
+        # would turn the other's fetches into reads of the source).
+        open(f"{sys.argv[2]}/done-{rank}", "w").close()
+        while not all(os.path.exists(f"{sys.argv[2]}/done-{r}") for r in (0, 1)):
+            time.sleep(0.005)
     print(json.dumps({"child": said, "parent": [before, after, s["peer_tier"], s["peer_reads"]]}))
 """)
 

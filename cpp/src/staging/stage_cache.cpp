@@ -262,7 +262,10 @@ void StageCache::admit(uint64_t epoch, uint64_t batch, const uint64_t* samples, 
   }
   // The index's growth is counted past the bound when a copy's record needs a new block: brought
   // back within it first.
-  if (capacity_ != 0 && used() > capacity_) make_room(0, 0, stats);
+  // Back within the bound (the index's growth may pass it by a block), but never by evicting the
+  // peer tier's home copies: they fit by construction, and ranks reserving the same one at once
+  // count it twice for a moment.
+  if (capacity_ != 0 && !copy_only_ && used() > capacity_) make_room(0, 0, stats);
   std::vector<uint64_t>& pinned_now = pins_[batch_seq_ % window_];
   for (size_t k = 0; k < count; ++k) {
     const uint64_t file = catalog_.locator(samples[k]).file;

@@ -227,12 +227,20 @@ Peers::Fetched Peers::local(const Catalog::Locator& loc, std::vector<std::byte>&
     }
     // The wait is for a home copy that is coming (the start epoch's first copy). One that was on
     // the node and is gone (found corrupt, here or by a neighbour) is not: the source is read now.
-    if (stage_->node().ever_published(loc.file) || closing() ||
+    if (gone_from_node(loc.file) || closing() ||
         std::chrono::steady_clock::now() >= until) {
       return Fetched::kNone;
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
+}
+
+bool Peers::gone_from_node(uint64_t file) const {
+  // Published once and no longer on disk (removed as corrupt: home copies are never evicted). A
+  // copy on disk that this process has not taken over yet (it may be waiting for its neighbour's
+  // lock on it) is coming.
+  NodeTable& node = stage_->node();
+  return node.ever_published(file) && !node.on_disk(file);
 }
 
 PeerAnswer Peers::serve(uint64_t file, std::vector<std::byte>& bytes, uint32_t& crc) {
@@ -241,7 +249,7 @@ PeerAnswer Peers::serve(uint64_t file, std::vector<std::byte>& bytes, uint32_t& 
   stage_->take_over_published();  // a copy a neighbour on this node made
   if (!stage_->is_staged(file)) {
     // Its copy is coming (e0), unless it was here and is gone (found corrupt): then none is.
-    return stage_->node().ever_published(file) ? PeerAnswer::kAbsent : PeerAnswer::kLater;
+    return gone_from_node(file) ? PeerAnswer::kAbsent : PeerAnswer::kLater;
   }
   crc = stage_->staged_crc(file);
   try {

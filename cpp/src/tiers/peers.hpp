@@ -78,6 +78,8 @@ class Peers {
   void start_epoch(uint64_t epoch);
   // Whether this node keeps a home copy of `file` (it may be staged here).
   bool home_here(uint64_t file) const;
+  // Its home copy was on this node and is gone (found corrupt): none is coming. `stage` non-null.
+  bool gone_from_node(uint64_t file) const;
   // Stage 2: sample `loc`'s bytes from its home copy into `out`: kPeer from its owner node, kLocal
   // from this node's stage directory (a home copy of this node that a neighbour, or this rank for an
   // earlier batch, was still making when this batch was planned: waited for up to the timeout
