@@ -75,6 +75,8 @@ def test_the_loaders_and_demo_take_the_saved_file(folder, tmp_path, capsys):
     result = run_demo(out, tmp_path / "stage", batch_size=4, image_size=(16, 16), cold=False,
                       show_progress=False)
     assert result["images"] == len(catalog)
+    # No thread option: the loader sized them, and the demo says what it chose.
+    assert result["options"]["readers"] >= 1 and "readers" in result["options"]["threads_why"]
 
 
 def test_catalog_failures_are_reported_with_what_is_wrong(folder, tmp_path, capsys):

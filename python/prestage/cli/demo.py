@@ -56,9 +56,9 @@ def run_demo(
     stage_dir: Path,
     batch_size: int = 64,
     image_size: Optional[Tuple[int, int]] = (224, 224),
-    readers: int = 2,
-    prefetchers: int = 8,
-    lookahead: int = 4,
+    readers: Optional[int] = None,
+    prefetchers: Optional[int] = None,
+    lookahead: Optional[int] = None,
     depth: int = 4,
     cold: bool = True,
     show_progress: bool = True,
@@ -91,6 +91,7 @@ def run_demo(
                 bar.update(1)
         elapsed = time.perf_counter() - start
         stats = loader.stats()
+        chosen = loader.options  # the values in effect: given, or sized to the machine
     nbytes = stats["bytes_from_source"] + stats["bytes_from_stage"]
     return {
         "source": str(source),
@@ -102,9 +103,10 @@ def run_demo(
         "options": {
             "batch_size": batch_size,
             "image_size": list(image_size) if image_size else None,
-            "readers": readers,
-            "prefetchers": prefetchers,
-            "lookahead": lookahead,
+            "readers": chosen.readers,
+            "prefetchers": chosen.prefetchers,
+            "lookahead": chosen.lookahead,
+            "threads_why": stats["threads_why"],
             "depth": depth,
             "cold": cold,
         },
@@ -120,6 +122,9 @@ def format_report(result: Dict[str, Any]) -> str:
         f"throughput       {result['images_per_s']:.0f} images/s, {result['mb_per_s']:.1f} MB/s",
         f"consumer stall   {result['consumer_stall_s']:.2f} s "
         f"({100 * result['consumer_stall_s'] / result['seconds']:.0f}% of the epoch)",
+        f"threads          {result['options']['readers']} readers, "
+        f"{result['options']['prefetchers']} prefetchers, lookahead {result['options']['lookahead']}"
+        + (f" ({result['options']['threads_why']})" if result["options"]["threads_why"] else " (given)"),
         "",
         f"{'stage':<10}{'busy s':>9}{'idle s':>9}{'items':>9}{'MB':>9}",
     ]
@@ -179,10 +184,12 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--batch-size", type=int, default=64, help="images per batch (default 64)")
     p.add_argument("--image-size", type=_image_size, default=(224, 224),
                    help="output size in pixels: H, HxW, or none for no resize (default 224)")
-    p.add_argument("--readers", type=int, default=2, help="stage 3 (decode) threads (default 2)")
-    p.add_argument("--prefetchers", type=int, default=8, help="stage 2 (copy) threads (default 8)")
-    p.add_argument("--lookahead", type=int, default=4,
-                   help="batches stage 2 works on ahead of stage 3 (default 4)")
+    p.add_argument("--readers", type=int, default=None,
+                   help="stage 3 (decode) threads (default: sized to the machine, as the loader does)")
+    p.add_argument("--prefetchers", type=int, default=None,
+                   help="stage 2 (copy) threads (default: sized to the machine)")
+    p.add_argument("--lookahead", type=int, default=None,
+                   help="batches stage 2 works on ahead of stage 3 (default: sized to the machine)")
     p.add_argument("--depth", type=int, default=4, help="batch buffers in the ring (default 4)")
     p.add_argument("--warm", action="store_true",
                    help="keep the source in the page cache (default: evict it before the epoch)")
