@@ -3,6 +3,7 @@ written (a failing disk, a stray job, a user) are caught on every read, counted 
 stats()["stage_corrupt"], removed, and the source is read instead; the batches stay those of a run
 without a stage directory."""
 
+import time
 from pathlib import Path
 from typing import List
 
@@ -50,6 +51,24 @@ def write_raw(root: Path, n: int = 48) -> prestage.Catalog:
     return prestage.Catalog.from_folder(root, [".bin"])
 
 
+def settle(loader, quiet_s: float = 0.2, limit_s: float = 10.0) -> None:
+    """Waits until the pipeline's run-ahead into the next epoch is over (its figures stop moving): a
+    copy it read, found corrupt and made again while the test overwrote copies would be overwritten
+    and caught twice."""
+    def figures():
+        s = loader.stats()
+        return (s["stage"]["items"], s["decode"]["items"], s["staged_files"], s["stage_corrupt"],
+                s["hits"], s["misses"])
+    deadline = time.monotonic() + limit_s
+    last = figures()
+    while time.monotonic() < deadline:
+        time.sleep(quiet_s)
+        now = figures()
+        if now == last:
+            return
+        last = now
+
+
 def check_caught(tmp_path, catalog, key, **options):
     """Epoch 0 stages every file, then every copy is overwritten in part. Epoch 5 (not the one the
     pipeline ran ahead into: it starts afresh) reads every file after the change, and epoch 7 again:
@@ -60,6 +79,7 @@ def check_caught(tmp_path, catalog, key, **options):
     with prestage.Loader(catalog, batch_size=8, seed=3, stage_dir=str(stage), stage_patience=None,
                          **options) as loader:
         assert epoch_batches(loader, 0, key) == want[0]
+        settle(loader)
         changed = overwrite_heads(stage)
         assert changed == catalog.num_files
         assert epoch_batches(loader, 5, key) == want[5]
