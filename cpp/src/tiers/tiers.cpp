@@ -7,6 +7,22 @@
 
 namespace prestage::detail {
 
+namespace {
+
+// A sample's bytes into `buffer`: exactly `size` of them when the catalog records it (a file that
+// changed size since is an IoError, and the read costs no stat), else as many as it has.
+void read_sized(const FileRef& file, const Catalog::Locator& loc, uint64_t size,
+                std::vector<std::byte>& buffer) {
+  if (size != Catalog::kUnknownSize) {
+    buffer.resize(size);
+    read_located(file, loc, std::span<std::byte>(buffer));
+  } else {
+    read_located(file, loc, buffer);
+  }
+}
+
+}  // namespace
+
 void SampleAt::check(std::span<const std::byte> read) const {
   checked = true;
   if (stage != nullptr && !stage->intact(file_id, read)) throw CorruptCopy{};
@@ -55,16 +71,9 @@ std::span<const std::byte> Tiers::read(uint64_t id, const std::vector<std::byte>
   serve(id, Tier::kMemory, held, scratch, tally, Access::kBytes, [&](const SampleAt& at) -> uint64_t {
     if (at.in_memory()) {
       bytes = at.bytes;
-    } else if (size != Catalog::kUnknownSize) {
-      // Exactly the recorded size (a staged copy has its source's): a file that changed size since
-      // the catalog was built is an IoError, and the read costs no stat.
-      buffer.resize(size);
-      read_located(at.open(), at.locator, std::span<std::byte>(buffer));
-      at.check(buffer);
-      bytes = buffer;
     } else {
-      read_located(at.open(), at.locator, buffer);
-      check_size(id, buffer.size());  // a file without a recorded size
+      read_sized(at.open(), at.locator, size, buffer);
+      if (size == Catalog::kUnknownSize) check_size(id, buffer.size());
       at.check(buffer);
       bytes = buffer;
     }
@@ -132,15 +141,7 @@ void Tiers::fetch_sample(uint64_t id, std::vector<std::byte>& buffer, TierTally*
     }
     tier = Tier::kSource;
     const FileRef source = source_file(catalog_, source_path(loc.file, path));
-    const uint64_t size = sample_size(id);
-    stalled_if_timed_out(loc.file, [&] {
-      if (size != Catalog::kUnknownSize) {
-        buffer.resize(size);  // exactly the recorded size, as read() takes it
-        read_located(source, loc, std::span<std::byte>(buffer));
-      } else {
-        read_located(source, loc, buffer);
-      }
-    });
+    stalled_if_timed_out(loc.file, [&] { read_sized(source, loc, sample_size(id), buffer); });
   }
   if (trace_ != nullptr) {
     trace_->add(id, loc.file, loc.offset, buffer.size(), start, static_cast<uint8_t>(tier),

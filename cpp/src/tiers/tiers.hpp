@@ -12,11 +12,11 @@
 #pragma once
 
 #include <array>
-#include <memory>
-#include <cerrno>
 #include <atomic>
+#include <cerrno>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <stdexcept>
 #include <string>
