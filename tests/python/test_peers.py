@@ -334,20 +334,7 @@ FORKED = textwrap.dedent("""
 
 
 def test_a_process_forked_after_mpi_started_keeps_off_mpi(make_folder, tmp_path):
-    cat = prestage.Catalog.from_folder(make_folder(2, 10))
-    catalog = tmp_path / "set.catalog"
-    cat.save(catalog)
-    script = tmp_path / "forked.py"
-    script.write_text(FORKED)
-    env = dict(os.environ, OMPI_MCA_btl_vader_single_copy_mechanism="none")
-    r = subprocess.run([MPIRUN, "--oversubscribe", "--allow-run-as-root", "-np", "2", sys.executable,
-                        str(script), str(catalog), str(tmp_path / "stage")], env=env,
-                       capture_output=True, text=True, timeout=120)
-    assert r.returncode == 0, r.stdout + r.stderr
-    lines = r.stdout.splitlines()
-    assert len(lines) == 2
-    for line in lines:
-        out = json.loads(line)
+    for out in two_ranks(make_folder, tmp_path, FORKED):
         assert "fork" in out["child"]  # refused with a clear error, then a clean exit
         before, after, on, peer_reads = out["parent"]
         assert (before, after, on) == (10, 10, True) and peer_reads > 0
