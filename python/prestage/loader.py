@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import atexit
+import logging
 import os
 import weakref
 from typing import TYPE_CHECKING, Any, Dict, Iterator, Optional, Tuple, Union
@@ -17,6 +18,7 @@ if TYPE_CHECKING:
 __all__ = ["Loader", "load_tuned"]
 
 _live_loaders: "weakref.WeakSet[Loader]" = weakref.WeakSet()
+_log = logging.getLogger("prestage")
 
 
 @atexit.register
@@ -85,6 +87,17 @@ class Loader:
             less one for the training loop from 4 up; prefetchers twice that (4 to 64); lookahead
             4 (8 from 16 prefetchers). ``stats()["threads_why"]`` says what was chosen and why,
             ``loader.options`` gives the values. A value given (here or in ``tuned=``) is kept.
+        autotune: while the job runs, adjust the values left out from what the pipeline measures
+            (default True): while the consumer waits, the stage that holds it up gets one step
+            more (readers +1 while cores are idle, up to this rank's share of the CPUs; reads in
+            flight and lookahead doubled, up to 128 and 32 and ``memory_budget``), kept only if
+            the batch rate rises, else undone and retried at doubling intervals. Its values and
+            decisions are in ``stats()["tuning"]``, each decision is logged at INFO on the
+            ``prestage`` logger, and an I/O trace records them. False: the values sized to the
+            machine stay fixed. A value given is never changed.
+        memory_budget: bytes the self-tuning may spend on reads in flight and read-ahead; None:
+            a quarter of the memory this process may use (cgroup limit, else the machine's)
+            shared by the node's ranks.
         depth: batch buffers: batches decoded ahead plus those the caller still holds.
         rank, world_size: this process's share of every global batch (distributed training).
         drop_last: drop the last, incomplete global batch (else ranks are padded to equal counts).
@@ -278,7 +291,10 @@ class Loader:
         way included); with ``on_error="skip"``, ``skipped`` and ``skipped_samples``; the peer tier's
         ``peer_tier``, ``peer_tier_why`` (why it is off), ``peer_reads``, ``peer_bytes``,
         ``peer_fallbacks``, ``peer_corrupt``, ``beyond_budget``, ``peer_served``,
-        ``peer_served_bytes``. Any thread; after ``close()``, the figures at closing."""
+        ``peer_served_bytes``; the self-tuning's ``tuning`` (``on``, the values in use: ``readers``,
+        ``reads_in_flight``, ``lookahead``; ``steps_kept``, ``steps_undone``, ``settled_s``: when it
+        last kept a step, ``memory_budget``, and ``log``: its latest decisions). Any thread; after
+        ``close()``, the figures at closing."""
         loader = self._loader
         if loader is None:
             return self._final_stats
@@ -331,6 +347,9 @@ class _EpochIterator:
             epoch, delivered = core.position
             if epoch == self._epoch:
                 self._loader._position = (epoch, delivered)
+        if _log.isEnabledFor(logging.INFO):
+            for line in core.take_tuning_log():
+                _log.info("self-tuning at %s", line)
         if batch is None:
             self._done = True
             self._loader._epoch = self._epoch + 1

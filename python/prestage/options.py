@@ -51,6 +51,8 @@ class CommonOptions(TypedDict, total=False):
     prefetchers: Optional[int]
     readers: Optional[int]
     lookahead: Optional[int]
+    autotune: bool
+    memory_budget: Optional[int]
     depth: int
     max_pixels: int
     io_timeout: Optional[float]
@@ -129,6 +131,16 @@ def _threads(options: _core.LoaderOptions, name: str, value: Any) -> None:
     if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
         raise ConfigError(f"{name} must be an integer of at least 1, or None to size it to the "
                           f"machine, got {value!r}")
+    _set(options, name, name, operator.index(value))
+
+
+def _memory_budget(options: _core.LoaderOptions, name: str, value: Any) -> None:
+    """memory_budget: bytes (at least 1), or None: a quarter of the memory this process may use."""
+    if value is None:
+        return  # the C++ default: 0
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+        raise ConfigError(f"memory_budget must be a number of bytes of at least 1, or None, "
+                          f"got {value!r}")
     _set(options, name, name, operator.index(value))
 
 
@@ -276,6 +288,8 @@ _CONVERT: Dict[str, Callable[[_core.LoaderOptions, str, Any], None]] = {
     "prefetchers": _threads,
     "readers": _threads,
     "lookahead": _threads,
+    "autotune": _flag,
+    "memory_budget": _memory_budget,
     "depth": _integer,
     "max_pixels": _integer,
     "io_timeout": _seconds("io_timeout_ms", none=0, zero_means_none=True),

@@ -8,7 +8,9 @@ summarised, and drawn as the access-pattern figures Darshan draws for HPC jobs (
 
 Each record: ``sample`` (-1 as uint64 for a whole-file copy), ``file`` (the catalog's file index),
 ``offset`` and ``size`` (the bytes read), ``start_ns`` and ``end_ns`` (since the loader opened the trace),
-``thread`` (a small number per thread), ``tier`` (``TIERS``), ``kind`` (``KINDS``).
+``thread`` (a small number per thread), ``tier`` (``TIERS``), ``kind`` (``KINDS``). The self-tuning's
+changes (``autotune``) are records of their own in the file; :func:`read` returns them apart, in the
+header's ``"tuning"`` list (``t_ns``, ``knob``, ``from``, ``to``).
 """
 
 from __future__ import annotations
@@ -16,11 +18,11 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any, Dict, List, Tuple, Union
+from typing import Any, Dict, List, Optional, Tuple, Union
 
 import numpy as np
 
-__all__ = ["KINDS", "NO_SAMPLE", "RECORD", "TIERS", "plot", "read", "summary"]
+__all__ = ["KINDS", "KNOBS", "NO_SAMPLE", "RECORD", "TIERS", "TUNE_KIND", "plot", "read", "summary"]
 
 MAGIC = b"PSTGTRC1"
 #: The tiers, in the order the loader tries them.
@@ -28,6 +30,10 @@ TIERS = ("memory", "stage", "peer", "source")
 #: What a read was for: stage 3's read of a sample, stage 2's copy of a file, stage 2's read-ahead.
 KINDS = ("read", "copy", "read-ahead")
 NO_SAMPLE = np.iinfo(np.uint64).max
+#: The kind of a self-tuning record (no read): sample is the knob, offset the old value, size the new.
+TUNE_KIND = 3
+#: The self-tuning's knobs, by number (cpp/src/pipeline/tuner.hpp).
+KNOBS = ("readers", "reads_in_flight", "lookahead")
 #: One record as the C++ core writes it (cpp/src/util/io_trace.hpp), little-endian, 56 bytes.
 RECORD = np.dtype([("sample", "<u8"), ("file", "<u8"), ("offset", "<u8"), ("size", "<u8"),
                    ("start_ns", "<i8"), ("end_ns", "<i8"), ("thread", "<u4"), ("tier", "u1"),
@@ -35,9 +41,9 @@ RECORD = np.dtype([("sample", "<u8"), ("file", "<u8"), ("offset", "<u8"), ("size
 
 
 def read(path: Union[str, "os.PathLike[str]"]) -> Tuple[Dict[str, Any], np.ndarray]:
-    """The trace's header (a dict: format, root, files) and its records sorted by start time. A trace
-    whose writer stopped mid-record (a full disk) loses that record only. ValueError if the file is not
-    a trace."""
+    """The trace's header (a dict: format, root, files, and ``tuning``: the self-tuning's changes in
+    time order) and its read records sorted by start time. A trace whose writer stopped mid-record (a
+    full disk) loses that record only. ValueError if the file is not a trace."""
     data = Path(path).read_bytes()
     if len(data) < 16 or data[:8] != MAGIC:
         raise ValueError(f"{os.fspath(path)!r} is not a prestage I/O trace (no {MAGIC.decode()} magic)")
@@ -49,8 +55,13 @@ def read(path: Union[str, "os.PathLike[str]"]) -> Tuple[Dict[str, Any], np.ndarr
     except ValueError as error:
         raise ValueError(f"{os.fspath(path)!r}: the header is not JSON ({error})") from None
     body = data[16 + header_bytes:]
-    records = np.frombuffer(body[:len(body) - len(body) % RECORD.itemsize], dtype=RECORD)
-    return header, np.sort(records, order="start_ns")
+    records = np.sort(np.frombuffer(body[:len(body) - len(body) % RECORD.itemsize], dtype=RECORD),
+                      order="start_ns")
+    tune = records["kind"] == TUNE_KIND
+    header["tuning"] = [{"t_ns": int(r["start_ns"]),
+                         "knob": KNOBS[int(r["sample"])] if int(r["sample"]) < len(KNOBS) else "?",
+                         "from": int(r["offset"]), "to": int(r["size"])} for r in records[tune]]
+    return header, records[~tune]
 
 
 def summary(records: np.ndarray) -> Dict[str, Any]:
@@ -81,8 +92,10 @@ _TIER_COLORS = {"memory": "#2ca02c", "stage": "#1f77b4", "peer": "#9467bd", "sou
 _KIND_COLORS = {"read": "#1f77b4", "copy": "#ff7f0e", "read-ahead": "#d62728"}
 
 
-def plot(records: np.ndarray, out: Union[str, "os.PathLike[str]"], title: str = "") -> List[Path]:
-    """Draws the trace into folder ``out`` (created) and returns the PNGs written:
+def plot(records: np.ndarray, out: Union[str, "os.PathLike[str]"], title: str = "",
+         tuning: Optional[List[Dict[str, Any]]] = None) -> List[Path]:
+    """Draws the trace into folder ``out`` (created) and returns the PNGs written (``tuning``: the
+    header's list, drawn as marked vertical lines on the temporal figure):
 
     - ``spatial.png``: the file read against time (one point per read, by tier), and the offset read
       against time in the file read most often (a packed shard's access pattern);
@@ -140,6 +153,13 @@ def plot(records: np.ndarray, out: Union[str, "os.PathLike[str]"], title: str = 
             rate_ax.plot(bins[:-1], hist / width, color=_TIER_COLORS[name], label=name)
             hist, _ = np.histogram(start[m], bins=bins, weights=records["size"][m])
             bytes_ax.plot(bins[:-1], hist / width / 1e6, color=_TIER_COLORS[name], label=name)
+    for change in tuning or []:
+        at = (change["t_ns"] - t0) / 1e9
+        for ax in (rate_ax, bytes_ax):
+            ax.axvline(at, color="#7f7f7f", linestyle=":", linewidth=1)
+        rate_ax.annotate(f"{change['knob']} {change['from']}\u2192{change['to']}", (at, 1),
+                         xycoords=("data", "axes fraction"), rotation=90, fontsize=6,
+                         va="top", ha="right", color="#7f7f7f")
     rate_ax.set(xlabel="time (s)", ylabel="reads per second", title="reads per second, by tier")
     bytes_ax.set(xlabel="time (s)", ylabel="MB/s", title="bytes per second, by tier")
     rate_ax.legend(fontsize=8)

@@ -85,6 +85,14 @@ constexpr auto kEpochFields = std::make_tuple(
     field("peer_reads", &EpochStats::peer_reads),
     field("bytes_from_peers", &EpochStats::bytes_from_peers));
 
+constexpr auto kTuningFields = std::make_tuple(
+    field("on", &Stats::Tuning::on), field("readers", &Stats::Tuning::readers),
+    field("reads_in_flight", &Stats::Tuning::reads_in_flight),
+    field("lookahead", &Stats::Tuning::lookahead), field("steps_kept", &Stats::Tuning::steps_kept),
+    field("steps_undone", &Stats::Tuning::steps_undone),
+    field("settled_s", &Stats::Tuning::settled_s),
+    field("memory_budget", &Stats::Tuning::memory_budget), field("log", &Stats::Tuning::log));
+
 constexpr auto kSkippedFields = std::make_tuple(
     field("path", &SkippedSample::path), field("error", &SkippedSample::error),
     field("sample", &SkippedSample::sample), field("replacement", &SkippedSample::replacement),
@@ -95,7 +103,7 @@ constexpr auto kStatsFields = std::make_tuple(
     field("samples", &Stats::samples), field("consumer_stall_s", &Stats::consumer_stall_s),
     field("plan", &Stats::plan), field("stage", &Stats::stage), field("decode", &Stats::decode),
     field("threads_why", &Stats::threads_why), field("usable_cpus", &Stats::usable_cpus),
-    field("local_ranks", &Stats::local_ranks),
+    field("local_ranks", &Stats::local_ranks), field("tuning", &Stats::tuning),
     field("staged_files", &Stats::staged_files), field("adopted_files", &Stats::adopted_files),
     field("already_staged", &Stats::already_staged),
     field("stage_failures", &Stats::stage_failures), field("stage_corrupt", &Stats::stage_corrupt),
@@ -130,6 +138,7 @@ py::object to_python(Pinning p) { return py::str(std::string(to_string(p))); }  
 py::object to_python(const StageStats& s) { return to_dict(s, kStageFields); }
 py::object to_python(const EpochStats& s) { return to_dict(s, kEpochFields); }
 py::object to_python(const SkippedSample& s) { return to_dict(s, kSkippedFields); }
+py::object to_python(const Stats::Tuning& s) { return to_dict(s, kTuningFields); }
 template <typename T>
 py::object to_python(const std::vector<T>& values) {
   py::list out;
@@ -201,6 +210,8 @@ prestage.options for how the Python arguments become these fields). validate() i
       .def_readwrite("prefetchers", &LoaderOptions::prefetchers)
       .def_readwrite("readers", &LoaderOptions::readers)
       .def_readwrite("lookahead", &LoaderOptions::lookahead)
+      .def_readwrite("autotune", &LoaderOptions::autotune)
+      .def_readwrite("memory_budget", &LoaderOptions::memory_budget)
       .def_readwrite("depth", &LoaderOptions::depth)
       .def_readwrite("max_pixels", &LoaderOptions::max_pixels)
       .def_readwrite("io_timeout_ms", &LoaderOptions::io_timeout_ms)
@@ -391,6 +402,9 @@ loader, every buffer held, KeyboardInterrupt) leaves the position as it was.
           },
           "Per-stage counters (prestage.Loader.stats); any thread, any time, also after close().\n\n"
           ">>> core.stats()['consumer_stall_s']")
+      .def("take_tuning_log", &Loader::take_tuning_log, py::call_guard<py::gil_scoped_release>(),
+           "The self-tuning's decisions since the last call, oldest first (stats()['tuning']['log'] "
+           "keeps the latest 100).\n\n>>> core.take_tuning_log()")
       .def("close", &Loader::close, py::call_guard<py::gil_scoped_release>(), R"doc(
 Stops the pipeline and joins its threads; any thread. A next() waiting in another thread raises
 prestage.ConfigError at once. Idempotent: a close() that finds another under way waits for it.

@@ -207,7 +207,7 @@ TEST_CASE("pipeline: a broken invariant inside a node is raised at pop, not wait
   LoaderOptions o = in_order(DecodeMode::kRaw, 1);
   o.depth = 2;
   namespace detail = prestage::detail;
-  detail::Shared shared(cat, o);
+  detail::Shared shared(cat, o, o.readers, o.lookahead);
   shared.codec = detail::Codec::choose(shared.catalog, shared.options);
   shared.tiers = std::make_unique<detail::Tiers>(shared.catalog, nullptr, UINT64_MAX);
   shared.decoder = std::make_unique<detail::BatchDecoder>(shared.options, shared.codec,

@@ -61,7 +61,7 @@ bool wait_for(const std::atomic<int>& calls, int n) {
 
 prestage::Stats stats_of(const Stager& stager) {
   prestage::Stats stats;
-  stager.add_to(stats, 1.0);
+  stager.add_to(stats);
   return stats;
 }
 
@@ -571,4 +571,43 @@ TEST_CASE("stager: a stage directory that fails mid-run disables staging; the re
     CHECK(stats.staged_files == staged);
     CHECK(done.load() == 1);
   }
+}
+
+TEST_CASE("stager: set_threads starts threads as the limit grows; a stager with none keeps none") {
+  TempDir dir;
+  // Three FIFOs: a thread that copies one blocks in it until release().
+  const Source src(dir, 3, 0);
+  StageDirectory stage(dir / "stage", src.catalog);
+  prestage::detail::Tiers tiers(src.catalog, &stage, UINT64_MAX);
+  Stager stager(tiers, 1);
+  std::vector<uint64_t> ids{0, 1, 2};
+  for (const uint64_t id : ids) REQUIRE(stage.try_claim(id));
+  StageTask task;
+  task.ids = ids.data();
+  task.count = ids.size();
+  std::atomic<int> done{0};
+  count_done(task, done);
+  stager.submit(&task);
+  while (task.next.load() < 1) std::this_thread::yield();
+  // One thread, blocked in the first FIFO: the others wait for it.
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  CHECK(task.next.load() == 1);
+  stager.set_threads(3);
+  CHECK(stager.threads() == 3);
+  // Two more threads take the other two FIFOs while the first is still blocked.
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (task.next.load() < 3) {
+    REQUIRE(std::chrono::steady_clock::now() < until);
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  src.release();
+  REQUIRE(wait_for(done, 1));
+  stager.set_threads(1);
+  CHECK(stager.threads() == 1);
+  const auto stats = stats_of(stager);
+  CHECK(stats.stage.items == 3);
+
+  Stager none(tiers, 0);
+  none.set_threads(4);
+  CHECK(none.threads() == 0);
 }

@@ -5,6 +5,8 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <string>
+#include <vector>
 
 #include "prestage/batch.hpp"
 #include "prestage/catalog.hpp"
@@ -69,6 +71,10 @@ class Loader {
   Wait next_for(std::chrono::milliseconds timeout, std::optional<Batch>& out);
 
   Stats stats() const;
+
+  // The self-tuning's decisions (as in Stats::tuning.log) made since the last call, oldest first:
+  // for a log of one line per change. Any thread.
+  std::vector<std::string> take_tuning_log();
 
   // Where stage 2 puts the copy of sample `sample`'s file in the stage directory, whether it is there
   // or not; empty without a usable stage directory. With decode=locate, the consumer opens it for a

@@ -103,6 +103,16 @@ struct LoaderOptions {
   uint64_t prefetchers = kAuto;  // stage 2 threads (I/O bound: more than cores is normal)
   uint64_t readers = kAuto;      // stage 3 threads (CPU bound: about the cores you can spare)
   uint64_t lookahead = kAuto;    // batches that stage 2 may work on ahead of stage 3
+  // Online self-tuning: while the job runs, the loader adjusts the values left at kAuto (readers:
+  // the samples decoded at once, up to this rank's share of the CPUs; prefetchers: the reads in
+  // flight, up to 128; lookahead, up to 32) from what it measures, within memory_budget. A value
+  // given is kept as it is. false: the values sized to the machine stay fixed. Stats::tuning says
+  // what it did; pipeline/tuner.hpp how.
+  bool autotune = true;
+  // Bytes the self-tuning may spend on stage 2's reads in flight and read-ahead (lookahead x up to
+  // 64 MiB per batch); 0: a quarter of the memory this process may use (the cgroup's limit, else
+  // the machine's) shared by the node's ranks.
+  uint64_t memory_budget = 0;
   // Batch buffers in the ring: batches decoded ahead plus those the caller holds. At least 2: a loop
   // holds one batch while it asks for the next, so with 1 the second next() would find every buffer
   // lent and throw (Loader::next); at most 4096.

@@ -64,6 +64,22 @@ struct Stats {
   std::string threads_why;
   uint64_t usable_cpus = 0;
   uint64_t local_ranks = 0;
+  // Online self-tuning (LoaderOptions::autotune): the values in use now, the steps it kept and
+  // undid, when it last kept one (seconds of the run: the settle time), and its latest decisions
+  // (one line each, the newest last; at most kMaxTuningListed).
+  struct Tuning {
+    bool on = false;
+    uint64_t readers = 0;
+    uint64_t reads_in_flight = 0;  // stage 2's threads (0: no stage directory, no stage 2 threads)
+    uint64_t lookahead = 0;
+    uint64_t steps_kept = 0;
+    uint64_t steps_undone = 0;
+    double settled_s = 0;
+    uint64_t memory_budget = 0;
+    std::vector<std::string> log;
+  };
+  static constexpr size_t kMaxTuningListed = 100;
+  Tuning tuning;
 
   // Stage 2.
   uint64_t staged_files = 0;     // files copied to the stage directory in this run

@@ -110,6 +110,7 @@ class BatchDecoder::Run {
   void each(const Step& step, const Replace& replace) {
     tbb::this_task_arena::isolate([&] {
       tbb::parallel_for(size_t{0}, b_.count, [&](size_t i) {
+        const Gate::Pass pass(d_.gate_);
         const auto start = Clock::now();
         try {
           step(i);

@@ -21,6 +21,7 @@
 #include "prestage/options.hpp"
 #include "prestage/plan.hpp"
 #include "tiers/tiers.hpp"
+#include "util/gate.hpp"
 
 namespace prestage::detail {
 
@@ -66,6 +67,10 @@ class BatchDecoder {
   void decode(const BatchSamples& batch, BatchScratch& scratch, Slot& slot,
               const std::atomic<bool>& stopping);
 
+  // At most `limit` samples decoded at once (the self-tuning's readers; Gate::kOpen: as many as
+  // the arena has threads). Any thread, at any time.
+  void set_concurrency(uint64_t limit) { gate_.set_limit(limit); }
+
   // Drops the per-thread codec contexts (the threads that made them are about to go).
   void clear_thread_state();
 
@@ -103,6 +108,7 @@ class BatchDecoder {
   bool data_set_probed_ = false;        // guarded by data_set_mutex_
   std::optional<std::string> data_set_dtype_;  // set once probed, then read without the lock
   std::atomic<uint64_t> busy_ns_{0}, decoded_{0}, bytes_read_{0};
+  Gate gate_;
 };
 
 }  // namespace prestage::detail

@@ -11,6 +11,7 @@
 
 #include <oneapi/tbb/flow_graph.h>
 
+#include "pipeline/machine.hpp"
 #include "prestage/error.hpp"
 
 namespace prestage::detail {
@@ -24,9 +25,9 @@ uint64_t elapsed_ns(Clock::time_point since) {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - since).count();
 }
 
-// Stage 2 reads the samples the stage directory declines into memory, up to this many bytes per batch
-// (and none larger): a batch's held bytes live until its buffer is decoded.
-constexpr uint64_t kReadAheadBytes = uint64_t{64} << 20;
+// Stage 2 reads the samples the stage directory declines into memory, up to
+// kReadAheadBytesPerBatch (machine.hpp) per batch (and none larger): a batch's held bytes live
+// until its buffer is decoded.
 constexpr uint32_t kNotHeld = UINT32_MAX;
 
 struct Work;
@@ -114,7 +115,13 @@ struct Pipeline::Impl {
 
   std::optional<flow::graph> graph;
   std::optional<flow::input_node<Ticket>> source;
-  std::optional<flow::limiter_node<Ticket>> window;  // batches between the source and the consumer
+  // Batches between the source and the consumer: lookahead_max + depth at most. Slots held back
+  // make the window lookahead + depth: counted in the limiter as if they held a batch (held_back),
+  // or to be held back at the next releases (owed), which then do not decrement it.
+  std::optional<flow::limiter_node<Ticket, long long>> window;
+  std::mutex window_mutex;
+  uint64_t held_back = 0;  // window_mutex
+  uint64_t owed = 0;       // window_mutex
   std::optional<StageNode> staging;
   std::optional<flow::sequencer_node<Ticket>> staged_in_order;
   std::optional<flow::limiter_node<Ticket>> buffers;  // free batch buffers
@@ -131,7 +138,7 @@ Pipeline::Impl::Impl(Shared& s, std::shared_ptr<BatchRing> r, uint64_t first_epo
   // In flight between the source and the consumer's release: at most window + 1 (the source holds one
   // more when the window is full), so a pool of window + 1 works recycled by sequence number never
   // gives out one that is still in use.
-  const size_t window_size = o.lookahead + o.depth;
+  const size_t window_size = shared.lookahead_max + o.depth;
   for (size_t i = 0; i < window_size + 1; ++i) {
     auto w = std::make_unique<Work>();
     w->files.reserve(o.batch_size);
@@ -172,7 +179,7 @@ Pipeline::Impl::Impl(Shared& s, std::shared_ptr<BatchRing> r, uint64_t first_epo
     // no thread can take at once would wait behind later batches (a task scheduler runs the last
     // spawned first), and a later batch stalled in a read would then hold up the one the consumer
     // waits for for as long as the read lasts (with one reader, for ever).
-    decoding.emplace(g, o.readers, [this](Ticket t) {
+    decoding.emplace(g, shared.readers_max, [this](Ticket t) {
       try {
         return decode(t);
       } catch (...) {
@@ -200,10 +207,21 @@ Pipeline::Impl::Impl(Shared& s, std::shared_ptr<BatchRing> r, uint64_t first_epo
     flow::make_edge(*decoding, *decoded_in_order);
     flow::make_edge(*decoded_in_order, *handoff);
 
+    held_back = shared.lookahead_max - shared.lookahead.load(std::memory_order_relaxed);
+    if (held_back != 0) window->decrementer().try_put(-static_cast<long long>(held_back));
     // The consumer's release of a buffer, from outside the graph, is what lets the next batch in.
     graph->reserve_wait();
     ring->set_release_hook([this] {
-      window->decrementer().try_put(flow::continue_msg());
+      bool hold = false;
+      {
+        std::lock_guard lock(window_mutex);
+        if (owed != 0) {
+          --owed;
+          ++held_back;
+          hold = true;
+        }
+      }
+      if (!hold) window->decrementer().try_put(1);
       buffers->decrementer().try_put(flow::continue_msg());
     });
     source->activate();
@@ -314,7 +332,7 @@ void Pipeline::Impl::plan_read_ahead(Work& w) {
   // Arrays are read by their codecs from a path; JPEG and raw files from bytes in memory; with
   // decode=locate nothing is read here (the consumer reads what it was told where to find).
   if (!shared.codec.arrays() && shared.codec.mode != DecodeMode::kLocate) {
-    uint64_t budget = kReadAheadBytes;
+    uint64_t budget = kReadAheadBytesPerBatch;
     for (const size_t k : w.declined) {
       const uint64_t size = shared.tiers->sample_size(w.ids[k]);
       if (size == Catalog::kUnknownSize || size > budget) continue;
@@ -450,6 +468,28 @@ void Pipeline::Impl::expedite(uint64_t seq) {
     if (!w.staging || w.seq != seq) return;
   }
   shared.stager->expedite(&w.stage);
+}
+
+void Pipeline::set_lookahead(uint64_t lookahead) {
+  Impl& impl = *impl_;
+  uint64_t freed = 0;
+  {
+    std::lock_guard lock(impl.window_mutex);
+    const uint64_t target = impl.shared.lookahead_max - std::min(lookahead, impl.shared.lookahead_max);
+    const uint64_t now = impl.held_back + impl.owed;
+    if (target >= now) {
+      impl.owed += target - now;
+    } else {
+      uint64_t release = now - target;
+      const uint64_t cancelled = std::min(release, impl.owed);
+      impl.owed -= cancelled;
+      release -= cancelled;
+      impl.held_back -= release;
+      freed = release;
+    }
+  }
+  // Outside the graph, as the consumer's releases are (the graph's reserve_wait covers it).
+  if (freed != 0) impl.window->decrementer().try_put(static_cast<long long>(freed));
 }
 
 void Pipeline::interrupt() {

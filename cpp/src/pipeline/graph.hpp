@@ -58,7 +58,10 @@ class ArenaIoTimeout : public tbb::task_scheduler_observer {
 
 // Everything the successive pipelines of one Loader share.
 struct Shared {
-  Shared(Catalog catalog_in, LoaderOptions options_in);
+  // `readers_max`, `lookahead_max`: the most the self-tuning may raise readers and lookahead to
+  // (the options' values when it is off): the arena's threads and the pipeline's window are sized
+  // for them.
+  Shared(Catalog catalog_in, LoaderOptions options_in, uint64_t readers_max, uint64_t lookahead_max);
 
   Catalog catalog;
   LoaderOptions options;
@@ -78,7 +81,10 @@ struct Shared {
   std::map<uint64_t, EpochStats> epochs;  // guarded by epochs_mutex
   uint64_t already_staged = 0;            // stage 1's hits, all epochs (epochs_mutex)
   tbb::task_scheduler_handle scheduler;  // lets close() join oneTBB's worker threads
-  tbb::task_arena arena;  // `readers` threads: stage 3 runs here
+  uint64_t readers_max;
+  uint64_t lookahead_max;
+  std::atomic<uint64_t> lookahead;  // batches stage 2 may work ahead now (the self-tuning's)
+  tbb::task_arena arena;  // `readers_max` threads: stage 3 runs here
   std::optional<ArenaIoTimeout> arena_io_timeout;  // while the arena runs
   // Set while a pipeline stops: reads under io_timeout give up at once (stage 2's and stage 3's).
   std::atomic<bool> stopping_io{false};
@@ -100,6 +106,9 @@ class Pipeline {
   // Makes the pop() calls under way and every later one return nullptr at once (the loader
   // closes). Any thread; the pipeline may be destroyed once those calls have returned.
   void interrupt();
+  // Lets stage 2 work `lookahead` batches ahead (1 to Shared::lookahead_max) from now on: a window
+  // made smaller takes effect as batches are released. One thread at a time (the consumer's).
+  void set_lookahead(uint64_t lookahead);
 
  private:
   struct Impl;

@@ -1,11 +1,15 @@
 #include "prestage/loader.hpp"
 
+#include <sys/resource.h>
 #include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <condition_variable>
+#include <cstdio>
+#include <deque>
 #include <mutex>
 #include <new>
 #include <stdexcept>
@@ -17,8 +21,10 @@
 #include "prestage/error.hpp"
 #include "pipeline/graph.hpp"
 #include "pipeline/machine.hpp"
+#include "pipeline/tuner.hpp"
 #include "decode/tfrecord.hpp"
 #include "util/file_io.hpp"
+#include "util/gate.hpp"
 
 namespace prestage {
 
@@ -51,11 +57,15 @@ uint64_t fit_free_space(detail::StageDirectory& dir, const Catalog& catalog) {
 
 namespace detail {
 
-Shared::Shared(Catalog catalog_in, LoaderOptions options_in)
+Shared::Shared(Catalog catalog_in, LoaderOptions options_in, uint64_t readers_max_in,
+               uint64_t lookahead_max_in)
     : catalog(std::move(catalog_in)),
       options(std::move(options_in)),
-      // No slot is reserved for an outside thread: all `readers` slots go to worker threads.
-      arena(static_cast<int>(options.readers), 0) {
+      readers_max(std::max(readers_max_in, options.readers)),
+      lookahead_max(std::max(lookahead_max_in, options.lookahead)),
+      lookahead(options.lookahead),
+      // No slot is reserved for an outside thread: all slots go to worker threads.
+      arena(static_cast<int>(readers_max), 0) {
   plan.num_samples = catalog.size();
   plan.batch_size = options.batch_size;
   plan.seed = options.seed;
@@ -100,6 +110,10 @@ class Loader::Impl {
   void start(uint64_t epoch, uint64_t batch);
   Wait next_for(std::chrono::milliseconds timeout, std::optional<Batch>& out);
   Stats stats() const;
+  std::vector<std::string> take_tuning_log() {
+    const auto lock = lock_state();
+    return std::exchange(tuning_unread, {});
+  }
   void close();
   Position position() const;
 
@@ -110,6 +124,8 @@ class Loader::Impl {
   std::string threads_why;
   uint64_t usable_cpus = 0;
   uint64_t local_ranks = 0;
+  uint64_t memory_budget = 0;  // the self-tuning's
+  detail::TuneLimits tune_limits;
   std::unique_ptr<detail::Shared> shared;
   uint64_t batches_per_epoch = 0;
   ImageSize image_size;  // Loader::image_size()
@@ -192,18 +208,57 @@ class Loader::Impl {
   uint64_t stall_ns = 0;
   uint64_t skipped = 0;
   std::vector<SkippedSample> skipped_samples;  // the first Stats::kMaxSkippedListed
+
+  // Online self-tuning (state): absent when autotune is off or no value is left to it. A window of
+  // measurements runs from the figures below to the next batch delivered once Tuner::due().
+  struct TuneWindow {
+    Clock::time_point start;
+    uint64_t batches = 0, stall_ns = 0, decode_ns = 0, stage_ns = 0;
+    double cpu_s = 0;
+  };
+  std::optional<detail::Tuner> tuner;
+  TuneWindow tune_from;
+  std::deque<std::string> tuning_log;  // the latest Stats::kMaxTuningListed decisions
+  std::vector<std::string> tuning_unread;  // decisions take_tuning_log() has not returned yet
+  TuneWindow tune_now() const;  // needs `state` held
+  void tune();                  // after a batch is delivered; needs `state` held
+  void start_tuner(const std::array<bool, detail::kKnobs>& pinned);
 };
 
 Loader::Impl::Impl(Catalog catalog_in, LoaderOptions options_in)
     : catalog(std::move(catalog_in)), options(std::move(options_in)) {
   options.validate();
-  std::string cpus_why, ranks_why;
+  // Values the user gave are never tuned.
+  const std::array<bool, detail::kKnobs> pinned{options.readers != LoaderOptions::kAuto,
+                                                options.prefetchers != LoaderOptions::kAuto,
+                                                options.lookahead != LoaderOptions::kAuto};
+  std::string cpus_why, ranks_why, memory_why;
   usable_cpus = detail::usable_cpus(cpus_why);
   local_ranks = detail::local_ranks(ranks_why);
   detail::size_to_machine(options, usable_cpus, local_ranks, threads_why);
   if (!threads_why.empty()) threads_why += ": " + cpus_why + "; " + ranks_why;
   if (catalog.size() == 0) throw ConfigError("the catalog is empty");
-  shared = std::make_unique<detail::Shared>(catalog, options);
+  memory_budget = options.memory_budget != 0
+                      ? options.memory_budget
+                      : detail::usable_memory(memory_why) / 4 / std::max<uint64_t>(1, local_ranks);
+  // Mean sizes from up to 1024 files spread over the catalog.
+  uint64_t probed = 0, probed_bytes = 0;
+  const uint64_t files = catalog.num_files();
+  for (uint64_t k = 0; k < std::min<uint64_t>(files, 1024); ++k) {
+    const uint64_t size = catalog.file_size(k * files / std::min<uint64_t>(files, 1024));
+    if (size == Catalog::kUnknownSize) continue;
+    ++probed;
+    probed_bytes += size;
+  }
+  const uint64_t mean_file = probed == 0 ? 0 : probed_bytes / probed;
+  const uint64_t mean_sample =
+      mean_file == 0 ? 0 : static_cast<uint64_t>(static_cast<double>(mean_file) *
+                                                  static_cast<double>(files) /
+                                                  static_cast<double>(catalog.size()));
+  tune_limits = detail::tune_limits(options, pinned, usable_cpus, local_ranks, memory_budget,
+                                    mean_file, mean_sample);
+  shared = std::make_unique<detail::Shared>(catalog, options, tune_limits.readers,
+                                            tune_limits.lookahead);
   const LoaderOptions& o = shared->options;
   batches_per_epoch = prestage::batches_per_epoch(shared->plan);
   if (batches_per_epoch == 0) {
@@ -229,7 +284,7 @@ Loader::Impl::Impl(Catalog catalog_in, LoaderOptions options_in)
                                  : o.cache_bytes;
       shared->cache = std::make_unique<detail::StageCache>(shared->catalog, shared->plan,
                                                            *shared->stage_dir, bound, o.eviction,
-                                                           o.lookahead + o.depth + 2);
+                                                           shared->lookahead_max + o.depth + 2);
     } catch (const IoError& e) {
       // A stage directory that cannot be used is not fatal: stage 2 reads ahead into memory.
       stage_dir_error = e.what();
@@ -291,6 +346,81 @@ Loader::Impl::Impl(Catalog catalog_in, LoaderOptions options_in)
                                                           shared->image_size,
                                                           shared->normalizer.get(), *shared->tiers);
   ring = std::make_shared<detail::BatchRing>(o.depth, o.batch_size, slot_bytes, o.decode);
+  if (o.readers < shared->readers_max) shared->decoder->set_concurrency(o.readers);
+  if (o.autotune) start_tuner(pinned);
+}
+
+void Loader::Impl::start_tuner(const std::array<bool, detail::kKnobs>& pinned) {
+  const LoaderOptions& o = shared->options;
+  // Stage 2 has threads wherever a stage directory was asked for (see restart()).
+  const bool staged = !o.stage_dir.empty();
+  const std::array<detail::Knob, detail::kKnobs> knobs{
+      detail::Knob{o.readers, shared->readers_max, pinned[0]},
+      detail::Knob{staged ? o.prefetchers : 0, staged ? tune_limits.prefetchers : 0, pinned[1]},
+      detail::Knob{o.lookahead, shared->lookahead_max, pinned[2]}};
+  if (std::none_of(knobs.begin(), knobs.end(), [](const detail::Knob& k) { return k.tunable(); })) {
+    return;
+  }
+  tuner.emplace(knobs);
+}
+
+Loader::Impl::TuneWindow Loader::Impl::tune_now() const {
+  TuneWindow w;
+  w.start = Clock::now();
+  w.batches = batches;
+  w.stall_ns = stall_ns;
+  w.decode_ns = shared->decoder->busy_ns();
+  w.stage_ns = shared->stager ? shared->stager->busy_ns() : 0;
+  rusage usage{};
+  if (::getrusage(RUSAGE_SELF, &usage) == 0) {
+    w.cpu_s = static_cast<double>(usage.ru_utime.tv_sec + usage.ru_stime.tv_sec) +
+              static_cast<double>(usage.ru_utime.tv_usec + usage.ru_stime.tv_usec) * 1e-6;
+  }
+  return w;
+}
+
+void Loader::Impl::tune() {
+  if (!tuner) return;
+  if (tune_from.start == Clock::time_point{}) {
+    tune_from = tune_now();  // the first batch: the pipeline has filled
+    return;
+  }
+  const double seconds = std::chrono::duration<double>(Clock::now() - tune_from.start).count();
+  if (!tuner->due(seconds, batches - tune_from.batches)) return;
+  const TuneWindow now = tune_now();
+  detail::TunerWindow w;
+  w.seconds = std::chrono::duration<double>(now.start - tune_from.start).count();
+  w.batches = now.batches - tune_from.batches;
+  w.consumer_wait_s = static_cast<double>(now.stall_ns - tune_from.stall_ns) * 1e-9;
+  w.decode_busy_s = static_cast<double>(now.decode_ns - tune_from.decode_ns) * 1e-9;
+  w.stage_busy_s = static_cast<double>(now.stage_ns - tune_from.stage_ns) * 1e-9;
+  w.cpu_s = now.cpu_s - tune_from.cpu_s;
+  w.cpus = usable_cpus;
+  tune_from = now;
+  const std::optional<detail::TuneChange> change = tuner->observe(w);
+  if (!change) return;
+  switch (change->knob) {
+    case detail::KnobId::kDecode:
+      shared->decoder->set_concurrency(change->to >= shared->readers_max ? detail::Gate::kOpen
+                                                                         : change->to);
+      break;
+    case detail::KnobId::kReads:
+      if (shared->stager) shared->stager->set_threads(change->to);
+      break;
+    case detail::KnobId::kLookahead:
+      shared->lookahead.store(change->to, std::memory_order_relaxed);
+      if (pipeline) pipeline->set_lookahead(change->to);
+      break;
+  }
+  if (shared->trace) shared->trace->add_tuning(static_cast<uint8_t>(change->knob), change->from, change->to);
+  char at[32];
+  std::snprintf(at, sizeof(at), "%.1f s: ", std::chrono::duration<double>(now.start - started).count());
+  std::string line = at + std::string(detail::knob_name(change->knob)) + " " +
+                     std::to_string(change->from) + " -> " + std::to_string(change->to) + " (" +
+                     change->why + ")";
+  tuning_log.push_back(line);
+  if (tuning_log.size() > Stats::kMaxTuningListed) tuning_log.pop_front();
+  if (tuning_unread.size() < Stats::kMaxTuningListed) tuning_unread.push_back(std::move(line));
 }
 
 void Loader::Impl::check_not_forked() const {
@@ -343,7 +473,7 @@ void Loader::Impl::restart(uint64_t e, uint64_t b) {
       // Threads start here, lazily, in the process that iterates.
       owner.store(::getpid(), std::memory_order_release);
       started = Clock::now();
-      detail::allow_workers(shared->options.readers);
+      detail::allow_workers(shared->readers_max);
       const std::chrono::milliseconds timeout(shared->options.io_timeout_ms);
       shared->scheduler = tbb::task_scheduler_handle(tbb::attach{});
       shared->arena.initialize();
@@ -433,6 +563,7 @@ Loader::Wait Loader::Impl::next_for(std::chrono::milliseconds timeout, std::opti
   ++batches;
   samples += slot->indices.size();
   ring->lend();
+  tune();
   std::optional<Batch> lent;
   lent.emplace(ring, slot);
   if (slot->error) {
@@ -477,10 +608,11 @@ Stats Loader::Impl::stats() const {
   s.consumer_stall_s = static_cast<double>(stall_ns + waiting_ns) * 1e-9;
   s.plan.busy_s = shared->plan_ns.load() * 1e-9;
   s.plan.idle_s = std::max(0.0, s.wall_s - s.plan.busy_s);
-  if (shared->stager) shared->stager->add_to(s, s.wall_s);
+  if (shared->stager) shared->stager->add_to(s);
   const detail::BatchDecoder& decoder = *shared->decoder;
   s.decode.busy_s = decoder.busy_ns() * 1e-9;
-  s.decode.idle_s = std::max(0.0, s.wall_s * shared->options.readers - s.decode.busy_s);
+  s.decode.idle_s = std::max(0.0, s.wall_s * static_cast<double>(shared->options.readers) -
+                                      s.decode.busy_s);
   s.decode.items = decoder.decoded();
   s.decode.bytes = decoder.bytes_read();
   // Stage 3's reads by tier: bytes read ahead by stage 2 came from the source too.
@@ -502,6 +634,17 @@ Stats Loader::Impl::stats() const {
   s.threads_why = threads_why;
   s.usable_cpus = usable_cpus;
   s.local_ranks = local_ranks;
+  s.tuning.on = tuner.has_value();
+  s.tuning.memory_budget = memory_budget;
+  s.tuning.readers = tuner ? tuner->knob(detail::KnobId::kDecode).value : shared->options.readers;
+  s.tuning.reads_in_flight = shared->stager ? shared->stager->threads() : 0;
+  s.tuning.lookahead = shared->lookahead.load(std::memory_order_relaxed);
+  if (tuner) {
+    s.tuning.steps_kept = tuner->steps_kept();
+    s.tuning.steps_undone = tuner->steps_undone();
+    s.tuning.settled_s = tuner->settled_at_s();
+  }
+  s.tuning.log.assign(tuning_log.begin(), tuning_log.end());
   detail::PinnedBuffer::Status pinning = ring->status();  // both read together
   s.pinned = pinning.pinning;
   s.pinned_why = std::move(pinning.why);
@@ -612,6 +755,8 @@ Loader::Wait Loader::next_for(std::chrono::milliseconds timeout, std::optional<B
 }
 
 Stats Loader::stats() const { return impl_->stats(); }
+
+std::vector<std::string> Loader::take_tuning_log() { return impl_->take_tuning_log(); }
 void Loader::close() { impl_->close(); }
 
 }  // namespace prestage

@@ -1,6 +1,7 @@
 #include "pipeline/machine.hpp"
 
 #include <sched.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstdlib>
@@ -34,6 +35,35 @@ uint64_t quota_cpus(const std::string& dir) {
   return std::max<uint64_t>(1, (q + period - 1) / period);
 }
 
+// memory.max of one cgroup directory in bytes, or 0 for no limit.
+uint64_t memory_limit(const std::string& dir) {
+  std::ifstream in(dir + "/memory.max");
+  std::string limit;
+  if (!(in >> limit) || limit == "max") return 0;
+  char* end = nullptr;
+  const unsigned long long bytes = std::strtoull(limit.c_str(), &end, 10);
+  return end != limit.c_str() && *end == '\0' ? bytes : 0;
+}
+
+// The smallest non-zero `limit(dir)` from the process's cgroup up to the root, and where it is.
+template <typename Limit>
+uint64_t tightest(const std::string& cgroup_root, const std::string& self_cgroup, Limit limit,
+                  std::string& at) {
+  std::string path = own_cgroup(self_cgroup);
+  uint64_t best = 0;
+  while (!path.empty()) {
+    const uint64_t v = limit(cgroup_root + (path == "/" ? "" : path));
+    if (v != 0 && (best == 0 || v < best)) {
+      best = v;
+      at = path;
+    }
+    if (path == "/") break;
+    const size_t slash = path.find_last_of('/');
+    path = slash == 0 ? "/" : path.substr(0, slash);
+  }
+  return best;
+}
+
 uint64_t first_count(const char* value) {
   if (value == nullptr) return 0;
   char* end = nullptr;
@@ -55,26 +85,32 @@ uint64_t usable_cpus(std::string& why, const std::string& cgroup_root, const std
   } else {
     out << cpus << " in this process's affinity";
   }
-  std::string path = own_cgroup(self_cgroup);
-  uint64_t quota = 0;
   std::string quota_at;
-  // The tightest quota on the way up to the root.
-  while (!path.empty()) {
-    const uint64_t q = quota_cpus(cgroup_root + (path == "/" ? "" : path));
-    if (q != 0 && (quota == 0 || q < quota)) {
-      quota = q;
-      quota_at = path;
-    }
-    if (path == "/") break;
-    const size_t slash = path.find_last_of('/');
-    path = slash == 0 ? "/" : path.substr(0, slash);
-  }
+  const uint64_t quota = tightest(cgroup_root, self_cgroup, quota_cpus, quota_at);
   if (quota != 0 && quota < cpus) {
     out << ", " << quota << " by the cgroup quota of " << quota_at;
     cpus = quota;
   }
   why = out.str();
   return cpus;
+}
+
+uint64_t usable_memory(std::string& why, const std::string& cgroup_root,
+                       const std::string& self_cgroup) {
+  const long pages = ::sysconf(_SC_PHYS_PAGES);
+  const long page = ::sysconf(_SC_PAGESIZE);
+  uint64_t bytes = pages > 0 && page > 0 ? static_cast<uint64_t>(pages) * static_cast<uint64_t>(page)
+                                         : uint64_t{1} << 30;
+  std::ostringstream out;
+  out << (bytes >> 20) << " MiB on the machine";
+  std::string limit_at;
+  const uint64_t limit = tightest(cgroup_root, self_cgroup, memory_limit, limit_at);
+  if (limit != 0 && limit < bytes) {
+    out << ", " << (limit >> 20) << " MiB by the cgroup limit of " << limit_at;
+    bytes = limit;
+  }
+  why = out.str();
+  return bytes;
 }
 
 uint64_t local_ranks(std::string& why, const std::function<const char*(const char*)>& env) {
@@ -115,6 +151,27 @@ void size_to_machine(LoaderOptions& options, uint64_t cpus, uint64_t ranks, std:
   for (const std::string& c : chosen) list += (list.empty() ? "" : ", ") + c;
   why = list + " from " + std::to_string(share) + " CPUs for this rank (" + std::to_string(cpus) +
         " usable / " + std::to_string(std::max<uint64_t>(1, ranks)) + " ranks)";
+}
+
+TuneLimits tune_limits(const LoaderOptions& options, const std::array<bool, 3>& pinned,
+                       uint64_t cpus, uint64_t ranks, uint64_t budget, uint64_t mean_file_bytes,
+                       uint64_t mean_sample_bytes) {
+  TuneLimits limits{options.readers, options.prefetchers, options.lookahead};
+  if (!options.autotune) return limits;
+  const uint64_t share = std::max<uint64_t>(1, cpus / std::max<uint64_t>(1, ranks));
+  if (!pinned[0]) limits.readers = std::max(options.readers, share);
+  if (!pinned[1]) {
+    const uint64_t files = budget / 2 / std::max<uint64_t>(1, mean_file_bytes);
+    limits.prefetchers = std::max(options.prefetchers, std::min<uint64_t>(kMaxReadsInFlight, files));
+  }
+  if (!pinned[2]) {
+    const uint64_t per_batch = std::min<uint64_t>(
+        kReadAheadBytesPerBatch,
+        std::max<uint64_t>(1, mean_sample_bytes) * std::max<uint64_t>(1, options.batch_size));
+    limits.lookahead =
+        std::max(options.lookahead, std::min<uint64_t>(kMaxLookahead, budget / 2 / per_batch));
+  }
+  return limits;
 }
 
 }  // namespace prestage::detail

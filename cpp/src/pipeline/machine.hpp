@@ -3,6 +3,7 @@
 // the ranks of its node (from the launcher's environment).
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <functional>
 #include <string>
@@ -16,6 +17,11 @@ namespace prestage::detail {
 // where the figure came from. The roots are parameters so that tests can give a fake tree.
 uint64_t usable_cpus(std::string& why, const std::string& cgroup_root = "/sys/fs/cgroup",
                      const std::string& self_cgroup = "/proc/self/cgroup");
+
+// The bytes of memory this process may use: the machine's (sysconf), capped by the tightest cgroup
+// v2 memory.max of its cgroup and every cgroup above it. `why` says where the figure came from.
+uint64_t usable_memory(std::string& why, const std::string& cgroup_root = "/sys/fs/cgroup",
+                       const std::string& self_cgroup = "/proc/self/cgroup");
 
 // The ranks that share this node, from the first launcher variable set among LOCAL_WORLD_SIZE
 // (torchrun), SLURM_NTASKS_PER_NODE (srun; "4(x2)" forms taken by their first count),
@@ -33,5 +39,20 @@ uint64_t local_ranks(std::string& why,
 //  - lookahead: 4 batches, 8 from 16 prefetchers up (enough copies in flight to keep them busy).
 // Values the user gave are kept as they are.
 void size_to_machine(LoaderOptions& options, uint64_t cpus, uint64_t ranks, std::string& why);
+
+// The most the self-tuning may raise each thread option to (LoaderOptions::autotune): readers up to
+// this rank's share of the CPUs; reads in flight (prefetchers) up to 128, and as many files as half
+// the memory budget holds (a stage 2 thread holds one file at a time); lookahead up to 32, and as
+// many batches as the other half holds in read-ahead (up to 64 MiB a batch). A value the user gave
+// (pinned), or any with autotune off, stays as it is. `options` has been sized to the machine.
+inline constexpr uint64_t kMaxReadsInFlight = 128;
+inline constexpr uint64_t kMaxLookahead = 32;
+inline constexpr uint64_t kReadAheadBytesPerBatch = uint64_t{64} << 20;  // graph.cpp's budget
+struct TuneLimits {
+  uint64_t readers = 0, prefetchers = 0, lookahead = 0;
+};
+TuneLimits tune_limits(const LoaderOptions& options, const std::array<bool, 3>& pinned,
+                       uint64_t cpus, uint64_t ranks, uint64_t budget, uint64_t mean_file_bytes,
+                       uint64_t mean_sample_bytes);
 
 }  // namespace prestage::detail

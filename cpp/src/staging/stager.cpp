@@ -10,15 +10,42 @@ namespace prestage::detail {
 
 Stager::Stager(Tiers& tiers, size_t threads, std::chrono::milliseconds io_timeout,
                const std::atomic<bool>* io_cancel, std::chrono::milliseconds neighbour_wait)
-    : tiers_(tiers), directory_(tiers.stage_directory()), neighbour_wait_(neighbour_wait) {
-  threads_.reserve(threads);
-  for (size_t i = 0; i < threads; ++i) {
-    threads_.emplace_back([this, io_timeout, io_cancel] {
-      set_io_timeout(io_timeout);
-      set_io_cancel(io_cancel);
+    : tiers_(tiers),
+      directory_(tiers.stage_directory()),
+      neighbour_wait_(neighbour_wait),
+      io_timeout_(io_timeout),
+      io_cancel_(io_cancel) {
+  std::lock_guard lock(mutex_);
+  limit_ = threads;
+  start_threads(threads);
+}
+
+void Stager::start_threads(size_t count) {
+  while (threads_.size() < count) {
+    threads_.emplace_back([this] {
+      set_io_timeout(io_timeout_);
+      set_io_cancel(io_cancel_);
       run();
     });
   }
+}
+
+void Stager::set_threads(size_t threads) {
+  {
+    std::lock_guard lock(mutex_);
+    if (exit_ || threads_.empty() || threads == limit_) return;
+    const auto now = std::chrono::steady_clock::now();
+    capacity_s_ += std::chrono::duration<double>(now - limit_since_).count() * static_cast<double>(limit_);
+    limit_since_ = now;
+    limit_ = std::max<size_t>(threads, 1);
+    start_threads(limit_);
+  }
+  wake_.notify_all();
+}
+
+size_t Stager::threads() const {
+  std::lock_guard lock(mutex_);
+  return limit_;
 }
 
 Stager::~Stager() { stop(); }
@@ -93,12 +120,13 @@ void Stager::run() {
   std::vector<std::byte> buffer;  // one per thread, reused for every copy
   std::unique_lock lock(mutex_);
   while (true) {
-    wake_.wait(lock, [&] { return exit_ || !queue_.empty(); });
+    wake_.wait(lock, [&] { return exit_ || (!queue_.empty() && working_ < limit_); });
     if (queue_.empty()) return;  // exit_ and nothing left
     StageTask* task = queue_.front();
     const size_t i = task->next.fetch_add(1, std::memory_order_relaxed);
     if (i + 1 >= task->items()) queue_.pop_front();  // this was its last item to hand out
     if (i >= task->items()) continue;
+    ++working_;
     lock.unlock();
     if (cancelled_.load(std::memory_order_acquire)) {
       if (i < task->count) directory_->abandon(task->ids[i]);  // claimed by stage 1: give it back
@@ -107,6 +135,7 @@ void Stager::run() {
     }
     if (task->remaining.fetch_sub(1, std::memory_order_acq_rel) == 1) task->done(task->context);
     lock.lock();
+    if (working_-- == limit_) wake_.notify_one();  // a thread held back by the limit may go on
   }
 }
 
@@ -183,9 +212,17 @@ void Stager::disable(const std::string& why) {
   if (!disabled_.exchange(true)) disabled_reason_ = why;
 }
 
-void Stager::add_to(Stats& stats, double wall_s) const {
+void Stager::add_to(Stats& stats) const {
   stats.stage.busy_s = busy_ns_.load() * 1e-9;
-  stats.stage.idle_s = std::max(0.0, wall_s * threads_.size() - stats.stage.busy_s);
+  double capacity_s = 0;
+  {
+    std::lock_guard lock(mutex_);
+    capacity_s = capacity_s_ + std::chrono::duration<double>(std::chrono::steady_clock::now() -
+                                                             limit_since_)
+                                       .count() *
+                                   static_cast<double>(limit_);
+  }
+  stats.stage.idle_s = std::max(0.0, capacity_s - stats.stage.busy_s);
   stats.stage.items = items_.load();
   stats.stage.bytes = bytes_.load();
   stats.staged_files = staged_files_.load();

@@ -87,13 +87,23 @@ class Stager {
   // drains this way).
   void cancel(bool cancelled);
 
-  void add_to(Stats& stats, double wall_s) const;
+  // Keeps at most `threads` items under way at once (the self-tuning's reads in flight), starting
+  // threads as needed (they are never more than the most ever asked for). Any thread; none after
+  // stop(). A stager made with no thread keeps none.
+  void set_threads(size_t threads);
+  size_t threads() const;
+  uint64_t busy_ns() const noexcept { return busy_ns_.load(std::memory_order_relaxed); }
+
+  // busy_s: thread-seconds spent on items; idle_s: the rest of the thread-seconds available (the
+  // thread count integrated over time) since the stager started.
+  void add_to(Stats& stats) const;
 
   // The stage directory failed (full, read-only, gone): nothing is copied any more.
   bool disabled() const noexcept { return disabled_.load(std::memory_order_acquire); }
 
  private:
   void run();
+  void start_threads(size_t count);  // mutex_ held
   void stage_one(StageTask& task, uint64_t id, std::vector<std::byte>& buffer);
   void read_one(StageTask& task, size_t j);
   // Item i of `task`: a copy (i < count) or a read into memory.
@@ -110,6 +120,13 @@ class Stager {
   std::condition_variable wake_;
   std::deque<StageTask*> queue_;
   bool exit_ = false;
+  size_t limit_ = 0;    // items under way at most (mutex_)
+  size_t working_ = 0;  // items under way (mutex_)
+  // Thread-seconds available up to limit_since_ (mutex_).
+  std::chrono::steady_clock::time_point limit_since_ = std::chrono::steady_clock::now();
+  double capacity_s_ = 0;
+  std::chrono::milliseconds io_timeout_;
+  const std::atomic<bool>* io_cancel_;
   std::atomic<bool> cancelled_{false};
   std::atomic<bool> disabled_{false};
   std::string disabled_reason_;  // guarded by mutex_

@@ -24,6 +24,7 @@ enum class TraceKind : uint8_t {
   kRead = 0,       // stage 3 (or a first look at a sample): a sample's bytes, from any tier
   kCopy = 1,       // stage 2: a whole file from the source, to be staged
   kReadAhead = 2,  // stage 2: a sample's bytes from the source, into memory
+  kTune = 3,       // no read: the self-tuning changed a value (sample: which, offset: from, size: to)
 };
 
 struct TraceRecord {
@@ -57,6 +58,10 @@ class IoTrace {
   }
   void add(uint64_t sample, uint64_t file, uint64_t offset, uint64_t size, int64_t start_ns,
            uint8_t tier, TraceKind kind) noexcept;
+  // A kTune record at the current time: `knob` (KnobId) changed from `from` to `to`.
+  void add_tuning(uint8_t knob, uint64_t from, uint64_t to) noexcept {
+    add(knob, 0, from, to, now_ns(), 0, TraceKind::kTune);
+  }
   // Writes every buffered record (called at close; records may still be added afterwards).
   void flush() noexcept;
 

@@ -45,12 +45,20 @@ def run(args: argparse.Namespace) -> int:
         for name, g in groups.items():
             print(f"    {name:<11} {g['reads']:>10,} reads {g['bytes'] / 1e6:>12,.1f} MB "
                   f"{g['mean_ms']:>9.3f} ms per read")
+    tuning = header.get("tuning", [])
+    if tuning:
+        t0 = int(records["start_ns"].min()) if len(records) else 0
+        print(f"  self-tuning: {len(tuning)} changes")
+        for change in tuning:
+            print(f"    {(change['t_ns'] - t0) / 1e9:8.2f} s  {change['knob']} "
+                  f"{change['from']} -> {change['to']}")
     if args.no_plots or not s["reads"]:
         return 0
     out = Path(args.out) if args.out else Path(args.file).with_suffix("").with_name(
         Path(args.file).stem + "-figures")
     try:
-        written = traces.plot(records, out, title=f"prestage I/O trace: {Path(args.file).name}")
+        written = traces.plot(records, out, title=f"prestage I/O trace: {Path(args.file).name}",
+                              tuning=tuning)
     except (ImportError, OSError) as error:
         print(f"error: cannot draw the figures: {error}", file=sys.stderr)
         return 1
