@@ -66,7 +66,8 @@ t0=$(now)
 echo "pip install of the wheel (and numpy): $(since "$t0") s"
 log "smoke test"
 t=$(now)
-"${clean[@]}" PRESTAGE_CHECK_T0="$t0" "$work/venv/bin/python" "$root/scripts/wheel_smoke.py" "$work/data" "$root" "$cache"
+"${clean[@]}" PRESTAGE_CHECK_T0="$t0" "$work/venv/bin/python" "$root/scripts/wheel_smoke.py" "$work/data" "$root" "$cache" |
+  tee "$work/smoke.log"
 echo "smoke test: $(since "$t") s"
 
 if [ "${PRESTAGE_WHEEL_CHECK_TORCH:-1}" != 0 ]; then
@@ -74,6 +75,10 @@ if [ "${PRESTAGE_WHEEL_CHECK_TORCH:-1}" != 0 ]; then
   t=$(now)
   "${clean[@]}" "$work/venv/bin/python" -m pip install -q torch==2.13.0
   echo "pip install torch: $(since "$t") s"
-  "${clean[@]}" "$work/venv/bin/python" "$root/scripts/wheel_smoke.py" --torch "$work/data"
+  "${clean[@]}" "$work/venv/bin/python" "$root/scripts/wheel_smoke.py" --torch "$work/data" |
+    tee -a "$work/smoke.log"
 fi
 echo "wheel check: $(since "$started") s in all"
+passed=0
+while read -r n; do passed=$((passed + n)); done < <(sed -n 's/^wheel smoke: \([0-9]*\) passed, 0 failed$/\1/p' "$work/smoke.log")
+echo "wheel check: $((passed + 1)) passed, 0 failed"  # the smoke tests' checks and wheel_libs.py

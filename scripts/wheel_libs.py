@@ -66,7 +66,8 @@ def main(wheel: str) -> int:
         root = Path(tmp)
         elves = [p for p in root.rglob("*") if p.is_file() and is_elf(p)]
         bundled: Dict[str, int] = {p.name: p.stat().st_size for p in elves if p.parent.name == "prestage.libs"}
-        stems = [re.sub(r"-[0-9a-f]{8}\.so.*$", "", name) for name in bundled]
+        # auditwheel's names: the hash before the first dot (libtbb-4d79fbbd.so.12.8, libldap-2-062bb940.5.so.0).
+        stems = [re.sub(r"-[0-9a-f]{8}(?=\.)", "", name).split(".so")[0] for name in bundled]
         for stem in sorted(set(stems)):
             if stem not in EXPECTED:
                 problems.append(f"unexpected bundled library {stem}")

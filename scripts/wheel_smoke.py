@@ -27,10 +27,16 @@ from pathlib import Path
 BUNDLED = re.compile(r"lib(tbb|turbojpeg|jpeg|zstd|hdf5|curl|sz|aec)[^/]*\.so")
 
 
+PASSED = 0
+
+
 def check(ok: bool, what: str) -> None:
+    global PASSED
     if not ok:
         print(f"FAIL {what}", flush=True)
+        print(f"wheel smoke: {PASSED} passed, 1 failed", flush=True)
         sys.exit(1)
+    PASSED += 1
     print(f"ok   {what}", flush=True)
 
 
@@ -131,4 +137,6 @@ def adaptor(data: Path) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    print(f"wheel smoke: {PASSED} passed, 0 failed", flush=True)
+    sys.exit(code)
