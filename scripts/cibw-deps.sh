@@ -25,6 +25,7 @@ cmake_install() {  # cmake_install SRC ARGS...
 }
 
 yum install -y nasm || true  # libjpeg-turbo's SIMD code; without it the build goes on without SIMD
+yum install -y autoconf automake libtool || true  # HDF5's configure, if its tag has none generated
 
 fetch https://github.com/oneapi-src/oneTBB/archive/refs/tags/v2021.8.0.tar.gz
 cmake_install oneTBB-2021.8.0 -DTBB_TEST=OFF -DTBBMALLOC_BUILD=OFF -DTBB_STRICT=OFF
@@ -39,6 +40,7 @@ fetch https://github.com/madler/zlib/releases/download/v1.2.13/zlib-1.2.13.tar.g
 (cd zlib-1.2.13 && CFLAGS="-O2 -fPIC" ./configure --static --prefix=$PREFIX && make -j "$JOBS" libz.a && make install)
 
 fetch https://github.com/HDFGroup/hdf5/archive/refs/tags/hdf5-1_10_8.tar.gz
+[ -x hdf5-hdf5-1_10_8/configure ] || (cd hdf5-hdf5-1_10_8 && ./autogen.sh)
 mkdir hdf5-build
 (cd hdf5-build &&
    ../hdf5-hdf5-1_10_8/configure --prefix=$PREFIX --disable-shared --enable-static --with-pic \
