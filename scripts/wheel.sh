@@ -9,7 +9,7 @@
 #   PRESTAGE_WHEEL_PYTHONS  the interpreters to build for (names or paths, space-separated); default:
 #                           python3 and every python3.N on PATH that runs, N >= 9, one per version
 #                           (pyenv's: PRESTAGE_WHEEL_PYTHONS="$(echo ~/.pyenv/versions/3.*/bin/python3)")
-#   PRESTAGE_WHEEL_CACHE    where HDF5's source and build and the build environments are kept between
+#   PRESTAGE_WHEEL_CACHE    where zlib and HDF5 (source, build) and the build environments are kept between
 #                           runs (default ~/.cache/prestage-wheel); outside the repository, so that a
 #                           fresh clone still finds them
 #
@@ -26,9 +26,10 @@
 # `prestage build-mpi-plugin`). No CUDA library either: the CUDA runtime is found at run time.
 #
 # The platform tag is the one auditwheel derives from the symbol versions the binaries use; built on
-# this machine's glibc rather than in a manylinux container, it is this glibc's (manylinux_2_36 on
-# Debian 12) or whatever older tag the symbols allow. cibuildwheel (pyproject.toml) builds in the
-# manylinux containers where a container runtime exists.
+# this machine's glibc and GCC rather than in a manylinux container, it follows them: on Debian 12
+# (glibc 2.36, GCC 12) manylinux_2_35, set by GCC 12's libstdc++ symbols (GLIBCXX_3.4.30), the newest
+# glibc symbols used being 2.34's. cibuildwheel (pyproject.toml) builds in the manylinux_2_28
+# containers where a container runtime exists.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 [ $# -eq 1 ] || { echo "usage: $0 OUTDIR" >&2; exit 2; }
