@@ -6,6 +6,7 @@
 #include <oneapi/tbb/global_control.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <cstdlib>
@@ -13,6 +14,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -116,6 +118,45 @@ TEST_CASE("cuda host: PRESTAGE_CUDART=none or a library that cannot be opened: n
   const PinnedBuffer::Status s = ring.status();
   CHECK(s.pinning != Pinning::kCuda);
   CHECK(s.why.find(off.why()) != std::string::npos);
+}
+
+TEST_CASE("cuda host: no runtime found: the reason names every place looked at") {
+  const std::vector<std::string> tried = {"libcudart-absent.so.99",
+                                          "/nonexistent/nvidia/lib/libcudart.so.12"};
+  const CudaHost host(tried);
+  CHECK_FALSE(host.available());
+  for (const std::string& name : tried) CHECK(host.why().find(name) != std::string::npos);
+  CHECK(host.why().find("PRESTAGE_CUDART") != std::string::npos);
+}
+
+TEST_CASE("cuda host: the search opens the first candidate that exists, in order") {
+  Fake fake;
+  fake.configure(1, 0, 0);
+  const CudaHost host(std::vector<std::string>{"/nonexistent/libcudart.so.13", FAKE_CUDART_PATH});
+  CHECK(host.available());
+  CHECK(host.why().find(FAKE_CUDART_PATH) != std::string::npos);
+}
+
+TEST_CASE("cuda host: the default search covers the loader's path, NVIDIA's wheels, CUDA_HOME") {
+  const std::vector<std::string> names =
+      CudaHost::default_search("/site/prestage", "/opt/cuda-12.4");
+  const auto position = [&](const std::string& name) {
+    const auto it = std::find(names.begin(), names.end(), name);
+    REQUIRE_MESSAGE(it != names.end(), name);
+    return it - names.begin();
+  };
+  // Sonames first (a runtime PyTorch already loaded is found by its soname), then paths.
+  CHECK(position("libcudart.so") < position("libcudart.so.12"));
+  CHECK(position("libcudart.so.11") < position("/site/nvidia/cuda_runtime/lib/libcudart.so.12"));
+  CHECK(position("/site/nvidia/cu13/lib/libcudart.so.13") <
+        position("/opt/cuda-12.4/lib64/libcudart.so.12"));
+  CHECK(position("/opt/cuda-12.4/lib64/libcudart.so.12") <
+        position("/usr/local/cuda/lib64/libcudart.so.12"));
+  // Without a package directory or CUDA_HOME, neither kind of path appears.
+  for (const std::string& name : CudaHost::default_search("", "")) {
+    CHECK(name.find("nvidia") == std::string::npos);
+    CHECK(name.find("/opt/") == std::string::npos);
+  }
 }
 
 TEST_CASE("cuda host: no device, or cudaGetDeviceCount failing: never a call to register") {

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-COMMANDS = ["synth", "demo", "bench", "tune", "catalog", "pack", "trace", "simulate"]
+COMMANDS = ["synth", "demo", "bench", "tune", "catalog", "pack", "trace", "simulate", "build-mpi-plugin"]
 # Pillow made unimportable (`import PIL` raises ModuleNotFoundError), then the command's entry point.
 WITHOUT_PILLOW = ("import sys; sys.modules['PIL'] = None; "
                   "from prestage.cli import main; sys.exit(main(sys.argv[1:]))")

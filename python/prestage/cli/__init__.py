@@ -13,7 +13,7 @@ import sys
 from typing import Dict, List, Optional
 
 # Sub-command: its one-line help, as ``prestage --help`` lists it (each module's parser takes it
-# from here). Its module is prestage.cli.<name>, with add_parser(subparsers) and run(args).
+# from here). Its module is prestage.cli.<name> ('-' read as '_'), with add_parser(subparsers) and run(args).
 COMMANDS: Dict[str, str] = {
     "synth": "write a synthetic ImageNet-like JPEG data set (class folders)",
     "demo": "run one epoch through a stage directory and print the figures",
@@ -23,6 +23,7 @@ COMMANDS: Dict[str, str] = {
     "pack": "pack a set of small files into shards with an index (fewer PFS opens per epoch)",
     "trace": "summarise and draw an I/O trace (a loader's trace=FILE)",
     "simulate": "the peer tier on 1 to 1,024 nodes, simulated from the plan: PFS and peer bytes per epoch",
+    "build-mpi-plugin": "compile the peer tier's MPI plugin against this site's MPI (mpicxx)",
 }
 
 
@@ -44,7 +45,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     module = None
     for name, help_line in COMMANDS.items():
         if name == chosen:
-            module = importlib.import_module(f"prestage.cli.{name}")
+            module = importlib.import_module(f"prestage.cli.{name.replace('-', '_')}")
             module.add_parser(subparsers)
         else:
             subparsers.add_parser(name, help=help_line)

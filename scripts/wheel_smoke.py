@@ -1,0 +1,142 @@
+"""Smoke test of an installed prestage wheel, run by scripts/wheel-check.sh in a fresh virtual environment.
+
+    python wheel_smoke.py [--torch] DATA FORBIDDEN_DIR...
+
+DATA holds what a full development environment made beforehand (this environment has only the
+wheel's required dependencies): images/ (a synthetic JPEG set, one folder per class), fields.h5
+(gzip-compressed rows, written by h5py) and fields.npy (the same rows, the oracle). FORBIDDEN_DIR:
+directories no library of this process may come from (the repository, the wheel's build cache).
+
+--torch: only the PyTorch adaptor (PyTorch installed after the first run). PRESTAGE_CHECK_T0 (a Unix
+time): when the wheel's installation began, to print the time from it to the first batch.
+Prints one line per check; exits non-zero on the first failure.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+# Libraries the wheel bundles: a copy of any of them from outside this environment means the wheel
+# is not self-contained (or found the build machine's copy).
+BUNDLED = re.compile(r"lib(tbb|turbojpeg|jpeg|zstd|hdf5|curl|sz|aec)[^/]*\.so")
+
+
+PASSED = 0
+
+
+def check(ok: bool, what: str) -> None:
+    global PASSED
+    if not ok:
+        print(f"FAIL {what}", flush=True)
+        print(f"wheel smoke: {PASSED} passed, 1 failed", flush=True)
+        sys.exit(1)
+    PASSED += 1
+    print(f"ok   {what}", flush=True)
+
+
+def mapped_libraries() -> list[str]:
+    paths = set()
+    with open("/proc/self/maps") as maps:
+        for line in maps:
+            parts = line.split(maxsplit=5)
+            if len(parts) == 6 and ".so" in parts[5]:
+                paths.add(os.path.realpath(parts[5].strip()))
+    return sorted(paths)
+
+
+def main() -> int:
+    args = sys.argv[1:]
+    torch_only = args[:1] == ["--torch"]
+    args = args[1:] if torch_only else args
+    data = Path(args[0])
+    forbidden = [os.path.realpath(d) for d in args[1:]]
+    if torch_only:
+        return adaptor(data)
+    start = time.perf_counter()
+    import numpy as np
+
+    import prestage
+
+    check(Path(prestage.__file__).resolve().is_relative_to(Path(sys.prefix).resolve()),
+          f"import prestage from this environment ({prestage.__file__})")
+
+    # The loader on the JPEG set: the first batch.
+    catalog = prestage.Catalog.from_folder(data / "images")
+    with prestage.Loader(catalog, batch_size=32, image_size=(64, 64), stage_dir=str(data / "stage")) as loader:
+        it = iter(loader)
+        first = next(it)
+        since_install = (f", {time.time() - float(os.environ['PRESTAGE_CHECK_T0']):.1f} s after pip install began"
+                         if os.environ.get("PRESTAGE_CHECK_T0") else "")
+        print(f"     first batch {time.perf_counter() - start:.2f} s into this script, imports included{since_install}", flush=True)
+        check(first.images.shape == (32, 64, 64, 3), f"first batch {first.images.shape}")
+        rest = sum(len(b.labels) for b in it)
+        check(32 + rest == len(catalog), f"one epoch: {32 + rest} of {len(catalog)} images")
+        pinned_why = loader.stats()["pinned_why"]
+    print(f"     batch buffers: {pinned_why}", flush=True)
+
+    # HDF5, statically linked, with its deflate filter: rows equal to h5py's.
+    expected = np.load(data / "fields.npy")
+    h5 = prestage.Catalog.from_hdf5([data / "fields.h5"], "x")
+    with prestage.Loader(h5, batch_size=len(expected), shuffle=False, decode="hdf5") as loader:
+        batch = next(iter(loader))
+        check(np.array_equal(batch.arrays, expected),
+              f"HDF5 gzip rows equal h5py's ({expected.shape})")
+
+    # No library from the build machine: nothing bundled comes from outside this environment.
+    here = os.path.realpath(sys.prefix)
+    libs = mapped_libraries()
+    outside = [p for p in libs if BUNDLED.search(os.path.basename(p)) and not p.startswith(here + os.sep)]
+    check(not outside, f"bundled libraries loaded from the wheel only (outside: {outside})")
+    leaked = [p for p in libs for d in forbidden if p.startswith(d + os.sep)]
+    check(not leaked, f"no library from the build tree or cache (found: {leaked})")
+
+    # The command line: every sub-command's --help with only the required dependencies.
+    from prestage.cli import COMMANDS
+
+    exe = Path(sys.executable).parent / "prestage"
+    for name in COMMANDS:
+        r = subprocess.run([str(exe), name, "--help"], capture_output=True, text=True)
+        check(r.returncode == 0 and "usage:" in r.stdout,
+              f"prestage {name} --help" + ("" if r.returncode == 0 else f": {r.stderr.strip()[-300:]}"))
+
+    # prestage demo on the JPEG set.
+    r = subprocess.run([str(exe), "demo", str(data / "images"), "--quiet", "--json", "--batch-size", "32"],
+                       capture_output=True, text=True)
+    check(r.returncode == 0, "prestage demo" + ("" if r.returncode == 0 else f": {r.stderr.strip()[-500:]}"))
+    figures = json.loads(r.stdout)
+    check(figures.get("images") == len(catalog), f"prestage demo: {figures.get('images')} images")
+
+    return 0
+
+
+def adaptor(data: Path) -> int:
+    """The PyTorch adaptor on 3 batches: tensors viewing the batch buffers, channels first by default."""
+    import torch
+
+    import prestage
+    import prestage.torch as pt
+
+    catalog = prestage.Catalog.from_folder(data / "images")
+    with pt.Loader(catalog, batch_size=16, image_size=(32, 32), stage_dir=str(data / "stage")) as loader:
+        n = 0
+        for images, labels in loader:
+            check(isinstance(images, torch.Tensor) and tuple(images.shape) == (16, 3, 32, 32)
+                  and images.dtype == torch.uint8 and labels.dtype == torch.int64,
+                  f"PyTorch batch {n}: {tuple(images.shape)} {images.dtype}, labels {labels.dtype}")
+            check(set(labels.tolist()) <= set(range(4)), f"PyTorch batch {n}: labels of the 4 classes")
+            n += 1
+            if n == 3:
+                break
+    return 0
+
+
+if __name__ == "__main__":
+    code = main()
+    print(f"wheel smoke: {PASSED} passed, 0 failed", flush=True)
+    sys.exit(code)
