@@ -139,3 +139,51 @@ TEST_CASE("machine: a loader with no thread option says what it chose") {
   CHECK(pinned.options().readers == 1);
   CHECK(pinned.stats().threads_why.empty());
 }
+
+TEST_CASE("machine: usable memory is the machine's, capped by the tightest cgroup memory.max above") {
+  TempDir dir;
+  const auto root = dir / "cgroup";
+  write(dir / "self", "0::/job/step\n");
+  std::filesystem::create_directories(root / "job/step");
+  std::string why;
+  const uint64_t machine = prestage::detail::usable_memory(why, root.string(), (dir / "self").string());
+  CHECK(machine > (uint64_t{64} << 20));
+  CHECK(why.find("machine") != std::string::npos);
+  write(root / "job/step/memory.max", "max\n");
+  CHECK(prestage::detail::usable_memory(why, root.string(), (dir / "self").string()) == machine);
+  write(root / "job/memory.max", "1073741824\n");
+  write(root / "job/step/memory.max", "2147483648\n");
+  CHECK(prestage::detail::usable_memory(why, root.string(), (dir / "self").string()) ==
+        std::min<uint64_t>(machine, uint64_t{1} << 30));
+  CHECK(why.find("/job") != std::string::npos);
+  write(root / "job/memory.max", "garbage\n");
+  CHECK(prestage::detail::usable_memory(why, root.string(), (dir / "self").string()) ==
+        std::min<uint64_t>(machine, uint64_t{2} << 30));
+}
+
+TEST_CASE("machine: the self-tuning's limits come from the CPUs and the memory budget; given values stay") {
+  LoaderOptions o;
+  o.batch_size = 256;
+  std::string why;
+  size_to_machine(o, 16, 2, why);  // readers 7, prefetchers 14, lookahead 4
+  const std::array<bool, 3> none{false, false, false};
+  const uint64_t gib = uint64_t{1} << 30;
+  // 8 CPUs for this rank; 1 GiB: 512 MiB of 100 KB files, 512 MiB of 25.6 MB batches.
+  auto l = prestage::detail::tune_limits(o, none, 16, 2, gib, 100'000, 100'000);
+  CHECK(l.readers == 8);
+  CHECK(l.prefetchers == prestage::detail::kMaxReadsInFlight);
+  CHECK(l.lookahead == 20);  // 512 MiB / 25.6 MB
+  // Shards of 1 GB: a budget of 4 GiB holds 2 in stage 2's threads, below the machine-sized 14.
+  l = prestage::detail::tune_limits(o, none, 16, 2, 4 * gib, gib, 100'000);
+  CHECK(l.prefetchers == 14);
+  // A small budget never lowers a value below the one sized to the machine.
+  l = prestage::detail::tune_limits(o, none, 16, 2, 1 << 20, 100'000, 100'000);
+  CHECK(l.prefetchers == 14);
+  CHECK(l.lookahead == 4);
+  // Given values, or autotune off: the values themselves.
+  l = prestage::detail::tune_limits(o, {true, true, true}, 16, 2, gib, 100'000, 100'000);
+  CHECK((l.readers == 7 && l.prefetchers == 14 && l.lookahead == 4));
+  o.autotune = false;
+  l = prestage::detail::tune_limits(o, none, 16, 2, gib, 100'000, 100'000);
+  CHECK((l.readers == 7 && l.prefetchers == 14 && l.lookahead == 4));
+}
