@@ -97,9 +97,14 @@ TEST_CASE("peers over MPI: a rank fetches another's bytes and CRC; absent and la
   auto asked = Clock::now();
   CHECK_FALSE(r->transport->request(other, kAbsentFile, std::chrono::seconds(10), bytes, crc));
   CHECK(Clock::now() - asked < std::chrono::seconds(5));  // answered, not timed out
+  // A copy that is coming is waited for, and answered "absent" before the asker's time runs out
+  // (a tenth of it early): an asker that hears nothing knows its peer is stalled.
   asked = Clock::now();
-  CHECK_FALSE(r->transport->request(other, kLaterFile, std::chrono::milliseconds(200), bytes, crc));
-  CHECK(Clock::now() - asked >= std::chrono::milliseconds(200));
+  RequestEnd end = RequestEnd::kStopped;
+  CHECK_FALSE(r->transport->request(other, kLaterFile, std::chrono::milliseconds(200), bytes, crc,
+                                    &end));
+  CHECK(Clock::now() - asked >= std::chrono::milliseconds(150));
+  CHECK(end == RequestEnd::kReply);
   // Many threads at once, as stage 2's prefetchers ask.
   std::vector<std::future<bool>> asks;
   for (uint64_t file = 10; file < 18; ++file) {
@@ -143,4 +148,32 @@ TEST_CASE("peers over MPI: stop() ends a wait on a rank that does not answer, at
   std::vector<std::byte> bytes;
   uint32_t crc = 0;
   CHECK_FALSE(r->transport->request(other, 0, std::chrono::seconds(60), bytes, crc));  // stopped
+}
+
+TEST_CASE("peers over MPI: a rank that stops says goodbye: waits on it end, later asks fail at once") {
+  auto r = start();
+  const uint64_t me = r->transport->rank(), other = 1 - me;
+  if (me == 1) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    r->transport->stop();  // answers rank 0's held-back request (absent), then says goodbye
+    return;
+  }
+  std::vector<std::byte> bytes;
+  uint32_t crc = 0;
+  RequestEnd end = RequestEnd::kStopped;
+  const auto asked = Clock::now();
+  CHECK_FALSE(r->transport->request(other, kLaterFile, std::chrono::seconds(60), bytes, crc, &end));
+  CHECK(Clock::now() - asked < std::chrono::seconds(30));  // not the 60 s
+  CHECK((end == RequestEnd::kReply || end == RequestEnd::kGone));
+  // Once its goodbye is in, every ask fails at once.
+  const auto until = Clock::now() + std::chrono::seconds(20);
+  while (end != RequestEnd::kGone && Clock::now() < until) {
+    r->transport->request(other, 0, std::chrono::seconds(1), bytes, crc, &end);
+  }
+  REQUIRE(end == RequestEnd::kGone);
+  const auto again = Clock::now();
+  CHECK_FALSE(r->transport->request(other, 0, std::chrono::seconds(60), bytes, crc, &end));
+  CHECK(end == RequestEnd::kGone);
+  CHECK(Clock::now() - again < std::chrono::seconds(5));
+  r->transport->stop();
 }

@@ -663,6 +663,7 @@ Stats Loader::Impl::stats() const {
     s.beyond_budget = p.beyond_budget;
     s.peer_served = p.served;
     s.peer_served_bytes = p.served_bytes;
+    s.peers_down = p.down;
   } else {
     s.peer_tier_why = "not asked for (peers=False)";
   }

@@ -36,10 +36,14 @@ namespace {
 
 constexpr int kTagRequest = 7301;
 constexpr int kTagReply = 7302;
+constexpr int kTagGoodbye = 7303;  // no body: the sender's transport stopped
 constexpr auto kMaxIdleSleep = std::chrono::microseconds(2000);
 constexpr auto kMinIdleSleep = std::chrono::microseconds(50);
 // At stop, how long sends under way (replies to a rank that is not receiving) are given to finish.
 constexpr auto kStopGrace = std::chrono::milliseconds(200);
+// A request held back (kLater) is answered "absent" this long before its requester stops waiting
+// (at most a tenth of its wait), so that a requester that hears nothing knows its peer is stalled.
+constexpr auto kAnswerMargin = std::chrono::milliseconds(100);
 
 struct RequestMessage {
   uint64_t id;
@@ -71,7 +75,7 @@ class MpiTransport final : public Transport {
   MpiTransport(MPI_Comm comm, uint64_t rank, std::vector<uint64_t> nodes, std::vector<uint64_t> values,
                PeerServe serve)
       : comm_(comm), rank_(rank), nodes_(std::move(nodes)), values_(std::move(values)),
-        serve_(std::move(serve)) {
+        serve_(std::move(serve)), gone_(nodes_.size(), 0) {
     {
       std::lock_guard lock(g_mutex);
       g_live.insert(this);
@@ -91,14 +95,23 @@ class MpiTransport final : public Transport {
   const std::vector<uint64_t>& values() const override { return values_; }
 
   bool request(uint64_t rank, uint64_t file, std::chrono::milliseconds timeout,
-               std::vector<std::byte>& bytes, uint32_t& crc) override {
+               std::vector<std::byte>& bytes, uint32_t& crc, RequestEnd* end) override {
+    RequestEnd ignored;
+    RequestEnd& how = end != nullptr ? *end : ignored;
     Waiter w;
     w.rank = rank;
     w.file = file;
     w.timeout = timeout;
     w.bytes = &bytes;
     std::unique_lock lock(mutex_);
-    if (stopping_) return false;
+    if (stopping_) {
+      how = RequestEnd::kStopped;
+      return false;
+    }
+    if (rank < gone_.size() && gone_[rank]) {
+      how = RequestEnd::kGone;
+      return false;
+    }
     w.id = next_id_++;
     outgoing_.push_back(&w);
     waiting_.emplace(w.id, &w);
@@ -107,8 +120,10 @@ class MpiTransport final : public Transport {
     if (!w.done) {  // timed out: a late reply is dropped by the progress thread
       waiting_.erase(w.id);
       outgoing_.erase(std::remove(outgoing_.begin(), outgoing_.end(), &w), outgoing_.end());
+      how = RequestEnd::kNoAnswer;
       return false;
     }
+    how = w.end;
     crc = w.crc;
     return w.ok;
   }
@@ -129,6 +144,7 @@ class MpiTransport final : public Transport {
     std::vector<std::byte>* bytes = nullptr;
     uint32_t crc = 0;
     bool ok = false, done = false;  // guarded by mutex_
+    RequestEnd end = RequestEnd::kReply;  // guarded by mutex_
   };
   struct Send {
     MPI_Request request = MPI_REQUEST_NULL;
@@ -162,14 +178,28 @@ class MpiTransport final : public Transport {
       }
       active |= receive_requests();
       active |= receive_replies();
+      active |= receive_goodbyes();
       active |= retry_deferred();
       test_sends();
       sleep = active ? kMinIdleSleep : std::min(kMaxIdleSleep, sleep * 2);
     }
-    // Stopping: every wait ends, sends under way get a short grace, then are let go.
+    // Stopping: requests held back are answered (absent), every other rank hears goodbye, every
+    // wait ends, and sends under way get a short grace, then are let go.
+    for (const Deferred& d : deferred_) {
+      const ReplyHeader h{d.message.id, 0, 0, static_cast<uint32_t>(PeerAnswer::kAbsent)};
+      send(d.source, kTagReply, &h, sizeof h, nullptr, 0);
+    }
+    deferred_.clear();
+    const char goodbye = 0;
+    for (size_t r = 0; r < nodes_.size(); ++r) {
+      if (r != rank_) send(static_cast<int>(r), kTagGoodbye, &goodbye, 1, nullptr, 0);
+    }
     {
       std::lock_guard lock(mutex_);
-      for (auto& [id, w] : waiting_) w->done = true;
+      for (auto& [id, w] : waiting_) {
+        w->done = true;
+        w->end = RequestEnd::kStopped;
+      }
       waiting_.clear();
     }
     answered_.notify_all();
@@ -236,7 +266,8 @@ class MpiTransport final : public Transport {
       RequestMessage m{};
       MPI_Mrecv(&m, sizeof m, MPI_BYTE, &message, MPI_STATUS_IGNORE);
       any = true;
-      const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(m.timeout_ms);
+      const auto wait = std::chrono::milliseconds(m.timeout_ms);
+      const auto until = std::chrono::steady_clock::now() + wait - std::min(kAnswerMargin, wait / 10);
       if (!answer(status.MPI_SOURCE, m, until)) deferred_.push_back({status.MPI_SOURCE, m, until});
     }
   }
@@ -284,6 +315,38 @@ class MpiTransport final : public Transport {
     }
   }
 
+  // Goodbyes: the rank whose transport stopped answers no more; the waits on it end at once.
+  bool receive_goodbyes() {
+    bool any = false;
+    while (true) {
+      int flag = 0;
+      MPI_Message message;
+      MPI_Status status;
+      MPI_Improbe(MPI_ANY_SOURCE, kTagGoodbye, comm_, &flag, &message, &status);
+      if (!flag) return any;
+      char goodbye = 0;
+      MPI_Mrecv(&goodbye, 1, MPI_BYTE, &message, MPI_STATUS_IGNORE);
+      any = true;
+      const auto from = static_cast<uint64_t>(status.MPI_SOURCE);
+      // Requests it held back are answered by its stop; none is owed to it any more.
+      deferred_.remove_if([&](const Deferred& d) { return d.source == status.MPI_SOURCE; });
+      std::lock_guard lock(mutex_);
+      if (from < gone_.size()) gone_[from] = 1;
+      for (auto it = waiting_.begin(); it != waiting_.end();) {
+        Waiter& w = *it->second;
+        if (w.rank != from) {
+          ++it;
+          continue;
+        }
+        w.ok = false;
+        w.done = true;
+        w.end = RequestEnd::kGone;
+        it = waiting_.erase(it);
+      }
+      answered_.notify_all();
+    }
+  }
+
   MPI_Comm comm_;
   uint64_t rank_;
   std::vector<uint64_t> nodes_, values_;
@@ -295,6 +358,7 @@ class MpiTransport final : public Transport {
   std::unordered_map<uint64_t, Waiter*> waiting_;    // guarded by mutex_
   uint64_t next_id_ = 1;                             // guarded by mutex_
   bool stopping_ = false;                            // guarded by mutex_
+  std::vector<uint8_t> gone_;                        // per rank, said goodbye (mutex_)
 
   // The progress thread's own.
   std::list<Send> sends_;

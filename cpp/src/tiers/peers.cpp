@@ -142,6 +142,8 @@ Peers::Peers(const Catalog& catalog, const PlanOptions& plan, StageDirectory* st
     return;
   }
   node_of_ = transport_->nodes();
+  down_ = std::make_unique<std::atomic<uint8_t>[]>(node_of_.size());
+  for (size_t r = 0; r < node_of_.size(); ++r) down_[r].store(0, std::memory_order_relaxed);
 }
 
 Peers::~Peers() {
@@ -189,7 +191,15 @@ Peers::Fetched Peers::fetch(const Catalog::Locator& loc, std::vector<std::byte>&
     if (corrupt) corrupt_.fetch_add(1, std::memory_order_relaxed);
     return Fetched::kNone;
   };
-  if (!transport_->request(owner, loc.file, options_.timeout, bytes, crc)) return fall_back(false);
+  if (down_[owner].load(std::memory_order_acquire)) return fall_back(false);
+  RequestEnd end = RequestEnd::kReply;
+  if (!transport_->request(owner, loc.file, options_.timeout, bytes, crc, &end)) {
+    if ((end == RequestEnd::kNoAnswer || end == RequestEnd::kGone) &&
+        down_[owner].exchange(1, std::memory_order_acq_rel) == 0) {
+      down_count_.fetch_add(1, std::memory_order_relaxed);
+    }
+    return fall_back(false);
+  }
   const uint64_t size = catalog_.file_size(loc.file);
   if ((size != Catalog::kUnknownSize && bytes.size() != size) || crc32c(bytes) != crc) {
     return fall_back(true);
@@ -273,6 +283,7 @@ PeerCounts Peers::counts() const {
   c.beyond_budget = beyond_.load(std::memory_order_relaxed);
   c.served = served_.load(std::memory_order_relaxed);
   c.served_bytes = served_bytes_.load(std::memory_order_relaxed);
+  c.down = down_count_.load(std::memory_order_relaxed);
   return c;
 }
 

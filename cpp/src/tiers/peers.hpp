@@ -14,6 +14,9 @@
 //    another node) from that copy's owner rank over MPI into memory, else from the source. A reply
 //    carries the size and the CRC-32C of the owner's stage index; a mismatch, no answer within
 //    peer_timeout, or a stopped peer means a read of the source (counted), never a wait beyond it.
+//  - a peer that said goodbye (its loader closed) or did not answer within peer_timeout (stalled,
+//    dead) is marked down: every later fetch of its files reads the source at once. So a dead peer
+//    costs each rank at most one peer_timeout (for the fetches under way when it stopped).
 #pragma once
 
 #include <atomic>
@@ -57,6 +60,7 @@ struct PeerCounts {
   uint64_t corrupt = 0;           // of those, replies whose size or CRC did not match
   uint64_t beyond_budget = 0;     // uses of samples beyond their owner node's home budget
   uint64_t served = 0, served_bytes = 0;  // answers this rank gave with bytes
+  uint64_t down = 0;  // peers marked down: said goodbye, or gave no answer within the timeout
 };
 
 // Thread-safe. Starting it is collective: every rank of the job constructs its loader's Peers
@@ -115,8 +119,9 @@ class Peers {
   std::atomic<bool> closing_{false};
   Ownership own_;
   std::vector<uint64_t> node_of_;  // per rank
+  std::unique_ptr<std::atomic<uint8_t>[]> down_;  // per rank: marked down
   std::atomic<uint64_t> reads_{0}, bytes_{0}, fallbacks_{0}, corrupt_{0}, beyond_{0}, served_{0},
-      served_bytes_{0};
+      served_bytes_{0}, down_count_{0};
 };
 
 }  // namespace prestage::detail

@@ -38,6 +38,15 @@ struct TransportConfig {
   PeerServe serve;
 };
 
+// How a request() ended.
+enum class RequestEnd : uint32_t {
+  kReply = 0,     // the peer answered (with bytes or without)
+  kNoAnswer = 1,  // no answer within the timeout: the peer stalled or died (it answers "absent"
+                  // before a requester's time runs out while it waits for a copy that is coming)
+  kGone = 2,      // the peer said goodbye (its loader closed): it will answer no more
+  kStopped = 3,   // this transport stopped
+};
+
 // Thread-safe: request() may be called from any number of threads at once; the MPI calls are made
 // by the transport's one progress thread (and by the starting thread before it exists).
 class Transport {
@@ -50,11 +59,13 @@ class Transport {
   // Per rank: the TransportConfig::value it started with.
   virtual const std::vector<uint64_t>& values() const = 0;
   // Asks rank `rank` for file `file` and waits up to `timeout` for its answer: true with the bytes
-  // and their CRC in `bytes` and `crc`, false for an absent copy, a timeout or a stopped transport.
+  // and their CRC in `bytes` and `crc`, false for an absent copy, a timeout, a peer that said
+  // goodbye (false at once from then on) or a stopped transport; `end` (if given) says which.
   virtual bool request(uint64_t rank, uint64_t file, std::chrono::milliseconds timeout,
-                       std::vector<std::byte>& bytes, uint32_t& crc) = 0;
-  // Stops serving and ends the waits under way (they return false); returns promptly whatever the
-  // other ranks do (no collective call). Idempotent.
+                       std::vector<std::byte>& bytes, uint32_t& crc, RequestEnd* end = nullptr) = 0;
+  // Stops serving, answers the requests it was holding back (absent), says goodbye to every other
+  // rank (their waits on this one end at once) and ends the waits under way (they return false);
+  // returns promptly whatever the other ranks do (no collective call). Idempotent.
   virtual void stop() = 0;
 };
 
