@@ -2,7 +2,8 @@
 (PRESTAGE_NODE), one stage directory per node, reading through the emulated PFS. Over 3 epochs every
 file is opened on the PFS once, the batches are those of a run without peers, and the bytes each
 rank fetched from peers are what the plan predicts (computed here from prestage.plan alone); a rank
-that stops answering costs the others reads of the source within peer_timeout, a corrupted home copy
+that closes says goodbye and one that stalls costs the others one peer_timeout (both are then marked
+down and their files read from the source at once), no close waits on a closed peer, a corrupted home copy
 is caught by its CRC and read again, and a launch without mpirun reports the tier off."""
 
 import hashlib
@@ -256,7 +257,7 @@ def test_a_home_budget_keeps_the_first_files_and_reads_the_rest_from_the_pfs(job
         assert epochs[1]["source_reads"] == sum(beyond[30:60]) + epochs[1]["copies_made"]
 
 
-def test_a_stopped_peer_and_a_corrupted_home_copy_cost_reads_of_the_pfs_not_a_hang(job):
+def test_a_closed_peer_and_a_corrupted_home_copy_cost_reads_of_the_pfs_not_a_hang(job):
     run, cat, emulator, backing = job
     owner, home = ownership(cat, backing)
     # A file of rank 2's that rank 0 uses in the last batch of epoch 1 (planned after the barrier).
@@ -284,12 +285,14 @@ def test_a_stopped_peer_and_a_corrupted_home_copy_cost_reads_of_the_pfs_not_a_ha
         # (Less the home copies of its own node it made because its neighbour had not reached them.)
         fetched_or_read = epoch1["peer_reads"] + epoch1["source_reads"] - epoch1["copies_made"]
         assert fetched_or_read == len(uses)
-        # Rank 3 answers no more: its files (but those fetched before it stopped) were read from
-        # the PFS, each after peer_timeout.
+        # Rank 3 closed and said goodbye: its files (but those fetched before it stopped) were
+        # read from the PFS at once, and it is marked down (a peer that left on purpose: these
+        # reads are not counted as fallbacks).
         refused = int(rank == 0)  # the victim
-        fallbacks = epoch1["source_reads"] - epoch1["copies_made"] - refused
-        assert 0 < fallbacks <= sum(owner[i] == 3 for i in uses)
-        assert s["peer_fallbacks"] >= fallbacks + s["peer_corrupt"]
+        from_pfs = epoch1["source_reads"] - epoch1["copies_made"] - refused
+        assert 0 < from_pfs <= sum(owner[i] == 3 for i in uses)
+        assert s["peers_down"] == 1
+        assert s["peer_fallbacks"] >= refused + s["peer_corrupt"]
 
 
 PLAIN = textwrap.dedent("""

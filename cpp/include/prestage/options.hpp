@@ -105,7 +105,8 @@ struct LoaderOptions {
   uint64_t lookahead = kAuto;    // batches that stage 2 may work on ahead of stage 3
   // Online self-tuning: while the job runs, the loader adjusts the values left at kAuto (readers:
   // the samples decoded at once, up to this rank's share of the CPUs; prefetchers: the reads in
-  // flight, up to 128; lookahead, up to 32) from what it measures, within memory_budget. A value
+  // flight, up to 128; lookahead, up to 32, but not with a stage directory bounded below the data
+  // set, whose eviction window is fixed) from what it measures, within memory_budget. A value
   // given is kept as it is. false: the values sized to the machine stay fixed. Stats::tuning says
   // what it did; pipeline/tuner.hpp how.
   bool autotune = true;

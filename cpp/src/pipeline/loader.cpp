@@ -282,6 +282,9 @@ Loader::Impl::Impl(Catalog catalog_in, LoaderOptions options_in)
                              : o.cache_bytes == LoaderOptions::kFitFreeSpace
                                  ? fit_free_space(*shared->stage_dir, shared->catalog)
                                  : o.cache_bytes;
+      // A bounded directory evicts in plan order around the batches in flight, a window fixed
+      // here: the self-tuning leaves lookahead as it is then.
+      if (bound != 0) shared->lookahead_max = o.lookahead;
       shared->cache = std::make_unique<detail::StageCache>(shared->catalog, shared->plan,
                                                            *shared->stage_dir, bound, o.eviction,
                                                            shared->lookahead_max + o.depth + 2);

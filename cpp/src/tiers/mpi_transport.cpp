@@ -222,14 +222,19 @@ class MpiTransport final : public Transport {
     s.buffer.resize(head_size + body_size);
     std::memcpy(s.buffer.data(), head, head_size);
     if (body_size != 0) std::memcpy(s.buffer.data() + head_size, body, body_size);
-    MPI_Isend(s.buffer.data(), static_cast<int>(s.buffer.size()), MPI_BYTE, to, tag, comm_, &s.request);
+    // A send to a rank whose process has ended (a goodbye to a rank that exited first) fails: the
+    // communicator returns errors instead of aborting the job, and the message is dropped.
+    if (MPI_Isend(s.buffer.data(), static_cast<int>(s.buffer.size()), MPI_BYTE, to, tag, comm_,
+                  &s.request) != MPI_SUCCESS) {
+      sends_.pop_back();
+    }
   }
 
   void test_sends() {
     for (auto it = sends_.begin(); it != sends_.end();) {
       int done = 0;
-      MPI_Test(&it->request, &done, MPI_STATUS_IGNORE);
-      it = done ? sends_.erase(it) : std::next(it);
+      const bool failed = MPI_Test(&it->request, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS;
+      it = done || failed ? sends_.erase(it) : std::next(it);
     }
   }
 
@@ -463,6 +468,9 @@ Transport* start(const TransportConfig& config, std::string& error) {
   }
   MPI_Comm comm;
   MPI_Comm_dup(base, &comm);
+  // Errors on the tier's own communicator are returned, not fatal: a rank that has ended must not
+  // take the job down with it (see send()).
+  MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN);
   MPI_Comm node_comm;
   if (config.node_override >= 0) {
     MPI_Comm_split(comm, static_cast<int>(config.node_override % INT_MAX), rank, &node_comm);

@@ -143,7 +143,11 @@ Peers::Peers(const Catalog& catalog, const PlanOptions& plan, StageDirectory* st
   }
   node_of_ = transport_->nodes();
   down_ = std::make_unique<std::atomic<uint8_t>[]>(node_of_.size());
-  for (size_t r = 0; r < node_of_.size(); ++r) down_[r].store(0, std::memory_order_relaxed);
+  gone_ = std::make_unique<std::atomic<uint8_t>[]>(node_of_.size());
+  for (size_t r = 0; r < node_of_.size(); ++r) {
+    down_[r].store(0, std::memory_order_relaxed);
+    gone_[r].store(0, std::memory_order_relaxed);
+  }
 }
 
 Peers::~Peers() {
@@ -191,14 +195,19 @@ Peers::Fetched Peers::fetch(const Catalog::Locator& loc, std::vector<std::byte>&
     if (corrupt) corrupt_.fetch_add(1, std::memory_order_relaxed);
     return Fetched::kNone;
   };
-  if (down_[owner].load(std::memory_order_acquire)) return fall_back(false);
+  // A peer that said goodbye has closed its loader on purpose (its job is ending): reading the
+  // source instead is no failure of the tier, and is not counted as a fallback.
+  if (down_[owner].load(std::memory_order_acquire)) {
+    return gone_[owner].load(std::memory_order_relaxed) ? Fetched::kNone : fall_back(false);
+  }
   RequestEnd end = RequestEnd::kReply;
   if (!transport_->request(owner, loc.file, options_.timeout, bytes, crc, &end)) {
+    if (end == RequestEnd::kGone) gone_[owner].store(1, std::memory_order_relaxed);
     if ((end == RequestEnd::kNoAnswer || end == RequestEnd::kGone) &&
         down_[owner].exchange(1, std::memory_order_acq_rel) == 0) {
       down_count_.fetch_add(1, std::memory_order_relaxed);
     }
-    return fall_back(false);
+    return end == RequestEnd::kGone ? Fetched::kNone : fall_back(false);
   }
   const uint64_t size = catalog_.file_size(loc.file);
   if ((size != Catalog::kUnknownSize && bytes.size() != size) || crc32c(bytes) != crc) {

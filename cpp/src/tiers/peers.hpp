@@ -120,6 +120,7 @@ class Peers {
   Ownership own_;
   std::vector<uint64_t> node_of_;  // per rank
   std::unique_ptr<std::atomic<uint8_t>[]> down_;  // per rank: marked down
+  std::unique_ptr<std::atomic<uint8_t>[]> gone_;  // per rank: said goodbye (also down)
   std::atomic<uint64_t> reads_{0}, bytes_{0}, fallbacks_{0}, corrupt_{0}, beyond_{0}, served_{0},
       served_bytes_{0}, down_count_{0};
 };

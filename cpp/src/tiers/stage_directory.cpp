@@ -651,9 +651,14 @@ bool StageDirectory::verify(uint64_t id, std::vector<std::byte>& buffer) {
 }
 
 void StageDirectory::reject(uint64_t id) noexcept {
-  corrupt_.fetch_add(1, std::memory_order_relaxed);
   checked_[id].store(0, std::memory_order_relaxed);
-  discard(id);
+  // Counted once per copy: threads that read the same copy at once (samples of one shard) each
+  // find it corrupt; the one that takes it off the disk counts it.
+  if (table_->remove_held(id)) {
+    corrupt_.fetch_add(1, std::memory_order_relaxed);
+    remove_copy(id);
+  }
+  forget(id);
 }
 
 bool StageDirectory::intact(uint64_t id, std::span<const std::byte> bytes) noexcept {

@@ -214,7 +214,7 @@ class StageDirectory {
   void forget(uint64_t id) noexcept;  // staged in this view -> absent (its copy is gone)
   void give_back_copy(uint64_t id) noexcept;  // stage()'s own claim (copying -> absent)
   void discard(uint64_t id) noexcept;  // a corrupt or vanished copy: removed, whoever holds it
-  void reject(uint64_t id) noexcept;   // a corrupt copy: discarded and counted
+  void reject(uint64_t id) noexcept;   // a corrupt copy: discarded and counted (once per copy)
   // Unlinks the copy the table has just marked gone, and gives its bytes back to the node.
   void remove_copy(uint64_t id) noexcept;
   bool open_index(const std::string& index);
