@@ -8,8 +8,9 @@ Needs mpirun (OpenMPI) and libprestage_mpi.so beside the prestage extension. The
 folder of equal-size raw files; the bytes are counted by the loaders (stats()["epochs"], summed over
 the ranks), which test_peers.py checks against the PFS emulator's own counts. Ranks meet at a barrier
 after every epoch, as a training step's all-reduce makes them. Each figure is the median of --runs
-jobs (which ranks make the few home copies a neighbour had not reached yet varies with timing).
-Prints a Markdown table.
+jobs (which ranks make the few home copies a neighbour had not reached yet varies with timing), with
+the job's wall time (mpirun start to end: start-up, epochs and the ranks' closing). Prints a Markdown
+table.
 """
 
 from __future__ import annotations
@@ -58,14 +59,16 @@ def rank_main(cfg: dict) -> None:
     barrier("closed")
 
 
-def run_job(catalog: Path, work: Path, cache_bytes: int, peers: bool, epochs: int) -> list:
-    """Per epoch: (PFS bytes, peer bytes), summed over the ranks."""
+def run_job(catalog: Path, work: Path, cache_bytes: int, peers: bool, epochs: int) -> tuple:
+    """(per epoch: (PFS bytes, peer bytes) summed over the ranks; the job's wall seconds, mpirun
+    start to end)."""
     for d in ("stage", "barrier", "out"):
         shutil.rmtree(work / d, ignore_errors=True)
         (work / d).mkdir(parents=True)
     cfg = dict(catalog=str(catalog), stage=str(work / "stage"), barrier=str(work / "barrier"),
                out=str(work / "out"), cache_bytes=cache_bytes, peers=peers, epochs=epochs)
     env = dict(os.environ, OMPI_MCA_btl_vader_single_copy_mechanism="none")
+    started = time.monotonic()
     subprocess.run(["mpirun", "--oversubscribe", "--allow-run-as-root", "-np", str(WORLD), sys.executable,
                     __file__, "--rank", json.dumps(cfg)], env=env, check=True, timeout=600)
     ranks = [json.loads((work / "out" / f"{r}.json").read_text()) for r in range(WORLD)]
@@ -75,7 +78,7 @@ def run_job(catalog: Path, work: Path, cache_bytes: int, peers: bool, epochs: in
     for epoch in range(epochs):
         rows = [e for r in ranks for e in r["epochs"] if e["epoch"] == epoch]
         totals.append((sum(e["bytes_from_source"] for e in rows), sum(e["bytes_from_peers"] for e in rows)))
-    return totals
+    return totals, time.monotonic() - started
 
 
 def main() -> None:
@@ -101,11 +104,13 @@ def main() -> None:
         catalog = work / "set.catalog"
         prestage.Catalog.from_folder(source.parent, extensions=[".bin"]).save(catalog)
         set_bytes = args.files * args.size
-        results = {}
+        results, job_s = {}, {}
         for share in (25, 50, 100):
             per_node = set_bytes * share // 100 // NODES
             for peers in (False, True):
-                runs = [run_job(catalog, work, per_node, peers, args.epochs) for _ in range(args.runs)]
+                jobs = [run_job(catalog, work, per_node, peers, args.epochs) for _ in range(args.runs)]
+                runs = [totals for totals, _ in jobs]
+                job_s[(share, peers)] = statistics.median(s for _, s in jobs)
                 results[(share, peers)] = [
                     tuple(statistics.median(run[e][i] for run in runs) for i in (0, 1))
                     for e in range(args.epochs)]
@@ -114,8 +119,8 @@ def main() -> None:
     print(f"{WORLD} ranks = {NODES} nodes x {WORLD // NODES}, {args.files} files of {args.size} bytes "
           f"({set_bytes / mb:.1f} MB), {args.epochs} epochs; PFS MB per epoch (peer MB in brackets)\n")
     print("| aggregate cache | peers | " + " | ".join(f"epoch {e}" for e in range(args.epochs)) +
-          " | PFS total | with / without |")
-    print("|---|---|" + "---|" * args.epochs + "---|---|")
+          " | PFS total | with / without | job s |")
+    print("|---|---|" + "---|" * args.epochs + "---|---|---|")
     for share in (25, 50, 100):
         base = sum(b for b, _ in results[(share, False)])
         for peers in (False, True):
@@ -124,7 +129,7 @@ def main() -> None:
             cells = [f"{b / mb:.2f}" + (f" ({q / mb:.2f})" if peers else "") for b, q in row]
             ratio = f"{total / base:.2f}" if peers else "1"
             print(f"| {share}% | {'yes' if peers else 'no'} | " + " | ".join(cells) +
-                  f" | {total / mb:.2f} | {ratio} |")
+                  f" | {total / mb:.2f} | {ratio} | {job_s[(share, peers)]:.1f} |")
     if args.json:
         args.json.write_text(json.dumps({f"{s}-{'peers' if p else 'no-peers'}": v
                                          for (s, p), v in results.items()}, indent=1))
