@@ -3,6 +3,8 @@
 // the consumer instead of a wait for ever.
 #include <doctest/doctest.h>
 
+#include <oneapi/tbb/global_control.h>
+
 #include <chrono>
 #include <memory>
 #include <stdexcept>
@@ -236,4 +238,52 @@ TEST_CASE("pipeline: a broken invariant inside a node is raised at pop, not wait
   CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(10));
   CHECK_THROWS_AS(pipeline.pop(std::chrono::seconds(1)), std::logic_error);  // and again
   for (detail::Slot* slot : delivered) ring->release(slot);
+}
+
+TEST_CASE("pipeline: lookahead and decode concurrency change while batches flow; none is lost") {
+  TempDir dir;
+  std::vector<std::string> names;
+  for (int i = 0; i < 48; ++i) {
+    names.push_back("f" + std::to_string(i));
+    prestage::test::write_file(dir / names.back(), std::vector<unsigned char>(16, static_cast<unsigned char>(i)));
+  }
+  const Catalog cat = Catalog::from_paths(dir.path(), names);
+  LoaderOptions o = in_order(DecodeMode::kRaw, 2);
+  o.lookahead = 2;
+  o.depth = 3;
+  namespace detail = prestage::detail;
+  // The arena and the window sized for 4 decode threads and a lookahead of 8.
+  const tbb::global_control workers(tbb::global_control::max_allowed_parallelism, 5);
+  detail::Shared shared(cat, o, 4, 8);
+  shared.codec = detail::Codec::choose(shared.catalog, shared.options);
+  shared.tiers = std::make_unique<detail::Tiers>(shared.catalog, nullptr, UINT64_MAX);
+  shared.decoder = std::make_unique<detail::BatchDecoder>(shared.options, shared.codec,
+                                                          prestage::ImageSize{}, nullptr,
+                                                          *shared.tiers);
+  shared.stager = std::make_unique<detail::Stager>(*shared.tiers, 0);
+  shared.decoder->set_concurrency(2);
+  shared.arena.initialize();
+  auto ring = std::make_shared<detail::BatchRing>(o.depth, o.batch_size, 0, DecodeMode::kRaw);
+  {
+    detail::Pipeline pipeline(shared, ring, 0, 0);
+    const uint64_t lookaheads[] = {8, 1, 5, 2, 8, 3, 1};
+    const uint64_t decoders[] = {1, detail::Gate::kOpen, 3, 1, 4, 2};
+    // Two epochs of 24 batches, in order, each sample its own bytes.
+    for (uint64_t n = 0; n < 48; ++n) {
+      if (n % 3 == 0) pipeline.set_lookahead(lookaheads[(n / 3) % 7]);
+      if (n % 4 == 1) shared.decoder->set_concurrency(decoders[(n / 4) % 6]);
+      detail::Slot* slot = pipeline.pop(std::chrono::seconds(60));
+      REQUIRE(slot != nullptr);
+      CHECK(slot->epoch == n / 24);
+      CHECK(slot->index == n % 24);
+      REQUIRE(slot->indices.size() == 2);
+      for (size_t k = 0; k < 2; ++k) {
+        CHECK(slot->indices[k] == static_cast<int64_t>((n % 24) * 2 + k));
+        const auto* bytes = reinterpret_cast<const unsigned char*>(slot->data.data()) + slot->offsets[k];
+        CHECK(bytes[0] == static_cast<unsigned char>(slot->indices[k]));
+      }
+      ring->release(slot);
+    }
+  }
+  shared.arena.terminate();
 }
