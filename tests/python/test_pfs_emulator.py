@@ -97,6 +97,12 @@ def test_counts_opens_and_bytes_per_path(backing: Path, mount: Path) -> None:
     assert 1000 <= paths["big/big_2.bin"]["bytes"] <= BIG
 
 
+def assert_latency_ms(samples: list, want: float) -> None:
+    """The median operation took the latency: never less (less 10% for the clock), and below 1.75x
+    (a machine under load stretches sleeps; the latency charged twice would give 2x)."""
+    assert 0.9 * want <= median_ms(samples) < 1.75 * want
+
+
 def test_open_latency_is_honoured(backing: Path, mount: Path) -> None:
     with emulator(backing, mount, open_ms=20, read_ms=0, getattr_ms=0):
         os.listdir(mount / "a")
@@ -106,7 +112,7 @@ def test_open_latency_is_honoured(backing: Path, mount: Path) -> None:
             fd = os.open(mount / "a" / f"small_{i:02d}.bin", os.O_RDONLY)
             samples.append(time.perf_counter() - start)
             os.close(fd)
-    assert median_ms(samples) == pytest.approx(20, rel=0.10)
+    assert_latency_ms(samples, 20)
 
 
 def test_read_latency_is_honoured_per_request(backing: Path, mount: Path) -> None:
@@ -122,7 +128,7 @@ def test_read_latency_is_honoured_per_request(backing: Path, mount: Path) -> Non
             assert len(data) == SMALL
         reads = pfs.stats()["ops"]["read"] - before
     assert reads == 12  # a 4 KB file is one read request
-    assert median_ms(samples) == pytest.approx(20, rel=0.10)
+    assert_latency_ms(samples, 20)
 
 
 def test_getattr_latency_is_honoured(backing: Path, mount: Path) -> None:
@@ -133,7 +139,7 @@ def test_getattr_latency_is_honoured(backing: Path, mount: Path) -> None:
             start = time.perf_counter()
             os.stat(mount / "a" / f"small_{i:02d}.bin")
             samples.append(time.perf_counter() - start)
-    assert median_ms(samples) == pytest.approx(20, rel=0.10)
+    assert_latency_ms(samples, 20)
 
 
 def test_bandwidth_cap_is_honoured_in_aggregate(backing: Path, mount: Path) -> None:
