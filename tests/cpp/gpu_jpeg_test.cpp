@@ -175,7 +175,8 @@ const gpu::Libraries& fake_libraries() {
   return libraries;
 }
 
-GpuJpegDecoder::Options options(size_t max_batch, Transform transform, double cpu_share = 0.0) {
+GpuJpegDecoder::Options options(size_t max_batch, Transform transform, double cpu_share = 0.0,
+                                size_t outputs = 1) {
   GpuJpegDecoder::Options o;
   o.max_batch = max_batch;
   o.size = ImageSize{32, 40};
@@ -183,6 +184,7 @@ GpuJpegDecoder::Options options(size_t max_batch, Transform transform, double cp
   o.seed = 1234;
   o.max_pixels = 1 << 24;
   o.cpu_share = cpu_share;
+  o.outputs = outputs;
   return o;
 }
 
@@ -226,8 +228,8 @@ std::vector<uint8_t> cpu_result(const GpuJpegDecoder::Options& o, const GpuJpegD
 }
 
 // The fake's device memory is host memory: the output is read in place.
-const uint8_t* sample_at(const GpuJpegDecoder& d, size_t i) {
-  return reinterpret_cast<const uint8_t*>(d.output()) + i * d.sample_bytes();
+const uint8_t* sample_at(const GpuJpegDecoder& d, size_t i, size_t k = 0) {
+  return reinterpret_cast<const uint8_t*>(d.output(k)) + i * d.sample_bytes();
 }
 
 }  // namespace
@@ -292,12 +294,12 @@ TEST_CASE(
       CHECK(decoder.hardware() == (engines > 0));
       std::vector<GpuRoute> routes;
       std::vector<std::exception_ptr> errors;
-      decoder.decode(batch.make(0), routes, errors);
+      decoder.decode(batch.make(0), 0, routes, errors);
       const auto warm = fakes.objects();
       const uint64_t growths = decoder.counters().buffer_growths;
       // The steady state: the same batch shapes again allocate nothing.
       for (uint64_t epoch = 1; epoch < 4; ++epoch) {
-        decoder.decode(batch.make(epoch), routes, errors);
+        decoder.decode(batch.make(epoch), 0, routes, errors);
       }
       CHECK(created_since(warm, fakes.objects()) == 0);
       CHECK(decoder.counters().buffer_growths == growths);
@@ -309,7 +311,7 @@ TEST_CASE(
     CHECK(after[12] - before[12] == (engines > 0 ? 2u : 1u));  // nvJPEG handles
     CHECK(after[18] - before[18] == (engines > 0 ? 8u : 0u));  // nvJPEG JPEG streams
     CHECK(after[6] - before[6] == 1);                           // CUDA streams
-    CHECK(after[9] - before[9] == 1);                           // CUDA events
+    CHECK(after[9] - before[9] == 2);  // CUDA events: the output's and the staging's
   }
 }
 
@@ -323,7 +325,7 @@ TEST_CASE("gpu jpeg: the CPU path's crop boxes, and pixels within a tolerance of
     std::vector<GpuRoute> routes;
     std::vector<std::exception_ptr> errors;
     auto& samples = batch.make(3);
-    decoder.decode(samples, routes, errors);
+    decoder.decode(samples, 0, routes, errors);
     const auto resizes = fakes.resize_log();
     REQUIRE(resizes.size() == samples.size());
     size_t flips = 0;
@@ -382,7 +384,7 @@ TEST_CASE("gpu jpeg: baseline to the hardware engine, progressive to the default
   std::vector<GpuRoute> routes;
   std::vector<std::exception_ptr> errors;
   auto& samples = batch.make(0);
-  decoder.decode(samples, routes, errors);
+  decoder.decode(samples, 0, routes, errors);
   const std::vector<GpuRoute> expected = {GpuRoute::kHardware,       GpuRoute::kGpu,
                                           GpuRoute::kCpuUnsupported, GpuRoute::kCpuUnsupported,
                                           GpuRoute::kHardware,       GpuRoute::kHardware};
@@ -413,7 +415,7 @@ TEST_CASE("gpu jpeg: without a hardware engine every GPU image goes to the defau
   GpuJpegDecoder decoder(fake_libraries(), options(8, Transform::kRandomResizedCrop));
   std::vector<GpuRoute> routes;
   std::vector<std::exception_ptr> errors;
-  decoder.decode(batch.make(0), routes, errors);
+  decoder.decode(batch.make(0), 0, routes, errors);
   CHECK(routes == std::vector<GpuRoute>(5, GpuRoute::kGpu));
   CHECK(fakes.batch_log() == std::vector<std::pair<int, int>>{{gpu::kBackendDefault, 5}});
 }
@@ -426,7 +428,7 @@ TEST_CASE("gpu jpeg: a fixed CPU share of each batch, decoded as the CPU path do
   std::vector<GpuRoute> routes;
   std::vector<std::exception_ptr> errors;
   auto& samples = batch.make(1);
-  decoder.decode(samples, routes, errors);
+  decoder.decode(samples, 0, routes, errors);
   for (size_t i = 0; i < 8; ++i) {
     CAPTURE(i);
     CHECK(routes[i] == (i < 6 ? GpuRoute::kHardware : GpuRoute::kCpuShare));
@@ -452,7 +454,7 @@ TEST_CASE(
   std::vector<GpuRoute> routes;
   std::vector<std::exception_ptr> errors;
   auto& samples = batch.make(0);
-  decoder.decode(samples, routes, errors);
+  decoder.decode(samples, 0, routes, errors);
   // The hardware lane fails as a whole (nvJPEG's batched decode has one status): its images go to
   // the CPU; the file that is not a JPEG never reaches the GPU.
   CHECK(routes[0] == GpuRoute::kCpuGpuFailed);
@@ -495,10 +497,10 @@ TEST_CASE("gpu jpeg: a call failing mid-batch is a GpuError; everything is still
     std::vector<GpuRoute> routes;
     std::vector<std::exception_ptr> errors;
     fakes.npp_fail("nppiResize_8u_C3R_Ctx", 3, -6);
-    CHECK_THROWS_AS(decoder.decode(batch.make(0), routes, errors), GpuError);
+    CHECK_THROWS_AS(decoder.decode(batch.make(0), 0, routes, errors), GpuError);
     // The decoder stays usable.
     fakes.npp_fail("", 0, 0);
-    decoder.decode(batch.make(0), routes, errors);
+    decoder.decode(batch.make(0), 0, routes, errors);
     CHECK(routes == std::vector<GpuRoute>(6, GpuRoute::kHardware));
   }
   SUBCASE("a host-to-device copy") {
@@ -506,16 +508,16 @@ TEST_CASE("gpu jpeg: a call failing mid-batch is a GpuError; everything is still
     std::vector<GpuRoute> routes;
     std::vector<std::exception_ptr> errors;
     fakes.cuda_fail("cudaMemcpyAsync", 2, 700);
-    CHECK_THROWS_AS(decoder.decode(batch.make(0), routes, errors), GpuError);
+    CHECK_THROWS_AS(decoder.decode(batch.make(0), 0, routes, errors), GpuError);
   }
   SUBCASE("the staging allocation") {
     GpuJpegDecoder decoder(fake_libraries(), options(8, Transform::kRandomResizedCrop));
     std::vector<GpuRoute> routes;
     std::vector<std::exception_ptr> errors;
     fakes.cuda_fail("cudaMalloc", 1, 2);
-    CHECK_THROWS_AS(decoder.decode(batch.make(0), routes, errors), GpuError);
+    CHECK_THROWS_AS(decoder.decode(batch.make(0), 0, routes, errors), GpuError);
     fakes.cuda_fail("", 0, 0);
-    decoder.decode(batch.make(0), routes, errors);
+    decoder.decode(batch.make(0), 0, routes, errors);
     CHECK(errors == std::vector<std::exception_ptr>(6));
   }
   SUBCASE("nvJPEG's batched decode: the lane goes to the CPU, no error") {
@@ -523,7 +525,7 @@ TEST_CASE("gpu jpeg: a call failing mid-batch is a GpuError; everything is still
     std::vector<GpuRoute> routes;
     std::vector<std::exception_ptr> errors;
     fakes.nvjpeg_fail("nvjpegDecodeBatched", 1, 6);
-    decoder.decode(batch.make(0), routes, errors);
+    decoder.decode(batch.make(0), 0, routes, errors);
     CHECK(routes == std::vector<GpuRoute>(6, GpuRoute::kCpuGpuFailed));
     CHECK(errors == std::vector<std::exception_ptr>(6));
   }
@@ -541,4 +543,28 @@ TEST_CASE("gpu jpeg: a call failing mid-batch is a GpuError; everything is still
     }
   }
   check_balanced(before, fakes.objects());
+}
+
+TEST_CASE("gpu jpeg: one device batch per output; a batch stays in its output while others fill") {
+  Fakes fakes(7);
+  const auto before = fakes.objects();
+  {
+    Batch first = mixed_sizes(4);
+    Batch second = mixed_sizes(6);
+    GpuJpegDecoder decoder(fake_libraries(), options(8, Transform::kRandomResizedCrop, 0.0, 3));
+    std::vector<GpuRoute> routes;
+    std::vector<std::exception_ptr> errors;
+    decoder.decode(first.make(0), 0, routes, errors);
+    const size_t bytes = 4 * decoder.sample_bytes();
+    const std::vector<uint8_t> kept(sample_at(decoder, 0, 0), sample_at(decoder, 0, 0) + bytes);
+    decoder.decode(second.make(1), 1, routes, errors);
+    decoder.decode(second.make(2), 2, routes, errors);
+    CHECK(std::memcmp(sample_at(decoder, 0, 0), kept.data(), bytes) == 0);
+    CHECK(decoder.output(0) != decoder.output(1));
+    CHECK(decoder.ready(0) != decoder.ready(1));
+    CHECK_THROWS_AS(decoder.decode(first.make(0), 3, routes, errors), std::logic_error);
+  }
+  const auto after = fakes.objects();
+  check_balanced(before, after);
+  CHECK(after[9] - before[9] == 4);  // CUDA events: 3 outputs, the staging
 }

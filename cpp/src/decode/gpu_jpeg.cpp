@@ -85,6 +85,7 @@ GpuJpegDecoder::GpuJpegDecoder(const gpu::Libraries& libraries, const Options& o
   if (!(options_.cpu_share >= 0.0 && options_.cpu_share < 1.0)) {
     throw ConfigError("gpu_cpu_share must be in [0, 1)");
   }
+  if (options_.outputs == 0) throw ConfigError("decode_device='cuda' needs at least one output");
   sample_bytes_ = size_t{options_.size.height} * options_.size.width * kRgbBytes;
   cpu_ = std::make_unique<Cpu>(options_.max_pixels);
   plan_ = std::make_unique<Plan>(options_.max_batch);
@@ -114,8 +115,15 @@ GpuJpegDecoder::GpuJpegDecoder(const gpu::Libraries& libraries, const Options& o
                "cudaStreamCreateWithFlags");
     npp_.stream = stream_;
     npp_.stream_flags = gpu::kStreamNonBlocking;
-    check_cuda(lib_.event_create_with_flags(&ready_, gpu::kEventDisableTiming),
+    check_cuda(lib_.event_create_with_flags(&staged_, gpu::kEventDisableTiming),
                "cudaEventCreateWithFlags");
+    ready_.reserve(options_.outputs);
+    for (size_t k = 0; k < options_.outputs; ++k) {
+      gpu::Event event = nullptr;
+      check_cuda(lib_.event_create_with_flags(&event, gpu::kEventDisableTiming),
+                 "cudaEventCreateWithFlags");
+      ready_.push_back(event);
+    }
 
     // The hardware engine where the library has the calls and the GPU has an engine: creating the
     // handle fails (NVJPEG_STATUS_ARCH_MISMATCH) without one, and some boards report 0 engines.
@@ -154,8 +162,12 @@ GpuJpegDecoder::GpuJpegDecoder(const gpu::Libraries& libraries, const Options& o
 
     const size_t batch_bytes = options_.max_batch * sample_bytes_;
     void* p = nullptr;
-    check_cuda(lib_.device_malloc(&p, batch_bytes), "cudaMalloc");
-    output_ = static_cast<std::byte*>(p);
+    outputs_.reserve(options_.outputs);
+    for (size_t k = 0; k < options_.outputs; ++k) {
+      p = nullptr;
+      check_cuda(lib_.device_malloc(&p, batch_bytes), "cudaMalloc");
+      outputs_.push_back(static_cast<std::byte*>(p));
+    }
     p = nullptr;
     check_cuda(lib_.device_malloc(&p, sample_bytes_), "cudaMalloc");
     flip_ = static_cast<std::byte*>(p);
@@ -175,10 +187,12 @@ void GpuJpegDecoder::destroy() noexcept {
   if (stream_ != nullptr) lib_.stream_synchronize(stream_);
   if (cpu_output_ != nullptr) lib_.free_host(cpu_output_);
   if (input_ != nullptr) lib_.free_host(input_);
-  for (std::byte* device : {output_, flip_, decoded_}) {
+  for (std::byte* device : outputs_) lib_.device_free(device);
+  outputs_.clear();
+  for (std::byte* device : {flip_, decoded_}) {
     if (device != nullptr) lib_.device_free(device);
   }
-  cpu_output_ = input_ = output_ = flip_ = decoded_ = nullptr;
+  cpu_output_ = input_ = flip_ = decoded_ = nullptr;
   for (gpu::NvjpegStream s : streams_) lib_.nvjpeg_stream_destroy(s);
   streams_.clear();
   if (state_ != nullptr) lib_.nvjpeg_state_destroy(state_);
@@ -189,9 +203,11 @@ void GpuJpegDecoder::destroy() noexcept {
   handle_ = nullptr;
   hw_state_ = nullptr;
   hw_handle_ = nullptr;
-  if (ready_ != nullptr) lib_.event_destroy(ready_);
+  for (gpu::Event event : ready_) lib_.event_destroy(event);
+  ready_.clear();
+  if (staged_ != nullptr) lib_.event_destroy(staged_);
   if (stream_ != nullptr) lib_.stream_destroy(stream_);
-  ready_ = nullptr;
+  staged_ = nullptr;
   stream_ = nullptr;
 }
 
@@ -238,25 +254,32 @@ void GpuJpegDecoder::grow_device(std::byte*& buffer, size_t& capacity, size_t ne
   ++counters_.buffer_growths;
 }
 
-void GpuJpegDecoder::decode(std::span<const Sample> samples, std::vector<GpuRoute>& routes,
+void GpuJpegDecoder::decode(std::span<const Sample> samples, size_t k,
+                            std::vector<GpuRoute>& routes,
                             std::vector<std::exception_ptr>& errors) {
   const size_t n = samples.size();
-  if (n > options_.max_batch) throw std::logic_error("GpuJpegDecoder::decode: batch too large");
+  if (n > options_.max_batch || k >= outputs_.size()) {
+    throw std::logic_error("GpuJpegDecoder::decode: batch too large or no such output");
+  }
   routes.assign(n, GpuRoute::kGpu);
   errors.assign(n, nullptr);
-  // The previous batch's work reads the staging buffers and writes output().
-  check_cuda(lib_.event_synchronize(ready_), "cudaEventSynchronize");
+  // The previous batch's work reads the staging buffers.
+  check_cuda(lib_.event_synchronize(staged_), "cudaEventSynchronize");
   try {
-    queue(samples, routes, errors);
+    queue(samples, outputs_[k], routes, errors);
   } catch (...) {
     // Work queued before the failure still reads the staging buffers: it ends before they are
-    // reused or freed (ready() was not recorded for it).
+    // reused or freed (staged_ was not recorded for it).
     lib_.stream_synchronize(stream_);
     throw;
   }
+  check_cuda(lib_.event_record(ready_[k], stream_), "cudaEventRecord");
+  check_cuda(lib_.event_record(staged_, stream_), "cudaEventRecord");
+  ++counters_.batches;
 }
 
-void GpuJpegDecoder::queue(std::span<const Sample> samples, std::vector<GpuRoute>& routes,
+void GpuJpegDecoder::queue(std::span<const Sample> samples, std::byte* output,
+                           std::vector<GpuRoute>& routes,
                            std::vector<std::exception_ptr>& errors) {
   const size_t n = samples.size();
   Plan& plan = *plan_;
@@ -352,7 +375,7 @@ void GpuJpegDecoder::queue(std::span<const Sample> samples, std::vector<GpuRoute
   for (size_t i = 0; i < n; ++i) {
     if (routes[i] != GpuRoute::kHardware && routes[i] != GpuRoute::kGpu) continue;
     const CropBox& box = plan.boxes[i];
-    std::byte* dst = output_ + i * sample_bytes_;
+    std::byte* dst = output + i * sample_bytes_;
     uint8_t* resized = reinterpret_cast<uint8_t*>(box.flip ? flip_ : dst);
     const int interpolation =
         box.width > out_w && box.height > out_h ? kNppInterSuper : gpu::kNppInterLinear;
@@ -400,12 +423,10 @@ void GpuJpegDecoder::queue(std::span<const Sample> samples, std::vector<GpuRoute
       errors[i] = std::current_exception();
       continue;
     }
-    check_cuda(lib_.memcpy_async(output_ + i * sample_bytes_, out.data(), sample_bytes_,
+    check_cuda(lib_.memcpy_async(output + i * sample_bytes_, out.data(), sample_bytes_,
                                  gpu::kMemcpyHostToDevice, stream_),
                "cudaMemcpyAsync");
   }
-  check_cuda(lib_.event_record(ready_, stream_), "cudaEventRecord");
-  ++counters_.batches;
 }
 
 }  // namespace prestage::detail

@@ -42,7 +42,7 @@ enum class GpuRoute : uint8_t {
 // height x width: the largest box of the output's aspect ratio, centred (integer source pixels).
 CropBox centre_crop_box(int height, int width, ImageSize size);
 
-// One decoder per GPU batch stream: owns a CUDA stream, an event, nvJPEG handles (hardware and
+// One decoder per GPU batch stream: owns a CUDA stream, events, nvJPEG handles (hardware and
 // default backends) and every buffer, created once (staging buffers grow only when a batch's
 // compressed bytes or decoded images exceed all before; none is allocated per image). Not
 // thread-safe: one thread calls decode() at a time.
@@ -55,6 +55,7 @@ class GpuJpegDecoder {
     uint64_t seed = 0;
     uint64_t max_pixels = 0;  // larger images go to the CPU path (which refuses them)
     double cpu_share = 0.0;                  // in [0, 1): the last round(share * n) go to the CPU
+    size_t outputs = 1;  // device batches, each with its event: one per slot of the batch ring
   };
   struct Sample {
     std::span<const std::byte> jpeg;  // host memory, valid during decode()
@@ -80,24 +81,26 @@ class GpuJpegDecoder {
   GpuJpegDecoder(const GpuJpegDecoder&) = delete;
   GpuJpegDecoder& operator=(const GpuJpegDecoder&) = delete;
 
-  // Decodes samples (at most max_batch) into output(): sample i at output() + i * sample_bytes().
-  // Waits first for the previous batch's work (its staging buffers are reused). Returns when the
-  // work is queued on stream(); ready() is recorded after it: wait on it (cudaStreamWaitEvent)
-  // before reading output(), which stays valid until the next decode(). routes[i] says where
-  // sample i went; errors[i] holds the CPU path's error for a sample it could not decode (its
-  // place in output() is then undefined), else null. Throws GpuError if a CUDA or NPP call fails.
-  void decode(std::span<const Sample> samples, std::vector<GpuRoute>& routes,
+  // Decodes samples (at most max_batch) into output(k) (k < outputs): sample i at output(k) + i *
+  // sample_bytes(). Waits first for the previous batch's work (the staging buffers are reused).
+  // Returns when the work is queued on stream(); ready(k) is recorded after it: wait on it
+  // (cudaStreamWaitEvent) before reading output(k), which stays valid until the next decode into
+  // k; the caller makes sure no work still reads output(k) when it passes k again (the ring's slot
+  // discipline). routes[i] says where sample i went; errors[i] holds the CPU path's error for a
+  // sample it could not decode (its place in output(k) is then undefined), else null. Throws
+  // GpuError if a CUDA or NPP call fails (output(k) is then undefined).
+  void decode(std::span<const Sample> samples, size_t k, std::vector<GpuRoute>& routes,
               std::vector<std::exception_ptr>& errors);
 
-  const std::byte* output() const noexcept { return output_; }  // device memory
+  const std::byte* output(size_t k) const noexcept { return outputs_[k]; }  // device memory
   size_t sample_bytes() const noexcept { return sample_bytes_; }
   gpu::Stream stream() const noexcept { return stream_; }
-  gpu::Event ready() const noexcept { return ready_; }
+  gpu::Event ready(size_t k) const noexcept { return ready_[k]; }
   bool hardware() const noexcept { return hw_handle_ != nullptr; }
   const Counters& counters() const noexcept { return counters_; }
 
  private:
-  void queue(std::span<const Sample> samples, std::vector<GpuRoute>& routes,
+  void queue(std::span<const Sample> samples, std::byte* output, std::vector<GpuRoute>& routes,
              std::vector<std::exception_ptr>& errors);
   void check_cuda(int code, const char* call) const;
   void check_nvjpeg(int code, const char* call) const;
@@ -112,7 +115,8 @@ class GpuJpegDecoder {
   int device_ = 0;
   gpu::NppStreamContext npp_{};
   gpu::Stream stream_ = nullptr;
-  gpu::Event ready_ = nullptr;
+  std::vector<gpu::Event> ready_;           // per output: its batch's work is done
+  gpu::Event staged_ = nullptr;             // the last batch's work is done with the staging
   gpu::NvjpegHandle hw_handle_ = nullptr;   // null: no hardware engine
   gpu::NvjpegState hw_state_ = nullptr;
   gpu::NvjpegHandle handle_ = nullptr;      // the default backend
@@ -122,7 +126,7 @@ class GpuJpegDecoder {
   size_t input_capacity_ = 0;
   std::byte* decoded_ = nullptr;            // device: the batch's full decoded images
   size_t decoded_capacity_ = 0;
-  std::byte* output_ = nullptr;             // device: max_batch * sample_bytes_
+  std::vector<std::byte*> outputs_;         // device: max_batch * sample_bytes_ each
   std::byte* flip_ = nullptr;               // device: one image, the resize before its mirror
   std::byte* cpu_output_ = nullptr;         // pinned: max_batch * sample_bytes_, the CPU's share
   struct Cpu;
