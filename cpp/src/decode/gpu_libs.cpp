@@ -121,6 +121,7 @@ bool Libraries::open(int which, const std::string& spec, const std::string& pack
 void Libraries::bind_all() {
   std::string missing;
   void* rt = handles_[kCudart];
+  bind(rt, "cudaGetDeviceCount", get_device_count, missing);
   bind(rt, "cudaGetDevice", get_device, missing);
   bind(rt, "cudaDeviceGetAttribute", device_get_attribute, missing);
   bind(rt, "cudaMalloc", device_malloc, missing);
@@ -164,6 +165,11 @@ void Libraries::bind_all() {
   bind(npp, "nppiMirror_8u_C3R_Ctx", npp_mirror_8u_c3r, missing);
   if (!missing.empty()) {
     why_ = opened_[kNpp] + " has no " + missing;
+    return;
+  }
+  int devices = 0;
+  if (const int code = get_device_count(&devices); code != kCudaSuccess || devices < 1) {
+    why_ = code != kCudaSuccess ? "cudaGetDeviceCount failed: " + cuda_error(code) : "no CUDA device";
     return;
   }
   available_ = true;

@@ -75,7 +75,8 @@ inline constexpr int kNppVerticalAxis = 1;        // NPP_VERTICAL_AXIS: mirrors 
 class Libraries {
  public:
   // Opens the libraries the specs name ("" each: its default search). Never throws: available() is
-  // false and why() names every place looked at when one is missing or lacks an entry point.
+  // false and why() names every place looked at when one is missing or lacks an entry point, or
+  // the runtime sees no device.
   Libraries(const std::string& cudart, const std::string& nvjpeg, const std::string& npp);
   ~Libraries();
   Libraries(const Libraries&) = delete;
@@ -103,6 +104,7 @@ class Libraries {
   std::string cuda_error(int code) const;
 
   // CUDA runtime.
+  int (*get_device_count)(int*) = nullptr;
   int (*get_device)(int*) = nullptr;
   int (*device_get_attribute)(int*, int, int) = nullptr;
   int (*device_malloc)(void**, size_t) = nullptr;
