@@ -602,7 +602,8 @@ TEST_CASE("gpu jpeg: one device batch per output; a batch stays in its output wh
 
 // On a machine with a GPU and the libraries (PRESTAGE_CUDART, PRESTAGE_NVJPEG, PRESTAGE_NPP or the
 // default search): the real nvJPEG and NPP against the CPU path. Elsewhere it says why and passes.
-TEST_CASE("gpu jpeg on a real GPU: the CPU path's pixels within a tolerance (skipped without one)") {
+TEST_CASE(
+    "gpu jpeg on a real GPU: the CPU path's pixels within a tolerance (skipped without one)") {
   const gpu::Libraries& real = gpu::Libraries::instance();
   if (!real.available()) {
     MESSAGE("no GPU decoding here: " << real.why());

@@ -169,7 +169,8 @@ void Libraries::bind_all() {
   }
   int devices = 0;
   if (const int code = get_device_count(&devices); code != kCudaSuccess || devices < 1) {
-    why_ = code != kCudaSuccess ? "cudaGetDeviceCount failed: " + cuda_error(code) : "no CUDA device";
+    why_ = code != kCudaSuccess ? "cudaGetDeviceCount failed: " + cuda_error(code)
+                                : std::string("no CUDA device");
     return;
   }
   available_ = true;
