@@ -641,3 +641,53 @@ TEST_CASE(
     CHECK(decoder.counters().buffer_growths <= 2);
   }
 }
+
+TEST_CASE("gpu jpeg: the centre crop box is Resize + CenterCrop's window in source pixels") {
+  // 100 x 200 (h x w) to 32 x 40: the height binds (scale 0.32), the window is 125 wide, centred
+  // at (200 - 125) / 2 = 37.5, rounded half to even as CenterCrop does.
+  CropBox box = prestage::detail::centre_crop_box(100, 200, ImageSize{32, 40});
+  CHECK(box.top == 0);
+  CHECK(box.height == 100);
+  CHECK(box.width == 125);
+  CHECK(box.left == 38);
+  CHECK_FALSE(box.flip);
+  // 300 x 90 to 32 x 40: the width binds (scale 4/9), the window is 72 high.
+  box = prestage::detail::centre_crop_box(300, 90, ImageSize{32, 40});
+  CHECK(box.left == 0);
+  CHECK(box.width == 90);
+  CHECK(box.height == 72);
+  CHECK(box.top == 114);
+  // The output's own aspect ratio: the whole image.
+  box = prestage::detail::centre_crop_box(64, 80, ImageSize{32, 40});
+  CHECK((box.top == 0 && box.left == 0 && box.height == 64 && box.width == 80));
+}
+
+TEST_CASE("gpu jpeg: an image over max_pixels goes to the CPU path, which refuses it as it does") {
+  Fakes fakes(7);
+  Batch batch;
+  batch.add(jpeg(96, 72, 0));
+  batch.add(jpeg(200, 150, 1));  // 30,000 pixels
+  auto o = options(4, Transform::kRandomResizedCrop);
+  o.max_pixels = 20'000;
+  GpuJpegDecoder decoder(fake_libraries(), o);
+  std::vector<GpuRoute> routes;
+  std::vector<std::exception_ptr> errors;
+  auto& samples = batch.make(0);
+  decoder.decode(samples, 0, routes, errors);
+  CHECK(routes[0] == GpuRoute::kHardware);
+  CHECK(routes[1] == GpuRoute::kCpuUnsupported);
+  CHECK(errors[0] == nullptr);
+  REQUIRE(errors[1] != nullptr);
+  std::string cpu_message;
+  try {
+    cpu_result(o, samples[1]);
+  } catch (const DecodeError& e) {
+    cpu_message = e.what();
+  }
+  REQUIRE_FALSE(cpu_message.empty());
+  try {
+    std::rethrow_exception(errors[1]);
+  } catch (const DecodeError& e) {
+    CHECK(std::string(e.what()) == cpu_message);
+  }
+}
