@@ -10,12 +10,17 @@
  * when it is loaded, the environment: FAKE_CUDART_DEVICES (default 1), FAKE_CUDART_COUNT_ERROR and
  * FAKE_CUDART_REGISTER_ERROR (a cudaError_t to return; default 0), and FAKE_CUDART_LOG (a file to which
  * each call is appended as one line: "<op> <pointer> <size> <device> <result>").
+ * Device memory, streams and events (for the GPU decoder): "device" memory is host memory (so the doubles
+ * of nvJPEG and NPP can write pixels the tests read back), copies are synchronous, streams and events are
+ * tokens; each object is tracked from its creation to its destruction (fake_cudart_objects), and a named
+ * call can be made to fail on its n-th use (fake_cudart_fail).
  * Thread-safe: one mutex around all state. Built for the tests only; never installed. */
 #include <pthread.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 enum { kSuccess = 0, kInvalidValue = 1, kInvalidDevice = 101, kAlreadyRegistered = 712,
        kNotRegistered = 713 };
@@ -179,4 +184,139 @@ size_t fake_cudart_registered(void) {
   size_t n = range_count;
   pthread_mutex_unlock(&mutex);
   return n;
+}
+
+/* --- device memory, streams and events --- */
+
+enum { kObjDevice = 0, kObjHost = 1, kObjStream = 2, kObjEvent = 3, kObjKinds = 4 };
+enum { kErrorMemoryAllocation = 2, kErrorInvalidResourceHandle = 400 };
+#define FAKE_MAX_OBJECTS 4096
+static struct { int kind; void* pointer; } objects[FAKE_MAX_OBJECTS];
+static size_t object_count;
+static size_t created[kObjKinds], destroyed[kObjKinds], bad_destroys[kObjKinds];
+static char fail_name[64];
+static int fail_nth, fail_code, fail_seen;
+
+/* Under the mutex: whether this call of `name` is the one made to fail. */
+static int failing(const char* name) {
+  if (fail_nth <= 0 || strcmp(name, fail_name) != 0) return 0;
+  return ++fail_seen == fail_nth;
+}
+
+static void track(int kind, void* pointer) {
+  if (object_count < FAKE_MAX_OBJECTS) {
+    objects[object_count].kind = kind;
+    objects[object_count].pointer = pointer;
+    ++object_count;
+  }
+  ++created[kind];
+}
+
+static int untrack(int kind, void* pointer) {
+  for (size_t i = 0; i < object_count; ++i) {
+    if (objects[i].kind == kind && objects[i].pointer == pointer) {
+      objects[i] = objects[--object_count];
+      ++destroyed[kind];
+      return 1;
+    }
+  }
+  ++bad_destroys[kind];
+  return 0;
+}
+
+static int make(int kind, void** out, size_t size, const char* name) {
+  pthread_mutex_lock(&mutex);
+  int result = failing(name) ? fail_code : kSuccess;
+  if (result == kSuccess) {
+    *out = malloc(size > 0 ? size : 1);
+    if (*out == NULL) result = kErrorMemoryAllocation;
+    else track(kind, *out);
+  }
+  pthread_mutex_unlock(&mutex);
+  return result;
+}
+
+static int unmake(int kind, void* pointer, const char* name) {
+  pthread_mutex_lock(&mutex);
+  int result = failing(name) ? fail_code : kSuccess;
+  if (result == kSuccess) {
+    if (untrack(kind, pointer)) free(pointer);
+    else result = kErrorInvalidResourceHandle;
+  }
+  pthread_mutex_unlock(&mutex);
+  return result;
+}
+
+static int live(int kind, void* pointer) {
+  for (size_t i = 0; i < object_count; ++i) {
+    if (objects[i].kind == kind && objects[i].pointer == pointer) return 1;
+  }
+  return 0;
+}
+
+static int use(int kind, void* pointer, const char* name) {
+  pthread_mutex_lock(&mutex);
+  int result = failing(name) ? fail_code : kSuccess;
+  if (result == kSuccess && pointer != NULL && !live(kind, pointer)) result = kErrorInvalidResourceHandle;
+  pthread_mutex_unlock(&mutex);
+  return result;
+}
+
+int cudaDeviceGetAttribute(int* value, int attribute, int device) {
+  (void)device;
+  pthread_mutex_lock(&mutex);
+  int result = failing("cudaDeviceGetAttribute") ? fail_code : kSuccess;
+  pthread_mutex_unlock(&mutex);
+  *value = attribute == 75 ? 9 : attribute == 8 ? 49152 : attribute == 16 ? 132 : 1024;
+  return result;
+}
+
+int cudaMalloc(void** pointer, size_t size) { return make(kObjDevice, pointer, size, "cudaMalloc"); }
+int cudaFree(void* pointer) { return unmake(kObjDevice, pointer, "cudaFree"); }
+int cudaHostAlloc(void** pointer, size_t size, unsigned flags) {
+  (void)flags;
+  return make(kObjHost, pointer, size, "cudaHostAlloc");
+}
+int cudaFreeHost(void* pointer) { return unmake(kObjHost, pointer, "cudaFreeHost"); }
+int cudaStreamCreateWithFlags(void** stream, unsigned flags) {
+  (void)flags;
+  return make(kObjStream, stream, 16, "cudaStreamCreateWithFlags");
+}
+int cudaStreamDestroy(void* stream) { return unmake(kObjStream, stream, "cudaStreamDestroy"); }
+int cudaStreamSynchronize(void* stream) { return use(kObjStream, stream, "cudaStreamSynchronize"); }
+int cudaEventCreateWithFlags(void** event, unsigned flags) {
+  (void)flags;
+  return make(kObjEvent, event, 16, "cudaEventCreateWithFlags");
+}
+int cudaEventDestroy(void* event) { return unmake(kObjEvent, event, "cudaEventDestroy"); }
+int cudaEventSynchronize(void* event) { return use(kObjEvent, event, "cudaEventSynchronize"); }
+int cudaEventRecord(void* event, void* stream) {
+  int result = use(kObjStream, stream, "cudaEventRecord");
+  return result == kSuccess ? use(kObjEvent, event, "") : result;
+}
+int cudaMemcpyAsync(void* dst, const void* src, size_t size, int kind, void* stream) {
+  (void)kind;
+  int result = use(kObjStream, stream, "cudaMemcpyAsync");
+  if (result == kSuccess) memcpy(dst, src, size);
+  return result;
+}
+
+/* Objects of `kind` (0 device memory, 1 pinned host memory, 2 streams, 3 events): out[0] created,
+ * out[1] destroyed, out[2] destructions of one never created or already destroyed. */
+void fake_cudart_objects(int kind, size_t out[3]) {
+  pthread_mutex_lock(&mutex);
+  out[0] = created[kind];
+  out[1] = destroyed[kind];
+  out[2] = bad_destroys[kind];
+  pthread_mutex_unlock(&mutex);
+}
+
+/* The `nth` call (from now, 1-based) of the entry point `name` returns `code`; nth 0: none fails. */
+void fake_cudart_fail(const char* name, int nth, int code) {
+  pthread_mutex_lock(&mutex);
+  snprintf(fail_name, sizeof fail_name, "%s", name);
+  fail_nth = nth;
+  fail_code = code;
+  fail_seen = 0;
+  pthread_mutex_unlock(&mutex);
 }

@@ -1,0 +1,432 @@
+#include "decode/gpu_jpeg.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <stdexcept>
+#include <string>
+#include <utility>
+
+#include "decode/jpeg.hpp"
+
+namespace prestage::detail {
+
+namespace {
+
+constexpr size_t kRgbBytes = 3;
+constexpr int kNppInterSuper = 8;  // NPPI_INTER_SUPER: area averaging, downscaling only
+
+// The centre of a gap split as torchvision's CenterCrop does (int(round(gap / 2.0)), half to even).
+int centre_offset(int gap) {
+  return static_cast<int>(std::nearbyint(static_cast<double>(gap) / 2.0));
+}
+
+bool gpu_can_take(int components, int subsampling) {
+  if (components != 1 && components != 3) return false;  // CMYK/YCCK, or no colour model nvJPEG has
+  return subsampling != gpu::kCss411 && subsampling != gpu::kCss410 &&
+         subsampling != gpu::kCss410V && subsampling != gpu::kCssUnknown;
+}
+
+}  // namespace
+
+CropBox centre_crop_box(int height, int width, ImageSize size) {
+  // Resize makes the binding side exactly the output's; the box is the output mapped back.
+  const int64_t out_h = size.height;
+  const int64_t out_w = size.width;
+  CropBox box;
+  if (out_h * width >= out_w * height) {  // height binds: full height, a centred strip of width
+    box.height = height;
+    box.width =
+        static_cast<int>(std::clamp<int64_t>((out_w * height + out_h / 2) / out_h, 1, width));
+  } else {
+    box.width = width;
+    box.height =
+        static_cast<int>(std::clamp<int64_t>((out_h * width + out_w / 2) / out_w, 1, height));
+  }
+  box.top = centre_offset(height - box.height);
+  box.left = centre_offset(width - box.width);
+  return box;
+}
+
+// The CPU path for the samples the GPU does not take.
+struct GpuJpegDecoder::Cpu {
+  explicit Cpu(uint64_t max_pixels) : jpeg(max_pixels) {}
+  JpegDecoder jpeg;
+};
+
+// Per-batch bookkeeping, sized for max_batch once.
+struct GpuJpegDecoder::Plan {
+  std::vector<CropBox> boxes;
+  std::vector<int> widths, heights;
+  std::vector<size_t> input_offsets, decoded_offsets;
+  // Per lane (0: hardware, 1: default): the positions, pointers, lengths and destinations.
+  std::vector<size_t> members[2];
+  std::vector<const unsigned char*> data[2];
+  std::vector<size_t> lengths[2];
+  std::vector<gpu::NvjpegImage> images[2];
+  explicit Plan(size_t n) : boxes(n), widths(n), heights(n), input_offsets(n), decoded_offsets(n) {
+    for (int lane = 0; lane < 2; ++lane) {
+      members[lane].reserve(n);
+      data[lane].reserve(n);
+      lengths[lane].reserve(n);
+      images[lane].reserve(n);
+    }
+  }
+};
+
+GpuJpegDecoder::GpuJpegDecoder(const gpu::Libraries& libraries, const Options& options)
+    : lib_(libraries), options_(options) {
+  if (!lib_.available()) throw ConfigError("decode_device='cuda': " + lib_.why());
+  if (options_.max_batch == 0 || options_.size.empty() || options_.size.height > 1u << 15 ||
+      options_.size.width > 1u << 15) {
+    throw ConfigError(
+        "decode_device='cuda' needs a batch size and an image_size (each side <= 32768)");
+  }
+  if (!(options_.cpu_share >= 0.0 && options_.cpu_share < 1.0)) {
+    throw ConfigError("gpu_cpu_share must be in [0, 1)");
+  }
+  if (options_.outputs == 0) throw ConfigError("decode_device='cuda' needs at least one output");
+  sample_bytes_ = size_t{options_.size.height} * options_.size.width * kRgbBytes;
+  cpu_ = std::make_unique<Cpu>(options_.max_pixels);
+  plan_ = std::make_unique<Plan>(options_.max_batch);
+  try {
+    check_cuda(lib_.get_device(&device_), "cudaGetDevice");
+    int value = 0;
+    npp_.device_id = device_;
+    check_cuda(lib_.device_get_attribute(&value, gpu::kAttrMultiProcessorCount, device_),
+               "cudaDeviceGetAttribute");
+    npp_.multiprocessor_count = value;
+    check_cuda(lib_.device_get_attribute(&value, gpu::kAttrMaxThreadsPerMultiProcessor, device_),
+               "cudaDeviceGetAttribute");
+    npp_.max_threads_per_multiprocessor = value;
+    check_cuda(lib_.device_get_attribute(&value, gpu::kAttrMaxThreadsPerBlock, device_),
+               "cudaDeviceGetAttribute");
+    npp_.max_threads_per_block = value;
+    check_cuda(lib_.device_get_attribute(&value, gpu::kAttrMaxSharedMemoryPerBlock, device_),
+               "cudaDeviceGetAttribute");
+    npp_.shared_mem_per_block = static_cast<size_t>(value);
+    check_cuda(lib_.device_get_attribute(&value, gpu::kAttrComputeCapabilityMajor, device_),
+               "cudaDeviceGetAttribute");
+    npp_.compute_capability_major = value;
+    check_cuda(lib_.device_get_attribute(&value, gpu::kAttrComputeCapabilityMinor, device_),
+               "cudaDeviceGetAttribute");
+    npp_.compute_capability_minor = value;
+    check_cuda(lib_.stream_create_with_flags(&stream_, gpu::kStreamNonBlocking),
+               "cudaStreamCreateWithFlags");
+    npp_.stream = stream_;
+    npp_.stream_flags = gpu::kStreamNonBlocking;
+    check_cuda(lib_.event_create_with_flags(&staged_, gpu::kEventDisableTiming),
+               "cudaEventCreateWithFlags");
+    ready_.reserve(options_.outputs);
+    for (size_t k = 0; k < options_.outputs; ++k) {
+      gpu::Event event = nullptr;
+      check_cuda(lib_.event_create_with_flags(&event, gpu::kEventDisableTiming),
+                 "cudaEventCreateWithFlags");
+      ready_.push_back(event);
+    }
+
+    // The hardware engine where the library has the calls and the GPU has an engine: creating the
+    // handle fails (NVJPEG_STATUS_ARCH_MISMATCH) without one, and some boards report 0 engines.
+    if (lib_.nvjpeg_get_hardware_decoder_info != nullptr &&
+        lib_.nvjpeg_create_ex(gpu::kBackendHardware, nullptr, nullptr, 0, &hw_handle_) ==
+            gpu::kNvjpegSuccess) {
+      unsigned engines = 0, cores = 0;
+      if (lib_.nvjpeg_get_hardware_decoder_info(hw_handle_, &engines, &cores) !=
+              gpu::kNvjpegSuccess ||
+          engines == 0) {
+        check_nvjpeg(lib_.nvjpeg_destroy(hw_handle_), "nvjpegDestroy");
+        hw_handle_ = nullptr;
+      }
+    } else {
+      hw_handle_ = nullptr;
+    }
+    if (hw_handle_ != nullptr) {
+      check_nvjpeg(lib_.nvjpeg_state_create(hw_handle_, &hw_state_), "nvjpegJpegStateCreate");
+      if (lib_.nvjpeg_decode_batched_pre_allocate != nullptr) {
+        // A hint: CSS 4:4:4 covers every subsampling, so the memory is reused by all.
+        check_nvjpeg(lib_.nvjpeg_decode_batched_pre_allocate(
+                         hw_handle_, hw_state_, static_cast<int>(options_.max_batch), 1, 1,
+                         gpu::kCss444, gpu::kOutputRgbi),
+                     "nvjpegDecodeBatchedPreAllocate");
+      }
+      streams_.reserve(options_.max_batch);
+      for (size_t i = 0; i < options_.max_batch; ++i) {
+        gpu::NvjpegStream s = nullptr;
+        check_nvjpeg(lib_.nvjpeg_stream_create(hw_handle_, &s), "nvjpegJpegStreamCreate");
+        streams_.push_back(s);
+      }
+    }
+    check_nvjpeg(lib_.nvjpeg_create_ex(gpu::kBackendDefault, nullptr, nullptr, 0, &handle_),
+                 "nvjpegCreateEx");
+    check_nvjpeg(lib_.nvjpeg_state_create(handle_, &state_), "nvjpegJpegStateCreate");
+
+    const size_t batch_bytes = options_.max_batch * sample_bytes_;
+    void* p = nullptr;
+    outputs_.reserve(options_.outputs);
+    for (size_t k = 0; k < options_.outputs; ++k) {
+      p = nullptr;
+      check_cuda(lib_.device_malloc(&p, batch_bytes), "cudaMalloc");
+      outputs_.push_back(static_cast<std::byte*>(p));
+    }
+    p = nullptr;
+    check_cuda(lib_.device_malloc(&p, sample_bytes_), "cudaMalloc");
+    flip_ = static_cast<std::byte*>(p);
+    p = nullptr;
+    check_cuda(lib_.host_alloc(&p, batch_bytes, gpu::kHostAllocPortable), "cudaHostAlloc");
+    cpu_output_ = static_cast<std::byte*>(p);
+  } catch (...) {
+    destroy();
+    throw;
+  }
+}
+
+GpuJpegDecoder::~GpuJpegDecoder() { destroy(); }
+
+void GpuJpegDecoder::destroy() noexcept {
+  // Work still queued reads these buffers: it finishes first.
+  if (stream_ != nullptr) lib_.stream_synchronize(stream_);
+  if (cpu_output_ != nullptr) lib_.free_host(cpu_output_);
+  if (input_ != nullptr) lib_.free_host(input_);
+  for (std::byte* device : outputs_) lib_.device_free(device);
+  outputs_.clear();
+  for (std::byte* device : {flip_, decoded_}) {
+    if (device != nullptr) lib_.device_free(device);
+  }
+  cpu_output_ = input_ = flip_ = decoded_ = nullptr;
+  for (gpu::NvjpegStream s : streams_) lib_.nvjpeg_stream_destroy(s);
+  streams_.clear();
+  if (state_ != nullptr) lib_.nvjpeg_state_destroy(state_);
+  if (handle_ != nullptr) lib_.nvjpeg_destroy(handle_);
+  if (hw_state_ != nullptr) lib_.nvjpeg_state_destroy(hw_state_);
+  if (hw_handle_ != nullptr) lib_.nvjpeg_destroy(hw_handle_);
+  state_ = nullptr;
+  handle_ = nullptr;
+  hw_state_ = nullptr;
+  hw_handle_ = nullptr;
+  for (gpu::Event event : ready_) lib_.event_destroy(event);
+  ready_.clear();
+  if (staged_ != nullptr) lib_.event_destroy(staged_);
+  if (stream_ != nullptr) lib_.stream_destroy(stream_);
+  staged_ = nullptr;
+  stream_ = nullptr;
+}
+
+void GpuJpegDecoder::check_cuda(int code, const char* call) const {
+  if (code != gpu::kCudaSuccess) {
+    throw GpuError(std::string("GPU decode: ") + call + " failed: " + lib_.cuda_error(code));
+  }
+}
+
+void GpuJpegDecoder::check_nvjpeg(int code, const char* call) const {
+  if (code != gpu::kNvjpegSuccess) {
+    throw GpuError(std::string("GPU decode: ") + call + " failed: nvjpegStatus " +
+                   std::to_string(code));
+  }
+}
+
+void GpuJpegDecoder::grow_host(std::byte*& buffer, size_t& capacity, size_t needed) {
+  if (needed <= capacity) return;
+  const size_t grown = std::max(needed + needed / 2, size_t{1} << 20);
+  if (buffer != nullptr) {
+    check_cuda(lib_.free_host(buffer), "cudaFreeHost");
+    buffer = nullptr;
+    capacity = 0;
+  }
+  void* p = nullptr;
+  check_cuda(lib_.host_alloc(&p, grown, gpu::kHostAllocPortable), "cudaHostAlloc");
+  buffer = static_cast<std::byte*>(p);
+  capacity = grown;
+  ++counters_.buffer_growths;
+}
+
+void GpuJpegDecoder::grow_device(std::byte*& buffer, size_t& capacity, size_t needed) {
+  if (needed <= capacity) return;
+  const size_t grown = std::max(needed + needed / 2, size_t{1} << 20);
+  if (buffer != nullptr) {
+    check_cuda(lib_.device_free(buffer), "cudaFree");
+    buffer = nullptr;
+    capacity = 0;
+  }
+  void* p = nullptr;
+  check_cuda(lib_.device_malloc(&p, grown), "cudaMalloc");
+  buffer = static_cast<std::byte*>(p);
+  capacity = grown;
+  ++counters_.buffer_growths;
+}
+
+void GpuJpegDecoder::decode(std::span<const Sample> samples, size_t k,
+                            std::vector<GpuRoute>& routes,
+                            std::vector<std::exception_ptr>& errors) {
+  const size_t n = samples.size();
+  if (n > options_.max_batch || k >= outputs_.size()) {
+    throw std::logic_error("GpuJpegDecoder::decode: batch too large or no such output");
+  }
+  routes.assign(n, GpuRoute::kGpu);
+  errors.assign(n, nullptr);
+  // The previous batch's work reads the staging buffers.
+  check_cuda(lib_.event_synchronize(staged_), "cudaEventSynchronize");
+  try {
+    queue(samples, outputs_[k], routes, errors);
+  } catch (...) {
+    // Work queued before the failure still reads the staging buffers: it ends before they are
+    // reused or freed (staged_ was not recorded for it).
+    lib_.stream_synchronize(stream_);
+    throw;
+  }
+  check_cuda(lib_.event_record(ready_[k], stream_), "cudaEventRecord");
+  check_cuda(lib_.event_record(staged_, stream_), "cudaEventRecord");
+  ++counters_.batches;
+}
+
+void GpuJpegDecoder::queue(std::span<const Sample> samples, std::byte* output,
+                           std::vector<GpuRoute>& routes,
+                           std::vector<std::exception_ptr>& errors) {
+  const size_t n = samples.size();
+  Plan& plan = *plan_;
+
+  // 1. Headers: which samples the GPU takes, their boxes and the staging they need.
+  const size_t cpu_count =
+      std::min(n, static_cast<size_t>(std::llround(options_.cpu_share * static_cast<double>(n))));
+  size_t input_bytes = 0, decoded_bytes = 0;
+  for (size_t i = 0; i < n; ++i) {
+    if (i >= n - cpu_count) {
+      routes[i] = GpuRoute::kCpuShare;
+      continue;
+    }
+    const Sample& s = samples[i];
+    int components = 0, subsampling = 0;
+    int widths[gpu::kNvjpegMaxComponent] = {}, heights[gpu::kNvjpegMaxComponent] = {};
+    const int status = lib_.nvjpeg_get_image_info(
+        handle_, reinterpret_cast<const unsigned char*>(s.jpeg.data()), s.jpeg.size(), &components,
+        &subsampling, widths, heights);
+    const uint64_t pixels = uint64_t(std::max(widths[0], 0)) * uint64_t(std::max(heights[0], 0));
+    if (status != gpu::kNvjpegSuccess || !gpu_can_take(components, subsampling) ||
+        widths[0] <= 0 || heights[0] <= 0 || pixels > options_.max_pixels) {
+      routes[i] = GpuRoute::kCpuUnsupported;  // the CPU path decodes it or says why not
+      continue;
+    }
+    plan.widths[i] = widths[0];
+    plan.heights[i] = heights[0];
+    plan.boxes[i] =
+        options_.transform == Transform::kRandomResizedCrop
+            ? random_resized_crop(options_.seed, s.epoch, s.index, heights[0], widths[0])
+            : centre_crop_box(heights[0], widths[0], options_.size);
+    plan.input_offsets[i] = input_bytes;
+    plan.decoded_offsets[i] = decoded_bytes;
+    input_bytes += (s.jpeg.size() + 255) & ~size_t{255};
+    decoded_bytes += (pixels * kRgbBytes + 255) & ~size_t{255};
+  }
+  grow_host(input_, input_capacity_, input_bytes);
+  grow_device(decoded_, decoded_capacity_, decoded_bytes);
+
+  // 2. The GPU's samples into pinned staging, each to its lane.
+  for (int lane = 0; lane < 2; ++lane) {
+    plan.members[lane].clear();
+    plan.data[lane].clear();
+    plan.lengths[lane].clear();
+    plan.images[lane].clear();
+  }
+  for (size_t i = 0; i < n; ++i) {
+    if (routes[i] != GpuRoute::kGpu) continue;
+    const Sample& s = samples[i];
+    auto* staged = reinterpret_cast<unsigned char*>(input_ + plan.input_offsets[i]);
+    std::memcpy(staged, s.jpeg.data(), s.jpeg.size());
+    int lane = 1;
+    if (hw_handle_ != nullptr) {
+      int unsupported = 1;
+      if (lib_.nvjpeg_stream_parse(hw_handle_, staged, s.jpeg.size(), 0, 0, streams_[i]) ==
+              gpu::kNvjpegSuccess &&
+          lib_.nvjpeg_decode_batched_supported(hw_handle_, streams_[i], &unsupported) ==
+              gpu::kNvjpegSuccess &&
+          unsupported == 0) {
+        lane = 0;
+        routes[i] = GpuRoute::kHardware;
+      }
+    }
+    gpu::NvjpegImage image{};
+    image.channel[0] = reinterpret_cast<unsigned char*>(decoded_ + plan.decoded_offsets[i]);
+    image.pitch[0] = static_cast<size_t>(plan.widths[i]) * kRgbBytes;
+    plan.members[lane].push_back(i);
+    plan.data[lane].push_back(staged);
+    plan.lengths[lane].push_back(s.jpeg.size());
+    plan.images[lane].push_back(image);
+  }
+
+  // 3. Each lane in one batched call; a lane that fails goes to the CPU.
+  for (int lane = 0; lane < 2; ++lane) {
+    if (plan.members[lane].empty()) continue;
+    gpu::NvjpegHandle handle = lane == 0 ? hw_handle_ : handle_;
+    gpu::NvjpegState state = lane == 0 ? hw_state_ : state_;
+    const int count = static_cast<int>(plan.members[lane].size());
+    bool ok = lib_.nvjpeg_decode_batched_initialize(handle, state, count, 1, gpu::kOutputRgbi) ==
+              gpu::kNvjpegSuccess;
+    ok = ok && lib_.nvjpeg_decode_batched(handle, state, plan.data[lane].data(),
+                                          plan.lengths[lane].data(), plan.images[lane].data(),
+                                          stream_) == gpu::kNvjpegSuccess;
+    if (!ok) {
+      for (size_t i : plan.members[lane]) routes[i] = GpuRoute::kCpuGpuFailed;
+    }
+  }
+
+  // 4. Crop + resize (+ mirror) each decoded image into its place in the batch.
+  const int out_w = static_cast<int>(options_.size.width);
+  const int out_h = static_cast<int>(options_.size.height);
+  const int out_step = out_w * static_cast<int>(kRgbBytes);
+  for (size_t i = 0; i < n; ++i) {
+    if (routes[i] != GpuRoute::kHardware && routes[i] != GpuRoute::kGpu) continue;
+    const CropBox& box = plan.boxes[i];
+    std::byte* dst = output + i * sample_bytes_;
+    uint8_t* resized = reinterpret_cast<uint8_t*>(box.flip ? flip_ : dst);
+    const int interpolation =
+        box.width > out_w && box.height > out_h ? kNppInterSuper : gpu::kNppInterLinear;
+    const int status = lib_.npp_resize_8u_c3r(
+        reinterpret_cast<const uint8_t*>(decoded_ + plan.decoded_offsets[i]),
+        plan.widths[i] * static_cast<int>(kRgbBytes), gpu::NppSize{plan.widths[i], plan.heights[i]},
+        gpu::NppRect{box.left, box.top, box.width, box.height}, resized, out_step,
+        gpu::NppSize{out_w, out_h}, gpu::NppRect{0, 0, out_w, out_h}, interpolation, npp_);
+    if (status < 0) {
+      throw GpuError("GPU decode: nppiResize_8u_C3R_Ctx failed: NppStatus " +
+                     std::to_string(status));
+    }
+    if (box.flip) {
+      const int mirrored =
+          lib_.npp_mirror_8u_c3r(resized, out_step, reinterpret_cast<uint8_t*>(dst), out_step,
+                                 gpu::NppSize{out_w, out_h}, gpu::kNppVerticalAxis, npp_);
+      if (mirrored < 0) {
+        throw GpuError("GPU decode: nppiMirror_8u_C3R_Ctx failed: NppStatus " +
+                       std::to_string(mirrored));
+      }
+    }
+  }
+
+  // 5. The CPU's samples, decoded as the CPU path does, then copied into their places.
+  for (size_t i = 0; i < n; ++i) {
+    switch (routes[i]) {
+      case GpuRoute::kHardware: ++counters_.hardware; continue;
+      case GpuRoute::kGpu: ++counters_.gpu; continue;
+      case GpuRoute::kCpuShare: ++counters_.cpu_share; break;
+      case GpuRoute::kCpuUnsupported: ++counters_.cpu_unsupported; break;
+      case GpuRoute::kCpuGpuFailed: ++counters_.cpu_gpu_failed; break;
+    }
+    const Sample& s = samples[i];
+    static const std::string kNoPath;
+    const std::string& path = s.path != nullptr ? *s.path : kNoPath;
+    std::span<std::byte> out(cpu_output_ + i * sample_bytes_, sample_bytes_);
+    try {
+      if (options_.transform == Transform::kRandomResizedCrop) {
+        cpu_->jpeg.decode_random_crop(s.jpeg, options_.size, options_.seed, s.epoch, s.index, out,
+                                      path);
+      } else {
+        cpu_->jpeg.decode_resized(s.jpeg, options_.size, out, path);
+      }
+    } catch (...) {
+      errors[i] = std::current_exception();
+      continue;
+    }
+    check_cuda(lib_.memcpy_async(output + i * sample_bytes_, out.data(), sample_bytes_,
+                                 gpu::kMemcpyHostToDevice, stream_),
+               "cudaMemcpyAsync");
+  }
+}
+
+}  // namespace prestage::detail

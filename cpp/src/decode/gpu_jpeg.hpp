@@ -1,0 +1,138 @@
+// Stage 3 on the GPU: a batch of JPEGs decoded by nvJPEG into device memory, cropped and resized by
+// NPP with the boxes the CPU path draws (decode/transform.hpp), flipped, and written as one device
+// batch (NHWC, uint8). Images the GPU cannot take (CMYK, 4:1:1/4:1:0, over max_pixels, headers
+// nvJPEG refuses, a lane whose batched decode fails) and a fixed share of each batch go to the CPU
+// path (JpegDecoder), whose pixels are copied into the same device batch; a CPU failure is the CPU
+// path's own DecodeError, kept per sample. Only gpu_libs.hpp's declarations are used: no CUDA
+// header at build time.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <exception>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "decode/gpu_libs.hpp"
+#include "decode/transform.hpp"
+#include "prestage/error.hpp"
+#include "prestage/options.hpp"
+
+namespace prestage::detail {
+
+// A CUDA, nvJPEG or NPP call failed: the call and its code. The batch being decoded is lost; the
+// decoder stays usable (or is destroyed cleanly).
+class GpuError : public Error {
+ public:
+  using Error::Error;
+};
+
+// Where a sample of a batch was decoded, and if on the CPU, why.
+enum class GpuRoute : uint8_t {
+  kHardware,        // nvJPEG's hardware engine (A100, H100)
+  kGpu,             // nvJPEG's default (CUDA/hybrid) backend
+  kCpuShare,        // the CPU's fixed share of the batch (gpu_cpu_share)
+  kCpuUnsupported,  // the GPU cannot take it (format, size, a header nvJPEG refuses)
+  kCpuGpuFailed,    // its lane's batched decode failed on the GPU
+};
+
+// The centre crop box that Resize(shorter side) + CenterCrop(size) reads from an image of
+// height x width: the largest box of the output's aspect ratio, centred (integer source pixels).
+CropBox centre_crop_box(int height, int width, ImageSize size);
+
+// One decoder per GPU batch stream: owns a CUDA stream, events, nvJPEG handles (hardware and
+// default backends) and every buffer, created once (staging buffers grow only when a batch's
+// compressed bytes or decoded images exceed all before; none is allocated per image). Not
+// thread-safe: one thread calls decode() at a time.
+class GpuJpegDecoder {
+ public:
+  struct Options {
+    size_t max_batch = 0;
+    ImageSize size;                          // output size of every image (not empty)
+    Transform transform = Transform::kRandomResizedCrop;
+    uint64_t seed = 0;
+    uint64_t max_pixels = 0;  // larger images go to the CPU path (which refuses them)
+    double cpu_share = 0.0;                  // in [0, 1): the last round(share * n) go to the CPU
+    size_t outputs = 1;  // device batches, each with its event: one per slot of the batch ring
+  };
+  struct Sample {
+    std::span<const std::byte> jpeg;  // host memory, valid during decode()
+    uint64_t epoch = 0;
+    uint64_t index = 0;               // the sample's catalog index (seeds its crop box)
+    const std::string* path = nullptr;  // for the CPU path's errors
+  };
+  struct Counters {
+    uint64_t batches = 0;
+    uint64_t hardware = 0;        // images decoded by the hardware engine
+    uint64_t gpu = 0;             // by the default backend
+    uint64_t cpu_share = 0;
+    uint64_t cpu_unsupported = 0;
+    uint64_t cpu_gpu_failed = 0;
+    uint64_t buffer_growths = 0;  // times a staging buffer grew (0 after the first batches)
+  };
+
+  // Throws ConfigError if `libraries` is not available() (naming where it looked) or the options
+  // are out of range; GpuError if a CUDA/nvJPEG call fails while setting up.
+  GpuJpegDecoder(const gpu::Libraries& libraries, const Options& options);
+  // Waits for the stream, then destroys every object it created, once.
+  ~GpuJpegDecoder();
+  GpuJpegDecoder(const GpuJpegDecoder&) = delete;
+  GpuJpegDecoder& operator=(const GpuJpegDecoder&) = delete;
+
+  // Decodes samples (at most max_batch) into output(k) (k < outputs): sample i at output(k) + i *
+  // sample_bytes(). Waits first for the previous batch's work (the staging buffers are reused).
+  // Returns when the work is queued on stream(); ready(k) is recorded after it: wait on it
+  // (cudaStreamWaitEvent) before reading output(k), which stays valid until the next decode into
+  // k; the caller makes sure no work still reads output(k) when it passes k again (the ring's slot
+  // discipline). routes[i] says where sample i went; errors[i] holds the CPU path's error for a
+  // sample it could not decode (its place in output(k) is then undefined), else null. Throws
+  // GpuError if a CUDA or NPP call fails (output(k) is then undefined).
+  void decode(std::span<const Sample> samples, size_t k, std::vector<GpuRoute>& routes,
+              std::vector<std::exception_ptr>& errors);
+
+  const std::byte* output(size_t k) const noexcept { return outputs_[k]; }  // device memory
+  size_t sample_bytes() const noexcept { return sample_bytes_; }
+  gpu::Stream stream() const noexcept { return stream_; }
+  gpu::Event ready(size_t k) const noexcept { return ready_[k]; }
+  bool hardware() const noexcept { return hw_handle_ != nullptr; }
+  const Counters& counters() const noexcept { return counters_; }
+
+ private:
+  void queue(std::span<const Sample> samples, std::byte* output, std::vector<GpuRoute>& routes,
+             std::vector<std::exception_ptr>& errors);
+  void check_cuda(int code, const char* call) const;
+  void check_nvjpeg(int code, const char* call) const;
+  void grow_host(std::byte*& buffer, size_t& capacity, size_t needed);
+  void grow_device(std::byte*& buffer, size_t& capacity, size_t needed);
+  void destroy() noexcept;
+
+  const gpu::Libraries& lib_;
+  Options options_;
+  size_t sample_bytes_ = 0;
+  Counters counters_;
+  int device_ = 0;
+  gpu::NppStreamContext npp_{};
+  gpu::Stream stream_ = nullptr;
+  std::vector<gpu::Event> ready_;           // per output: its batch's work is done
+  gpu::Event staged_ = nullptr;             // the last batch's work is done with the staging
+  gpu::NvjpegHandle hw_handle_ = nullptr;   // null: no hardware engine
+  gpu::NvjpegState hw_state_ = nullptr;
+  gpu::NvjpegHandle handle_ = nullptr;      // the default backend
+  gpu::NvjpegState state_ = nullptr;
+  std::vector<gpu::NvjpegStream> streams_;  // max_batch, with hw_handle_ (parsing for the check)
+  std::byte* input_ = nullptr;              // pinned: the batch's compressed bytes
+  size_t input_capacity_ = 0;
+  std::byte* decoded_ = nullptr;            // device: the batch's full decoded images
+  size_t decoded_capacity_ = 0;
+  std::vector<std::byte*> outputs_;         // device: max_batch * sample_bytes_ each
+  std::byte* flip_ = nullptr;               // device: one image, the resize before its mirror
+  std::byte* cpu_output_ = nullptr;         // pinned: max_batch * sample_bytes_, the CPU's share
+  struct Cpu;
+  std::unique_ptr<Cpu> cpu_;
+  struct Plan;
+  std::unique_ptr<Plan> plan_;              // per-batch scratch, sized once
+};
+
+}  // namespace prestage::detail

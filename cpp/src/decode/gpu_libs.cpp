@@ -1,0 +1,204 @@
+#include "decode/gpu_libs.hpp"
+
+#include <dlfcn.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <filesystem>
+#include <string>
+#include <system_error>
+#include <vector>
+
+namespace prestage::detail::gpu {
+
+namespace {
+
+enum Which { kCudart = 0, kNvjpeg = 1, kNpp = 2 };
+constexpr const char* kLibrary[] = {"cudart", "nvjpeg", "nppig"};
+constexpr const char* kVariable[] = {"PRESTAGE_CUDART", "PRESTAGE_NVJPEG", "PRESTAGE_NPP"};
+// The directory of each library in NVIDIA's per-component wheels (CUDA 12: nvidia/<dir>/lib).
+constexpr const char* kWheelDir[] = {"cuda_runtime", "nvjpeg", "npp"};
+
+template <typename Function>
+void bind(void* library, const char* name, Function& out, std::string& missing) {
+  out = reinterpret_cast<Function>(::dlsym(library, name));
+  if (out == nullptr && missing.empty()) missing = name;
+}
+
+template <typename Function>
+void bind_optional(void* library, const char* name, Function& out) {
+  out = reinterpret_cast<Function>(::dlsym(library, name));
+}
+
+std::string this_directory() {
+  Dl_info info;
+  if (::dladdr(reinterpret_cast<void*>(&Libraries::instance), &info) != 0 &&
+      info.dli_fname != nullptr) {
+    return std::filesystem::path(info.dli_fname).parent_path().string();
+  }
+  return {};
+}
+
+}  // namespace
+
+std::vector<std::string> Libraries::default_search(const std::string& library,
+                                                   const std::string& package_dir,
+                                                   const std::string& cuda_home) {
+  const std::string base = "lib" + library + ".so";
+  // The unversioned name exists only with a toolkit's development files; a driver-only machine or
+  // PyTorch's wheels have versioned ones.
+  std::vector<std::string> names = {base, base + ".13", base + ".12", base + ".11"};
+  const int which = library == "cudart" ? kCudart : library == "nvjpeg" ? kNvjpeg : kNpp;
+  if (!package_dir.empty()) {
+    const std::filesystem::path site = std::filesystem::path(package_dir).parent_path();
+    names.push_back((site / "nvidia" / "cu13" / "lib" / (base + ".13")).string());
+    names.push_back((site / "nvidia" / kWheelDir[which] / "lib" / (base + ".12")).string());
+    if (which == kNvjpeg) {
+      // torchvision's wheel carries its own copy under a hashed name (libnvjpeg.<hash>.so.12).
+      std::error_code error;
+      std::vector<std::string> found;
+      for (const auto& entry :
+           std::filesystem::directory_iterator(site / "torchvision.libs", error)) {
+        const std::string name = entry.path().filename().string();
+        if (name.rfind("libnvjpeg", 0) == 0 && name.find(".so") != std::string::npos) {
+          found.push_back(entry.path().string());
+        }
+      }
+      std::sort(found.begin(), found.end());
+      names.insert(names.end(), found.begin(), found.end());
+    }
+  }
+  std::vector<std::string> dirs;
+  if (!cuda_home.empty()) dirs.push_back(cuda_home + "/lib64");
+  dirs.emplace_back("/usr/local/cuda/lib64");
+  for (const std::string& dir : dirs) {
+    for (const char* version : {".13", ".12"}) names.push_back(dir + "/" + base + version);
+  }
+  return names;
+}
+
+Libraries::Libraries(const std::string& cudart, const std::string& nvjpeg, const std::string& npp) {
+  const std::string here = this_directory();
+  const char* cuda_home_env = std::getenv("CUDA_HOME");
+  const std::string cuda_home = cuda_home_env != nullptr ? cuda_home_env : "";
+  const std::string* specs[] = {&cudart, &nvjpeg, &npp};
+  for (int which = 0; which < 3; ++which) {
+    if (!open(which, *specs[which], here, cuda_home)) return;
+  }
+  bind_all();
+}
+
+bool Libraries::open(int which, const std::string& spec, const std::string& package_dir,
+                     const std::string& cuda_home) {
+  if (spec == "none") {
+    why_ = std::string("GPU decoding needs lib") + kLibrary[which] + ", turned off (" +
+           kVariable[which] + "=none)";
+    return false;
+  }
+  const std::vector<std::string> candidates =
+      spec.empty() ? default_search(kLibrary[which], package_dir, cuda_home)
+                   : std::vector<std::string>{spec};
+  for (const std::string& name : candidates) {
+    handles_[which] = ::dlopen(name.c_str(), RTLD_NOW | RTLD_LOCAL);
+    if (handles_[which] != nullptr) {
+      opened_[which] = name;
+      return true;
+    }
+  }
+  if (!spec.empty()) {
+    const char* error = ::dlerror();
+    why_ = std::string(kVariable[which]) + "=" + spec +
+           " cannot be opened: " + (error != nullptr ? error : "unknown error");
+    return false;
+  }
+  why_ = std::string("no lib") + kLibrary[which] + " found for GPU decoding (tried";
+  for (size_t i = 0; i < candidates.size(); ++i) why_ += (i == 0 ? " " : ", ") + candidates[i];
+  why_ += std::string("; a bare name is searched on LD_LIBRARY_PATH and the ld.so cache); ") +
+          kVariable[which] + "=/path/to/lib" + kLibrary[which] + ".so.N names one";
+  return false;
+}
+
+void Libraries::bind_all() {
+  std::string missing;
+  void* rt = handles_[kCudart];
+  bind(rt, "cudaGetDeviceCount", get_device_count, missing);
+  bind(rt, "cudaGetDevice", get_device, missing);
+  bind(rt, "cudaDeviceGetAttribute", device_get_attribute, missing);
+  bind(rt, "cudaMalloc", device_malloc, missing);
+  bind(rt, "cudaFree", device_free, missing);
+  bind(rt, "cudaHostAlloc", host_alloc, missing);
+  bind(rt, "cudaFreeHost", free_host, missing);
+  bind(rt, "cudaMemcpyAsync", memcpy_async, missing);
+  bind(rt, "cudaStreamCreateWithFlags", stream_create_with_flags, missing);
+  bind(rt, "cudaStreamDestroy", stream_destroy, missing);
+  bind(rt, "cudaStreamSynchronize", stream_synchronize, missing);
+  bind(rt, "cudaEventCreateWithFlags", event_create_with_flags, missing);
+  bind(rt, "cudaEventRecord", event_record, missing);
+  bind(rt, "cudaEventSynchronize", event_synchronize, missing);
+  bind(rt, "cudaEventDestroy", event_destroy, missing);
+  bind(rt, "cudaGetErrorString", get_error_string, missing);
+  if (!missing.empty()) {
+    why_ = opened_[kCudart] + " has no " + missing;
+    return;
+  }
+  void* jpeg = handles_[kNvjpeg];
+  bind(jpeg, "nvjpegCreateEx", nvjpeg_create_ex, missing);
+  bind(jpeg, "nvjpegDestroy", nvjpeg_destroy, missing);
+  bind(jpeg, "nvjpegJpegStateCreate", nvjpeg_state_create, missing);
+  bind(jpeg, "nvjpegJpegStateDestroy", nvjpeg_state_destroy, missing);
+  bind(jpeg, "nvjpegJpegStreamCreate", nvjpeg_stream_create, missing);
+  bind(jpeg, "nvjpegJpegStreamDestroy", nvjpeg_stream_destroy, missing);
+  bind(jpeg, "nvjpegGetImageInfo", nvjpeg_get_image_info, missing);
+  bind(jpeg, "nvjpegJpegStreamParse", nvjpeg_stream_parse, missing);
+  bind(jpeg, "nvjpegDecodeBatchedSupported", nvjpeg_decode_batched_supported, missing);
+  bind(jpeg, "nvjpegDecodeBatchedInitialize", nvjpeg_decode_batched_initialize, missing);
+  bind(jpeg, "nvjpegDecodeBatched", nvjpeg_decode_batched, missing);
+  // Newer than the rest (nvJPEG 11.4 and 11.9): without them the hardware engine is not used.
+  bind_optional(jpeg, "nvjpegGetHardwareDecoderInfo", nvjpeg_get_hardware_decoder_info);
+  bind_optional(jpeg, "nvjpegDecodeBatchedPreAllocate", nvjpeg_decode_batched_pre_allocate);
+  if (!missing.empty()) {
+    why_ = opened_[kNvjpeg] + " has no " + missing;
+    return;
+  }
+  void* npp = handles_[kNpp];
+  bind(npp, "nppiResize_8u_C3R_Ctx", npp_resize_8u_c3r, missing);
+  bind(npp, "nppiMirror_8u_C3R_Ctx", npp_mirror_8u_c3r, missing);
+  if (!missing.empty()) {
+    why_ = opened_[kNpp] + " has no " + missing;
+    return;
+  }
+  int devices = 0;
+  if (const int code = get_device_count(&devices); code != kCudaSuccess || devices < 1) {
+    why_ = code != kCudaSuccess ? "cudaGetDeviceCount failed: " + cuda_error(code)
+                                : std::string("no CUDA device");
+    return;
+  }
+  available_ = true;
+  why_ = "GPU decoding with " + opened_[kNvjpeg] + " and " + opened_[kNpp] + " (" +
+         opened_[kCudart] + ")";
+}
+
+Libraries::~Libraries() {
+  for (void* handle : handles_) {
+    if (handle != nullptr) ::dlclose(handle);
+  }
+}
+
+const Libraries& Libraries::instance() {
+  // Leaked on purpose: decoders may be destroyed by static destructors at exit.
+  static const Libraries* const libraries = [] {
+    auto env = [](const char* name) {
+      const char* value = std::getenv(name);
+      return std::string(value != nullptr ? value : "");
+    };
+    return new Libraries(env("PRESTAGE_CUDART"), env("PRESTAGE_NVJPEG"), env("PRESTAGE_NPP"));
+  }();
+  return *libraries;
+}
+
+std::string Libraries::cuda_error(int code) const {
+  const char* text = get_error_string != nullptr ? get_error_string(code) : nullptr;
+  return std::to_string(code) + (text != nullptr ? std::string(" (") + text + ")" : std::string());
+}
+
+}  // namespace prestage::detail::gpu
