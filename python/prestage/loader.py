@@ -315,7 +315,7 @@ class Loader:
                                   f"this loader has {key}={mine!r}")
         state = _state.normalized(state)
         epoch = _count("state_dict['epoch']", state.get("epoch"))
-        consumed = [tuple(r) for r in _state.consumed_of(state)]
+        consumed = [(int(b), int(e)) for b, e in _state.consumed_of(state)]
         # The core's plan gives this position if some batch of its epoch ends there; else it plans
         # anew, leaving the consumed positions out.
         first = self._batch_at(epoch, consumed)
