@@ -9,7 +9,7 @@ SSD with decoding into pinned batch buffers.
 ...         batch.images, batch.labels    # zero-copy NumPy views
 """
 
-from prestage import options, pack, plan, trace, transforms
+from prestage import options, pack, plan, state, trace, transforms
 from prestage._core import Batch, Catalog, __version__
 from prestage.errors import ConfigError, DecodeError, Error, IoError
 from prestage.loader import Loader
@@ -26,6 +26,7 @@ __all__ = [
     "options",
     "pack",
     "plan",
+    "state",
     "trace",
     "transforms",
 ]

@@ -6,9 +6,10 @@ import atexit
 import logging
 import os
 import weakref
-from typing import TYPE_CHECKING, Any, Dict, Iterator, Optional, Tuple, Union
+from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Optional, Tuple, Union
 
 from prestage import _core
+from prestage import state as _state
 from prestage.errors import ConfigError
 from prestage.options import Options, load_tuned, to_core
 
@@ -201,6 +202,10 @@ class Loader:
         catalog = as_catalog(catalog)
         core_options = to_core(catalog, batch_size, image_size, options)
         self._loader: Optional[_core.Loader] = _core.Loader(catalog, core_options)
+        # For a resume on another layout, which the core plans from construction (_replan).
+        self._catalog, self._core_options = catalog, core_options
+        self._resume: Optional[Tuple[int, List[Tuple[int, int]]]] = None  # the core's plan's
+        self._pending = False  # a loaded state that no iteration has started from yet
         self._options = self._loader.options
         # Kept for state_dict() and len(), which stay usable once the loader is closed.
         self._batches_per_epoch = self._loader.batches_per_epoch
@@ -213,8 +218,18 @@ class Loader:
         _live_loaders.add(self)
 
     def __len__(self) -> int:
-        """Batches per epoch (the same on every rank)."""
+        """Batches per epoch (the same on every rank). An epoch resumed from another layout's state
+        has fewer: :meth:`batches_in_epoch`."""
         return self._batches_per_epoch
+
+    def batches_in_epoch(self, epoch: int) -> int:
+        """Batches of ``epoch`` on every rank: ``len(loader)``, or for the epoch a state of another
+        layout (or a merged one) resumed, those of its remaining samples."""
+        if self._resume is None or self._resume[0] != epoch:
+            return self._batches_per_epoch
+        o = self._options
+        return _core.batches_in_epoch(self._num_samples, o.batch_size, o.world_size, o.drop_last,
+                                      self._resume[1])
 
     @property
     def options(self) -> _core.LoaderOptions:
@@ -234,57 +249,126 @@ class Loader:
         return self._epoch
 
     def set_epoch(self, epoch: int) -> None:
-        """Chooses the epoch (and so the order) of the next iteration."""
-        self._epoch = _count("epoch", epoch)
-        self._first_batch = 0
+        """Chooses the epoch (and so the order) of the next iteration. The epoch of a state just
+        loaded (``load_state_dict``, no iteration since) keeps its position: so the usual loop
+        ``for epoch in range(state["epoch"], E): loader.set_epoch(epoch)`` resumes mid-epoch."""
+        epoch = _count("epoch", epoch)
+        if self._pending and epoch == self._epoch:
+            return
+        self._pending = False
+        self._epoch, self._first_batch = epoch, 0
+        if self._resume is not None and self._resume[0] == epoch:
+            self._replan(None)  # the whole epoch, not what the resume left of it
 
     def __iter__(self) -> Iterator[_core.Batch]:
         first, self._first_batch = self._first_batch, 0
+        self._pending = False
         return _EpochIterator(self, self._epoch, first)
 
     def state_dict(self) -> Dict[str, Any]:
-        """Where the loader is: enough to resume exactly, mid-epoch, with any thread counts.
+        """Where the loader is: enough to resume exactly, mid-epoch, with any thread counts, and on
+        any number of ranks and batch size.
 
         ``batch`` counts the batches of ``epoch`` already delivered to the caller: returned by the
         iterator, or raised as their sample's error (``IoError``, ``DecodeError``: iteration goes on
         past such a batch, and so does a resume). A ``next()`` that raised anything else (a closed
         loader, every buffer held, ``KeyboardInterrupt``) delivered nothing. Usable after ``close()``.
+
+        ``position`` is the global position: the samples of the epoch's global order consumed, if
+        every rank delivered ``batch`` batches (the usual case: each rank's state then says the
+        same); ``consumed_beyond`` lists further ``[begin, end)`` positions consumed (after a merge
+        of ranks that stopped at different batches: :func:`prestage.state.merge_states`).
+        ``resumed_from``: the positions this loader's plan of the epoch left out (it resumed
+        there). ``rank`` and the plan's parameters complete it. Plain values: JSON and
+        ``torch.save`` keep it.
         """
         epoch, batch = self._position
-        if batch >= len(self):
+        return self._state_at(epoch, batch)
+
+    def _state_at(self, epoch: int, batch: int) -> Dict[str, Any]:
+        if batch >= self.batches_in_epoch(epoch):
             epoch, batch = epoch + 1, 0
         o = self._options
-        return {
-            "epoch": epoch,
-            "batch": batch,
-            "seed": o.seed,
-            "shuffle": o.shuffle,
-            "batch_size": o.batch_size,
-            "world_size": o.world_size,
-            "drop_last": o.drop_last,
-            "num_samples": self._num_samples,
-        }
+        resumed_from = self._resume[1] if self._resume is not None and self._resume[0] == epoch else []
+        consumed = _core.consumed_positions(self._num_samples, o.batch_size, o.world_size, o.drop_last,
+                                            [batch] * o.world_size, resumed_from)
+        return _state.make_state(epoch, batch, o.rank, consumed, resumed_from, self._plan())
+
+    def _plan(self) -> Dict[str, Any]:
+        o = self._options
+        return {"seed": o.seed, "shuffle": o.shuffle, "batch_size": o.batch_size,
+                "world_size": o.world_size, "drop_last": o.drop_last, "num_samples": self._num_samples}
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
-        """Makes the next iteration resume where ``state`` (from ``state_dict()``) was taken.
+        """Makes the next iteration resume where ``state`` (from ``state_dict()``, or
+        :func:`prestage.state.merge_states`) was taken: the samples of its epoch not yet consumed,
+        each once, then whole epochs.
 
-        The plan must be the same: seed, shuffle, batch size, world size, drop_last and catalog size
-        are checked (ConfigError otherwise); thread counts and depths may differ.
+        The seed, shuffle and catalog size must be the same (ConfigError otherwise); thread counts,
+        depths, ``world_size``, ``batch_size`` and ``drop_last`` may differ. On the same
+        ``world_size`` and ``batch_size`` the rest of the epoch is the very batches the
+        uninterrupted run would have given. On others, the remaining samples of the epoch's global
+        order are split over this loader's ranks as a whole epoch is (``batches_in_epoch(epoch)``
+        batches, the same on every rank): without ``drop_last``, each rank gets ceil(R / world_size)
+        of the R remaining, padded with the epoch order's first samples when world_size does not
+        divide R (so up to world_size - 1 samples come once more, as in a whole epoch); with
+        ``drop_last``, only whole global batches (batch_size x world_size) of them, the rest (fewer
+        than that) left out of the epoch. A state whose every sample is consumed resumes at the next
+        epoch. ``set_epoch()`` with the state's epoch keeps this position.
+
+        Call it between iterations; every rank of the job loads the same global position (its own
+        state in the usual case, else the merged one). On another layout the pipeline is made anew
+        (the stage directory's copies stay): with the peer tier on, every rank loads together.
         """
         o = self._options
-        mine = {"seed": o.seed, "shuffle": o.shuffle, "batch_size": o.batch_size,
-                "world_size": o.world_size, "drop_last": o.drop_last,
-                "num_samples": self._num_samples}
-        for key, value in mine.items():
-            if state.get(key) != value:
+        for key in ("seed", "shuffle", "num_samples"):
+            mine = self._num_samples if key == "num_samples" else getattr(o, key)
+            if state.get(key) != mine:
                 raise ConfigError(f"state_dict was taken with {key}={state.get(key)!r}, "
-                                  f"this loader has {key}={value!r}")
+                                  f"this loader has {key}={mine!r}")
+        state = _state.normalized(state)
         epoch = _count("state_dict['epoch']", state.get("epoch"))
-        batch = _count("state_dict['batch']", state.get("batch"))
-        if batch > len(self):
-            raise ConfigError(f"state_dict['batch']={batch} is past an epoch of {len(self)} batches")
-        self._epoch, self._first_batch = epoch, batch
-        self._position = (epoch, batch)
+        consumed = [(int(b), int(e)) for b, e in _state.consumed_of(state)]
+        # The core's plan gives this position if some batch of its epoch ends there; else it plans
+        # anew, leaving the consumed positions out.
+        first = self._batch_at(epoch, consumed)
+        if first is None:
+            self._replan((epoch, consumed))
+            first = 0
+        self._epoch, self._first_batch = epoch, first
+        self._position = (epoch, first)
+        self._pending = True
+
+    def _batch_at(self, epoch: int, consumed: List[Tuple[int, int]]) -> Optional[int]:
+        """The batch of ``epoch`` in the core's plan after which ``consumed`` is the global position."""
+        o = self._options
+        resumed_from = self._resume[1] if self._resume is not None and self._resume[0] == epoch else []
+        done = sum(e - b for b, e in consumed) - sum(e - b for b, e in resumed_from)
+        if done < 0:
+            return None
+        guess = done // (o.batch_size * o.world_size)
+        for batch in (guess, guess + 1):
+            if batch > self.batches_in_epoch(epoch):
+                break
+            at = _core.consumed_positions(self._num_samples, o.batch_size, o.world_size, o.drop_last,
+                                          [batch] * o.world_size, resumed_from)
+            if [tuple(r) for r in at] == consumed:
+                return batch
+        return None
+
+    def _replan(self, resume: Optional[Tuple[int, List[Tuple[int, int]]]]) -> None:
+        """Makes the core anew with ``resume`` (None: no epoch resumed), the same options otherwise."""
+        options = _core.LoaderOptions(self._core_options)
+        options.resume = resume
+        o = self._options
+        if resume is not None:  # bad positions are a ConfigError before the old core goes
+            _core.batches_in_epoch(self._num_samples, o.batch_size, o.world_size, o.drop_last, resume[1])
+        # The old core leaves the stage directory (and its node table) before the new one joins.
+        self._running.close()
+        self._loader = None
+        self._loader = _core.Loader(self._catalog, options)
+        self._options = self._loader.options
+        self._resume = resume if resume is not None and resume[1] else None
 
     def stats(self) -> dict:
         """Per-stage counters and the consumer's stall time (seconds the caller waited, the wait under

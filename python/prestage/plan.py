@@ -1,5 +1,8 @@
-"""Stage 1, the plan: pure functions of (N, batch size, seed, epoch, rank, world size, ...)."""
+"""Stage 1, the plan: pure functions of (N, batch size, seed, epoch, rank, world size, ...).
 
-from prestage._core import epoch_batches, epoch_order
+``consumed_positions`` and ``batches_in_epoch`` are the arithmetic of a resume on another layout
+(see :mod:`prestage.state`)."""
 
-__all__ = ["epoch_batches", "epoch_order"]
+from prestage._core import batches_in_epoch, consumed_positions, epoch_batches, epoch_order
+
+__all__ = ["batches_in_epoch", "consumed_positions", "epoch_batches", "epoch_order"]

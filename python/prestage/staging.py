@@ -244,26 +244,24 @@ class StagedSampler:
         return self._iteration
 
     def set_epoch(self, epoch: int) -> None:
-        """Chooses the epoch (and so the order) of the next iteration."""
+        """Chooses the epoch (and so the order) of the next iteration; the epoch of a state just
+        loaded keeps its position (:meth:`prestage.Loader.set_epoch`)."""
         self._loader.set_epoch(epoch)
 
     def state_dict(self) -> Dict[str, Any]:
         """Where the training loop is: the batches it has taken from the ``DataLoader`` (those the
         sampler yielded, less the ``prefetch_factor * num_workers`` the ``DataLoader`` asks for ahead
         of the loop). Resume with :meth:`load_state_dict`, with any ``num_workers``."""
-        state = self._loader.state_dict()
         run = self._iteration
         if run is None:
-            return state
+            return self._loader.state_dict()
         taken = run.first + max(0, run.calls - self._ahead)
-        if taken >= len(self):
-            state["epoch"], state["batch"] = run.epoch + 1, 0
-        else:
-            state["epoch"], state["batch"] = run.epoch, taken
-        return state
+        return self._loader._state_at(run.epoch, min(taken, self._loader.batches_in_epoch(run.epoch)))
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
-        """Makes the next iteration resume where ``state`` (from :meth:`state_dict`) was taken."""
+        """Makes the next iteration resume where ``state`` (from :meth:`state_dict`, or
+        :func:`prestage.state.merge_states`) was taken, on any ``world_size`` and ``batch_size``: see
+        :meth:`prestage.Loader.load_state_dict`. ``set_epoch()`` with the state's epoch keeps it."""
         self._loader.load_state_dict(state)
         self._iteration = None
 

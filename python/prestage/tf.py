@@ -48,6 +48,7 @@ def dataset(
     raw_dtype: Any = None,
     raw_shape: Union[int, Sequence[int], None] = None,
     ragged: bool = False,
+    resume: Optional[Dict[str, Any]] = None,
     **options: Unpack[ImageOptions],
 ) -> tf.data.Dataset:
     """A ``tf.data.Dataset`` of ``(images, labels)`` batches: the batches of :class:`prestage.Loader`;
@@ -65,6 +66,11 @@ def dataset(
     is a multiple of ``batch_size``), else ``None``. The cardinality is the number of batches
     per epoch, so Keras knows the steps per epoch. Each complete pass over the dataset is the loader's next
     epoch (a new shuffle); a pass stopped early starts its epoch again.
+
+    Resume: ``ds.loader`` is the :class:`prestage.Loader`; its ``state_dict()`` counts the batches the
+    dataset has produced (those a ``prefetch`` holds included: checkpoint after the pass, or
+    without a prefetch). ``resume=state`` (a ``state_dict()`` of any adaptor, any world size and
+    batch size) makes the first pass the rest of that state's epoch, of unknown cardinality.
 
     Copies: one per batch, from the loader's page-locked buffer into memory that TensorFlow then owns
     (aligned so that TensorFlow takes it without a second copy); the buffer goes back to the loader's
@@ -112,6 +118,8 @@ def dataset(
     mode = decode if decode is not None else default_decode(catalog)
     codec = decode_options(mode, array_name, max_sample_bytes, raw_dtype, raw_shape)
     loader = Loader(catalog, batch_size, image_size, **codec, **options)
+    if resume is not None:
+        loader.load_state_dict(resume)
     o = loader.options
     per_rank = math.ceil(len(catalog) / o.world_size)
     full = o.drop_last or per_rank % batch_size == 0
@@ -131,7 +139,10 @@ def dataset(
             yield data, labels
 
     data = tf.data.Dataset.from_generator(batches, output_signature=signature)
-    return data.apply(tf.data.experimental.assert_cardinality(len(loader)))
+    if loader._first_batch == 0 and loader.batches_in_epoch(loader.epoch) == len(loader):
+        data = data.apply(tf.data.experimental.assert_cardinality(len(loader)))
+    data.loader = loader  # type: ignore[attr-defined]  # state_dict(), stats(), close()
+    return data
 
 
 def _array_spec(catalog: _core.Catalog, mode: str, codec: Dict[str, Any], n: Optional[int],
@@ -246,7 +257,9 @@ def staged_paths(catalog: _core.Catalog, batch_size: int, *, stage_dir: str, epo
     >>> ds = ds.map(lambda path, offset, length, label: (parse(tf.io.read_file(path)), label),
     ...             num_parallel_calls=tf.data.AUTOTUNE).batch(256)
 
-    Each pass is the next epoch (a new order), ``epochs`` passes in all (``None``: without end). A copy
+    Each pass is the next epoch (a new order), ``epochs`` passes in all (``None``: without end);
+    ``resume=state`` (a ``state_dict()`` of any adaptor, any world size) makes the first pass the
+    rest of that state's epoch (``ds.sampler.state_dict()`` is where the passes are). A copy
     stays staged for ``in_flight`` batches (default 16) after its batch was handed out; one evicted
     sooner is simply gone, and ``tf.io.read_file`` fails: keep ``in_flight`` above what your pipeline
     buffers (``prefetch``, ``AUTOTUNE``'s parallelism), or use ``read=True``, which reads each sample
@@ -254,8 +267,11 @@ def staged_paths(catalog: _core.Catalog, batch_size: int, *, stage_dir: str, epo
     from prestage.staging import StagedSampler
 
     in_flight = int(options.pop("in_flight", 16))
+    resume = options.pop("resume", None)
     sampler = StagedSampler(catalog, batch_size, stage_dir=stage_dir, num_workers=in_flight,
                             prefetch_factor=1, **options)
+    if resume is not None:
+        sampler.load_state_dict(resume)
     where = sampler._where
     next_epoch = [sampler._loader._epoch]
 

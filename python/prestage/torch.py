@@ -53,7 +53,7 @@ from prestage.options import CommonOptions, decode_options, default_decode
 if TYPE_CHECKING:
     from typing_extensions import Unpack
 
-__all__ = ["Loader", "as_tensors", "distributed_rank"]
+__all__ = ["Loader", "as_tensors", "distributed_rank", "gather_state"]
 
 #: DataLoader keywords that have no meaning here, and what to use instead.
 _DATALOADER_ONLY = {
@@ -97,6 +97,29 @@ def distributed_rank(rank: Optional[int] = None, world_size: Optional[int] = Non
     else:
         found = (0, 1)
     return (found[0] if rank is None else rank, found[1] if world_size is None else world_size)
+
+
+def gather_state(loader: Any, group: Any = None) -> Dict[str, Any]:
+    """The job's global position: every rank's ``loader.state_dict()`` gathered over
+    ``torch.distributed`` (``group``: None, the default group; gloo or NCCL) and merged
+    (:func:`prestage.state.merge_states`), the same dict on every rank. Collective: every rank calls
+    it. ``loader``: a :class:`Loader`, :class:`prestage.Loader` or ``StagedSampler``.
+
+    A rank's own ``state_dict()`` is the global position when every rank delivered the same number of
+    batches (DDP steps in lockstep); gather when they may differ, e.g. a checkpoint taken by a
+    signal handler.
+
+    >>> state = prestage.torch.gather_state(loader)
+    >>> if torch.distributed.get_rank() == 0: torch.save({"loader": state, ...}, path)
+    """
+    import torch.distributed as dist
+
+    from prestage.state import merge_states
+
+    mine = loader.state_dict()
+    states: List[Any] = [None] * dist.get_world_size(group)
+    dist.all_gather_object(states, mine, group=group)
+    return merge_states(states)
 
 
 def _env_int(name: str) -> int:
@@ -364,9 +387,11 @@ class Loader(torch.utils.data.IterableDataset):
     Thread safety: as :class:`prestage.Loader`: ``stats()``, ``state_dict()`` and ``close()`` may be called
     from any thread, also while another waits for a batch, which then raises :class:`prestage.ConfigError`.
 
-    Resume: ``state_dict()`` says how many batches of which epoch were delivered; ``load_state_dict()`` on
-    a new loader makes its next iteration yield exactly the remaining batches, whatever ``readers``,
-    ``prefetchers``, ``lookahead`` and ``depth`` are now.
+    Resume: ``state_dict()`` says how many batches of which epoch were delivered and the global position
+    (samples of the epoch's global order consumed); ``load_state_dict()`` on a new loader makes its next
+    iteration yield exactly the remaining samples, whatever ``readers``, ``prefetchers``, ``lookahead`` and
+    ``depth`` are now, on any ``world_size`` and ``batch_size`` (see :meth:`prestage.Loader.load_state_dict`
+    and :func:`gather_state`); ``set_epoch()`` with the state's epoch keeps that position.
 
     It is also a ``torch.utils.data.IterableDataset``: ``DataLoader(loader, batch_size=None)`` (with
     ``num_workers=0``, the default) yields the same batches, without a copy. (``pin_memory=True`` there would
@@ -549,9 +574,9 @@ class Loader(torch.utils.data.IterableDataset):
         return self._loader.state_dict()
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
-        """Makes the next iteration yield the rest of the epoch where ``state`` was taken. Thread counts and
-        depths may differ; the plan (seed, shuffle, batch size, world size, drop_last, catalog size) must
-        not (``prestage.ConfigError``)."""
+        """Makes the next iteration yield the rest of the epoch where ``state`` was taken. Thread counts,
+        depths, world size, batch size and drop_last may differ; the seed, shuffle and catalog size must
+        not (``prestage.ConfigError``). See :meth:`prestage.Loader.load_state_dict`."""
         self._loader.load_state_dict(state)
 
     def stats(self) -> dict:

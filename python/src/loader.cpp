@@ -204,6 +204,25 @@ prestage.options for how the Python arguments become these fields). validate() i
       .def_readwrite("drop_last", &LoaderOptions::drop_last)
       .def_readwrite("rank", &LoaderOptions::rank)
       .def_readwrite("world_size", &LoaderOptions::world_size)
+      .def_property(
+          "resume",
+          [](const LoaderOptions& o) -> py::object {
+            if (o.resume.consumed.empty()) return py::none();
+            std::vector<std::pair<uint64_t, uint64_t>> ranges;
+            for (const PositionRange& r : o.resume.consumed) ranges.emplace_back(r.begin, r.end);
+            return py::make_tuple(o.resume.epoch, ranges);
+          },
+          [](LoaderOptions& o,
+             std::optional<std::pair<uint64_t, std::vector<std::pair<uint64_t, uint64_t>>>>
+                 resume) {
+            o.resume = {};
+            if (!resume) return;
+            o.resume.epoch = resume->first;
+            for (const auto& [begin, end] : resume->second)
+              o.resume.consumed.push_back({begin, end});
+          },
+          "(epoch, [(begin, end), ...]): the positions of that epoch's global order already "
+          "consumed, which the loader leaves out of it (a resume on any world_size); None: none.")
       .def_readwrite("stage_dir", &LoaderOptions::stage_dir)
       .def_readwrite("cache_bytes", &LoaderOptions::cache_bytes)
       .def_readwrite("eviction", &LoaderOptions::eviction)
@@ -334,6 +353,8 @@ Validates `options` (prestage.ConfigError naming the first invalid one) and allo
 >>> core = prestage._core.Loader(catalog, prestage._core.LoaderOptions())
 )doc")
       .def_property_readonly("batches_per_epoch", &Loader::batches_per_epoch)
+      .def("batches_in_epoch", &Loader::batches_in_epoch, py::arg("epoch"),
+           "Batches of `epoch`: batches_per_epoch, or fewer for the epoch options.resume resumes.")
       .def_property_readonly(
           "options", [](const Loader& l) { return l.options(); },
           "A copy of the options in effect.\n\n>>> core.options.depth")
@@ -387,7 +408,8 @@ loader, every buffer held, KeyboardInterrupt) leaves the position as it was.
           "and prestage.ConfigError once the loader is closed (also by a close() from another "
           "thread while this one waits). Calls from several threads are served one at a time.")
       .def("staged_path", &Loader::staged_path, py::arg("sample"),
-           "Where the copy of sample's file goes in the stage directory (there or not); '' without one.")
+           "Where the copy of sample's file goes in the stage directory (there or not); '' without "
+           "one.")
       .def(
           "stats",
           [](const Loader& l) {
@@ -400,7 +422,8 @@ loader, every buffer held, KeyboardInterrupt) leaves the position as it was.
             }
             return to_dict(stats, kStatsFields);
           },
-          "Per-stage counters (prestage.Loader.stats); any thread, any time, also after close().\n\n"
+          "Per-stage counters (prestage.Loader.stats); any thread, any time, also after "
+          "close().\n\n"
           ">>> core.stats()['consumer_stall_s']")
       .def("take_tuning_log", &Loader::take_tuning_log, py::call_guard<py::gil_scoped_release>(),
            "The self-tuning's decisions since the last call, oldest first (stats()['tuning']['log'] "

@@ -1,23 +1,23 @@
-#include <doctest/doctest.h>
-
 #include <dirent.h>
+#include <doctest/doctest.h>
 #include <fcntl.h>
 #include <sys/stat.h>
-#include <unistd.h>
 #include <turbojpeg.h>
+#include <unistd.h>
 
 #include <chrono>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
-#include <cstdlib>
-#include <cstdio>
 #include <future>
 #include <map>
+#include <set>
 #include <thread>
 
 #include "prestage/prestage.hpp"
-#include "util/file_io.hpp"
 #include "test_util.hpp"
+#include "util/file_io.hpp"
 
 using prestage::Catalog;
 using prestage::Loader;
@@ -114,6 +114,59 @@ TEST_CASE("loader: starting mid-epoch gives the rest of the epoch") {
   std::vector<int64_t> rest;
   while (auto b = loader.next()) rest.insert(rest.end(), b->indices().begin(), b->indices().end());
   CHECK(rest == std::vector<int64_t>(full.indices.begin() + 6, full.indices.end()));
+}
+
+TEST_CASE(
+    "loader: built with another world size from a global position, it gives the rest of the epoch, "
+    "then whole epochs") {
+  TempDir dir;
+  prestage::test::make_image_folder(dir / "data", 2, 10);
+  const Catalog catalog = Catalog::from_folder(dir / "data");
+  // The saved job: 4 ranks of 2, one batch each of epoch 5 (8 samples); resumed on 3 ranks of 2.
+  prestage::PlanOptions saved{20, 2, 3, true, false, 0, 4, {}};
+  const prestage::Positions consumed = prestage::consumed_positions(saved, 5, {1, 1, 1, 1});
+  const auto order = prestage::epoch_order(20, 3, 5, true);
+  std::multiset<int64_t> seen(order.begin(), order.begin() + 8);
+  for (uint64_t r = 0; r < 3; ++r) {
+    LoaderOptions o = options(2, r == 1 ? (dir / "stage").string() : "");
+    o.world_size = 3;
+    o.rank = r;
+    o.resume = {5, consumed};
+    Loader loader(catalog, o);
+    CHECK(loader.batches_in_epoch(5) == 2);  // 12 remain: 4 per rank
+    CHECK(loader.batches_in_epoch(6) == loader.batches_per_epoch());
+    const Epoch rest = run_epoch(loader, 5);
+    CHECK(rest.indices.size() == 4);
+    seen.insert(rest.indices.begin(), rest.indices.end());
+    // The next epoch is the one a fresh loader on 3 ranks gives.
+    LoaderOptions fresh_options = options(2);
+    fresh_options.world_size = 3;
+    fresh_options.rank = r;
+    Loader fresh(catalog, fresh_options);
+    CHECK(run_epoch(loader, 6).indices == run_epoch(fresh, 6).indices);
+  }
+  std::multiset<int64_t> epoch;
+  for (int64_t i = 0; i < 20; ++i) epoch.insert(i);
+  CHECK(seen == epoch);
+}
+
+TEST_CASE(
+    "loader: a resumed epoch with no batch left is passed over, also by the pipeline running "
+    "ahead") {
+  TempDir dir;
+  prestage::test::make_image_folder(dir / "data", 2, 10);
+  for (int run = 0; run < 3; ++run) {
+    // drop_last, 8 per batch: 2 batches per epoch; epoch 1 resumed with 6 left: none.
+    LoaderOptions o = options(8, (dir / "stage").string());
+    o.drop_last = true;
+    o.lookahead = 4;
+    o.resume = {1, {{0, 14}}};
+    Loader loader(Catalog::from_folder(dir / "data"), o);
+    CHECK(loader.batches_in_epoch(1) == 0);
+    CHECK(run_epoch(loader, 0).sizes == std::vector<size_t>{8, 8});  // runs ahead through epoch 1
+    CHECK(run_epoch(loader, 1).sizes.empty());
+    CHECK(run_epoch(loader, 2).sizes == std::vector<size_t>{8, 8});
+  }
 }
 
 TEST_CASE("loader: a second run over the same stage directory copies nothing") {

@@ -40,6 +40,8 @@ class Loader {
   const Catalog& catalog() const noexcept;
   const LoaderOptions& options() const noexcept;
   uint64_t batches_per_epoch() const noexcept;
+  // Batches of `epoch`: batches_per_epoch(), or fewer for the epoch options().resume resumes.
+  uint64_t batches_in_epoch(uint64_t epoch) const noexcept;
   // decode=jpeg: the (height, width) of every image of a batch: options().image_size. Empty when
   // that is empty (images are not resized: each keeps its own size, Batch::sample_shape) and for the
   // other decode modes.

@@ -7,6 +7,8 @@
 #include <string>
 #include <vector>
 
+#include "prestage/plan.hpp"
+
 namespace prestage {
 
 // How stage 3 turns a sample's bytes into its part of the batch. The sample's bytes are what its
@@ -79,6 +81,10 @@ struct LoaderOptions {
   bool drop_last = false;
   uint64_t rank = 0;
   uint64_t world_size = 1;
+  // Resume from a global position taken on any world_size and batch_size (plan.hpp, Resume): epoch
+  // resume.epoch runs only the samples of its global order that resume.consumed does not hold,
+  // split over these ranks (batches_in_epoch()); the next epochs are whole. Empty: no resume.
+  Resume resume;
 
   // Node-local directory that stage 2 copies the samples to. Empty: stage 3 reads the source directly.
   std::string stage_dir;

@@ -257,7 +257,7 @@ Ticket Pipeline::Impl::next_batch(tbb::flow_control& fc) {
     return nullptr;
   }
   const auto start = Clock::now();
-  if (!plan || batch == plan->num_batches()) {
+  while (!plan || batch == plan->num_batches()) {  // a resumed epoch may have no batch left
     if (plan) {
       ++epoch;
       batch = 0;

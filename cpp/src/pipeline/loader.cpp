@@ -73,6 +73,7 @@ Shared::Shared(Catalog catalog_in, LoaderOptions options_in, uint64_t readers_ma
   plan.drop_last = options.drop_last;
   plan.rank = options.rank;
   plan.world_size = options.world_size;
+  plan.resume = options.resume;
 }
 
 namespace {
@@ -128,6 +129,11 @@ class Loader::Impl {
   detail::TuneLimits tune_limits;
   std::unique_ptr<detail::Shared> shared;
   uint64_t batches_per_epoch = 0;
+  uint64_t resumed_batches = 0;  // of the resumed epoch (options.resume), which may have fewer
+  uint64_t batches_in(uint64_t e) const noexcept {
+    return !options.resume.consumed.empty() && e == options.resume.epoch ? resumed_batches
+                                                                         : batches_per_epoch;
+  }
   ImageSize image_size;  // Loader::image_size()
 
  private:
@@ -180,7 +186,8 @@ class Loader::Impl {
     return std::unique_lock(locks->state);
   }
   std::pair<uint64_t, uint64_t> normalized(uint64_t epoch, uint64_t batch) const {
-    return batch >= batches_per_epoch ? std::pair{epoch + 1, uint64_t{0}} : std::pair{epoch, batch};
+    // The epoch after the resumed one is whole: never empty.
+    return batch >= batches_in(epoch) ? std::pair{epoch + 1, uint64_t{0}} : std::pair{epoch, batch};
   }
 
   std::unique_ptr<Locks> locks = std::make_unique<Locks>();
@@ -261,6 +268,7 @@ Loader::Impl::Impl(Catalog catalog_in, LoaderOptions options_in)
                                             tune_limits.lookahead);
   const LoaderOptions& o = shared->options;
   batches_per_epoch = prestage::batches_per_epoch(shared->plan);
+  resumed_batches = prestage::batches_in_epoch(shared->plan, o.resume.epoch);
   if (batches_per_epoch == 0) {
     throw ConfigError("no batch per epoch: " + std::to_string(shared->catalog.size()) +
                       " samples are fewer than batch_size x world_size and drop_last is set");
@@ -458,9 +466,9 @@ void Loader::Impl::restart(uint64_t e, uint64_t b) {
   std::lock_guard control(locks->control);
   std::unique_lock lock(locks->state);
   check_open();
-  if (b > batches_per_epoch) {
+  if (b > batches_in(e)) {
     throw ConfigError("batch " + std::to_string(b) + " is past the end of an epoch of " +
-                      std::to_string(batches_per_epoch) + " batches");
+                      std::to_string(batches_in(e)) + " batches");
   }
   const auto wanted = normalized(e, b);
   if (!pipeline || pipeline_next != wanted) {
@@ -529,7 +537,7 @@ Loader::Wait Loader::Impl::next_for(std::chrono::milliseconds timeout, std::opti
     lock.lock();
     check_open();
   }
-  if (batch >= batches_per_epoch) return Wait::kEndOfEpoch;
+  if (batch >= batches_in(epoch)) return Wait::kEndOfEpoch;
   if (ring->lent() >= ring->depth()) {
     // Waiting would never end: every buffer is held by the caller.
     throw ConfigError("all " + std::to_string(ring->depth()) +
@@ -743,6 +751,9 @@ std::string Loader::staged_path(uint64_t sample) const {
 }
 const LoaderOptions& Loader::options() const noexcept { return impl_->options; }
 uint64_t Loader::batches_per_epoch() const noexcept { return impl_->batches_per_epoch; }
+uint64_t Loader::batches_in_epoch(uint64_t epoch) const noexcept {
+  return impl_->batches_in(epoch);
+}
 ImageSize Loader::image_size() const noexcept { return impl_->image_size; }
 Loader::Position Loader::position() const noexcept { return impl_->position(); }
 void Loader::start_epoch(uint64_t epoch, uint64_t first_batch) { impl_->start(epoch, first_batch); }
