@@ -142,6 +142,60 @@ def test_bench_prints_a_table_and_the_ratios(data: Path, tmp_path: Path, capsys)
     assert "cold runs by fadvise" in out
 
 
+def test_bench_with_no_thread_option_runs_the_loader_as_set_up_by_nobody_and_names_its_values(
+        data: Path, tmp_path: Path, capsys) -> None:
+    rc, out, err = run_cli(capsys, "bench", str(data), "--stage-dir", str(tmp_path), *QUICK,
+                           "--modes", "direct,pipelined", "--repeat", "2", "--out", str(tmp_path / "out"))
+    assert rc == 0, err
+    result = json.loads((tmp_path / "out" / "results.json").read_text())
+    # The oracle: what a Loader given no thread option chooses on this machine, and why.
+    catalog = prestage.Catalog.from_folder(data)
+    with prestage.Loader(catalog, batch_size=4, image_size=(32, 32)) as loader:
+        o = loader.options
+        why = loader.stats()["threads_why"]
+    assert why
+    modes = {s["mode"]: s for s in result["headline"]}
+    for s in modes.values():
+        assert s["options"]["readers"] is None  # nothing was given
+        assert [t["on"] for t in s["tuning"]] == [True, True]  # self-tuning on, as by default
+        assert (s["chosen"]["readers"], s["chosen"]["lookahead"]) == (o.readers, o.lookahead)
+    # direct runs with one stage 2 thread (it has no stage directory); pipelined sets nothing.
+    s = modes["pipelined"]
+    assert s["chosen"] == {"readers": o.readers, "prefetchers": o.prefetchers, "lookahead": o.lookahead}
+    assert s["threads_why"] == why
+    assert f"pipelined: readers={o.readers} prefetchers={o.prefetchers} lookahead={o.lookahead} ({why})" in out
+    tuning = {s["mode"]: s["tuning"] for s in result["headline"]}["pipelined"]
+    for i, t in enumerate(tuning):
+        assert (f"run {i + 1}: self-tuned to readers={t['readers']} reads_in_flight={t['reads_in_flight']} "
+                f"lookahead={t['lookahead']}") in out
+
+
+def test_bench_keeps_given_thread_options_fixed(data: Path, tmp_path: Path, capsys) -> None:
+    rc, out, err = run_cli(capsys, "bench", str(data), "--stage-dir", str(tmp_path), *QUICK,
+                           "--modes", "pipelined", "--repeat", "1", "--readers", "1", "--prefetchers", "3",
+                           "--lookahead", "2", "--json")
+    assert rc == 0, err
+    (s,) = json.loads(out)["headline"]
+    assert s["chosen"] == {"readers": 1, "prefetchers": 3, "lookahead": 2}
+    (t,) = s["tuning"]
+    assert (t["readers"], t["lookahead"], t["steps_kept"]) == (1, 2, 0)
+
+
+def test_demo_prints_the_values_it_chose_and_the_self_tuning(data: Path, tmp_path: Path) -> None:
+    from prestage.cli.demo import format_report, run_demo
+
+    result = run_demo(data, tmp_path / "stage", batch_size=4, image_size=(16, 16), cold=False,
+                      show_progress=False)
+    text = format_report(result)
+    t = result["stats"]["tuning"]
+    o = result["options"]
+    assert t["on"] and o["threads_why"]
+    assert (f"threads          {o['readers']} readers, {o['prefetchers']} prefetchers, "
+            f"lookahead {o['lookahead']} ({o['threads_why']})") in text
+    assert (f"self-tuning      on: {t['readers']} readers, {t['reads_in_flight']} reads in flight, "
+            f"lookahead {t['lookahead']} at the end") in text
+
+
 def test_bench_reads_the_plain_directory_when_it_cannot_emulate(data: Path, tmp_path: Path, capsys) -> None:
     rc, out, err = run_cli(capsys, "bench", str(data), "--stage-dir", str(tmp_path), *QUICK,
                            "--modes", "direct", "--repeat", "1", "--json", "--emulate",

@@ -35,17 +35,22 @@ def counts(text: str) -> List[int]:
 
 @dataclasses.dataclass(frozen=True)
 class Job:
-    """One point of a grid: a mode and its thread counts (``workers``: the baselines')."""
+    """One point of a grid: a mode and its thread counts (``workers``: the baselines'). A count of
+    None, and ``autotune`` None, are left to the loader's defaults (see :func:`run_mode`)."""
 
     mode: str
-    prefetchers: int = 1
-    readers: int = 1
-    lookahead: int = 1
+    prefetchers: Optional[int] = 1
+    readers: Optional[int] = 1
+    lookahead: Optional[int] = 1
     workers: Optional[int] = None
+    autotune: Optional[bool] = None
 
     def key(self) -> Dict[str, Any]:
-        return {"mode": self.mode, "prefetchers": self.prefetchers, "readers": self.readers,
-                "lookahead": self.lookahead, "workers": self.workers}
+        key = {"mode": self.mode, "prefetchers": self.prefetchers, "readers": self.readers,
+               "lookahead": self.lookahead, "workers": self.workers}
+        if self.autotune is not None:
+            key["autotune"] = self.autotune
+        return key
 
 
 def pipelined_jobs(prefetchers: Iterable[int], readers: Iterable[int],
@@ -81,7 +86,8 @@ def run_jobs(setup: Setup, jobs: Sequence[Job], batches: Optional[int], repeat: 
             for _ in range(repeat):
                 for job in jobs:
                     result = run_mode(setup, job.mode, job.prefetchers, job.readers, job.lookahead,
-                                      epoch=epoch, batches=batches, workers=job.workers)
+                                      epoch=epoch, batches=batches, workers=job.workers,
+                                      autotune=job.autotune)
                     epoch += 1
                     runs[job].append(result)
                     if on_run is not None:

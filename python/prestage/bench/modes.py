@@ -181,17 +181,22 @@ def _consume(batches: Iterator[Any], count: int, compute_s: float, size_of: Any,
     return images, time.perf_counter() - start, stall
 
 
-def _run_loader(setup: Setup, catalog: Any, stage_dir: Optional[Path], prefetchers: int, readers: int,
-                lookahead: int, epoch: int, batches: Optional[int], desc: str) -> Dict[str, Any]:
+def _run_loader(setup: Setup, catalog: Any, stage_dir: Optional[Path], prefetchers: Optional[int],
+                readers: Optional[int], lookahead: Optional[int], epoch: int, batches: Optional[int],
+                desc: str, autotune: Optional[bool] = None) -> Dict[str, Any]:
+    """One loader run; a thread count or ``autotune`` of None is left out (the loader's own default)."""
     import prestage
 
-    with prestage.Loader(catalog, stage_dir=stage_dir, prefetchers=prefetchers, readers=readers,
-                         lookahead=lookahead, **_loader_kwargs(setup)) as loader:
+    given = {"prefetchers": prefetchers, "readers": readers, "lookahead": lookahead, "autotune": autotune}
+    with prestage.Loader(catalog, stage_dir=stage_dir, **{k: v for k, v in given.items() if v is not None},
+                         **_loader_kwargs(setup)) as loader:
         loader.set_epoch(epoch)
         count = len(loader) if batches is None else min(batches, len(loader))
         images, seconds, stall = _consume(iter(loader), count, setup.compute_ms / 1e3, len, desc,
                                           setup.show_progress)
         stats = loader.stats()
+        used = loader.options
+    tuning = stats.get("tuning") or {}
     return {
         "images": images,
         "epoch_s": seconds,
@@ -205,6 +210,12 @@ def _run_loader(setup: Setup, catalog: Any, stage_dir: Optional[Path], prefetche
         "stage_dir_error": stats["stage_dir_error"] if stats["stage_dir_disabled"] else None,
         "pinned": stats["pinned"],
         "pinned_why": stats["pinned_why"],
+        # The values the loader started with (the machine-sized defaults where none was given), why,
+        # and what the self-tuning did (its values at the end, settle time, latest decisions).
+        "chosen": {"readers": used.readers, "prefetchers": used.prefetchers, "lookahead": used.lookahead},
+        "threads_why": stats.get("threads_why", ""),
+        "tuning": {k: tuning[k] for k in ("on", "readers", "reads_in_flight", "lookahead", "steps_kept",
+                                          "steps_undone", "settled_s", "log") if k in tuning},
     }
 
 
@@ -254,17 +265,23 @@ def _ensure_local_copy(setup: Setup, files: Sequence[str]) -> None:
         _copy_files(missing, 8, "copy for ideal", setup.show_progress)
 
 
-def run_mode(setup: Setup, mode: str, prefetchers: int, readers: int, lookahead: int,
-             epoch: int = 0, batches: Optional[int] = None, workers: Optional[int] = None) -> Dict[str, Any]:
+def run_mode(setup: Setup, mode: str, prefetchers: Optional[int], readers: Optional[int],
+             lookahead: Optional[int], epoch: int = 0, batches: Optional[int] = None,
+             workers: Optional[int] = None, autotune: Optional[bool] = None) -> Dict[str, Any]:
     """One timed run of ``mode``; returns its figures (see :mod:`prestage.bench.report` for the keys).
 
     ``workers`` is the baselines' parallelism (DataLoader workers, tf.data map calls; ``None``: the
-    number of cores for PyTorch, AUTOTUNE for tf.data); prestage modes use ``readers``.
+    number of cores for PyTorch, AUTOTUNE for tf.data); prestage modes use ``readers``. A thread count
+    of None, and ``autotune`` None, are not given to prestage's loader: it runs as a user who sets
+    nothing would run it (sized to the machine, self-tuning on); stage-all copies with ``prefetchers``
+    threads (None: 8).
     """
     if mode not in MODES:
         raise ValueError(f"unknown mode {mode!r}; one of {', '.join(MODES)}")
     options: Dict[str, Any] = {"prefetchers": prefetchers, "readers": readers, "lookahead": lookahead,
                                "depth": setup.depth}
+    if autotune is not None:
+        options["autotune"] = autotune
     copy_s = None
     if mode == "ideal":
         files = _files_of(setup, epoch, batches)
@@ -279,12 +296,12 @@ def run_mode(setup: Setup, mode: str, prefetchers: int, readers: int, lookahead:
     if mode == "direct":
         options = {"readers": readers, "depth": setup.depth}
         result = _run_loader(setup, setup.catalog(setup.pfs_root), None, 1, readers, lookahead, epoch,
-                             batches, "direct")
+                             batches, "direct", autotune)
     elif mode == "pipelined":
         stage_dir = setup.fresh_dir("stage")
         try:
             result = _run_loader(setup, setup.catalog(setup.pfs_root), stage_dir, prefetchers, readers,
-                                 lookahead, epoch, batches, "pipelined")
+                                 lookahead, epoch, batches, "pipelined", autotune)
         finally:
             shutil.rmtree(stage_dir, ignore_errors=True)
     elif mode == "stage-all":
@@ -293,18 +310,18 @@ def run_mode(setup: Setup, mode: str, prefetchers: int, readers: int, lookahead:
         try:
             files = _files_of(setup, epoch, batches)
             start = time.perf_counter()
-            _copy_files([(setup.pfs_root / p, copy_dir / p) for p in files], prefetchers,
+            _copy_files([(setup.pfs_root / p, copy_dir / p) for p in files], prefetchers or 8,
                         "stage-all copy", setup.show_progress)
             copy_s = time.perf_counter() - start
             result = _run_loader(setup, setup.catalog(copy_dir, keep=False), None, 1, readers,
-                                 lookahead, epoch, batches, "stage-all read")
+                                 lookahead, epoch, batches, "stage-all read", autotune)
             result["stall_s"] += copy_s  # the trainer cannot start before the copy is done
         finally:
             shutil.rmtree(copy_dir, ignore_errors=True)
     elif mode == "ideal":
         options = {"readers": readers, "depth": setup.depth}
         result = _run_loader(setup, setup.catalog(setup.local_copy), None, 1, readers, lookahead, epoch,
-                             batches, "ideal")
+                             batches, "ideal", autotune)
     else:
         result = _run_baseline(setup, mode, workers, epoch, batches)
         options = {"workers": result.pop("workers")}

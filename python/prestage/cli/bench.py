@@ -86,15 +86,16 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     g.add_argument("--modes", type=_modes, default=list(MODES), metavar="LIST",
                    help=f"comma-separated modes to run, of {','.join(MODES)} (default: all; a baseline "
                         "whose framework is not installed is skipped with a note)")
-    g.add_argument("--prefetchers", type=positive, default=8, metavar="N",
-                   help="stage 2 threads of pipelined, copy threads of stage-all (default 8; with "
-                        "--grid: the best grid point's of each)")
-    g.add_argument("--readers", type=positive, default=os.cpu_count() or 1, metavar="N",
-                   help="stage 3 (decode) threads of the prestage modes (default: the number of cores, "
-                        "%(default)s here; with --grid: the best grid point's)")
-    g.add_argument("--lookahead", type=positive, default=4, metavar="N",
-                   help="batches stage 2 works on ahead of stage 3 (default 4; with --grid: the best "
-                        "grid point's)")
+    g.add_argument("--prefetchers", type=positive, default=None, metavar="N",
+                   help="stage 2 threads of pipelined, copy threads of stage-all (default: the loader's "
+                        "own, as a user who sets nothing gets: sized to the machine and self-tuned; "
+                        "stage-all copies with 8; with --grid: the best grid point's of each)")
+    g.add_argument("--readers", type=positive, default=None, metavar="N",
+                   help="stage 3 (decode) threads of the prestage modes (default: the loader's own, "
+                        "sized to the machine and self-tuned; with --grid: the best grid point's)")
+    g.add_argument("--lookahead", type=positive, default=None, metavar="N",
+                   help="batches stage 2 works on ahead of stage 3 (default: the loader's own, sized "
+                        "to the machine and self-tuned; with --grid: the best grid point's)")
     g.add_argument("--workers", type=positive, default=None, metavar="N",
                    help="PyTorch DataLoader workers and tf.data map calls (default: the number of cores "
                         "for PyTorch, AUTOTUNE for tf.data)")
@@ -241,7 +242,7 @@ def run(args: argparse.Namespace) -> int:
             note(f"cold caches: {info['cache_method']}; {info['images_in_set']} images, "
                  f"{info['mean_file_bytes'] / 1e3:.1f} KB on average")
             prefetchers, readers, lookahead = args.prefetchers, args.readers, args.lookahead
-            copy_threads = prefetchers  # stage-all's
+            copy_threads = prefetchers  # stage-all's (None: 8)
             if args.grid:
                 jobs = _grid_jobs(args, modes)
                 grid = run_jobs(setup, jobs, args.grid_batches, args.grid_repeat, "grid",
@@ -278,11 +279,13 @@ def run(args: argparse.Namespace) -> int:
                     s = summarize(Job(mode, threads, readers, lookahead, args.workers), runs[mode])
                     first = runs[mode][0]
                     for key in ("options", "stages", "pfs", "cache", "hits", "misses", "pinned",
-                                "pinned_why", "version", "index_s"):
+                                "pinned_why", "version", "index_s", "chosen", "threads_why"):
                         if key in first:
                             s[key] = first[key]
                     s["stages"] = _median_stages(runs[mode])
                     s["seconds_all"] = [r["seconds"] for r in runs[mode]]
+                    if runs[mode][0].get("tuning"):
+                        s["tuning"] = [r["tuning"] for r in runs[mode]]
                     s.pop("runs")
                     headline.append(s)
                 result["headline"] = headline
@@ -303,6 +306,28 @@ def run(args: argparse.Namespace) -> int:
     else:
         print(format_result(result))
     return 0
+
+
+def _format_chosen(headline: List[Dict[str, Any]]) -> List[str]:
+    """The values each prestage mode's loader started with, why, and where its self-tuning took
+    them (one line per run)."""
+    lines: List[str] = []
+    for s in headline:
+        chosen = s.get("chosen")
+        if not chosen:
+            continue
+        why = s.get("threads_why") or "given"
+        lines.append(f"{s['mode']}: readers={chosen['readers']} prefetchers={chosen['prefetchers']} "
+                     f"lookahead={chosen['lookahead']} ({why})")
+        for i, t in enumerate(s.get("tuning") or []):
+            if not t.get("on"):
+                lines.append(f"  run {i + 1}: self-tuning off")
+                continue
+            lines.append(f"  run {i + 1}: self-tuned to readers={t['readers']} "
+                         f"reads_in_flight={t['reads_in_flight']} lookahead={t['lookahead']} "
+                         f"({t['steps_kept']} steps kept, {t['steps_undone']} undone, "
+                         f"settled at {t['settled_s']:.2f} s)")
+    return ["", "loader values:"] + lines if lines else []
 
 
 def _median_stages(runs: List[Dict[str, Any]]) -> Optional[Dict[str, Any]]:
@@ -364,6 +389,7 @@ def format_result(result: Dict[str, Any]) -> str:
         what = "whole epoch" if s["batches"] is None else f"{s['batches']} batches"
         lines += ["", f"full runs ({what}, median of {s['repeat']}):",
                   report.format_table(result["headline"])]
+        lines += _format_chosen(result["headline"])
         if result["ratios"]:
             lines += ["", report.format_ratios(result["ratios"])]
     if result.get("cache_study"):

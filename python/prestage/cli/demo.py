@@ -114,6 +114,15 @@ def run_demo(
     }
 
 
+def _format_tuning(t: Dict[str, Any]) -> str:
+    """Where the self-tuning took the values left out (stats()["tuning"])."""
+    if not t.get("on"):
+        return "self-tuning      off (the values above stayed fixed)"
+    return (f"self-tuning      on: {t['readers']} readers, {t['reads_in_flight']} reads in flight, "
+            f"lookahead {t['lookahead']} at the end ({t['steps_kept']} steps kept, "
+            f"{t['steps_undone']} undone, settled at {t['settled_s']:.2f} s)")
+
+
 def format_report(result: Dict[str, Any]) -> str:
     s = result["stats"]
     lines = [
@@ -125,6 +134,7 @@ def format_report(result: Dict[str, Any]) -> str:
         f"threads          {result['options']['readers']} readers, "
         f"{result['options']['prefetchers']} prefetchers, lookahead {result['options']['lookahead']}"
         + (f" ({result['options']['threads_why']})" if result["options"]["threads_why"] else " (given)"),
+        _format_tuning(s.get("tuning") or {}),
         "",
         f"{'stage':<10}{'busy s':>9}{'idle s':>9}{'items':>9}{'MB':>9}",
     ]
