@@ -187,9 +187,10 @@ def _run_loader(setup: Setup, catalog: Any, stage_dir: Optional[Path], prefetche
     """One loader run; a thread count or ``autotune`` of None is left out (the loader's own default)."""
     import prestage
 
-    given = {"prefetchers": prefetchers, "readers": readers, "lookahead": lookahead, "autotune": autotune}
-    with prestage.Loader(catalog, stage_dir=stage_dir, **{k: v for k, v in given.items() if v is not None},
-                         **_loader_kwargs(setup)) as loader:
+    given: Dict[str, Any] = {"prefetchers": prefetchers, "readers": readers, "lookahead": lookahead,
+                             "autotune": autotune}
+    options: Dict[str, Any] = {k: v for k, v in given.items() if v is not None}
+    with prestage.Loader(catalog, stage_dir=stage_dir, **options, **_loader_kwargs(setup)) as loader:
         loader.set_epoch(epoch)
         count = len(loader) if batches is None else min(batches, len(loader))
         images, seconds, stall = _consume(iter(loader), count, setup.compute_ms / 1e3, len, desc,
