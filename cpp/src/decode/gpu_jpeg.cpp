@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -224,31 +225,19 @@ void GpuJpegDecoder::check_nvjpeg(int code, const char* call) const {
   }
 }
 
-void GpuJpegDecoder::grow_host(std::byte*& buffer, size_t& capacity, size_t needed) {
+void GpuJpegDecoder::grow(std::byte*& buffer, size_t& capacity, size_t needed,
+                          const std::function<int(void*)>& release,
+                          const std::function<int(void**, size_t)>& allocate,
+                          const char* release_call, const char* allocate_call) {
   if (needed <= capacity) return;
   const size_t grown = std::max(needed + needed / 2, size_t{1} << 20);
   if (buffer != nullptr) {
-    check_cuda(lib_.free_host(buffer), "cudaFreeHost");
+    check_cuda(release(buffer), release_call);
     buffer = nullptr;
     capacity = 0;
   }
   void* p = nullptr;
-  check_cuda(lib_.host_alloc(&p, grown, gpu::kHostAllocPortable), "cudaHostAlloc");
-  buffer = static_cast<std::byte*>(p);
-  capacity = grown;
-  ++counters_.buffer_growths;
-}
-
-void GpuJpegDecoder::grow_device(std::byte*& buffer, size_t& capacity, size_t needed) {
-  if (needed <= capacity) return;
-  const size_t grown = std::max(needed + needed / 2, size_t{1} << 20);
-  if (buffer != nullptr) {
-    check_cuda(lib_.device_free(buffer), "cudaFree");
-    buffer = nullptr;
-    capacity = 0;
-  }
-  void* p = nullptr;
-  check_cuda(lib_.device_malloc(&p, grown), "cudaMalloc");
+  check_cuda(allocate(&p, grown), allocate_call);
   buffer = static_cast<std::byte*>(p);
   capacity = grown;
   ++counters_.buffer_growths;
@@ -316,8 +305,11 @@ void GpuJpegDecoder::queue(std::span<const Sample> samples, std::byte* output,
     input_bytes += (s.jpeg.size() + 255) & ~size_t{255};
     decoded_bytes += (pixels * kRgbBytes + 255) & ~size_t{255};
   }
-  grow_host(input_, input_capacity_, input_bytes);
-  grow_device(decoded_, decoded_capacity_, decoded_bytes);
+  grow(input_, input_capacity_, input_bytes, [&](void* p) { return lib_.free_host(p); },
+       [&](void** p, size_t n) { return lib_.host_alloc(p, n, gpu::kHostAllocPortable); },
+       "cudaFreeHost", "cudaHostAlloc");
+  grow(decoded_, decoded_capacity_, decoded_bytes, [&](void* p) { return lib_.device_free(p); },
+       [&](void** p, size_t n) { return lib_.device_malloc(p, n); }, "cudaFree", "cudaMalloc");
 
   // 2. The GPU's samples into pinned staging, each to its lane.
   for (int lane = 0; lane < 2; ++lane) {

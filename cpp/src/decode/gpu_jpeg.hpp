@@ -10,6 +10,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <exception>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -104,8 +105,12 @@ class GpuJpegDecoder {
              std::vector<std::exception_ptr>& errors);
   void check_cuda(int code, const char* call) const;
   void check_nvjpeg(int code, const char* call) const;
-  void grow_host(std::byte*& buffer, size_t& capacity, size_t needed);
-  void grow_device(std::byte*& buffer, size_t& capacity, size_t needed);
+  // A buffer of at least `needed` bytes (half as much again, 1 MiB at least), `release`d and
+  // `allocate`d anew when it is smaller; counted in buffer_growths.
+  void grow(std::byte*& buffer, size_t& capacity, size_t needed,
+            const std::function<int(void*)>& release,
+            const std::function<int(void**, size_t)>& allocate, const char* release_call,
+            const char* allocate_call);
   void destroy() noexcept;
 
   const gpu::Libraries& lib_;

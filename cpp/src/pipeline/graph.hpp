@@ -29,6 +29,7 @@
 #include "tiers/stage_directory.hpp"
 #include "tiers/tiers.hpp"
 #include "util/file_io.hpp"
+#include "util/gate.hpp"
 
 namespace prestage::detail {
 
@@ -83,6 +84,11 @@ struct Shared {
   tbb::task_scheduler_handle scheduler;  // lets close() join oneTBB's worker threads
   uint64_t readers_max;
   uint64_t lookahead_max;
+  // Stage 3 decodes at most `readers` samples at once (as many as the arena has threads from
+  // readers_max up). Needs `decoder`.
+  void set_readers(uint64_t readers) {
+    decoder->set_concurrency(readers >= readers_max ? Gate::kOpen : readers);
+  }
   std::atomic<uint64_t> lookahead;  // batches stage 2 may work ahead now (the self-tuning's)
   tbb::task_arena arena;  // `readers_max` threads: stage 3 runs here
   std::optional<ArenaIoTimeout> arena_io_timeout;  // while the arena runs

@@ -24,7 +24,6 @@
 #include "pipeline/tuner.hpp"
 #include "decode/tfrecord.hpp"
 #include "util/file_io.hpp"
-#include "util/gate.hpp"
 
 namespace prestage {
 
@@ -357,7 +356,7 @@ Loader::Impl::Impl(Catalog catalog_in, LoaderOptions options_in)
                                                           shared->image_size,
                                                           shared->normalizer.get(), *shared->tiers);
   ring = std::make_shared<detail::BatchRing>(o.depth, o.batch_size, slot_bytes, o.decode);
-  if (o.readers < shared->readers_max) shared->decoder->set_concurrency(o.readers);
+  shared->set_readers(o.readers);
   if (o.autotune) start_tuner(pinned);
 }
 
@@ -412,8 +411,7 @@ void Loader::Impl::tune() {
   if (!change) return;
   switch (change->knob) {
     case detail::KnobId::kDecode:
-      shared->decoder->set_concurrency(change->to >= shared->readers_max ? detail::Gate::kOpen
-                                                                         : change->to);
+      shared->set_readers(change->to);
       break;
     case detail::KnobId::kReads:
       if (shared->stager) shared->stager->set_threads(change->to);
@@ -423,9 +421,12 @@ void Loader::Impl::tune() {
       if (pipeline) pipeline->set_lookahead(change->to);
       break;
   }
-  if (shared->trace) shared->trace->add_tuning(static_cast<uint8_t>(change->knob), change->from, change->to);
+  if (shared->trace) {
+    shared->trace->add_tuning(static_cast<uint8_t>(change->knob), change->from, change->to);
+  }
   char at[32];
-  std::snprintf(at, sizeof(at), "%.1f s: ", std::chrono::duration<double>(now.start - started).count());
+  std::snprintf(at, sizeof(at), "%.1f s: ",
+                std::chrono::duration<double>(now.start - started).count());
   std::string line = at + std::string(detail::knob_name(change->knob)) + " " +
                      std::to_string(change->from) + " -> " + std::to_string(change->to) + " (" +
                      change->why + ")";
