@@ -98,12 +98,13 @@ TEST_CASE("peers over MPI: a rank fetches another's bytes and CRC; absent and la
   CHECK_FALSE(r->transport->request(other, kAbsentFile, std::chrono::seconds(10), bytes, crc));
   CHECK(Clock::now() - asked < std::chrono::seconds(5));  // answered, not timed out
   // A copy that is coming is waited for, and answered "absent" before the asker's time runs out
-  // (a tenth of it early): an asker that hears nothing knows its peer is stalled.
+  // (100 ms early; a tenth of it for shorter waits): an asker that hears nothing knows its peer is
+  // stalled. A wait of 1 s leaves the answer 100 ms to arrive on a loaded machine (20 ms, with a
+  // 200 ms wait, was once too little in CI).
   asked = Clock::now();
   RequestEnd end = RequestEnd::kStopped;
-  CHECK_FALSE(r->transport->request(other, kLaterFile, std::chrono::milliseconds(200), bytes, crc,
-                                    &end));
-  CHECK(Clock::now() - asked >= std::chrono::milliseconds(150));
+  CHECK_FALSE(r->transport->request(other, kLaterFile, std::chrono::seconds(1), bytes, crc, &end));
+  CHECK(Clock::now() - asked >= std::chrono::milliseconds(800));
   CHECK(end == RequestEnd::kReply);
   // Many threads at once, as stage 2's prefetchers ask.
   std::vector<std::future<bool>> asks;

@@ -124,9 +124,13 @@ struct BlockedThreads {
     task.ids = ids.data();
     task.count = ids.size();
     count_done(task, done);
+    const uint64_t items_before = stats_of(stager).stage.items;
     stager.submit(&task);
+    // Waits until every thread is copying its FIFO (counted in stage.items), not only until each
+    // took one: a thread that took its FIFO but had not yet looked whether the stager is cancelled
+    // would see a cancel(true) that follows, skip the copy, and leave its FIFO with no reader.
     const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(60);
-    while (task.next.load() < ids.size()) {
+    while (stats_of(stager).stage.items < items_before + ids.size()) {
       REQUIRE(std::chrono::steady_clock::now() < until);
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
     }
