@@ -42,8 +42,10 @@ constexpr auto kMinIdleSleep = std::chrono::microseconds(50);
 // At stop, how long sends under way (replies to a rank that is not receiving) are given to finish.
 constexpr auto kStopGrace = std::chrono::milliseconds(200);
 // A request held back (kLater) is answered "absent" this long before its requester stops waiting
-// (at most a tenth of its wait), so that a requester that hears nothing knows its peer is stalled.
-constexpr auto kAnswerMargin = std::chrono::milliseconds(100);
+// (at most a quarter of its wait), so that a requester that hears nothing knows its peer is
+// stalled. The margin covers the answer's way back on a loaded node: 100 ms was once too little
+// (a rank with 16 processes on 2 cores heard its answer late and marked a live peer down).
+constexpr auto kAnswerMargin = std::chrono::milliseconds(1000);
 
 struct RequestMessage {
   uint64_t id;
@@ -272,7 +274,7 @@ class MpiTransport final : public Transport {
       MPI_Mrecv(&m, sizeof m, MPI_BYTE, &message, MPI_STATUS_IGNORE);
       any = true;
       const auto wait = std::chrono::milliseconds(m.timeout_ms);
-      const auto until = std::chrono::steady_clock::now() + wait - std::min(kAnswerMargin, wait / 10);
+      const auto until = std::chrono::steady_clock::now() + wait - std::min<std::chrono::milliseconds>(kAnswerMargin, wait / 4);
       if (!answer(status.MPI_SOURCE, m, until)) deferred_.push_back({status.MPI_SOURCE, m, until});
     }
   }
