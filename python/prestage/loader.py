@@ -85,8 +85,10 @@ class Loader:
             Each of these three left out (or None) is sized to the machine: readers from the CPUs
             this process may use (its affinity and cgroup quota) shared among the ranks of its
             node (``LOCAL_WORLD_SIZE``, ``SLURM_NTASKS_PER_NODE``, ``OMPI_COMM_WORLD_LOCAL_SIZE``),
-            less one for the training loop from 4 up; prefetchers twice that (4 to 64); lookahead
-            4 (8 from 16 prefetchers). ``stats()["threads_why"]`` says what was chosen and why,
+            less one for the training loop from 4 up; prefetchers twice that (16 to 64); lookahead
+            8; both lower (never below 4) where half of
+            ``memory_budget`` cannot hold that many files or batches read ahead.
+            ``stats()["threads_why"]`` says what was chosen and why,
             ``loader.options`` gives the values. A value given (here or in ``tuned=``) is kept.
         autotune: while the job runs, adjust the values left out from what the pipeline measures
             (default True): while the consumer waits, the stage that holds it up gets one step

@@ -91,13 +91,13 @@ TEST_CASE("machine: thread counts from the rank's share of the CPUs; given value
   LoaderOptions shared;
   size_to_machine(shared, 16, 4, why);  // 4 ranks on a 16-CPU node
   CHECK(shared.readers == 3);
-  CHECK(shared.prefetchers == 6);
-  CHECK(shared.lookahead == 4);
+  CHECK(shared.prefetchers == 16);  // at least 16 reads in flight
+  CHECK(shared.lookahead == 8);
 
   LoaderOptions small;
   size_to_machine(small, 2, 1, why);  // the share is too small to give a CPU away
   CHECK(small.readers == 2);
-  CHECK(small.prefetchers == 4);
+  CHECK(small.prefetchers == 16);
 
   LoaderOptions crowded;
   size_to_machine(crowded, 2, 8, why);  // more ranks than CPUs: one reader each
@@ -109,8 +109,14 @@ TEST_CASE("machine: thread counts from the rank's share of the CPUs; given value
   size_to_machine(given, 64, 1, why);
   CHECK(given.readers == 5);
   CHECK(given.lookahead == 2);
-  CHECK(given.prefetchers == 10);  // from the readers given
+  CHECK(given.prefetchers == 16);  // twice the readers given, at least 16
   CHECK(why.find("readers") == std::string::npos);
+
+  LoaderOptions one_read;
+  one_read.prefetchers = 1;
+  size_to_machine(one_read, 2, 1, why);
+  CHECK(one_read.prefetchers == 1);
+  CHECK(one_read.lookahead == 8);
 
   LoaderOptions all;
   all.readers = 1, all.prefetchers = 1, all.lookahead = 1;
@@ -165,7 +171,7 @@ TEST_CASE("machine: the self-tuning's limits come from the CPUs and the memory b
   LoaderOptions o;
   o.batch_size = 256;
   std::string why;
-  size_to_machine(o, 16, 2, why);  // readers 7, prefetchers 14, lookahead 4
+  size_to_machine(o, 16, 2, why);  // readers 7, prefetchers 16, lookahead 8
   const std::array<bool, 3> none{false, false, false};
   const uint64_t gib = uint64_t{1} << 30;
   // 8 CPUs for this rank; 1 GiB: 512 MiB of 100 KB files, 512 MiB of 25.6 MB batches.
@@ -173,17 +179,51 @@ TEST_CASE("machine: the self-tuning's limits come from the CPUs and the memory b
   CHECK(l.readers == 8);
   CHECK(l.prefetchers == prestage::detail::kMaxReadsInFlight);
   CHECK(l.lookahead == 20);  // 512 MiB / 25.6 MB
-  // Shards of 1 GB: a budget of 4 GiB holds 2 in stage 2's threads, below the machine-sized 14.
+  // Shards of 1 GB: a budget of 4 GiB holds 2 in stage 2's threads, below the machine-sized 16.
   l = prestage::detail::tune_limits(o, none, 16, 2, 4 * gib, gib, 100'000);
-  CHECK(l.prefetchers == 14);
-  // A small budget never lowers a value below the one sized to the machine.
+  CHECK(l.prefetchers == 16);
+  // A small budget never lowers a value below the one given (fit_to_memory lowers the values).
   l = prestage::detail::tune_limits(o, none, 16, 2, 1 << 20, 100'000, 100'000);
-  CHECK(l.prefetchers == 14);
-  CHECK(l.lookahead == 4);
+  CHECK(l.prefetchers == 16);
+  CHECK(l.lookahead == 8);
   // Given values, or autotune off: the values themselves.
   l = prestage::detail::tune_limits(o, {true, true, true}, 16, 2, gib, 100'000, 100'000);
-  CHECK((l.readers == 7 && l.prefetchers == 14 && l.lookahead == 4));
+  CHECK((l.readers == 7 && l.prefetchers == 16 && l.lookahead == 8));
   o.autotune = false;
   l = prestage::detail::tune_limits(o, none, 16, 2, gib, 100'000, 100'000);
-  CHECK((l.readers == 7 && l.prefetchers == 14 && l.lookahead == 4));
+  CHECK((l.readers == 7 && l.prefetchers == 16 && l.lookahead == 8));
+}
+
+TEST_CASE("machine: chosen prefetchers and lookahead fit half the memory budget each; given ones stay") {
+  const std::array<bool, 3> none{false, false, false};
+  const uint64_t gib = uint64_t{1} << 30;
+  std::string why;
+  LoaderOptions o;
+  o.batch_size = 256;
+  size_to_machine(o, 16, 1, why);  // readers 15, prefetchers 30, lookahead 8
+  LoaderOptions fits = o;
+  std::string fits_why;
+  prestage::detail::fit_to_memory(fits, none, gib, 100'000, 100'000, fits_why);
+  CHECK((fits.prefetchers == 30 && fits.lookahead == 8));  // 100 KB files: room for both
+  CHECK(fits_why.empty());
+  // Shards of 64 MiB with a 1 GiB budget: 8 in stage 2's threads; batches of 64 MiB (the read-ahead
+  // budget): 8 of them.
+  LoaderOptions big = o;
+  std::string big_why;
+  prestage::detail::fit_to_memory(big, none, gib, 64 << 20, 64 << 20, big_why);
+  CHECK(big.prefetchers == 8);
+  CHECK(big.lookahead == 8);
+  CHECK(big_why.find("prefetchers lowered from 30 to 8") != std::string::npos);
+  // Files of 1 GiB and a budget of 256 MiB (room for 0 files and 2 batches): never below 4.
+  prestage::detail::fit_to_memory(big, none, gib / 4, gib, gib, big_why);
+  CHECK((big.prefetchers == 4 && big.lookahead == 4));
+  // Given values stay; an unknown file size lowers nothing.
+  LoaderOptions given = o;
+  prestage::detail::fit_to_memory(given, {true, true, true}, gib, gib, gib, why);
+  CHECK((given.prefetchers == 30 && given.lookahead == 8));
+  LoaderOptions unknown = o;
+  std::string unknown_why;
+  prestage::detail::fit_to_memory(unknown, none, gib, 0, 0, unknown_why);
+  CHECK(unknown.prefetchers == 30);
+  CHECK(unknown_why.empty());
 }

@@ -8,7 +8,7 @@ import pytest
 
 import prestage
 
-FILES = 800
+FILES = 1600
 BATCH = 8
 
 
@@ -29,6 +29,7 @@ def run_epoch(catalog, tmp_path, **options):
     seen = 0
     with prestage.Loader(catalog, batch_size=BATCH, decode="raw", stage_dir=str(stage),
                          trace=str(trace), **options) as loader:
+        start = loader.options  # the values it starts from (given or sized to the machine)
         for batch in loader:
             for k in range(len(batch)):
                 # Every sample's bytes are its file's index, four times: nothing lost or mixed up.
@@ -38,6 +39,7 @@ def run_epoch(catalog, tmp_path, **options):
             seen += len(batch)
         stats = loader.stats()
     assert seen == FILES
+    stats["start"] = {"reads_in_flight": start.prefetchers, "lookahead": start.lookahead}
     return stats, trace
 
 
@@ -47,18 +49,22 @@ def test_an_io_bound_stage_2_gets_more_reads_in_flight_logged_and_traced(slow_so
         stats, trace = run_epoch(catalog, tmp_path)
     tuning = stats["tuning"]
     assert tuning["on"] is True
-    # 4 reads in flight at 10 ms per operation cap stage 2 at a few hundred files/s; doubling them
-    # doubles the rate, a step the tuner keeps.
-    assert tuning["reads_in_flight"] > 4, tuning["log"]
+    # 16 reads in flight (the machine-sized start) at 10 ms per open and per read cap stage 2 at
+    # about 800 files/s (2 s for the epoch of 1,600), where the consumer takes raw bytes at many
+    # times that; doubling them doubles the rate, a step the tuner keeps.
+    start = stats["start"]["reads_in_flight"]
+    assert start >= 16
+    step = f"reads_in_flight {start} -> {2 * start}"
+    assert tuning["reads_in_flight"] > start, tuning["log"]
     assert tuning["steps_kept"] >= 1
     assert 0 < tuning["settled_s"] < stats["wall_s"]
-    assert any("reads_in_flight 4 -> 8" in line for line in tuning["log"])
+    assert any(step in line for line in tuning["log"])
     logged = [r.getMessage() for r in caplog.records if r.name == "prestage"]
-    assert any("reads_in_flight 4 -> 8" in m for m in logged)
+    assert any(step in m for m in logged)
     assert len(logged) == len(tuning["log"])  # one line per decision
     header, records = prestage.trace.read(trace)
     changes = [(c["knob"], c["from"], c["to"]) for c in header["tuning"]]
-    assert ("reads_in_flight", 4, 8) in changes
+    assert ("reads_in_flight", start, 2 * start) in changes
     assert len(changes) == len(tuning["log"])
     assert (records["kind"] != prestage.trace.TUNE_KIND).all()  # reads only
 
@@ -72,7 +78,10 @@ def test_values_given_or_autotune_off_are_never_changed(slow_source, options):
     tuning = stats["tuning"]
     assert tuning["on"] is False
     assert tuning["log"] == [] and tuning["steps_kept"] == 0
-    assert tuning["reads_in_flight"] == 4 and tuning["lookahead"] == 4
+    assert tuning["reads_in_flight"] == stats["start"]["reads_in_flight"]
+    assert tuning["lookahead"] == stats["start"]["lookahead"]
+    if "prefetchers" in options:
+        assert tuning["reads_in_flight"] == 4 and tuning["lookahead"] == 4
     header, _ = prestage.trace.read(trace)
     assert header["tuning"] == []
 
@@ -98,3 +107,27 @@ def test_memory_budget_is_reported(folder):
         assert loader.stats()["tuning"]["memory_budget"] == 1 << 30
     with prestage.Loader(prestage.Catalog.from_folder(folder), batch_size=4) as loader:
         assert loader.stats()["tuning"]["memory_budget"] > 0
+
+
+def test_a_small_memory_budget_lowers_the_machine_sized_reads_in_flight(tmp_path):
+    src = tmp_path / "big"
+    src.mkdir()
+    for i in range(8):
+        (src / f"{i}.bin").write_bytes(bytes([i]) * (1 << 20))
+    catalog = prestage.Catalog.from_folder(src, extensions=(".bin",))
+    # Half of 6 MiB holds 3 files of 1 MiB: the 16 reads in flight sized to the machine drop to the
+    # floor of 4 (a given value would stay).
+    with prestage.Loader(catalog, batch_size=2, decode="raw", memory_budget=6 << 20) as loader:
+        assert loader.options.prefetchers == 4
+        why = loader.stats()["threads_why"]
+        assert "prefetchers lowered from 16 to 4" in why
+        # 8 batches of 2 MiB read ahead do not fit in 3 MiB either.
+        assert loader.options.lookahead == 4 and "lookahead lowered from 8 to 4" in why
+        assert sum(len(b) for b in loader) == 8
+    with prestage.Loader(catalog, batch_size=2, decode="raw", memory_budget=6 << 20,
+                         prefetchers=12) as loader:
+        assert loader.options.prefetchers == 12
+        assert "prefetchers lowered" not in loader.stats()["threads_why"]
+    with prestage.Loader(catalog, batch_size=2, decode="raw", memory_budget=1 << 30) as loader:
+        assert loader.options.prefetchers >= 16
+        assert "lowered" not in loader.stats()["threads_why"]

@@ -455,7 +455,8 @@ def test_thread_options_left_out_are_sized_to_the_machine_and_given_ones_kept(fo
         assert s["usable_cpus"] <= cpus and s["local_ranks"] == 1
         share = s["usable_cpus"]
         assert loader.options.readers == (share - 1 if share >= 4 else share)
-        assert loader.options.prefetchers == min(64, max(4, 2 * loader.options.readers))
+        assert loader.options.prefetchers == min(64, max(16, 2 * loader.options.readers))
+        assert loader.options.lookahead == 8
         assert "readers" in s["threads_why"] and "no launcher variable" in s["threads_why"]
         assert len(next(iter(loader))) == 4
     # Four ranks on the node share its CPUs.
@@ -468,7 +469,7 @@ def test_thread_options_left_out_are_sized_to_the_machine_and_given_ones_kept(fo
     # Given values stay; None is the same as leaving one out.
     with prestage.Loader(cat, batch_size=4, readers=3, prefetchers=None, lookahead=2) as loader:
         assert (loader.options.readers, loader.options.lookahead) == (3, 2)
-        assert loader.options.prefetchers == 6
+        assert loader.options.prefetchers == 16  # twice the readers, at least 16
         assert "readers" not in loader.stats()["threads_why"].split(" from ")[0]
     with prestage.Loader(cat, batch_size=4, readers=1, prefetchers=1, lookahead=1) as loader:
         assert loader.stats()["threads_why"] == ""

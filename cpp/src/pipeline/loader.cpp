@@ -261,6 +261,9 @@ Loader::Impl::Impl(Catalog catalog_in, LoaderOptions options_in)
       mean_file == 0 ? 0 : static_cast<uint64_t>(static_cast<double>(mean_file) *
                                                   static_cast<double>(files) /
                                                   static_cast<double>(catalog.size()));
+  std::string fit_why;
+  detail::fit_to_memory(options, pinned, memory_budget, mean_file, mean_sample, fit_why);
+  if (!fit_why.empty()) threads_why += "; " + fit_why;
   tune_limits = detail::tune_limits(options, pinned, usable_cpus, local_ranks, memory_budget,
                                     mean_file, mean_sample);
   shared = std::make_unique<detail::Shared>(catalog, options, tune_limits.readers,

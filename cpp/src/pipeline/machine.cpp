@@ -140,17 +140,51 @@ void size_to_machine(LoaderOptions& options, uint64_t cpus, uint64_t ranks, std:
     chosen.push_back("readers " + std::to_string(options.readers));
   }
   if (options.prefetchers == LoaderOptions::kAuto) {
-    options.prefetchers = std::clamp<uint64_t>(2 * options.readers, 4, 64);
+    options.prefetchers = std::clamp<uint64_t>(2 * options.readers, 16, 64);
     chosen.push_back("prefetchers " + std::to_string(options.prefetchers));
   }
   if (options.lookahead == LoaderOptions::kAuto) {
-    options.lookahead = options.prefetchers >= 16 ? 8 : 4;
+    options.lookahead = 8;
     chosen.push_back("lookahead " + std::to_string(options.lookahead));
   }
   std::string list;
   for (const std::string& c : chosen) list += (list.empty() ? "" : ", ") + c;
   why = list + " from " + std::to_string(share) + " CPUs for this rank (" + std::to_string(cpus) +
         " usable / " + std::to_string(std::max<uint64_t>(1, ranks)) + " ranks)";
+}
+
+namespace {
+
+// How many items of `item_bytes` half of `budget` holds (unknown sizes: no limit).
+uint64_t half_holds(uint64_t budget, uint64_t item_bytes) {
+  return item_bytes == 0 ? UINT64_MAX : budget / 2 / item_bytes;
+}
+
+uint64_t batch_bytes(const LoaderOptions& options, uint64_t mean_sample_bytes) {
+  return std::min<uint64_t>(kReadAheadBytesPerBatch, std::max<uint64_t>(1, mean_sample_bytes) *
+                                                         std::max<uint64_t>(1, options.batch_size));
+}
+
+}  // namespace
+
+void fit_to_memory(LoaderOptions& options, const std::array<bool, 3>& pinned, uint64_t budget,
+                   uint64_t mean_file_bytes, uint64_t mean_sample_bytes, std::string& why) {
+  constexpr uint64_t kFloor = 4;
+  const auto lower = [&](uint64_t& value, uint64_t holds, const char* name) {
+    const uint64_t to = std::max(kFloor, std::min(value, holds));
+    if (to >= value) return;
+    why += std::string(why.empty() ? "" : "; ") + name + " lowered from " + std::to_string(value) +
+           " to " + std::to_string(to) + " to fit half the memory budget of " +
+           std::to_string(budget >> 20) + " MiB";
+    value = to;
+  };
+  if (!pinned[1] && mean_file_bytes != 0) {
+    lower(options.prefetchers, half_holds(budget, mean_file_bytes), "prefetchers");
+  }
+  if (!pinned[2]) {
+    lower(options.lookahead, half_holds(budget, batch_bytes(options, mean_sample_bytes)),
+          "lookahead");
+  }
 }
 
 TuneLimits tune_limits(const LoaderOptions& options, const std::array<bool, 3>& pinned,
@@ -161,15 +195,13 @@ TuneLimits tune_limits(const LoaderOptions& options, const std::array<bool, 3>& 
   const uint64_t share = std::max<uint64_t>(1, cpus / std::max<uint64_t>(1, ranks));
   if (!pinned[0]) limits.readers = std::max(options.readers, share);
   if (!pinned[1]) {
-    const uint64_t files = budget / 2 / std::max<uint64_t>(1, mean_file_bytes);
+    const uint64_t files = half_holds(budget, std::max<uint64_t>(1, mean_file_bytes));
     limits.prefetchers = std::max(options.prefetchers, std::min<uint64_t>(kMaxReadsInFlight, files));
   }
   if (!pinned[2]) {
-    const uint64_t per_batch = std::min<uint64_t>(
-        kReadAheadBytesPerBatch,
-        std::max<uint64_t>(1, mean_sample_bytes) * std::max<uint64_t>(1, options.batch_size));
     limits.lookahead =
-        std::max(options.lookahead, std::min<uint64_t>(kMaxLookahead, budget / 2 / per_batch));
+        std::max(options.lookahead,
+                 std::min<uint64_t>(kMaxLookahead, half_holds(budget, batch_bytes(options, mean_sample_bytes))));
   }
   return limits;
 }

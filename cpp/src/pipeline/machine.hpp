@@ -35,10 +35,20 @@ uint64_t local_ranks(std::string& why,
 //  - readers (decode, CPU bound): this rank's share of the CPUs, less one from 4 up for the
 //    training loop's own thread (below 4 the share is too small to give one away: when stage 3
 //    is ahead its threads sleep, and when it is behind the loop is waiting for it anyway);
-//  - prefetchers (I/O bound, mostly waiting on the file system): twice the readers, 4 to 64;
-//  - lookahead: 4 batches, 8 from 16 prefetchers up (enough copies in flight to keep them busy).
-// Values the user gave are kept as they are.
+//  - prefetchers (I/O bound, mostly waiting on the file system): twice the readers, 16 to 64
+//    (16 measured at least as fast as 4 in every scenario of benchmarks/autotune_bench.py on 2
+//    CPUs, and the self-tuning climbs from there in fewer steps);
+//  - lookahead: 8 batches (enough copies for 16 reads in flight to stay busy).
+// Values the user gave are kept as they are. fit_to_memory() then lowers what was chosen where the
+// files are large.
 void size_to_machine(LoaderOptions& options, uint64_t cpus, uint64_t ranks, std::string& why);
+
+// Lowers the prefetchers and lookahead that size_to_machine() chose (not `pinned`: given by the
+// user) to what half the memory `budget` holds each -- a stage 2 thread holds one file of
+// `mean_file_bytes` at a time, a batch read ahead up to kReadAheadBytesPerBatch of
+// `mean_sample_bytes` samples -- never below 4. Appends what it lowered, and why, to `why`.
+void fit_to_memory(LoaderOptions& options, const std::array<bool, 3>& pinned, uint64_t budget,
+                   uint64_t mean_file_bytes, uint64_t mean_sample_bytes, std::string& why);
 
 // The most the self-tuning may raise each thread option to (LoaderOptions::autotune): readers up to
 // this rank's share of the CPUs; reads in flight (prefetchers) up to 128, and as many files as half
