@@ -377,8 +377,9 @@ class Loader:
         way included); with ``on_error="skip"``, ``skipped`` and ``skipped_samples``; the peer tier's
         ``peer_tier``, ``peer_tier_why`` (why it is off), ``peer_reads``, ``peer_bytes``,
         ``peer_fallbacks``, ``peer_corrupt``, ``beyond_budget``, ``peer_served``,
-        ``peer_served_bytes``, ``peers_down`` (peers that said goodbye or did not answer within
-        ``peer_timeout``: read from the source at once from then on); the self-tuning's
+        ``peer_served_bytes``, ``peers_down`` (peers that did not answer within ``peer_timeout``)
+        and ``peers_closed`` (peers that said goodbye): both read from the source at once from
+        then on; the self-tuning's
         ``tuning`` (``on``, the values in use: ``readers``, ``reads_in_flight``, ``lookahead``;
         ``steps_kept``, ``steps_undone``, ``settled_s``: when it last kept a step,
         ``memory_budget``, and ``log``: its latest decisions). Any thread; after ``close()``, the

@@ -124,7 +124,8 @@ constexpr auto kStatsFields = std::make_tuple(
     field("peer_reads", &Stats::peer_reads), field("peer_bytes", &Stats::peer_bytes),
     field("peer_fallbacks", &Stats::peer_fallbacks), field("peer_corrupt", &Stats::peer_corrupt),
     field("beyond_budget", &Stats::beyond_budget), field("peer_served", &Stats::peer_served),
-    field("peer_served_bytes", &Stats::peer_served_bytes), field("peers_down", &Stats::peers_down));
+    field("peer_served_bytes", &Stats::peer_served_bytes), field("peers_down", &Stats::peers_down),
+    field("peers_closed", &Stats::peers_closed));
 
 template <typename Struct, typename Fields>
 py::dict to_dict(const Struct& s, const Fields& fields);

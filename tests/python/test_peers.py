@@ -196,16 +196,24 @@ def test_each_file_is_read_from_the_pfs_once_and_peers_serve_what_the_plan_predi
     ranks = run(peers=True)
     after = emulator.stats()["paths"]
 
-    # Every file opened on the PFS exactly once over 3 epochs, and as many bytes as the set.
+    # Every file opened on the PFS exactly once over the 3 epochs. Past them, a rank still reads
+    # ahead into epoch 3 (which no one consumes) until it closes; a peer that closed first has said
+    # goodbye, so such a read goes to the PFS: a second open, counted in epoch 3's source_reads. So
+    # the opens are the set's files plus those reads, never more.
     opened = {p: c["opens"] - before.get(p, {"opens": 0})["opens"] for p, c in after.items()}
     assert sorted(p for p, n in opened.items() if n) == sorted(cat.path(i) for i in range(len(cat)))
-    assert set(n for n in opened.values() if n) == {1}
+    past_the_end = sum(e["source_reads"] for r in ranks for e in r["stats"]["epochs"] if e["epoch"] >= 3)
+    keys = ("source_reads", "peer_reads", "peer_fallbacks", "peer_corrupt", "stage_corrupt", "misses",
+            "stage_expedited", "stage_failures", "peers_down")
+    assert sum(opened.values()) == len(cat) + past_the_end, json.dumps(
+        [{p: n for p, n in opened.items() if n > 1}, [{k: r["stats"][k] for k in keys} for r in ranks],
+         [r["stats"]["epochs"] for r in ranks]])
     for r in ranks:
         s = r["stats"]
         assert s["peer_tier"] and s["peer_tier_why"] == ""
         assert s["peer_fallbacks"] == 0 and s["peer_corrupt"] == 0 and s["beyond_budget"] == 0
         assert r["wrong"] == []
-    assert sum(r["stats"]["source_reads"] for r in ranks) == len(cat)
+    assert sum(e["source_reads"] for r in ranks for e in r["stats"]["epochs"] if e["epoch"] < 3) == len(cat)
     # The batches are those of the run without peers, byte for byte.
     assert [r["batches"] for r in ranks] == [r["batches"] for r in plain]
     assert all(r["wrong"] == [] for r in plain)
@@ -223,13 +231,15 @@ def test_each_file_is_read_from_the_pfs_once_and_peers_serve_what_the_plan_predi
             # made yet is made by this rank instead (the node's one read of that file).
             assert epochs[epoch]["source_reads"] == epochs[epoch]["copies_made"]
         assert epochs[2]["source_reads"] == 0
-    # What one node served is what the other fetched.
-    assert sum(r["stats"]["peer_served_bytes"] for r in ranks) == \
+    # What one node served is what the other fetched, but for answers that reached a rank after it
+    # had closed (its reads ahead into epoch 3, above).
+    assert sum(r["stats"]["peer_served_bytes"] for r in ranks) >= \
         sum(r["stats"]["peer_bytes"] for r in ranks)
     # Ending: a rank that closes says goodbye, so no close waits on a peer that has closed (the
     # read-ahead of the next epoch asks peers too): far below the 60 s peer_timeout.
     assert max(r["close_s"] for r in ranks) < 10
-    assert all(r["stats"]["peers_down"] <= WORLD - 1 for r in ranks)
+    assert all(r["stats"]["peers_down"] == 0 for r in ranks)  # none stopped answering
+    assert all(r["stats"]["peers_closed"] <= WORLD - 1 for r in ranks)
 
 
 def test_a_home_budget_keeps_the_first_files_and_reads_the_rest_from_the_pfs(job):
@@ -264,7 +274,9 @@ def test_a_closed_peer_and_a_corrupted_home_copy_cost_reads_of_the_pfs_not_a_han
     last = epoch_batches(len(cat), BATCH, SEED, 1, rank=0, world_size=WORLD)[-1]
     victim = next(i for i in last if owner[i] == 2)
     before = emulator.stats()["paths"]
-    ranks = run(peers=True, epochs=2, peer_timeout=0.5, stop_rank=3, corrupt=[2, victim])
+    # No fetch here waits out peer_timeout (rank 3 says goodbye, rank 2 answers at once), so a
+    # generous one keeps a loaded machine from taking a slow rank 2 for a stalled one.
+    ranks = run(peers=True, epochs=2, peer_timeout=5.0, stop_rank=3, corrupt=[2, victim])
     after = emulator.stats()["paths"]
 
     for rank in (0, 1, 2):
@@ -286,12 +298,14 @@ def test_a_closed_peer_and_a_corrupted_home_copy_cost_reads_of_the_pfs_not_a_han
         fetched_or_read = epoch1["peer_reads"] + epoch1["source_reads"] - epoch1["copies_made"]
         assert fetched_or_read == len(uses)
         # Rank 3 closed and said goodbye: its files (but those fetched before it stopped) were
-        # read from the PFS at once, and it is marked down (a peer that left on purpose: these
-        # reads are not counted as fallbacks).
+        # read from the PFS at once, and it is counted as closed, not down (a peer that left on
+        # purpose: these reads are not counted as fallbacks). Rank 2 may have said goodbye too by
+        # the time this rank read ahead past the last epoch.
         refused = int(rank == 0)  # the victim
         from_pfs = epoch1["source_reads"] - epoch1["copies_made"] - refused
         assert 0 < from_pfs <= sum(owner[i] == 3 for i in uses)
-        assert s["peers_down"] == 1
+        assert s["peers_down"] == 0
+        assert 1 <= s["peers_closed"] <= 2
         assert s["peer_fallbacks"] >= refused + s["peer_corrupt"]
 
 

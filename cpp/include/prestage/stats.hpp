@@ -142,8 +142,9 @@ struct Stats {
                                 // the source each time)
   uint64_t peer_served = 0;     // requests of other ranks this rank answered with bytes
   uint64_t peer_served_bytes = 0;
-  uint64_t peers_down = 0;  // peers marked down (said goodbye, or no answer within peer_timeout):
-                            // their files are read from the source at once from then on
+  uint64_t peers_down = 0;    // peers marked down (no answer within peer_timeout: stalled, dead):
+                              // their files are read from the source at once from then on
+  uint64_t peers_closed = 0;  // peers that said goodbye (closed their loader): the same from then on
   std::vector<EpochStats> epochs;  // in epoch order
 };
 

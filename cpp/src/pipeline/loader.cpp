@@ -679,6 +679,7 @@ Stats Loader::Impl::stats() const {
     s.peer_served = p.served;
     s.peer_served_bytes = p.served_bytes;
     s.peers_down = p.down;
+    s.peers_closed = p.closed;
   } else {
     s.peer_tier_why = "not asked for (peers=False)";
   }

@@ -205,7 +205,7 @@ Peers::Fetched Peers::fetch(const Catalog::Locator& loc, std::vector<std::byte>&
     if (end == RequestEnd::kGone) gone_[owner].store(1, std::memory_order_relaxed);
     if ((end == RequestEnd::kNoAnswer || end == RequestEnd::kGone) &&
         down_[owner].exchange(1, std::memory_order_acq_rel) == 0) {
-      down_count_.fetch_add(1, std::memory_order_relaxed);
+      (end == RequestEnd::kGone ? closed_count_ : down_count_).fetch_add(1, std::memory_order_relaxed);
     }
     return end == RequestEnd::kGone ? Fetched::kNone : fall_back(false);
   }
@@ -293,6 +293,7 @@ PeerCounts Peers::counts() const {
   c.served = served_.load(std::memory_order_relaxed);
   c.served_bytes = served_bytes_.load(std::memory_order_relaxed);
   c.down = down_count_.load(std::memory_order_relaxed);
+  c.closed = closed_count_.load(std::memory_order_relaxed);
   return c;
 }
 

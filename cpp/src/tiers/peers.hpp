@@ -60,7 +60,8 @@ struct PeerCounts {
   uint64_t corrupt = 0;           // of those, replies whose size or CRC did not match
   uint64_t beyond_budget = 0;     // uses of samples beyond their owner node's home budget
   uint64_t served = 0, served_bytes = 0;  // answers this rank gave with bytes
-  uint64_t down = 0;  // peers marked down: said goodbye, or gave no answer within the timeout
+  uint64_t down = 0;    // peers marked down: no answer within the timeout (stalled, dead)
+  uint64_t closed = 0;  // peers that said goodbye (closed their loader: skipped from then on too)
 };
 
 // Thread-safe. Starting it is collective: every rank of the job constructs its loader's Peers
@@ -122,7 +123,7 @@ class Peers {
   std::unique_ptr<std::atomic<uint8_t>[]> down_;  // per rank: marked down
   std::unique_ptr<std::atomic<uint8_t>[]> gone_;  // per rank: said goodbye (also down)
   std::atomic<uint64_t> reads_{0}, bytes_{0}, fallbacks_{0}, corrupt_{0}, beyond_{0}, served_{0},
-      served_bytes_{0}, down_count_{0};
+      served_bytes_{0}, down_count_{0}, closed_count_{0};
 };
 
 }  // namespace prestage::detail
