@@ -318,7 +318,11 @@ def test_the_source_is_opened_once_per_read_step_or_once_per_file_when_staged(tm
     cat = prestage.Catalog.from_arrays(files, axis=-1, member="x", labels="y")
     for stage in (None, tmp_path / "stage"):
         before = emulator.stats()["ops"]["open"]
-        with prestage.Loader(cat, batch_size=8, depth=2, stage_dir=stage and str(stage)) as loader:
+        # Stage 3 waits for the copies however long they take (stage_patience=None): on a loaded
+        # machine a copy may outlast the default patience, and stage 3 would then read that sample
+        # from the source itself, an open more (by design: stats()["stage_expedited"]).
+        with prestage.Loader(cat, batch_size=8, depth=2, stage_dir=stage and str(stage),
+                             stage_patience=None) as loader:
             assert sum(len(b) for b in loader) == 64
         opens = emulator.stats()["ops"]["open"] - before
         if stage is None:
@@ -326,4 +330,7 @@ def test_the_source_is_opened_once_per_read_step_or_once_per_file_when_staged(tm
             # and it probes the data set's dtype once, from up to 5 samples' headers.
             assert 2 * 64 <= opens <= 2 * (64 + 2 * 8) + 5, opens
         else:
-            assert opens == 4
+            # Each file once; and the dtype probe at the first batch reads up to 5 samples spread
+            # over the data set, from the stage directory where their file's copy is done, else
+            # from the source (timing: their copies run meanwhile).
+            assert 4 <= opens <= 4 + 5, opens
