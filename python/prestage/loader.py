@@ -376,7 +376,11 @@ class Loader:
         ``peer_tier``, ``peer_tier_why`` (why it is off), ``peer_reads``, ``peer_bytes``,
         ``peer_fallbacks``, ``peer_corrupt``, ``beyond_budget``, ``peer_served``,
         ``peer_served_bytes``, ``peers_down`` (peers that said goodbye or did not answer within
-        ``peer_timeout``: read from the source at once from then on); the self-tuning's
+        ``peer_timeout``: read from the source at once from then on), ``peer_reads_to_pfs`` (reads
+        of a sample with a home copy that the source model sent to the PFS, expected to finish
+        there first) and ``sources`` (per source of stage 2's reads, ``name`` "stage", "pfs" or
+        "peer <rank>": ``reads``, ``bytes``, and the estimates ``latency_ms``, ``mbs`` learned from
+        ``samples`` reads, ``down``); the self-tuning's
         ``tuning`` (``on``, the values in use: ``readers``, ``reads_in_flight``, ``lookahead``;
         ``steps_kept``, ``steps_undone``, ``settled_s``: when it last kept a step,
         ``memory_budget``, and ``log``: its latest decisions). Any thread; after ``close()``, the
