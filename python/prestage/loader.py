@@ -379,7 +379,7 @@ class Loader:
         ``peer_timeout``: read from the source at once from then on), ``peer_reads_to_pfs`` (reads
         of a sample with a home copy that the source model sent to the PFS, expected to finish
         there first) and ``sources`` (per source of stage 2's reads, ``name`` "stage", "pfs" or
-        "peer <rank>": ``reads``, ``bytes``, and the estimates ``latency_ms``, ``mbs`` learned from
+        "node <its lowest rank>" (another node's link): ``reads``, ``bytes``, and the estimates ``latency_ms``, ``mbs`` learned from
         ``samples`` reads, ``down``); the self-tuning's
         ``tuning`` (``on``, the values in use: ``readers``, ``reads_in_flight``, ``lookahead``;
         ``steps_kept``, ``steps_undone``, ``settled_s``: when it last kept a step,

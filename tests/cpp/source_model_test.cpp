@@ -27,6 +27,7 @@ SourceEstimate learned(double latency_s, double bytes_per_s, std::vector<uint64_
                        bool probe = true) {
   SourceEstimate e;
   e.probe = probe;
+  e.next_probe = ~uint64_t{0};  // no probe due
   for (int i = 0; i < n; ++i) {
     for (const uint64_t b : sizes) {
       e = observe(e, b, latency_s + static_cast<double>(b) / bytes_per_s, ModelParams{});
@@ -100,28 +101,66 @@ TEST_CASE("reads move to the PFS as the peer's queue builds, and back as it drai
   CHECK(model.choose(sources, bytes) == peer);
 }
 
-TEST_CASE("probes: a new source is tried until it has an estimate, then now and then") {
+TEST_CASE("probes: a new source is tried until it has an estimate, then when it is due") {
   ModelParams p;
   p.min_samples = 3;
-  p.probe_every = 4;
   const SourceEstimate pfs = learned(0.001, 500.0 * kMB, {50'000, 200'000}, 8, false);
   const std::array<uint64_t, 2> bytes{100'000, 100'000};
   // Nothing learned of the peer: chosen whatever the PFS's estimate.
   SourceEstimate peer;
+  bool probed = false;
   for (uint64_t k = 0; k < 3; ++k) {
-    CHECK(choose_source(std::array{peer, pfs}, bytes, kNotProbe, p) == 0);
+    CHECK(choose_source(std::array{peer, pfs}, bytes, k, p, &probed) == 0);
+    CHECK(probed);
     peer = observe(peer, 100'000, 0.5, p);  // slow
   }
-  // Learned and slower: the PFS, but every 4th choice probes the peer.
+  // Learned and slower: the PFS until the peer is due (its next_probe), then the peer.
+  peer.next_probe = 4;
   std::vector<size_t> picks;
-  for (uint64_t choice = 1; choice <= 8; ++choice) {
-    picks.push_back(choose_source(std::array{peer, pfs}, bytes, choice, p));
+  for (uint64_t choice = 1; choice <= 6; ++choice) {
+    picks.push_back(choose_source(std::array{peer, pfs}, bytes, choice, p, &probed));
+    CHECK(probed == (picks.back() == 0));
   }
-  CHECK(picks == std::vector<size_t>{1, 1, 1, 0, 1, 1, 1, 0});
+  CHECK(picks == std::vector<size_t>{1, 1, 1, 0, 0, 0});
   // The PFS is never probed: a faster peer gets every read.
   const SourceEstimate fast = learned(0.0001, 1000.0 * kMB, {50'000, 200'000});
   for (uint64_t choice = 0; choice < 8; ++choice) {
     CHECK(choose_source(std::array{fast, pfs}, bytes, choice, p) == 0);
+  }
+}
+
+TEST_CASE("a slower peer is probed ever more rarely: the probes grow as the log of the reads") {
+  SourceModel model(2);
+  const size_t peer = SourceModel::kPeer0;
+  for (int i = 0; i < 8; ++i) {
+    model.begin(SourceModel::kPfs, kMB);
+    model.done(SourceModel::kPfs, kMB, 0.01, true);
+  }
+  const std::array<size_t, 2> sources{peer, SourceModel::kPfs};
+  const std::array<uint64_t, 2> bytes{kMB, kMB};
+  int to_peer = 0;
+  for (int i = 0; i < 4000; ++i) {
+    const size_t s = model.choose(sources, bytes);
+    model.done(s, kMB, s == peer ? 0.5 : 0.01, true);  // the peer 50 times slower
+    to_peer += s == peer;
+  }
+  // 2 to learn it, then after 32, 64, ..., 2048 choices: 2 + 7.
+  CHECK(to_peer >= 5);
+  CHECK(to_peer <= 10);
+}
+
+TEST_CASE("a peer not yet learned starts from the other peers' estimate, not from probes") {
+  const std::array<uint64_t, 2> bytes{kMB, kMB};
+  for (const bool fast : {true, false}) {
+    SourceModel model(3);
+    for (int i = 0; i < 8; ++i) {
+      model.begin(SourceModel::kPfs, kMB);
+      model.done(SourceModel::kPfs, kMB, 0.01, true);
+      model.begin(SourceModel::kPeer0, kMB);
+      model.done(SourceModel::kPeer0, kMB, fast ? 0.001 : 0.1, true);
+    }
+    const std::array<size_t, 2> sources{SourceModel::kPeer0 + 2, SourceModel::kPfs};
+    CHECK(model.choose(sources, bytes) == (fast ? SourceModel::kPeer0 + 2 : SourceModel::kPfs));
   }
 }
 
@@ -162,7 +201,7 @@ TEST_CASE("the model's rows: reads per source and the estimates") {
   CHECK(rows[0].bytes == 4000);
   CHECK(rows[0].samples == 4);
   CHECK(rows[0].bytes_per_s == doctest::Approx(1e6));
-  CHECK(rows[1].name == "peer 0");
+  CHECK(rows[1].name == "node 0");
   CHECK(rows[1].reads == 1);
   CHECK(rows[1].samples == 0);
 }

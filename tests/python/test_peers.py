@@ -233,7 +233,7 @@ def test_each_file_is_read_from_the_pfs_once_and_peers_serve_what_the_plan_predi
         s = r["stats"]
         assert s["peer_reads_to_pfs"] == 0
         sources = {row["name"]: row for row in s["sources"]}
-        peers = [row for name, row in sources.items() if name.startswith("peer ")]
+        peers = [row for name, row in sources.items() if name.startswith("node ")]
         assert sum(row["reads"] for row in peers) == s["peer_reads"]
         assert sources["pfs"]["samples"] > 0 and sources["pfs"]["mbs"] > 0
     # Ending: a rank that closes says goodbye, so no close waits on a peer that has closed (the
@@ -253,10 +253,10 @@ def test_a_peer_link_slower_than_the_pfs_leaves_the_reads_to_the_pfs(job):
         s = r["stats"]
         assert s["peer_fallbacks"] == 0 and s["peer_corrupt"] == 0
         sources = {row["name"]: row for row in s["sources"]}
-        peers = {name: row for name, row in sources.items() if name.startswith("peer ")}
-        # Only the other node's ranks are peers; each is tried until its estimate stands (4 reads),
-        # then probed now and then; every other read of their home copies goes to the PFS.
-        assert set(peers) <= {f"peer {p}" for p in range(WORLD) if p // RANKS_PER_NODE != rank // RANKS_PER_NODE}
+        peers = {name: row for name, row in sources.items() if name.startswith("node ")}
+        # The other node's link, named by its lowest rank, is tried until its estimate stands (2
+        # reads), then probed ever more rarely; every other read of its home copies goes to the PFS.
+        assert set(peers) == {f"node {(1 - rank // RANKS_PER_NODE) * RANKS_PER_NODE}"}
         assert s["peer_reads"] == sum(row["reads"] for row in peers.values())
         assert s["peer_reads_to_pfs"] > s["peer_reads"]
         # Their estimates say why: a file's read expected to take longer there than on the PFS.
@@ -325,7 +325,7 @@ def test_a_closed_peer_and_a_corrupted_home_copy_cost_reads_of_the_pfs_not_a_han
         refused = int(rank == 0)  # the victim
         from_pfs = epoch1["source_reads"] - epoch1["copies_made"] - refused
         assert 0 < from_pfs <= sum(owner[i] == 3 for i in uses)
-        assert s["peers_down"] == 1
+        assert s["peers_down"] == 1, (rank, s["peer_fallbacks"], s["sources"], ranks[rank]["ended"], ranks[rank]["close_s"])
         assert s["peer_fallbacks"] >= refused + s["peer_corrupt"]
 
 
@@ -585,8 +585,10 @@ def test_a_stalled_peer_costs_each_rank_one_peer_timeout_then_is_skipped(job):
         assert ranks[rank]["wrong"] == []
     for rank in (0, 1):
         s = ranks[rank]["stats"]
-        # Only rank 3 went down (rank 2 answered all along).
-        assert s["peers_down"] == 1
+        # Rank 3 went down (no answer); rank 2 answered all along, but may be marked down by its
+        # goodbye at the job's end, when a read-ahead of the epoch after the last asks it as it
+        # closes (a goodbye is no failure: no fallback counted).
+        assert 1 <= s["peers_down"] <= 2
         uses = [i for e in (1, 2) for b in epoch_batches(len(cat), BATCH, SEED, e, rank=rank,
                                                           world_size=WORLD)
                 for i in b if owner[i] == 3]

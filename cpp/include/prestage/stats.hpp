@@ -49,11 +49,11 @@ struct SkippedSample {
   std::string error;         // why it failed (the error on_error=raise would have raised)
 };
 
-// With the peer tier on: one source of stage 2's reads (this node's stage directory, a peer rank,
-// the PFS) as the source model sees it: the reads it served and what it has learned of it (see
+// With the peer tier on: one source of stage 2's reads (this node's stage directory, another node's
+// link, the PFS) as the source model sees it: the reads it served and what it has learned of it (see
 // Stats::sources).
 struct SourceStats {
-  std::string name;               // "stage", "pfs", "peer <rank>"
+  std::string name;               // "stage", "pfs", "node <its lowest rank>"
   uint64_t reads = 0, bytes = 0;  // stage 2's reads there (the PFS: its copies and read-ahead)
   uint64_t samples = 0;           // reads the estimates are learned from
   double latency_ms = 0;          // estimated per read

@@ -102,8 +102,9 @@ class Peers {
   Fetched home(const Catalog::Locator& loc, uint64_t& owner) const;
   // Rank `rank` is marked down: fetch() reads its files from the source at once.
   bool down(uint64_t rank) const { return down_[rank].load(std::memory_order_acquire) != 0; }
-  // The ranks of the job (0 while the tier is off).
+  // The ranks of the job (0 while the tier is off), and rank `rank`'s node (named by its lowest rank).
   size_t ranks() const noexcept { return node_of_.size(); }
+  uint64_t node_of(uint64_t rank) const { return node_of_[rank]; }
 
   PeerCounts counts() const;
   // The loader closes: fetches from now on fail at once and closing() says so, so that a batch that

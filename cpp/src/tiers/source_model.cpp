@@ -46,22 +46,31 @@ double expected_finish_s(const SourceEstimate& e, uint64_t bytes) {
 }
 
 size_t choose_source(std::span<const SourceEstimate> options, std::span<const uint64_t> bytes,
-                     uint64_t choice, const ModelParams& params) {
+                     uint64_t choice, const ModelParams& params, bool* probed) {
+  if (probed != nullptr) *probed = false;
   const size_t n = options.size();
   size_t best = n, least = n;
   double best_s = kInfinity;
   for (size_t i = 0; i < n; ++i) {
     const SourceEstimate& e = options[i];
     if (e.down) continue;
-    if (e.probe && e.samples < params.min_samples) return i;
+    if (e.probe && e.samples < params.min_samples) {
+      if (probed != nullptr) *probed = true;
+      return i;
+    }
     const double s = expected_finish_s(e, bytes[i]);
     if (best == n || s < best_s) {
       best = i;
       best_s = s;
     }
-    if (e.probe && (least == n || e.samples < options[least].samples)) least = i;
   }
-  if (least != n && least != best && params.probe_every != 0 && choice % params.probe_every == 0) {
+  for (size_t i = 0; i < n; ++i) {
+    const SourceEstimate& e = options[i];
+    if (e.down || !e.probe || i == best || choice < e.next_probe) continue;
+    if (least == n || e.samples < options[least].samples) least = i;
+  }
+  if (least != n) {
+    if (probed != nullptr) *probed = true;
     return least;
   }
   return best;
@@ -86,15 +95,40 @@ SourceModel::SourceModel(size_t ranks, ModelParams params)
   // The source's estimate is learned from every read of it (stage 2's copies, the read-ahead's
   // reads): it is never probed, so that a source read is never made only to measure it.
   est_[kPfs].probe = false;
+  for (SourceEstimate& e : est_) e.next_probe = params_.probe_every;
 }
 
 size_t SourceModel::choose(std::span<const size_t> sources, std::span<const uint64_t> bytes) {
   std::lock_guard lock(mutex_);
   std::vector<SourceEstimate> options;
   options.reserve(sources.size());
-  for (const size_t s : sources) options.push_back(est_[s]);
-  const size_t i = choose_source(options, bytes, choices_++, params_);
+  for (const size_t s : sources) {
+    SourceEstimate e = est_[s];
+    if (s >= kPeer0 && e.samples < params_.min_samples && pooled_.samples >= params_.min_samples) {
+      e.samples = pooled_.samples;  // the other peers' estimate, with this one's queue
+      e.mean_s = pooled_.mean_s;
+      e.mean_b = pooled_.mean_b;
+      e.mean_bb = pooled_.mean_bb;
+      e.mean_sb = pooled_.mean_sb;
+    }
+    options.push_back(e);
+  }
+  const uint64_t choice = choices_++;
+  bool probed = false;
+  const size_t i = choose_source(options, bytes, choice, params_, &probed);
   const size_t source = i < sources.size() ? sources[i] : kPfs;
+  if (i < sources.size() && est_[source].probe) {
+    SourceEstimate& e = est_[source];
+    if (probed && e.samples < params_.min_samples) {  // still learning it
+      e.next_probe = choice + params_.probe_every;
+    } else if (probed) {  // probed again no sooner than twice as many choices later
+      e.probe_gap = e.probe_gap == 0 ? params_.probe_every : 2 * e.probe_gap;
+      e.next_probe = choice + e.probe_gap;
+    } else {  // the best: probed again soon once it is not
+      e.probe_gap = 0;
+      e.next_probe = choice + params_.probe_every;
+    }
+  }
   const uint64_t n = i < sources.size() ? bytes[i] : 0;
   if (source == kPfs && sources.size() > 1) ++moved_;
   est_[source].queued_bytes += n;
@@ -112,7 +146,10 @@ void SourceModel::done(size_t source, uint64_t bytes, double seconds, bool ok) {
   if (e.queued > 0) --e.queued;
   ++reads_[source];
   bytes_[source] += bytes;
-  if (ok) e = observe(e, bytes, share, params_);
+  if (ok) {
+    e = observe(e, bytes, share, params_);
+    if (source >= kPeer0) pooled_ = observe(pooled_, bytes, share, params_);
+  }
 }
 
 void SourceModel::begin(size_t source, uint64_t bytes) {
@@ -133,7 +170,7 @@ std::vector<SourceModel::Row> SourceModel::rows() const {
     const SourceEstimate& e = est_[s];
     if (reads_[s] == 0 && e.samples == 0 && !e.down) continue;  // never used: no row
     Row r;
-    r.name = s == kStage ? "stage" : s == kPfs ? "pfs" : "peer " + std::to_string(s - kPeer0);
+    r.name = s == kStage ? "stage" : s == kPfs ? "pfs" : "node " + std::to_string(s - kPeer0);
     r.reads = reads_[s];
     r.bytes = bytes_[s];
     r.samples = e.samples;

@@ -1,7 +1,8 @@
 // Which source a read goes to: running estimates of each source's latency and bandwidth, learned
 // from the reads the tiers do, and a choice per read of the source expected to finish it first,
 // counting the reads already queued there (NoPFS's performance model, measured at run time instead
-// of configured). The sources: this node's stage directory, each peer rank, the source (the PFS).
+// of configured). The sources: this node's stage directory, each other node's link (its ranks
+// share it), the source (the PFS).
 //
 // A read's cost is modelled as latency + bytes / bandwidth, with the bytes that source must move:
 // a peer sends the whole file of a sample, the PFS only the sample's range. A source keeps
@@ -31,6 +32,8 @@ struct SourceEstimate {
   uint32_t queued = 0;
   bool down = false;   // never chosen (a peer marked down)
   bool probe = true;   // learned by probes (a source no other read measures); see choose_source
+  uint64_t next_probe = 0;  // the first choice at which it may be probed again
+  uint64_t probe_gap = 0;   // choices between its probes: doubled at each probe, reset once it is best
 
   double latency_s() const;
   double bytes_per_s() const;  // 0: nothing learned yet
@@ -38,9 +41,10 @@ struct SourceEstimate {
 
 struct ModelParams {
   double alpha = 0.125;          // weight of the newest read in the means
-  uint64_t min_samples = 4;      // a probed source is chosen until it has this many reads observed
-  uint64_t probe_every = 32;     // then, every probe_every-th choice goes to the probed source
-                                 // observed least, if it is not the best: its estimate stays fresh
+  uint64_t min_samples = 2;      // a probed source is chosen until it has this many reads observed
+  uint64_t probe_every = 32;     // then, while it is not the best, it is probed after this many
+                                 // choices, then after twice as many, ...: its estimate stays fresh
+                                 // at a cost that grows as the log of the reads
 };
 
 // Seconds until a read of `bytes` at `e` would end: its latency, then the bytes queued there and its
@@ -49,18 +53,18 @@ double expected_finish_s(const SourceEstimate& e, uint64_t bytes);
 
 // The option to read from: options[i] is a source's estimate and bytes[i] what a read there moves.
 // In order: a source down is skipped; a probed source with fewer than min_samples reads observed is
-// chosen (so that no source is starved of the reads its estimate is learned from); every
-// probe_every-th choice (`choice` counts them) goes to the probed source observed least if it is not
-// already the best; else the option expected to finish first, ties to the earlier (nearer) one.
-// Returns options.size() if every option is down.
+// chosen (so that no source is starved of the reads its estimate is learned from); a probed source
+// that is not the best and is due (`choice`, the count of choices made, at or past its next_probe)
+// is probed, the one observed least first (`probed` says so); else the option expected to finish
+// first, ties to the earlier (nearer) one. Returns options.size() if every option is down.
 size_t choose_source(std::span<const SourceEstimate> options, std::span<const uint64_t> bytes,
-                     uint64_t choice, const ModelParams& params);
+                     uint64_t choice, const ModelParams& params, bool* probed = nullptr);
 
 // `e` after a read of `bytes` that took `seconds` (its own time, waits for a copy that was not there
 // yet taken out).
 SourceEstimate observe(SourceEstimate e, uint64_t bytes, double seconds, const ModelParams& params);
 
-// A loader's estimates: index kStage, kPfs, then kPeer0 + rank.
+// A loader's estimates: index kStage, kPfs, then kPeer0 + node (a node named by its lowest rank).
 class SourceModel {
  public:
   static constexpr size_t kStage = 0, kPfs = 1, kPeer0 = 2;
@@ -78,7 +82,7 @@ class SourceModel {
   void set_down(size_t source);
 
   struct Row {
-    std::string name;  // "stage", "pfs", "peer <rank>"
+    std::string name;  // "stage", "pfs", "node <lowest rank of the node>"
     uint64_t reads = 0, bytes = 0;  // reads chosen or learned from there, and their bytes
     uint64_t samples = 0;
     double latency_s = 0, bytes_per_s = 0;
@@ -93,6 +97,9 @@ class SourceModel {
   std::vector<SourceEstimate> est_;
   std::vector<uint64_t> reads_, bytes_;
   uint64_t choices_ = 0, moved_ = 0;
+  // All peers' reads together: the estimate a peer not yet learned starts from (the links of a
+  // job are alike), so that each new peer costs no probes of its own.
+  SourceEstimate pooled_;
 };
 
 }  // namespace prestage::detail

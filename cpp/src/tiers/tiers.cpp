@@ -174,6 +174,8 @@ void Tiers::fetch_sample(uint64_t id, std::vector<std::byte>& buffer, TierTally*
   if (peers_ != nullptr) {
     uint64_t owner = 0;
     const Peers::Fetched home = model_ != nullptr ? peers_->home(loc, owner) : Peers::Fetched::kNone;
+    // A rank marked down is skipped (fetch() reads nothing from it, and counts it) whatever the link
+    // to its node is worth: the model's estimates are per node, a rank's death is not.
     if (home == Peers::Fetched::kNone || peers_->down(owner)) {
       fetched = peers_->fetch(loc, buffer);  // counts what it must (beyond budget, a peer down)
     } else {
@@ -181,7 +183,8 @@ void Tiers::fetch_sample(uint64_t id, std::vector<std::byte>& buffer, TierTally*
       const uint64_t file_bytes = catalog_.file_size(loc.file);
       const uint64_t near_bytes =
           home == Peers::Fetched::kPeer && file_bytes != Catalog::kUnknownSize ? file_bytes : sample_bytes;
-      const size_t near = home == Peers::Fetched::kPeer ? SourceModel::kPeer0 + owner : SourceModel::kStage;
+      const size_t near = home == Peers::Fetched::kPeer ? SourceModel::kPeer0 + peers_->node_of(owner)
+                                                        : SourceModel::kStage;
       const std::array<size_t, 2> sources{near, SourceModel::kPfs};
       const std::array<uint64_t, 2> bytes{near_bytes, sample_bytes};
       if (model_->choose(sources, bytes) == near) {
@@ -189,7 +192,6 @@ void Tiers::fetch_sample(uint64_t id, std::vector<std::byte>& buffer, TierTally*
         std::chrono::microseconds waited{0};
         fetched = peers_->fetch(loc, buffer, &waited);
         timed.end(fetched != Peers::Fetched::kNone, waited);
-        if (home == Peers::Fetched::kPeer && peers_->down(owner)) model_->set_down(near);
       } else {
         pfs_chosen = true;
       }
