@@ -111,6 +111,7 @@ def main() -> None:
         for name, latency_ms, mbs, link in SCENARIOS:
             with PfsEmulator(backing, latency_ms=latency_ms, bandwidth_mbs=mbs, max_ops=16) as pfs:
                 catalog = work / "set.catalog"
+                assert pfs.mountpoint is not None
                 prestage.Catalog.from_folder(pfs.mountpoint, extensions=[".bin"]).save(catalog)
                 jobs = {peers: [run_job(catalog, work, per_node, peers, args.epochs, link)
                                 for _ in range(args.runs)] for peers in (False, True)}
