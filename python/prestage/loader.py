@@ -379,7 +379,11 @@ class Loader:
         ``peer_fallbacks``, ``peer_corrupt``, ``beyond_budget``, ``peer_served``,
         ``peer_served_bytes``, ``peers_down`` (peers that did not answer within ``peer_timeout``)
         and ``peers_closed`` (peers that said goodbye): both read from the source at once from
-        then on; the self-tuning's
+        then on; ``peer_reads_to_pfs`` (reads of a sample with a home copy that the source model
+        sent to the PFS, expected to finish there first) and ``sources`` (per source of stage 2's
+        reads, ``name`` "stage", "pfs" or "node <its lowest rank>" (another node's link):
+        ``reads``, ``bytes``, and the estimates ``latency_ms``, ``mbs`` learned from ``samples``
+        reads, ``down``); the self-tuning's
         ``tuning`` (``on``, the values in use: ``readers``, ``reads_in_flight``, ``lookahead``;
         ``steps_kept``, ``steps_undone``, ``settled_s``: when it last kept a step,
         ``memory_budget``, and ``log``: its latest decisions). Any thread; after ``close()``, the

@@ -98,6 +98,12 @@ constexpr auto kSkippedFields = std::make_tuple(
     field("sample", &SkippedSample::sample), field("replacement", &SkippedSample::replacement),
     field("epoch", &SkippedSample::epoch), field("batch", &SkippedSample::batch));
 
+constexpr auto kSourceFields = std::make_tuple(
+    field("name", &SourceStats::name), field("reads", &SourceStats::reads),
+    field("bytes", &SourceStats::bytes), field("samples", &SourceStats::samples),
+    field("latency_ms", &SourceStats::latency_ms), field("mbs", &SourceStats::mbs),
+    field("down", &SourceStats::down));
+
 constexpr auto kStatsFields = std::make_tuple(
     field("wall_s", &Stats::wall_s), field("batches", &Stats::batches),
     field("samples", &Stats::samples), field("consumer_stall_s", &Stats::consumer_stall_s),
@@ -125,7 +131,8 @@ constexpr auto kStatsFields = std::make_tuple(
     field("peer_fallbacks", &Stats::peer_fallbacks), field("peer_corrupt", &Stats::peer_corrupt),
     field("beyond_budget", &Stats::beyond_budget), field("peer_served", &Stats::peer_served),
     field("peer_served_bytes", &Stats::peer_served_bytes), field("peers_down", &Stats::peers_down),
-    field("peers_closed", &Stats::peers_closed));
+    field("peers_closed", &Stats::peers_closed),
+    field("peer_reads_to_pfs", &Stats::peer_reads_to_pfs), field("sources", &Stats::sources));
 
 template <typename Struct, typename Fields>
 py::dict to_dict(const Struct& s, const Fields& fields);
@@ -138,6 +145,7 @@ py::object to_python(const T& value) {
 py::object to_python(Pinning p) { return py::str(std::string(to_string(p))); }  // "cuda", ...
 py::object to_python(const StageStats& s) { return to_dict(s, kStageFields); }
 py::object to_python(const EpochStats& s) { return to_dict(s, kEpochFields); }
+py::object to_python(const SourceStats& s) { return to_dict(s, kSourceFields); }
 py::object to_python(const SkippedSample& s) { return to_dict(s, kSkippedFields); }
 py::object to_python(const Stats::Tuning& s) { return to_dict(s, kTuningFields); }
 template <typename T>

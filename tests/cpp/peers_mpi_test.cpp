@@ -22,6 +22,8 @@ namespace {
 
 constexpr uint64_t kAbsentFile = 7;
 constexpr uint64_t kLaterFile = 9;
+constexpr uint64_t kHeldFile = 11;  // held back (kLater) for kHeld after it is first asked for, then served
+constexpr auto kHeld = std::chrono::milliseconds(300);
 constexpr uint64_t kDoneFile = 99;  // "I have asked everything I will ask"
 
 std::vector<std::byte> content(uint64_t file, uint64_t rank) {
@@ -35,6 +37,7 @@ std::vector<std::byte> content(uint64_t file, uint64_t rank) {
 struct Rank {
   std::unique_ptr<Transport> transport;
   std::atomic<bool> other_done{false};
+  std::atomic<int64_t> held_since_ns{0};  // kHeldFile first asked for (0: not yet)
 };
 
 std::unique_ptr<Rank> start(int64_t node_override = -1, uint64_t value = 0) {
@@ -57,6 +60,17 @@ std::unique_ptr<Rank> start(int64_t node_override = -1, uint64_t value = 0) {
     if (file == kDoneFile) self->other_done.store(true);
     if (file == kAbsentFile || file == kDoneFile) return PeerAnswer::kAbsent;
     if (file == kLaterFile) return PeerAnswer::kLater;
+    if (file == kHeldFile) {
+      const int64_t now = Clock::now().time_since_epoch().count();
+      int64_t since = 0;
+      self->held_since_ns.compare_exchange_strong(since, now);
+      if (since != 0 && Clock::duration(now - since) >= kHeld) {
+        bytes = content(file, me);
+        crc = crc32c(bytes);
+        return PeerAnswer::kServed;
+      }
+      return PeerAnswer::kLater;
+    }
     bytes = content(file, me);
     crc = crc32c(bytes);
     return PeerAnswer::kServed;
@@ -129,6 +143,24 @@ TEST_CASE("peers over MPI: nodes come from the override, values are gathered fro
   auto r = start(/*node_override=*/5);
   CHECK(r->transport->nodes() == std::vector<uint64_t>{0, 0});  // one node, named by its lowest rank
   r->transport->stop();
+}
+
+TEST_CASE("peers over MPI: a reply says how long the peer held it back, for a copy still being made") {
+  auto r = start();
+  const uint64_t other = 1 - r->transport->rank();
+  std::vector<std::byte> bytes;
+  uint32_t crc = 0;
+  std::chrono::microseconds held{-1};
+  const auto asked = Clock::now();
+  REQUIRE(r->transport->request(other, kHeldFile, std::chrono::seconds(10), bytes, crc, nullptr, &held));
+  const auto took = Clock::now() - asked;
+  CHECK(bytes == content(kHeldFile, other));
+  CHECK(held >= kHeld);
+  CHECK(held <= took);
+  // An answer given at once was held for no time (well below the 300 ms above).
+  REQUIRE(r->transport->request(other, 3, std::chrono::seconds(10), bytes, crc, nullptr, &held));
+  CHECK(held < std::chrono::milliseconds(150));
+  finish(*r, other);
 }
 
 TEST_CASE("peers over MPI: stop() ends a wait on a rank that does not answer, at once") {

@@ -122,7 +122,9 @@ def job(make_folder, pfs, tmp_path):
     """(run(**config) -> per-rank results, catalog, emulator, backing): mpirun jobs over one data set
     of 120 files served by the PFS emulator."""
     backing = make_folder(4, 30, size=(24, 32))
-    emulator = pfs(backing)
+    # A PFS slower than the peers (20 ms per operation; peers on one host answer within a few ms):
+    # each read goes to the source expected to finish it first, here the home copy.
+    emulator = pfs(backing, latency_ms=20)
     cat = prestage.Catalog.from_folder(emulator.mountpoint)
     catalog = tmp_path / "set.catalog"
     cat.save(catalog)
@@ -235,11 +237,43 @@ def test_each_file_is_read_from_the_pfs_once_and_peers_serve_what_the_plan_predi
     # had closed (its reads ahead into epoch 3, above).
     assert sum(r["stats"]["peer_served_bytes"] for r in ranks) >= \
         sum(r["stats"]["peer_bytes"] for r in ranks)
+    # The model's view: the peers faster than the PFS, so no read went to the PFS instead.
+    for r in ranks:
+        s = r["stats"]
+        assert s["peer_reads_to_pfs"] == 0
+        sources = {row["name"]: row for row in s["sources"]}
+        peers = [row for name, row in sources.items() if name.startswith("node ")]
+        assert sum(row["reads"] for row in peers) == s["peer_reads"]
+        assert sources["pfs"]["samples"] > 0 and sources["pfs"]["mbs"] > 0
     # Ending: a rank that closes says goodbye, so no close waits on a peer that has closed (the
     # read-ahead of the next epoch asks peers too): far below the 60 s peer_timeout.
     assert max(r["close_s"] for r in ranks) < 10
     assert all(r["stats"]["peers_down"] == 0 for r in ranks)  # none stopped answering
     assert all(r["stats"]["peers_closed"] <= WORLD - 1 for r in ranks)
+
+
+def test_a_peer_link_slower_than_the_pfs_leaves_the_reads_to_the_pfs(job):
+    run, cat, emulator, backing = job
+    plain = run(peers=False)
+    # The peer link emulated at 200 ms per fetch and 1 MB/s, against the PFS's 20 ms per operation.
+    ranks = run(peers=True, env={"PRESTAGE_PEER_LINK": "200,1"})
+    assert [r["batches"] for r in ranks] == [r["batches"] for r in plain]
+    assert all(r["wrong"] == [] for r in ranks)
+    for rank, r in enumerate(ranks):
+        s = r["stats"]
+        assert s["peer_fallbacks"] == 0 and s["peer_corrupt"] == 0
+        sources = {row["name"]: row for row in s["sources"]}
+        peers = {name: row for name, row in sources.items() if name.startswith("node ")}
+        # The other node's link, named by its lowest rank, is tried until its estimate stands (2
+        # reads), then probed ever more rarely; every other read of its home copies goes to the PFS.
+        assert set(peers) == {f"node {(1 - rank // RANKS_PER_NODE) * RANKS_PER_NODE}"}
+        assert s["peer_reads"] == sum(row["reads"] for row in peers.values())
+        assert s["peer_reads_to_pfs"] > s["peer_reads"]
+        # Their estimates say why: a file's read expected to take longer there than on the PFS.
+        size = sum((backing / cat.path(i)).stat().st_size for i in range(len(cat))) / len(cat)
+        ms = {name: row["latency_ms"] + size / (row["mbs"] * 1e3) for name, row in sources.items()
+              if row["samples"] and row["mbs"] > 0}
+        assert all(ms[name] > ms["pfs"] for name in peers if name in ms) and len(ms) > 1
 
 
 def test_a_home_budget_keeps_the_first_files_and_reads_the_rest_from_the_pfs(job):
@@ -565,7 +599,8 @@ def test_a_stalled_peer_costs_each_rank_one_peer_timeout_then_is_skipped(job):
         assert ranks[rank]["wrong"] == []
     for rank in (0, 1):
         s = ranks[rank]["stats"]
-        # Only rank 3 went down (rank 2 answered all along).
+        # Only rank 3 went down (no answer); rank 2 answered all along (its goodbye at the job's
+        # end, heard by a read-ahead of the epoch after the last, counts in peers_closed).
         assert s["peers_down"] == 1
         uses = [i for e in (1, 2) for b in epoch_batches(len(cat), BATCH, SEED, e, rank=rank,
                                                           world_size=WORLD)

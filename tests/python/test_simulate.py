@@ -181,3 +181,58 @@ def test_cli_writes_table_json_and_plot(tmp_path, capsys):
     import json
     study = json.loads((tmp_path / "simulate.json").read_text())
     assert [(r["cache"], r["nodes"]) for r in study["rows"]] == [(c, k) for k in (1, 2, 4) for c in (0.5, 1.0)]
+
+
+def greedy_seconds(pfs_bytes: float, per_node: List[float], read: float, pfs_bps: float, link_bps: float) -> float:
+    """The per-read rule walked read by read: node n's peer bytes in reads of `read` bytes, taken in turn
+    over the nodes, each to its node's link or to the PFS, whichever would finish it first with the
+    bytes queued there (the PFS starts with its own reads queued); the epoch ends when both are done."""
+    links = [0.0] * len(per_node)
+    left = list(per_node)
+    pfs = pfs_bytes
+    while any(b > 0 for b in left):
+        for n, b in enumerate(left):
+            if b <= 0:
+                continue
+            size = min(read, b)
+            left[n] -= size
+            if (links[n] + size) / link_bps <= (pfs + size) / pfs_bps:
+                links[n] += size
+            else:
+                pfs += size
+    return max(max(links) / link_bps, pfs / pfs_bps)
+
+
+@pytest.mark.parametrize("pfs_bytes,per_node,pfs_bps,link_bps", [
+    (0.0, [8e6, 8e6], 100e6, 12.5e6),       # link slow: most reads move to the PFS
+    (1e6, [6e6, 6e6, 6e6], 30e6, 10e6),     # even links, some moved
+    (5e6, [1e6, 9e6, 3e6], 50e6, 20e6),     # one busy link
+    (2e6, [4e6, 4e6, 4e6, 4e6], 10e6, 1e9),  # link fast: nothing moves
+    (50e6, [1e6, 2e6], 10e6, 5e6),          # the PFS already the bottleneck
+])
+def test_chosen_seconds_is_the_per_read_rule_over_many_reads(pfs_bytes, per_node, pfs_bps, link_bps):
+    a = np.asarray(per_node)
+    fluid, moved = sim.chosen_seconds(pfs_bytes, a, a, pfs_bps, link_bps)
+    read = 1e3
+    greedy = greedy_seconds(pfs_bytes, per_node, read, pfs_bps, link_bps)
+    slack = 2 * read / min(pfs_bps, link_bps)
+    if len(set(per_node)) == 1:  # even links: the rule's reads level the queues exactly
+        assert fluid == pytest.approx(greedy, abs=slack)
+    else:  # all queued at once, a link that is not the busiest moves reads early: a little later
+        assert fluid - slack <= greedy <= fluid * 1.05 + slack
+    # Never slower than every read on its link, or every read on the PFS.
+    assert fluid <= max(a.max() / link_bps, pfs_bytes / pfs_bps) * (1 + 1e-9)
+    assert fluid <= (pfs_bytes + a.sum()) / pfs_bps * (1 + 1e-9)
+    assert 0 <= moved <= a.sum()
+
+
+def test_the_tier_on_is_never_slower_than_its_two_extremes():
+    sizes = sim.sample_sizes(512, 1000, 0.5, seed=3)
+    config = sim.Config(num_samples=512, ranks_per_node=2, batch_size=4, epochs=3, seed=1, pfs_gbs=1.0,
+                        link_gbs=0.05)
+    for row in sim.simulate(config, [1, 2, 4, 8], [0.25, 1.0], sizes)["rows"]:
+        later = row["later"]
+        assert later["seconds_chosen"] <= max(later["seconds_pfs"], later["seconds_link"]) * (1 + 1e-9)
+        peer_pfs = later["pfs_fraction_with"] * row["set_bytes"]
+        all_to_pfs = (peer_pfs + later["peer_bytes_per_node"] * row["nodes"]) / (config.pfs_gbs * 1e9)
+        assert later["seconds_chosen"] <= all_to_pfs * (1 + 1e-9)

@@ -49,6 +49,18 @@ struct SkippedSample {
   std::string error;         // why it failed (the error on_error=raise would have raised)
 };
 
+// With the peer tier on: one source of stage 2's reads (this node's stage directory, another node's
+// link, the PFS) as the source model sees it: the reads it served and what it has learned of it (see
+// Stats::sources).
+struct SourceStats {
+  std::string name;               // "stage", "pfs", "node <its lowest rank>"
+  uint64_t reads = 0, bytes = 0;  // stage 2's reads there (the PFS: its copies and read-ahead)
+  uint64_t samples = 0;           // reads the estimates are learned from
+  double latency_ms = 0;          // estimated per read
+  double mbs = 0;                 // estimated bandwidth, MB/s (0: not learned yet)
+  bool down = false;              // a peer marked down: never chosen
+};
+
 struct Stats {
   double wall_s = 0;  // since the loader started its current run of epochs
   uint64_t batches = 0;
@@ -145,6 +157,11 @@ struct Stats {
   uint64_t peers_down = 0;    // peers marked down (no answer within peer_timeout: stalled, dead):
                               // their files are read from the source at once from then on
   uint64_t peers_closed = 0;  // peers that said goodbye (closed their loader): the same from then on
+  // Each read of a sample with a home copy goes to that copy or to the PFS, whichever the source
+  // model expects to finish first (its queue counted): the reads it sent to the PFS, and per source
+  // its reads and estimates, so that a user sees why.
+  uint64_t peer_reads_to_pfs = 0;
+  std::vector<SourceStats> sources;
   std::vector<EpochStats> epochs;  // in epoch order
 };
 

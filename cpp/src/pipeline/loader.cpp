@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
+#include <cmath>
 #include <condition_variable>
 #include <cstdio>
 #include <deque>
@@ -680,6 +681,13 @@ Stats Loader::Impl::stats() const {
     s.peer_served_bytes = p.served_bytes;
     s.peers_down = p.down;
     s.peers_closed = p.closed;
+    if (const detail::SourceModel* model = shared->tiers->source_model(); model != nullptr) {
+      s.peer_reads_to_pfs = model->moved_to_pfs();
+      for (const detail::SourceModel::Row& r : model->rows()) {
+        s.sources.push_back({r.name, r.reads, r.bytes, r.samples, r.latency_s * 1e3,
+                             std::isinf(r.bytes_per_s) ? 0.0 : r.bytes_per_s / 1e6, r.down});
+      }
+    }
   } else {
     s.peer_tier_why = "not asked for (peers=False)";
   }

@@ -58,6 +58,7 @@ struct ReplyHeader {
   uint64_t size;
   uint32_t crc;
   uint32_t answer;  // PeerAnswer
+  uint64_t held_us;  // how long the answer was held back (kLater) before it was given
 };
 
 class MpiTransport;
@@ -97,7 +98,8 @@ class MpiTransport final : public Transport {
   const std::vector<uint64_t>& values() const override { return values_; }
 
   bool request(uint64_t rank, uint64_t file, std::chrono::milliseconds timeout,
-               std::vector<std::byte>& bytes, uint32_t& crc, RequestEnd* end) override {
+               std::vector<std::byte>& bytes, uint32_t& crc, RequestEnd* end,
+               std::chrono::microseconds* held) override {
     RequestEnd ignored;
     RequestEnd& how = end != nullptr ? *end : ignored;
     Waiter w;
@@ -127,6 +129,7 @@ class MpiTransport final : public Transport {
     }
     how = w.end;
     crc = w.crc;
+    if (held != nullptr) *held = std::chrono::microseconds(w.held_us);
     return w.ok;
   }
 
@@ -145,6 +148,7 @@ class MpiTransport final : public Transport {
     std::chrono::milliseconds timeout{0};
     std::vector<std::byte>* bytes = nullptr;
     uint32_t crc = 0;
+    uint64_t held_us = 0;           // guarded by mutex_
     bool ok = false, done = false;  // guarded by mutex_
     RequestEnd end = RequestEnd::kReply;  // guarded by mutex_
   };
@@ -156,6 +160,7 @@ class MpiTransport final : public Transport {
     int source;
     RequestMessage message;
     std::chrono::steady_clock::time_point until;
+    std::chrono::steady_clock::time_point received;
   };
 
   void run() {
@@ -188,7 +193,7 @@ class MpiTransport final : public Transport {
     // Stopping: requests held back are answered (absent), every other rank hears goodbye, every
     // wait ends, and sends under way get a short grace, then are let go.
     for (const Deferred& d : deferred_) {
-      const ReplyHeader h{d.message.id, 0, 0, static_cast<uint32_t>(PeerAnswer::kAbsent)};
+      const ReplyHeader h{d.message.id, 0, 0, static_cast<uint32_t>(PeerAnswer::kAbsent), 0};
       send(d.source, kTagReply, &h, sizeof h, nullptr, 0);
     }
     deferred_.clear();
@@ -241,7 +246,8 @@ class MpiTransport final : public Transport {
   }
 
   // Answers a request now, or defers it (kLater) while its requester still waits. True if answered.
-  bool answer(int source, const RequestMessage& m, std::chrono::steady_clock::time_point until) {
+  bool answer(int source, const RequestMessage& m, std::chrono::steady_clock::time_point until,
+              std::chrono::steady_clock::time_point received) {
     uint32_t crc = 0;
     PeerAnswer a = PeerAnswer::kAbsent;
     try {
@@ -257,7 +263,10 @@ class MpiTransport final : public Transport {
       a = PeerAnswer::kAbsent;
     }
     const bool served = a == PeerAnswer::kServed;
-    const ReplyHeader h{m.id, served ? body_.size() : 0, crc, static_cast<uint32_t>(a)};
+    const auto held = std::chrono::duration_cast<std::chrono::microseconds>(
+        std::chrono::steady_clock::now() - received);
+    const ReplyHeader h{m.id, served ? body_.size() : 0, crc, static_cast<uint32_t>(a),
+                        static_cast<uint64_t>(std::max<int64_t>(held.count(), 0))};
     send(source, kTagReply, &h, sizeof h, body_.data(), served ? body_.size() : 0);
     return true;
   }
@@ -274,15 +283,18 @@ class MpiTransport final : public Transport {
       MPI_Mrecv(&m, sizeof m, MPI_BYTE, &message, MPI_STATUS_IGNORE);
       any = true;
       const auto wait = std::chrono::milliseconds(m.timeout_ms);
-      const auto until = std::chrono::steady_clock::now() + wait - std::min<std::chrono::milliseconds>(kAnswerMargin, wait / 4);
-      if (!answer(status.MPI_SOURCE, m, until)) deferred_.push_back({status.MPI_SOURCE, m, until});
+      const auto now = std::chrono::steady_clock::now();
+      const auto until = now + wait - std::min<std::chrono::milliseconds>(kAnswerMargin, wait / 4);
+      if (!answer(status.MPI_SOURCE, m, until, now)) {
+        deferred_.push_back({status.MPI_SOURCE, m, until, now});
+      }
     }
   }
 
   bool retry_deferred() {
     bool any = false;
     for (auto it = deferred_.begin(); it != deferred_.end();) {
-      if (answer(it->source, it->message, it->until)) {
+      if (answer(it->source, it->message, it->until, it->received)) {
         it = deferred_.erase(it);
         any = true;
       } else {
@@ -316,6 +328,7 @@ class MpiTransport final : public Transport {
              h.size == reply_.size() - sizeof h;
       if (w.ok) w.bytes->assign(reply_.begin() + sizeof h, reply_.end());
       w.crc = h.crc;
+      w.held_us = h.held_us;
       w.done = true;
       waiting_.erase(it);
       answered_.notify_all();

@@ -6,6 +6,7 @@
 
 #include <cstdlib>
 #include <filesystem>
+#include <algorithm>
 #include <map>
 #include <thread>
 
@@ -111,6 +112,27 @@ int64_t node_override() {
   return n;
 }
 
+// PRESTAGE_PEER_LINK="LATENCY_MS,MBS": an emulated peer link (see Peers::emulate_link).
+void link_override(double& latency_s, double& bytes_per_s) {
+  const char* value = std::getenv("PRESTAGE_PEER_LINK");
+  if (value == nullptr || *value == '\0') return;
+  char* end = nullptr;
+  const double ms = std::strtod(value, &end);
+  double mbs = 0;
+  bool ok = end != value && *end == ',' && ms >= 0;
+  if (ok) {
+    const char* rest = end + 1;
+    mbs = std::strtod(rest, &end);
+    ok = end != rest && *end == '\0' && mbs > 0;
+  }
+  if (!ok) {
+    throw ConfigError(std::string("PRESTAGE_PEER_LINK must be LATENCY_MS,MBS (e.g. 2,100), not '") +
+                      value + "'");
+  }
+  latency_s = ms / 1000;
+  bytes_per_s = mbs * 1e6;
+}
+
 }  // namespace
 
 Peers::Peers(const Catalog& catalog, const PlanOptions& plan, StageDirectory* stage,
@@ -120,6 +142,7 @@ Peers::Peers(const Catalog& catalog, const PlanOptions& plan, StageDirectory* st
     why_off_ = "world_size 1: no other rank to fetch from";
     return;
   }
+  link_override(link_latency_s_, link_bytes_per_s_);
   std::string why;
   const TransportStart start = plugin(why);
   if (start == nullptr) {
@@ -177,7 +200,36 @@ bool Peers::home_here(uint64_t file) const {
   return own_.home[file] != 0 && node_of_[owner] == node_of_[plan_.rank];
 }
 
-Peers::Fetched Peers::fetch(const Catalog::Locator& loc, std::vector<std::byte>& out) {
+Peers::Fetched Peers::home(const Catalog::Locator& loc, uint64_t& owner) const {
+  if (!on() || closing() || !ready_.load(std::memory_order_acquire) || ::getpid() != pid_) {
+    return Fetched::kNone;
+  }
+  owner = own_.owner[loc.file];
+  if (owner == Ownership::kNoOwner || !own_.home[loc.file]) return Fetched::kNone;
+  if (node_of_[owner] == node_of_[plan_.rank]) return stage_ != nullptr ? Fetched::kLocal : Fetched::kNone;
+  return Fetched::kPeer;
+}
+
+void Peers::emulate_link(uint64_t bytes) {
+  if (link_bytes_per_s_ <= 0) return;
+  const auto transfer = std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+      std::chrono::duration<double>(static_cast<double>(bytes) / link_bytes_per_s_));
+  const auto latency = std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+      std::chrono::duration<double>(link_latency_s_));
+  std::chrono::steady_clock::time_point until;
+  {
+    std::lock_guard lock(link_mutex_);
+    link_free_ = std::max(link_free_, std::chrono::steady_clock::now()) + transfer;
+    until = link_free_ + latency;
+  }
+  std::this_thread::sleep_until(until);
+}
+
+Peers::Fetched Peers::fetch(const Catalog::Locator& loc, std::vector<std::byte>& out,
+                            std::chrono::microseconds* held) {
+  std::chrono::microseconds ignored{0};
+  std::chrono::microseconds& waited = held != nullptr ? *held : ignored;
+  waited = std::chrono::microseconds{0};
   if (!on() || closing() || !ready_.load(std::memory_order_acquire) || ::getpid() != pid_) {
     return Fetched::kNone;
   }
@@ -187,7 +239,7 @@ Peers::Fetched Peers::fetch(const Catalog::Locator& loc, std::vector<std::byte>&
     beyond_.fetch_add(1, std::memory_order_relaxed);
     return Fetched::kNone;
   }
-  if (node_of_[owner] == node_of_[plan_.rank]) return local(loc, out);
+  if (node_of_[owner] == node_of_[plan_.rank]) return local(loc, out, waited);
   std::vector<std::byte> bytes;
   uint32_t crc = 0;
   const auto fall_back = [&](bool corrupt) {
@@ -201,7 +253,9 @@ Peers::Fetched Peers::fetch(const Catalog::Locator& loc, std::vector<std::byte>&
     return gone_[owner].load(std::memory_order_relaxed) ? Fetched::kNone : fall_back(false);
   }
   RequestEnd end = RequestEnd::kReply;
-  if (!transport_->request(owner, loc.file, options_.timeout, bytes, crc, &end)) {
+  const bool answered = transport_->request(owner, loc.file, options_.timeout, bytes, crc, &end, &waited);
+  if (answered) emulate_link(bytes.size());
+  if (!answered) {
     if (end == RequestEnd::kGone) gone_[owner].store(1, std::memory_order_relaxed);
     if ((end == RequestEnd::kNoAnswer || end == RequestEnd::kGone) &&
         down_[owner].exchange(1, std::memory_order_acq_rel) == 0) {
@@ -225,12 +279,15 @@ Peers::Fetched Peers::fetch(const Catalog::Locator& loc, std::vector<std::byte>&
   return Fetched::kPeer;
 }
 
-Peers::Fetched Peers::local(const Catalog::Locator& loc, std::vector<std::byte>& out) {
+Peers::Fetched Peers::local(const Catalog::Locator& loc, std::vector<std::byte>& out,
+                            std::chrono::microseconds& waited) {
   if (stage_ == nullptr) return Fetched::kNone;
-  const auto until = std::chrono::steady_clock::now() + options_.timeout;
+  const auto asked = std::chrono::steady_clock::now();
+  const auto until = asked + options_.timeout;
   while (true) {
     stage_->take_over_published();
     if (stage_->is_staged(loc.file)) {
+      waited = std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - asked);
       // Checked as Tiers::serve() checks a staged copy: a whole copy by its CRC, a part of one by
       // the copy's identity. A copy that fails is removed; the caller reads the source.
       const bool whole = loc.length == Catalog::kWholeFile;

@@ -11,7 +11,9 @@
 //    are "beyond budget", read from the source at every use (and counted). Home copies are never
 //    evicted: only they are admitted to the stage directory while the tier is on.
 //  - later, a rank reads a sample from its node's stage directory if there, else (a home copy of
-//    another node) from that copy's owner rank over MPI into memory, else from the source. A reply
+//    another node) from that copy's owner rank over MPI into memory, else from the source; where
+//    a home copy exists, the read goes to it or to the source, whichever the source model
+//    (tiers/source_model.hpp, applied by Tiers::fetch_sample) expects to finish it first. A reply
 //    carries the size and the CRC-32C of the owner's stage index; a mismatch, no answer within
 //    peer_timeout, or a stopped peer means a read of the source (counted), never a wait beyond it.
 //  - a peer that said goodbye (its loader closed) or did not answer within peer_timeout (stalled,
@@ -90,8 +92,20 @@ class Peers {
   // earlier batch, was still making when this batch was planned: waited for up to the timeout
   // rather than read from the source a second time), or kNone (the caller reads the source) for a
   // file with no home copy, a failed fetch (counted) or a forked process.
+  // `held` (if given) gets the time of the fetch spent waiting for a home copy still being made (by
+  // the owner, or by a neighbour on this node), not moving bytes: what the source model leaves out.
   enum class Fetched { kNone, kPeer, kLocal };
-  Fetched fetch(const Catalog::Locator& loc, std::vector<std::byte>& out);
+  Fetched fetch(const Catalog::Locator& loc, std::vector<std::byte>& out,
+                std::chrono::microseconds* held = nullptr);
+  // Where fetch() would look for sample `loc`'s home copy, without fetching or counting: kPeer (its
+  // owner rank in `owner`), kLocal (this node's stage directory), or kNone (no home copy, or the
+  // tier cannot fetch now). A peer marked down is still named (see down()).
+  Fetched home(const Catalog::Locator& loc, uint64_t& owner) const;
+  // Rank `rank` is marked down: fetch() reads its files from the source at once.
+  bool down(uint64_t rank) const { return down_[rank].load(std::memory_order_acquire) != 0; }
+  // The ranks of the job (0 while the tier is off), and rank `rank`'s node (named by its lowest rank).
+  size_t ranks() const noexcept { return node_of_.size(); }
+  uint64_t node_of(uint64_t rank) const { return node_of_[rank]; }
 
   PeerCounts counts() const;
   // The loader closes: fetches from now on fail at once and closing() says so, so that a batch that
@@ -106,7 +120,12 @@ class Peers {
 
  private:
   PeerAnswer serve(uint64_t file, std::vector<std::byte>& bytes, uint32_t& crc);
-  Fetched local(const Catalog::Locator& loc, std::vector<std::byte>& out);
+  Fetched local(const Catalog::Locator& loc, std::vector<std::byte>& out,
+                std::chrono::microseconds& waited);
+  // PRESTAGE_PEER_LINK="LATENCY_MS,MBS" (benchmarks and tests): each fetch from a peer takes at
+  // least the latency plus its bytes at MBS megabytes per second, the fetches of this process
+  // sharing one emulated link (each waits for the bytes queued before its own).
+  void emulate_link(uint64_t bytes);
 
   const Catalog& catalog_;
   PlanOptions plan_;
@@ -122,6 +141,9 @@ class Peers {
   std::vector<uint64_t> node_of_;  // per rank
   std::unique_ptr<std::atomic<uint8_t>[]> down_;  // per rank: marked down
   std::unique_ptr<std::atomic<uint8_t>[]> gone_;  // per rank: said goodbye (also down)
+  double link_latency_s_ = 0, link_bytes_per_s_ = 0;  // PRESTAGE_PEER_LINK; 0: not emulated
+  std::mutex link_mutex_;
+  std::chrono::steady_clock::time_point link_free_;  // guarded by link_mutex_
   std::atomic<uint64_t> reads_{0}, bytes_{0}, fallbacks_{0}, corrupt_{0}, beyond_{0}, served_{0},
       served_bytes_{0}, down_count_{0}, closed_count_{0};
 };

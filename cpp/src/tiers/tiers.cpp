@@ -1,6 +1,8 @@
 #include "tiers/tiers.hpp"
 
+#include <array>
 #include <cerrno>
+#include <chrono>
 
 #include "tiers/peers.hpp"
 #include "util/file_io.hpp"
@@ -21,6 +23,33 @@ void read_sized(const FileRef& file, const Catalog::Locator& loc, uint64_t size,
   }
 }
 
+// A read of a source the model tracks: queued there (by the model's choice, or by begin()), and on
+// its end, however it ends, dequeued and (if it delivered) learned from.
+class TimedRead {
+ public:
+  TimedRead(SourceModel* model, size_t source, uint64_t bytes, bool queued)
+      : model_(model), source_(source), bytes_(bytes), start_(std::chrono::steady_clock::now()) {
+    if (model_ != nullptr && !queued) model_->begin(source_, bytes_);
+  }
+  ~TimedRead() { end(false); }
+  TimedRead(const TimedRead&) = delete;
+  TimedRead& operator=(const TimedRead&) = delete;
+
+  // `waited`: of the read's time, the wait for a copy still being made (not the source's doing).
+  void end(bool ok, std::chrono::microseconds waited = std::chrono::microseconds{0}) {
+    if (model_ == nullptr) return;
+    const std::chrono::duration<double> took = std::chrono::steady_clock::now() - start_ - waited;
+    model_->done(source_, bytes_, took.count(), ok);
+    model_ = nullptr;
+  }
+
+ private:
+  SourceModel* model_;
+  size_t source_;
+  uint64_t bytes_;
+  std::chrono::steady_clock::time_point start_;
+};
+
 }  // namespace
 
 void SampleAt::check(std::span<const std::byte> read) const {
@@ -33,6 +62,11 @@ Tiers::Tiers(const Catalog& catalog, StageDirectory* stage, uint64_t max_read_by
       stage_(stage),
       max_read_bytes_(max_read_bytes),
       stalled_(new std::atomic<uint8_t>[catalog.num_files()]()) {}
+
+void Tiers::set_peers(Peers* peers) {
+  peers_ = peers;
+  model_.reset(peers != nullptr && peers->on() ? new SourceModel(peers->ranks()) : nullptr);
+}
 
 void Tiers::refuse_if_stalled(uint64_t file, const std::string& path) {
   if (stalled_[file].load(std::memory_order_relaxed) == 0 ||
@@ -107,6 +141,7 @@ void Tiers::fetch_file(uint64_t file, std::vector<std::byte>& buffer, int64_t& m
   const FileRef source = source_file(catalog_, source_path(file, path));
   const uint64_t size = catalog_.file_size(file);
   const int64_t mtime = catalog_.file_mtime(file);
+  TimedRead timed(model_.get(), SourceModel::kPfs, size == Catalog::kUnknownSize ? 0 : size, false);
   if (size != Catalog::kUnknownSize && mtime != Catalog::kUnknownMtime) {
     // One open and one read, no stat: a file of another size than the catalog's is an IoError (not
     // staged, stage 3 reads it and reports it). The copy is recorded with the catalog's modification
@@ -118,6 +153,7 @@ void Tiers::fetch_file(uint64_t file, std::vector<std::byte>& buffer, int64_t& m
   } else {
     stalled_if_timed_out(file, [&] { read_file(source, buffer, &mtime_ns); });
   }
+  timed.end(size != Catalog::kUnknownSize);
   if (trace_ != nullptr) {
     trace_->add(IoTrace::kNoSample, file, 0, buffer.size(), start,
                 static_cast<uint8_t>(Tier::kSource), TraceKind::kCopy);
@@ -127,21 +163,52 @@ void Tiers::fetch_file(uint64_t file, std::vector<std::byte>& buffer, int64_t& m
 }
 
 void Tiers::fetch_sample(uint64_t id, std::vector<std::byte>& buffer, TierTally* tally) {
-  check_size(id, sample_size(id));
+  const uint64_t size = sample_size(id);
+  check_size(id, size);
   std::string path;
   const Catalog::Locator loc = catalog_.locator(id);
   const int64_t start = trace_ != nullptr ? trace_->now_ns() : 0;
-  const Peers::Fetched fetched =
-      peers_ != nullptr ? peers_->fetch(loc, buffer) : Peers::Fetched::kNone;
+  const uint64_t sample_bytes = size == Catalog::kUnknownSize ? 0 : size;
+  Peers::Fetched fetched = Peers::Fetched::kNone;
+  bool pfs_chosen = false;  // the model chose the source over a home copy (and queued the read)
+  if (peers_ != nullptr) {
+    uint64_t owner = 0;
+    const Peers::Fetched home = model_ != nullptr ? peers_->home(loc, owner) : Peers::Fetched::kNone;
+    // A rank marked down is skipped (fetch() reads nothing from it, and counts it) whatever the link
+    // to its node is worth: the model's estimates are per node, a rank's death is not.
+    if (home == Peers::Fetched::kNone || peers_->down(owner)) {
+      fetched = peers_->fetch(loc, buffer);  // counts what it must (beyond budget, a peer down)
+    } else {
+      // A peer sends the whole file; this node's copy and the source read only the sample.
+      const uint64_t file_bytes = catalog_.file_size(loc.file);
+      const uint64_t near_bytes =
+          home == Peers::Fetched::kPeer && file_bytes != Catalog::kUnknownSize ? file_bytes : sample_bytes;
+      const size_t near = home == Peers::Fetched::kPeer ? SourceModel::kPeer0 + peers_->node_of(owner)
+                                                        : SourceModel::kStage;
+      const std::array<size_t, 2> sources{near, SourceModel::kPfs};
+      const std::array<uint64_t, 2> bytes{near_bytes, sample_bytes};
+      if (model_->choose(sources, bytes) == near) {
+        TimedRead timed(model_.get(), near, near_bytes, true);
+        std::chrono::microseconds waited{0};
+        fetched = peers_->fetch(loc, buffer, &waited);
+        timed.end(fetched != Peers::Fetched::kNone, waited);
+      } else {
+        pfs_chosen = true;
+      }
+    }
+  }
   Tier tier = fetched == Peers::Fetched::kLocal ? Tier::kStage : Tier::kPeer;
   if (fetched == Peers::Fetched::kNone) {
     // A loader that closes reads nothing more for batches it will not deliver.
     if (peers_ != nullptr && peers_->closing()) {
+      if (pfs_chosen) model_->done(SourceModel::kPfs, sample_bytes, 0, false);
       throw IoError(source_path(loc.file, path), ECANCELED, "the loader is closing");
     }
     tier = Tier::kSource;
+    TimedRead timed(model_.get(), SourceModel::kPfs, sample_bytes, pfs_chosen);
     const FileRef source = source_file(catalog_, source_path(loc.file, path));
-    stalled_if_timed_out(loc.file, [&] { read_sized(source, loc, sample_size(id), buffer); });
+    stalled_if_timed_out(loc.file, [&] { read_sized(source, loc, size, buffer); });
+    timed.end(size != Catalog::kUnknownSize);
   }
   if (trace_ != nullptr) {
     trace_->add(id, loc.file, loc.offset, buffer.size(), start, static_cast<uint8_t>(tier),

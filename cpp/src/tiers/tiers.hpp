@@ -4,8 +4,8 @@
 //    batch, the node's stage directory (a copy left by an earlier run only once stage 2 has
 //    checked it), the source (the PFS);
 //  - stage 2's read-ahead (fetch_sample()): the sample's home copy through the peer tier
-//    (tiers/peers.hpp: from the owner node over MPI, or from this node's stage directory), then
-//    the source;
+//    (tiers/peers.hpp: from the owner node over MPI, or from this node's stage directory), or the
+//    source: whichever the source model (tiers/source_model.hpp) expects to finish the read first;
 //  - stage 2's copies (fetch_file()): the source.
 // Stages 2 and 3 read samples through this unit alone (but for stage 2's check of an earlier run's
 // copies, StageDirectory::verify), so that a new tier changes it and nothing in stages 1 and 3.
@@ -24,6 +24,7 @@
 
 #include "prestage/catalog.hpp"
 #include "prestage/error.hpp"
+#include "tiers/source_model.hpp"
 #include "tiers/stage_directory.hpp"
 #include "util/file_io.hpp"
 #include "util/io_trace.hpp"
@@ -111,8 +112,12 @@ class Tiers {
   const Catalog& catalog() const noexcept { return catalog_; }
   StageDirectory* stage_directory() const noexcept { return stage_; }
   // The peer tier, tried by fetch_sample() before the source (null: none). Set before any read;
-  // it must outlive the reads.
-  void set_peers(Peers* peers) noexcept { peers_ = peers; }
+  // it must outlive the reads. With the tier on, the reads of stage 2 are timed and learned from,
+  // and each read of a sample with a home copy goes to that copy or to the source, whichever the
+  // model expects to finish first (source_model()).
+  void set_peers(Peers* peers);
+  // The estimates per source and the reads each served (null: the peer tier is off).
+  const SourceModel* source_model() const noexcept { return model_.get(); }
 
   // A sample's size from the catalog (its byte range, or its whole file's recorded size), or
   // Catalog::kUnknownSize.
@@ -180,6 +185,7 @@ class Tiers {
   const Catalog& catalog_;
   StageDirectory* stage_;
   Peers* peers_ = nullptr;
+  std::unique_ptr<SourceModel> model_;  // with peers_ on
   uint64_t max_read_bytes_;
   TierTally served_, fetched_;
   IoTrace* trace_ = nullptr;

@@ -61,8 +61,11 @@ class Transport {
   // Asks rank `rank` for file `file` and waits up to `timeout` for its answer: true with the bytes
   // and their CRC in `bytes` and `crc`, false for an absent copy, a timeout, a peer that said
   // goodbye (false at once from then on) or a stopped transport; `end` (if given) says which.
+  // `held` (if given) gets how long the peer held its answer back (kLater: the copy was still being
+  // made), so that the time of the transfer itself can be told from the wait.
   virtual bool request(uint64_t rank, uint64_t file, std::chrono::milliseconds timeout,
-                       std::vector<std::byte>& bytes, uint32_t& crc, RequestEnd* end = nullptr) = 0;
+                       std::vector<std::byte>& bytes, uint32_t& crc, RequestEnd* end = nullptr,
+                       std::chrono::microseconds* held = nullptr) = 0;
   // Stops serving, answers the requests it was holding back (absent), says goodbye to every other
   // rank (their waits on this one end at once) and ends the waits under way (they return false);
   // returns promptly whatever the other ranks do (no collective call). Idempotent.

@@ -24,6 +24,11 @@ A node's stream is its ranks' uses in plan order: global batch, then rank, then 
 (ranks run concurrently, so within a global batch the real order is interleaved; the simulation
 serialises it). Bytes only: no time is simulated, but from a PFS aggregate bandwidth and a per-node link
 bandwidth it gives the time an epoch's I/O needs at least, bound by each, and which one binds.
+
+with peers, each read to the faster source (the tier's rule, tiers/source_model.hpp)
+    A use served by another node's home copy goes there or to the PFS, whichever is expected to
+    finish it first, the reads queued at each counted: over an epoch that levels the busiest link's
+    time and the PFS's (``chosen_seconds``). The time per epoch with the tier on is that level.
 """
 
 from __future__ import annotations
@@ -241,6 +246,36 @@ def _without_peers(st: _Streams, sizes: np.ndarray, budget: int, config: Config,
     return {"pfs_bytes": np.bincount(st.epoch[miss], sizes[st.samples[miss]], config.epochs).tolist()}
 
 
+def chosen_seconds(pfs_bytes: float, sent: np.ndarray, received: np.ndarray, pfs_bps: float,
+                   link_bps: float) -> tuple[float, float]:
+    """An epoch's I/O time when each peer read goes where it is expected to finish first (the tier's
+    per-read rule, tiers/source_model.hpp), and the bytes it moves from peer links to the PFS.
+
+    The rule sends a read to the PFS once the queue on its peer link would finish later than the PFS's;
+    over an epoch's many reads that levels the finish times (its fluid limit; with every read queued
+    at once, the rule moves some reads off links that are not the busiest early, and ends a few
+    percent later where the links are uneven): the least T such that
+    the reads left on each link fit it in T (``sent[n]``, ``received[n]``: node n's bytes each way) and
+    the PFS's own reads (``pfs_bytes``) plus the moved ones fit the PFS in T. A read moved off a link
+    relieves its sender and its receiver, so the bytes moved are the larger of the two sides' excesses.
+    Never more than the time with every peer read on its link (moved 0) or on the PFS (all moved)."""
+    def moved(t: float) -> float:
+        cap = link_bps * t
+        return float(max(np.maximum(sent - cap, 0).sum(), np.maximum(received - cap, 0).sum()))
+
+    lo, hi = 0.0, max(float(max(sent.max(initial=0), received.max(initial=0))) / link_bps,
+                      (pfs_bytes + float(received.sum())) / pfs_bps)
+    if hi == 0:
+        return 0.0, 0.0
+    for _ in range(100):  # bisection: moved(t) falls and the PFS's capacity rises with t
+        mid = (lo + hi) / 2
+        if pfs_bytes + moved(mid) <= pfs_bps * mid:
+            hi = mid
+        else:
+            lo = mid
+    return hi, moved(hi)
+
+
 def _summary(nodes: int, cache: float, budget: int, set_bytes: int, peers: Dict[str, Any],
              baseline: Dict[str, Any], config: Config) -> Dict[str, Any]:
     later = slice(1, config.epochs)
@@ -254,6 +289,11 @@ def _summary(nodes: int, cache: float, budget: int, set_bytes: int, peers: Dict[
     t_pfs = peer_pfs / (config.pfs_gbs * 1e9)
     t_link = mean_link / (config.link_gbs * 1e9)
     per_node = sent.sum(axis=1) / nodes  # mean over nodes, per epoch
+    pfs_later = np.asarray(peers["pfs_bytes"][later], dtype=float)
+    chosen = [chosen_seconds(pfs_later[e], sent[e], received[e], config.pfs_gbs * 1e9, config.link_gbs * 1e9)
+              for e in range(sent.shape[0])]
+    t_chosen = float(np.mean([c[0] for c in chosen]))
+    moved = float(np.mean([c[1] for c in chosen]))
 
     def imbalance(a: np.ndarray) -> Optional[float]:
         means = a.mean(axis=1)
@@ -272,6 +312,9 @@ def _summary(nodes: int, cache: float, budget: int, set_bytes: int, peers: Dict[
             "seconds_without": t_base, "seconds_pfs": t_pfs, "seconds_link": t_link,
             "binds": "link" if t_link > t_pfs else "PFS",
             "speedup": t_base / max(t_pfs, t_link) if max(t_pfs, t_link) > 0 else None,
+            # Each read to the source expected to finish first (chosen_seconds).
+            "seconds_chosen": t_chosen, "moved_to_pfs_fraction": moved / set_bytes,
+            "ratio_chosen": t_chosen / t_base if t_base > 0 else (1.0 if t_chosen == 0 else None),
         },
     }
 
@@ -323,8 +366,10 @@ def format_table(study: Dict[str, Any]) -> str:
     set_bytes = study["set_bytes"]
     lines = ["| cache | nodes | PFS per epoch, no peers (of the set) | PFS per epoch, peers | beyond budget "
              "| peer bytes per node per epoch (mean; max node) | imbalance sent / received (max/mean) "
-             "| I/O s per epoch: no peers; peers PFS; peers link | binds | speedup |",
-             "|---:|---:|---|---|---:|---|---|---|---|---:|"]
+             "| I/O s per epoch: no peers; peers PFS; peers link | binds | speedup, every read to its home copy "
+             "| I/O s per epoch, each read to the faster source (moved to the PFS, of the set) "
+             "| time per epoch, tier on / off |",
+             "|---:|---:|---|---|---:|---|---|---|---|---:|---|---:|"]
     for r in sorted(study["rows"], key=lambda r: (r["cache"], r["nodes"])):
         later = r["later"]
         base = " / ".join(f"{b / set_bytes:.3f}" for b in r["without_peers"]["pfs_bytes"])
@@ -332,12 +377,14 @@ def format_table(study: Dict[str, Any]) -> str:
         imb = " / ".join("-" if v is None else f"{v:.2f}"
                          for v in (later["imbalance_sent"], later["imbalance_received"]))
         speed = "-" if later["speedup"] is None else f"{later['speedup']:.1f}x"
+        ratio = "-" if later["ratio_chosen"] is None else f"{later['ratio_chosen']:.2f}x"
         lines.append(
             f"| {r['cache']:.0%} | {r['nodes']} | {base} | {peer} "
             f"| {r['with_peers']['beyond_budget_bytes'] / set_bytes:.1%} "
             f"| {_bytes(later['peer_bytes_per_node'])}; {_bytes(later['peer_bytes_max_node'])} | {imb} "
             f"| {later['seconds_without']:.3f}; {later['seconds_pfs']:.3f}; {later['seconds_link']:.3f} "
-            f"| {later['binds']} | {speed} |")
+            f"| {later['binds']} | {speed} | {later['seconds_chosen']:.3f} ({later['moved_to_pfs_fraction']:.3f}) "
+            f"| {ratio} |")
     return "\n".join(lines)
 
 
@@ -370,6 +417,8 @@ def plot_study(study: Dict[str, Any], path: Any) -> Any:
         bottom.plot(xs, seconds("seconds_without"), "o-", color="#d62728", label="no peers: PFS")
         bottom.plot(xs, seconds("seconds_pfs"), "s-", color="#1f77b4", label="peers: PFS")
         bottom.plot(xs, seconds("seconds_link"), "^--", color="#2ca02c", label="peers: busiest node's link")
+        bottom.plot(xs, seconds("seconds_chosen"), "D-", color="#9467bd",
+                    label="peers, each read to the faster source")
         bottom.set_yscale("log")
         bottom.set_xscale("log", base=2)
         bottom.set_xticks(xs)

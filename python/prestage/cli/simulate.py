@@ -6,8 +6,9 @@ follows every sample use of --epochs epochs of the real plan through two policie
 stage directory under Belady's rule over its own stream, every miss a PFS read). Per row: PFS bytes per
 epoch with and without peers, peer bytes per node, the imbalance of peer traffic between nodes
 (max/mean), and the I/O time an epoch needs at least on the PFS (--pfs-gbs, aggregate) and on the
-busiest node's link (--link-gbs, each direction), and which binds. See prestage.bench.simulate for the
-exact rules.
+busiest node's link (--link-gbs, each direction), and which binds; and the time with the tier's
+per-read rule (each read of another node's home copy to that link or to the PFS, whichever is expected
+to finish first) against the tier off. See prestage.bench.simulate for the exact rules.
 
   prestage simulate --nodes 1-1024 --ranks-per-node 4 --cache 25,50,100 --epochs 3 --out results/
 

@@ -1,0 +1,139 @@
+"""Time per epoch of a 4-rank job (2 nodes of 2 ranks, emulated on one host with PRESTAGE_NODE, one stage
+directory per node) with the peer tier on and off, behind the PFS emulator, with the peer link emulated
+(PRESTAGE_PEER_LINK) faster than the PFS in one scenario and slower in the other.
+
+    python benchmarks/peer_choice_bench.py [--files 240] [--size 65536] [--epochs 4] [--runs 3]
+
+Needs mpirun (OpenMPI), libprestage_mpi.so beside the prestage extension, and prestage-pfs (FUSE). The
+source is a folder of equal-size raw files served by the emulator; each node's cache_bytes is half the
+set (the two nodes hold the set together). Ranks meet at a barrier after every epoch (as a training
+step's all-reduce makes them); an epoch's time is rank 0's time from one barrier to the next. Epoch 0
+stages from the PFS in both modes; the figure is epochs 1 on (mean per job), median of --runs jobs.
+Prints a Markdown table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+WORLD, NODES, BATCH, SEED = 4, 2, 8, 1
+
+# (name, PFS latency ms, PFS MB/s (aggregate), peer link "LATENCY_MS,MBS" per rank)
+SCENARIOS = [
+    ("PFS slower than the link", 10.0, 50.0, "1,200"),
+    ("PFS faster than the link", 1.0, 400.0, "30,4"),
+]
+
+
+def rank_main(cfg: dict) -> None:
+    rank = int(os.environ["OMPI_COMM_WORLD_RANK"])
+    node = rank * NODES // WORLD
+    os.environ["PRESTAGE_NODE"] = str(node)
+    import prestage
+
+    catalog = prestage.Catalog.load(cfg["catalog"])
+    loader = prestage.Loader(catalog, batch_size=BATCH, decode="raw", seed=SEED, rank=rank,
+                             world_size=WORLD, stage_dir=os.path.join(cfg["stage"], f"node{node}"),
+                             cache_bytes=cfg["cache_bytes"], peers=cfg["peers"], prefetchers=4,
+                             lookahead=2, depth=2)
+
+    def barrier(name: str) -> None:
+        Path(cfg["barrier"], f"{name}-{rank}").touch()
+        while not all(Path(cfg["barrier"], f"{name}-{r}").exists() for r in range(WORLD)):
+            time.sleep(0.001)
+
+    barrier("start")
+    marks = [time.monotonic()]
+    for epoch in range(cfg["epochs"]):
+        for _ in loader:
+            pass
+        barrier(f"e{epoch}")
+        marks.append(time.monotonic())
+    barrier("done")  # every rank answers its peers until all are done
+    loader.close()
+    s = loader.stats()
+    Path(cfg["out"], f"{rank}.json").write_text(json.dumps(
+        {"epoch_s": [b - a for a, b in zip(marks, marks[1:])], "peer_tier": s["peer_tier"],
+         "why": s["peer_tier_why"], "peer_reads": s["peer_reads"], "to_pfs": s["peer_reads_to_pfs"],
+         "sources": s["sources"]}))
+    barrier("closed")
+
+
+def run_job(catalog: Path, work: Path, cache_bytes: int, peers: bool, epochs: int, link: str) -> dict:
+    for d in ("stage", "barrier", "out"):
+        shutil.rmtree(work / d, ignore_errors=True)
+        (work / d).mkdir(parents=True)
+    cfg = dict(catalog=str(catalog), stage=str(work / "stage"), barrier=str(work / "barrier"),
+               out=str(work / "out"), cache_bytes=cache_bytes, peers=peers, epochs=epochs)
+    env = dict(os.environ, OMPI_MCA_btl_vader_single_copy_mechanism="none", PRESTAGE_PEER_LINK=link)
+    subprocess.run(["mpirun", "--oversubscribe", "--allow-run-as-root", "-np", str(WORLD), sys.executable,
+                    __file__, "--rank", json.dumps(cfg)], env=env, check=True, timeout=600)
+    ranks = [json.loads((work / "out" / f"{r}.json").read_text()) for r in range(WORLD)]
+    if peers and not all(r["peer_tier"] for r in ranks):
+        raise SystemExit(f"the peer tier is off: {ranks[0]['why']}")
+    return {"later_s": statistics.mean(ranks[0]["epoch_s"][1:]), "epoch0_s": ranks[0]["epoch_s"][0],
+            "peer_reads": sum(r["peer_reads"] for r in ranks), "to_pfs": sum(r["to_pfs"] for r in ranks),
+            "sources": ranks[0]["sources"]}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--files", type=int, default=240)
+    p.add_argument("--size", type=int, default=65536, help="bytes per file")
+    p.add_argument("--epochs", type=int, default=4)
+    p.add_argument("--runs", type=int, default=3)
+    p.add_argument("--json", type=Path, default=None)
+    p.add_argument("--rank", default=None, help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.rank is not None:
+        rank_main(json.loads(args.rank))
+        return
+    import prestage
+    from prestage.bench.emulator import PfsEmulator
+
+    rows, raw = [], {}
+    with tempfile.TemporaryDirectory(prefix="prestage-peer-choice-") as tmp:
+        work = Path(tmp)
+        backing = work / "backing"
+        (backing / "c").mkdir(parents=True)
+        for i in range(args.files):
+            (backing / "c" / f"{i:05d}.bin").write_bytes(os.urandom(args.size))
+        per_node = args.files * args.size // NODES
+        for name, latency_ms, mbs, link in SCENARIOS:
+            with PfsEmulator(backing, latency_ms=latency_ms, bandwidth_mbs=mbs, max_ops=16) as pfs:
+                catalog = work / "set.catalog"
+                assert pfs.mountpoint is not None
+                prestage.Catalog.from_folder(pfs.mountpoint, extensions=[".bin"]).save(catalog)
+                jobs = {peers: [run_job(catalog, work, per_node, peers, args.epochs, link)
+                                for _ in range(args.runs)] for peers in (False, True)}
+            off = statistics.median(j["later_s"] for j in jobs[False])
+            on = statistics.median(j["later_s"] for j in jobs[True])
+            reads = statistics.median(j["peer_reads"] for j in jobs[True])
+            moved = statistics.median(j["to_pfs"] for j in jobs[True])
+            rows.append((name, latency_ms, mbs, link, off, on, reads, moved))
+            raw[name] = jobs
+    print(f"{WORLD} ranks = {NODES} nodes x {WORLD // NODES}, {args.files} files of {args.size} bytes, "
+          f"cache_bytes half the set per node, {args.epochs} epochs; seconds per epoch, epochs 1 on, "
+          f"median of {args.runs} jobs\n")
+    print("| scenario | PFS emulated | peer link emulated | peers off | peers on | on / off "
+          "| peer reads (job) | reads sent to the PFS instead (job) |")
+    print("|---|---|---|---:|---:|---:|---:|---:|")
+    for name, latency_ms, mbs, link, off, on, reads, moved in rows:
+        lat, link_mbs = link.split(",")
+        print(f"| {name} | {latency_ms:g} ms, {mbs:g} MB/s | {lat} ms, {link_mbs} MB/s per rank "
+              f"| {off:.3f} | {on:.3f} | {on / off:.2f} | {reads:.0f} | {moved:.0f} |")
+    if args.json:
+        args.json.write_text(json.dumps(raw, indent=1))
+
+
+if __name__ == "__main__":
+    main()
