@@ -196,3 +196,18 @@ def test_the_default_stays_on_the_cpu(folder):
             assert not hasattr(batch, "__cuda_array_interface__")
             assert batch.images.shape[1:] == (16, 16, 3)
         assert loader.stats()["gpu_decode"]["on"] is False
+
+
+def test_the_benchmark_says_what_is_missing_without_cuda():
+    """benchmarks/gpu_decode_bench.py on a machine without CUDA (this one): status 2, one line."""
+    import importlib.util
+    if importlib.util.find_spec("torch") is not None:
+        import torch
+        if torch.cuda.is_available():
+            pytest.skip("CUDA is here: the benchmark would run")
+    bench = os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks", "gpu_decode_bench.py")
+    done = subprocess.run([sys.executable, bench, "--images", "8"], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 2
+    assert done.stdout == ""
+    assert done.stderr.startswith("gpu_decode_bench: needs")
