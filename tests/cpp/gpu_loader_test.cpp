@@ -233,6 +233,7 @@ TEST_CASE(
       Loader loader(cat, gpu_options(4, readers));
       gpu[0] = run(loader, 0);
       gpu[1] = run(loader, 1);
+      loader.close();  // no batch is being decoded: the counters are final and consistent
       stats = loader.stats();
     }
     const auto after = fakes.objects();
@@ -325,6 +326,7 @@ TEST_CASE("gpu loader: files the GPU cannot take and the CPU share go to the CPU
   {
     Loader loader(cat, o);
     gpu = run(loader, 0);
+    loader.close();
     stats = loader.stats();
   }
   check_balanced(before, fakes.objects());
@@ -380,6 +382,7 @@ TEST_CASE("gpu loader: a corrupt JPEG raises the CPU path's error, or is replace
           messages[device].push_back(e.what());
         }
       }
+      loader.close();
       stats[device] = loader.stats();
     }
     CHECK(indices[1] == indices[0]);

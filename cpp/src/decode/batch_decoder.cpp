@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <new>
 #include <string>
 
@@ -312,9 +313,11 @@ class BatchDecoder::Run {
   }
 
   // decode_device=cuda: every sample's JPEG read (in parallel, on the arena), then the batch
-  // decoded by the slot's GPU decoder into its device batch. A sample that cannot be read, or that
-  // the CPU path (where the GPU sent it) cannot decode, is replaced or fails as on the CPU path;
-  // replacements are decoded by the CPU path into their place of the device batch.
+  // queued on the slot's GPU decoder, but for the CPU's share (gpu_cpu_share: its last samples),
+  // which the readers decode meanwhile, in parallel, into the decoder's pinned places; those are
+  // then copied into the device batch on the decoder's stream. A sample that cannot be read, or
+  // that the CPU path cannot decode (the share, and the files the GPU sends it), is replaced or
+  // fails as on the CPU path; replacements are decoded by the CPU path into their place.
   void gpu_run() {
     const size_t n = b_.count;
     const ImageSize size = d_.image_size_;
@@ -346,8 +349,13 @@ class BatchDecoder::Run {
       return GpuJpegDecoder::Sample{s_.jpegs[i], b_.epoch,
                                     static_cast<uint64_t>(slot_.indices[i]), &s_.paths[i]};
     };
+    // The CPU's share (the batch's last samples, as GpuJpegDecoder would take them) is decoded
+    // here, on the readers, while the GPU works on the rest.
+    const size_t cpu_count = std::min(
+        n, static_cast<size_t>(std::llround(d_.options_.gpu_cpu_share * static_cast<double>(n))));
+    const size_t gpu_count = n - cpu_count;
     s_.gpu_samples.clear();
-    for (size_t i = 0; i < n; ++i) s_.gpu_samples.push_back(gpu_sample(i));
+    for (size_t i = 0; i < gpu_count; ++i) s_.gpu_samples.push_back(gpu_sample(i));
     const auto start = Clock::now();
     try {
       // The current device is the thread's: the arena's threads start on device 0.
@@ -357,7 +365,39 @@ class BatchDecoder::Run {
       GpuJpegDecoder& gpu = d_.gpu_decoder(slot_);
       const GpuJpegDecoder::Counters before = gpu.counters();
       gpu.decode(s_.gpu_samples, 0, s_.routes, s_.gpu_errors);
-      d_.count_gpu(before, gpu.counters());
+      d_.busy_ns_.fetch_add(
+          std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - start).count(),
+          std::memory_order_relaxed);
+      if (cpu_count > 0) {
+        s_.gpu_errors.resize(n);  // the share's places: filled by its failures
+        each(
+            [&](size_t i) {
+              if (i < gpu_count) return;
+              const std::span<std::byte> place = gpu.cpu_place(i);
+              Reader& r = reader();
+              const uint64_t id = static_cast<uint64_t>(slot_.indices[i]);
+              JpegDecoder& jpeg = r.codec(d_.codec_).jpeg;
+              try {
+                if (d_.options_.transform == Transform::kRandomResizedCrop) {
+                  jpeg.decode_random_crop(s_.jpegs[i], size, d_.options_.seed, b_.epoch, id, place,
+                                          s_.paths[i]);
+                } else {
+                  jpeg.decode_resized(s_.jpegs[i], size, place, s_.paths[i]);
+                }
+              } catch (...) {
+                s_.gpu_errors[i] = std::current_exception();  // replaced below, as the GPU's
+              }
+            },
+            [](size_t, uint64_t) {});
+        // A failed sample's place is filled by its replacement (decode_on_cpu), or stays undefined.
+        s_.cpu_positions.clear();
+        for (size_t i = gpu_count; i < n; ++i) {
+          if (s_.gpu_errors[i] == nullptr) s_.cpu_positions.push_back(i);
+        }
+        gpu.upload(0, s_.cpu_positions);
+      }
+      // Counted together, once the batch's share is decoded too.
+      d_.count_gpu(before, gpu.counters(), cpu_count);
       for (size_t i = 0; i < n; ++i) {
         if (s_.gpu_errors[i] == nullptr) continue;
         replace_or_fail(i, s_.gpu_errors[i], [&](size_t j, uint64_t id) {
@@ -374,9 +414,6 @@ class BatchDecoder::Run {
       // A CUDA, nvJPEG or NPP failure: the whole batch is lost; the consumer gets the error.
       first_error_.record(0, std::current_exception());
     }
-    d_.busy_ns_.fetch_add(
-        std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - start).count(),
-        std::memory_order_relaxed);
     slot_.error = first_error_.get();
   }
 
@@ -498,7 +535,7 @@ BatchDecoder::BatchDecoder(const LoaderOptions& options, const Codec& codec, Ima
   gpu_options_.transform = options.transform;
   gpu_options_.seed = options.seed;
   gpu_options_.max_pixels = options.max_pixels;
-  gpu_options_.cpu_share = options.gpu_cpu_share;
+  gpu_options_.cpu_share = 0.0;  // the CPU's share is decoded on the readers (Run::gpu_run)
   gpu_options_.outputs = 1;  // one decoder per ring slot: its device batch is the slot's
   gpu_ = &libraries;
 }
@@ -512,7 +549,8 @@ GpuJpegDecoder& BatchDecoder::gpu_decoder(Slot& slot) {
 }
 
 void BatchDecoder::count_gpu(const GpuJpegDecoder::Counters& before,
-                             const GpuJpegDecoder::Counters& after) {
+                             const GpuJpegDecoder::Counters& after, uint64_t cpu_share) {
+  gpu_cpu_share_.fetch_add(cpu_share, std::memory_order_relaxed);
   const auto add = [](std::atomic<uint64_t>& to, uint64_t a, uint64_t b) {
     to.fetch_add(b - a, std::memory_order_relaxed);
   };

@@ -59,6 +59,7 @@ struct BatchScratch {
   std::vector<GpuJpegDecoder::Sample> gpu_samples;
   std::vector<GpuRoute> routes;
   std::vector<std::exception_ptr> gpu_errors;
+  std::vector<size_t> cpu_positions;  // the CPU's share of the batch
 };
 
 class BatchDecoder {
@@ -112,8 +113,9 @@ class BatchDecoder {
   void locate(const BatchSamples& batch, Slot& slot);
   // decode_device=cuda: the slot's GPU decoder, made at its first use (throws GpuError).
   GpuJpegDecoder& gpu_decoder(Slot& slot);
-  // Adds what one decode() of a GPU decoder counted.
-  void count_gpu(const GpuJpegDecoder::Counters& before, const GpuJpegDecoder::Counters& after);
+  // Adds what one decode() of a GPU decoder counted, and the batch's CPU share.
+  void count_gpu(const GpuJpegDecoder::Counters& before, const GpuJpegDecoder::Counters& after,
+                 uint64_t cpu_share);
 
   const LoaderOptions& options_;
   const Codec& codec_;

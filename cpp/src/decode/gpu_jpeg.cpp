@@ -424,6 +424,18 @@ void GpuJpegDecoder::decode_cpu_place(const Sample& s, size_t i) {
   }
 }
 
+void GpuJpegDecoder::upload(size_t k, std::span<const size_t> positions) {
+  if (k >= outputs_.size()) throw std::logic_error("GpuJpegDecoder::upload: no such output");
+  for (const size_t i : positions) {
+    if (i >= options_.max_batch) throw std::logic_error("GpuJpegDecoder::upload: no such place");
+    check_cuda(lib_.memcpy_async(outputs_[k] + i * sample_bytes_, cpu_output_ + i * sample_bytes_,
+                                 sample_bytes_, gpu::kMemcpyHostToDevice, stream_),
+               "cudaMemcpyAsync");
+  }
+  check_cuda(lib_.event_record(ready_[k], stream_), "cudaEventRecord");
+  check_cuda(lib_.event_record(staged_, stream_), "cudaEventRecord");
+}
+
 void GpuJpegDecoder::decode_on_cpu(const Sample& sample, size_t k, size_t i) {
   if (i >= options_.max_batch || k >= outputs_.size()) {
     throw std::logic_error("GpuJpegDecoder::decode_on_cpu: no such place or output");
