@@ -106,7 +106,15 @@ struct Fakes {
     return out;
   }
 };
-enum Kind { kDevice = 0, kPinned = 1, kStream = 2, kEvent = 3, kHandle = 4, kState = 5, kJpegStream = 6 };
+enum Kind {
+  kDevice = 0,
+  kPinned = 1,
+  kStream = 2,
+  kEvent = 3,
+  kHandle = 4,
+  kState = 5,
+  kJpegStream = 6
+};
 
 size_t created(const std::vector<size_t>& before, const std::vector<size_t>& after, Kind kind) {
   return after[3 * kind] - before[3 * kind];
@@ -197,8 +205,8 @@ Delivered run(Loader& loader, uint64_t epoch) {
     ++d.batches;
     d.indices.insert(d.indices.end(), batch->indices().begin(), batch->indices().end());
     if (batch->device_data() == nullptr) {
-      d.pixels.insert(d.pixels.end(), reinterpret_cast<const uint8_t*>(batch->data().data()),
-                      reinterpret_cast<const uint8_t*>(batch->data().data()) + batch->data().size());
+      const auto* host = reinterpret_cast<const uint8_t*>(batch->data().data());
+      d.pixels.insert(d.pixels.end(), host, host + batch->data().size());
       continue;
     }
     CHECK(batch->data().empty());
@@ -294,7 +302,8 @@ TEST_CASE(
         const std::filesystem::path path = cat.source_path(static_cast<uint64_t>(id));
         const auto [h, w] =
             sizes.at((path.parent_path().filename() / path.filename()).string());
-        const auto box = prestage::detail::random_resized_crop(5, e, static_cast<uint64_t>(id), h, w);
+        const auto box =
+            prestage::detail::random_resized_crop(5, e, static_cast<uint64_t>(id), h, w);
         expected.insert({box.left, box.top, box.width, box.height});
       }
     }
@@ -400,7 +409,8 @@ TEST_CASE("gpu loader: a corrupt JPEG raises the CPU path's error, or is replace
   check_balanced(before, fakes.objects());
 }
 
-TEST_CASE("gpu loader: an NPP failure fails its batch with a prestage::Error; the next batches come") {
+TEST_CASE(
+    "gpu loader: an NPP failure fails its batch with a prestage::Error; the next batches come") {
   TempDir dir;
   make_smooth_folder(dir / "data", 2, 6);
   const Catalog cat = Catalog::from_folder(dir / "data");
@@ -431,7 +441,8 @@ TEST_CASE("gpu loader: an NPP failure fails its batch with a prestage::Error; th
   check_balanced(before, fakes.objects());
 }
 
-TEST_CASE("gpu loader: decode_device=cuda takes JPEG, an image_size, NHWC uint8, a share in [0, 1)") {
+TEST_CASE(
+    "gpu loader: decode_device=cuda takes JPEG, an image_size, NHWC uint8, a share in [0, 1)") {
   TempDir dir;
   make_smooth_folder(dir / "data", 1, 2);
   const Catalog cat = Catalog::from_folder(dir / "data");

@@ -65,11 +65,12 @@ inline constexpr uint64_t kSkipCandidates = 32;
 // Where kJpeg images with an image_size are decoded.
 enum class DecodeDevice {
   kCpu,   // stage 3's readers, libjpeg-turbo (the default)
-  // nvJPEG on the current CUDA device (the hardware engines where there are), cropped, resized and
-  // flipped by NPP with the CPU path's boxes, beside the CPU decoders (gpu_cpu_share); the batch is
-  // born on the device (Batch::device_data()). NHWC uint8 only. libcudart, libnvjpeg and libnppig
-  // are opened at run time (PRESTAGE_CUDART, PRESTAGE_NVJPEG, PRESTAGE_NPP name them): a machine
-  // without them gets a ConfigError from the Loader's constructor naming what is missing.
+  // nvJPEG (the hardware engines where there are), cropped, resized and flipped by NPP with the
+  // CPU path's boxes, beside the CPU decoders (gpu_cpu_share); the batch is born on the CUDA device
+  // current on the thread that makes the Loader (Batch::device_data()). NHWC uint8 only.
+  // libcudart, libnvjpeg and libnppig are opened at run time (PRESTAGE_CUDART, PRESTAGE_NVJPEG,
+  // PRESTAGE_NPP name them): a machine without them, or without a device, gets a ConfigError from
+  // the Loader's constructor naming what is missing.
   kCuda,
 };
 

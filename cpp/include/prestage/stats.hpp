@@ -116,8 +116,8 @@ struct Stats {
   std::vector<SkippedSample> skipped_samples;
 
   // decode_device=cuda: where the JPEGs of the batches decoded so far went (each sample once; a
-  // replacement decoded under on_error=skip counts as a CPU fallback), and the GPU decoders' staging
-  // buffer growths (none once warm: memory is reused, never allocated per image).
+  // replacement decoded under on_error=skip counts in cpu_replacements), and the GPU decoders'
+  // staging buffer growths (none once warm: memory is reused, never allocated per image).
   struct GpuDecode {
     bool on = false;
     std::string why;  // the libraries in use
