@@ -125,6 +125,10 @@ class Eviction(_Enum):
     clairvoyant: ClassVar[Eviction]
     lru: ClassVar[Eviction]
 
+class DecodeDevice(_Enum):
+    cpu: ClassVar[DecodeDevice]
+    cuda: ClassVar[DecodeDevice]
+
 class OnError(_Enum):
     # `raise` is a keyword: the member is reached as OnError.__members__["raise"].
     skip: ClassVar[OnError]
@@ -169,6 +173,8 @@ class LoaderOptions:
     raw_dtype: str
     raw_shape: Optional[List[int]]
     trace: str
+    decode_device: DecodeDevice
+    gpu_cpu_share: float
     def __init__(self, other: LoaderOptions = ...) -> None: ...
     def validate(self) -> None: ...
 
@@ -190,6 +196,14 @@ class Batch:
     def images(self) -> Union[npt.NDArray[Any], List[npt.NDArray[Any]]]: ...
     @property
     def arrays(self) -> Union[npt.NDArray[Any], List[npt.NDArray[Any]]]: ...
+    @property
+    def on_device(self) -> bool: ...
+    @property
+    def __cuda_array_interface__(self) -> Dict[str, Any]: ...
+    @property
+    def device_ready(self) -> Optional[int]: ...
+    @property
+    def device_stream(self) -> Optional[int]: ...
     @property
     def ragged(self) -> bool: ...
     @property

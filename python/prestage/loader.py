@@ -171,6 +171,23 @@ class Loader:
             ``raw_dtype`` given for one must be that type.
         raw_shape: with ``raw_dtype``: each sample's shape, one dimension of which may be -1
             (inferred from the sample's size, as NumPy's ``reshape``); ``None``: 1-D.
+        decode_device: where JPEG images with an ``image_size`` are decoded: ``"cpu"`` (the
+            default: stage 3's readers) or ``"cuda"``: nvJPEG on the current CUDA device (its
+            hardware JPEG engines where it has them, e.g. A100, H100), cropped, resized and
+            flipped there by NPP with the same boxes as the CPU path, into a device batch per ring
+            slot (NHWC uint8 only: normalise on the device). ``batch.on_device`` is then true,
+            ``batch.__cuda_array_interface__`` describes the images (``torch.as_tensor(batch,
+            device="cuda")`` views them without a copy; wait for ``batch.device_stream`` first, and
+            let no queued work read them once the batch is collected) and ``batch.images`` is
+            refused. Files the GPU cannot take (CMYK, 4:1:1, headers nvJPEG refuses, corrupt ones)
+            go to the CPU path, with its errors and ``on_error`` policy; ``stats()["gpu_decode"]``
+            counts where every sample went. libcudart, libnvjpeg and libnppig are opened at run
+            time (``PRESTAGE_CUDART``, ``PRESTAGE_NVJPEG``, ``PRESTAGE_NPP`` name them; else the
+            standard sonames, NVIDIA's wheels and torchvision's copy): without them, or without a
+            device, the constructor raises :class:`prestage.ConfigError` naming what is missing.
+        gpu_cpu_share: with ``decode_device="cuda"``: the fixed fraction of each batch, in
+            [0, 1), decoded by the CPU path (the last ``round(share * n)`` samples) beside the GPU
+            (default 0). Fixed: nothing sizes it at run time yet.
         tuned: a JSON file written by ``prestage tune``. Of ``prefetchers``, ``readers``,
             ``lookahead`` and ``depth``, those not passed to this call take the file's values; one
             passed always wins, even when it equals its default (precedence: the call, then the
@@ -386,7 +403,11 @@ class Loader:
         reads, ``down``); the self-tuning's
         ``tuning`` (``on``, the values in use: ``readers``, ``reads_in_flight``, ``lookahead``;
         ``steps_kept``, ``steps_undone``, ``settled_s``: when it last kept a step,
-        ``memory_budget``, and ``log``: its latest decisions). Any thread; after ``close()``, the
+        ``memory_budget``, and ``log``: its latest decisions); with ``decode_device="cuda"``,
+        ``gpu_decode`` (``on``, ``why``: the libraries in use, ``batches``, and where each sample
+        went: ``hardware``, ``gpu``, ``cpu_share``, the fallbacks ``cpu_unsupported`` and
+        ``cpu_gpu_failed``, ``cpu_replacements`` for ``on_error="skip"``; ``buffer_growths`` of
+        the staging buffers and ``decoders`` made, one per ring slot). Any thread; after ``close()``, the
         figures at closing."""
         loader = self._loader
         if loader is None:

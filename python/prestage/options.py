@@ -84,6 +84,8 @@ class Options(ImageOptions, total=False):
     max_sample_bytes: int
     raw_dtype: Any
     raw_shape: Union[int, Sequence[int], None]
+    decode_device: Literal["cpu", "cuda"]
+    gpu_cpu_share: float
 
 
 _TUNED = ("prefetchers", "readers", "lookahead", "depth")
@@ -268,6 +270,13 @@ def _raw_shape(options: _core.LoaderOptions, name: str, value: Any) -> None:
     _set(options, name, name, shape)
 
 
+def _share(options: _core.LoaderOptions, name: str, value: Any) -> None:
+    """A fraction (the C++ core checks its range)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise ConfigError(f"{name} must be a number in [0, 1), got {value!r}")
+    _set(options, name, name, float(value))
+
+
 _decode_mode = _enum(_core.DecodeMode)
 
 
@@ -307,6 +316,8 @@ _CONVERT: Dict[str, Callable[[_core.LoaderOptions, str, Any], None]] = {
     "max_sample_bytes": _integer,
     "raw_dtype": _raw_dtype,
     "raw_shape": _raw_shape,
+    "decode_device": _enum(_core.DecodeDevice),
+    "gpu_cpu_share": _share,
     "trace": _text("trace"),
     "peers": _flag,
     "peer_timeout": _peer_timeout,

@@ -36,6 +36,7 @@ uint8 over the bus, a quarter of the bytes, and applies ``mean``/``std`` on the 
 from __future__ import annotations
 
 import collections
+import contextlib
 import os
 import threading
 from typing import TYPE_CHECKING, Any, Deque, Dict, Iterator, List, Optional, Sequence, Tuple, Union
@@ -402,6 +403,16 @@ class Loader(torch.utils.data.IterableDataset):
     stream is made to wait for each copy, so they can be used at once. ``len()``, resume and the order are
     as on the host.
 
+    Decoding on the device: with a CUDA ``device`` and ``decode_device="cuda"``, the JPEGs are decoded by
+    nvJPEG on that device (its hardware engines where it has them) and cropped, resized and flipped there
+    (see :class:`prestage.Loader`'s ``decode_device``; ``gpu_cpu_share`` leaves a fixed fraction of each
+    batch to the CPU decoders). The images yielded view the batch's device buffer, no copy: ``"NCHW"``
+    is a view of the NHWC buffer in ``torch.channels_last`` memory format (what channels_last training
+    wants; ``.contiguous()`` makes a copy if one is needed), ``dtype=torch.float32`` one new normalised
+    tensor. The caller's current stream waits for the decoding first; a batch goes back to the ring only
+    once the work enqueued on the current stream before the next batch was asked for is done. Work
+    enqueued on another stream must be waited for by the caller.
+
     Formats other than JPEG: ``decode="npy"``, ``"npz"`` (with ``array_name``), ``"hdf5"`` (inferred for a
     :meth:`prestage.Catalog.from_hdf5` catalog) or ``"raw"`` (TFRecord features and any file's bytes) yield
     ``(arrays, labels)``: ``arrays`` is one ``(N, *shape)`` tensor of the stored dtype when the batch's
@@ -432,6 +443,9 @@ class Loader(torch.utils.data.IterableDataset):
             tensors (a copy, asynchronous, from the registered buffers).
         normalize_on_device: with a CUDA ``device`` and ``dtype=torch.float32``: decode to uint8, copy
             that, and apply ``(x / 255 - mean) / std`` on the device.
+        decode_device: ``"cpu"`` (the default) or ``"cuda"``: decode on ``device`` (see above).
+        gpu_cpu_share: with ``decode_device="cuda"``: the fixed fraction of each batch, in [0, 1),
+            decoded by the CPU decoders (default 0).
         pin_memory: accepted for ``DataLoader`` compatibility when the batch buffers are registered with
             CUDA already (``stats()["pinned"] == "cuda"``), so no copy is made; refused otherwise, since
             prestage never copies a batch into another host buffer.
@@ -476,6 +490,8 @@ class Loader(torch.utils.data.IterableDataset):
         device: Union[str, int, torch.device, None] = None,
         normalize_on_device: bool = False,
         pin_memory: bool = False,
+        decode_device: str = "cpu",
+        gpu_cpu_share: Optional[float] = None,
         **options: Unpack[CommonOptions],
     ) -> None:
         super().__init__()
@@ -515,10 +531,34 @@ class Loader(torch.utils.data.IterableDataset):
                 raise ConfigError(f"layout must be 'NCHW' or 'NHWC', got {layout!r}")
             normalize = _mean_std(mean, std)
             image_options = {"layout": layout, "dtype": "uint8"}  # what crosses the bus
+        gpu_decode: Dict[str, Any] = {}
+        if decode_device != "cpu" or gpu_cpu_share is not None:
+            gpu_decode = {"decode_device": decode_device}
+            if gpu_cpu_share is not None:
+                gpu_decode["gpu_cpu_share"] = gpu_cpu_share
+        self._on_device_decode = decode_device == "cuda"
+        if self._on_device_decode:
+            if self._device is None:
+                raise ConfigError("decode_device='cuda' needs a CUDA device= (the batches are born on "
+                                  "it)")
+            if not jpeg:
+                raise ConfigError("decode_device='cuda' decodes JPEG images only (decode='jpeg')")
+            if layout not in ("NCHW", "NHWC"):
+                raise ConfigError(f"layout must be 'NCHW' or 'NHWC', got {layout!r}")
+            # The device batch is NHWC uint8; NCHW is a view of it, float32 is made on the device.
+            if normalize is None and image_options["dtype"] == "float32":
+                normalize = _mean_std(mean, std)
+            elif normalize is None and (mean is not None or std is not None):
+                raise ConfigError("mean and std apply to dtype=torch.float32 only")
+            image_options = {"layout": "NHWC", "dtype": "uint8"}
         self._rank, self._world_size = distributed_rank(rank, world_size)
-        self._loader = _NumpyLoader(catalog, batch_size, image_size, rank=self._rank,
-                                    world_size=self._world_size, **codec,
-                                    **image_options, **options)
+        with contextlib.ExitStack() as on_device:
+            if self._on_device_decode:
+                # The core decodes on the CUDA device current while it is made.
+                on_device.enter_context(torch.cuda.device(self._device))
+            self._loader = _NumpyLoader(catalog, batch_size, image_size, rank=self._rank,
+                                        world_size=self._world_size, **codec,
+                                        **image_options, **gpu_decode, **options)
         if pin_memory:
             stats = self._loader.stats()
             if stats["pinned"] != "cuda":
@@ -532,7 +572,15 @@ class Loader(torch.utils.data.IterableDataset):
         self._dtype = "float32" if normalize is not None else image_options.get("dtype")
         depth = self._loader.options.depth  # after `tuned`
         self._lent = _LentUntilCopied(limit=max(0, depth - 1))
-        self._copier = None if self._device is None else _make_copier(self._device, normalize, layout)
+        self._copier = None
+        self._gpu_affine: Optional[Tuple[torch.Tensor, torch.Tensor]] = None
+        if self._on_device_decode:
+            assert self._device is not None
+            if normalize is not None:
+                scale, shift = _affine(normalize, layout)
+                self._gpu_affine = (scale.to(self._device), shift.to(self._device))
+        elif self._device is not None:
+            self._copier = _make_copier(self._device, normalize, layout)
         self._in_flight = _HostHold()  # device=: host batches under a copy
 
     @property
@@ -562,6 +610,10 @@ class Loader(torch.utils.data.IterableDataset):
             raise ConfigError("prestage.torch.Loader must be iterated in the process that made it: use "
                               "DataLoader(loader, batch_size=None) with num_workers=0 (its threads do "
                               "the work)")
+        if self._on_device_decode:
+            assert self._device is not None and self._layout is not None
+            return _DecodedOnDeviceEpoch(self._lent, iter(self._loader), self._device, self._layout,
+                                         self._gpu_affine)
         if self._copier is not None:
             # One host batch is being copied ahead; at most depth - 1 are held, one is left to the ring.
             return _DeviceEpoch(self._copier, self._in_flight, iter(self._loader), self._jpeg,
@@ -629,6 +681,43 @@ class _Epoch:
         tensors = _tensors(next(self._batches), self._jpeg)
         self._lent.yielded(tensors)
         return tensors
+
+
+class _DecodedOnDeviceEpoch:
+    """One epoch of device ``(images, labels)`` decoded on the device (``decode_device="cuda"``).
+
+    ``images`` views the batch's device buffer through ``__cuda_array_interface__`` (no copy; NCHW is a
+    permuted view, a ``channels_last`` tensor): the caller's current stream waits for the stream that
+    decoded it. ``dtype=torch.float32`` makes one new tensor on the device, ``(x / 255 - mean) / std``.
+    The labels (int64, on the host) are copied to the device. The batch stays lent until the work the
+    caller enqueued on its current stream before asking for the next batch is done (an event), as for
+    host batches, so no kernel still reads a device buffer when the decoder writes its next batch there.
+    An error of one batch is raised at that batch."""
+
+    def __init__(self, lent: _LentUntilCopied, batches: Iterator[_core.Batch], device: torch.device,
+                 layout: str, affine: Optional[Tuple[torch.Tensor, torch.Tensor]]) -> None:
+        self._lent = lent
+        self._batches = batches
+        self._device = device
+        self._layout = layout
+        self._affine = affine
+
+    def __iter__(self) -> "_DecodedOnDeviceEpoch":
+        return self
+
+    def __next__(self) -> _Pair:
+        self._lent.next_requested()
+        batch = next(self._batches)
+        stream = torch.cuda.current_stream(self._device)
+        stream.wait_stream(torch.cuda.ExternalStream(batch.device_stream, device=self._device))
+        # Holds the batch (and so its buffer) while it lives.
+        nhwc = torch.as_tensor(batch, device=self._device)
+        host_labels = torch.from_numpy(batch.labels)
+        self._lent.yielded((nhwc, host_labels))
+        images = nhwc.permute(0, 3, 1, 2) if self._layout == "NCHW" else nhwc
+        if self._affine is not None:
+            images = images.float().mul_(self._affine[0]).add_(self._affine[1])
+        return images, host_labels.to(self._device, non_blocking=True)
 
 
 class _DeviceEpoch:

@@ -61,6 +61,11 @@ py::object sample_views(py::handle owner, const Batch& b) {
 
 // Stats as a dict, from one table of fields per struct: a field's key is its C++ name. A field
 // added to a struct of stats.hpp is added to its table here.
+constexpr const char* kOnDevice =
+    "this batch's images are in CUDA device memory (decode_device='cuda'): use "
+    "batch.__cuda_array_interface__ (torch.as_tensor(batch, device='cuda'), cupy.asarray(batch)) "
+    "or prestage.torch.Loader";
+
 template <typename Struct, typename Member>
 struct Field {
   const char* name;
@@ -92,6 +97,16 @@ constexpr auto kTuningFields = std::make_tuple(
     field("steps_undone", &Stats::Tuning::steps_undone),
     field("settled_s", &Stats::Tuning::settled_s),
     field("memory_budget", &Stats::Tuning::memory_budget), field("log", &Stats::Tuning::log));
+
+constexpr auto kGpuDecodeFields = std::make_tuple(
+    field("on", &Stats::GpuDecode::on), field("why", &Stats::GpuDecode::why),
+    field("batches", &Stats::GpuDecode::batches), field("hardware", &Stats::GpuDecode::hardware),
+    field("gpu", &Stats::GpuDecode::gpu), field("cpu_share", &Stats::GpuDecode::cpu_share),
+    field("cpu_unsupported", &Stats::GpuDecode::cpu_unsupported),
+    field("cpu_gpu_failed", &Stats::GpuDecode::cpu_gpu_failed),
+    field("cpu_replacements", &Stats::GpuDecode::cpu_replacements),
+    field("buffer_growths", &Stats::GpuDecode::buffer_growths),
+    field("decoders", &Stats::GpuDecode::decoders));
 
 constexpr auto kSkippedFields = std::make_tuple(
     field("path", &SkippedSample::path), field("error", &SkippedSample::error),
@@ -132,7 +147,8 @@ constexpr auto kStatsFields = std::make_tuple(
     field("beyond_budget", &Stats::beyond_budget), field("peer_served", &Stats::peer_served),
     field("peer_served_bytes", &Stats::peer_served_bytes), field("peers_down", &Stats::peers_down),
     field("peers_closed", &Stats::peers_closed),
-    field("peer_reads_to_pfs", &Stats::peer_reads_to_pfs), field("sources", &Stats::sources));
+    field("peer_reads_to_pfs", &Stats::peer_reads_to_pfs), field("sources", &Stats::sources),
+    field("gpu_decode", &Stats::gpu_decode));
 
 template <typename Struct, typename Fields>
 py::dict to_dict(const Struct& s, const Fields& fields);
@@ -148,6 +164,7 @@ py::object to_python(const EpochStats& s) { return to_dict(s, kEpochFields); }
 py::object to_python(const SourceStats& s) { return to_dict(s, kSourceFields); }
 py::object to_python(const SkippedSample& s) { return to_dict(s, kSkippedFields); }
 py::object to_python(const Stats::Tuning& s) { return to_dict(s, kTuningFields); }
+py::object to_python(const Stats::GpuDecode& s) { return to_dict(s, kGpuDecodeFields); }
 template <typename T>
 py::object to_python(const std::vector<T>& values) {
   py::list out;
@@ -184,6 +201,10 @@ void register_loader(py::module_& m) {
   py::enum_<Eviction>(m, "Eviction")
       .value("clairvoyant", Eviction::kClairvoyant)
       .value("lru", Eviction::kLru);
+
+  py::enum_<DecodeDevice>(m, "DecodeDevice")
+      .value("cpu", DecodeDevice::kCpu)
+      .value("cuda", DecodeDevice::kCuda);
 
   py::enum_<OnError>(m, "OnError").value("raise", OnError::kRaise).value("skip", OnError::kSkip);
 
@@ -266,6 +287,8 @@ prestage.options for how the Python arguments become these fields). validate() i
       .def_readwrite("raw_dtype", &LoaderOptions::raw_dtype)
       .def_readwrite("raw_shape", &LoaderOptions::raw_shape)
       .def_readwrite("trace", &LoaderOptions::trace)
+      .def_readwrite("decode_device", &LoaderOptions::decode_device)
+      .def_readwrite("gpu_cpu_share", &LoaderOptions::gpu_cpu_share)
       .def("validate", &LoaderOptions::validate, R"doc(
 Raises prestage.ConfigError naming the first invalid option: the one place options are checked.
 
@@ -291,6 +314,7 @@ copy); the buffer is reused only after the batch and every array viewing it have
             const auto& b = self.cast<const Batch&>();
             if (b.mode() != DecodeMode::kJpeg)
               throw ConfigError("images: this loader does not decode JPEG");
+            if (b.device_data() != nullptr) throw ConfigError(kOnDevice);
             if (b.ragged()) return sample_views(self, b);
             const auto s = b.shape();
             return typed_view(self, b,
@@ -303,10 +327,57 @@ copy); the buffer is reused only after the batch and every array viewing it have
           "arrays, (H_i, W_i, 3) or (3, H_i, W_i).")
       .def_property_readonly(
           "arrays",
-          [](py::object self) { return sample_views(self, self.cast<const Batch&>()); },
+          [](py::object self) {
+            const auto& b = self.cast<const Batch&>();
+            if (b.device_data() != nullptr) throw ConfigError(kOnDevice);
+            return sample_views(self, b);
+          },
           "The samples as NumPy arrays (zero-copy): one (N, *shape) array when their shapes agree, "
           "else "
           "a list of N arrays. decode='raw': the samples' bytes (uint8, or raw_dtype).")
+      .def_property_readonly(
+          "on_device", [](const Batch& b) { return b.device_data() != nullptr; },
+          "Whether the images are in CUDA device memory (decode_device='cuda'): then "
+          "__cuda_array_interface__ describes them and images is refused.")
+      .def_property_readonly(
+          "__cuda_array_interface__",
+          [](const Batch& b) -> py::dict {
+            if (b.device_data() == nullptr) {
+              throw py::attribute_error("this batch is in host memory (decode_device='cpu')");
+            }
+            const auto s = b.shape();
+            py::dict d;
+            d["shape"] = py::make_tuple(s[0], s[1], s[2], s[3]);
+            d["typestr"] = std::string(b.dtype());
+            d["data"] = py::make_tuple(reinterpret_cast<uintptr_t>(b.device_data()), false);
+            d["strides"] = py::none();
+            d["version"] = 3;
+            // The consumer makes its stream wait for this one (CUDA Array Interface v3).
+            d["stream"] = reinterpret_cast<uintptr_t>(b.device_stream());
+            return d;
+          },
+          "decode_device='cuda': the device batch, (N, H, W, 3) uint8, as the CUDA Array "
+          "Interface (v3) describes it: torch.as_tensor(batch, device='cuda'), cupy.asarray(batch) "
+          "view it without a copy and hold the batch while they live. Its \"stream\" is the one "
+          "that wrote it: a consumer waits for it before reading. The buffer is written over by "
+          "a later batch once the batch is collected: no queued work may still read it then. "
+          "AttributeError for a batch in host memory.")
+      .def_property_readonly(
+          "device_ready",
+          [](const Batch& b) -> py::object {
+            if (b.device_data() == nullptr) return py::none();
+            return py::int_(reinterpret_cast<uintptr_t>(b.device_ready()));
+          },
+          "decode_device='cuda': the cudaEvent_t (an integer) recorded after the work that wrote "
+          "the device batch (wait for it before reading); None for a batch in host memory.")
+      .def_property_readonly(
+          "device_stream",
+          [](const Batch& b) -> py::object {
+            if (b.device_data() == nullptr) return py::none();
+            return py::int_(reinterpret_cast<uintptr_t>(b.device_stream()));
+          },
+          "decode_device='cuda': the cudaStream_t (an integer) that wrote the device batch "
+          "(torch.cuda.ExternalStream takes it); None for a batch in host memory.")
       .def_property_readonly("ragged", &Batch::ragged, "Whether the samples' shapes differ.")
       .def_property_readonly(
           "dtype", [](const Batch& b) { return py::dtype(std::string(b.dtype())); },

@@ -7,7 +7,7 @@ import os
 import signal
 import subprocess
 from pathlib import Path
-from typing import Callable, List
+from typing import Callable, Dict, List
 
 import numpy as np
 import pytest
@@ -116,6 +116,28 @@ def fake_cudart(tmp_path_factory: pytest.TempPathFactory) -> Path:
     subprocess.run([compiler, "-shared", "-fPIC", "-O1", "-pthread", "-o", str(out), str(source)],
                    check=True)
     return out
+
+
+@pytest.fixture(scope="session")
+def fake_gpu_libs(tmp_path_factory: pytest.TempPathFactory, fake_cudart: Path) -> Dict[str, Path]:
+    """Test doubles of the CUDA runtime, nvJPEG (decoding with libjpeg-turbo) and NPP
+    (tests/cpp/fake_*.c, compiled here): load them with PRESTAGE_CUDART, PRESTAGE_NVJPEG and
+    PRESTAGE_NPP; their "device" memory is host memory. {"cudart", "nvjpeg", "npp"} -> path."""
+    import shutil
+    import subprocess
+
+    sources = Path(__file__).resolve().parents[1] / "cpp"
+    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if compiler is None:
+        pytest.fail("no C compiler (cc) to build the nvJPEG and NPP doubles")
+    out_dir = tmp_path_factory.mktemp("fake_gpu")
+    libs = {"cudart": fake_cudart}
+    for name, extra in (("nvjpeg", ["-lturbojpeg"]), ("npp", [])):
+        out = out_dir / f"libfake_{name}.so"
+        subprocess.run([compiler, "-shared", "-fPIC", "-O1", "-pthread", "-o", str(out),
+                        str(sources / f"fake_{name}.c"), *extra], check=True)
+        libs[name] = out
+    return libs
 
 
 # TFRecord files written without TensorFlow: the framing and tf.train.Example's wire format, from their

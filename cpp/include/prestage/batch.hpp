@@ -59,6 +59,17 @@ class Batch {
   bool pinned() const noexcept;
   Pinning pinning() const noexcept;
 
+  // decode_device=cuda: the images, shape() NHWC uint8, in the memory of the CUDA device that was
+  // current when the loader was made; data() is then empty. Null otherwise. Valid while this Batch
+  // lives; the work that writes them ran on device_stream() (a cudaStream_t) and ends with
+  // device_ready() (a cudaEvent_t): make the stream that reads them wait for that event
+  // (cudaStreamWaitEvent) first. The caller also guarantees that no work it queued still reads
+  // them when the Batch is destroyed: the slot's next batch is then written over them (for
+  // example, synchronise with an event recorded after the last such work before letting go).
+  const void* device_data() const noexcept;
+  void* device_ready() const noexcept;
+  void* device_stream() const noexcept;
+
  private:
   void release() noexcept;
   std::shared_ptr<detail::BatchRing> ring_;

@@ -62,6 +62,18 @@ enum class OnError {
 // on_error=skip: the most samples tried in place of a failed one before its error is raised.
 inline constexpr uint64_t kSkipCandidates = 32;
 
+// Where kJpeg images with an image_size are decoded.
+enum class DecodeDevice {
+  kCpu,   // stage 3's readers, libjpeg-turbo (the default)
+  // nvJPEG (the hardware engines where there are), cropped, resized and flipped by NPP with the
+  // CPU path's boxes, beside the CPU decoders (gpu_cpu_share); the batch is born on the CUDA device
+  // current on the thread that makes the Loader (Batch::device_data()). NHWC uint8 only.
+  // libcudart, libnvjpeg and libnppig are opened at run time (PRESTAGE_CUDART, PRESTAGE_NVJPEG,
+  // PRESTAGE_NPP name them): a machine without them, or without a device, gets a ConfigError from
+  // the Loader's constructor naming what is missing.
+  kCuda,
+};
+
 struct ImageSize {
   uint32_t height = 0;
   uint32_t width = 0;
@@ -150,6 +162,13 @@ struct LoaderOptions {
   // scale (torchvision's ToTensor + Normalize).
   float mean[3] = {0.0f, 0.0f, 0.0f};
   float stddev[3] = {1.0f, 1.0f, 1.0f};
+
+  // kJpeg with an image_size: where images are decoded (DecodeDevice).
+  DecodeDevice decode_device = DecodeDevice::kCpu;
+  // decode_device=kCuda: the fixed fraction of each batch, in [0, 1), decoded by the CPU path (its
+  // last round(share x size) samples) while the GPU decodes the rest; the CPU's pixels are copied
+  // into the device batch. Fixed for now: nothing sizes it at run time yet.
+  double gpu_cpu_share = 0.0;
 
   // kNpz: the member to take from each archive, without ".npy"; empty: the archive's only array.
   std::string array_name;

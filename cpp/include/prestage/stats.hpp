@@ -127,6 +127,26 @@ struct Stats {
   uint64_t skipped = 0;
   std::vector<SkippedSample> skipped_samples;
 
+  // decode_device=cuda: where the JPEGs of the batches decoded so far went (each sample once; a
+  // replacement decoded under on_error=skip counts in cpu_replacements), and the GPU decoders'
+  // staging buffer growths (none once warm: memory is reused, never allocated per image).
+  struct GpuDecode {
+    bool on = false;
+    std::string why;  // the libraries in use
+    uint64_t batches = 0;
+    uint64_t hardware = 0;         // nvJPEG's hardware engine
+    uint64_t gpu = 0;              // nvJPEG's default (CUDA) backend
+    uint64_t cpu_share = 0;        // the CPU's fixed share of each batch (gpu_cpu_share)
+    uint64_t cpu_unsupported = 0;  // fallbacks: files the GPU cannot take (CMYK, 4:1:1, headers
+                                   // nvJPEG refuses, corrupt files, over max_pixels; a progressive
+                                   // file goes from the hardware engine to the CUDA backend)
+    uint64_t cpu_gpu_failed = 0;   // fallbacks: samples of a batched GPU decode that failed
+    uint64_t cpu_replacements = 0; // on_error=skip: replacements, decoded by the CPU path
+    uint64_t buffer_growths = 0;
+    uint64_t decoders = 0;         // GPU decoders made (one per ring slot used)
+  };
+  GpuDecode gpu_decode;
+
   // How the batch buffers are pinned: the least of all buffers (kCuda only if every one is registered),
   // and why it is not better (or, for kCuda, the runtime registered with).
   Pinning pinned = Pinning::kNone;

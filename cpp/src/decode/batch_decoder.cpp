@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <new>
 #include <string>
 
@@ -71,6 +72,10 @@ class BatchDecoder::Run {
   void operator()() {
     s_.tiers.assign(b_.count, Tier::kMemory);
     s_.probes.resize(b_.count);
+    if (d_.gpu_ != nullptr) {
+      gpu_run();
+      return;
+    }
     if (keeps_bytes()) {
       // Only grown: the buffers keep their capacity for the next batches.
       if (s_.bytes.size() < b_.count) s_.bytes.resize(b_.count);
@@ -307,6 +312,120 @@ class BatchDecoder::Run {
     }
   }
 
+  // decode_device=cuda: every sample's JPEG read (in parallel, on the arena), then the batch
+  // queued on the slot's GPU decoder, but for the CPU's share (gpu_cpu_share: its last samples),
+  // which the readers decode meanwhile, in parallel, into the decoder's pinned places; those are
+  // then copied into the device batch on the decoder's stream. A sample that cannot be read, or
+  // that the CPU path cannot decode (the share, and the files the GPU sends it), is replaced or
+  // fails as on the CPU path; replacements are decoded by the CPU path into their place.
+  void gpu_run() {
+    const size_t n = b_.count;
+    const ImageSize size = d_.image_size_;
+    const uint64_t image_bytes = uint64_t{size.height} * size.width * 3;
+    slot_.device_data = nullptr;
+    slot_.device_ready = nullptr;
+    slot_.device_stream = nullptr;
+    slot_.dtype = "|u1";
+    slot_.ragged = false;
+    slot_.shape = {n, size.height, size.width, 3};
+    slot_.offsets.resize(n + 1);
+    slot_.dims.clear();
+    slot_.dim_offsets.resize(n + 1);
+    for (size_t i = 0; i <= n; ++i) {
+      slot_.offsets[i] = i * image_bytes;
+      slot_.dim_offsets[i] = 3 * i;
+      if (i < n) slot_.dims.insert(slot_.dims.end(), {size.height, size.width, 3});
+    }
+    slot_.data_bytes = 0;  // the images are on the device
+    if (s_.bytes.size() < n) s_.bytes.resize(n);
+    if (s_.unpacked.size() < n) s_.unpacked.resize(n);
+    if (s_.paths.size() < n) s_.paths.resize(n);
+    s_.jpegs.resize(n);
+    each([&](size_t i) { read_jpeg(i, b_.ids[i]); },
+         [&](size_t i, uint64_t id) { read_jpeg(i, id); });
+    if ((slot_.error = first_error_.get())) return;
+
+    const auto gpu_sample = [&](size_t i) {
+      return GpuJpegDecoder::Sample{s_.jpegs[i], b_.epoch,
+                                    static_cast<uint64_t>(slot_.indices[i]), &s_.paths[i]};
+    };
+    // The CPU's share (the batch's last samples, as GpuJpegDecoder would take them) is decoded
+    // here, on the readers, while the GPU works on the rest.
+    const size_t cpu_count = std::min(
+        n, static_cast<size_t>(std::llround(d_.options_.gpu_cpu_share * static_cast<double>(n))));
+    const size_t gpu_count = n - cpu_count;
+    s_.gpu_samples.clear();
+    for (size_t i = 0; i < gpu_count; ++i) s_.gpu_samples.push_back(gpu_sample(i));
+    const auto start = Clock::now();
+    try {
+      // The current device is the thread's: the arena's threads start on device 0.
+      if (const int code = d_.gpu_->set_device(d_.gpu_device_); code != gpu::kCudaSuccess) {
+        throw GpuError("GPU decode: cudaSetDevice failed: " + d_.gpu_->cuda_error(code));
+      }
+      GpuJpegDecoder& gpu = d_.gpu_decoder(slot_);
+      const GpuJpegDecoder::Counters before = gpu.counters();
+      gpu.decode(s_.gpu_samples, 0, s_.routes, s_.gpu_errors);
+      d_.busy_ns_.fetch_add(
+          std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - start).count(),
+          std::memory_order_relaxed);
+      if (cpu_count > 0) {
+        s_.gpu_errors.resize(n);  // the share's places: filled by its failures
+        each(
+            [&](size_t i) {
+              if (i < gpu_count) return;
+              const std::span<std::byte> place = gpu.cpu_place(i);
+              Reader& r = reader();
+              const uint64_t id = static_cast<uint64_t>(slot_.indices[i]);
+              JpegDecoder& jpeg = r.codec(d_.codec_).jpeg;
+              try {
+                if (d_.options_.transform == Transform::kRandomResizedCrop) {
+                  jpeg.decode_random_crop(s_.jpegs[i], size, d_.options_.seed, b_.epoch, id, place,
+                                          s_.paths[i]);
+                } else {
+                  jpeg.decode_resized(s_.jpegs[i], size, place, s_.paths[i]);
+                }
+              } catch (...) {
+                s_.gpu_errors[i] = std::current_exception();  // replaced below, as the GPU's
+              }
+            },
+            [](size_t, uint64_t) {});
+        // A failed sample's place is filled by its replacement (decode_on_cpu), or stays undefined.
+        s_.cpu_positions.clear();
+        for (size_t i = gpu_count; i < n; ++i) {
+          if (s_.gpu_errors[i] == nullptr) s_.cpu_positions.push_back(i);
+        }
+        gpu.upload(0, s_.cpu_positions);
+      }
+      // Counted together, once the batch's share is decoded too.
+      d_.count_gpu(before, gpu.counters(), cpu_count);
+      for (size_t i = 0; i < n; ++i) {
+        if (s_.gpu_errors[i] == nullptr) continue;
+        replace_or_fail(i, s_.gpu_errors[i], [&](size_t j, uint64_t id) {
+          read_jpeg(j, id);
+          const GpuJpegDecoder::Sample replacement{s_.jpegs[j], b_.epoch, id, &s_.paths[j]};
+          gpu.decode_on_cpu(replacement, 0, j);
+          d_.gpu_replacements_.fetch_add(1, std::memory_order_relaxed);
+        });
+      }
+      slot_.device_data = gpu.output(0);
+      slot_.device_ready = gpu.ready(0);
+      slot_.device_stream = gpu.stream();
+    } catch (...) {
+      // A CUDA, nvJPEG or NPP failure: the whole batch is lost; the consumer gets the error.
+      first_error_.record(0, std::current_exception());
+    }
+    slot_.error = first_error_.get();
+  }
+
+  // decode_device=cuda: reads sample i (catalog sample `id`) and keeps its JPEG and its path.
+  void read_jpeg(size_t i, uint64_t id) {
+    Reader& r = reader();
+    const auto bytes = d_.tiers_.read(id, held(i, id), s_.bytes[i], r.paths, b_.tally);
+    d_.bytes_read_.fetch_add(bytes.size(), std::memory_order_relaxed);
+    s_.paths[i] = r.paths.source;  // the sample's source path, as read() left it
+    s_.jpegs[i] = r.codec(d_.codec_).image_payload(bytes, s_.paths[i], s_.unpacked[i]);
+  }
+
   // Step 2: the batch's type (the one most of its samples have; samples of another type fail or
   // are replaced), its layout (one array when the shapes agree, else ragged) and its buffer.
   bool lay_out() {
@@ -402,7 +521,65 @@ BatchDecoder::BatchDecoder(const LoaderOptions& options, const Codec& codec, Ima
       image_size_(image_size),
       normalizer_(normalizer),
       tiers_(tiers),
-      readers_(std::make_unique<tbb::enumerable_thread_specific<Reader>>()) {}
+      readers_(std::make_unique<tbb::enumerable_thread_specific<Reader>>()) {
+  if (options.decode_device != DecodeDevice::kCuda) return;
+  const gpu::Libraries& libraries = gpu::Libraries::instance();
+  if (!libraries.available()) {
+    throw ConfigError("decode_device='cuda' is not available: " + libraries.why());
+  }
+  if (const int code = libraries.get_device(&gpu_device_); code != gpu::kCudaSuccess) {
+    throw ConfigError("decode_device='cuda': cudaGetDevice failed: " + libraries.cuda_error(code));
+  }
+  gpu_options_.max_batch = options.batch_size;
+  gpu_options_.size = image_size;
+  gpu_options_.transform = options.transform;
+  gpu_options_.seed = options.seed;
+  gpu_options_.max_pixels = options.max_pixels;
+  gpu_options_.cpu_share = 0.0;  // the CPU's share is decoded on the readers (Run::gpu_run)
+  gpu_options_.outputs = 1;  // one decoder per ring slot: its device batch is the slot's
+  gpu_ = &libraries;
+}
+
+GpuJpegDecoder& BatchDecoder::gpu_decoder(Slot& slot) {
+  if (!slot.gpu) {
+    slot.gpu = std::make_shared<GpuJpegDecoder>(*gpu_, gpu_options_);
+    gpu_decoders_.fetch_add(1, std::memory_order_relaxed);
+  }
+  return *static_cast<GpuJpegDecoder*>(slot.gpu.get());
+}
+
+void BatchDecoder::count_gpu(const GpuJpegDecoder::Counters& before,
+                             const GpuJpegDecoder::Counters& after, uint64_t cpu_share) {
+  gpu_cpu_share_.fetch_add(cpu_share, std::memory_order_relaxed);
+  const auto add = [](std::atomic<uint64_t>& to, uint64_t a, uint64_t b) {
+    to.fetch_add(b - a, std::memory_order_relaxed);
+  };
+  add(gpu_batches_, before.batches, after.batches);
+  add(gpu_hardware_, before.hardware, after.hardware);
+  add(gpu_gpu_, before.gpu, after.gpu);
+  add(gpu_cpu_share_, before.cpu_share, after.cpu_share);
+  add(gpu_cpu_unsupported_, before.cpu_unsupported, after.cpu_unsupported);
+  add(gpu_cpu_failed_, before.cpu_gpu_failed, after.cpu_gpu_failed);
+  add(gpu_growths_, before.buffer_growths, after.buffer_growths);
+}
+
+Stats::GpuDecode BatchDecoder::gpu_stats() const {
+  Stats::GpuDecode g;
+  if (gpu_ == nullptr) return g;
+  const auto get = [](const std::atomic<uint64_t>& a) { return a.load(std::memory_order_relaxed); };
+  g.on = true;
+  g.why = gpu_->why();
+  g.batches = get(gpu_batches_);
+  g.hardware = get(gpu_hardware_);
+  g.gpu = get(gpu_gpu_);
+  g.cpu_share = get(gpu_cpu_share_);
+  g.cpu_unsupported = get(gpu_cpu_unsupported_);
+  g.cpu_gpu_failed = get(gpu_cpu_failed_);
+  g.cpu_replacements = get(gpu_replacements_);
+  g.buffer_growths = get(gpu_growths_);
+  g.decoders = get(gpu_decoders_);
+  return g;
+}
 
 BatchDecoder::~BatchDecoder() = default;
 

@@ -15,11 +15,13 @@
 
 #include <oneapi/tbb/enumerable_thread_specific.h>
 
+#include "decode/gpu_jpeg.hpp"
 #include "decode/registry.hpp"
 #include "decode/transform.hpp"
 #include "memory/batch_ring.hpp"
 #include "prestage/options.hpp"
 #include "prestage/plan.hpp"
+#include "prestage/stats.hpp"
 #include "tiers/tiers.hpp"
 #include "util/gate.hpp"
 
@@ -51,12 +53,22 @@ struct BatchScratch {
   std::vector<std::vector<std::byte>> unpacked;
   std::vector<std::span<const std::byte>> jpegs;
   std::mutex skip_mutex;            // guards the slot's `skipped` while the batch decodes
+  // decode_device=cuda: per sample, its source path (for the CPU path's errors), and what the GPU
+  // decoder takes and gives back.
+  std::vector<std::string> paths;
+  std::vector<GpuJpegDecoder::Sample> gpu_samples;
+  std::vector<GpuRoute> routes;
+  std::vector<std::exception_ptr> gpu_errors;
+  std::vector<size_t> cpu_positions;  // the CPU's share of the batch
 };
 
 class BatchDecoder {
  public:
   // `image_size`: kJpeg, every image's output size; empty: each image keeps its own. `normalizer`:
-  // kJpeg with float32 output. All arguments must outlive the decoder.
+  // kJpeg with float32 output. All arguments must outlive the decoder. decode_device=cuda: throws
+  // ConfigError if the GPU libraries are not available (naming what is missing and where it
+  // looked); each slot's GpuJpegDecoder is made at its first batch, on the CUDA device current on
+  // the calling thread now.
   BatchDecoder(const LoaderOptions& options, const Codec& codec, ImageSize image_size,
                const Normalizer* normalizer, Tiers& tiers);
   ~BatchDecoder();
@@ -91,12 +103,19 @@ class BatchDecoder {
   uint64_t busy_ns() const noexcept { return busy_ns_.load(std::memory_order_relaxed); }
   uint64_t decoded() const noexcept { return decoded_.load(std::memory_order_relaxed); }
   uint64_t bytes_read() const noexcept { return bytes_read_.load(std::memory_order_relaxed); }
+  // decode_device=cuda: the GPU decoders' counters, summed (on is false otherwise).
+  Stats::GpuDecode gpu_stats() const;
 
  private:
   struct Reader;
   class Run;
   // decode=locate: one byte per sample, the tier that holds its bytes now (Tiers::locate).
   void locate(const BatchSamples& batch, Slot& slot);
+  // decode_device=cuda: the slot's GPU decoder, made at its first use (throws GpuError).
+  GpuJpegDecoder& gpu_decoder(Slot& slot);
+  // Adds what one decode() of a GPU decoder counted, and the batch's CPU share.
+  void count_gpu(const GpuJpegDecoder::Counters& before, const GpuJpegDecoder::Counters& after,
+                 uint64_t cpu_share);
 
   const LoaderOptions& options_;
   const Codec& codec_;
@@ -108,6 +127,13 @@ class BatchDecoder {
   bool data_set_probed_ = false;        // guarded by data_set_mutex_
   std::optional<std::string> data_set_dtype_;  // set once probed, then read without the lock
   std::atomic<uint64_t> busy_ns_{0}, decoded_{0}, bytes_read_{0};
+  const gpu::Libraries* gpu_ = nullptr;  // decode_device=cuda: the libraries; else null
+  int gpu_device_ = 0;                     // the CUDA device the decoders use
+  GpuJpegDecoder::Options gpu_options_;
+  // The GPU decoders' counters, summed; replacements decoded by the CPU path; decoders made.
+  std::atomic<uint64_t> gpu_batches_{0}, gpu_hardware_{0}, gpu_gpu_{0}, gpu_cpu_share_{0},
+      gpu_cpu_unsupported_{0}, gpu_cpu_failed_{0}, gpu_replacements_{0}, gpu_growths_{0},
+      gpu_decoders_{0};
   Gate gate_;
 };
 

@@ -400,25 +400,54 @@ void GpuJpegDecoder::queue(std::span<const Sample> samples, std::byte* output,
       case GpuRoute::kCpuUnsupported: ++counters_.cpu_unsupported; break;
       case GpuRoute::kCpuGpuFailed: ++counters_.cpu_gpu_failed; break;
     }
-    const Sample& s = samples[i];
-    static const std::string kNoPath;
-    const std::string& path = s.path != nullptr ? *s.path : kNoPath;
-    std::span<std::byte> out(cpu_output_ + i * sample_bytes_, sample_bytes_);
     try {
-      if (options_.transform == Transform::kRandomResizedCrop) {
-        cpu_->jpeg.decode_random_crop(s.jpeg, options_.size, options_.seed, s.epoch, s.index, out,
-                                      path);
-      } else {
-        cpu_->jpeg.decode_resized(s.jpeg, options_.size, out, path);
-      }
+      decode_cpu_place(samples[i], i);
     } catch (...) {
       errors[i] = std::current_exception();
       continue;
     }
-    check_cuda(lib_.memcpy_async(output + i * sample_bytes_, out.data(), sample_bytes_,
-                                 gpu::kMemcpyHostToDevice, stream_),
+    check_cuda(lib_.memcpy_async(output + i * sample_bytes_, cpu_output_ + i * sample_bytes_,
+                                 sample_bytes_, gpu::kMemcpyHostToDevice, stream_),
                "cudaMemcpyAsync");
   }
+}
+
+void GpuJpegDecoder::decode_cpu_place(const Sample& s, size_t i) {
+  static const std::string kNoPath;
+  const std::string& path = s.path != nullptr ? *s.path : kNoPath;
+  std::span<std::byte> out(cpu_output_ + i * sample_bytes_, sample_bytes_);
+  if (options_.transform == Transform::kRandomResizedCrop) {
+    cpu_->jpeg.decode_random_crop(s.jpeg, options_.size, options_.seed, s.epoch, s.index, out,
+                                  path);
+  } else {
+    cpu_->jpeg.decode_resized(s.jpeg, options_.size, out, path);
+  }
+}
+
+void GpuJpegDecoder::upload(size_t k, std::span<const size_t> positions) {
+  if (k >= outputs_.size()) throw std::logic_error("GpuJpegDecoder::upload: no such output");
+  for (const size_t i : positions) {
+    if (i >= options_.max_batch) throw std::logic_error("GpuJpegDecoder::upload: no such place");
+    check_cuda(lib_.memcpy_async(outputs_[k] + i * sample_bytes_, cpu_output_ + i * sample_bytes_,
+                                 sample_bytes_, gpu::kMemcpyHostToDevice, stream_),
+               "cudaMemcpyAsync");
+  }
+  check_cuda(lib_.event_record(ready_[k], stream_), "cudaEventRecord");
+  check_cuda(lib_.event_record(staged_, stream_), "cudaEventRecord");
+}
+
+void GpuJpegDecoder::decode_on_cpu(const Sample& sample, size_t k, size_t i) {
+  if (i >= options_.max_batch || k >= outputs_.size()) {
+    throw std::logic_error("GpuJpegDecoder::decode_on_cpu: no such place or output");
+  }
+  // Place i of the pinned CPU output is free: decode() queued no copy from it for this batch (its
+  // sample failed), and the copies of earlier batches ended before decode() began (staged_).
+  decode_cpu_place(sample, i);
+  check_cuda(lib_.memcpy_async(outputs_[k] + i * sample_bytes_, cpu_output_ + i * sample_bytes_,
+                               sample_bytes_, gpu::kMemcpyHostToDevice, stream_),
+             "cudaMemcpyAsync");
+  check_cuda(lib_.event_record(ready_[k], stream_), "cudaEventRecord");
+  check_cuda(lib_.event_record(staged_, stream_), "cudaEventRecord");
 }
 
 }  // namespace prestage::detail

@@ -93,6 +93,23 @@ class GpuJpegDecoder {
   void decode(std::span<const Sample> samples, size_t k, std::vector<GpuRoute>& routes,
               std::vector<std::exception_ptr>& errors);
 
+  // Decodes `sample` by the CPU path into place i of output(k), after the work decode() queued for
+  // k, and records ready(k) again: for a sample decode() left undecoded (its replacement under
+  // on_error=skip). Throws the CPU path's error (DecodeError) for a sample it cannot decode, then
+  // leaving output(k) as it was; GpuError if the copy cannot be queued.
+  void decode_on_cpu(const Sample& sample, size_t k, size_t i);
+
+  // For a caller that decodes part of a batch itself (the loader's CPU share, on its readers):
+  // place i (i < max_batch) of the pinned host buffer whose places upload() copies into output(k).
+  // A place is free for positions decode() was not given in this batch (decode() waits for the
+  // previous batch's copies first). Any thread may write distinct places.
+  std::span<std::byte> cpu_place(size_t i) noexcept {
+    return {cpu_output_ + i * sample_bytes_, sample_bytes_};
+  }
+  // Queues the copy of cpu_place(i) into place i of output(k) for each i of `positions`, after the
+  // work decode() queued for k, and records ready(k) again. Throws GpuError.
+  void upload(size_t k, std::span<const size_t> positions);
+
   const std::byte* output(size_t k) const noexcept { return outputs_[k]; }  // device memory
   size_t sample_bytes() const noexcept { return sample_bytes_; }
   gpu::Stream stream() const noexcept { return stream_; }
@@ -112,6 +129,8 @@ class GpuJpegDecoder {
             const std::function<int(void**, size_t)>& allocate, const char* release_call,
             const char* allocate_call);
   void destroy() noexcept;
+  // The CPU path's pixels of `s` into cpu_output_'s place i; throws its error.
+  void decode_cpu_place(const Sample& s, size_t i);
 
   const gpu::Libraries& lib_;
   Options options_;

@@ -123,6 +123,7 @@ void Libraries::bind_all() {
   void* rt = handles_[kCudart];
   bind(rt, "cudaGetDeviceCount", get_device_count, missing);
   bind(rt, "cudaGetDevice", get_device, missing);
+  bind(rt, "cudaSetDevice", set_device, missing);
   bind(rt, "cudaDeviceGetAttribute", device_get_attribute, missing);
   bind(rt, "cudaMalloc", device_malloc, missing);
   bind(rt, "cudaFree", device_free, missing);

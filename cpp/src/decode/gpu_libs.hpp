@@ -106,6 +106,7 @@ class Libraries {
   // CUDA runtime.
   int (*get_device_count)(int*) = nullptr;
   int (*get_device)(int*) = nullptr;
+  int (*set_device)(int) = nullptr;
   int (*device_get_attribute)(int*, int, int) = nullptr;
   int (*device_malloc)(void**, size_t) = nullptr;
   int (*device_free)(void*) = nullptr;

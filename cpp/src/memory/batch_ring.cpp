@@ -210,6 +210,9 @@ std::span<const int64_t> Batch::labels() const noexcept { return slot_->labels; 
 std::span<const int64_t> Batch::indices() const noexcept { return slot_->indices; }
 bool Batch::pinned() const noexcept { return slot_->data.locked(); }
 Pinning Batch::pinning() const noexcept { return slot_->data.pinning(); }
+const void* Batch::device_data() const noexcept { return slot_->device_data; }
+void* Batch::device_ready() const noexcept { return slot_->device_ready; }
+void* Batch::device_stream() const noexcept { return slot_->device_stream; }
 std::string_view Batch::dtype() const noexcept { return slot_->dtype; }
 bool Batch::ragged() const noexcept { return slot_->ragged; }
 std::span<const uint64_t> Batch::sample_shape(size_t i) const noexcept {

@@ -91,6 +91,16 @@ struct Slot {
     std::string error;
   };
   std::vector<Skip> skipped;
+  // decode_device=cuda: the slot's GPU decoder (decode/gpu_jpeg.hpp; type-erased so that
+  // memory/ does not depend on decode/), made at the slot's first batch and destroyed with the
+  // slot, so that a device batch lives as long as the Batch that lends it. Its holder's alone, as
+  // `data`.
+  std::shared_ptr<void> gpu;
+  // The device batch the last decode wrote (null: none, the batch is in `data`), the event recorded
+  // after that work and the stream it ran on (cudaEvent_t, cudaStream_t).
+  const std::byte* device_data = nullptr;
+  void* device_ready = nullptr;
+  void* device_stream = nullptr;
 };
 
 class BatchRing {

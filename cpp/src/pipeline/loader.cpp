@@ -350,8 +350,11 @@ Loader::Impl::Impl(Catalog catalog_in, LoaderOptions options_in)
       detail::checked_mul(detail::checked_mul(size.height, size.width, "image_size"), 12,
                           "image_size");
       shared->image_bytes = detail::image_sample_bytes(size.height, size.width, o.dtype);
-      slot_bytes =
-          detail::checked_mul(shared->image_bytes, o.batch_size, "batch_size x image size");
+      // decode_device=cuda: the images are born on the device; the host buffers hold none.
+      slot_bytes = o.decode_device == DecodeDevice::kCuda
+                       ? 0
+                       : detail::checked_mul(shared->image_bytes, o.batch_size,
+                                             "batch_size x image size");
     }
     if (o.dtype == OutputType::kFloat32) shared->normalizer = std::make_unique<detail::Normalizer>(o);
   }
@@ -631,6 +634,7 @@ Stats Loader::Impl::stats() const {
                                       s.decode.busy_s);
   s.decode.items = decoder.decoded();
   s.decode.bytes = decoder.bytes_read();
+  s.gpu_decode = decoder.gpu_stats();
   // Stage 3's reads by tier: bytes read ahead by stage 2 came from the source too.
   const detail::TierCounts served = shared->tiers->served();
   const auto tier = [](detail::Tier t) { return static_cast<size_t>(t); };

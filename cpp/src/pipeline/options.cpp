@@ -98,6 +98,26 @@ void LoaderOptions::validate() const {
       throw ConfigError("mean and std apply to dtype=float32 only");
     }
   }
+  if (decode_device != DecodeDevice::kCpu && decode_device != DecodeDevice::kCuda) {
+    throw ConfigError("decode_device must be cpu or cuda, got " +
+                      std::to_string(static_cast<int>(decode_device)));
+  }
+  if (!(gpu_cpu_share >= 0.0 && gpu_cpu_share < 1.0)) {
+    throw ConfigError("gpu_cpu_share must be in [0, 1), got " + std::to_string(gpu_cpu_share));
+  }
+  if (decode_device == DecodeDevice::kCuda) {
+    if (decode != DecodeMode::kJpeg) {
+      throw ConfigError("decode_device=cuda decodes JPEG images only (decode=jpeg)");
+    }
+    if (image_size.empty()) {
+      throw ConfigError("decode_device=cuda needs an image_size (a device batch of one shape)");
+    }
+    if (layout != Layout::kNHWC || dtype != OutputType::kUint8) {
+      throw ConfigError(
+          "decode_device=cuda writes NHWC uint8 batches (layout=NHWC, dtype=uint8): convert or "
+          "normalise on the device");
+    }
+  }
   at_least("max_sample_bytes", max_sample_bytes, 1);
   validate_raw_array(*this);
   if (on_error != OnError::kRaise && on_error != OnError::kSkip) {

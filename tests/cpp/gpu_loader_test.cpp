@@ -1,0 +1,471 @@
+// The Loader with decode_device=cuda over the test doubles of the CUDA runtime, nvJPEG and NPP
+// (fake_cudart.c, fake_nvjpeg.c, fake_npp.c, named by PRESTAGE_CUDART/NVJPEG/NPP before the
+// libraries are first opened). The doubles' "device" memory is host memory and the nvJPEG double
+// decodes with libjpeg-turbo, so device batches are read in place; the NPP double's filter is not
+// the CPU path's, so pixels are compared within gpu_jpeg_test's tolerance and crop boxes exactly.
+// Nothing here runs on a GPU.
+#include <doctest/doctest.h>
+
+#include <dlfcn.h>
+#include <turbojpeg.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <map>
+#include <set>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "decode/transform.hpp"
+#include "prestage/prestage.hpp"
+#include "test_util.hpp"
+
+using prestage::Catalog;
+using prestage::ConfigError;
+using prestage::DecodeDevice;
+using prestage::ImageSize;
+using prestage::Loader;
+using prestage::LoaderOptions;
+using prestage::OnError;
+using prestage::Transform;
+using prestage::test::TempDir;
+
+namespace {
+
+// Before main: the process's GPU libraries are opened once, from these variables.
+const bool kDoublesNamed = [] {
+  ::setenv("PRESTAGE_CUDART", FAKE_CUDART_PATH, 1);
+  ::setenv("PRESTAGE_NVJPEG", FAKE_NVJPEG_PATH, 1);
+  ::setenv("PRESTAGE_NPP", FAKE_NPP_PATH, 1);
+  return true;
+}();
+
+struct ResizeRecord {  // fake_npp.c's resize_record
+  int x, y, width, height, dst_width, dst_height, interpolation;
+  void* stream;
+};
+
+// The doubles' controls: the same libraries the loader opened (dlopen of a loaded path returns it).
+struct Fakes {
+  void* cudart = ::dlopen(FAKE_CUDART_PATH, RTLD_NOW | RTLD_LOCAL);
+  void* nvjpeg = ::dlopen(FAKE_NVJPEG_PATH, RTLD_NOW | RTLD_LOCAL);
+  void* npp = ::dlopen(FAKE_NPP_PATH, RTLD_NOW | RTLD_LOCAL);
+  void (*cuda_objects)(int, size_t*) = nullptr;
+  void (*configure)(unsigned, unsigned) = nullptr;
+  void (*nvjpeg_objects)(int, size_t*) = nullptr;
+  void (*npp_fail)(const char*, int, int) = nullptr;
+  size_t (*resizes)(ResizeRecord*, size_t) = nullptr;
+
+  template <typename F>
+  static void get(void* library, const char* name, F& out) {
+    void* symbol = ::dlsym(library, name);
+    REQUIRE(symbol != nullptr);
+    out = reinterpret_cast<F>(symbol);
+  }
+  explicit Fakes(unsigned engines) {
+    REQUIRE(kDoublesNamed);
+    REQUIRE(cudart != nullptr);
+    REQUIRE(nvjpeg != nullptr);
+    REQUIRE(npp != nullptr);
+    get(cudart, "fake_cudart_objects", cuda_objects);
+    get(nvjpeg, "fake_nvjpeg_configure", configure);
+    get(nvjpeg, "fake_nvjpeg_objects", nvjpeg_objects);
+    get(npp, "fake_npp_fail", npp_fail);
+    get(npp, "fake_npp_resizes", resizes);
+    configure(engines, 1);
+    npp_fail("", 0, 0);  // also clears the resize record
+  }
+  ~Fakes() {
+    npp_fail("", 0, 0);
+    ::dlclose(npp);
+    ::dlclose(nvjpeg);
+    ::dlclose(cudart);
+  }
+  // Per kind (device memory, pinned memory, CUDA streams, events, nvJPEG handles, states, JPEG
+  // streams): created, destroyed, bad destructions.
+  std::vector<size_t> objects() const {
+    std::vector<size_t> out;
+    size_t c[3];
+    for (int kind = 0; kind < 4; ++kind) {
+      cuda_objects(kind, c);
+      out.insert(out.end(), c, c + 3);
+    }
+    for (int kind = 0; kind < 3; ++kind) {
+      nvjpeg_objects(kind, c);
+      out.insert(out.end(), c, c + 3);
+    }
+    return out;
+  }
+  std::vector<ResizeRecord> resize_log() const {
+    std::vector<ResizeRecord> out(4096);
+    out.resize(std::min<size_t>(resizes(out.data(), out.size()), out.size()));
+    return out;
+  }
+};
+enum Kind {
+  kDevice = 0,
+  kPinned = 1,
+  kStream = 2,
+  kEvent = 3,
+  kHandle = 4,
+  kState = 5,
+  kJpegStream = 6
+};
+
+size_t created(const std::vector<size_t>& before, const std::vector<size_t>& after, Kind kind) {
+  return after[3 * kind] - before[3 * kind];
+}
+
+// Every object made between `before` and `after` was destroyed once; none twice or unknown.
+void check_balanced(const std::vector<size_t>& before, const std::vector<size_t>& after) {
+  REQUIRE(before.size() == after.size());
+  for (size_t k = 0; k < after.size(); k += 3) {
+    CAPTURE(k / 3);
+    CHECK(after[k] - before[k] == after[k + 1] - before[k + 1]);
+    CHECK(after[k + 2] == before[k + 2]);
+  }
+}
+
+// A smooth image (as gpu_jpeg_test's), so that different resampling filters agree closely.
+std::vector<unsigned char> smooth_jpeg(int width, int height, int seed, int subsamp = TJSAMP_420,
+                                       int flags = 0, bool cmyk = false) {
+  std::vector<uint8_t> rgb(static_cast<size_t>(width) * height * 3);
+  for (int y = 0; y < height; ++y) {
+    for (int x = 0; x < width; ++x) {
+      uint8_t* p = &rgb[(static_cast<size_t>(y) * width + x) * 3];
+      p[0] = static_cast<uint8_t>(20 + 200 * x / width);
+      p[1] = static_cast<uint8_t>(20 + 200 * y / height);
+      p[2] = static_cast<uint8_t>(60 + (seed * 13 % 60) + 60 * (x + y) / (width + height));
+    }
+  }
+  std::vector<uint8_t> pixels = rgb;
+  if (cmyk) {
+    pixels.assign(static_cast<size_t>(width) * height * 4, 0);
+    for (size_t i = 0; i < static_cast<size_t>(width) * height; ++i) {
+      for (int c = 0; c < 3; ++c) pixels[4 * i + c] = static_cast<uint8_t>(255 - rgb[3 * i + c]);
+    }
+  }
+  tjhandle handle = tjInitCompress();
+  unsigned char* out = nullptr;
+  unsigned long size = 0;
+  const int rc = tjCompress2(handle, pixels.data(), width, 0, height, cmyk ? TJPF_CMYK : TJPF_RGB,
+                             &out, &size, subsamp, 95, flags);
+  tjDestroy(handle);
+  REQUIRE(rc == 0);
+  std::vector<unsigned char> bytes(out, out + size);
+  tjFree(out);
+  return bytes;
+}
+
+// root/class_c/img_i.jpg: `classes` x `per_class` smooth JPEGs of mixed sizes; their (h, w) by
+// "class_c/img_i.jpg".
+std::map<std::string, std::pair<int, int>> make_smooth_folder(const std::filesystem::path& root,
+                                                              int classes, int per_class) {
+  std::map<std::string, std::pair<int, int>> sizes;
+  int seed = 0;
+  for (int c = 0; c < classes; ++c) {
+    for (int i = 0; i < per_class; ++i, ++seed) {
+      const int w = 96 + 24 * (seed % 4), h = 72 + 16 * (seed % 3);
+      const std::string name = "class_" + std::to_string(c) + "/img_" + std::to_string(i) + ".jpg";
+      prestage::test::write_file(root / name, smooth_jpeg(w, h, seed));
+      sizes[name] = {h, w};
+    }
+  }
+  return sizes;
+}
+
+LoaderOptions gpu_options(uint64_t batch_size, uint64_t readers) {
+  LoaderOptions o;
+  o.batch_size = batch_size;
+  o.seed = 5;
+  o.readers = readers;
+  o.prefetchers = 1;
+  o.autotune = false;
+  o.depth = 3;
+  o.image_size = ImageSize{32, 40};
+  o.transform = Transform::kRandomResizedCrop;
+  o.decode_device = DecodeDevice::kCuda;
+  return o;
+}
+
+struct Delivered {
+  std::vector<int64_t> indices;
+  std::vector<uint8_t> pixels;  // the device batches (the doubles' device memory is host memory)
+  size_t batches = 0;
+};
+
+Delivered run(Loader& loader, uint64_t epoch) {
+  Delivered d;
+  loader.start_epoch(epoch);
+  while (auto batch = loader.next()) {
+    ++d.batches;
+    d.indices.insert(d.indices.end(), batch->indices().begin(), batch->indices().end());
+    if (batch->device_data() == nullptr) {
+      const auto* host = reinterpret_cast<const uint8_t*>(batch->data().data());
+      d.pixels.insert(d.pixels.end(), host, host + batch->data().size());
+      continue;
+    }
+    CHECK(batch->data().empty());
+    CHECK(batch->device_ready() != nullptr);
+    CHECK(batch->device_stream() != nullptr);
+    const auto shape = batch->shape();
+    CHECK(shape[0] == batch->size());
+    CHECK(shape[1] == 32);
+    CHECK(shape[2] == 40);
+    CHECK(shape[3] == 3);
+    const auto* p = static_cast<const uint8_t*>(batch->device_data());
+    d.pixels.insert(d.pixels.end(), p, p + batch->size() * 32 * 40 * 3);
+  }
+  return d;
+}
+
+}  // namespace
+
+TEST_CASE(
+    "gpu loader: device batches with the CPU path's crop boxes and pixels; every stream, handle "
+    "and buffer made once per slot and destroyed once") {
+  for (uint64_t readers : {1, 2, 4}) {
+    CAPTURE(readers);
+    TempDir dir;
+    const auto sizes = make_smooth_folder(dir / "data", 3, 6);  // 18 images: batches 4 4 4 4 2
+    const Catalog cat = Catalog::from_folder(dir / "data");
+    Fakes fakes(7);
+    const auto before = fakes.objects();
+    Delivered gpu[2], cpu[2];
+    prestage::Stats stats;
+    {
+      Loader loader(cat, gpu_options(4, readers));
+      gpu[0] = run(loader, 0);
+      gpu[1] = run(loader, 1);
+      loader.close();  // no batch is being decoded: the counters are final and consistent
+      stats = loader.stats();
+    }
+    const auto after = fakes.objects();
+    {
+      LoaderOptions o = gpu_options(4, readers);
+      o.decode_device = DecodeDevice::kCpu;
+      Loader loader(cat, o);
+      cpu[0] = run(loader, 0);
+      cpu[1] = run(loader, 1);
+      CHECK_FALSE(loader.stats().gpu_decode.on);
+    }
+    check_balanced(before, after);
+    // One decoder per ring slot used, each with its stream, its two nvJPEG handles (hardware and
+    // default backends), a JPEG stream per batch place, its output, flip and CPU buffers, and its
+    // staging grown once (every batch fits the first growth).
+    const size_t decoders = stats.gpu_decode.decoders;
+    CHECK(decoders >= 1);
+    CHECK(decoders <= 3);
+    CHECK(created(before, after, kStream) == decoders);
+    CHECK(created(before, after, kHandle) == 2 * decoders);
+    CHECK(created(before, after, kState) == 2 * decoders);
+    CHECK(created(before, after, kJpegStream) == 4 * decoders);
+    CHECK(created(before, after, kDevice) == 3 * decoders);  // output, flip, decoded staging
+    CHECK(created(before, after, kEvent) == 2 * decoders);   // ready, staged
+    CHECK(stats.gpu_decode.buffer_growths == 2 * decoders);  // pinned input, device decoded
+    CHECK(stats.gpu_decode.on);
+    CHECK(stats.gpu_decode.hardware >= 36);
+    CHECK(stats.gpu_decode.hardware == stats.decode.items);
+    CHECK(stats.gpu_decode.gpu + stats.gpu_decode.cpu_share + stats.gpu_decode.cpu_unsupported +
+              stats.gpu_decode.cpu_gpu_failed + stats.gpu_decode.cpu_replacements ==
+          0);
+
+    for (int e = 0; e < 2; ++e) {
+      CAPTURE(e);
+      REQUIRE(gpu[e].indices == cpu[e].indices);
+      REQUIRE(gpu[e].pixels.size() == cpu[e].pixels.size());
+      CHECK(gpu[e].batches == 5);
+      const size_t image = 32 * 40 * 3;
+      for (size_t i = 0; i < gpu[e].indices.size(); ++i) {
+        CAPTURE(i);
+        double total = 0;
+        int worst = 0;
+        for (size_t k = i * image; k < (i + 1) * image; ++k) {
+          const int diff = std::abs(int{gpu[e].pixels[k]} - int{cpu[e].pixels[k]});
+          total += diff;
+          worst = std::max(worst, diff);
+        }
+        // gpu_jpeg_test's tolerance: the filters differ (the double's, Pillow's on the CPU).
+        CHECK(total / image < 2.0);
+        CHECK(worst <= 16);
+      }
+    }
+    // Each delivered sample was resized from its RandomResizedCrop box (seed, epoch, sample).
+    std::multiset<std::tuple<int, int, int, int>> got, expected;
+    for (const ResizeRecord& r : fakes.resize_log()) got.insert({r.x, r.y, r.width, r.height});
+    for (int e = 0; e < 2; ++e) {
+      for (const int64_t id : gpu[e].indices) {
+        const std::filesystem::path path = cat.source_path(static_cast<uint64_t>(id));
+        const auto [h, w] =
+            sizes.at((path.parent_path().filename() / path.filename()).string());
+        const auto box =
+            prestage::detail::random_resized_crop(5, e, static_cast<uint64_t>(id), h, w);
+        expected.insert({box.left, box.top, box.width, box.height});
+      }
+    }
+    // Batches decoded ahead of the consumer (the next epoch's) were resized too.
+    CHECK(std::includes(got.begin(), got.end(), expected.begin(), expected.end()));
+  }
+}
+
+TEST_CASE("gpu loader: files the GPU cannot take and the CPU share go to the CPU path, counted") {
+  TempDir dir;
+  // Not shuffled, batches of 4: every batch is base, progressive, CMYK, base (the CPU's share).
+  for (int c = 0; c < 2; ++c) {
+    const auto root = dir / "data" / ("class_" + std::to_string(c));
+    prestage::test::write_file(root / "a.jpg", smooth_jpeg(120, 90, c));
+    prestage::test::write_file(root / "b.jpg",
+                               smooth_jpeg(120, 90, c + 1, TJSAMP_420, TJFLAG_PROGRESSIVE));
+    prestage::test::write_file(root / "c.jpg",
+                               smooth_jpeg(120, 90, c + 2, TJSAMP_444, 0, /*cmyk=*/true));
+    prestage::test::write_file(root / "d.jpg", smooth_jpeg(120, 90, c + 3));
+  }
+  const Catalog cat = Catalog::from_folder(dir / "data");
+  Fakes fakes(7);
+  const auto before = fakes.objects();
+  LoaderOptions o = gpu_options(4, 2);
+  o.shuffle = false;
+  o.gpu_cpu_share = 0.25;
+  prestage::Stats stats;
+  Delivered gpu, cpu;
+  {
+    Loader loader(cat, o);
+    gpu = run(loader, 0);
+    loader.close();
+    stats = loader.stats();
+  }
+  check_balanced(before, fakes.objects());
+  o.decode_device = DecodeDevice::kCpu;
+  {
+    Loader loader(cat, o);
+    cpu = run(loader, 0);
+  }
+  REQUIRE(gpu.indices == cpu.indices);
+  const auto& g = stats.gpu_decode;
+  CHECK(g.batches >= 2);
+  CHECK(g.hardware == g.batches);
+  CHECK(g.gpu == g.batches);              // progressive: the hardware engine declines it
+  CHECK(g.cpu_unsupported == g.batches);  // CMYK
+  CHECK(g.cpu_share == g.batches);
+  CHECK(g.cpu_gpu_failed == 0);
+  // The CPU's samples are the CPU path's pixels exactly (positions 2 and 3 of each batch).
+  const size_t image = 32 * 40 * 3;
+  for (size_t i = 0; i < gpu.indices.size(); ++i) {
+    if (i % 4 < 2) continue;
+    CAPTURE(i);
+    CHECK(std::equal(gpu.pixels.begin() + i * image, gpu.pixels.begin() + (i + 1) * image,
+                     cpu.pixels.begin() + i * image));
+  }
+}
+
+TEST_CASE("gpu loader: a corrupt JPEG raises the CPU path's error, or is replaced as it is") {
+  TempDir dir;
+  make_smooth_folder(dir / "data", 2, 5);
+  prestage::test::write_file(dir / "data" / "class_1" / "img_2.jpg",
+                             std::vector<unsigned char>{0xff, 0xd8, 0xff, 0xe0, 'n', 'o', 't'});
+  const Catalog cat = Catalog::from_folder(dir / "data");
+  Fakes fakes(0);  // no hardware engine: the default backend
+  const auto before = fakes.objects();
+  for (OnError policy : {OnError::kRaise, OnError::kSkip}) {
+    CAPTURE(static_cast<int>(policy));
+    std::vector<std::string> messages[2];
+    std::vector<int64_t> indices[2];
+    prestage::Stats stats[2];
+    for (int device = 0; device < 2; ++device) {
+      LoaderOptions o = gpu_options(3, 2);
+      o.on_error = policy;
+      o.decode_device = device == 0 ? DecodeDevice::kCpu : DecodeDevice::kCuda;
+      Loader loader(cat, o);
+      loader.start_epoch(0);
+      for (;;) {
+        try {
+          auto batch = loader.next();
+          if (!batch) break;
+          indices[device].insert(indices[device].end(), batch->indices().begin(),
+                                 batch->indices().end());
+        } catch (const prestage::DecodeError& e) {
+          messages[device].push_back(e.what());
+        }
+      }
+      loader.close();
+      stats[device] = loader.stats();
+    }
+    CHECK(indices[1] == indices[0]);
+    CHECK(messages[1] == messages[0]);
+    if (policy == OnError::kRaise) {
+      CHECK(messages[1].size() == 1);
+    } else {
+      CHECK(messages[1].empty());
+      CHECK(stats[1].skipped == 1);
+      CHECK(stats[1].skipped_samples.at(0).error == stats[0].skipped_samples.at(0).error);
+      CHECK(stats[1].gpu_decode.cpu_replacements >= 1);  // decoded by the CPU path
+    }
+    CHECK(stats[1].gpu_decode.cpu_unsupported >= 1);
+  }
+  check_balanced(before, fakes.objects());
+}
+
+TEST_CASE(
+    "gpu loader: an NPP failure fails its batch with a prestage::Error; the next batches come") {
+  TempDir dir;
+  make_smooth_folder(dir / "data", 2, 6);
+  const Catalog cat = Catalog::from_folder(dir / "data");
+  Fakes fakes(7);
+  const auto before = fakes.objects();
+  {
+    LoaderOptions o = gpu_options(4, 1);
+    o.shuffle = false;
+    fakes.npp_fail("nppiResize_8u_C3R_Ctx", 6, -1);  // in the second batch
+    Loader loader(cat, o);
+    loader.start_epoch(0);
+    size_t good = 0, failed = 0;
+    for (int k = 0; k < 3; ++k) {
+      try {
+        auto batch = loader.next();
+        REQUIRE(batch);
+        CHECK(batch->device_data() != nullptr);
+        ++good;
+      } catch (const prestage::DecodeError&) {
+        FAIL("a GPU failure is not a sample's DecodeError");
+      } catch (const prestage::Error&) {
+        ++failed;
+      }
+    }
+    CHECK(good == 2);
+    CHECK(failed == 1);
+  }
+  check_balanced(before, fakes.objects());
+}
+
+TEST_CASE(
+    "gpu loader: decode_device=cuda takes JPEG, an image_size, NHWC uint8, a share in [0, 1)") {
+  TempDir dir;
+  make_smooth_folder(dir / "data", 1, 2);
+  const Catalog cat = Catalog::from_folder(dir / "data");
+  LoaderOptions o = gpu_options(2, 1);
+  CHECK_NOTHROW(o.validate());
+  LoaderOptions bad = o;
+  bad.image_size = ImageSize{};
+  bad.transform = Transform::kCenterCrop;
+  CHECK_THROWS_AS(Loader(cat, bad), ConfigError);
+  bad = o;
+  bad.layout = prestage::Layout::kNCHW;
+  CHECK_THROWS_AS(Loader(cat, bad), ConfigError);
+  bad = o;
+  bad.dtype = prestage::OutputType::kFloat32;
+  CHECK_THROWS_AS(Loader(cat, bad), ConfigError);
+  bad = o;
+  bad.decode = prestage::DecodeMode::kRaw;
+  bad.image_size = ImageSize{};
+  bad.transform = Transform::kCenterCrop;
+  CHECK_THROWS_AS(Loader(cat, bad), ConfigError);
+  for (double share : {-0.1, 1.0, 2.0}) {
+    bad = o;
+    bad.gpu_cpu_share = share;
+    CHECK_THROWS_AS(Loader(cat, bad), ConfigError);
+  }
+}
