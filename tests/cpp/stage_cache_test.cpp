@@ -395,3 +395,144 @@ TEST_CASE("stage cache: ranks sharing a directory keep one bound for the node, n
   CHECK(all_removed);
   CHECK(first.node().used() == 0);
 }
+
+namespace {
+
+// Copies every file of `catalog` into the stage directory at `dir`, as a run before this one did;
+// the directory object goes away with it (that run's processes have ended).
+void stage_everything(const std::filesystem::path& dir, const Catalog& catalog) {
+  StageDirectory earlier(dir, catalog);
+  std::vector<std::byte> buffer;
+  for (uint64_t f = 0; f < catalog.num_files(); ++f) {
+    REQUIRE(earlier.try_claim(f));
+    REQUIRE(earlier.stage(f, catalog.file_source_path(f).string(), buffer) ==
+            StageDirectory::Outcome::kStaged);
+  }
+}
+
+// The files a restart at (`epoch`, batch 0) of `plan` keeps within `capacity`: ordered by their
+// next use by any of `ranks` (position b * batch_size + k in an epoch, epochs in turn, from
+// `epoch` to the two after it, where every file of this set is used), the longest prefix that fits.
+std::set<uint64_t> kept_by_plan_order(const Catalog& catalog, const PlanOptions& plan,
+                                      const std::vector<uint64_t>& ranks, uint64_t epoch,
+                                      uint64_t capacity) {
+  constexpr uint64_t kNone = ~uint64_t{0};
+  std::vector<uint64_t> next(catalog.num_files(), kNone);
+  for (uint64_t e = epoch; e < epoch + 3; ++e) {
+    for (const uint64_t r : ranks) {
+      PlanOptions of_rank = plan;
+      of_rank.rank = r;
+      const EpochPlan p(of_rank, e);
+      for (uint64_t b = 0; b < p.num_batches(); ++b) {
+        for (uint64_t k = 0; k < p.batch_size(b); ++k) {
+          const uint64_t f = p.batch(b)[k];
+          next[f] = std::min(next[f], (e - epoch) * 1000000 + b * plan.batch_size + k);
+        }
+      }
+    }
+  }
+  std::vector<std::pair<uint64_t, uint64_t>> order;
+  for (uint64_t f = 0; f < catalog.num_files(); ++f) {
+    REQUIRE(next[f] != kNone);
+    order.push_back({next[f], f});
+  }
+  std::sort(order.begin(), order.end());
+  std::set<uint64_t> kept;
+  uint64_t used = 0;
+  for (const auto& [use, f] : order) {
+    if (used + catalog.file_size(f) > capacity) break;
+    used += catalog.file_size(f);
+    kept.insert(f);
+  }
+  return kept;
+}
+
+std::set<uint64_t> on_disk(StageDirectory& directory, const Catalog& catalog) {
+  std::set<uint64_t> files;
+  for (uint64_t f = 0; f < catalog.num_files(); ++f) {
+    if (directory.node().on_disk(f)) {
+      REQUIRE(std::filesystem::exists(directory.staged_path(f)));
+      files.insert(f);
+    }
+  }
+  return files;
+}
+
+}  // namespace
+
+TEST_CASE("stage cache: a warm restart mid-epoch keeps the copies the resumed plan uses first, "
+          "within the bound, and copies none of them again") {
+  const Catalog& catalog = data().catalog;
+  TempDir dir;
+  stage_everything(dir / "stage", catalog);  // a job with room for the whole set
+  // It comes back with a third of that room, resumed mid-epoch 1 on one rank with another batch
+  // size: 300 samples of the epoch consumed.
+  StageDirectory directory(dir / "stage", catalog);
+  CHECK(directory.found_at_start() == kFiles);
+  PlanOptions plan = rank_plan(0, 1);
+  plan.batch_size = 5;
+  plan.resume = {1, {{0, 300}}};
+  const uint64_t capacity = set_bytes(catalog) / 3;
+  StageCache cache(catalog, plan, directory, capacity, Eviction::kClairvoyant, 3);
+  cache.restart(1, 0);
+  const std::set<uint64_t> kept = kept_by_plan_order(catalog, plan, {0}, 1, capacity);
+  CHECK(on_disk(directory, catalog) == kept);
+  CHECK(directory.node().used() <= capacity);
+  CHECK(cache.used_bytes() == directory.node().used());
+  // The rest of the epoch (660 samples, more than the bound holds) uses each kept copy before
+  // anything could displace it: each is a hit, handed to stage 2 only to check its bytes, never
+  // read from the source again.
+  const EpochPlan epoch(plan, 1);
+  uint64_t hits = 0, from_source = 0, checked = 0;
+  std::vector<std::byte> buffer;
+  for (uint64_t b = 0; b < epoch.num_batches(); ++b) {
+    std::vector<uint64_t> to_stage;
+    std::vector<size_t> declined;
+    prestage::detail::Admission stats;
+    cache.admit(1, b, epoch.batch(b), epoch.batch_size(b), to_stage, declined, stats);
+    hits += stats.hits;
+    for (const uint64_t f : to_stage) {
+      if (directory.is_staged(f)) {
+        CHECK(directory.unverified(f));
+        CHECK(directory.verify(f, buffer));
+        ++checked;
+      } else {
+        CHECK(kept.count(f) == 0);
+        REQUIRE(directory.stage(f, catalog.file_source_path(f).string(), buffer) ==
+                StageDirectory::Outcome::kStaged);
+        ++from_source;
+      }
+    }
+    for (const size_t k : declined) {
+      CHECK(kept.count(epoch.batch(b)[k]) == 0);
+      ++from_source;
+    }
+  }
+  CHECK(hits == kept.size());
+  CHECK(checked == kept.size());
+  CHECK(hits + from_source == kFiles - 300);
+}
+
+TEST_CASE("stage cache: ranks restarting on one warm directory keep the copies the node uses "
+          "first, whichever rank brings it within the bound") {
+  const Catalog& catalog = data().catalog;
+  TempDir dir;
+  stage_everything(dir / "stage", catalog);
+  // Two ranks of two on the node, with half the room, resuming mid-epoch 2. Both have made their
+  // loaders (joined the directory) before rank 0's pipeline starts, as ranks starting together do.
+  StageDirectory first(dir / "stage", catalog);
+  StageDirectory second(dir / "stage", catalog);  // the other process's view
+  PlanOptions plan = rank_plan(0, 2);
+  plan.resume = {2, {{0, 200}}};
+  PlanOptions plan1 = plan;
+  plan1.rank = 1;
+  const uint64_t capacity = set_bytes(catalog) / 2;
+  StageCache cache0(catalog, plan, first, capacity, Eviction::kClairvoyant, 3);
+  StageCache cache1(catalog, plan1, second, capacity, Eviction::kClairvoyant, 3);
+  cache0.restart(2, 0);
+  const std::set<uint64_t> kept = kept_by_plan_order(catalog, plan, {0, 1}, 2, capacity);
+  CHECK(on_disk(first, catalog) == kept);
+  cache1.restart(2, 0);  // within the bound already: nothing more goes
+  CHECK(on_disk(first, catalog) == kept);
+  CHECK(first.node().used() <= capacity);
+}

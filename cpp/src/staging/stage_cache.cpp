@@ -29,7 +29,10 @@ StageCache::StageCache(const Catalog& catalog, const PlanOptions& plan, StageDir
   per_epoch_ = batches * plan_.batch_size;  // positions are batch * batch_size + k: may skip a few
   stride_ = per_epoch_ + 1;
   if (capacity_ != 0) joined_ = directory_.node().join(plan_.rank);
-  restart(0, 0);
+  // The copies already in the directory (an earlier run's) are taken stock of, and the directory
+  // brought within the bound, by the first restart() or admit(): from the position the job starts
+  // at, which the loader knows only then (a resume, set_epoch()), and with the ranks that have
+  // joined the directory by then.
 }
 
 StageCache::~StageCache() {
@@ -189,6 +192,7 @@ void StageCache::untrack(uint64_t file) {
 }
 
 void StageCache::restart(uint64_t epoch, uint64_t batch) {
+  started_ = true;
   batch_seq_ = 0;
   std::fill(last_batch_.begin(), last_batch_.end(), 0);
   let_go_all();
@@ -255,6 +259,7 @@ bool StageCache::make_room(uint64_t need, uint64_t incoming_key, Admission& stat
 void StageCache::admit(uint64_t epoch, uint64_t batch, const uint64_t* samples, size_t count,
                        std::vector<uint64_t>& to_stage, std::vector<size_t>& declined,
                        Admission& stats) {
+  if (!started_) restart(epoch, batch);
   ++batch_seq_;
   if (capacity_ != 0) {
     if (epoch != epoch_) enter_epoch(epoch, batch * plan_.batch_size);

@@ -44,7 +44,10 @@ class StageCache {
   StageCache(const StageCache&) = delete;
   StageCache& operator=(const StageCache&) = delete;
 
-  // Plans from batch `batch` of `epoch` on (after a restart or a resume).
+  // Plans from batch `batch` of `epoch` on (the start, a resume, a restart): the copies in the
+  // directory (left by an earlier run, made before, or by a neighbour) are kept in the order of
+  // their next use from there, by the ranks sharing the directory, while they fit the bound; the
+  // others are evicted. The first admit() does it for its position if nothing has yet.
   void restart(uint64_t epoch, uint64_t batch);
   // Lets go of the files of the batches planned so far (a loader that closes): other processes may
   // evict them from now on.
@@ -120,6 +123,7 @@ class StageCache {
   uint64_t stride_;     // per_epoch_ + 1: see position()
   uint64_t far_epochs_;
   uint64_t epoch_ = kNever;  // of the last admit() or restart()
+  bool started_ = false;     // restart() has run
 
   uint64_t batch_seq_ = 0;       // batches planned since restart()
   std::vector<uint64_t> key_;    // per file: its key (in `tracked_` unless pinned), or kNever
