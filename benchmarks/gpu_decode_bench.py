@@ -29,13 +29,14 @@ import argparse
 import json
 import os
 import platform
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence
+
+from h2d_bench import cuda_unavailable_reason, median_of  # the same checks and medians
 
 MEAN = (0.485, 0.456, 0.406)
 STD = (0.229, 0.224, 0.225)
@@ -78,28 +79,6 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
 def unavailable(reason: str) -> int:
     print(f"gpu_decode_bench: {reason}", file=sys.stderr)
     return 2
-
-
-def cuda_unavailable_reason(torch: Any, device: str) -> Optional[str]:
-    """Why ``device`` cannot be used, or None."""
-    try:
-        dev = torch.device(device)
-    except RuntimeError as e:
-        return f"--device {device!r}: {e}"
-    if dev.type != "cuda":
-        return f"--device {device!r} is not a CUDA device"
-    if not torch.cuda.is_available():
-        build = "a CPU-only build of torch" if torch.version.cuda is None else "no usable CUDA device"
-        return (f"needs a CUDA device: torch.cuda.is_available() is False ({build}, "
-                f"torch {torch.__version__})")
-    return None
-
-
-def median_of(runs: int, warmup: int, measure: Callable[[], float]) -> Dict[str, Any]:
-    for _ in range(warmup):
-        measure()
-    values = [measure() for _ in range(runs)]
-    return {"median": statistics.median(values), "all": values}
 
 
 def synthesize(images: int, out: Path) -> Path:

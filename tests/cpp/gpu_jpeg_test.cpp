@@ -23,6 +23,7 @@
 #include "decode/jpeg.hpp"
 #include "decode/transform.hpp"
 #include "prestage/error.hpp"
+#include "gpu_fakes.hpp"
 #include "test_util.hpp"
 
 using prestage::ConfigError;
@@ -38,136 +39,17 @@ namespace gpu = prestage::detail::gpu;
 
 namespace {
 
-struct ResizeRecord {  // fake_npp.c's resize_record
-  int x, y, width, height, dst_width, dst_height, interpolation;
-  void* stream;
-};
-
-// The doubles' controls; the libraries stay open (as the decoder's own handles do).
-struct Fakes {
-  void* cudart = ::dlopen(FAKE_CUDART_PATH, RTLD_NOW | RTLD_LOCAL);
-  void* nvjpeg = ::dlopen(FAKE_NVJPEG_PATH, RTLD_NOW | RTLD_LOCAL);
-  void* npp = ::dlopen(FAKE_NPP_PATH, RTLD_NOW | RTLD_LOCAL);
-  void (*cuda_objects)(int, size_t*) = nullptr;
-  void (*cuda_fail)(const char*, int, int) = nullptr;
-  void (*configure)(unsigned, unsigned) = nullptr;
-  void (*nvjpeg_fail)(const char*, int, int) = nullptr;
-  void (*nvjpeg_objects)(int, size_t*) = nullptr;
-  size_t (*batches)(int*, size_t) = nullptr;
-  void (*npp_fail)(const char*, int, int) = nullptr;
-  size_t (*resizes)(ResizeRecord*, size_t) = nullptr;
-  size_t (*mirrors)() = nullptr;
-
-  template <typename F>
-  static void get(void* library, const char* name, F& out) {
-    void* symbol = ::dlsym(library, name);
-    REQUIRE(symbol != nullptr);
-    out = reinterpret_cast<F>(symbol);
-  }
-  explicit Fakes(unsigned engines) {
-    REQUIRE(cudart != nullptr);
-    REQUIRE(nvjpeg != nullptr);
-    REQUIRE(npp != nullptr);
-    get(cudart, "fake_cudart_objects", cuda_objects);
-    get(cudart, "fake_cudart_fail", cuda_fail);
-    get(nvjpeg, "fake_nvjpeg_configure", configure);
-    get(nvjpeg, "fake_nvjpeg_fail", nvjpeg_fail);
-    get(nvjpeg, "fake_nvjpeg_objects", nvjpeg_objects);
-    get(nvjpeg, "fake_nvjpeg_batches", batches);
-    get(npp, "fake_npp_fail", npp_fail);
-    get(npp, "fake_npp_resizes", resizes);
-    get(npp, "fake_npp_mirrors", mirrors);
-    configure(engines, 1);
-    cuda_fail("", 0, 0);
-    nvjpeg_fail("", 0, 0);
-    npp_fail("", 0, 0);
-  }
-  ~Fakes() {
-    ::dlclose(npp);
-    ::dlclose(nvjpeg);
-    ::dlclose(cudart);
-  }
-
-  // Created, destroyed and bad destructions of every kind of object, both libraries.
-  std::vector<size_t> objects() const {
-    std::vector<size_t> out;
-    size_t c[3];
-    for (int kind = 0; kind < 4; ++kind) {
-      cuda_objects(kind, c);
-      out.insert(out.end(), c, c + 3);
-    }
-    for (int kind = 0; kind < 3; ++kind) {
-      nvjpeg_objects(kind, c);
-      out.insert(out.end(), c, c + 3);
-    }
-    return out;
-  }
-  std::vector<std::pair<int, int>> batch_log() const {
-    std::vector<int> raw(2 * 256);
-    const size_t n = std::min<size_t>(batches(raw.data(), 256), 256);
-    std::vector<std::pair<int, int>> out;
-    for (size_t i = 0; i < n; ++i) out.emplace_back(raw[2 * i], raw[2 * i + 1]);
-    return out;
-  }
-  std::vector<ResizeRecord> resize_log() const {
-    std::vector<ResizeRecord> out(1024);
-    out.resize(std::min<size_t>(resizes(out.data(), out.size()), out.size()));
-    return out;
-  }
-};
-
-// Every object created between `before` and `after` was destroyed once, none twice or unknown.
-void check_balanced(const std::vector<size_t>& before, const std::vector<size_t>& after) {
-  REQUIRE(before.size() == after.size());
-  for (size_t k = 0; k < after.size(); k += 3) {
-    CAPTURE(k / 3);
-    CHECK(after[k] - before[k] == after[k + 1] - before[k + 1]);  // created == destroyed
-    CHECK(after[k + 2] == before[k + 2]);                         // no bad destruction
-  }
-}
-
-size_t created_since(const std::vector<size_t>& before, const std::vector<size_t>& after) {
-  size_t n = 0;
-  for (size_t k = 0; k < after.size(); k += 3) n += after[k] - before[k];
-  return n;
-}
-
-// A smooth image (no wrap-around), so that different resampling filters agree closely.
-std::vector<uint8_t> smooth(int width, int height, int seed) {
-  std::vector<uint8_t> rgb(static_cast<size_t>(width) * height * 3);
-  for (int y = 0; y < height; ++y) {
-    for (int x = 0; x < width; ++x) {
-      uint8_t* p = &rgb[(static_cast<size_t>(y) * width + x) * 3];
-      p[0] = static_cast<uint8_t>(20 + 200 * x / width);
-      p[1] = static_cast<uint8_t>(20 + 200 * y / height);
-      p[2] = static_cast<uint8_t>(60 + (seed * 13 % 60) + 60 * (x + y) / (width + height));
-    }
-  }
-  return rgb;
-}
+using prestage::test::check_balanced;
+using prestage::test::created_since;
+using prestage::test::Fakes;
+using prestage::test::ResizeRecord;
 
 std::vector<std::byte> jpeg(int width, int height, int seed, int subsamp = TJSAMP_420,
                             int flags = 0, int pixel_format = TJPF_RGB) {
-  std::vector<uint8_t> pixels = smooth(width, height, seed);
-  if (pixel_format == TJPF_CMYK) {
-    std::vector<uint8_t> cmyk(static_cast<size_t>(width) * height * 4);
-    for (size_t i = 0; i < static_cast<size_t>(width) * height; ++i) {
-      for (int c = 0; c < 3; ++c) cmyk[4 * i + c] = static_cast<uint8_t>(255 - pixels[3 * i + c]);
-      cmyk[4 * i + 3] = 0;
-    }
-    pixels = std::move(cmyk);
-  }
-  tjhandle handle = tjInitCompress();
-  unsigned char* out = nullptr;
-  unsigned long size = 0;
-  const int rc = tjCompress2(handle, pixels.data(), width, 0, height, pixel_format, &out, &size,
-                             subsamp, 95, flags);
-  tjDestroy(handle);
-  REQUIRE(rc == 0);
-  std::vector<std::byte> bytes(size);
-  std::memcpy(bytes.data(), out, size);
-  tjFree(out);
-  return bytes;
+  const std::vector<unsigned char> bytes = prestage::test::smooth_jpeg(
+      width, height, seed, subsamp, flags, pixel_format == TJPF_CMYK);
+  const auto* first = reinterpret_cast<const std::byte*>(bytes.data());
+  return {first, first + bytes.size()};
 }
 
 const gpu::Libraries& fake_libraries() {

@@ -22,6 +22,7 @@
 
 #include "decode/transform.hpp"
 #include "prestage/prestage.hpp"
+#include "gpu_fakes.hpp"
 #include "test_util.hpp"
 
 using prestage::Catalog;
@@ -37,129 +38,19 @@ using prestage::test::TempDir;
 namespace {
 
 // Before main: the process's GPU libraries are opened once, from these variables.
-const bool kDoublesNamed = [] {
+[[maybe_unused]] const bool kDoublesNamed = [] {
   ::setenv("PRESTAGE_CUDART", FAKE_CUDART_PATH, 1);
   ::setenv("PRESTAGE_NVJPEG", FAKE_NVJPEG_PATH, 1);
   ::setenv("PRESTAGE_NPP", FAKE_NPP_PATH, 1);
   return true;
 }();
 
-struct ResizeRecord {  // fake_npp.c's resize_record
-  int x, y, width, height, dst_width, dst_height, interpolation;
-  void* stream;
-};
-
-// The doubles' controls: the same libraries the loader opened (dlopen of a loaded path returns it).
-struct Fakes {
-  void* cudart = ::dlopen(FAKE_CUDART_PATH, RTLD_NOW | RTLD_LOCAL);
-  void* nvjpeg = ::dlopen(FAKE_NVJPEG_PATH, RTLD_NOW | RTLD_LOCAL);
-  void* npp = ::dlopen(FAKE_NPP_PATH, RTLD_NOW | RTLD_LOCAL);
-  void (*cuda_objects)(int, size_t*) = nullptr;
-  void (*configure)(unsigned, unsigned) = nullptr;
-  void (*nvjpeg_objects)(int, size_t*) = nullptr;
-  void (*npp_fail)(const char*, int, int) = nullptr;
-  size_t (*resizes)(ResizeRecord*, size_t) = nullptr;
-
-  template <typename F>
-  static void get(void* library, const char* name, F& out) {
-    void* symbol = ::dlsym(library, name);
-    REQUIRE(symbol != nullptr);
-    out = reinterpret_cast<F>(symbol);
-  }
-  explicit Fakes(unsigned engines) {
-    REQUIRE(kDoublesNamed);
-    REQUIRE(cudart != nullptr);
-    REQUIRE(nvjpeg != nullptr);
-    REQUIRE(npp != nullptr);
-    get(cudart, "fake_cudart_objects", cuda_objects);
-    get(nvjpeg, "fake_nvjpeg_configure", configure);
-    get(nvjpeg, "fake_nvjpeg_objects", nvjpeg_objects);
-    get(npp, "fake_npp_fail", npp_fail);
-    get(npp, "fake_npp_resizes", resizes);
-    configure(engines, 1);
-    npp_fail("", 0, 0);  // also clears the resize record
-  }
-  ~Fakes() {
-    npp_fail("", 0, 0);
-    ::dlclose(npp);
-    ::dlclose(nvjpeg);
-    ::dlclose(cudart);
-  }
-  // Per kind (device memory, pinned memory, CUDA streams, events, nvJPEG handles, states, JPEG
-  // streams): created, destroyed, bad destructions.
-  std::vector<size_t> objects() const {
-    std::vector<size_t> out;
-    size_t c[3];
-    for (int kind = 0; kind < 4; ++kind) {
-      cuda_objects(kind, c);
-      out.insert(out.end(), c, c + 3);
-    }
-    for (int kind = 0; kind < 3; ++kind) {
-      nvjpeg_objects(kind, c);
-      out.insert(out.end(), c, c + 3);
-    }
-    return out;
-  }
-  std::vector<ResizeRecord> resize_log() const {
-    std::vector<ResizeRecord> out(4096);
-    out.resize(std::min<size_t>(resizes(out.data(), out.size()), out.size()));
-    return out;
-  }
-};
-enum Kind {
-  kDevice = 0,
-  kPinned = 1,
-  kStream = 2,
-  kEvent = 3,
-  kHandle = 4,
-  kState = 5,
-  kJpegStream = 6
-};
-
-size_t created(const std::vector<size_t>& before, const std::vector<size_t>& after, Kind kind) {
-  return after[3 * kind] - before[3 * kind];
-}
-
-// Every object made between `before` and `after` was destroyed once; none twice or unknown.
-void check_balanced(const std::vector<size_t>& before, const std::vector<size_t>& after) {
-  REQUIRE(before.size() == after.size());
-  for (size_t k = 0; k < after.size(); k += 3) {
-    CAPTURE(k / 3);
-    CHECK(after[k] - before[k] == after[k + 1] - before[k + 1]);
-    CHECK(after[k + 2] == before[k + 2]);
-  }
-}
-
-// A smooth image (as gpu_jpeg_test's), so that different resampling filters agree closely.
-std::vector<unsigned char> smooth_jpeg(int width, int height, int seed, int subsamp = TJSAMP_420,
-                                       int flags = 0, bool cmyk = false) {
-  std::vector<uint8_t> rgb(static_cast<size_t>(width) * height * 3);
-  for (int y = 0; y < height; ++y) {
-    for (int x = 0; x < width; ++x) {
-      uint8_t* p = &rgb[(static_cast<size_t>(y) * width + x) * 3];
-      p[0] = static_cast<uint8_t>(20 + 200 * x / width);
-      p[1] = static_cast<uint8_t>(20 + 200 * y / height);
-      p[2] = static_cast<uint8_t>(60 + (seed * 13 % 60) + 60 * (x + y) / (width + height));
-    }
-  }
-  std::vector<uint8_t> pixels = rgb;
-  if (cmyk) {
-    pixels.assign(static_cast<size_t>(width) * height * 4, 0);
-    for (size_t i = 0; i < static_cast<size_t>(width) * height; ++i) {
-      for (int c = 0; c < 3; ++c) pixels[4 * i + c] = static_cast<uint8_t>(255 - rgb[3 * i + c]);
-    }
-  }
-  tjhandle handle = tjInitCompress();
-  unsigned char* out = nullptr;
-  unsigned long size = 0;
-  const int rc = tjCompress2(handle, pixels.data(), width, 0, height, cmyk ? TJPF_CMYK : TJPF_RGB,
-                             &out, &size, subsamp, 95, flags);
-  tjDestroy(handle);
-  REQUIRE(rc == 0);
-  std::vector<unsigned char> bytes(out, out + size);
-  tjFree(out);
-  return bytes;
-}
+using prestage::test::check_balanced;
+using prestage::test::created;
+using prestage::test::Fakes;
+using prestage::test::ResizeRecord;
+using prestage::test::smooth_jpeg;
+using enum prestage::test::GpuObject;
 
 // root/class_c/img_i.jpg: `classes` x `per_class` smooth JPEGs of mixed sizes; their (h, w) by
 // "class_c/img_i.jpg".
