@@ -106,7 +106,12 @@ constexpr auto kGpuDecodeFields = std::make_tuple(
     field("cpu_gpu_failed", &Stats::GpuDecode::cpu_gpu_failed),
     field("cpu_replacements", &Stats::GpuDecode::cpu_replacements),
     field("buffer_growths", &Stats::GpuDecode::buffer_growths),
-    field("decoders", &Stats::GpuDecode::decoders));
+    field("decoders", &Stats::GpuDecode::decoders), field("share", &Stats::GpuDecode::share),
+    field("share_auto", &Stats::GpuDecode::share_auto),
+    field("share_why", &Stats::GpuDecode::share_why),
+    field("share_moves", &Stats::GpuDecode::share_moves),
+    field("gpu_ms_per_image", &Stats::GpuDecode::gpu_ms_per_image),
+    field("cpu_ms_per_image", &Stats::GpuDecode::cpu_ms_per_image));
 
 constexpr auto kSkippedFields = std::make_tuple(
     field("path", &SkippedSample::path), field("error", &SkippedSample::error),
@@ -216,6 +221,7 @@ prestage.options for how the Python arguments become these fields). validate() i
 )doc");
   options.attr("FIT_FREE_SPACE") = LoaderOptions::kFitFreeSpace;
   options.attr("WAIT_FOR_STAGING") = LoaderOptions::kWaitForStaging;
+  options.attr("AUTO_SHARE") = LoaderOptions::kAutoShare;
   options.def(py::init<>(), "The defaults.")
       .def(py::init<const LoaderOptions&>(), py::arg("other"), "A copy of `other`.")
       .def_readwrite("batch_size", &LoaderOptions::batch_size)

@@ -10,9 +10,12 @@
  *
  * Records: every handle, state and JPEG stream from creation to destruction (fake_nvjpeg_objects), each
  * batched decode's backend and size (fake_nvjpeg_batches). Controls: fake_nvjpeg_configure (hardware
- * engines; 0: none), fake_nvjpeg_fail (a named call fails on its n-th use).
+ * engines; 0: none), fake_nvjpeg_fail (a named call fails on its n-th use), fake_nvjpeg_image_ns (the
+ * virtual GPU time each image of a batched decode takes on its stream, in fake_cudart.c's clock).
  * Thread-safe: one mutex around all state. Built for the tests only; never installed. */
+#include <dlfcn.h>
 #include <pthread.h>
+#include <stdint.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -36,6 +39,7 @@ static size_t created[kObjKinds], destroyed[kObjKinds], bad_destroys[kObjKinds];
 static struct { int backend; int count; } batches[FAKE_MAX_BATCHES];
 static size_t batch_count;
 static unsigned engines = 0, cores = 1;
+static uint64_t image_ns; /* virtual GPU time per image of a batched decode */
 static char fail_name[64];
 static int fail_nth, fail_code, fail_seen;
 
@@ -91,6 +95,20 @@ static int is_progressive(const unsigned char* data, size_t length) {
     if (data[i + 1] == 0xDA) return 0;
   }
   return 0;
+}
+
+/* Moves the CUDA runtime double's clock of `stream` (the copy already loaded, FAKE_CUDART_PATH). */
+static void advance(void* stream, uint64_t ns) {
+#ifndef FAKE_CUDART_PATH
+  (void)stream; (void)ns;
+#else
+  if (ns == 0) return;
+  void* cudart = dlopen(FAKE_CUDART_PATH, RTLD_NOW | RTLD_NOLOAD);
+  if (cudart == NULL) return;
+  void (*move)(void*, uint64_t) = (void (*)(void*, uint64_t))dlsym(cudart, "fake_cudart_advance");
+  if (move != NULL) move(stream, ns);
+  dlclose(cudart);
+#endif
 }
 
 int nvjpegCreateEx(int backend, void* dev_allocator, void* pinned_allocator, unsigned flags,
@@ -247,10 +265,19 @@ int nvjpegDecodeBatched(struct handle* handle, struct state* state, const unsign
     }
   }
   tjDestroy(tj);
+  if (result == kSuccess) advance(stream, image_ns * (uint64_t)n);
   return result;
 }
 
 /* --- controls for the tests --- */
+
+/* Each image of a batched decode takes `ns` of the stream's virtual time (fake_cudart.c's clock,
+ * which cudaEventElapsedTime measures); 0, the default: none. */
+void fake_nvjpeg_image_ns(uint64_t ns) {
+  pthread_mutex_lock(&mutex);
+  image_ns = ns;
+  pthread_mutex_unlock(&mutex);
+}
 
 /* Hardware engines (0: none, the hardware backend cannot be created) and cores per engine; forgets the
  * batches recorded. */

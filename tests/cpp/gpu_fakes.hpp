@@ -47,6 +47,8 @@ struct Fakes {
   void (*npp_fail)(const char*, int, int) = nullptr;
   size_t (*resizes)(ResizeRecord*, size_t) = nullptr;
   size_t (*mirrors)() = nullptr;
+  void (*image_ns)(uint64_t) = nullptr;  // virtual GPU time per image of a batched decode
+  void (*not_ready)(int) = nullptr;      // the next n cudaEventElapsedTime calls: not ready
 
   template <typename F>
   static void get(void* library, const char* name, F& out) {
@@ -68,6 +70,8 @@ struct Fakes {
     get(npp, "fake_npp_fail", npp_fail);
     get(npp, "fake_npp_resizes", resizes);
     get(npp, "fake_npp_mirrors", mirrors);
+    get(nvjpeg, "fake_nvjpeg_image_ns", image_ns);
+    get(cudart, "fake_cudart_not_ready", not_ready);
     configure(engines, 1);
     clear_failures();  // npp_fail also clears the resize record
   }
@@ -80,7 +84,10 @@ struct Fakes {
   Fakes(const Fakes&) = delete;
   Fakes& operator=(const Fakes&) = delete;
 
+  // Also back to no GPU time per image and timings always ready.
   void clear_failures() const {
+    image_ns(0);
+    not_ready(0);
     cuda_fail("", 0, 0);
     nvjpeg_fail("", 0, 0);
     npp_fail("", 0, 0);

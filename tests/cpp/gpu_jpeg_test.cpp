@@ -14,6 +14,7 @@
 #include <cstring>
 #include <exception>
 #include <filesystem>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -229,7 +230,7 @@ TEST_CASE(
     CHECK(after[12] - before[12] == (engines > 0 ? 2u : 1u));  // nvJPEG handles
     CHECK(after[18] - before[18] == (engines > 0 ? 8u : 0u));  // nvJPEG JPEG streams
     CHECK(after[6] - before[6] == 1);                           // CUDA streams
-    CHECK(after[9] - before[9] == 2);  // CUDA events: the output's and the staging's
+    CHECK(after[9] - before[9] == 4);  // CUDA events: the output's, the staging's, two timing
   }
 }
 
@@ -357,6 +358,36 @@ TEST_CASE("gpu jpeg: a fixed CPU share of each batch, decoded as the CPU path do
 }
 
 TEST_CASE(
+    "gpu jpeg: the GPU time of a batch, from its submission to its GPU work's end, once it is done") {
+  Fakes fakes(7);
+  Batch batch = mixed_sizes(8);
+  GpuJpegDecoder decoder(fake_libraries(), options(8, Transform::kRandomResizedCrop, 0.25));
+  std::vector<GpuRoute> routes;
+  std::vector<std::exception_ptr> errors;
+  CHECK_FALSE(decoder.gpu_seconds());  // no batch yet
+  // The double's GPU time is virtual: 1 ms per image of a batched decode, for the 6 images the
+  // GPU takes (the CPU's 2 are not in it).
+  fakes.image_ns(1'000'000);
+  decoder.decode(batch.make(0), 0, routes, errors);
+  std::optional<double> seconds = decoder.gpu_seconds();
+  REQUIRE(seconds);
+  CHECK(*seconds == doctest::Approx(0.006).epsilon(1e-4));
+  // While the work runs, nothing (never a wait); the same once it is done.
+  fakes.not_ready(1);
+  CHECK_FALSE(decoder.gpu_seconds());
+  decoder.wait();
+  CHECK(*decoder.gpu_seconds() == doctest::Approx(0.006).epsilon(1e-4));
+  // A batch that fails has none; the next one has its own.
+  fakes.npp_fail("nppiResize_8u_C3R_Ctx", 1, -6);
+  CHECK_THROWS_AS(decoder.decode(batch.make(1), 0, routes, errors), GpuError);
+  CHECK_FALSE(decoder.gpu_seconds());
+  fakes.npp_fail("", 0, 0);
+  fakes.image_ns(500'000);
+  decoder.decode(batch.make(2), 0, routes, errors);
+  CHECK(*decoder.gpu_seconds() == doctest::Approx(0.003).epsilon(1e-4));
+}
+
+TEST_CASE(
     "gpu jpeg: corrupt files get the CPU path's DecodeError, the rest of the batch is decoded") {
   Fakes fakes(7);
   Batch batch = mixed_sizes(4);
@@ -479,7 +510,7 @@ TEST_CASE("gpu jpeg: one device batch per output; a batch stays in its output wh
   }
   const auto after = fakes.objects();
   check_balanced(before, after);
-  CHECK(after[9] - before[9] == 4);  // CUDA events: 3 outputs, the staging
+  CHECK(after[9] - before[9] == 6);  // CUDA events: 3 outputs, the staging, two timing
 }
 
 // On a machine with a GPU and the libraries (PRESTAGE_CUDART, PRESTAGE_NVJPEG, PRESTAGE_NPP or the

@@ -165,10 +165,14 @@ struct LoaderOptions {
 
   // kJpeg with an image_size: where images are decoded (DecodeDevice).
   DecodeDevice decode_device = DecodeDevice::kCpu;
-  // decode_device=kCuda: the fixed fraction of each batch, in [0, 1), decoded by the CPU path (its
-  // last round(share x size) samples) while the GPU decodes the rest; the CPU's pixels are copied
-  // into the device batch. Fixed for now: nothing sizes it at run time yet.
-  double gpu_cpu_share = 0.0;
+  // decode_device=kCuda: the fraction of each batch decoded by the CPU path (its last
+  // round(share x size) samples, on the readers) while the GPU decodes the rest; the CPU's pixels
+  // are copied into the device batch. kAutoShare: sized at run time so that both parts of a batch
+  // finish together, from their measured times (decode/gpu_share.hpp; between 1 and size - 1
+  // samples); it follows the self-tuning's reader steps. A value in [0, 1) given is kept as it is.
+  // Stats::gpu_decode says which share is in use and why.
+  static constexpr double kAutoShare = -1.0;
+  double gpu_cpu_share = kAutoShare;
 
   // kNpz: the member to take from each archive, without ".npy"; empty: the archive's only array.
   std::string array_name;

@@ -118,6 +118,12 @@ GpuJpegDecoder::GpuJpegDecoder(const gpu::Libraries& libraries, const Options& o
     npp_.stream_flags = gpu::kStreamNonBlocking;
     check_cuda(lib_.event_create_with_flags(&staged_, gpu::kEventDisableTiming),
                "cudaEventCreateWithFlags");
+    // Timing events (no cudaEventDisableTiming): the share of each batch the CPU takes is sized
+    // from the GPU's time on its part (decode/gpu_share.hpp).
+    check_cuda(lib_.event_create_with_flags(&began_, gpu::kEventDefault),
+               "cudaEventCreateWithFlags");
+    check_cuda(lib_.event_create_with_flags(&gpu_done_, gpu::kEventDefault),
+               "cudaEventCreateWithFlags");
     ready_.reserve(options_.outputs);
     for (size_t k = 0; k < options_.outputs; ++k) {
       gpu::Event event = nullptr;
@@ -207,7 +213,10 @@ void GpuJpegDecoder::destroy() noexcept {
   for (gpu::Event event : ready_) lib_.event_destroy(event);
   ready_.clear();
   if (staged_ != nullptr) lib_.event_destroy(staged_);
+  if (began_ != nullptr) lib_.event_destroy(began_);
+  if (gpu_done_ != nullptr) lib_.event_destroy(gpu_done_);
   if (stream_ != nullptr) lib_.stream_destroy(stream_);
+  began_ = gpu_done_ = nullptr;
   staged_ = nullptr;
   stream_ = nullptr;
 }
@@ -253,7 +262,9 @@ void GpuJpegDecoder::decode(std::span<const Sample> samples, size_t k,
   routes.assign(n, GpuRoute::kGpu);
   errors.assign(n, nullptr);
   // The previous batch's work reads the staging buffers.
-  check_cuda(lib_.event_synchronize(staged_), "cudaEventSynchronize");
+  wait();
+  timed_ = false;
+  check_cuda(lib_.event_record(began_, stream_), "cudaEventRecord");
   try {
     queue(samples, outputs_[k], routes, errors);
   } catch (...) {
@@ -391,6 +402,9 @@ void GpuJpegDecoder::queue(std::span<const Sample> samples, std::byte* output,
     }
   }
 
+  check_cuda(lib_.event_record(gpu_done_, stream_), "cudaEventRecord");
+  timed_ = true;
+
   // 5. The CPU's samples, decoded as the CPU path does, then copied into their places.
   for (size_t i = 0; i < n; ++i) {
     switch (routes[i]) {
@@ -410,6 +424,19 @@ void GpuJpegDecoder::queue(std::span<const Sample> samples, std::byte* output,
                                  sample_bytes_, gpu::kMemcpyHostToDevice, stream_),
                "cudaMemcpyAsync");
   }
+}
+
+void GpuJpegDecoder::wait() {
+  check_cuda(lib_.event_synchronize(staged_), "cudaEventSynchronize");
+}
+
+std::optional<double> GpuJpegDecoder::gpu_seconds() const {
+  if (!timed_) return std::nullopt;
+  float ms = 0;
+  // Not ready: the work still runs. Any other code: no measurement, which is no reason to fail a
+  // batch whose work was queued.
+  if (lib_.event_elapsed_time(&ms, began_, gpu_done_) != gpu::kCudaSuccess) return std::nullopt;
+  return static_cast<double>(ms) * 1e-3;
 }
 
 void GpuJpegDecoder::decode_cpu_place(const Sample& s, size_t i) {

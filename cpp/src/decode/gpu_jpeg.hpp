@@ -12,6 +12,7 @@
 #include <exception>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -110,6 +111,16 @@ class GpuJpegDecoder {
   // work decode() queued for k, and records ready(k) again. Throws GpuError.
   void upload(size_t k, std::span<const size_t> positions);
 
+  // Waits until the work queued for the last batch (its decode, uploads and CPU copies) is done:
+  // every cpu_place() is then free, and gpu_seconds() known. decode() waits for it anyway. Throws
+  // GpuError.
+  void wait();
+  // The last decode()'s GPU time: seconds from the start of its submission to the completion of its
+  // GPU work (nvJPEG's decode and the crop/resize; not the CPU path's copies queued after), as the
+  // stream's timing events measure it. Empty while that work runs, and when the batch failed or
+  // the runtime cannot say. Never waits.
+  std::optional<double> gpu_seconds() const;
+
   const std::byte* output(size_t k) const noexcept { return outputs_[k]; }  // device memory
   size_t sample_bytes() const noexcept { return sample_bytes_; }
   gpu::Stream stream() const noexcept { return stream_; }
@@ -141,6 +152,9 @@ class GpuJpegDecoder {
   gpu::Stream stream_ = nullptr;
   std::vector<gpu::Event> ready_;           // per output: its batch's work is done
   gpu::Event staged_ = nullptr;             // the last batch's work is done with the staging
+  gpu::Event began_ = nullptr;              // timing: the last batch's submission began
+  gpu::Event gpu_done_ = nullptr;           // timing: its GPU decode and resize are done
+  bool timed_ = false;                      // both recorded for the last batch
   gpu::NvjpegHandle hw_handle_ = nullptr;   // null: no hardware engine
   gpu::NvjpegState hw_state_ = nullptr;
   gpu::NvjpegHandle handle_ = nullptr;      // the default backend

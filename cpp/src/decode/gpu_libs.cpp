@@ -136,6 +136,7 @@ void Libraries::bind_all() {
   bind(rt, "cudaEventCreateWithFlags", event_create_with_flags, missing);
   bind(rt, "cudaEventRecord", event_record, missing);
   bind(rt, "cudaEventSynchronize", event_synchronize, missing);
+  bind(rt, "cudaEventElapsedTime", event_elapsed_time, missing);
   bind(rt, "cudaEventDestroy", event_destroy, missing);
   bind(rt, "cudaGetErrorString", get_error_string, missing);
   if (!missing.empty()) {

@@ -20,6 +20,8 @@ namespace prestage::detail::gpu {
 using Stream = void*;  // cudaStream_t
 using Event = void*;   // cudaEvent_t
 inline constexpr int kCudaSuccess = 0;
+inline constexpr int kCudaErrorNotReady = 600;             // cudaErrorNotReady
+inline constexpr unsigned kEventDefault = 0x00;            // cudaEventDefault: timing on
 inline constexpr unsigned kStreamNonBlocking = 0x01;       // cudaStreamNonBlocking
 inline constexpr unsigned kEventDisableTiming = 0x02;      // cudaEventDisableTiming
 inline constexpr unsigned kHostAllocPortable = 0x01;       // cudaHostAllocPortable
@@ -119,6 +121,8 @@ class Libraries {
   int (*event_create_with_flags)(Event*, unsigned) = nullptr;
   int (*event_record)(Event, Stream) = nullptr;
   int (*event_synchronize)(Event) = nullptr;
+  // cudaEventElapsedTime(ms, start, end): kCudaErrorNotReady while `end` has not completed.
+  int (*event_elapsed_time)(float*, Event, Event) = nullptr;
   int (*event_destroy)(Event) = nullptr;
   const char* (*get_error_string)(int) = nullptr;
 
