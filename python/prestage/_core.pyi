@@ -138,6 +138,7 @@ class LoaderOptions:
 
     FIT_FREE_SPACE: ClassVar[int]
     WAIT_FOR_STAGING: ClassVar[int]
+    AUTO_SHARE: ClassVar[float]
     batch_size: int
     image_size: Optional[Tuple[int, int]]
     decode: DecodeMode
