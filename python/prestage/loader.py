@@ -192,6 +192,13 @@ class Loader:
             not wander; at least one sample on each side so both stay measured; it follows the
             self-tuning's reader steps at once). A number in [0, 1) is kept as it is.
             ``stats()["gpu_decode"]`` gives the share in use and why.
+        gpu_crop: with ``decode_device="cuda"``, for the images on nvJPEG's hardware engine: where
+            the crop box is applied. ``"resize"``: the engine decodes whole images and NPP's resize
+            reads the box out of them; ``"roi"``: the engine decodes only the box (a region per
+            image; one it cannot take so goes whole to the CUDA backend) and NPP resizes it;
+            ``"auto"`` (the default): the first batches are timed each way on the GPU and the
+            faster is kept (``stats()["gpu_decode"]["crop"]``, ``"crop_why"``). Without a hardware
+            engine, or without nvJPEG's region calls, ``"resize"``.
         tuned: a JSON file written by ``prestage tune``. Of ``prefetchers``, ``readers``,
             ``lookahead`` and ``depth``, those not passed to this call take the file's values; one
             passed always wins, even when it equals its default (precedence: the call, then the
@@ -414,9 +421,10 @@ class Loader:
         the staging buffers and ``decoders`` made, one per ring slot; ``share``: the CPU's share of
         the next batches, ``share_auto``: sized at run time, ``share_why``: from what,
         ``share_moves``, and the smoothed times per image ``gpu_ms_per_image`` (the GPU's part,
-        submission to completion) and ``cpu_ms_per_image`` (the CPU's, the readers' wall time)).
-        Any thread; after ``close()``, the
-        figures at closing."""
+        submission to completion) and ``cpu_ms_per_image`` (the CPU's, the readers' wall time);
+        ``crop``: ``"resize"`` or ``"roi"`` (``"trying"`` while the first batches are timed),
+        ``crop_why``, and ``roi``: the images of which only the crop box was decoded). Any thread;
+        after ``close()``, the figures at closing."""
         loader = self._loader
         if loader is None:
             return self._final_stats

@@ -86,6 +86,7 @@ class Options(ImageOptions, total=False):
     raw_shape: Union[int, Sequence[int], None]
     decode_device: Literal["cpu", "cuda"]
     gpu_cpu_share: Optional[float]
+    gpu_crop: Literal["auto", "resize", "roi"]
 
 
 _TUNED = ("prefetchers", "readers", "lookahead", "depth")
@@ -321,6 +322,7 @@ _CONVERT: Dict[str, Callable[[_core.LoaderOptions, str, Any], None]] = {
     "raw_shape": _raw_shape,
     "decode_device": _enum(_core.DecodeDevice),
     "gpu_cpu_share": _share,
+    "gpu_crop": _enum(_core.GpuCrop),
     "trace": _text("trace"),
     "peers": _flag,
     "peer_timeout": _peer_timeout,

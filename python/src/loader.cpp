@@ -111,7 +111,9 @@ constexpr auto kGpuDecodeFields = std::make_tuple(
     field("share_why", &Stats::GpuDecode::share_why),
     field("share_moves", &Stats::GpuDecode::share_moves),
     field("gpu_ms_per_image", &Stats::GpuDecode::gpu_ms_per_image),
-    field("cpu_ms_per_image", &Stats::GpuDecode::cpu_ms_per_image));
+    field("cpu_ms_per_image", &Stats::GpuDecode::cpu_ms_per_image),
+    field("crop", &Stats::GpuDecode::crop), field("crop_why", &Stats::GpuDecode::crop_why),
+    field("roi", &Stats::GpuDecode::roi));
 
 constexpr auto kSkippedFields = std::make_tuple(
     field("path", &SkippedSample::path), field("error", &SkippedSample::error),
@@ -210,6 +212,10 @@ void register_loader(py::module_& m) {
   py::enum_<DecodeDevice>(m, "DecodeDevice")
       .value("cpu", DecodeDevice::kCpu)
       .value("cuda", DecodeDevice::kCuda);
+  py::enum_<GpuCrop>(m, "GpuCrop")
+      .value("auto", GpuCrop::kAuto)
+      .value("resize", GpuCrop::kResize)
+      .value("roi", GpuCrop::kRoi);
 
   py::enum_<OnError>(m, "OnError").value("raise", OnError::kRaise).value("skip", OnError::kSkip);
 
@@ -295,6 +301,7 @@ prestage.options for how the Python arguments become these fields). validate() i
       .def_readwrite("trace", &LoaderOptions::trace)
       .def_readwrite("decode_device", &LoaderOptions::decode_device)
       .def_readwrite("gpu_cpu_share", &LoaderOptions::gpu_cpu_share)
+      .def_readwrite("gpu_crop", &LoaderOptions::gpu_crop)
       .def("validate", &LoaderOptions::validate, R"doc(
 Raises prestage.ConfigError naming the first invalid option: the one place options are checked.
 

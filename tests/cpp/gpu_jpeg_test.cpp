@@ -9,6 +9,7 @@
 #include <turbojpeg.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -385,6 +386,102 @@ TEST_CASE(
   fakes.image_ns(500'000);
   decoder.decode(batch.make(2), 0, routes, errors);
   CHECK(*decoder.gpu_seconds() == doctest::Approx(0.003).epsilon(1e-4));
+}
+
+TEST_CASE(
+    "gpu jpeg: region decode: the engine decodes each crop box (nvjpegDecodeBatchedEx), NPP resizes "
+    "it whole; the same pixels as NPP reading the box out of the whole image") {
+  for (Transform transform : {Transform::kRandomResizedCrop, Transform::kCenterCrop}) {
+    CAPTURE(static_cast<int>(transform));
+    Fakes fakes(7);
+    const auto before = fakes.objects();
+    Batch batch = mixed_sizes(6);
+    batch.add(jpeg(120, 80, 9, TJSAMP_420, TJFLAG_PROGRESSIVE));  // the engine declines it
+    auto o = options(8, transform);
+    o.roi = true;
+    {
+      GpuJpegDecoder decoder(fake_libraries(), o);
+      REQUIRE(decoder.roi_available());
+      std::vector<GpuRoute> routes;
+      std::vector<std::exception_ptr> errors;
+      auto& samples = batch.make(2);
+      // Whole images first (the resize way), kept as the reference.
+      decoder.decode(samples, 0, routes, errors, /*roi=*/false);
+      const std::vector<uint8_t> whole(sample_at(decoder, 0),
+                                       sample_at(decoder, 0) + 7 * decoder.sample_bytes());
+      CHECK(decoder.counters().roi == 0);
+      CHECK(fakes.roi_log().empty());
+      fakes.npp_fail("", 0, 0);  // forgets the resizes recorded
+      decoder.decode(samples, 0, routes, errors, /*roi=*/true);
+      CHECK(std::memcmp(sample_at(decoder, 0), whole.data(), whole.size()) == 0);
+      // The six baseline images: their boxes decoded by the engine, in one Ex call; the
+      // progressive one whole, on the default backend, its box read by NPP.
+      for (size_t i = 0; i < 6; ++i) CHECK(routes[i] == GpuRoute::kHardware);
+      CHECK(routes[6] == GpuRoute::kGpu);
+      CHECK(decoder.counters().roi == 6);
+      const auto rois = fakes.roi_log();
+      const auto resizes = fakes.resize_log();
+      REQUIRE(rois.size() == 6);
+      REQUIRE(resizes.size() == 7);
+      for (size_t i = 0; i < 7; ++i) {
+        CAPTURE(i);
+        int h = 0, w = 0;
+        {
+          tjhandle tj = tjInitDecompress();
+          int samp = 0, colorspace = 0;
+          REQUIRE(tjDecompressHeader3(
+                      tj, reinterpret_cast<const unsigned char*>(batch.files[i].data()),
+                      static_cast<unsigned long>(batch.files[i].size()), &w, &h, &samp,
+                      &colorspace) == 0);
+          tjDestroy(tj);
+        }
+        const CropBox box =
+            transform == Transform::kRandomResizedCrop
+                ? prestage::detail::random_resized_crop(o.seed, 2, 100 + i, h, w)
+                : prestage::detail::centre_crop_box(h, w, o.size);
+        if (i < 6) {
+          CHECK(rois[i] == std::array<int, 4>{box.left, box.top, box.width, box.height});
+          // NPP resizes the decoded box whole.
+          CHECK(resizes[i].x == 0);
+          CHECK(resizes[i].y == 0);
+        } else {
+          CHECK(resizes[i].x == box.left);
+          CHECK(resizes[i].y == box.top);
+        }
+        CHECK(resizes[i].width == box.width);
+        CHECK(resizes[i].height == box.height);
+      }
+    }
+    const auto after = fakes.objects();
+    check_balanced(before, after);
+    // One decode parameter object per batch place, made once.
+    CHECK(prestage::test::created(before, after, prestage::test::kDecodeParams) == 8);
+  }
+}
+
+TEST_CASE("gpu jpeg: no region decode without a hardware engine or without Options::roi") {
+  Fakes none(0);
+  auto o = options(8, Transform::kRandomResizedCrop);
+  o.roi = true;
+  Batch batch = mixed_sizes(4);
+  const auto before = none.objects();
+  {
+    GpuJpegDecoder decoder(fake_libraries(), o);
+    CHECK_FALSE(decoder.roi_available());
+    std::vector<GpuRoute> routes;
+    std::vector<std::exception_ptr> errors;
+    decoder.decode(batch.make(0), 0, routes, errors, /*roi=*/true);  // whole, on the default backend
+    CHECK(decoder.counters().roi == 0);
+    CHECK(decoder.counters().gpu == 4);
+    CHECK(none.roi_log().empty());
+  }
+  o.roi = false;
+  Fakes engines(7);
+  {
+    GpuJpegDecoder decoder(fake_libraries(), o);
+    CHECK_FALSE(decoder.roi_available());
+  }
+  CHECK(prestage::test::created(before, engines.objects(), prestage::test::kDecodeParams) == 0);
 }
 
 TEST_CASE(

@@ -21,6 +21,7 @@
 #include <tuple>
 #include <vector>
 
+#include "decode/gpu_share.hpp"
 #include "decode/transform.hpp"
 #include "prestage/prestage.hpp"
 #include "gpu_fakes.hpp"
@@ -82,6 +83,7 @@ LoaderOptions gpu_options(uint64_t batch_size, uint64_t readers) {
   o.transform = Transform::kRandomResizedCrop;
   o.decode_device = DecodeDevice::kCuda;
   o.gpu_cpu_share = 0.0;  // all on the GPU unless a test says otherwise
+  o.gpu_crop = prestage::GpuCrop::kResize;  // whole images, NPP crops (unless a test says)
   return o;
 }
 
@@ -460,6 +462,52 @@ TEST_CASE(
     CHECK(prestage::test::created_since(warm, fakes.objects()) == 0);
     CHECK(loader.stats().gpu_decode.buffer_growths == growths);
     CHECK(loader.stats().gpu_decode.share_auto);
+  }
+  check_balanced(before, fakes.objects());
+}
+
+TEST_CASE(
+    "gpu loader: gpu_crop=auto keeps whichever way measures faster on the first batches; a way "
+    "given is used throughout") {
+  TempDir dir;
+  make_smooth_folder(dir / "data", 2, 16);  // 32 images: 4 batches of 8 per epoch
+  const Catalog cat = Catalog::from_folder(dir / "data");
+  Fakes fakes(7);
+  const auto before = fakes.objects();
+  // Whole images take 1 ms each on the double's GPU; regions 0.4 or 2.5 ms.
+  for (const uint64_t roi_ns : {400'000u, 2'500'000u}) {
+    CAPTURE(roi_ns);
+    fakes.image_ns(1'000'000);
+    fakes.roi_image_ns(roi_ns);
+    LoaderOptions o = gpu_options(8, 2);
+    o.gpu_crop = prestage::GpuCrop::kAuto;
+    const prestage::Stats stats = run_epochs(cat, o, 4);
+    const auto& g = stats.gpu_decode;
+    CAPTURE(g.crop_why);
+    CHECK(g.crop == (roi_ns < 1'000'000 ? "roi" : "resize"));
+    CHECK(g.crop_why.rfind("measured", 0) == 0);
+    // At least the trials decoded regions; with regions kept, every batch after them too.
+    CHECK(g.roi >= 8 * prestage::detail::GpuCropChoice::kTrials);
+    if (roi_ns < 1'000'000) CHECK(g.roi >= g.hardware / 2);
+    if (roi_ns > 1'000'000) CHECK(g.roi <= 8 * (prestage::detail::GpuCropChoice::kTrials + 3));
+  }
+  for (const auto given : {prestage::GpuCrop::kRoi, prestage::GpuCrop::kResize}) {
+    LoaderOptions o = gpu_options(8, 2);
+    o.gpu_crop = given;
+    const prestage::Stats stats = run_epochs(cat, o, 2);
+    const auto& g = stats.gpu_decode;
+    CHECK(g.crop == (given == prestage::GpuCrop::kRoi ? "roi" : "resize"));
+    CHECK(g.crop_why.rfind("given", 0) == 0);
+    CHECK(g.hardware == stats.decode.items);
+    CHECK(g.roi == (given == prestage::GpuCrop::kRoi ? g.hardware : 0));
+  }
+  {
+    Fakes no_engine(0);
+    LoaderOptions o = gpu_options(8, 2);
+    o.gpu_crop = prestage::GpuCrop::kAuto;
+    const prestage::Stats stats = run_epochs(cat, o, 1);
+    CHECK(stats.gpu_decode.crop == "resize");
+    CHECK(stats.gpu_decode.roi == 0);
   }
   check_balanced(before, fakes.objects());
 }

@@ -2,11 +2,14 @@
 // GPU): the GPU's part takes a fixed cost plus a time per image, the CPU's part a wall time per
 // image; the balance, where both take the same time, is solved here in closed form and the share
 // must settle there from either side, stay put under noise, follow a change of readers, and never
-// move when it was given.
+// move when it was given. And the choice between NPP reading the crop box out of whole images and
+// nvJPEG decoding only the box, by the first batches' times.
 #include <doctest/doctest.h>
 
 #include <cmath>
 #include <cstdint>
+#include <string>
+#include <vector>
 
 #include "decode/gpu_share.hpp"
 
@@ -174,4 +177,54 @@ TEST_CASE("gpu share: the CPU's count of a batch: round(share x n); sized at run
   for (int b = 0; b < 20; ++b) gpu_slow.run(slow);
   CHECK(slow.share() > 0.99);
   CHECK(slow.cpu_count(256) == 255);
+}
+
+TEST_CASE("gpu crop: auto times each way in turn on the first batches and keeps the faster") {
+  using prestage::GpuCrop;
+  using prestage::detail::GpuCropChoice;
+  for (const double roi_ms : {0.5, 2.0}) {  // resize takes 1 ms per image
+    CAPTURE(roi_ms);
+    GpuCropChoice choice(GpuCrop::kAuto, true);
+    CHECK(choice.report().crop == GpuCrop::kAuto);
+    std::vector<GpuCrop> tried;
+    for (uint64_t b = 0; b < 2 * GpuCropChoice::kTrials; ++b) {
+      const GpuCrop way = choice.next();
+      tried.push_back(way);
+      // The first batch of each way is slow (allocations): the best of the trials decides.
+      const double ms = (way == GpuCrop::kRoi ? roi_ms : 1.0) * (b < 2 ? 5 : 1);
+      choice.observe(way, 100, ms * 100 * 1e-3);
+    }
+    // In turn, resize first.
+    for (size_t b = 0; b < tried.size(); ++b) {
+      CHECK(tried[b] == (b % 2 == 0 ? GpuCrop::kResize : GpuCrop::kRoi));
+    }
+    const GpuCrop faster = roi_ms < 1.0 ? GpuCrop::kRoi : GpuCrop::kResize;
+    CHECK(choice.report().crop == faster);
+    CHECK(choice.report().why.rfind("measured", 0) == 0);
+    for (int b = 0; b < 10; ++b) CHECK(choice.next() == faster);
+    // Later times change nothing.
+    choice.observe(faster, 100, 10.0);
+    CHECK(choice.report().crop == faster);
+  }
+}
+
+TEST_CASE("gpu crop: a way given is used without trials; no region decode here means resize") {
+  using prestage::GpuCrop;
+  using prestage::detail::GpuCropChoice;
+  GpuCropChoice roi(GpuCrop::kRoi, true);
+  GpuCropChoice resize(GpuCrop::kResize, true);
+  for (int b = 0; b < 10; ++b) {
+    CHECK(roi.next() == GpuCrop::kRoi);
+    CHECK(resize.next() == GpuCrop::kResize);
+    roi.observe(GpuCrop::kRoi, 10, 1.0);
+    resize.observe(GpuCrop::kResize, 10, 1.0);
+  }
+  CHECK(roi.report().why == "given: roi");
+  GpuCropChoice unable(GpuCrop::kAuto, false);
+  CHECK(unable.next() == GpuCrop::kResize);
+  CHECK(unable.report().crop == GpuCrop::kResize);
+  GpuCropChoice later(GpuCrop::kRoi, true);
+  later.roi_unavailable();  // a decoder found no hardware engine
+  CHECK(later.next() == GpuCrop::kResize);
+  CHECK(later.report().why.find("roi given") != std::string::npos);
 }

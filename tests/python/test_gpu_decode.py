@@ -271,3 +271,52 @@ def test_gpu_cpu_share_values(folder):
     for bad in (-0.5, 1.0, "half", True):
         with pytest.raises(prestage.ConfigError, match="gpu_cpu_share"):
             prestage.Loader(cat, batch_size=4, image_size=(16, 16), gpu_cpu_share=bad)
+
+
+_CROP = textwrap.dedent("""
+    import ctypes, json, sys
+    import prestage
+    root, libs, crop = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3]
+    nvjpeg = ctypes.CDLL(libs["nvjpeg"])  # the loader's own copy (same path)
+    nvjpeg.fake_nvjpeg_configure(7, 1)  # a hardware engine
+    nvjpeg.fake_nvjpeg_image_ns(ctypes.c_uint64(1_000_000))
+    nvjpeg.fake_nvjpeg_roi_image_ns(ctypes.c_uint64(300_000))  # regions: faster
+    cat = prestage.Catalog.from_folder(root)
+    with prestage.Loader(cat, batch_size=4, image_size=(24, 32), readers=2, depth=3,
+                         transform="random-resized-crop", gpu_cpu_share=0, decode_device="cuda",
+                         gpu_crop=crop) as loader:
+        for epoch in range(3):
+            loader.set_epoch(epoch)
+            for batch in loader:
+                del batch
+        loader.close()
+        print(json.dumps(loader.stats()["gpu_decode"]))
+""")
+
+
+@pytest.mark.parametrize("crop", ["auto", "resize", "roi"])
+def test_gpu_crop_auto_keeps_the_faster_way_a_way_given_stays(make_folder, fake_gpu_libs, crop):
+    root = make_folder(2, 8)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PRESTAGE_", "FAKE_"))}
+    env.update({"PRESTAGE_CUDART": str(fake_gpu_libs["cudart"]),
+                "PRESTAGE_NVJPEG": str(fake_gpu_libs["nvjpeg"]),
+                "PRESTAGE_NPP": str(fake_gpu_libs["npp"])})
+    done = subprocess.run([sys.executable, "-c", _CROP, str(root),
+                           json.dumps({k: str(v) for k, v in fake_gpu_libs.items()}), crop],
+                          env=env, capture_output=True, text=True, timeout=300)
+    s = report(done)
+    assert s["hardware"] >= 3 * 16
+    if crop == "resize":
+        assert s["crop"] == "resize" and s["roi"] == 0 and s["crop_why"].startswith("given")
+    elif crop == "roi":
+        assert s["crop"] == "roi" and s["roi"] == s["hardware"] and s["crop_why"].startswith("given")
+    else:  # regions take 0.3 ms per image on the double's GPU, whole images 1 ms
+        assert s["crop"] == "roi" and s["crop_why"].startswith("measured")
+        assert s["roi"] >= s["hardware"] // 2
+
+
+def test_gpu_crop_values(folder):
+    cat = prestage.Catalog.from_folder(folder)
+    assert prestage.Loader(cat, batch_size=4).options.gpu_crop == prestage._core.GpuCrop.auto
+    with pytest.raises(prestage.ConfigError, match="gpu_crop"):
+        prestage.Loader(cat, batch_size=4, image_size=(16, 16), gpu_crop="npp")

@@ -74,6 +74,17 @@ enum class DecodeDevice {
   kCuda,
 };
 
+// decode_device=kCuda, images on nvJPEG's hardware engine: where the crop box is applied.
+enum class GpuCrop {
+  // The first batches are timed each way (the GPU's time per image, kResize and kRoi in turn) and
+  // the faster is kept (Stats::gpu_decode.crop says which and why). Without a hardware engine, or
+  // without nvJPEG's per-image parameters (nvjpegDecodeBatchedEx), kResize without trials.
+  kAuto,
+  kResize,  // nvJPEG decodes the whole image; NPP's resize reads the box out of it
+  kRoi,     // nvJPEG decodes only the box (a region per image); NPP resizes all of it. Images
+            // the engine cannot take with their region go to the CUDA backend, as kResize.
+};
+
 struct ImageSize {
   uint32_t height = 0;
   uint32_t width = 0;
@@ -173,6 +184,8 @@ struct LoaderOptions {
   // Stats::gpu_decode says which share is in use and why.
   static constexpr double kAutoShare = -1.0;
   double gpu_cpu_share = kAutoShare;
+  // decode_device=kCuda: where the crop box is applied on the hardware engine (GpuCrop).
+  GpuCrop gpu_crop = GpuCrop::kAuto;
 
   // kNpz: the member to take from each archive, without ".npy"; empty: the archive's only array.
   std::string array_name;

@@ -155,6 +155,12 @@ struct Stats {
     uint64_t share_moves = 0;
     double gpu_ms_per_image = 0;
     double cpu_ms_per_image = 0;
+    // Where the hardware engine applies the crop boxes (LoaderOptions::gpu_crop): "resize" or
+    // "roi" ("trying" while the first batches are timed each way), why, and the images of which
+    // only the box was decoded (of `hardware`).
+    std::string crop;
+    std::string crop_why;
+    uint64_t roi = 0;
   };
   GpuDecode gpu_decode;
 

@@ -70,6 +70,7 @@ struct BatchDecoder::GpuSlot {
       : decoder(libraries, options) {}
   GpuJpegDecoder decoder;
   std::optional<GpuShareSample> pending;  // the last batch's times, its GPU time still unknown
+  GpuCrop pending_crop = GpuCrop::kResize;  // the way that batch applied its crop boxes
 };
 
 // One batch's decode: the three steps, each sample's size and fill by codec, and replacement.
@@ -381,6 +382,7 @@ class BatchDecoder::Run {
       gpu.wait();
       d_.measure(slot_gpu);
       const GpuJpegDecoder::Counters before = gpu.counters();
+      const GpuCrop crop = d_.crop_->next();
       std::exception_ptr gpu_failure;
       s_.share_errors.assign(n, nullptr);
       // The share's wall time: its first start to its last end, on whichever readers took it.
@@ -395,7 +397,7 @@ class BatchDecoder::Run {
             if (i == 0) {
               try {
                 on_device();
-                gpu.decode(s_.gpu_samples, 0, s_.routes, s_.gpu_errors);
+                gpu.decode(s_.gpu_samples, 0, s_.routes, s_.gpu_errors, crop == GpuCrop::kRoi);
               } catch (...) {
                 gpu_failure = std::current_exception();
               }
@@ -436,6 +438,7 @@ class BatchDecoder::Run {
         }
         gpu.upload(0, s_.cpu_positions);
       }
+      slot_gpu.pending_crop = crop;
       slot_gpu.pending = GpuShareSample{
           gpu_count, 0, cpu_count,
           cpu_count > 0 ? static_cast<double>(last_end.load() - first_start.load()) * 1e-9 : 0};
@@ -582,12 +585,16 @@ BatchDecoder::BatchDecoder(const LoaderOptions& options, const Codec& codec, Ima
   gpu_options_.cpu_share = 0.0;  // the CPU's share is decoded on the readers (Run::gpu_run)
   gpu_options_.outputs = 1;  // one decoder per ring slot: its device batch is the slot's
   share_ = std::make_unique<GpuShare>(options.gpu_cpu_share, options.readers);
+  gpu_options_.roi = options.gpu_crop != GpuCrop::kResize;
+  crop_ = std::make_unique<GpuCropChoice>(options.gpu_crop, libraries.roi());
   gpu_ = &libraries;
 }
 
 BatchDecoder::GpuSlot& BatchDecoder::gpu_slot(Slot& slot) {
   if (!slot.gpu) {
-    slot.gpu = std::make_shared<GpuSlot>(*gpu_, gpu_options_);
+    auto made = std::make_shared<GpuSlot>(*gpu_, gpu_options_);
+    if (!made->decoder.roi_available()) crop_->roi_unavailable();
+    slot.gpu = std::move(made);
     gpu_decoders_.fetch_add(1, std::memory_order_relaxed);
   }
   return *static_cast<GpuSlot*>(slot.gpu.get());
@@ -599,6 +606,7 @@ void BatchDecoder::measure(GpuSlot& gpu) {
   if (!seconds) return;
   gpu.pending->gpu_s = *seconds;
   share_->observe(*gpu.pending);
+  crop_->observe(gpu.pending_crop, gpu.pending->gpu_images, *seconds);
   gpu.pending.reset();
 }
 
@@ -615,6 +623,7 @@ void BatchDecoder::count_gpu(const GpuJpegDecoder::Counters& before,
   add(gpu_cpu_unsupported_, before.cpu_unsupported, after.cpu_unsupported);
   add(gpu_cpu_failed_, before.cpu_gpu_failed, after.cpu_gpu_failed);
   add(gpu_growths_, before.buffer_growths, after.buffer_growths);
+  add(gpu_roi_, before.roi, after.roi);
 }
 
 Stats::GpuDecode BatchDecoder::gpu_stats() const {
@@ -639,6 +648,10 @@ Stats::GpuDecode BatchDecoder::gpu_stats() const {
   g.share_moves = share.moves;
   g.gpu_ms_per_image = share.gpu_ms_per_image;
   g.cpu_ms_per_image = share.cpu_ms_per_image;
+  const GpuCropChoice::Report crop = crop_->report();
+  g.crop = crop.crop == GpuCrop::kRoi ? "roi" : crop.crop == GpuCrop::kResize ? "resize" : "trying";
+  g.crop_why = crop.why;
+  g.roi = get(gpu_roi_);
   return g;
 }
 

@@ -143,10 +143,11 @@ class BatchDecoder {
   int gpu_device_ = 0;                     // the CUDA device the decoders use
   GpuJpegDecoder::Options gpu_options_;
   std::unique_ptr<GpuShare> share_;      // decode_device=cuda: the CPU's share of each batch
+  std::unique_ptr<GpuCropChoice> crop_;  // decode_device=cuda: where the crop box is applied
   // The GPU decoders' counters, summed; replacements decoded by the CPU path; decoders made.
   std::atomic<uint64_t> gpu_batches_{0}, gpu_hardware_{0}, gpu_gpu_{0}, gpu_cpu_share_{0},
       gpu_cpu_unsupported_{0}, gpu_cpu_failed_{0}, gpu_replacements_{0}, gpu_growths_{0},
-      gpu_decoders_{0};
+      gpu_roi_{0}, gpu_decoders_{0};
   Gate gate_;
 };
 

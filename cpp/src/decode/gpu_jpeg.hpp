@@ -58,6 +58,9 @@ class GpuJpegDecoder {
     uint64_t max_pixels = 0;  // larger images go to the CPU path (which refuses them)
     double cpu_share = 0.0;                  // in [0, 1): the last round(share * n) go to the CPU
     size_t outputs = 1;  // device batches, each with its event: one per slot of the batch ring
+    // Make what decode(..., roi=true) needs (a decode parameter object per batch place), where
+    // there is a hardware engine and the library has the calls (gpu::Libraries::roi()).
+    bool roi = false;
   };
   struct Sample {
     std::span<const std::byte> jpeg;  // host memory, valid during decode()
@@ -72,6 +75,7 @@ class GpuJpegDecoder {
     uint64_t cpu_share = 0;
     uint64_t cpu_unsupported = 0;
     uint64_t cpu_gpu_failed = 0;
+    uint64_t roi = 0;             // of `hardware`, images of which only the crop box was decoded
     uint64_t buffer_growths = 0;  // times a staging buffer grew (0 after the first batches)
   };
 
@@ -91,8 +95,13 @@ class GpuJpegDecoder {
   // discipline). routes[i] says where sample i went; errors[i] holds the CPU path's error for a
   // sample it could not decode (its place in output(k) is then undefined), else null. Throws
   // GpuError if a CUDA or NPP call fails (output(k) is then undefined).
+  // `roi` (where roi_available()): the hardware engine decodes only each image's crop box, which
+  // NPP then resizes whole (GpuCrop::kRoi); else it decodes whole images and NPP's resize reads
+  // the box (kResize). An image the engine cannot take with its box goes to the default backend,
+  // decoded whole.
   void decode(std::span<const Sample> samples, size_t k, std::vector<GpuRoute>& routes,
-              std::vector<std::exception_ptr>& errors);
+              std::vector<std::exception_ptr>& errors, bool roi = false);
+  bool roi_available() const noexcept { return !params_.empty(); }
 
   // Decodes `sample` by the CPU path into place i of output(k), after the work decode() queued for
   // k, and records ready(k) again: for a sample decode() left undecoded (its replacement under
@@ -130,7 +139,7 @@ class GpuJpegDecoder {
 
  private:
   void queue(std::span<const Sample> samples, std::byte* output, std::vector<GpuRoute>& routes,
-             std::vector<std::exception_ptr>& errors);
+             std::vector<std::exception_ptr>& errors, bool roi);
   void check_cuda(int code, const char* call) const;
   void check_nvjpeg(int code, const char* call) const;
   // A buffer of at least `needed` bytes (half as much again, 1 MiB at least), `release`d and
@@ -160,6 +169,7 @@ class GpuJpegDecoder {
   gpu::NvjpegHandle handle_ = nullptr;      // the default backend
   gpu::NvjpegState state_ = nullptr;
   std::vector<gpu::NvjpegStream> streams_;  // max_batch, with hw_handle_ (parsing for the check)
+  std::vector<gpu::NvjpegParams> params_;   // max_batch, with hw_handle_, where Options::roi
   std::byte* input_ = nullptr;              // pinned: the batch's compressed bytes
   size_t input_capacity_ = 0;
   std::byte* decoded_ = nullptr;            // device: the batch's full decoded images

@@ -89,4 +89,66 @@ GpuShare::Report GpuShare::report() const {
   return r;
 }
 
+GpuCropChoice::GpuCropChoice(GpuCrop given, bool roi_available) : crop_(given) {
+  if (given == GpuCrop::kResize) {
+    why_ = "given: resize";
+  } else if (!roi_available) {
+    crop_ = GpuCrop::kResize;
+    why_ = given == GpuCrop::kRoi
+               ? "roi given, but nvJPEG cannot decode regions here (no hardware engine, or no "
+                 "nvjpegDecodeBatchedEx): resize"
+               : "resize: nvJPEG cannot decode regions here (no hardware engine, or no "
+                 "nvjpegDecodeBatchedEx)";
+  } else if (given == GpuCrop::kRoi) {
+    why_ = "given: roi";
+  } else {
+    why_ = "trying each way on the first batches";
+  }
+}
+
+void GpuCropChoice::roi_unavailable() {
+  std::lock_guard lock(mutex_);
+  if (crop_ == GpuCrop::kResize) return;  // given or measured: nothing region-only to stop
+  why_ = why_ == "given: roi"
+             ? "roi given, but nvJPEG cannot decode regions here (no hardware engine): resize"
+             : "resize: nvJPEG cannot decode regions here (no hardware engine)";
+  crop_ = GpuCrop::kResize;
+}
+
+GpuCrop GpuCropChoice::next() {
+  std::lock_guard lock(mutex_);
+  if (crop_ != GpuCrop::kAuto) return crop_;
+  const GpuCrop pick = roi_.begun < resize_.begun ? GpuCrop::kRoi : GpuCrop::kResize;
+  ++way(pick).begun;
+  return pick;
+}
+
+void GpuCropChoice::observe(GpuCrop used, uint64_t images, double gpu_s) {
+  if (images == 0 || gpu_s < 0) return;
+  std::lock_guard lock(mutex_);
+  if (crop_ != GpuCrop::kAuto || used == GpuCrop::kAuto) return;
+  Way& w = way(used);
+  const double per_image = gpu_s / static_cast<double>(images);
+  w.best_s = w.timed == 0 ? per_image : std::min(w.best_s, per_image);
+  ++w.timed;
+  decide();
+}
+
+void GpuCropChoice::decide() {
+  if (resize_.timed < kTrials || roi_.timed < kTrials) return;
+  crop_ = roi_.best_s < resize_.best_s ? GpuCrop::kRoi : GpuCrop::kResize;
+  char text[200];
+  std::snprintf(text, sizeof(text),
+                "measured: %s (best of %llu batches each: resize %.3f ms/image, roi %.3f "
+                "ms/image on the GPU)",
+                crop_ == GpuCrop::kRoi ? "roi" : "resize",
+                static_cast<unsigned long long>(kTrials), resize_.best_s * 1e3, roi_.best_s * 1e3);
+  why_ = text;
+}
+
+GpuCropChoice::Report GpuCropChoice::report() const {
+  std::lock_guard lock(mutex_);
+  return Report{crop_, why_};
+}
+
 }  // namespace prestage::detail

@@ -22,6 +22,8 @@
 #include <mutex>
 #include <string>
 
+#include "prestage/options.hpp"
+
 namespace prestage::detail {
 
 // What one batch's two parts took.
@@ -84,6 +86,46 @@ class GpuShare {
   uint64_t readers_ = 1;
   uint64_t batches_ = 0;
   uint64_t moves_ = 0;
+};
+
+// decode_device=cuda, GpuCrop::kAuto: whether the hardware engine decodes whole images (NPP's
+// resize reads the crop box) or only the boxes (nvJPEG's region decode), whichever measures faster:
+// the first batches go kTrials each way, in turn, timed as the share's GPU part is (seconds per
+// image of the GPU's part), and the way with the lower best time is kept from then on. The best
+// (not the mean) of each way's trials, so that the first batch's allocations and a noisy one do not
+// decide. A way given (kResize, kRoi) is used without trials; where region decode is not available
+// (no hardware engine, or the library lacks the calls) kResize is. Thread-safe.
+class GpuCropChoice {
+ public:
+  static constexpr uint64_t kTrials = 3;
+
+  GpuCropChoice(GpuCrop given, bool roi_available);
+  // A decoder found it cannot decode regions after all (no hardware engine): resize from now on.
+  void roi_unavailable();
+  // The way the next batch takes. During the trials: the way with fewer batches under trial
+  // (begun, timed or not), resize first.
+  GpuCrop next();
+  // A batch decoded `used` took `gpu_s` for `images` images on the GPU.
+  void observe(GpuCrop used, uint64_t images, double gpu_s);
+
+  struct Report {
+    GpuCrop crop = GpuCrop::kResize;  // kAuto while trying
+    std::string why;
+  };
+  Report report() const;
+
+ private:
+  struct Way {
+    uint64_t begun = 0, timed = 0;
+    double best_s = 0;  // per image
+  };
+  Way& way(GpuCrop crop) { return crop == GpuCrop::kRoi ? roi_ : resize_; }
+  void decide();  // needs mutex_ held
+
+  mutable std::mutex mutex_;
+  GpuCrop crop_;  // kAuto while trying
+  std::string why_;
+  Way resize_, roi_;
 };
 
 }  // namespace prestage::detail
