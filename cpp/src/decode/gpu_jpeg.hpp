@@ -1,7 +1,8 @@
 // Stage 3 on the GPU: a batch of JPEGs decoded by nvJPEG into device memory, cropped and resized by
-// NPP with the boxes the CPU path draws (decode/transform.hpp), flipped, and written as one device
-// batch (NHWC, uint8). Images the GPU cannot take (CMYK, 4:1:1/4:1:0, over max_pixels, headers
-// nvJPEG refuses, a lane whose batched decode fails) and a fixed share of each batch go to the CPU
+// NPP with the boxes the CPU path draws (decode/transform.hpp; or only the boxes decoded, by the
+// hardware engine, then resized whole), flipped, and written as one device batch (NHWC, uint8).
+// Images the GPU cannot take (CMYK, 4:1:1/4:1:0, over max_pixels, headers nvJPEG refuses, a lane
+// whose batched decode fails) and a fixed share of each batch (Options::cpu_share) go to the CPU
 // path (JpegDecoder), whose pixels are copied into the same device batch; a CPU failure is the CPU
 // path's own DecodeError, kept per sample. Only gpu_libs.hpp's declarations are used: no CUDA
 // header at build time.
@@ -35,7 +36,7 @@ class GpuError : public Error {
 enum class GpuRoute : uint8_t {
   kHardware,        // nvJPEG's hardware engine (A100, H100)
   kGpu,             // nvJPEG's default (CUDA/hybrid) backend
-  kCpuShare,        // the CPU's fixed share of the batch (gpu_cpu_share)
+  kCpuShare,        // the CPU's share of the batch (Options::cpu_share)
   kCpuUnsupported,  // the GPU cannot take it (format, size, a header nvJPEG refuses)
   kCpuGpuFailed,    // its lane's batched decode failed on the GPU
 };
