@@ -413,13 +413,12 @@ TEST_CASE(
     // CPU time the loader measured in this run, not from the calibration's.
     const double balance = g.gpu_ms_per_image / (g.gpu_ms_per_image + g.cpu_ms_per_image);
     CHECK(std::abs(g.share - balance) <= 0.06);
-    // From above or from below: down when the GPU is faster, up when it is slower (where the
-    // balance measured lies clearly on that side of the start: unless the CPU ran more than 2.5x
-    // slower than in the calibration, it does).
+    // From above or from below: down when the GPU is faster, up when it is slower, wherever the
+    // balance measured lies clearly on one side of the start (it does unless the machine's load
+    // made the CPU several times slower than in the calibration: gpu_share_test shows both
+    // directions on exact, simulated times).
     if (balance < start - 0.06) CHECK(g.share < start);
     if (balance > start + 0.06) CHECK(g.share > start);
-    // 3 / (3 + r) > 0.36 unless the CPU ran 5x slower than in the calibration.
-    if (gpu_over_cpu > 1) CHECK(g.share > start);
     CHECK(g.share_moves >= 1);
     CHECK(g.cpu_share > 0);
     CHECK(g.hardware + g.cpu_share == stats.decode.items);
@@ -453,15 +452,23 @@ TEST_CASE(
     LoaderOptions o = gpu_options(16, 2);
     o.gpu_cpu_share = LoaderOptions::kAutoShare;
     fakes.image_ns(200'000);
+    const auto cold = fakes.objects();
     Loader loader(cat, o);
     for (uint64_t e = 0; e < 4; ++e) run(loader, e);  // the share settles, the buffers grow
     const auto warm = fakes.objects();
-    const uint64_t growths = loader.stats().gpu_decode.buffer_growths;
+    const auto warm_stats = loader.stats().gpu_decode;
     for (uint64_t e = 4; e < 12; ++e) run(loader, e);
     loader.close();
-    CHECK(prestage::test::created_since(warm, fakes.objects()) == 0);
-    CHECK(loader.stats().gpu_decode.buffer_growths == growths);
-    CHECK(loader.stats().gpu_decode.share_auto);
+    const auto& g = loader.stats().gpu_decode;
+    CHECK(g.share_auto);
+    // Whatever was made after the warm-up belongs to a decoder of a ring slot first used then
+    // (each makes the same set, once): nothing per image or per batch.
+    REQUIRE(warm_stats.decoders >= 1);
+    const size_t per_decoder = prestage::test::created_since(cold, warm) / warm_stats.decoders;
+    const uint64_t new_decoders = g.decoders - warm_stats.decoders;
+    CHECK(prestage::test::created_since(warm, fakes.objects()) == per_decoder * new_decoders);
+    CHECK(g.buffer_growths - warm_stats.buffer_growths ==
+          warm_stats.buffer_growths / warm_stats.decoders * new_decoders);
   }
   check_balanced(before, fakes.objects());
 }
