@@ -5,16 +5,20 @@ Two measurements, each the median of ``--runs`` timed runs after ``--warmup`` un
 
 1. ``rrc``: RandomResizedCrop(``--image-size``) + flip, uint8, images/s over whole epochs of
    ``prestage.Loader`` with ``--readers`` readers: CPU only (``decode_device="cpu"``), GPU only
-   (``decode_device="cuda"``, ``gpu_cpu_share=0``) and both (``gpu_cpu_share`` each of ``--shares``).
+   (``decode_device="cuda"``, ``gpu_cpu_share=0``) and both: ``both_auto`` (the share sized at run
+   time, the default; its JSON gives the share it settled at and why) next to ``both_<share>`` for
+   each fixed ``gpu_cpu_share`` of ``--shares``.
    The GPU's epochs end with ``torch.cuda.synchronize()``: every decode is counted done.
 2. ``train``: images/s of training steps (torchvision ResNet-18 and ResNet-50, bf16 autocast,
    channels_last, SGD, ``--batch-size``) on a resident batch (the model alone), fed by
    ``prestage.torch.Loader(device="cuda", normalize_on_device=True)`` (CPU decode, one copy) and by
-   ``prestage.torch.Loader(device="cuda", decode_device="cuda")`` (each share of ``--shares`` and 0).
+   ``prestage.torch.Loader(device="cuda", decode_device="cuda")`` (the share sized at run time,
+   ``prestage_gpu_decode_auto``, and each share of ``--shares`` and 0).
 
 Reproducible from the repository alone: the images come from ``prestage synth`` unless ``--data`` names an
 ImageFolder tree. The JSON goes to ``--json`` (default stdout), with the machine (GPU, CPUs, versions) and
-``stats()["gpu_decode"]`` of each GPU run (where the samples went).
+``stats()["gpu_decode"]`` of each GPU run (where the samples went; the CPU's share and why; which way the
+crop boxes were applied, ``crop`` and ``crop_why``: ``--gpu-crop`` picks one, default ``auto``).
 
     python benchmarks/gpu_decode_bench.py --images 8192 --readers 16 --runs 3 --json gpu_decode.json
 
@@ -53,6 +57,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p.add_argument("--depth", type=int, default=6, help="batch buffers in the ring (default: 6)")
     p.add_argument("--shares", type=float, nargs="+", default=[0.25, 0.5],
                    help="gpu_cpu_share values for CPU + GPU together (default: 0.25 0.5)")
+    p.add_argument("--gpu-crop", choices=("auto", "resize", "roi"), default="auto",
+                   help="where the hardware engine's crop boxes are applied (default: auto)")
     p.add_argument("--runs", type=int, default=3, help="timed runs per figure (default: 3)")
     p.add_argument("--warmup", type=int, default=1, help="untimed runs first (default: 1)")
     p.add_argument("--steps", type=int, default=60, help="training steps per run (default: 60)")
@@ -93,9 +99,11 @@ def rrc_figures(torch: Any, prestage: Any, catalog: Any, args: argparse.Namespac
     """images/s of whole epochs, CPU only, GPU only and both."""
     common = dict(batch_size=args.batch_size, image_size=(args.image_size, args.image_size),
                   transform="random-resized-crop", readers=args.readers, depth=args.depth, seed=0)
-    configs: List[tuple] = [("cpu", {"decode_device": "cpu"}), ("gpu", {"decode_device": "cuda"})]
-    configs += [(f"both_{share:g}", {"decode_device": "cuda", "gpu_cpu_share": share})
-                for share in args.shares]
+    gpu = {"decode_device": "cuda", "gpu_crop": args.gpu_crop}
+    configs: List[tuple] = [("cpu", {"decode_device": "cpu"}),
+                            ("gpu", {**gpu, "gpu_cpu_share": 0.0}),
+                            ("both_auto", gpu)]  # sized at run time
+    configs += [(f"both_{share:g}", {**gpu, "gpu_cpu_share": share}) for share in args.shares]
     out: Dict[str, Any] = {}
     for name, extra in configs:
         with torch.cuda.device(torch.device(args.device)), prestage.Loader(catalog, **common,
@@ -155,7 +163,9 @@ def train_figures(torch: Any, pt: Any, catalog: Any, args: argparse.Namespace) -
 
         figures: Dict[str, Any] = {"alone": median_of(args.runs, args.warmup, alone)}
         feeds: List[tuple] = [("prestage_cpu_decode", {"normalize_on_device": True})]
-        feeds += [(f"prestage_gpu_decode_{share:g}", {"decode_device": "cuda", "gpu_cpu_share": share})
+        gpu = {"decode_device": "cuda", "gpu_crop": args.gpu_crop}
+        feeds += [("prestage_gpu_decode_auto", gpu)]  # sized at run time
+        feeds += [(f"prestage_gpu_decode_{share:g}", {**gpu, "gpu_cpu_share": share})
                   for share in [0.0, *args.shares]]
         for feed, extra in feeds:
             with pt.Loader(catalog, batch_size=args.batch_size, image_size=size,

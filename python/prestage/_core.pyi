@@ -129,6 +129,11 @@ class DecodeDevice(_Enum):
     cpu: ClassVar[DecodeDevice]
     cuda: ClassVar[DecodeDevice]
 
+class GpuCrop(_Enum):
+    auto: ClassVar[GpuCrop]
+    resize: ClassVar[GpuCrop]
+    roi: ClassVar[GpuCrop]
+
 class OnError(_Enum):
     # `raise` is a keyword: the member is reached as OnError.__members__["raise"].
     skip: ClassVar[OnError]
@@ -138,6 +143,7 @@ class LoaderOptions:
 
     FIT_FREE_SPACE: ClassVar[int]
     WAIT_FOR_STAGING: ClassVar[int]
+    AUTO_SHARE: ClassVar[float]
     batch_size: int
     image_size: Optional[Tuple[int, int]]
     decode: DecodeMode
@@ -175,6 +181,7 @@ class LoaderOptions:
     trace: str
     decode_device: DecodeDevice
     gpu_cpu_share: float
+    gpu_crop: GpuCrop
     def __init__(self, other: LoaderOptions = ...) -> None: ...
     def validate(self) -> None: ...
 

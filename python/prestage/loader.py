@@ -185,9 +185,20 @@ class Loader:
             time (``PRESTAGE_CUDART``, ``PRESTAGE_NVJPEG``, ``PRESTAGE_NPP`` name them; else the
             standard sonames, NVIDIA's wheels and torchvision's copy): without them, or without a
             device, the constructor raises :class:`prestage.ConfigError` naming what is missing.
-        gpu_cpu_share: with ``decode_device="cuda"``: the fixed fraction of each batch, in
-            [0, 1), decoded by the CPU path (the last ``round(share * n)`` samples) beside the GPU
-            (default 0). Fixed: nothing sizes it at run time yet.
+        gpu_cpu_share: with ``decode_device="cuda"``: the fraction of each batch decoded by the
+            CPU path (the last ``round(share * n)`` samples, on the readers) while the GPU decodes
+            the rest. ``None`` (the default): sized at run time so that both parts of a batch finish
+            together, from the times each part takes (smoothed, with a dead band so that it does
+            not wander; at least one sample on each side so both stay measured; it follows the
+            self-tuning's reader steps at once). A number in [0, 1) is kept as it is.
+            ``stats()["gpu_decode"]`` gives the share in use and why.
+        gpu_crop: with ``decode_device="cuda"``, for the images on nvJPEG's hardware engine: where
+            the crop box is applied. ``"resize"``: the engine decodes whole images and NPP's resize
+            reads the box out of them; ``"roi"``: the engine decodes only the box (a region per
+            image; one it cannot take so goes whole to the CUDA backend) and NPP resizes it;
+            ``"auto"`` (the default): the first batches are timed each way on the GPU and the
+            faster is kept (``stats()["gpu_decode"]["crop"]``, ``"crop_why"``). Without a hardware
+            engine, or without nvJPEG's region calls, ``"resize"``.
         tuned: a JSON file written by ``prestage tune``. Of ``prefetchers``, ``readers``,
             ``lookahead`` and ``depth``, those not passed to this call take the file's values; one
             passed always wins, even when it equals its default (precedence: the call, then the
@@ -407,8 +418,13 @@ class Loader:
         ``gpu_decode`` (``on``, ``why``: the libraries in use, ``batches``, and where each sample
         went: ``hardware``, ``gpu``, ``cpu_share``, the fallbacks ``cpu_unsupported`` and
         ``cpu_gpu_failed``, ``cpu_replacements`` for ``on_error="skip"``; ``buffer_growths`` of
-        the staging buffers and ``decoders`` made, one per ring slot). Any thread; after ``close()``, the
-        figures at closing."""
+        the staging buffers and ``decoders`` made, one per ring slot; ``share``: the CPU's share of
+        the next batches, ``share_auto``: sized at run time, ``share_why``: from what,
+        ``share_moves``, and the smoothed times per image ``gpu_ms_per_image`` (the GPU's part,
+        submission to completion) and ``cpu_ms_per_image`` (the CPU's, the readers' wall time);
+        ``crop``: ``"resize"`` or ``"roi"`` (``"trying"`` while the first batches are timed),
+        ``crop_why``, and ``roi``: the images of which only the crop box was decoded). Any thread;
+        after ``close()``, the figures at closing."""
         loader = self._loader
         if loader is None:
             return self._final_stats

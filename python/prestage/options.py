@@ -85,7 +85,8 @@ class Options(ImageOptions, total=False):
     raw_dtype: Any
     raw_shape: Union[int, Sequence[int], None]
     decode_device: Literal["cpu", "cuda"]
-    gpu_cpu_share: float
+    gpu_cpu_share: Optional[float]
+    gpu_crop: Literal["auto", "resize", "roi"]
 
 
 _TUNED = ("prefetchers", "readers", "lookahead", "depth")
@@ -271,9 +272,12 @@ def _raw_shape(options: _core.LoaderOptions, name: str, value: Any) -> None:
 
 
 def _share(options: _core.LoaderOptions, name: str, value: Any) -> None:
-    """A fraction (the C++ core checks its range)."""
+    """A fraction (the C++ core checks its range), or None: sized at run time."""
+    if value is None:
+        _set(options, name, name, _core.LoaderOptions.AUTO_SHARE)
+        return
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise ConfigError(f"{name} must be a number in [0, 1), got {value!r}")
+        raise ConfigError(f"{name} must be a number in [0, 1) or None, got {value!r}")
     _set(options, name, name, float(value))
 
 
@@ -318,6 +322,7 @@ _CONVERT: Dict[str, Callable[[_core.LoaderOptions, str, Any], None]] = {
     "raw_shape": _raw_shape,
     "decode_device": _enum(_core.DecodeDevice),
     "gpu_cpu_share": _share,
+    "gpu_crop": _enum(_core.GpuCrop),
     "trace": _text("trace"),
     "peers": _flag,
     "peer_timeout": _peer_timeout,

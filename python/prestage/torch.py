@@ -405,11 +405,11 @@ class Loader(torch.utils.data.IterableDataset):
 
     Decoding on the device: with a CUDA ``device`` and ``decode_device="cuda"``, the JPEGs are decoded by
     nvJPEG on that device (its hardware engines where it has them) and cropped, resized and flipped there
-    (see :class:`prestage.Loader`'s ``decode_device``; ``gpu_cpu_share`` leaves a fixed fraction of each
-    batch to the CPU decoders). The images yielded view the batch's device buffer, no copy: ``"NCHW"``
-    is a view of the NHWC buffer in ``torch.channels_last`` memory format (what channels_last training
-    wants; ``.contiguous()`` makes a copy if one is needed), ``dtype=torch.float32`` one new normalised
-    tensor. The caller's current stream waits for the decoding first; a batch goes back to the ring only
+    (see :class:`prestage.Loader`'s ``decode_device``; the CPU decoders take a share of each batch, sized
+    at run time so that both finish together, or the fixed ``gpu_cpu_share`` given). The images yielded
+    view the batch's device buffer, no copy: ``"NCHW"`` is a view of the NHWC buffer in
+    ``torch.channels_last`` memory format (what channels_last training wants; ``.contiguous()`` makes a
+    copy if one is needed), ``dtype=torch.float32`` one new normalised tensor. The caller's current stream waits for the decoding first; a batch goes back to the ring only
     once the work enqueued on the current stream before the next batch was asked for is done. Work
     enqueued on another stream must be waited for by the caller.
 
@@ -444,8 +444,9 @@ class Loader(torch.utils.data.IterableDataset):
         normalize_on_device: with a CUDA ``device`` and ``dtype=torch.float32``: decode to uint8, copy
             that, and apply ``(x / 255 - mean) / std`` on the device.
         decode_device: ``"cpu"`` (the default) or ``"cuda"``: decode on ``device`` (see above).
-        gpu_cpu_share: with ``decode_device="cuda"``: the fixed fraction of each batch, in [0, 1),
-            decoded by the CPU decoders (default 0).
+        gpu_cpu_share: with ``decode_device="cuda"``: the fraction of each batch, in [0, 1),
+            decoded by the CPU decoders; ``None`` (the default): sized at run time (see
+            :class:`prestage.Loader`).
         pin_memory: accepted for ``DataLoader`` compatibility when the batch buffers are registered with
             CUDA already (``stats()["pinned"] == "cuda"``), so no copy is made; refused otherwise, since
             prestage never copies a batch into another host buffer.

@@ -106,7 +106,14 @@ constexpr auto kGpuDecodeFields = std::make_tuple(
     field("cpu_gpu_failed", &Stats::GpuDecode::cpu_gpu_failed),
     field("cpu_replacements", &Stats::GpuDecode::cpu_replacements),
     field("buffer_growths", &Stats::GpuDecode::buffer_growths),
-    field("decoders", &Stats::GpuDecode::decoders));
+    field("decoders", &Stats::GpuDecode::decoders), field("share", &Stats::GpuDecode::share),
+    field("share_auto", &Stats::GpuDecode::share_auto),
+    field("share_why", &Stats::GpuDecode::share_why),
+    field("share_moves", &Stats::GpuDecode::share_moves),
+    field("gpu_ms_per_image", &Stats::GpuDecode::gpu_ms_per_image),
+    field("cpu_ms_per_image", &Stats::GpuDecode::cpu_ms_per_image),
+    field("crop", &Stats::GpuDecode::crop), field("crop_why", &Stats::GpuDecode::crop_why),
+    field("roi", &Stats::GpuDecode::roi));
 
 constexpr auto kSkippedFields = std::make_tuple(
     field("path", &SkippedSample::path), field("error", &SkippedSample::error),
@@ -205,6 +212,10 @@ void register_loader(py::module_& m) {
   py::enum_<DecodeDevice>(m, "DecodeDevice")
       .value("cpu", DecodeDevice::kCpu)
       .value("cuda", DecodeDevice::kCuda);
+  py::enum_<GpuCrop>(m, "GpuCrop")
+      .value("auto", GpuCrop::kAuto)
+      .value("resize", GpuCrop::kResize)
+      .value("roi", GpuCrop::kRoi);
 
   py::enum_<OnError>(m, "OnError").value("raise", OnError::kRaise).value("skip", OnError::kSkip);
 
@@ -216,6 +227,7 @@ prestage.options for how the Python arguments become these fields). validate() i
 )doc");
   options.attr("FIT_FREE_SPACE") = LoaderOptions::kFitFreeSpace;
   options.attr("WAIT_FOR_STAGING") = LoaderOptions::kWaitForStaging;
+  options.attr("AUTO_SHARE") = LoaderOptions::kAutoShare;
   options.def(py::init<>(), "The defaults.")
       .def(py::init<const LoaderOptions&>(), py::arg("other"), "A copy of `other`.")
       .def_readwrite("batch_size", &LoaderOptions::batch_size)
@@ -289,6 +301,7 @@ prestage.options for how the Python arguments become these fields). validate() i
       .def_readwrite("trace", &LoaderOptions::trace)
       .def_readwrite("decode_device", &LoaderOptions::decode_device)
       .def_readwrite("gpu_cpu_share", &LoaderOptions::gpu_cpu_share)
+      .def_readwrite("gpu_crop", &LoaderOptions::gpu_crop)
       .def("validate", &LoaderOptions::validate, R"doc(
 Raises prestage.ConfigError naming the first invalid option: the one place options are checked.
 

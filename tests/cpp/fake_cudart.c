@@ -12,8 +12,10 @@
  * each call is appended as one line: "<op> <pointer> <size> <device> <result>").
  * Device memory, streams and events (for the GPU decoder): "device" memory is host memory (so the doubles
  * of nvJPEG and NPP can write pixels the tests read back), copies are synchronous, streams and events are
- * tokens; each object is tracked from its creation to its destruction (fake_cudart_objects), and a named
- * call can be made to fail on its n-th use (fake_cudart_fail).
+ * tokens with a virtual clock that only fake_cudart_advance moves (cudaEventElapsedTime measures it;
+ * fake_cudart_not_ready makes it answer "not ready"); each object is tracked from its creation to its
+ * destruction (fake_cudart_objects), and a named call can be made to fail on its n-th use
+ * (fake_cudart_fail).
  * Thread-safe: one mutex around all state. Built for the tests only; never installed. */
 #include <pthread.h>
 #include <stddef.h>
@@ -278,21 +280,84 @@ int cudaHostAlloc(void** pointer, size_t size, unsigned flags) {
   return make(kObjHost, pointer, size, "cudaHostAlloc");
 }
 int cudaFreeHost(void* pointer) { return unmake(kObjHost, pointer, "cudaFreeHost"); }
+/* A stream's block holds its virtual clock (ns); an event's, the clock it was recorded at, whether
+ * it was, and its flags. */
+struct fake_stream { uint64_t clock_ns; };
+struct fake_event { uint64_t at_ns; unsigned flags; int recorded; };
+
 int cudaStreamCreateWithFlags(void** stream, unsigned flags) {
   (void)flags;
-  return make(kObjStream, stream, 16, "cudaStreamCreateWithFlags");
+  int result = make(kObjStream, stream, sizeof(struct fake_stream), "cudaStreamCreateWithFlags");
+  if (result == kSuccess) ((struct fake_stream*)*stream)->clock_ns = 0;
+  return result;
 }
 int cudaStreamDestroy(void* stream) { return unmake(kObjStream, stream, "cudaStreamDestroy"); }
 int cudaStreamSynchronize(void* stream) { return use(kObjStream, stream, "cudaStreamSynchronize"); }
 int cudaEventCreateWithFlags(void** event, unsigned flags) {
-  (void)flags;
-  return make(kObjEvent, event, 16, "cudaEventCreateWithFlags");
+  int result = make(kObjEvent, event, sizeof(struct fake_event), "cudaEventCreateWithFlags");
+  if (result == kSuccess) {
+    struct fake_event* e = *event;
+    e->at_ns = 0;
+    e->flags = flags;
+    e->recorded = 0;
+  }
+  return result;
 }
 int cudaEventDestroy(void* event) { return unmake(kObjEvent, event, "cudaEventDestroy"); }
 int cudaEventSynchronize(void* event) { return use(kObjEvent, event, "cudaEventSynchronize"); }
 int cudaEventRecord(void* event, void* stream) {
   int result = use(kObjStream, stream, "cudaEventRecord");
-  return result == kSuccess ? use(kObjEvent, event, "") : result;
+  if (result == kSuccess) result = use(kObjEvent, event, "");
+  if (result == kSuccess && stream != NULL) {
+    pthread_mutex_lock(&mutex);
+    struct fake_event* e = event;
+    e->at_ns = ((struct fake_stream*)stream)->clock_ns;
+    e->recorded = 1;
+    pthread_mutex_unlock(&mutex);
+  }
+  return result;
+}
+
+enum { kErrorNotReady = 600 };
+static int not_ready; /* cudaEventElapsedTime calls still to answer cudaErrorNotReady */
+
+/* The virtual time between two records: a stream's clock moves only by fake_cudart_advance (the
+ * nvJPEG double's per-image time), so GPU timings are exact and cost no wall time. As the runtime:
+ * events without timing (cudaEventDisableTiming) or never recorded are refused. */
+int cudaEventElapsedTime(float* ms, void* start, void* end) {
+  pthread_mutex_lock(&mutex);
+  int result = failing("cudaEventElapsedTime") ? fail_code : kSuccess;
+  if (result == kSuccess && (!live(kObjEvent, start) || !live(kObjEvent, end))) {
+    result = kErrorInvalidResourceHandle;
+  }
+  if (result == kSuccess) {
+    const struct fake_event* a = start;
+    const struct fake_event* b = end;
+    if ((a->flags & 0x02) != 0 || (b->flags & 0x02) != 0 || !a->recorded || !b->recorded) {
+      result = kErrorInvalidResourceHandle;
+    } else if (not_ready > 0) {
+      --not_ready;
+      result = kErrorNotReady;
+    } else {
+      *ms = (float)((double)(b->at_ns - a->at_ns) / 1e6);
+    }
+  }
+  pthread_mutex_unlock(&mutex);
+  return result;
+}
+
+/* Advances `stream`'s virtual clock by `ns` (work queued on it that takes that long). */
+void fake_cudart_advance(void* stream, uint64_t ns) {
+  pthread_mutex_lock(&mutex);
+  if (live(kObjStream, stream)) ((struct fake_stream*)stream)->clock_ns += ns;
+  pthread_mutex_unlock(&mutex);
+}
+
+/* The next `calls` cudaEventElapsedTime calls answer cudaErrorNotReady (work still running). */
+void fake_cudart_not_ready(int calls) {
+  pthread_mutex_lock(&mutex);
+  not_ready = calls;
+  pthread_mutex_unlock(&mutex);
 }
 int cudaMemcpyAsync(void* dst, const void* src, size_t size, int kind, void* stream) {
   (void)kind;

@@ -10,9 +10,14 @@
  *
  * Records: every handle, state and JPEG stream from creation to destruction (fake_nvjpeg_objects), each
  * batched decode's backend and size (fake_nvjpeg_batches). Controls: fake_nvjpeg_configure (hardware
- * engines; 0: none), fake_nvjpeg_fail (a named call fails on its n-th use).
+ * engines; 0: none), fake_nvjpeg_fail (a named call fails on its n-th use), fake_nvjpeg_image_ns and
+ * fake_nvjpeg_roi_image_ns (the virtual GPU time each image of a batched decode, whole or a region,
+ * takes on its stream, in fake_cudart.c's clock). nvjpegDecodeBatchedEx decodes each image's region
+ * (nvjpegDecodeParamsSetROI) and records it (fake_nvjpeg_rois).
  * Thread-safe: one mutex around all state. Built for the tests only; never installed. */
+#include <dlfcn.h>
 #include <pthread.h>
+#include <stdint.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -20,11 +25,12 @@
 #include <turbojpeg.h>
 
 enum { kSuccess = 0, kInvalidParameter = 2, kBadJpeg = 3, kArchMismatch = 7 };
-enum { kObjHandle = 0, kObjState = 1, kObjStream = 2, kObjKinds = 3 };
+enum { kObjHandle = 0, kObjState = 1, kObjStream = 2, kObjParams = 3, kObjKinds = 4 };
 
 struct handle { int backend; };
 struct state { struct handle* owner; int initialized; };
-struct stream { int progressive; };
+struct stream { int progressive, width, height; };
+struct params { int format, x, y, width, height; }; /* width <= 0: no region, the whole image */
 typedef struct { unsigned char* channel[4]; size_t pitch[4]; } image_t;
 
 #define FAKE_MAX_OBJECTS 8192
@@ -36,6 +42,11 @@ static size_t created[kObjKinds], destroyed[kObjKinds], bad_destroys[kObjKinds];
 static struct { int backend; int count; } batches[FAKE_MAX_BATCHES];
 static size_t batch_count;
 static unsigned engines = 0, cores = 1;
+static uint64_t image_ns;     /* virtual GPU time per image of a batched decode */
+static uint64_t roi_image_ns; /* the same, for an image of which only a region is decoded */
+#define FAKE_MAX_ROIS 8192
+static struct { int x, y, width, height; } rois[FAKE_MAX_ROIS];
+static size_t roi_count;
 static char fail_name[64];
 static int fail_nth, fail_code, fail_seen;
 
@@ -91,6 +102,20 @@ static int is_progressive(const unsigned char* data, size_t length) {
     if (data[i + 1] == 0xDA) return 0;
   }
   return 0;
+}
+
+/* Moves the CUDA runtime double's clock of `stream` (the copy already loaded, FAKE_CUDART_PATH). */
+static void advance(void* stream, uint64_t ns) {
+#ifndef FAKE_CUDART_PATH
+  (void)stream; (void)ns;
+#else
+  if (ns == 0) return;
+  void* cudart = dlopen(FAKE_CUDART_PATH, RTLD_NOW | RTLD_NOLOAD);
+  if (cudart == NULL) return;
+  void (*move)(void*, uint64_t) = (void (*)(void*, uint64_t))dlsym(cudart, "fake_cudart_advance");
+  if (move != NULL) move(stream, ns);
+  dlclose(cudart);
+#endif
 }
 
 int nvjpegCreateEx(int backend, void* dev_allocator, void* pinned_allocator, unsigned flags,
@@ -185,6 +210,70 @@ int nvjpegJpegStreamParse(struct handle* handle, const unsigned char* data, size
   }
   if (result == kSuccess) stream->progressive = is_progressive(data, length);
   pthread_mutex_unlock(&mutex);
+  if (result == kSuccess) {
+    tjhandle tj = tjInitDecompress();
+    int samp = 0, colorspace = 0;
+    if (tjDecompressHeader3(tj, data, (unsigned long)length, &stream->width, &stream->height, &samp,
+                            &colorspace) != 0) {
+      stream->width = stream->height = 0;
+    }
+    tjDestroy(tj);
+  }
+  return result;
+}
+
+int nvjpegDecodeParamsCreate(struct handle* handle, struct params** params) {
+  pthread_mutex_lock(&mutex);
+  int result = failing("nvjpegDecodeParamsCreate") ? fail_code : kSuccess;
+  if (result == kSuccess && !live(kObjHandle, handle)) result = kInvalidParameter;
+  if (result == kSuccess) {
+    *params = calloc(1, sizeof(struct params));
+    track(kObjParams, *params);
+  }
+  pthread_mutex_unlock(&mutex);
+  return result;
+}
+
+int nvjpegDecodeParamsDestroy(struct params* params) {
+  return destroy(kObjParams, params, "nvjpegDecodeParamsDestroy");
+}
+
+int nvjpegDecodeParamsSetOutputFormat(struct params* params, int format) {
+  pthread_mutex_lock(&mutex);
+  int result = live(kObjParams, params) ? kSuccess : kInvalidParameter;
+  if (result == kSuccess) params->format = format;
+  pthread_mutex_unlock(&mutex);
+  return result;
+}
+
+/* As nvJPEG: a width or height of -1 (with offsets 0) is the whole image. */
+int nvjpegDecodeParamsSetROI(struct params* params, int x, int y, int width, int height) {
+  pthread_mutex_lock(&mutex);
+  int result = failing("nvjpegDecodeParamsSetROI") ? fail_code : kSuccess;
+  if (result == kSuccess && !live(kObjParams, params)) result = kInvalidParameter;
+  if (result == kSuccess) {
+    params->x = x;
+    params->y = y;
+    params->width = width;
+    params->height = height;
+  }
+  pthread_mutex_unlock(&mutex);
+  return result;
+}
+
+/* Declines what nvjpegDecodeBatchedSupported declines, and a region outside the image. */
+int nvjpegDecodeBatchedSupportedEx(struct handle* handle, struct stream* stream,
+                                   struct params* params, int* unsupported) {
+  pthread_mutex_lock(&mutex);
+  int result = live(kObjHandle, handle) && live(kObjStream, stream) && live(kObjParams, params)
+                   ? kSuccess : kInvalidParameter;
+  if (result == kSuccess) {
+    const int outside = params->width > 0 &&
+                        (params->x < 0 || params->y < 0 || params->x + params->width > stream->width ||
+                         params->y + params->height > stream->height);
+    *unsupported = (handle->backend == 3 && stream->progressive) || outside ? 1 : 0;
+  }
+  pthread_mutex_unlock(&mutex);
   return result;
 }
 
@@ -247,10 +336,114 @@ int nvjpegDecodeBatched(struct handle* handle, struct state* state, const unsign
     }
   }
   tjDestroy(tj);
+  if (result == kSuccess) advance(stream, image_ns * (uint64_t)n);
+  return result;
+}
+
+/* As nvjpegDecodeBatched, each image decoded into its destination as its parameters say: only its
+ * region (rows of the region's width at the destination's pitch), or whole; in RGBI only. */
+int nvjpegDecodeBatchedEx(struct handle* handle, struct state* state, const unsigned char* const* data,
+                          const size_t* lengths, image_t* destinations, struct params** params,
+                          void* stream) {
+  pthread_mutex_lock(&mutex);
+  int result = failing("nvjpegDecodeBatchedEx") ? fail_code : kSuccess;
+  if (result == kSuccess && (!live(kObjHandle, handle) || !live(kObjState, state) ||
+                             state->owner != handle || state->initialized <= 0 || stream == NULL)) {
+    result = kInvalidParameter;
+  }
+  int n = result == kSuccess ? state->initialized : 0;
+  for (int i = 0; i < n && result == kSuccess; ++i) {
+    if (!live(kObjParams, params[i]) || params[i]->format != 5) result = kInvalidParameter;
+  }
+  if (result == kSuccess && batch_count < FAKE_MAX_BATCHES) {
+    batches[batch_count].backend = handle->backend;
+    batches[batch_count].count = n;
+    ++batch_count;
+  }
+  pthread_mutex_unlock(&mutex);
+  if (result != kSuccess) return result;
+  tjhandle tj = tjInitDecompress();
+  uint64_t virtual_ns = 0;
+  for (int i = 0; i < n && result == kSuccess; ++i) {
+    int width = 0, height = 0, samp = 0, colorspace = 0;
+    if (tjDecompressHeader3(tj, data[i], (unsigned long)lengths[i], &width, &height, &samp,
+                            &colorspace) != 0) {
+      result = kBadJpeg;
+      break;
+    }
+    pthread_mutex_lock(&mutex);
+    struct params region = *params[i];
+    pthread_mutex_unlock(&mutex);
+    if (region.width <= 0 || region.height <= 0) {
+      region.x = region.y = 0;
+      region.width = width;
+      region.height = height;
+    }
+    if (region.x < 0 || region.y < 0 || region.x + region.width > width ||
+        region.y + region.height > height) {
+      result = kInvalidParameter;
+      break;
+    }
+    unsigned char* whole = malloc((size_t)width * height * 3);
+    if (whole == NULL ||
+        tjDecompress2(tj, data[i], (unsigned long)lengths[i], whole, width, width * 3, height,
+                      TJPF_RGB, 0) != 0) {
+      result = kBadJpeg;
+    } else {
+      for (int y = 0; y < region.height; ++y) {
+        memcpy(destinations[i].channel[0] + (size_t)y * destinations[i].pitch[0],
+               whole + ((size_t)(region.y + y) * width + region.x) * 3, (size_t)region.width * 3);
+      }
+      const int cropped = region.width != width || region.height != height;
+      virtual_ns += cropped ? roi_image_ns : image_ns;
+      pthread_mutex_lock(&mutex);
+      if (roi_count < FAKE_MAX_ROIS) {
+        rois[roi_count].x = region.x;
+        rois[roi_count].y = region.y;
+        rois[roi_count].width = region.width;
+        rois[roi_count].height = region.height;
+        ++roi_count;
+      }
+      pthread_mutex_unlock(&mutex);
+    }
+    free(whole);
+  }
+  tjDestroy(tj);
+  if (result == kSuccess) advance(stream, virtual_ns);
   return result;
 }
 
 /* --- controls for the tests --- */
+
+/* Each image of a batched decode takes `ns` of the stream's virtual time (fake_cudart.c's clock,
+ * which cudaEventElapsedTime measures); 0, the default: none. */
+void fake_nvjpeg_image_ns(uint64_t ns) {
+  pthread_mutex_lock(&mutex);
+  image_ns = ns;
+  pthread_mutex_unlock(&mutex);
+}
+
+/* The same for an image of which nvjpegDecodeBatchedEx decodes only a region. */
+void fake_nvjpeg_roi_image_ns(uint64_t ns) {
+  pthread_mutex_lock(&mutex);
+  roi_image_ns = ns;
+  pthread_mutex_unlock(&mutex);
+}
+
+/* Copies up to `max` regions (x, y, width, height) decoded by nvjpegDecodeBatchedEx since configure;
+ * returns how many. */
+size_t fake_nvjpeg_rois(int* out, size_t max) {
+  pthread_mutex_lock(&mutex);
+  size_t n = roi_count;
+  for (size_t i = 0; i < n && i < max; ++i) {
+    out[4 * i] = rois[i].x;
+    out[4 * i + 1] = rois[i].y;
+    out[4 * i + 2] = rois[i].width;
+    out[4 * i + 3] = rois[i].height;
+  }
+  pthread_mutex_unlock(&mutex);
+  return n;
+}
 
 /* Hardware engines (0: none, the hardware backend cannot be created) and cores per engine; forgets the
  * batches recorded. */
@@ -259,6 +452,7 @@ void fake_nvjpeg_configure(unsigned engine_count, unsigned cores_per_engine) {
   engines = engine_count;
   cores = cores_per_engine;
   batch_count = 0;
+  roi_count = 0;
   pthread_mutex_unlock(&mutex);
 }
 
@@ -272,7 +466,8 @@ void fake_nvjpeg_fail(const char* name, int nth, int status) {
   pthread_mutex_unlock(&mutex);
 }
 
-/* Objects of `kind` (0 handles, 1 states, 2 JPEG streams): created, destroyed, bad destructions. */
+/* Objects of `kind` (0 handles, 1 states, 2 JPEG streams, 3 decode parameters): created, destroyed,
+ * bad destructions. */
 void fake_nvjpeg_objects(int kind, size_t out[3]) {
   pthread_mutex_lock(&mutex);
   out[0] = created[kind];

@@ -9,6 +9,7 @@
 #include <turbojpeg.h>
 
 #include <algorithm>
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <utility>
@@ -29,7 +30,8 @@ enum GpuObject {
   kEvent = 3,
   kHandle = 4,
   kState = 5,
-  kJpegStream = 6
+  kJpegStream = 6,
+  kDecodeParams = 7
 };
 
 // The doubles' controls. dlopen of a path already loaded (by the code under test) returns that
@@ -47,6 +49,10 @@ struct Fakes {
   void (*npp_fail)(const char*, int, int) = nullptr;
   size_t (*resizes)(ResizeRecord*, size_t) = nullptr;
   size_t (*mirrors)() = nullptr;
+  void (*image_ns)(uint64_t) = nullptr;  // virtual GPU time per image of a batched decode
+  void (*not_ready)(int) = nullptr;      // the next n cudaEventElapsedTime calls: not ready
+  void (*roi_image_ns)(uint64_t) = nullptr;  // the same per image decoded as a region only
+  size_t (*rois)(int*, size_t) = nullptr;
 
   template <typename F>
   static void get(void* library, const char* name, F& out) {
@@ -68,6 +74,10 @@ struct Fakes {
     get(npp, "fake_npp_fail", npp_fail);
     get(npp, "fake_npp_resizes", resizes);
     get(npp, "fake_npp_mirrors", mirrors);
+    get(nvjpeg, "fake_nvjpeg_image_ns", image_ns);
+    get(cudart, "fake_cudart_not_ready", not_ready);
+    get(nvjpeg, "fake_nvjpeg_roi_image_ns", roi_image_ns);
+    get(nvjpeg, "fake_nvjpeg_rois", rois);
     configure(engines, 1);
     clear_failures();  // npp_fail also clears the resize record
   }
@@ -80,7 +90,11 @@ struct Fakes {
   Fakes(const Fakes&) = delete;
   Fakes& operator=(const Fakes&) = delete;
 
+  // Also back to no GPU time per image and timings always ready.
   void clear_failures() const {
+    image_ns(0);
+    roi_image_ns(0);
+    not_ready(0);
     cuda_fail("", 0, 0);
     nvjpeg_fail("", 0, 0);
     npp_fail("", 0, 0);
@@ -93,7 +107,7 @@ struct Fakes {
       cuda_objects(kind, c);
       out.insert(out.end(), c, c + 3);
     }
-    for (int kind = 0; kind < 3; ++kind) {
+    for (int kind = 0; kind < 4; ++kind) {
       nvjpeg_objects(kind, c);
       out.insert(out.end(), c, c + 3);
     }
@@ -105,6 +119,14 @@ struct Fakes {
     const size_t n = std::min<size_t>(batches(raw.data(), 256), 256);
     std::vector<std::pair<int, int>> out;
     for (size_t i = 0; i < n; ++i) out.emplace_back(raw[2 * i], raw[2 * i + 1]);
+    return out;
+  }
+  // (x, y, width, height) of each region nvjpegDecodeBatchedEx decoded.
+  std::vector<std::array<int, 4>> roi_log() const {
+    std::vector<int> raw(4 * 4096);
+    const size_t n = std::min<size_t>(rois(raw.data(), 4096), 4096);
+    std::vector<std::array<int, 4>> out;
+    for (size_t i = 0; i < n; ++i) out.push_back({raw[4 * i], raw[4 * i + 1], raw[4 * i + 2], raw[4 * i + 3]});
     return out;
   }
   std::vector<ResizeRecord> resize_log() const {

@@ -9,11 +9,13 @@
 #include <turbojpeg.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <exception>
 #include <filesystem>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -229,7 +231,7 @@ TEST_CASE(
     CHECK(after[12] - before[12] == (engines > 0 ? 2u : 1u));  // nvJPEG handles
     CHECK(after[18] - before[18] == (engines > 0 ? 8u : 0u));  // nvJPEG JPEG streams
     CHECK(after[6] - before[6] == 1);                           // CUDA streams
-    CHECK(after[9] - before[9] == 2);  // CUDA events: the output's and the staging's
+    CHECK(after[9] - before[9] == 4);  // CUDA events: the output's, the staging's, two timing
   }
 }
 
@@ -357,6 +359,132 @@ TEST_CASE("gpu jpeg: a fixed CPU share of each batch, decoded as the CPU path do
 }
 
 TEST_CASE(
+    "gpu jpeg: the GPU time of a batch, from its submission to its GPU work's end, once it is done") {
+  Fakes fakes(7);
+  Batch batch = mixed_sizes(8);
+  GpuJpegDecoder decoder(fake_libraries(), options(8, Transform::kRandomResizedCrop, 0.25));
+  std::vector<GpuRoute> routes;
+  std::vector<std::exception_ptr> errors;
+  CHECK_FALSE(decoder.gpu_seconds());  // no batch yet
+  // The double's GPU time is virtual: 1 ms per image of a batched decode, for the 6 images the
+  // GPU takes (the CPU's 2 are not in it).
+  fakes.image_ns(1'000'000);
+  decoder.decode(batch.make(0), 0, routes, errors);
+  std::optional<double> seconds = decoder.gpu_seconds();
+  REQUIRE(seconds);
+  CHECK(*seconds == doctest::Approx(0.006).epsilon(1e-4));
+  // While the work runs, nothing (never a wait); the same once it is done.
+  fakes.not_ready(1);
+  CHECK_FALSE(decoder.gpu_seconds());
+  decoder.wait();
+  CHECK(*decoder.gpu_seconds() == doctest::Approx(0.006).epsilon(1e-4));
+  // A batch that fails has none; the next one has its own.
+  fakes.npp_fail("nppiResize_8u_C3R_Ctx", 1, -6);
+  CHECK_THROWS_AS(decoder.decode(batch.make(1), 0, routes, errors), GpuError);
+  CHECK_FALSE(decoder.gpu_seconds());
+  fakes.npp_fail("", 0, 0);
+  fakes.image_ns(500'000);
+  decoder.decode(batch.make(2), 0, routes, errors);
+  CHECK(*decoder.gpu_seconds() == doctest::Approx(0.003).epsilon(1e-4));
+}
+
+TEST_CASE(
+    "gpu jpeg: region decode: the engine decodes each crop box (nvjpegDecodeBatchedEx), NPP resizes "
+    "it whole; the same pixels as NPP reading the box out of the whole image") {
+  for (Transform transform : {Transform::kRandomResizedCrop, Transform::kCenterCrop}) {
+    CAPTURE(static_cast<int>(transform));
+    Fakes fakes(7);
+    const auto before = fakes.objects();
+    Batch batch = mixed_sizes(6);
+    batch.add(jpeg(120, 80, 9, TJSAMP_420, TJFLAG_PROGRESSIVE));  // the engine declines it
+    auto o = options(8, transform);
+    o.roi = true;
+    {
+      GpuJpegDecoder decoder(fake_libraries(), o);
+      REQUIRE(decoder.roi_available());
+      std::vector<GpuRoute> routes;
+      std::vector<std::exception_ptr> errors;
+      auto& samples = batch.make(2);
+      // Whole images first (the resize way), kept as the reference.
+      decoder.decode(samples, 0, routes, errors, /*roi=*/false);
+      const std::vector<uint8_t> whole(sample_at(decoder, 0),
+                                       sample_at(decoder, 0) + 7 * decoder.sample_bytes());
+      CHECK(decoder.counters().roi == 0);
+      CHECK(fakes.roi_log().empty());
+      fakes.npp_fail("", 0, 0);  // forgets the resizes recorded
+      decoder.decode(samples, 0, routes, errors, /*roi=*/true);
+      CHECK(std::memcmp(sample_at(decoder, 0), whole.data(), whole.size()) == 0);
+      // The six baseline images: their boxes decoded by the engine, in one Ex call; the
+      // progressive one whole, on the default backend, its box read by NPP.
+      for (size_t i = 0; i < 6; ++i) CHECK(routes[i] == GpuRoute::kHardware);
+      CHECK(routes[6] == GpuRoute::kGpu);
+      CHECK(decoder.counters().roi == 6);
+      const auto rois = fakes.roi_log();
+      const auto resizes = fakes.resize_log();
+      REQUIRE(rois.size() == 6);
+      REQUIRE(resizes.size() == 7);
+      for (size_t i = 0; i < 7; ++i) {
+        CAPTURE(i);
+        int h = 0, w = 0;
+        {
+          tjhandle tj = tjInitDecompress();
+          int samp = 0, colorspace = 0;
+          REQUIRE(tjDecompressHeader3(
+                      tj, reinterpret_cast<const unsigned char*>(batch.files[i].data()),
+                      static_cast<unsigned long>(batch.files[i].size()), &w, &h, &samp,
+                      &colorspace) == 0);
+          tjDestroy(tj);
+        }
+        const CropBox box =
+            transform == Transform::kRandomResizedCrop
+                ? prestage::detail::random_resized_crop(o.seed, 2, 100 + i, h, w)
+                : prestage::detail::centre_crop_box(h, w, o.size);
+        if (i < 6) {
+          CHECK(rois[i] == std::array<int, 4>{box.left, box.top, box.width, box.height});
+          // NPP resizes the decoded box whole.
+          CHECK(resizes[i].x == 0);
+          CHECK(resizes[i].y == 0);
+        } else {
+          CHECK(resizes[i].x == box.left);
+          CHECK(resizes[i].y == box.top);
+        }
+        CHECK(resizes[i].width == box.width);
+        CHECK(resizes[i].height == box.height);
+      }
+    }
+    const auto after = fakes.objects();
+    check_balanced(before, after);
+    // One decode parameter object per batch place, made once.
+    CHECK(prestage::test::created(before, after, prestage::test::kDecodeParams) == 8);
+  }
+}
+
+TEST_CASE("gpu jpeg: no region decode without a hardware engine or without Options::roi") {
+  Fakes none(0);
+  auto o = options(8, Transform::kRandomResizedCrop);
+  o.roi = true;
+  Batch batch = mixed_sizes(4);
+  const auto before = none.objects();
+  {
+    GpuJpegDecoder decoder(fake_libraries(), o);
+    CHECK_FALSE(decoder.roi_available());
+    std::vector<GpuRoute> routes;
+    std::vector<std::exception_ptr> errors;
+    decoder.decode(batch.make(0), 0, routes, errors, /*roi=*/true);  // whole, on the default backend
+    CHECK(decoder.counters().roi == 0);
+    CHECK(decoder.counters().gpu == 4);
+    CHECK(none.roi_log().empty());
+  }
+  o.roi = false;
+  Fakes engines(7);
+  {
+    GpuJpegDecoder decoder(fake_libraries(), o);
+    CHECK_FALSE(decoder.roi_available());
+  }
+  CHECK(prestage::test::created(before, engines.objects(), prestage::test::kDecodeParams) == 0);
+}
+
+TEST_CASE(
     "gpu jpeg: corrupt files get the CPU path's DecodeError, the rest of the batch is decoded") {
   Fakes fakes(7);
   Batch batch = mixed_sizes(4);
@@ -479,7 +607,7 @@ TEST_CASE("gpu jpeg: one device batch per output; a batch stays in its output wh
   }
   const auto after = fakes.objects();
   check_balanced(before, after);
-  CHECK(after[9] - before[9] == 4);  // CUDA events: 3 outputs, the staging
+  CHECK(after[9] - before[9] == 6);  // CUDA events: 3 outputs, the staging, two timing
 }
 
 // On a machine with a GPU and the libraries (PRESTAGE_CUDART, PRESTAGE_NVJPEG, PRESTAGE_NPP or the

@@ -10,6 +10,7 @@
 #include <turbojpeg.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -20,6 +21,7 @@
 #include <tuple>
 #include <vector>
 
+#include "decode/gpu_share.hpp"
 #include "decode/transform.hpp"
 #include "prestage/prestage.hpp"
 #include "gpu_fakes.hpp"
@@ -80,6 +82,8 @@ LoaderOptions gpu_options(uint64_t batch_size, uint64_t readers) {
   o.image_size = ImageSize{32, 40};
   o.transform = Transform::kRandomResizedCrop;
   o.decode_device = DecodeDevice::kCuda;
+  o.gpu_cpu_share = 0.0;  // all on the GPU unless a test says otherwise
+  o.gpu_crop = prestage::GpuCrop::kResize;  // whole images, NPP crops (unless a test says)
   return o;
 }
 
@@ -156,7 +160,7 @@ TEST_CASE(
     CHECK(created(before, after, kState) == 2 * decoders);
     CHECK(created(before, after, kJpegStream) == 4 * decoders);
     CHECK(created(before, after, kDevice) == 3 * decoders);  // output, flip, decoded staging
-    CHECK(created(before, after, kEvent) == 2 * decoders);   // ready, staged
+    CHECK(created(before, after, kEvent) == 4 * decoders);   // ready, staged, two timing
     CHECK(stats.gpu_decode.buffer_growths == 2 * decoders);  // pinned input, device decoded
     CHECK(stats.gpu_decode.on);
     CHECK(stats.gpu_decode.hardware >= 36);
@@ -359,4 +363,158 @@ TEST_CASE(
     bad.gpu_cpu_share = share;
     CHECK_THROWS_AS(Loader(cat, bad), ConfigError);
   }
+}
+
+namespace {
+
+// Runs `epochs` epochs; the stats after them (the loader closed: no batch is being decoded).
+prestage::Stats run_epochs(const Catalog& cat, const LoaderOptions& o, uint64_t epochs) {
+  Loader loader(cat, o);
+  for (uint64_t e = 0; e < epochs; ++e) run(loader, e);
+  loader.close();
+  return loader.stats();
+}
+
+}  // namespace
+
+TEST_CASE(
+    "gpu loader: the CPU share sized at run time settles where both parts take as long, from "
+    "above (GPU 3x faster than the CPU) and from below (3x slower)") {
+  TempDir dir;
+  make_smooth_folder(dir / "data", 2, 32);  // 64 images: 4 batches of 16 per epoch
+  const Catalog cat = Catalog::from_folder(dir / "data");
+  Fakes fakes(7);
+  const auto before = fakes.objects();
+  LoaderOptions o = gpu_options(16, 4);
+  // The CPU's wall time per image here, now: measured by the loader on a given half share.
+  o.gpu_cpu_share = 0.5;
+  const prestage::Stats calibration = run_epochs(cat, o, 2);
+  const double cpu_ms = calibration.gpu_decode.cpu_ms_per_image;
+  REQUIRE(cpu_ms > 0);
+  o.gpu_cpu_share = LoaderOptions::kAutoShare;
+  for (const double gpu_over_cpu : {1.0 / 3, 3.0}) {
+    CAPTURE(gpu_over_cpu);
+    // The double's GPU time is virtual and exact: this many ms per image on the GPU.
+    const double gpu_ms = cpu_ms * gpu_over_cpu;
+    fakes.image_ns(static_cast<uint64_t>(gpu_ms * 1e6));
+    fakes.not_ready(3);  // the first batches' GPU times are known only at their slot's next batch
+    const double start = Loader(cat, o).stats().gpu_decode.share;
+    const prestage::Stats stats = run_epochs(cat, o, 10);
+    const auto& g = stats.gpu_decode;
+    MESSAGE("start " << start << ", now " << g.share << ": " << g.share_why);
+    CHECK(g.share_auto);
+    // The start (the prior with 4 readers) lies between the two balances.
+    CHECK(start > 0.3);
+    CHECK(start < 0.5);
+    // The GPU time is the double's exactly, through the immediate and the deferred measurements.
+    CHECK(g.gpu_ms_per_image == doctest::Approx(gpu_ms).epsilon(1e-3));
+    // Settled at the balance of the times it measured, within the dead band and the smoothing's
+    // last steps. The CPU's time is real, on a shared machine, so the balance is computed from the
+    // CPU time the loader measured in this run, not from the calibration's.
+    const double balance = g.gpu_ms_per_image / (g.gpu_ms_per_image + g.cpu_ms_per_image);
+    CHECK(std::abs(g.share - balance) <= 0.06);
+    // From above or from below: down when the GPU is faster, up when it is slower, wherever the
+    // balance measured lies clearly on one side of the start (it does unless the machine's load
+    // made the CPU several times slower than in the calibration: gpu_share_test shows both
+    // directions on exact, simulated times).
+    if (balance < start - 0.06) CHECK(g.share < start);
+    if (balance > start + 0.06) CHECK(g.share > start);
+    CHECK(g.share_moves >= 1);
+    CHECK(g.cpu_share > 0);
+    CHECK(g.hardware + g.cpu_share == stats.decode.items);
+  }
+  check_balanced(before, fakes.objects());
+}
+
+TEST_CASE(
+    "gpu loader: a given share never moves, however the parts' times differ; sized at run time, "
+    "nothing is allocated per image once warm") {
+  TempDir dir;
+  make_smooth_folder(dir / "data", 2, 16);  // 32 images: 2 batches of 16 per epoch
+  const Catalog cat = Catalog::from_folder(dir / "data");
+  Fakes fakes(7);
+  const auto before = fakes.objects();
+  for (const double given : {0.0, 0.25, 0.5}) {
+    CAPTURE(given);
+    LoaderOptions o = gpu_options(16, 2);
+    o.gpu_cpu_share = given;
+    fakes.image_ns(5'000'000);  // 5 ms per image on the GPU: far slower than the CPU
+    const prestage::Stats stats = run_epochs(cat, o, 4);
+    const auto& g = stats.gpu_decode;
+    CHECK_FALSE(g.share_auto);
+    CHECK(g.share == given);
+    CHECK(g.share_moves == 0);
+    CHECK(g.share_why.find("given") != std::string::npos);
+    CHECK(g.cpu_share == static_cast<uint64_t>(std::llround(given * 16)) * g.batches);
+    CHECK(g.gpu_ms_per_image == doctest::Approx(5.0).epsilon(1e-3));  // still measured
+  }
+  {
+    LoaderOptions o = gpu_options(16, 2);
+    o.gpu_cpu_share = LoaderOptions::kAutoShare;
+    fakes.image_ns(200'000);
+    const auto cold = fakes.objects();
+    Loader loader(cat, o);
+    for (uint64_t e = 0; e < 4; ++e) run(loader, e);  // the share settles, the buffers grow
+    const auto warm = fakes.objects();
+    const auto warm_stats = loader.stats().gpu_decode;
+    for (uint64_t e = 4; e < 12; ++e) run(loader, e);
+    loader.close();
+    const auto& g = loader.stats().gpu_decode;
+    CHECK(g.share_auto);
+    // Whatever was made after the warm-up belongs to a decoder of a ring slot first used then
+    // (each makes the same set, once): nothing per image or per batch.
+    REQUIRE(warm_stats.decoders >= 1);
+    const size_t per_decoder = prestage::test::created_since(cold, warm) / warm_stats.decoders;
+    const uint64_t new_decoders = g.decoders - warm_stats.decoders;
+    CHECK(prestage::test::created_since(warm, fakes.objects()) == per_decoder * new_decoders);
+    CHECK(g.buffer_growths - warm_stats.buffer_growths ==
+          warm_stats.buffer_growths / warm_stats.decoders * new_decoders);
+  }
+  check_balanced(before, fakes.objects());
+}
+
+TEST_CASE(
+    "gpu loader: gpu_crop=auto keeps whichever way measures faster on the first batches; a way "
+    "given is used throughout") {
+  TempDir dir;
+  make_smooth_folder(dir / "data", 2, 16);  // 32 images: 4 batches of 8 per epoch
+  const Catalog cat = Catalog::from_folder(dir / "data");
+  Fakes fakes(7);
+  const auto before = fakes.objects();
+  // Whole images take 1 ms each on the double's GPU; regions 0.4 or 2.5 ms.
+  for (const uint64_t roi_ns : {400'000u, 2'500'000u}) {
+    CAPTURE(roi_ns);
+    fakes.image_ns(1'000'000);
+    fakes.roi_image_ns(roi_ns);
+    LoaderOptions o = gpu_options(8, 2);
+    o.gpu_crop = prestage::GpuCrop::kAuto;
+    const prestage::Stats stats = run_epochs(cat, o, 4);
+    const auto& g = stats.gpu_decode;
+    CAPTURE(g.crop_why);
+    CHECK(g.crop == (roi_ns < 1'000'000 ? "roi" : "resize"));
+    CHECK(g.crop_why.rfind("measured", 0) == 0);
+    // At least the trials decoded regions; with regions kept, every batch after them too.
+    CHECK(g.roi >= 8 * prestage::detail::GpuCropChoice::kTrials);
+    if (roi_ns < 1'000'000) CHECK(g.roi >= g.hardware / 2);
+    if (roi_ns > 1'000'000) CHECK(g.roi <= 8 * (prestage::detail::GpuCropChoice::kTrials + 3));
+  }
+  for (const auto given : {prestage::GpuCrop::kRoi, prestage::GpuCrop::kResize}) {
+    LoaderOptions o = gpu_options(8, 2);
+    o.gpu_crop = given;
+    const prestage::Stats stats = run_epochs(cat, o, 2);
+    const auto& g = stats.gpu_decode;
+    CHECK(g.crop == (given == prestage::GpuCrop::kRoi ? "roi" : "resize"));
+    CHECK(g.crop_why.rfind("given", 0) == 0);
+    CHECK(g.hardware == stats.decode.items);
+    CHECK(g.roi == (given == prestage::GpuCrop::kRoi ? g.hardware : 0));
+  }
+  {
+    Fakes no_engine(0);
+    LoaderOptions o = gpu_options(8, 2);
+    o.gpu_crop = prestage::GpuCrop::kAuto;
+    const prestage::Stats stats = run_epochs(cat, o, 1);
+    CHECK(stats.gpu_decode.crop == "resize");
+    CHECK(stats.gpu_decode.roi == 0);
+  }
+  check_balanced(before, fakes.objects());
 }

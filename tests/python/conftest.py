@@ -132,7 +132,9 @@ def fake_gpu_libs(tmp_path_factory: pytest.TempPathFactory, fake_cudart: Path) -
         pytest.fail("no C compiler (cc) to build the nvJPEG and NPP doubles")
     out_dir = tmp_path_factory.mktemp("fake_gpu")
     libs = {"cudart": fake_cudart}
-    for name, extra in (("nvjpeg", ["-lturbojpeg"]), ("npp", [])):
+    # The nvJPEG double's per-image time moves the runtime double's stream clock (that copy).
+    nvjpeg_extra = ["-lturbojpeg", "-ldl", f'-DFAKE_CUDART_PATH="{fake_cudart}"']
+    for name, extra in (("nvjpeg", nvjpeg_extra), ("npp", [])):
         out = out_dir / f"libfake_{name}.so"
         subprocess.run([compiler, "-shared", "-fPIC", "-O1", "-pthread", "-o", str(out),
                         str(sources / f"fake_{name}.c"), *extra], check=True)

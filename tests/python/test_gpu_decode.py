@@ -212,3 +212,111 @@ def test_the_benchmark_says_what_is_missing_without_cuda():
     assert done.returncode == 2
     assert done.stdout == ""
     assert done.stderr.startswith("gpu_decode_bench: needs")
+
+
+_SHARE = textwrap.dedent("""
+    import ctypes, json, sys
+    import prestage
+    root, libs, share = sys.argv[1], json.loads(sys.argv[2]), json.loads(sys.argv[3])
+    nvjpeg = ctypes.CDLL(libs["nvjpeg"])  # the loader's own copy (same path)
+    nvjpeg.fake_nvjpeg_image_ns(ctypes.c_uint64(2_000_000))  # the GPU: 2 ms per image, virtual
+    options = {} if share == "unset" else {"gpu_cpu_share": share}
+    cat = prestage.Catalog.from_folder(root)
+    with prestage.Loader(cat, batch_size=8, image_size=(24, 32), readers=2, depth=3,
+                         autotune=False, decode_device="cuda", **options) as loader:
+        for epoch in range(4):
+            loader.set_epoch(epoch)
+            for batch in loader:
+                del batch
+        loader.close()
+        print(json.dumps(loader.stats()["gpu_decode"]))
+""")
+
+
+@pytest.mark.parametrize("share", ["unset", None, 0.25])
+def test_the_cpu_share_is_sized_at_run_time_unless_given(make_folder, fake_gpu_libs, share):
+    """Unset or None: the share moves to where both parts of a batch take as long (the double's GPU
+    time is a virtual 2 ms per image, far slower than the CPU path on these small images, so most of
+    each batch goes to the CPU); a number given stays as it is. Both report their measured times."""
+    root = make_folder(2, 8)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PRESTAGE_", "FAKE_"))}
+    env.update({"PRESTAGE_CUDART": str(fake_gpu_libs["cudart"]),
+                "PRESTAGE_NVJPEG": str(fake_gpu_libs["nvjpeg"]),
+                "PRESTAGE_NPP": str(fake_gpu_libs["npp"])})
+    done = subprocess.run([sys.executable, "-c", _SHARE, str(root),
+                           json.dumps({k: str(v) for k, v in fake_gpu_libs.items()}),
+                           json.dumps(share)],
+                          env=env, capture_output=True, text=True, timeout=300)
+    s = report(done)
+    assert {"share", "share_auto", "share_why", "share_moves", "gpu_ms_per_image",
+            "cpu_ms_per_image"} <= set(s)
+    assert s["gpu_ms_per_image"] == pytest.approx(2.0, rel=1e-3)
+    assert s["cpu_ms_per_image"] > 0
+    if share == 0.25:
+        assert s["share_auto"] is False and s["share"] == 0.25 and s["share_moves"] == 0
+        assert s["share_why"].startswith("given")
+        assert s["cpu_share"] == 2 * s["batches"]  # round(0.25 * 8) of each batch
+    else:
+        assert s["share_auto"] is True and s["share_moves"] >= 1
+        assert s["share_why"].startswith("sized at run time")
+        balance = s["gpu_ms_per_image"] / (s["gpu_ms_per_image"] + s["cpu_ms_per_image"])
+        assert abs(s["share"] - balance) <= 0.06
+        assert s["share"] > 0.5
+
+
+def test_gpu_cpu_share_values(folder):
+    cat = prestage.Catalog.from_folder(folder)
+    assert prestage.Loader(cat, batch_size=4).options.gpu_cpu_share == \
+        prestage._core.LoaderOptions.AUTO_SHARE
+    for bad in (-0.5, 1.0, "half", True):
+        with pytest.raises(prestage.ConfigError, match="gpu_cpu_share"):
+            prestage.Loader(cat, batch_size=4, image_size=(16, 16), gpu_cpu_share=bad)
+
+
+_CROP = textwrap.dedent("""
+    import ctypes, json, sys
+    import prestage
+    root, libs, crop = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3]
+    nvjpeg = ctypes.CDLL(libs["nvjpeg"])  # the loader's own copy (same path)
+    nvjpeg.fake_nvjpeg_configure(7, 1)  # a hardware engine
+    nvjpeg.fake_nvjpeg_image_ns(ctypes.c_uint64(1_000_000))
+    nvjpeg.fake_nvjpeg_roi_image_ns(ctypes.c_uint64(300_000))  # regions: faster
+    cat = prestage.Catalog.from_folder(root)
+    with prestage.Loader(cat, batch_size=4, image_size=(24, 32), readers=2, depth=3,
+                         transform="random-resized-crop", gpu_cpu_share=0, decode_device="cuda",
+                         gpu_crop=crop) as loader:
+        for epoch in range(3):
+            loader.set_epoch(epoch)
+            for batch in loader:
+                del batch
+        loader.close()
+        print(json.dumps(loader.stats()["gpu_decode"]))
+""")
+
+
+@pytest.mark.parametrize("crop", ["auto", "resize", "roi"])
+def test_gpu_crop_auto_keeps_the_faster_way_a_way_given_stays(make_folder, fake_gpu_libs, crop):
+    root = make_folder(2, 8)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PRESTAGE_", "FAKE_"))}
+    env.update({"PRESTAGE_CUDART": str(fake_gpu_libs["cudart"]),
+                "PRESTAGE_NVJPEG": str(fake_gpu_libs["nvjpeg"]),
+                "PRESTAGE_NPP": str(fake_gpu_libs["npp"])})
+    done = subprocess.run([sys.executable, "-c", _CROP, str(root),
+                           json.dumps({k: str(v) for k, v in fake_gpu_libs.items()}), crop],
+                          env=env, capture_output=True, text=True, timeout=300)
+    s = report(done)
+    assert s["hardware"] >= 3 * 16
+    if crop == "resize":
+        assert s["crop"] == "resize" and s["roi"] == 0 and s["crop_why"].startswith("given")
+    elif crop == "roi":
+        assert s["crop"] == "roi" and s["roi"] == s["hardware"] and s["crop_why"].startswith("given")
+    else:  # regions take 0.3 ms per image on the double's GPU, whole images 1 ms
+        assert s["crop"] == "roi" and s["crop_why"].startswith("measured")
+        assert s["roi"] >= s["hardware"] // 2
+
+
+def test_gpu_crop_values(folder):
+    cat = prestage.Catalog.from_folder(folder)
+    assert prestage.Loader(cat, batch_size=4).options.gpu_crop == prestage._core.GpuCrop.auto
+    with pytest.raises(prestage.ConfigError, match="gpu_crop"):
+        prestage.Loader(cat, batch_size=4, image_size=(16, 16), gpu_crop="npp")

@@ -435,7 +435,9 @@ def test_stats_keys_are_the_documented_ones(folder):
         "peers_closed", "peer_reads_to_pfs", "sources", "gpu_decode"}
     assert set(s["gpu_decode"]) == {"on", "why", "batches", "hardware", "gpu", "cpu_share",
                                     "cpu_unsupported", "cpu_gpu_failed", "cpu_replacements",
-                                    "buffer_growths", "decoders"}
+                                    "buffer_growths", "decoders", "share", "share_auto",
+                                    "share_why", "share_moves", "gpu_ms_per_image",
+                                    "cpu_ms_per_image", "crop", "crop_why", "roi"}
     assert s["gpu_decode"]["on"] is False
     assert s["peer_tier"] is False and s["peer_tier_why"] == "not asked for (peers=False)"
     assert set(s["tuning"]) == {"on", "readers", "reads_in_flight", "lookahead", "steps_kept",

@@ -74,6 +74,17 @@ enum class DecodeDevice {
   kCuda,
 };
 
+// decode_device=kCuda, images on nvJPEG's hardware engine: where the crop box is applied.
+enum class GpuCrop {
+  // The first batches are timed each way (the GPU's time per image, kResize and kRoi in turn) and
+  // the faster is kept (Stats::gpu_decode.crop says which and why). Without a hardware engine, or
+  // without nvJPEG's per-image parameters (nvjpegDecodeBatchedEx), kResize without trials.
+  kAuto,
+  kResize,  // nvJPEG decodes the whole image; NPP's resize reads the box out of it
+  kRoi,     // nvJPEG decodes only the box (a region per image); NPP resizes all of it. Images
+            // the engine cannot take with their region go to the CUDA backend, as kResize.
+};
+
 struct ImageSize {
   uint32_t height = 0;
   uint32_t width = 0;
@@ -165,10 +176,16 @@ struct LoaderOptions {
 
   // kJpeg with an image_size: where images are decoded (DecodeDevice).
   DecodeDevice decode_device = DecodeDevice::kCpu;
-  // decode_device=kCuda: the fixed fraction of each batch, in [0, 1), decoded by the CPU path (its
-  // last round(share x size) samples) while the GPU decodes the rest; the CPU's pixels are copied
-  // into the device batch. Fixed for now: nothing sizes it at run time yet.
-  double gpu_cpu_share = 0.0;
+  // decode_device=kCuda: the fraction of each batch decoded by the CPU path (its last
+  // round(share x size) samples, on the readers) while the GPU decodes the rest; the CPU's pixels
+  // are copied into the device batch. kAutoShare: sized at run time so that both parts of a batch
+  // finish together, from their measured times (decode/gpu_share.hpp; between 1 and size - 1
+  // samples); it follows the self-tuning's reader steps. A value in [0, 1) given is kept as it is.
+  // Stats::gpu_decode says which share is in use and why.
+  static constexpr double kAutoShare = -1.0;
+  double gpu_cpu_share = kAutoShare;
+  // decode_device=kCuda: where the crop box is applied on the hardware engine (GpuCrop).
+  GpuCrop gpu_crop = GpuCrop::kAuto;
 
   // kNpz: the member to take from each archive, without ".npy"; empty: the archive's only array.
   std::string array_name;

@@ -136,7 +136,7 @@ struct Stats {
     uint64_t batches = 0;
     uint64_t hardware = 0;         // nvJPEG's hardware engine
     uint64_t gpu = 0;              // nvJPEG's default (CUDA) backend
-    uint64_t cpu_share = 0;        // the CPU's fixed share of each batch (gpu_cpu_share)
+    uint64_t cpu_share = 0;        // the CPU's share of each batch (gpu_cpu_share)
     uint64_t cpu_unsupported = 0;  // fallbacks: files the GPU cannot take (CMYK, 4:1:1, headers
                                    // nvJPEG refuses, corrupt files, over max_pixels; a progressive
                                    // file goes from the hardware engine to the CUDA backend)
@@ -144,6 +144,23 @@ struct Stats {
     uint64_t cpu_replacements = 0; // on_error=skip: replacements, decoded by the CPU path
     uint64_t buffer_growths = 0;
     uint64_t decoders = 0;         // GPU decoders made (one per ring slot used)
+    // The CPU's share of the next batches (LoaderOptions::gpu_cpu_share): given (fixed), or sized
+    // at run time (share_auto) so that both parts of a batch finish together; share_why says from
+    // what (decode/gpu_share.hpp); share_moves counts its changes. The measured times per image,
+    // smoothed (0: none measured yet): the GPU's part from its submission to its completion, the
+    // CPU's part as the readers' wall time on it.
+    double share = 0;
+    bool share_auto = false;
+    std::string share_why;
+    uint64_t share_moves = 0;
+    double gpu_ms_per_image = 0;
+    double cpu_ms_per_image = 0;
+    // Where the hardware engine applies the crop boxes (LoaderOptions::gpu_crop): "resize" or
+    // "roi" ("trying" while the first batches are timed each way), why, and the images of which
+    // only the box was decoded (of `hardware`).
+    std::string crop;
+    std::string crop_why;
+    uint64_t roi = 0;
   };
   GpuDecode gpu_decode;
 

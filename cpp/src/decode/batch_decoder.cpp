@@ -1,9 +1,12 @@
 #include "decode/batch_decoder.hpp"
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
+#include <cstdint>
 #include <new>
+#include <optional>
 #include <string>
 
 #include <oneapi/tbb/parallel_for.h>
@@ -60,6 +63,14 @@ struct BatchDecoder::Reader {
     if (!decoder) decoder = std::make_unique<SampleDecoder>(c);
     return *decoder;
   }
+};
+
+struct BatchDecoder::GpuSlot {
+  GpuSlot(const gpu::Libraries& libraries, const GpuJpegDecoder::Options& options)
+      : decoder(libraries, options) {}
+  GpuJpegDecoder decoder;
+  std::optional<GpuShareSample> pending;  // the last batch's times, its GPU time still unknown
+  GpuCrop pending_crop = GpuCrop::kResize;  // the way that batch applied its crop boxes
 };
 
 // One batch's decode: the three steps, each sample's size and fill by codec, and replacement.
@@ -349,46 +360,77 @@ class BatchDecoder::Run {
       return GpuJpegDecoder::Sample{s_.jpegs[i], b_.epoch,
                                     static_cast<uint64_t>(slot_.indices[i]), &s_.paths[i]};
     };
-    // The CPU's share (the batch's last samples, as GpuJpegDecoder would take them) is decoded
-    // here, on the readers, while the GPU works on the rest.
-    const size_t cpu_count = std::min(
-        n, static_cast<size_t>(std::llround(d_.options_.gpu_cpu_share * static_cast<double>(n))));
+    // The CPU's share (the batch's last samples, as GpuJpegDecoder would take them), sized so
+    // that both parts finish together (GpuShare), is decoded by the readers while one of them
+    // submits the GPU's part and the GPU works on it.
+    const size_t cpu_count = d_.share_->cpu_count(n);
     const size_t gpu_count = n - cpu_count;
     s_.gpu_samples.clear();
     for (size_t i = 0; i < gpu_count; ++i) s_.gpu_samples.push_back(gpu_sample(i));
-    const auto start = Clock::now();
     try {
       // The current device is the thread's: the arena's threads start on device 0.
-      if (const int code = d_.gpu_->set_device(d_.gpu_device_); code != gpu::kCudaSuccess) {
-        throw GpuError("GPU decode: cudaSetDevice failed: " + d_.gpu_->cuda_error(code));
-      }
-      GpuJpegDecoder& gpu = d_.gpu_decoder(slot_);
+      const auto on_device = [&] {
+        if (const int code = d_.gpu_->set_device(d_.gpu_device_); code != gpu::kCudaSuccess) {
+          throw GpuError("GPU decode: cudaSetDevice failed: " + d_.gpu_->cuda_error(code));
+        }
+      };
+      on_device();
+      GpuSlot& slot_gpu = d_.gpu_slot(slot_);
+      GpuJpegDecoder& gpu = slot_gpu.decoder;
+      // The slot's previous batch is done: its copies out of the CPU's places (which the share
+      // is about to write), and its GPU time if that was not known when it ended.
+      gpu.wait();
+      d_.measure(slot_gpu);
       const GpuJpegDecoder::Counters before = gpu.counters();
-      gpu.decode(s_.gpu_samples, 0, s_.routes, s_.gpu_errors);
-      d_.busy_ns_.fetch_add(
-          std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - start).count(),
-          std::memory_order_relaxed);
-      if (cpu_count > 0) {
-        s_.gpu_errors.resize(n);  // the share's places: filled by its failures
-        each(
-            [&](size_t i) {
-              if (i < gpu_count) return;
-              const std::span<std::byte> place = gpu.cpu_place(i);
-              Reader& r = reader();
-              const uint64_t id = static_cast<uint64_t>(slot_.indices[i]);
-              JpegDecoder& jpeg = r.codec(d_.codec_).jpeg;
+      const GpuCrop crop = d_.crop_->next();
+      std::exception_ptr gpu_failure;
+      s_.share_errors.assign(n, nullptr);
+      // The share's wall time: its first start to its last end, on whichever readers took it.
+      std::atomic<int64_t> first_start{INT64_MAX}, last_end{INT64_MIN};
+      const auto now_ns = [] {
+        return std::chrono::duration_cast<std::chrono::nanoseconds>(
+                   Clock::now().time_since_epoch())
+            .count();
+      };
+      each(
+          [&](size_t i) {
+            if (i == 0) {
               try {
-                if (d_.options_.transform == Transform::kRandomResizedCrop) {
-                  jpeg.decode_random_crop(s_.jpegs[i], size, d_.options_.seed, b_.epoch, id, place,
-                                          s_.paths[i]);
-                } else {
-                  jpeg.decode_resized(s_.jpegs[i], size, place, s_.paths[i]);
-                }
+                on_device();
+                gpu.decode(s_.gpu_samples, 0, s_.routes, s_.gpu_errors, crop == GpuCrop::kRoi);
               } catch (...) {
-                s_.gpu_errors[i] = std::current_exception();  // replaced below, as the GPU's
+                gpu_failure = std::current_exception();
               }
-            },
-            [](size_t, uint64_t) {});
+            }
+            if (i < gpu_count) return;
+            const int64_t started = now_ns();
+            int64_t seen = first_start.load(std::memory_order_relaxed);
+            while (started < seen && !first_start.compare_exchange_weak(seen, started)) {
+            }
+            const std::span<std::byte> place = gpu.cpu_place(i);
+            Reader& r = reader();
+            const uint64_t id = static_cast<uint64_t>(slot_.indices[i]);
+            JpegDecoder& jpeg = r.codec(d_.codec_).jpeg;
+            try {
+              if (d_.options_.transform == Transform::kRandomResizedCrop) {
+                jpeg.decode_random_crop(s_.jpegs[i], size, d_.options_.seed, b_.epoch, id, place,
+                                        s_.paths[i]);
+              } else {
+                jpeg.decode_resized(s_.jpegs[i], size, place, s_.paths[i]);
+              }
+            } catch (...) {
+              s_.share_errors[i] = std::current_exception();  // replaced below, as the GPU's
+            }
+            const int64_t ended = now_ns();
+            seen = last_end.load(std::memory_order_relaxed);
+            while (ended > seen && !last_end.compare_exchange_weak(seen, ended)) {
+            }
+          },
+          [](size_t, uint64_t) {});
+      if (gpu_failure) std::rethrow_exception(gpu_failure);
+      s_.gpu_errors.resize(n);
+      for (size_t i = gpu_count; i < n; ++i) s_.gpu_errors[i] = s_.share_errors[i];
+      if (cpu_count > 0) {
         // A failed sample's place is filled by its replacement (decode_on_cpu), or stays undefined.
         s_.cpu_positions.clear();
         for (size_t i = gpu_count; i < n; ++i) {
@@ -396,6 +438,11 @@ class BatchDecoder::Run {
         }
         gpu.upload(0, s_.cpu_positions);
       }
+      slot_gpu.pending_crop = crop;
+      slot_gpu.pending = GpuShareSample{
+          gpu_count, 0, cpu_count,
+          cpu_count > 0 ? static_cast<double>(last_end.load() - first_start.load()) * 1e-9 : 0};
+      d_.measure(slot_gpu);  // now if the GPU is done, else at the slot's next batch
       // Counted together, once the batch's share is decoded too.
       d_.count_gpu(before, gpu.counters(), cpu_count);
       for (size_t i = 0; i < n; ++i) {
@@ -537,15 +584,30 @@ BatchDecoder::BatchDecoder(const LoaderOptions& options, const Codec& codec, Ima
   gpu_options_.max_pixels = options.max_pixels;
   gpu_options_.cpu_share = 0.0;  // the CPU's share is decoded on the readers (Run::gpu_run)
   gpu_options_.outputs = 1;  // one decoder per ring slot: its device batch is the slot's
+  share_ = std::make_unique<GpuShare>(options.gpu_cpu_share, options.readers);
+  gpu_options_.roi = options.gpu_crop != GpuCrop::kResize;
+  crop_ = std::make_unique<GpuCropChoice>(options.gpu_crop, libraries.roi());
   gpu_ = &libraries;
 }
 
-GpuJpegDecoder& BatchDecoder::gpu_decoder(Slot& slot) {
+BatchDecoder::GpuSlot& BatchDecoder::gpu_slot(Slot& slot) {
   if (!slot.gpu) {
-    slot.gpu = std::make_shared<GpuJpegDecoder>(*gpu_, gpu_options_);
+    auto made = std::make_shared<GpuSlot>(*gpu_, gpu_options_);
+    if (!made->decoder.roi_available()) crop_->roi_unavailable();
+    slot.gpu = std::move(made);
     gpu_decoders_.fetch_add(1, std::memory_order_relaxed);
   }
-  return *static_cast<GpuJpegDecoder*>(slot.gpu.get());
+  return *static_cast<GpuSlot*>(slot.gpu.get());
+}
+
+void BatchDecoder::measure(GpuSlot& gpu) {
+  if (!gpu.pending) return;
+  const std::optional<double> seconds = gpu.decoder.gpu_seconds();
+  if (!seconds) return;
+  gpu.pending->gpu_s = *seconds;
+  share_->observe(*gpu.pending);
+  crop_->observe(gpu.pending_crop, gpu.pending->gpu_images, *seconds);
+  gpu.pending.reset();
 }
 
 void BatchDecoder::count_gpu(const GpuJpegDecoder::Counters& before,
@@ -561,6 +623,7 @@ void BatchDecoder::count_gpu(const GpuJpegDecoder::Counters& before,
   add(gpu_cpu_unsupported_, before.cpu_unsupported, after.cpu_unsupported);
   add(gpu_cpu_failed_, before.cpu_gpu_failed, after.cpu_gpu_failed);
   add(gpu_growths_, before.buffer_growths, after.buffer_growths);
+  add(gpu_roi_, before.roi, after.roi);
 }
 
 Stats::GpuDecode BatchDecoder::gpu_stats() const {
@@ -578,6 +641,17 @@ Stats::GpuDecode BatchDecoder::gpu_stats() const {
   g.cpu_replacements = get(gpu_replacements_);
   g.buffer_growths = get(gpu_growths_);
   g.decoders = get(gpu_decoders_);
+  const GpuShare::Report share = share_->report();
+  g.share = share.share;
+  g.share_auto = share.automatic;
+  g.share_why = share.why;
+  g.share_moves = share.moves;
+  g.gpu_ms_per_image = share.gpu_ms_per_image;
+  g.cpu_ms_per_image = share.cpu_ms_per_image;
+  const GpuCropChoice::Report crop = crop_->report();
+  g.crop = crop.crop == GpuCrop::kRoi ? "roi" : crop.crop == GpuCrop::kResize ? "resize" : "trying";
+  g.crop_why = crop.why;
+  g.roi = get(gpu_roi_);
   return g;
 }
 

@@ -16,6 +16,7 @@
 #include <oneapi/tbb/enumerable_thread_specific.h>
 
 #include "decode/gpu_jpeg.hpp"
+#include "decode/gpu_share.hpp"
 #include "decode/registry.hpp"
 #include "decode/transform.hpp"
 #include "memory/batch_ring.hpp"
@@ -59,6 +60,7 @@ struct BatchScratch {
   std::vector<GpuJpegDecoder::Sample> gpu_samples;
   std::vector<GpuRoute> routes;
   std::vector<std::exception_ptr> gpu_errors;
+  std::vector<std::exception_ptr> share_errors;  // the CPU's share: its failures, by position
   std::vector<size_t> cpu_positions;  // the CPU's share of the batch
 };
 
@@ -82,6 +84,11 @@ class BatchDecoder {
   // At most `limit` samples decoded at once (the self-tuning's readers; Gate::kOpen: as many as
   // the arena has threads). Any thread, at any time.
   void set_concurrency(uint64_t limit) { gate_.set_limit(limit); }
+  // decode_device=cuda: the self-tuning moved the readers from `from` to `to`; the CPU's share of
+  // each batch follows at once (GpuShare::readers_changed). Any thread.
+  void readers_changed(uint64_t from, uint64_t to) {
+    if (share_) share_->readers_changed(from, to);
+  }
 
   // Drops the per-thread codec contexts (the threads that made them are about to go).
   void clear_thread_state();
@@ -111,8 +118,13 @@ class BatchDecoder {
   class Run;
   // decode=locate: one byte per sample, the tier that holds its bytes now (Tiers::locate).
   void locate(const BatchSamples& batch, Slot& slot);
-  // decode_device=cuda: the slot's GPU decoder, made at its first use (throws GpuError).
-  GpuJpegDecoder& gpu_decoder(Slot& slot);
+  // decode_device=cuda: a ring slot's GPU decoder, and the times of its last batch while the GPU's
+  // is not known yet.
+  struct GpuSlot;
+  // The slot's, made at its first use (throws GpuError).
+  GpuSlot& gpu_slot(Slot& slot);
+  // Hands the share the times of the slot's last batch if its GPU time is known now.
+  void measure(GpuSlot& gpu);
   // Adds what one decode() of a GPU decoder counted, and the batch's CPU share.
   void count_gpu(const GpuJpegDecoder::Counters& before, const GpuJpegDecoder::Counters& after,
                  uint64_t cpu_share);
@@ -130,10 +142,12 @@ class BatchDecoder {
   const gpu::Libraries* gpu_ = nullptr;  // decode_device=cuda: the libraries; else null
   int gpu_device_ = 0;                     // the CUDA device the decoders use
   GpuJpegDecoder::Options gpu_options_;
+  std::unique_ptr<GpuShare> share_;      // decode_device=cuda: the CPU's share of each batch
+  std::unique_ptr<GpuCropChoice> crop_;  // decode_device=cuda: where the crop box is applied
   // The GPU decoders' counters, summed; replacements decoded by the CPU path; decoders made.
   std::atomic<uint64_t> gpu_batches_{0}, gpu_hardware_{0}, gpu_gpu_{0}, gpu_cpu_share_{0},
       gpu_cpu_unsupported_{0}, gpu_cpu_failed_{0}, gpu_replacements_{0}, gpu_growths_{0},
-      gpu_decoders_{0};
+      gpu_roi_{0}, gpu_decoders_{0};
   Gate gate_;
 };
 

@@ -65,13 +65,17 @@ struct GpuJpegDecoder::Plan {
   std::vector<const unsigned char*> data[2];
   std::vector<size_t> lengths[2];
   std::vector<gpu::NvjpegImage> images[2];
-  explicit Plan(size_t n) : boxes(n), widths(n), heights(n), input_offsets(n), decoded_offsets(n) {
+  std::vector<gpu::NvjpegParams> params;  // the hardware lane's, where it decodes crop boxes
+  std::vector<uint8_t> cropped;           // per position: only its box was decoded
+  explicit Plan(size_t n)
+      : boxes(n), widths(n), heights(n), input_offsets(n), decoded_offsets(n), cropped(n) {
     for (int lane = 0; lane < 2; ++lane) {
       members[lane].reserve(n);
       data[lane].reserve(n);
       lengths[lane].reserve(n);
       images[lane].reserve(n);
     }
+    params.reserve(n);
   }
 };
 
@@ -118,6 +122,12 @@ GpuJpegDecoder::GpuJpegDecoder(const gpu::Libraries& libraries, const Options& o
     npp_.stream_flags = gpu::kStreamNonBlocking;
     check_cuda(lib_.event_create_with_flags(&staged_, gpu::kEventDisableTiming),
                "cudaEventCreateWithFlags");
+    // Timing events (no cudaEventDisableTiming): the share of each batch the CPU takes is sized
+    // from the GPU's time on its part (decode/gpu_share.hpp).
+    check_cuda(lib_.event_create_with_flags(&began_, gpu::kEventDefault),
+               "cudaEventCreateWithFlags");
+    check_cuda(lib_.event_create_with_flags(&gpu_done_, gpu::kEventDefault),
+               "cudaEventCreateWithFlags");
     ready_.reserve(options_.outputs);
     for (size_t k = 0; k < options_.outputs; ++k) {
       gpu::Event event = nullptr;
@@ -155,6 +165,16 @@ GpuJpegDecoder::GpuJpegDecoder(const gpu::Libraries& libraries, const Options& o
         gpu::NvjpegStream s = nullptr;
         check_nvjpeg(lib_.nvjpeg_stream_create(hw_handle_, &s), "nvjpegJpegStreamCreate");
         streams_.push_back(s);
+      }
+      if (options_.roi && lib_.roi()) {
+        params_.reserve(options_.max_batch);
+        for (size_t i = 0; i < options_.max_batch; ++i) {
+          gpu::NvjpegParams p = nullptr;
+          check_nvjpeg(lib_.nvjpeg_params_create(hw_handle_, &p), "nvjpegDecodeParamsCreate");
+          params_.push_back(p);
+          check_nvjpeg(lib_.nvjpeg_params_set_output_format(p, gpu::kOutputRgbi),
+                       "nvjpegDecodeParamsSetOutputFormat");
+        }
       }
     }
     check_nvjpeg(lib_.nvjpeg_create_ex(gpu::kBackendDefault, nullptr, nullptr, 0, &handle_),
@@ -196,6 +216,8 @@ void GpuJpegDecoder::destroy() noexcept {
   cpu_output_ = input_ = flip_ = decoded_ = nullptr;
   for (gpu::NvjpegStream s : streams_) lib_.nvjpeg_stream_destroy(s);
   streams_.clear();
+  for (gpu::NvjpegParams p : params_) lib_.nvjpeg_params_destroy(p);
+  params_.clear();
   if (state_ != nullptr) lib_.nvjpeg_state_destroy(state_);
   if (handle_ != nullptr) lib_.nvjpeg_destroy(handle_);
   if (hw_state_ != nullptr) lib_.nvjpeg_state_destroy(hw_state_);
@@ -207,7 +229,10 @@ void GpuJpegDecoder::destroy() noexcept {
   for (gpu::Event event : ready_) lib_.event_destroy(event);
   ready_.clear();
   if (staged_ != nullptr) lib_.event_destroy(staged_);
+  if (began_ != nullptr) lib_.event_destroy(began_);
+  if (gpu_done_ != nullptr) lib_.event_destroy(gpu_done_);
   if (stream_ != nullptr) lib_.stream_destroy(stream_);
+  began_ = gpu_done_ = nullptr;
   staged_ = nullptr;
   stream_ = nullptr;
 }
@@ -244,8 +269,8 @@ void GpuJpegDecoder::grow(std::byte*& buffer, size_t& capacity, size_t needed,
 }
 
 void GpuJpegDecoder::decode(std::span<const Sample> samples, size_t k,
-                            std::vector<GpuRoute>& routes,
-                            std::vector<std::exception_ptr>& errors) {
+                            std::vector<GpuRoute>& routes, std::vector<std::exception_ptr>& errors,
+                            bool roi) {
   const size_t n = samples.size();
   if (n > options_.max_batch || k >= outputs_.size()) {
     throw std::logic_error("GpuJpegDecoder::decode: batch too large or no such output");
@@ -253,9 +278,11 @@ void GpuJpegDecoder::decode(std::span<const Sample> samples, size_t k,
   routes.assign(n, GpuRoute::kGpu);
   errors.assign(n, nullptr);
   // The previous batch's work reads the staging buffers.
-  check_cuda(lib_.event_synchronize(staged_), "cudaEventSynchronize");
+  wait();
+  timed_ = false;
+  check_cuda(lib_.event_record(began_, stream_), "cudaEventRecord");
   try {
-    queue(samples, outputs_[k], routes, errors);
+    queue(samples, outputs_[k], routes, errors, roi && roi_available());
   } catch (...) {
     // Work queued before the failure still reads the staging buffers: it ends before they are
     // reused or freed (staged_ was not recorded for it).
@@ -269,7 +296,7 @@ void GpuJpegDecoder::decode(std::span<const Sample> samples, size_t k,
 
 void GpuJpegDecoder::queue(std::span<const Sample> samples, std::byte* output,
                            std::vector<GpuRoute>& routes,
-                           std::vector<std::exception_ptr>& errors) {
+                           std::vector<std::exception_ptr>& errors, bool roi) {
   const size_t n = samples.size();
   Plan& plan = *plan_;
 
@@ -318,26 +345,43 @@ void GpuJpegDecoder::queue(std::span<const Sample> samples, std::byte* output,
     plan.lengths[lane].clear();
     plan.images[lane].clear();
   }
+  plan.params.clear();
   for (size_t i = 0; i < n; ++i) {
+    plan.cropped[i] = 0;
     if (routes[i] != GpuRoute::kGpu) continue;
     const Sample& s = samples[i];
     auto* staged = reinterpret_cast<unsigned char*>(input_ + plan.input_offsets[i]);
     std::memcpy(staged, s.jpeg.data(), s.jpeg.size());
     int lane = 1;
     if (hw_handle_ != nullptr) {
+      const CropBox& box = plan.boxes[i];
       int unsupported = 1;
-      if (lib_.nvjpeg_stream_parse(hw_handle_, staged, s.jpeg.size(), 0, 0, streams_[i]) ==
+      // With crop boxes, the engine is asked about this image with its box (DALI's check): one it
+      // declines is decoded whole on the default backend.
+      const bool taken =
+          lib_.nvjpeg_stream_parse(hw_handle_, staged, s.jpeg.size(), 0, 0, streams_[i]) ==
               gpu::kNvjpegSuccess &&
-          lib_.nvjpeg_decode_batched_supported(hw_handle_, streams_[i], &unsupported) ==
-              gpu::kNvjpegSuccess &&
-          unsupported == 0) {
+          (roi ? lib_.nvjpeg_params_set_roi(params_[i], box.left, box.top, box.width,
+                                            box.height) == gpu::kNvjpegSuccess &&
+                     lib_.nvjpeg_decode_batched_supported_ex(hw_handle_, streams_[i], params_[i],
+                                                             &unsupported) == gpu::kNvjpegSuccess
+               : lib_.nvjpeg_decode_batched_supported(hw_handle_, streams_[i], &unsupported) ==
+                     gpu::kNvjpegSuccess) &&
+          unsupported == 0;
+      if (taken) {
         lane = 0;
         routes[i] = GpuRoute::kHardware;
+        if (roi) {
+          plan.cropped[i] = 1;
+          plan.params.push_back(params_[i]);
+        }
       }
     }
     gpu::NvjpegImage image{};
     image.channel[0] = reinterpret_cast<unsigned char*>(decoded_ + plan.decoded_offsets[i]);
-    image.pitch[0] = static_cast<size_t>(plan.widths[i]) * kRgbBytes;
+    // A cropped image is its box, rows of box.width pixels (in the whole image's staging place).
+    image.pitch[0] =
+        static_cast<size_t>(plan.cropped[i] ? plan.boxes[i].width : plan.widths[i]) * kRgbBytes;
     plan.members[lane].push_back(i);
     plan.data[lane].push_back(staged);
     plan.lengths[lane].push_back(s.jpeg.size());
@@ -352,9 +396,16 @@ void GpuJpegDecoder::queue(std::span<const Sample> samples, std::byte* output,
     const int count = static_cast<int>(plan.members[lane].size());
     bool ok = lib_.nvjpeg_decode_batched_initialize(handle, state, count, 1, gpu::kOutputRgbi) ==
               gpu::kNvjpegSuccess;
-    ok = ok && lib_.nvjpeg_decode_batched(handle, state, plan.data[lane].data(),
-                                          plan.lengths[lane].data(), plan.images[lane].data(),
-                                          stream_) == gpu::kNvjpegSuccess;
+    if (lane == 0 && roi) {
+      ok = ok && lib_.nvjpeg_decode_batched_ex(handle, state, plan.data[lane].data(),
+                                               plan.lengths[lane].data(),
+                                               plan.images[lane].data(), plan.params.data(),
+                                               stream_) == gpu::kNvjpegSuccess;
+    } else {
+      ok = ok && lib_.nvjpeg_decode_batched(handle, state, plan.data[lane].data(),
+                                            plan.lengths[lane].data(), plan.images[lane].data(),
+                                            stream_) == gpu::kNvjpegSuccess;
+    }
     if (!ok) {
       for (size_t i : plan.members[lane]) routes[i] = GpuRoute::kCpuGpuFailed;
     }
@@ -371,10 +422,15 @@ void GpuJpegDecoder::queue(std::span<const Sample> samples, std::byte* output,
     uint8_t* resized = reinterpret_cast<uint8_t*>(box.flip ? flip_ : dst);
     const int interpolation =
         box.width > out_w && box.height > out_h ? kNppInterSuper : gpu::kNppInterLinear;
+    // Whole: the box is read out of the image; cropped: the decoded image is the box.
+    const bool cropped = plan.cropped[i] != 0;
+    const gpu::NppSize source = cropped ? gpu::NppSize{box.width, box.height}
+                                        : gpu::NppSize{plan.widths[i], plan.heights[i]};
+    const gpu::NppRect window = cropped ? gpu::NppRect{0, 0, box.width, box.height}
+                                        : gpu::NppRect{box.left, box.top, box.width, box.height};
     const int status = lib_.npp_resize_8u_c3r(
         reinterpret_cast<const uint8_t*>(decoded_ + plan.decoded_offsets[i]),
-        plan.widths[i] * static_cast<int>(kRgbBytes), gpu::NppSize{plan.widths[i], plan.heights[i]},
-        gpu::NppRect{box.left, box.top, box.width, box.height}, resized, out_step,
+        source.width * static_cast<int>(kRgbBytes), source, window, resized, out_step,
         gpu::NppSize{out_w, out_h}, gpu::NppRect{0, 0, out_w, out_h}, interpolation, npp_);
     if (status < 0) {
       throw GpuError("GPU decode: nppiResize_8u_C3R_Ctx failed: NppStatus " +
@@ -391,10 +447,16 @@ void GpuJpegDecoder::queue(std::span<const Sample> samples, std::byte* output,
     }
   }
 
+  check_cuda(lib_.event_record(gpu_done_, stream_), "cudaEventRecord");
+  timed_ = true;
+
   // 5. The CPU's samples, decoded as the CPU path does, then copied into their places.
   for (size_t i = 0; i < n; ++i) {
     switch (routes[i]) {
-      case GpuRoute::kHardware: ++counters_.hardware; continue;
+      case GpuRoute::kHardware:
+        ++counters_.hardware;
+        counters_.roi += plan.cropped[i];
+        continue;
       case GpuRoute::kGpu: ++counters_.gpu; continue;
       case GpuRoute::kCpuShare: ++counters_.cpu_share; break;
       case GpuRoute::kCpuUnsupported: ++counters_.cpu_unsupported; break;
@@ -410,6 +472,19 @@ void GpuJpegDecoder::queue(std::span<const Sample> samples, std::byte* output,
                                  sample_bytes_, gpu::kMemcpyHostToDevice, stream_),
                "cudaMemcpyAsync");
   }
+}
+
+void GpuJpegDecoder::wait() {
+  check_cuda(lib_.event_synchronize(staged_), "cudaEventSynchronize");
+}
+
+std::optional<double> GpuJpegDecoder::gpu_seconds() const {
+  if (!timed_) return std::nullopt;
+  float ms = 0;
+  // Not ready: the work still runs. Any other code: no measurement, which is no reason to fail a
+  // batch whose work was queued.
+  if (lib_.event_elapsed_time(&ms, began_, gpu_done_) != gpu::kCudaSuccess) return std::nullopt;
+  return static_cast<double>(ms) * 1e-3;
 }
 
 void GpuJpegDecoder::decode_cpu_place(const Sample& s, size_t i) {

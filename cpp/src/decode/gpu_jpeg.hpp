@@ -1,7 +1,8 @@
 // Stage 3 on the GPU: a batch of JPEGs decoded by nvJPEG into device memory, cropped and resized by
-// NPP with the boxes the CPU path draws (decode/transform.hpp), flipped, and written as one device
-// batch (NHWC, uint8). Images the GPU cannot take (CMYK, 4:1:1/4:1:0, over max_pixels, headers
-// nvJPEG refuses, a lane whose batched decode fails) and a fixed share of each batch go to the CPU
+// NPP with the boxes the CPU path draws (decode/transform.hpp; or only the boxes decoded, by the
+// hardware engine, then resized whole), flipped, and written as one device batch (NHWC, uint8).
+// Images the GPU cannot take (CMYK, 4:1:1/4:1:0, over max_pixels, headers nvJPEG refuses, a lane
+// whose batched decode fails) and a fixed share of each batch (Options::cpu_share) go to the CPU
 // path (JpegDecoder), whose pixels are copied into the same device batch; a CPU failure is the CPU
 // path's own DecodeError, kept per sample. Only gpu_libs.hpp's declarations are used: no CUDA
 // header at build time.
@@ -12,6 +13,7 @@
 #include <exception>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -34,7 +36,7 @@ class GpuError : public Error {
 enum class GpuRoute : uint8_t {
   kHardware,        // nvJPEG's hardware engine (A100, H100)
   kGpu,             // nvJPEG's default (CUDA/hybrid) backend
-  kCpuShare,        // the CPU's fixed share of the batch (gpu_cpu_share)
+  kCpuShare,        // the CPU's share of the batch (Options::cpu_share)
   kCpuUnsupported,  // the GPU cannot take it (format, size, a header nvJPEG refuses)
   kCpuGpuFailed,    // its lane's batched decode failed on the GPU
 };
@@ -57,6 +59,9 @@ class GpuJpegDecoder {
     uint64_t max_pixels = 0;  // larger images go to the CPU path (which refuses them)
     double cpu_share = 0.0;                  // in [0, 1): the last round(share * n) go to the CPU
     size_t outputs = 1;  // device batches, each with its event: one per slot of the batch ring
+    // Make what decode(..., roi=true) needs (a decode parameter object per batch place), where
+    // there is a hardware engine and the library has the calls (gpu::Libraries::roi()).
+    bool roi = false;
   };
   struct Sample {
     std::span<const std::byte> jpeg;  // host memory, valid during decode()
@@ -71,6 +76,7 @@ class GpuJpegDecoder {
     uint64_t cpu_share = 0;
     uint64_t cpu_unsupported = 0;
     uint64_t cpu_gpu_failed = 0;
+    uint64_t roi = 0;             // of `hardware`, images of which only the crop box was decoded
     uint64_t buffer_growths = 0;  // times a staging buffer grew (0 after the first batches)
   };
 
@@ -90,8 +96,13 @@ class GpuJpegDecoder {
   // discipline). routes[i] says where sample i went; errors[i] holds the CPU path's error for a
   // sample it could not decode (its place in output(k) is then undefined), else null. Throws
   // GpuError if a CUDA or NPP call fails (output(k) is then undefined).
+  // `roi` (where roi_available()): the hardware engine decodes only each image's crop box, which
+  // NPP then resizes whole (GpuCrop::kRoi); else it decodes whole images and NPP's resize reads
+  // the box (kResize). An image the engine cannot take with its box goes to the default backend,
+  // decoded whole.
   void decode(std::span<const Sample> samples, size_t k, std::vector<GpuRoute>& routes,
-              std::vector<std::exception_ptr>& errors);
+              std::vector<std::exception_ptr>& errors, bool roi = false);
+  bool roi_available() const noexcept { return !params_.empty(); }
 
   // Decodes `sample` by the CPU path into place i of output(k), after the work decode() queued for
   // k, and records ready(k) again: for a sample decode() left undecoded (its replacement under
@@ -110,6 +121,16 @@ class GpuJpegDecoder {
   // work decode() queued for k, and records ready(k) again. Throws GpuError.
   void upload(size_t k, std::span<const size_t> positions);
 
+  // Waits until the work queued for the last batch (its decode, uploads and CPU copies) is done:
+  // every cpu_place() is then free, and gpu_seconds() known. decode() waits for it anyway. Throws
+  // GpuError.
+  void wait();
+  // The last decode()'s GPU time: seconds from the start of its submission to the completion of its
+  // GPU work (nvJPEG's decode and the crop/resize; not the CPU path's copies queued after), as the
+  // stream's timing events measure it. Empty while that work runs, and when the batch failed or
+  // the runtime cannot say. Never waits.
+  std::optional<double> gpu_seconds() const;
+
   const std::byte* output(size_t k) const noexcept { return outputs_[k]; }  // device memory
   size_t sample_bytes() const noexcept { return sample_bytes_; }
   gpu::Stream stream() const noexcept { return stream_; }
@@ -119,7 +140,7 @@ class GpuJpegDecoder {
 
  private:
   void queue(std::span<const Sample> samples, std::byte* output, std::vector<GpuRoute>& routes,
-             std::vector<std::exception_ptr>& errors);
+             std::vector<std::exception_ptr>& errors, bool roi);
   void check_cuda(int code, const char* call) const;
   void check_nvjpeg(int code, const char* call) const;
   // A buffer of at least `needed` bytes (half as much again, 1 MiB at least), `release`d and
@@ -141,11 +162,15 @@ class GpuJpegDecoder {
   gpu::Stream stream_ = nullptr;
   std::vector<gpu::Event> ready_;           // per output: its batch's work is done
   gpu::Event staged_ = nullptr;             // the last batch's work is done with the staging
+  gpu::Event began_ = nullptr;              // timing: the last batch's submission began
+  gpu::Event gpu_done_ = nullptr;           // timing: its GPU decode and resize are done
+  bool timed_ = false;                      // both recorded for the last batch
   gpu::NvjpegHandle hw_handle_ = nullptr;   // null: no hardware engine
   gpu::NvjpegState hw_state_ = nullptr;
   gpu::NvjpegHandle handle_ = nullptr;      // the default backend
   gpu::NvjpegState state_ = nullptr;
   std::vector<gpu::NvjpegStream> streams_;  // max_batch, with hw_handle_ (parsing for the check)
+  std::vector<gpu::NvjpegParams> params_;   // max_batch, with hw_handle_, where Options::roi
   std::byte* input_ = nullptr;              // pinned: the batch's compressed bytes
   size_t input_capacity_ = 0;
   std::byte* decoded_ = nullptr;            // device: the batch's full decoded images

@@ -136,6 +136,7 @@ void Libraries::bind_all() {
   bind(rt, "cudaEventCreateWithFlags", event_create_with_flags, missing);
   bind(rt, "cudaEventRecord", event_record, missing);
   bind(rt, "cudaEventSynchronize", event_synchronize, missing);
+  bind(rt, "cudaEventElapsedTime", event_elapsed_time, missing);
   bind(rt, "cudaEventDestroy", event_destroy, missing);
   bind(rt, "cudaGetErrorString", get_error_string, missing);
   if (!missing.empty()) {
@@ -157,6 +158,12 @@ void Libraries::bind_all() {
   // Newer than the rest (nvJPEG 11.4 and 11.9): without them the hardware engine is not used.
   bind_optional(jpeg, "nvjpegGetHardwareDecoderInfo", nvjpeg_get_hardware_decoder_info);
   bind_optional(jpeg, "nvjpegDecodeBatchedPreAllocate", nvjpeg_decode_batched_pre_allocate);
+  bind_optional(jpeg, "nvjpegDecodeParamsCreate", nvjpeg_params_create);
+  bind_optional(jpeg, "nvjpegDecodeParamsDestroy", nvjpeg_params_destroy);
+  bind_optional(jpeg, "nvjpegDecodeParamsSetOutputFormat", nvjpeg_params_set_output_format);
+  bind_optional(jpeg, "nvjpegDecodeParamsSetROI", nvjpeg_params_set_roi);
+  bind_optional(jpeg, "nvjpegDecodeBatchedSupportedEx", nvjpeg_decode_batched_supported_ex);
+  bind_optional(jpeg, "nvjpegDecodeBatchedEx", nvjpeg_decode_batched_ex);
   if (!missing.empty()) {
     why_ = opened_[kNvjpeg] + " has no " + missing;
     return;

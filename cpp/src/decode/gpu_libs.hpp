@@ -20,6 +20,8 @@ namespace prestage::detail::gpu {
 using Stream = void*;  // cudaStream_t
 using Event = void*;   // cudaEvent_t
 inline constexpr int kCudaSuccess = 0;
+inline constexpr int kCudaErrorNotReady = 600;             // cudaErrorNotReady
+inline constexpr unsigned kEventDefault = 0x00;            // cudaEventDefault: timing on
 inline constexpr unsigned kStreamNonBlocking = 0x01;       // cudaStreamNonBlocking
 inline constexpr unsigned kEventDisableTiming = 0x02;      // cudaEventDisableTiming
 inline constexpr unsigned kHostAllocPortable = 0x01;       // cudaHostAllocPortable
@@ -37,6 +39,7 @@ inline constexpr int kAttrComputeCapabilityMinor = 76;
 using NvjpegHandle = struct nvjpegHandle*;        // nvjpegHandle_t
 using NvjpegState = struct nvjpegJpegState*;      // nvjpegJpegState_t
 using NvjpegStream = struct nvjpegJpegStream*;    // nvjpegJpegStream_t
+using NvjpegParams = struct nvjpegDecodeParams*;  // nvjpegDecodeParams_t
 inline constexpr int kNvjpegSuccess = 0;          // NVJPEG_STATUS_SUCCESS
 inline constexpr int kNvjpegArchMismatch = 7;     // NVJPEG_STATUS_ARCH_MISMATCH
 inline constexpr int kBackendDefault = 0;         // NVJPEG_BACKEND_DEFAULT
@@ -119,6 +122,8 @@ class Libraries {
   int (*event_create_with_flags)(Event*, unsigned) = nullptr;
   int (*event_record)(Event, Stream) = nullptr;
   int (*event_synchronize)(Event) = nullptr;
+  // cudaEventElapsedTime(ms, start, end): kCudaErrorNotReady while `end` has not completed.
+  int (*event_elapsed_time)(float*, Event, Event) = nullptr;
   int (*event_destroy)(Event) = nullptr;
   const char* (*get_error_string)(int) = nullptr;
 
@@ -144,6 +149,22 @@ class Libraries {
                                           int max_cpu_threads, int output_format) = nullptr;
   int (*nvjpeg_decode_batched)(NvjpegHandle, NvjpegState, const unsigned char* const*,
                                const size_t*, NvjpegImage*, Stream) = nullptr;
+  // Optional, together (nvJPEG >= 11.6): per-image decode parameters, so that the hardware engine
+  // decodes only a region of each image (nvjpegDecodeBatchedEx, checked per image with
+  // nvjpegDecodeBatchedSupportedEx). Null where the library lacks any: roi() is false.
+  int (*nvjpeg_params_create)(NvjpegHandle, NvjpegParams*) = nullptr;
+  int (*nvjpeg_params_destroy)(NvjpegParams) = nullptr;
+  int (*nvjpeg_params_set_output_format)(NvjpegParams, int) = nullptr;
+  int (*nvjpeg_params_set_roi)(NvjpegParams, int x, int y, int width, int height) = nullptr;
+  int (*nvjpeg_decode_batched_supported_ex)(NvjpegHandle, NvjpegStream, NvjpegParams,
+                                            int*) = nullptr;
+  int (*nvjpeg_decode_batched_ex)(NvjpegHandle, NvjpegState, const unsigned char* const*,
+                                  const size_t*, NvjpegImage*, NvjpegParams*, Stream) = nullptr;
+  bool roi() const noexcept {
+    return nvjpeg_params_create != nullptr && nvjpeg_params_destroy != nullptr &&
+           nvjpeg_params_set_output_format != nullptr && nvjpeg_params_set_roi != nullptr &&
+           nvjpeg_decode_batched_supported_ex != nullptr && nvjpeg_decode_batched_ex != nullptr;
+  }
 
   // NPP (image geometry, libnppig).
   int (*npp_resize_8u_c3r)(const uint8_t*, int, NppSize, NppRect, uint8_t*, int, NppSize, NppRect,

@@ -419,6 +419,8 @@ void Loader::Impl::tune() {
   switch (change->knob) {
     case detail::KnobId::kDecode:
       shared->set_readers(change->to);
+      // decode_device=cuda: the CPU's share of each batch follows, not a few batches later.
+      shared->decoder->readers_changed(change->from, change->to);
       break;
     case detail::KnobId::kReads:
       if (shared->stager) shared->stager->set_threads(change->to);

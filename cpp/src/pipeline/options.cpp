@@ -102,8 +102,13 @@ void LoaderOptions::validate() const {
     throw ConfigError("decode_device must be cpu or cuda, got " +
                       std::to_string(static_cast<int>(decode_device)));
   }
-  if (!(gpu_cpu_share >= 0.0 && gpu_cpu_share < 1.0)) {
-    throw ConfigError("gpu_cpu_share must be in [0, 1), got " + std::to_string(gpu_cpu_share));
+  if (gpu_crop != GpuCrop::kAuto && gpu_crop != GpuCrop::kResize && gpu_crop != GpuCrop::kRoi) {
+    throw ConfigError("gpu_crop must be auto, resize or roi, got " +
+                      std::to_string(static_cast<int>(gpu_crop)));
+  }
+  if (gpu_cpu_share != kAutoShare && !(gpu_cpu_share >= 0.0 && gpu_cpu_share < 1.0)) {
+    throw ConfigError("gpu_cpu_share must be in [0, 1) (or unset: sized at run time), got " +
+                      std::to_string(gpu_cpu_share));
   }
   if (decode_device == DecodeDevice::kCuda) {
     if (decode != DecodeMode::kJpeg) {
