@@ -128,7 +128,9 @@ class Loader:
             fetched over MPI from the stage directory of the node that owns it instead of being read
             again from the source. Launch with ``mpirun`` or ``srun``; every rank creates its loader
             together. When the MPI world does not match ``world_size`` or the plugin is missing, the
-            tier is off and ``stats()["peer_tier_why"]`` says why. With the tier on, the loader
+            tier is off and ``stats()["peer_tier_why"]`` says why. With the tier on, stage 3 always
+            waits for stage 2 (``stage_patience`` None, as ``options`` shows), so that a home copy
+            is made before its sample is read. With the tier on, the loader
             belongs to the process that made it: iterated in a process forked from it (a DataLoader
             worker), it raises :class:`prestage.Error` at once. See the README, "Beyond one node".
         peer_timeout: seconds a fetch from a peer may wait for its answer before the source is read

@@ -57,10 +57,10 @@ uint64_t fit_free_space(detail::StageDirectory& dir, const Catalog& catalog) {
 
 namespace detail {
 
-Shared::Shared(Catalog catalog_in, LoaderOptions options_in, uint64_t readers_max_in,
+Shared::Shared(Catalog catalog_in, const LoaderOptions& options_in, uint64_t readers_max_in,
                uint64_t lookahead_max_in)
     : catalog(std::move(catalog_in)),
-      options(std::move(options_in)),
+      options(options_in),
       readers_max(std::max(readers_max_in, options.readers)),
       lookahead_max(std::max(lookahead_max_in, options.lookahead)),
       lookahead(options.lookahead),
@@ -118,7 +118,8 @@ class Loader::Impl {
   void close();
   Position position() const;
 
-  // Kept apart from `shared`, which a forked child abandons.
+  // Kept apart from `shared`, which a forked child abandons. `options` is the loader's one copy:
+  // final once the constructor returns; `shared` refers to it (declared after it: destroyed first).
   Catalog catalog;
   LoaderOptions options;
   // What size_to_machine() chose, for stats().
@@ -333,8 +334,9 @@ Loader::Impl::Impl(Catalog catalog_in, LoaderOptions options_in)
         shared->cache->set_copy_only([peers](uint64_t f) { return peers->home_here(f); });
       }
       // A home copy is made by stage 2 in the start epoch: stage 3 waits for it rather than reading
-      // the source itself, so that the source is read once.
-      shared->options.stage_patience_ms = LoaderOptions::kWaitForStaging;
+      // the source itself, so that the source is read once. Set in the one copy, before any thread
+      // starts: options() reports the patience the pipeline uses.
+      options.stage_patience_ms = LoaderOptions::kWaitForStaging;
     }
   }
   if (o.decode == DecodeMode::kJpeg) {
