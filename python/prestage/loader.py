@@ -51,8 +51,11 @@ class Loader:
     (registered with the CUDA driver where a GPU is present, else page-locked: ``stats()["pinned"]``
     says which, ``stats()["pinned_why"]`` why). Iterating gives one epoch of :class:`prestage.Batch`
     objects whose ``images``, ``labels`` and ``indices`` are zero-copy NumPy views; a buffer is reused
-    once the batch and its views are collected. Each completed epoch advances the epoch (and so the
-    shuffle); ``set_epoch`` picks one.
+    once the batch and its views are collected. Each completed epoch (its last batch delivered, with
+    or without the ``StopIteration`` after it) advances the epoch (and so the shuffle); ``set_epoch``
+    picks one. The pipeline runs on into the next epoch while the last batches of one are used, and
+    keeps that work when the next iteration is that epoch (``set_epoch(e + 1)`` or none); any other
+    epoch or position starts it anew.
 
     Args:
         catalog: the samples (:class:`prestage.Catalog`), or the path of a catalog saved by
@@ -445,6 +448,7 @@ class _EpochIterator:
         self._loader = loader
         self._epoch = epoch
         self._done = False
+        self._advanced = False  # loader._epoch moved past this epoch
         loader._running.start_epoch(epoch, first_batch)
         loader._position = (epoch, first_batch)
 
@@ -463,11 +467,22 @@ class _EpochIterator:
             epoch, delivered = core.position
             if epoch == self._epoch:
                 self._loader._position = (epoch, delivered)
+                # Its last batch delivered, the epoch is complete whether or not the caller asks
+                # again (a loop of len(loader) steps, itertools.islice): the next iteration is the
+                # next epoch, which the pipeline is already running into.
+                if delivered >= self._loader.batches_in_epoch(epoch):
+                    self._advance()
         if _log.isEnabledFor(logging.INFO):
             for line in core.take_tuning_log():
                 _log.info("self-tuning at %s", line)
         if batch is None:
             self._done = True
-            self._loader._epoch = self._epoch + 1
+            self._advance()  # an epoch with no batch (a resumed one) ends here
             raise StopIteration
         return batch
+
+    def _advance(self) -> None:
+        # Once per iteration, so that a set_epoch() made after it is not overwritten.
+        if not self._advanced:
+            self._advanced = True
+            self._loader._epoch = self._epoch + 1
