@@ -205,4 +205,6 @@ def test_set_epoch_of_another_epoch_delivers_exactly_its_plan(tmp_path):
         assert epoch_batches(loader, 3) == expected[3]  # not the next epoch (2): started anew
         assert epoch_batches(loader, 4) == expected[4]  # the next one
         assert epoch_batches(loader, 6) == expected[6]
+        assert epoch_batches(loader, 0, steps=len(loader) - 2) == expected[0][:-2]
+        assert epoch_batches(loader, 1) == expected[1]  # the next one, left 2 batches early
         assert epoch_batches(loader, 0) == expected[0]  # back: the same order

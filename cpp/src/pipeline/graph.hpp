@@ -115,6 +115,12 @@ class Pipeline {
   // Makes the pop() calls under way and every later one return nullptr at once (the loader
   // closes). Any thread; the pipeline may be destroyed once those calls have returned.
   void interrupt();
+  // Drops the next `batches` batches, undelivered, if stage 1 has planned them all already (the
+  // consumer left an epoch near its end for the one the pipeline runs into): those not decoded yet
+  // are not decoded, and pop() passes over the rest. False, dropping nothing, if it has not: a
+  // restart then costs less than running through them. One thread at a time (the consumer's), with
+  // no pop() under way.
+  bool skip(uint64_t batches);
   // Lets stage 2 work `lookahead` batches ahead (1 to Shared::lookahead_max) from now on: a window
   // made smaller takes effect as batches are released. One thread at a time (the consumer's).
   void set_lookahead(uint64_t lookahead);
