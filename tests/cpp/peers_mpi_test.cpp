@@ -211,7 +211,8 @@ TEST_CASE("peers over MPI: a rank that stops says goodbye: waits on it end, late
   r->transport->stop();
 }
 
-TEST_CASE("peers over MPI: with the tier on, options() reports the stage patience the pipeline uses") {
+TEST_CASE(
+    "peers over MPI: with the tier on, options() reports the stage patience the pipeline uses") {
   const char* rank = std::getenv("OMPI_COMM_WORLD_RANK");
   REQUIRE_MESSAGE(rank != nullptr, "run under mpiexec");
   prestage::test::TempDir dir;  // one per rank: each rank has its own copy of the same data set

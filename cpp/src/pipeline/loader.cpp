@@ -192,7 +192,8 @@ class Loader::Impl {
   }
   // Batches of the plan from position `from` up to `to` (both normalized), or UINT64_MAX where `to`
   // comes first or lies beyond the next epoch (further than a pipeline plans ahead).
-  uint64_t batches_between(std::pair<uint64_t, uint64_t> from, std::pair<uint64_t, uint64_t> to) const {
+  uint64_t batches_between(std::pair<uint64_t, uint64_t> from,
+                           std::pair<uint64_t, uint64_t> to) const {
     if (to < from || to.first > from.first + 1) return UINT64_MAX;
     if (to.first == from.first) return to.second - from.second;
     return batches_in(from.first) - from.second + to.second;
@@ -488,7 +489,8 @@ void Loader::Impl::restart(uint64_t e, uint64_t b) {
                       std::to_string(batches_in(e)) + " batches");
   }
   const auto wanted = normalized(e, b);
-  if (pipeline && pipeline_next != wanted && pipeline->skip(batches_between(pipeline_next, wanted))) {
+  if (pipeline && pipeline_next != wanted &&
+      pipeline->skip(batches_between(pipeline_next, wanted))) {
     // The consumer left an epoch near its end for the one the pipeline runs into: what it did
     // ahead for that epoch is kept, the rest of the old one is dropped.
     pipeline_next = wanted;
