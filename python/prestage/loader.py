@@ -51,8 +51,11 @@ class Loader:
     (registered with the CUDA driver where a GPU is present, else page-locked: ``stats()["pinned"]``
     says which, ``stats()["pinned_why"]`` why). Iterating gives one epoch of :class:`prestage.Batch`
     objects whose ``images``, ``labels`` and ``indices`` are zero-copy NumPy views; a buffer is reused
-    once the batch and its views are collected. Each completed epoch advances the epoch (and so the
-    shuffle); ``set_epoch`` picks one.
+    once the batch and its views are collected. Each completed epoch (its last batch delivered, with
+    or without the ``StopIteration`` after it) advances the epoch (and so the shuffle); ``set_epoch``
+    picks one. The pipeline runs on into the next epoch while the last batches of one are used, and
+    keeps that work when the next iteration is that epoch (``set_epoch(e + 1)`` or none); any other
+    epoch or position starts it anew.
 
     Args:
         catalog: the samples (:class:`prestage.Catalog`), or the path of a catalog saved by
@@ -128,7 +131,9 @@ class Loader:
             fetched over MPI from the stage directory of the node that owns it instead of being read
             again from the source. Launch with ``mpirun`` or ``srun``; every rank creates its loader
             together. When the MPI world does not match ``world_size`` or the plugin is missing, the
-            tier is off and ``stats()["peer_tier_why"]`` says why. With the tier on, the loader
+            tier is off and ``stats()["peer_tier_why"]`` says why. With the tier on, stage 3 always
+            waits for stage 2 (``stage_patience`` None, as ``options`` shows), so that a home copy
+            is made before its sample is read. With the tier on, the loader
             belongs to the process that made it: iterated in a process forked from it (a DataLoader
             worker), it raises :class:`prestage.Error` at once. See the README, "Beyond one node".
         peer_timeout: seconds a fetch from a peer may wait for its answer before the source is read
@@ -459,6 +464,7 @@ class _EpochIterator:
         self._loader = loader
         self._epoch = epoch
         self._done = False
+        self._advanced = False  # loader._epoch moved past this epoch
         loader._running.start_epoch(epoch, first_batch)
         loader._position = (epoch, first_batch)
 
@@ -477,11 +483,22 @@ class _EpochIterator:
             epoch, delivered = core.position
             if epoch == self._epoch:
                 self._loader._position = (epoch, delivered)
+                # Its last batch delivered, the epoch is complete whether or not the caller asks
+                # again (a loop of len(loader) steps, itertools.islice): the next iteration is the
+                # next epoch, which the pipeline is already running into.
+                if delivered >= self._loader.batches_in_epoch(epoch):
+                    self._advance()
         if _log.isEnabledFor(logging.INFO):
             for line in core.take_tuning_log():
                 _log.info("self-tuning at %s", line)
         if batch is None:
             self._done = True
-            self._loader._epoch = self._epoch + 1
+            self._advance()  # an epoch with no batch (a resumed one) ends here
             raise StopIteration
         return batch
+
+    def _advance(self) -> None:
+        # Once per iteration, so that a set_epoch() made after it is not overwritten.
+        if not self._advanced:
+            self._advanced = True
+            self._loader._epoch = self._epoch + 1

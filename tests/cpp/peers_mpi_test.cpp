@@ -11,6 +11,8 @@
 #include <thread>
 #include <vector>
 
+#include "prestage/prestage.hpp"
+#include "test_util.hpp"
 #include "tiers/peers.hpp"
 #include "tiers/transport.hpp"
 #include "util/crc32c.hpp"
@@ -207,4 +209,24 @@ TEST_CASE("peers over MPI: a rank that stops says goodbye: waits on it end, late
   CHECK(end == RequestEnd::kGone);
   CHECK(Clock::now() - again < std::chrono::seconds(5));
   r->transport->stop();
+}
+
+TEST_CASE(
+    "peers over MPI: with the tier on, options() reports the stage patience the pipeline uses") {
+  const char* rank = std::getenv("OMPI_COMM_WORLD_RANK");
+  REQUIRE_MESSAGE(rank != nullptr, "run under mpiexec");
+  prestage::test::TempDir dir;  // one per rank: each rank has its own copy of the same data set
+  prestage::test::make_image_folder(dir / "data", 2, 4);
+  prestage::LoaderOptions o;
+  o.batch_size = 2;
+  o.world_size = 2;
+  o.rank = std::strtoull(rank, nullptr, 10);
+  o.stage_dir = (dir / "stage").string();
+  o.stage_patience_ms = 50;
+  o.peers = true;
+  prestage::Loader loader(prestage::Catalog::from_folder(dir / "data"), o);  // together, every rank
+  REQUIRE_MESSAGE(loader.stats().peer_tier, loader.stats().peer_tier_why);
+  // Stage 3 waits for stage 2's home copies with the tier on: the options say so.
+  CHECK(loader.options().stage_patience_ms == prestage::LoaderOptions::kWaitForStaging);
+  loader.close();
 }

@@ -1,6 +1,7 @@
 """The I/O trace: one record per read, whose samples, files, ranges and tiers agree with what the loader
 read (checked against the catalog and the loader's own counters); `prestage trace` reads and draws it."""
 
+import itertools
 import os
 import struct
 
@@ -155,3 +156,55 @@ def test_the_trace_has_one_record_per_read_the_counters_count(tmp_path, staged):
     else:
         assert count[("read", "source")] == stats["source_reads"] >= 20
         assert len(records) == count[("read", "source")]
+
+
+def epoch_batches(loader, epoch, steps=None):
+    """The index lists of `epoch`'s batches, each batch let go before the next is asked for."""
+    loader.set_epoch(epoch)
+    batches = loader if steps is None else itertools.islice(loader, steps)
+    return [batch.indices.tolist() for batch in batches]
+
+
+@pytest.mark.parametrize("loop", ["set_epoch", "plain", "steps", "steps_set_epoch"])
+def test_the_next_epoch_read_ahead_is_kept_across_each_boundary(tmp_path, loop):
+    # Direct reads: each sample is read from the source once per epoch it is used in. The pipeline
+    # reads the next epoch's first batches while the last ones of an epoch are used; if the next
+    # iteration threw that away, those samples would be read twice in the next epoch.
+    catalog = small_set(tmp_path / "src", files=60)
+    path = tmp_path / "run.trace"
+    epochs = 3
+    options = dict(batch_size=4, decode="raw", seed=5, readers=2, lookahead=2, depth=3,
+                   autotune=False)
+    seen = []
+    with prestage.Loader(catalog, trace=path, **options) as loader:
+        for e in range(epochs):
+            if loop in ("set_epoch", "steps_set_epoch"):
+                loader.set_epoch(e)
+            # "steps": a loop of len(loader) steps, which never asks for the StopIteration after them.
+            batches = loader if loop in ("set_epoch", "plain") else itertools.islice(loader, len(loader))
+            seen.append([batch.indices.tolist() for batch in batches])
+            assert loader.epoch == e + 1
+    stats = loader.stats()  # once closed: every read the trace holds is counted
+    with prestage.Loader(catalog, **options) as fresh:
+        assert seen == [epoch_batches(fresh, e) for e in range(epochs)]
+    by_epoch = {e["epoch"]: e["source_reads"] for e in stats["epochs"]}
+    assert [by_epoch[e] for e in range(epochs)] == [len(catalog)] * epochs
+    assert by_epoch.get(epochs, 0) <= len(catalog)  # read ahead, never used
+    _, records = traces.read(path)
+    assert len(records) == stats["source_reads"] == sum(by_epoch.values())
+
+
+def test_set_epoch_of_another_epoch_delivers_exactly_its_plan(tmp_path):
+    catalog = small_set(tmp_path / "src", files=60)
+    options = dict(batch_size=4, decode="raw", seed=5, readers=2, lookahead=2, depth=3)
+    with prestage.Loader(catalog, **options) as fresh:
+        expected = {e: epoch_batches(fresh, e) for e in (0, 1, 3, 4, 6)}
+    with prestage.Loader(catalog, **options) as loader:
+        assert epoch_batches(loader, 0, steps=5) == expected[0][:5]  # left mid-epoch
+        assert epoch_batches(loader, 1, steps=len(loader) - 1) == expected[1][:-1]  # one short
+        assert epoch_batches(loader, 3) == expected[3]  # not the next epoch (2): started anew
+        assert epoch_batches(loader, 4) == expected[4]  # the next one
+        assert epoch_batches(loader, 6) == expected[6]
+        assert epoch_batches(loader, 0, steps=len(loader) - 2) == expected[0][:-2]
+        assert epoch_batches(loader, 1) == expected[1]  # the next one, left 2 batches early
+        assert epoch_batches(loader, 0) == expected[0]  # back: the same order

@@ -58,7 +58,9 @@ class Loader {
 
   // Positions the loader at batch `first_batch` of `epoch` (resume). The pipeline runs on across epoch
   // boundaries (the plan of epoch e + 1 is known), so starting epoch e + 1 right after epoch e ends
-  // loses nothing that was staged or decoded ahead; any other position restarts the pipeline.
+  // loses nothing that was staged or decoded ahead. So does a start at a later position that the
+  // pipeline has already planned (epoch e + 1 after leaving epoch e a few batches before its end):
+  // the batches in between are dropped, undelivered. Any other position restarts the pipeline.
   void start_epoch(uint64_t epoch, uint64_t first_batch = 0);
 
   // The next batch of the current epoch, or nullopt at its end. Blocks until it is ready. If the batch

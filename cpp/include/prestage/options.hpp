@@ -156,6 +156,8 @@ struct LoaderOptions {
   // it and reads the files no copy has started straight from the source (counted as misses and in
   // Stats::stage_expedited): stage 3 never waits for more than the copies under way.
   // kWaitForStaging: it always waits for stage 2 (what is staged then follows the plan exactly).
+  // With the peer tier on, the loader sets kWaitForStaging (a home copy is waited for, so that the
+  // source is read once): Loader::options() shows it.
   static constexpr uint64_t kWaitForStaging = UINT64_MAX;
   uint64_t stage_patience_ms = 50;
   // A sample that cannot be read or decoded: raise its error at its batch, or skip it (OnError).

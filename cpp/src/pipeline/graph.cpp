@@ -99,6 +99,8 @@ struct Pipeline::Impl {
 
   // Stage 1 state, touched only by the source node's body (serial).
   uint64_t next_seq = 0;
+  std::atomic<uint64_t> planned{0};  // next_seq, for skip(): every batch before it is in flight
+  std::atomic<uint64_t> drop_before{0};  // batches before this seq are dropped undecoded (skip())
   uint64_t epoch;
   uint64_t batch;
   std::shared_ptr<const EpochPlan> plan;
@@ -110,6 +112,7 @@ struct Pipeline::Impl {
   std::exception_ptr failure;  // see fail()
   bool interrupted = false;    // see Pipeline::interrupt()
   uint64_t delivered = 0;  // batches popped: the seq of the one the consumer waits for (ready_mutex)
+  uint64_t to_drop = 0;    // batches pop() passes over, undelivered, before the next (ready_mutex)
   uint64_t waited_seq = UINT64_MAX;  // the batch the consumer has been waiting for, since when
   Clock::time_point waited_since;
 
@@ -268,6 +271,7 @@ Ticket Pipeline::Impl::next_batch(tbb::flow_control& fc) {
   if (w.in_use.load(std::memory_order_acquire)) throw std::logic_error("pipeline: work pool exhausted");
   w.in_use.store(true, std::memory_order_relaxed);
   w.seq = next_seq++;
+  planned.store(next_seq, std::memory_order_release);
   w.epoch = epoch;
   w.index = batch++;
   w.plan = plan;
@@ -392,6 +396,13 @@ void Pipeline::Impl::stage(Ticket t, StageNode::gateway_type& gateway) {
 Ticket Pipeline::Impl::decode(Ticket t) {
   Slot& slot = *ring->acquire();
   t->slot = &slot;
+  if (t->seq < drop_before.load(std::memory_order_acquire)) {
+    // Dropped (skip()): pop() gives the buffer back without looking at it.
+    slot.epoch = t->epoch;
+    slot.index = t->index;
+    slot.error = nullptr;
+    return t;
+  }
   // Stage 2 is done with the batch: its bytes read ahead are final.
   t->held_for.assign(t->held_at.empty() ? 0 : t->count, nullptr);
   for (size_t i = 0; i < t->held_for.size(); ++i) {
@@ -470,6 +481,16 @@ void Pipeline::Impl::expedite(uint64_t seq) {
   shared.stager->expedite(&w.stage);
 }
 
+bool Pipeline::skip(uint64_t batches) {
+  Impl& impl = *impl_;
+  std::lock_guard lock(impl.ready_mutex);
+  const uint64_t from = impl.delivered + impl.to_drop;
+  if (batches > impl.planned.load(std::memory_order_acquire) - from) return false;
+  impl.to_drop += batches;
+  impl.drop_before.store(from + batches, std::memory_order_release);
+  return true;
+}
+
 void Pipeline::set_lookahead(uint64_t lookahead) {
   Impl& impl = *impl_;
   uint64_t freed = 0;
@@ -519,13 +540,20 @@ Slot* Pipeline::pop(std::chrono::milliseconds timeout) {
       lock.lock();
     }
   }
-  if (!impl.ready_cv.wait_until(lock, deadline, ready) || impl.interrupted) return nullptr;
-  // Batches decoded after a failure were not decoded (the pipeline stops): none is delivered.
-  if (impl.failure) std::rethrow_exception(impl.failure);
-  Slot* slot = impl.ready.front();
-  impl.ready.pop_front();
-  ++impl.delivered;
-  return slot;
+  for (;;) {
+    if (!impl.ready_cv.wait_until(lock, deadline, ready) || impl.interrupted) return nullptr;
+    // Batches decoded after a failure were not decoded (the pipeline stops): none is delivered.
+    if (impl.failure) std::rethrow_exception(impl.failure);
+    Slot* slot = impl.ready.front();
+    impl.ready.pop_front();
+    ++impl.delivered;
+    if (impl.to_drop == 0) return slot;
+    --impl.to_drop;
+    // Its release lets a batch into the graph (the ring's hook): not under the lock hand_off takes.
+    lock.unlock();
+    impl.ring->release(slot);
+    lock.lock();
+  }
 }
 
 }  // namespace prestage::detail

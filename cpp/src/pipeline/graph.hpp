@@ -59,13 +59,16 @@ class ArenaIoTimeout : public tbb::task_scheduler_observer {
 
 // Everything the successive pipelines of one Loader share.
 struct Shared {
-  // `readers_max`, `lookahead_max`: the most the self-tuning may raise readers and lookahead to
-  // (the options' values when it is off): the arena's threads and the pipeline's window are sized
-  // for them.
-  Shared(Catalog catalog_in, LoaderOptions options_in, uint64_t readers_max, uint64_t lookahead_max);
+  // `options`: the loader's own, which Loader::options() returns; it must outlive this and stay
+  // as it is once threads start (the stages read it unlocked). `readers_max`, `lookahead_max`: the
+  // most the self-tuning may raise readers and lookahead to (the options' values when it is off):
+  // the arena's threads and the pipeline's window are sized for them.
+  Shared(Catalog catalog_in, const LoaderOptions& options, uint64_t readers_max,
+         uint64_t lookahead_max);
 
   Catalog catalog;
-  LoaderOptions options;
+  // One copy per loader: what the stages use is what the caller is told is in effect.
+  const LoaderOptions& options;
   PlanOptions plan;
   ImageSize image_size;     // of every decoded image (kJpeg); empty: each keeps its own
   size_t image_bytes = 0;   // of every decoded image in the batch buffer (any layout and type), or 0
@@ -112,6 +115,12 @@ class Pipeline {
   // Makes the pop() calls under way and every later one return nullptr at once (the loader
   // closes). Any thread; the pipeline may be destroyed once those calls have returned.
   void interrupt();
+  // Drops the next `batches` batches, undelivered, if stage 1 has planned them all already (the
+  // consumer left an epoch near its end for the one the pipeline runs into): those not decoded yet
+  // are not decoded, and pop() passes over the rest. False, dropping nothing, if it has not: a
+  // restart then costs less than running through them. One thread at a time (the consumer's), with
+  // no pop() under way.
+  bool skip(uint64_t batches);
   // Lets stage 2 work `lookahead` batches ahead (1 to Shared::lookahead_max) from now on: a window
   // made smaller takes effect as batches are released. One thread at a time (the consumer's).
   void set_lookahead(uint64_t lookahead);

@@ -57,10 +57,10 @@ uint64_t fit_free_space(detail::StageDirectory& dir, const Catalog& catalog) {
 
 namespace detail {
 
-Shared::Shared(Catalog catalog_in, LoaderOptions options_in, uint64_t readers_max_in,
+Shared::Shared(Catalog catalog_in, const LoaderOptions& options_in, uint64_t readers_max_in,
                uint64_t lookahead_max_in)
     : catalog(std::move(catalog_in)),
-      options(std::move(options_in)),
+      options(options_in),
       readers_max(std::max(readers_max_in, options.readers)),
       lookahead_max(std::max(lookahead_max_in, options.lookahead)),
       lookahead(options.lookahead),
@@ -118,7 +118,8 @@ class Loader::Impl {
   void close();
   Position position() const;
 
-  // Kept apart from `shared`, which a forked child abandons.
+  // Kept apart from `shared`, which a forked child abandons. `options` is the loader's one copy:
+  // final once the constructor returns; `shared` refers to it (declared after it: destroyed first).
   Catalog catalog;
   LoaderOptions options;
   // What size_to_machine() chose, for stats().
@@ -188,6 +189,14 @@ class Loader::Impl {
   std::pair<uint64_t, uint64_t> normalized(uint64_t epoch, uint64_t batch) const {
     // The epoch after the resumed one is whole: never empty.
     return batch >= batches_in(epoch) ? std::pair{epoch + 1, uint64_t{0}} : std::pair{epoch, batch};
+  }
+  // Batches of the plan from position `from` up to `to` (both normalized), or UINT64_MAX where `to`
+  // comes first or lies beyond the next epoch (further than a pipeline plans ahead).
+  uint64_t batches_between(std::pair<uint64_t, uint64_t> from,
+                           std::pair<uint64_t, uint64_t> to) const {
+    if (to < from || to.first > from.first + 1) return UINT64_MAX;
+    if (to.first == from.first) return to.second - from.second;
+    return batches_in(from.first) - from.second + to.second;
   }
 
   std::unique_ptr<Locks> locks = std::make_unique<Locks>();
@@ -333,8 +342,9 @@ Loader::Impl::Impl(Catalog catalog_in, LoaderOptions options_in)
         shared->cache->set_copy_only([peers](uint64_t f) { return peers->home_here(f); });
       }
       // A home copy is made by stage 2 in the start epoch: stage 3 waits for it rather than reading
-      // the source itself, so that the source is read once.
-      shared->options.stage_patience_ms = LoaderOptions::kWaitForStaging;
+      // the source itself, so that the source is read once. Set in the one copy, before any thread
+      // starts: options() reports the patience the pipeline uses.
+      options.stage_patience_ms = LoaderOptions::kWaitForStaging;
     }
   }
   if (o.decode == DecodeMode::kJpeg) {
@@ -481,6 +491,12 @@ void Loader::Impl::restart(uint64_t e, uint64_t b) {
                       std::to_string(batches_in(e)) + " batches");
   }
   const auto wanted = normalized(e, b);
+  if (pipeline && pipeline_next != wanted &&
+      pipeline->skip(batches_between(pipeline_next, wanted))) {
+    // The consumer left an epoch near its end for the one the pipeline runs into: what it did
+    // ahead for that epoch is kept, the rest of the old one is dropped.
+    pipeline_next = wanted;
+  }
   if (!pipeline || pipeline_next != wanted) {
     // No thread waits in the old pipeline: this one has the consumer's turn. It is stopped without
     // the state lock, so that stats() goes on meanwhile.
