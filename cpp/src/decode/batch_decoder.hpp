@@ -52,6 +52,11 @@ struct BatchScratch {
   std::vector<std::vector<std::byte>> bytes;
   std::vector<std::vector<std::byte>> unpacked;
   std::vector<std::span<const std::byte>> jpegs;
+  // Arrays, per sample: 1 where step 1 took its bytes from memory (stage 2's read-ahead, or a home
+  // copy fetched through the peer tier into `bytes`), which step 3 decodes again without a read;
+  // those bytes in `memory`.
+  std::vector<uint8_t> in_memory;
+  std::vector<std::span<const std::byte>> memory;
   std::mutex skip_mutex;            // guards the slot's `skipped` while the batch decodes
   // decode_device=cuda: per sample, its source path (for the CPU path's errors), and what the GPU
   // decoder takes and gives back.

@@ -329,9 +329,15 @@ void Pipeline::Impl::admit(Work& w, Admission& costs) {
 void Pipeline::Impl::plan_read_ahead(Work& w) {
   w.read_ahead.clear();
   w.held_at.assign(w.count, kNotHeld);
-  // Arrays are read by their codecs from a path; JPEG and raw files from bytes in memory; with
-  // decode=locate nothing is read here (the consumer reads what it was told where to find).
-  if (!shared.codec.arrays() && shared.codec.mode != DecodeMode::kLocate) {
+  // Every codec decodes a sample from its bytes in memory: a whole file (JPEG, raw, .npy, .npz) or
+  // a byte range (a TFRecord record, a packed sample). Not slices of an array (from_arrays,
+  // from_hdf5): the bytes of one are its file's (its header, and HDF5's layout, lie there), shared
+  // by many samples, which stage 3 reads from the node's copy, or as a whole home copy through the
+  // peer tier, or in part from the source (Tiers::serve). With decode=locate nothing is read here
+  // (the consumer reads what it was told where to find).
+  const Catalog::Kind kind = shared.codec.kind;
+  const bool slices = kind == Catalog::Kind::kArrays || kind == Catalog::Kind::kHdf5;
+  if (!slices && shared.codec.mode != DecodeMode::kLocate) {
     uint64_t budget = kReadAheadBytesPerBatch;
     for (const size_t k : w.declined) {
       const uint64_t size = shared.tiers->sample_size(w.ids[k]);

@@ -29,7 +29,8 @@ struct StageTask {
   size_t count = 0;
   // Samples not staged (the stage directory declined them: no room without evicting files needed
   // sooner, or not a home copy of this node while the peer tier is on; or it cannot be used), of
-  // those the pipeline chose (JPEG and raw, up to a budget per batch): read into memory through
+  // those the pipeline chose (whole files and byte ranges, not array slices, up to a budget per
+  // batch): read into memory through
   // Tiers::fetch_sample (a peer's home copy, else the source) instead, so that stage 3 does not
   // read them through the PFS's latency itself. read_ahead[j] is a catalog sample id; its bytes go
   // to held[j] and held_ok[j] becomes 1. A read that fails leaves held_ok[j] at 0: stage 3 reads
