@@ -113,7 +113,7 @@ RANK = textwrap.dedent("""
     close_s = time.monotonic() - closing
     Path(cfg["out"], f"{rank}.json").write_text(json.dumps({
         "stats": loader.stats(), "close_s": close_s, "ended": ended, "batches": batches,
-        "wrong": wrong}))
+        "wrong": wrong, "stage": cfg["stage"]}))
     wait("closed", range(cfg["world"]))
 """)
 
@@ -141,14 +141,15 @@ def mpi_jobs(tmp_path, cat, backing, loader=None):
     # A fetch waits for its owner's home copy while the owner is still in epoch 0 (it is coming); on a
     # loaded machine that took more than 10 s once (a CI check: one fallback), so the jobs that count
     # on no fallback give it a minute. The stalled-peer test passes its own, short timeout.
+    # `stage`: the stage directories' parent (default: a new one), e.g. an earlier run's.
     def run(peers=True, epochs=3, cache_bytes=0, peer_timeout=60.0, stop_rank=-1, corrupt=None,
-            env=None, stall_rank=-1):
+            env=None, stall_rank=-1, stage=None):
         n = len(runs)
         runs.append(n)
         base = tmp_path / f"run{n}"
         for d in ("stage", "barrier", "out"):
             (base / d).mkdir(parents=True)
-        cfg = dict(catalog=str(catalog), backing=str(backing), stage=str(base / "stage"),
+        cfg = dict(catalog=str(catalog), backing=str(backing), stage=str(stage or base / "stage"),
                    barrier=str(base / "barrier"), out=str(base / "out"), world=WORLD, batch=BATCH,
                    seed=SEED, epochs=epochs, cache_bytes=cache_bytes, peers=peers,
                    peer_timeout=peer_timeout, stop_rank=stop_rank, corrupt=corrupt,
@@ -428,6 +429,33 @@ def test_a_closed_peer_and_a_corrupted_home_copy_cost_reads_of_the_pfs_not_a_han
         assert s["peers_down"] == 0
         assert 1 <= s["peers_closed"] <= 2
         assert s["peer_fallbacks"] >= refused + s["peer_corrupt"]
+
+
+def test_a_copy_changed_before_the_run_is_never_served_by_its_node_or_its_peers(job):
+    run, cat, emulator, backing = job
+    owner, home = ownership(cat, backing)
+    plain = run(peers=False, epochs=2)
+    first = tmp_path_of(run(peers=True, epochs=1))
+    # Between the runs, a byte of node 0's copies changes on the SSD (their records stay): each is
+    # a copy left by an earlier run, which no reader may use before it is checked against its record.
+    node0 = sorted(p for p in first.glob("node0/prestage-*/[0-9a-f][0-9a-f]/*") if p.suffix != ".part")
+    assert len(node0) == sum(owner[i] // RANKS_PER_NODE == 0 for i in home)
+    for copy in node0:
+        raw = bytearray(copy.read_bytes())
+        raw[len(raw) // 2] ^= 0xFF
+        copy.write_bytes(bytes(raw))
+    ranks = run(peers=True, epochs=2, stage=first)
+    assert all(r["wrong"] == [] for r in ranks)
+    assert [r["batches"] for r in ranks] == [r["batches"] for r in plain]
+    # Each changed copy found and removed once on its node, by whichever reader met it first (its
+    # node's stage 2, a neighbour's read, an answer to a peer); no asker got a changed byte.
+    assert sum(r["stats"]["stage_corrupt"] for r in ranks[:RANKS_PER_NODE]) == len(node0)
+    assert all(r["stats"]["peer_corrupt"] == 0 for r in ranks)
+
+
+def tmp_path_of(ranks):
+    """The stage directories' parent of the run whose results are `ranks`."""
+    return Path(ranks[0]["stage"])
 
 
 PLAIN = textwrap.dedent("""
