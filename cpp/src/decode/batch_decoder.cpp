@@ -176,8 +176,8 @@ class BatchDecoder::Run {
 
   // Stage 2's bytes for sample i, if it is still the plan's sample (not a replacement).
   const std::vector<std::byte>* held(size_t i, uint64_t id) const {
-    if (b_.held == nullptr || b_.held->empty() || b_.ids[i] != id) return nullptr;
-    return (*b_.held)[i];
+    if (b_.read_ahead == nullptr || b_.ids[i] != id) return nullptr;
+    return b_.read_ahead->at(i);
   }
 
   Reader& reader() { return d_.readers_->local(); }

@@ -22,6 +22,7 @@
 #include "prestage/options.hpp"
 #include "prestage/plan.hpp"
 #include "prestage/stats.hpp"
+#include "tiers/read_ahead.hpp"
 #include "tiers/tiers.hpp"
 #include "util/gate.hpp"
 
@@ -34,8 +35,8 @@ struct BatchSamples {
   const EpochPlan* plan = nullptr;
   const uint64_t* ids = nullptr;  // catalog sample indices
   size_t count = 0;
-  // Per position: the bytes stage 2 read ahead for the plan's sample there, or null. Empty: none.
-  const std::vector<const std::vector<std::byte>*>* held = nullptr;
+  // The bytes stage 2 read ahead for the plan's samples, by position (null: none).
+  const ReadAhead* read_ahead = nullptr;
   // Where the batch's reads are counted, by tier, besides the tiers' own counters; null: nowhere.
   TierTally* tally = nullptr;
 };
