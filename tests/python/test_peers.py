@@ -338,6 +338,11 @@ def test_every_format_reads_each_file_from_the_pfs_once_and_reaches_the_peers(
     assert sum(r["stats"]["peer_reads"] for r in ranks) > 0
     for r in ranks:
         assert r["stats"]["peer_fallbacks"] == 0 and r["stats"]["peer_corrupt"] == 0
+        assert r["stats"]["bytes_from_source"] == r["stats"]["missed_bytes"]  # the former name
+    if kind.endswith("rows"):
+        # Slices are not read ahead: every byte a peer sent was taken by stage 3 as a miss.
+        assert sum(r["stats"]["missed_bytes"] for r in ranks) >= \
+            sum(r["stats"]["peer_bytes"] for r in ranks) > 0
 
 
 def test_a_peer_link_slower_than_the_pfs_leaves_the_reads_to_the_pfs(job):
