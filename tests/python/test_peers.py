@@ -329,11 +329,14 @@ def test_every_format_reads_each_file_from_the_pfs_once_and_reaches_the_peers(
     # Arrays: each loader also reads, once, the headers of 5 samples spread over the catalog (the
     # data set's dtype: BatchDecoder::kDataSetProbes) where they are when its first batch is laid
     # out: the node's copy, or the PFS (a peer's home copy of them may not be made before late in
-    # epoch 0). No other file is opened twice, but for the reads past the end.
+    # epoch 0). No other file is opened twice, but for the reads past the end: stage 3 reads an
+    # array's header and then its data each through an open of its own, counted as one read.
     probes = {cat.path(j * len(cat) // 5) for j in range(5)} if kind != "jpeg" else set()
+    opens_per_read = 1 if kind == "jpeg" else 2
     extra = {p: n - 1 for p, n in opened.items() if n > 1}
-    assert sum(n for p, n in extra.items() if p not in probes) <= past_the_end, extra
-    assert sum(n for p, n in extra.items()) <= past_the_end + WORLD * len(probes), extra
+    assert sum(n for p, n in extra.items() if p not in probes) <= opens_per_read * past_the_end, extra
+    assert sum(n for p, n in extra.items()) <= \
+        opens_per_read * past_the_end + WORLD * len(probes), extra
     assert [r["batches"] for r in ranks] == [r["batches"] for r in plain]
     assert sum(r["stats"]["peer_reads"] for r in ranks) > 0
     for r in ranks:
