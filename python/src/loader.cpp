@@ -140,7 +140,9 @@ constexpr auto kStatsFields = std::make_tuple(
     field("stage_dir_disabled", &Stats::stage_dir_disabled),
     field("stage_dir_error", &Stats::stage_dir_error), field("hits", &Stats::hits),
     field("misses", &Stats::misses), field("misses_read_ahead", &Stats::misses_read_ahead),
-    field("bytes_from_source", &Stats::bytes_from_source),
+    field("missed_bytes", &Stats::missed_bytes),
+    // The name missed_bytes had before it counted a peer's bytes too, kept for existing scripts.
+    field("bytes_from_source", &Stats::missed_bytes),
     field("bytes_from_stage", &Stats::bytes_from_stage),
     field("source_reads", &Stats::source_reads), field("source_bytes", &Stats::source_bytes),
     field("skipped", &Stats::skipped),

@@ -12,6 +12,7 @@
 
 #include "prestage/error.hpp"
 #include "test_util.hpp"
+#include "util/file_io.hpp"
 
 namespace {
 
@@ -56,6 +57,33 @@ TEST_CASE("hdf5: rows of a dataset are read as the library wrote them, big-endia
   CHECK_THROWS_AS(
       hdf5::read_row(file, "x", 0, 5, d.row, std::as_writable_bytes(std::span(row)), file),
       DecodeError);
+  hdf5::close_all();
+}
+
+TEST_CASE("hdf5: a file's bytes in memory are read as the file itself, and garbage is refused") {
+  prestage::test::TempDir dir;
+  const std::string file = (dir / "a.h5").string();
+  std::vector<float> values(6 * 4 * 3);
+  for (size_t i = 0; i < values.size(); ++i) values[i] = static_cast<float>(i) * 0.5f - 3;
+  write_dataset(file, "x", H5T_IEEE_F32BE, H5T_NATIVE_FLOAT, {6, 4, 3}, values, true);
+  std::vector<std::byte> image;
+  read_file(FileRef(file), image);
+  for (const int64_t axis : {0, 1, -1}) {
+    const Hdf5Dataset on_disk = hdf5::describe(file, "x", axis, 1 << 20, file);
+    const Hdf5Dataset in_memory = hdf5::describe(image, "x", axis, 1 << 20, file);
+    CHECK(in_memory.rows == on_disk.rows);
+    CHECK(in_memory.axis == on_disk.axis);
+    CHECK(in_memory.row.same_layout(on_disk.row));
+    std::vector<float> want(on_disk.row.bytes / sizeof(float)), got(want.size());
+    for (uint64_t r = 0; r < on_disk.rows; ++r) {
+      hdf5::read_row(file, "x", axis, r, on_disk.row, std::as_writable_bytes(std::span(want)), file);
+      hdf5::read_row(image, "x", axis, r, in_memory.row, std::as_writable_bytes(std::span(got)), file);
+      CHECK(got == want);
+    }
+  }
+  std::vector<std::byte> garbage(image.size(), std::byte{0x5a});
+  CHECK_THROWS_AS(hdf5::describe(garbage, "x", 0, 1 << 20, file), DecodeError);
+  CHECK_THROWS_AS(hdf5::describe(image, "absent", 0, 1 << 20, file), DecodeError);
   hdf5::close_all();
 }
 

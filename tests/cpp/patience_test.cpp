@@ -231,7 +231,7 @@ TEST_CASE("patience: a warm restart that expedites and restarts mid-epoch forget
   // Files 1-3 had good copies: stage 3 read them there, not from the source again.
   CHECK(stats.hits == 4);
   CHECK(stats.misses == 0);
-  CHECK(stats.bytes_from_source == 0);
+  CHECK(stats.missed_bytes == 0);
 
   // A restart mid-epoch cancels the pipeline while the stager waits on file 4 and the tasks of
   // batches 1 to 4 (copies of files 5-15 to check) are queued: they complete without copying.

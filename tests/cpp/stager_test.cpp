@@ -21,6 +21,7 @@
 #include "util/file_io.hpp"
 
 using prestage::Catalog;
+using prestage::detail::ReadAhead;
 using prestage::detail::StageDirectory;
 using prestage::detail::Stager;
 using prestage::detail::StageTask;
@@ -234,26 +235,29 @@ TEST_CASE("stager: declined samples are read into memory; a failed read is left 
     prestage::detail::Tiers tiers(cat, &stage, UINT64_MAX);
     Stager stager(tiers, threads);
     std::vector<uint64_t> files{3};
-    std::vector<uint64_t> read_ahead{0, 1, 2};
-    std::vector<std::vector<std::byte>> held(3);
-    std::vector<uint8_t> held_ok(3, 7);  // submit() clears them
+    ReadAhead read_ahead;
+    read_ahead.plan(3);
+    for (size_t k = 0; k < 3; ++k) {
+      read_ahead.add(k, k);
+      read_ahead.read(k);  // submit() clears them
+    }
     REQUIRE(stage.try_claim(3));
     StageTask task;
     task.ids = files.data();
     task.count = files.size();
-    task.read_ahead = read_ahead.data();
-    task.read_ahead_count = read_ahead.size();
-    task.held = held.data();
-    task.held_ok = held_ok.data();
+    task.read_ahead = &read_ahead;
     count_done(task, done);
     stager.submit(&task);
     REQUIRE(wait_for(done, 1));
     const auto text = [](const std::vector<std::byte>& bytes) {
       return std::string(reinterpret_cast<const char*>(bytes.data()), bytes.size());
     };
-    CHECK(held_ok == std::vector<uint8_t>{1, 0, 1});
-    CHECK(text(held[0]) == "alpha");
-    CHECK(text(held[2]) == "bravo!");
+    REQUIRE(read_ahead.at(0) != nullptr);
+    CHECK(read_ahead.at(1) == nullptr);  // its read failed
+    REQUIRE(read_ahead.at(2) != nullptr);
+    CHECK(text(*read_ahead.at(0)) == "alpha");
+    CHECK(text(*read_ahead.at(2)) == "bravo!");
+    CHECK(read_ahead.at(3) == nullptr);  // past the batch
     CHECK(stage.is_staged(3));
     CHECK(stage.is_absent(0));  // read ahead, not staged
     const auto stats = stats_of(stager);
@@ -268,14 +272,12 @@ TEST_CASE("stager: with no directory or no threads, a task completes at once and
   TempDir dir;
   write(dir / "a", "alpha");
   const Catalog cat = Catalog::from_paths(dir.path(), {"a"});
-  std::vector<uint64_t> read_ahead{0};
-  std::vector<std::byte> held;
-  uint8_t held_ok = 7;
+  ReadAhead read_ahead;
+  read_ahead.plan(1);
+  read_ahead.add(0, 0);
+  read_ahead.read(0);
   StageTask task;
-  task.read_ahead = read_ahead.data();
-  task.read_ahead_count = 1;
-  task.held = &held;
-  task.held_ok = &held_ok;
+  task.read_ahead = &read_ahead;
   std::atomic<int> done{0};
   count_done(task, done);
   {
@@ -283,7 +285,7 @@ TEST_CASE("stager: with no directory or no threads, a task completes at once and
     Stager stager(tiers, 0);
     stager.submit(&task);
     CHECK(done.load() == 1);  // on the caller's thread, before submit() returns
-    CHECK(held_ok == 0);
+    CHECK(read_ahead.at(0) == nullptr);
   }
   StageDirectory stage(dir / "stage", cat);
   std::vector<uint64_t> ids{0};
@@ -312,16 +314,13 @@ TEST_CASE("stager: an expedited task completes once the copies under way finish"
       ids.push_back(id);
       REQUIRE(stage.try_claim(id));
     }
-    std::vector<uint64_t> read_ahead{src.file(0)};
-    std::vector<std::byte> held;
-    uint8_t held_ok = 0;
+    ReadAhead read_ahead;
+    read_ahead.plan(1);
+    read_ahead.add(0, src.file(0));
     StageTask task;
     task.ids = ids.data();
     task.count = ids.size();
-    task.read_ahead = read_ahead.data();
-    task.read_ahead_count = 1;
-    task.held = &held;
-    task.held_ok = &held_ok;
+    task.read_ahead = &read_ahead;
     std::atomic<int> done{0};
     count_done(task, done);
     stager.submit(&task);
@@ -340,7 +339,7 @@ TEST_CASE("stager: an expedited task completes once the copies under way finish"
     CHECK(stats.stage_expedited == 4);  // three copies and the read-ahead
     CHECK(stats.staged_files == 0);
     CHECK(stats.stage.items == threads);  // only the FIFOs were dealt with
-    CHECK(held_ok == 0);
+    CHECK(read_ahead.at(0) == nullptr);
     CHECK(stats.read_ahead == 0);
     for (size_t i = 0; i < 3; ++i) {
       CHECK(!std::filesystem::exists(stage.staged_path(src.file(i))));

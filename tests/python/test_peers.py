@@ -16,6 +16,7 @@ import sys
 import textwrap
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 import prestage
@@ -34,7 +35,7 @@ RANKS_PER_NODE = 2
 # One rank. Node = rank // 2 (PRESTAGE_NODE), stage directory per node. Runs `epochs` epochs with a
 # barrier after each (as a training step's all-reduce makes); its batches in flight (lookahead 1,
 # depth 2) are fewer than an epoch's. Writes per batch the indices and a digest of the bytes, the
-# samples whose bytes differ from the backing file, and its figures. `stop_rank` closes its loader
+# samples whose bytes differ from the backing file (decode="raw" of whole files), and its figures. `stop_rank` closes its loader
 # after epoch 0 (a peer that stops answering); `corrupt` = [rank, file id]: that rank flips a byte
 # of its node's copy of the file after epoch 0, in place; [rank, "all"]: the first 64 bytes of every
 # copy of its node (the other ranks wait until it is done). `stall_rank` stops itself (SIGSTOP: its
@@ -59,17 +60,17 @@ RANK = textwrap.dedent("""
             time.sleep(0.005)
 
     batches, wrong, ended = [], [], []
-    loader = prestage.Loader(cat, batch_size=cfg["batch"], decode="raw", stage_dir=stage, rank=rank,
+    loader = prestage.Loader(cat, batch_size=cfg["batch"], stage_dir=stage, rank=rank,
                              world_size=cfg["world"], seed=cfg["seed"], prefetchers=3, lookahead=1,
                              depth=2, cache_bytes=cfg["cache_bytes"], peers=cfg["peers"],
-                             peer_timeout=cfg["peer_timeout"])
+                             peer_timeout=cfg["peer_timeout"], **cfg["loader"])
     for epoch in range(cfg["epochs"]):
         if rank in (cfg["stop_rank"], cfg["stall_rank"]) and epoch > 0:
             break
         for b in loader:
             data = b.data.tobytes()
             batches.append([epoch, [int(i) for i in b.indices], hashlib.sha256(data).hexdigest()])
-            for k, i in enumerate(b.indices):
+            for k, i in enumerate(b.indices if cfg["loader"]["decode"] == "raw" else []):
                 got = b.data[b.offsets[k]:b.offsets[k + 1]].tobytes()
                 if got != (Path(cfg["backing"]) / cat.path(int(i))).read_bytes():
                     wrong.append(int(i))
@@ -112,7 +113,7 @@ RANK = textwrap.dedent("""
     close_s = time.monotonic() - closing
     Path(cfg["out"], f"{rank}.json").write_text(json.dumps({
         "stats": loader.stats(), "close_s": close_s, "ended": ended, "batches": batches,
-        "wrong": wrong}))
+        "wrong": wrong, "stage": cfg["stage"]}))
     wait("closed", range(cfg["world"]))
 """)
 
@@ -126,25 +127,33 @@ def job(make_folder, pfs, tmp_path):
     # each read goes to the source expected to finish it first, here the home copy.
     emulator = pfs(backing, latency_ms=20)
     cat = prestage.Catalog.from_folder(emulator.mountpoint)
+    return mpi_jobs(tmp_path, cat, backing), cat, emulator, backing
+
+
+def mpi_jobs(tmp_path, cat, backing, loader=None):
+    """run(**config) -> per-rank results: mpirun jobs over catalog `cat` (of files under `backing`,
+    served by a PFS emulator), each rank's loader made with `loader` (default decode="raw")."""
     catalog = tmp_path / "set.catalog"
     cat.save(catalog)
+    loader = loader or dict(decode="raw")
     runs = []
 
     # A fetch waits for its owner's home copy while the owner is still in epoch 0 (it is coming); on a
     # loaded machine that took more than 10 s once (a CI check: one fallback), so the jobs that count
     # on no fallback give it a minute. The stalled-peer test passes its own, short timeout.
+    # `stage`: the stage directories' parent (default: a new one), e.g. an earlier run's.
     def run(peers=True, epochs=3, cache_bytes=0, peer_timeout=60.0, stop_rank=-1, corrupt=None,
-            env=None, stall_rank=-1):
+            env=None, stall_rank=-1, stage=None):
         n = len(runs)
         runs.append(n)
         base = tmp_path / f"run{n}"
         for d in ("stage", "barrier", "out"):
             (base / d).mkdir(parents=True)
-        cfg = dict(catalog=str(catalog), backing=str(backing), stage=str(base / "stage"),
+        cfg = dict(catalog=str(catalog), backing=str(backing), stage=str(stage or base / "stage"),
                    barrier=str(base / "barrier"), out=str(base / "out"), world=WORLD, batch=BATCH,
                    seed=SEED, epochs=epochs, cache_bytes=cache_bytes, peers=peers,
                    peer_timeout=peer_timeout, stop_rank=stop_rank, corrupt=corrupt,
-                   stall_rank=stall_rank)
+                   stall_rank=stall_rank, loader=loader)
         script = base / "rank.py"
         script.write_text(RANK)
         environment = dict(os.environ, OMPI_MCA_btl_vader_single_copy_mechanism="none",
@@ -155,7 +164,7 @@ def job(make_folder, pfs, tmp_path):
         assert r.returncode == 0, r.stdout + r.stderr
         return [json.loads((base / "out" / f"{rank}.json").read_text()) for rank in range(WORLD)]
 
-    return run, cat, emulator, backing
+    return run
 
 
 def ownership(cat, backing, budget=0):
@@ -252,6 +261,93 @@ def test_each_file_is_read_from_the_pfs_once_and_peers_serve_what_the_plan_predi
     assert all(r["stats"]["peers_closed"] <= WORLD - 1 for r in ranks)
 
 
+def format_set(kind, root, make_folder, write_tfrecord):
+    """A data set of 120 samples in format `kind` under `root`: (catalog builder over a root, loader
+    options). Arrays are small and of one shape, so every batch is one array."""
+    rng = np.random.default_rng(7)
+    root.mkdir()
+    if kind == "jpeg":
+        images = make_folder(4, 30, size=(24, 32), name="jpeg")
+        for d in images.iterdir():
+            shutil.move(str(d), root / d.name)
+        return lambda top: prestage.Catalog.from_folder(top), dict(decode="jpeg", image_size=(16, 16))
+    if kind in ("npy", "npz"):  # one sample per file
+        for c in range(4):
+            (root / f"c{c}").mkdir()
+            for k in range(30):
+                a = rng.standard_normal((6, 5)).astype(np.float32)
+                if kind == "npy":
+                    np.save(root / f"c{c}" / f"{k}.npy", a)
+                else:
+                    np.savez(root / f"c{c}" / f"{k}.npz", x=a, y=a[0])
+        options = dict(decode="npy") if kind == "npy" else dict(decode="npz", array_name="x")
+        return (lambda top: prestage.Catalog.from_folder(top, extensions=[f".{kind}"])), options
+    names = [f"part{f}" for f in range(6)]  # 20 samples per file
+    if kind == "npy rows":
+        for n in names:
+            np.save(root / f"{n}.npy", rng.standard_normal((20, 7, 3)).astype(np.float32))
+        return (lambda top: prestage.Catalog.from_arrays(sorted(Path(top).glob("*.npy")))), \
+            dict(decode="npy")
+    if kind == "hdf5 rows":
+        import h5py
+        for n in names:
+            with h5py.File(root / f"{n}.h5", "w") as f:
+                f["x"] = rng.standard_normal((20, 7, 3)).astype(np.float32)
+        return (lambda top: prestage.Catalog.from_hdf5(sorted(Path(top).glob("*.h5")), "x")), \
+            dict(decode="hdf5")
+    assert kind == "tfrecord"
+    for n in names:
+        write_tfrecord(root / f"{n}.tfrecord",
+                       [{"data": rng.integers(0, 256, 40, dtype=np.uint8).tobytes()} for _ in range(20)])
+    return (lambda top: prestage.Catalog.from_tfrecord(sorted(Path(top).glob("*.tfrecord")),
+                                                       features={"image": "data"})), dict(decode="raw")
+
+
+@pytest.mark.parametrize("kind", ["npy", "npz", "npy rows", "hdf5 rows", "tfrecord", "jpeg"])
+def test_every_format_reads_each_file_from_the_pfs_once_and_reaches_the_peers(
+        kind, make_folder, write_tfrecord, pfs, tmp_path):
+    # Arrays read whole or in slices, TFRecord records, JPEGs: stage 3 reads them through the same
+    # tiers as stage 2 (memory, the node's copy, a peer's home copy, the PFS), so over 3 epochs each
+    # file is opened on the PFS once, whatever its format.
+    backing = tmp_path / "set"
+    build, options = format_set(kind, backing, make_folder, write_tfrecord)
+    emulator = pfs(backing, latency_ms=20)
+    cat = build(emulator.mountpoint)
+    assert len(cat) == 120
+    run = mpi_jobs(tmp_path, cat, backing, options)
+    plain = run(peers=False)
+    before = emulator.stats()["paths"]
+    ranks = run(peers=True)
+    after = emulator.stats()["paths"]
+    files = {p for p in after if (backing / p).is_file()}
+    opened = {p: after[p]["opens"] - before.get(p, {"opens": 0})["opens"] for p in files}
+    # Past the 3 epochs a rank still reads ahead into epoch 3 until it closes; a peer that closed
+    # first has said goodbye, so such a read goes to the PFS (counted in epoch 3's source_reads).
+    past_the_end = sum(e["source_reads"] for r in ranks for e in r["stats"]["epochs"] if e["epoch"] >= 3)
+    assert all(n >= 1 for n in opened.values()) and len(opened) == len(
+        [f for f in backing.rglob("*") if f.is_file()])
+    # Arrays: each loader also reads, once, the headers of 5 samples spread over the catalog (the
+    # data set's dtype: BatchDecoder::kDataSetProbes) where they are when its first batch is laid
+    # out: the node's copy, or the PFS (a peer's home copy of them may not be made before late in
+    # epoch 0). No other file is opened twice, but for the reads past the end: stage 3 reads an
+    # array's header and then its data each through an open of its own, counted as one read.
+    probes = {cat.path(j * len(cat) // 5) for j in range(5)} if kind != "jpeg" else set()
+    opens_per_read = 1 if kind == "jpeg" else 2
+    extra = {p: n - 1 for p, n in opened.items() if n > 1}
+    assert sum(n for p, n in extra.items() if p not in probes) <= opens_per_read * past_the_end, extra
+    assert sum(n for p, n in extra.items()) <= \
+        opens_per_read * past_the_end + WORLD * len(probes), extra
+    assert [r["batches"] for r in ranks] == [r["batches"] for r in plain]
+    assert sum(r["stats"]["peer_reads"] for r in ranks) > 0
+    for r in ranks:
+        assert r["stats"]["peer_fallbacks"] == 0 and r["stats"]["peer_corrupt"] == 0
+        assert r["stats"]["bytes_from_source"] == r["stats"]["missed_bytes"]  # the former name
+    if kind.endswith("rows"):
+        # Slices are not read ahead: every byte a peer sent was taken by stage 3 as a miss.
+        assert sum(r["stats"]["missed_bytes"] for r in ranks) >= \
+            sum(r["stats"]["peer_bytes"] for r in ranks) > 0
+
+
 def test_a_peer_link_slower_than_the_pfs_leaves_the_reads_to_the_pfs(job):
     run, cat, emulator, backing = job
     plain = run(peers=False)
@@ -341,6 +437,33 @@ def test_a_closed_peer_and_a_corrupted_home_copy_cost_reads_of_the_pfs_not_a_han
         assert s["peers_down"] == 0
         assert 1 <= s["peers_closed"] <= 2
         assert s["peer_fallbacks"] >= refused + s["peer_corrupt"]
+
+
+def test_a_copy_changed_before_the_run_is_never_served_by_its_node_or_its_peers(job):
+    run, cat, emulator, backing = job
+    owner, home = ownership(cat, backing)
+    plain = run(peers=False, epochs=2)
+    first = tmp_path_of(run(peers=True, epochs=1))
+    # Between the runs, a byte of node 0's copies changes on the SSD (their records stay): each is
+    # a copy left by an earlier run, which no reader may use before it is checked against its record.
+    node0 = sorted(p for p in first.glob("node0/prestage-*/[0-9a-f][0-9a-f]/*") if p.suffix != ".part")
+    assert len(node0) == sum(owner[i] // RANKS_PER_NODE == 0 for i in home)
+    for copy in node0:
+        raw = bytearray(copy.read_bytes())
+        raw[len(raw) // 2] ^= 0xFF
+        copy.write_bytes(bytes(raw))
+    ranks = run(peers=True, epochs=2, stage=first)
+    assert all(r["wrong"] == [] for r in ranks)
+    assert [r["batches"] for r in ranks] == [r["batches"] for r in plain]
+    # Each changed copy found and removed once on its node, by whichever reader met it first (its
+    # node's stage 2, a neighbour's read, an answer to a peer); no asker got a changed byte.
+    assert sum(r["stats"]["stage_corrupt"] for r in ranks[:RANKS_PER_NODE]) == len(node0)
+    assert all(r["stats"]["peer_corrupt"] == 0 for r in ranks)
+
+
+def tmp_path_of(ranks):
+    """The stage directories' parent of the run whose results are `ranks`."""
+    return Path(ranks[0]["stage"])
 
 
 PLAIN = textwrap.dedent("""

@@ -110,11 +110,13 @@ struct Stats {
 
   // Stage 3: where the bytes came from.
   uint64_t hits = 0;    // read from the stage directory
-  uint64_t misses = 0;  // read from the source (not staged in time, or no stage directory)
+  uint64_t misses = 0;  // not read from it (not staged in time, or no stage directory): read from
+                        // the source, or a peer's home copy
   uint64_t misses_read_ahead = 0;  // of those, read by stage 2 ahead (Stats::read_ahead): the rest
-                                   // stage 3 read from the source itself
-  uint64_t bytes_from_source = 0;
-  uint64_t bytes_from_stage = 0;
+                                   // stage 3 read itself
+  uint64_t missed_bytes = 0;       // the bytes of the misses, wherever they came from (the source's
+                                   // own bytes, for every stage: source_bytes)
+  uint64_t bytes_from_stage = 0;   // the bytes of the hits
 
   // Every read of the source by this process, for all stages (stage 2's copies and reads ahead,
   // stage 3's own reads): the sums of the epochs' source_reads and bytes_from_source.

@@ -1,5 +1,5 @@
 // Stage 3: what the array codecs (npy, npz, HDF5) share: the description of one decoded array, and
-// the byte source a sample is read from (a file range, read lazily, or bytes already in memory).
+// reads of one from a byte source (util/byte_source.hpp).
 #pragma once
 
 #include <array>
@@ -11,7 +11,7 @@
 #include <string_view>
 #include <vector>
 
-#include "util/file_io.hpp"
+#include "util/byte_source.hpp"
 
 namespace prestage::detail {
 
@@ -54,61 +54,6 @@ std::optional<uint32_t> resolve_axis(int64_t axis, uint32_t ndim);
 // naming `path`) over `max_bytes`.
 ArrayInfo slice_info(const ArrayInfo& whole, uint32_t axis, uint64_t max_bytes,
                      const std::string& path);
-
-// Random access to one sample's bytes. Not thread-safe; one per call site.
-class ByteSource {
- public:
-  virtual ~ByteSource() = default;
-  virtual uint64_t size() const = 0;
-  // Reads out.size() bytes at `offset`; the range must lie inside size() (DecodeError otherwise).
-  virtual void read(uint64_t offset, std::span<std::byte> out) const = 0;
-  // All the bytes when they are already in memory, else an empty span.
-  virtual std::span<const std::byte> memory() const { return {}; }
-  virtual const std::string& path() const = 0;
-};
-
-class MemorySource final : public ByteSource {
- public:
-  MemorySource(std::span<const std::byte> bytes, const std::string& path)
-      : bytes_(bytes), path_(path) {}
-  uint64_t size() const override { return bytes_.size(); }
-  void read(uint64_t offset, std::span<std::byte> out) const override;
-  std::span<const std::byte> memory() const override { return bytes_; }
-  const std::string& path() const override { return path_; }
-
- private:
-  std::span<const std::byte> bytes_;
-  const std::string& path_;
-};
-
-// `length` bytes at `offset` of the file `file` (Catalog::kWholeFile: all of it), opened at the
-// first look (size() or read()) and held open for every read after it: a sample's headers and
-// data cost one open. Errors name `path` (the catalog's source path, whichever copy is read).
-class FileSource final : public ByteSource {
- public:
-  FileSource(const FileRef& file, uint64_t offset, uint64_t length, const std::string& path)
-      : file_(file), offset_(offset), length_(length), path_(path) {}
-  uint64_t size() const override;
-  void read(uint64_t offset, std::span<std::byte> out) const override;
-  const std::string& path() const override { return path_; }
-
- private:
-  const OpenFile& open() const;
-  FileRef file_;
-  uint64_t offset_;
-  mutable uint64_t length_;
-  const std::string& path_;
-  mutable std::optional<OpenFile> open_;
-};
-
-// The bytes of `source` from `offset` to the end (or `length` of them) as one span: `source`'s own
-// memory when it has some, else read into `buffer` (grown, never shrunk).
-std::span<const std::byte> read_span(const ByteSource& source, uint64_t offset, uint64_t length,
-                                     std::vector<std::byte>& buffer);
-
-// The first bytes of `source` (up to buffer's 8), which tell its format (.npy, zip, zstd), read
-// into `buffer`.
-std::span<const std::byte> read_magic(const ByteSource& source, std::array<std::byte, 8>& buffer);
 
 // Writes slice `index` along `axis` of the array `whole` (laid out as whole.fortran says) whose
 // data start at byte `data_offset` of `source` into `out` (C order, slice_info's bytes). The

@@ -32,6 +32,12 @@ std::string message(const std::exception_ptr& error) {
   }
 }
 
+// Where the tiers' `at` has the sample: its copy to open, or its bytes in memory.
+SampleLocation location(const SampleAt& at) {
+  if (at.in_memory()) return SampleLocation{FileRef(*at.path), *at.path, at.locator, at.bytes, true};
+  return SampleLocation{at.open(), *at.path, at.locator};
+}
+
 // The error of the lowest-numbered failed sample of a batch, whatever the thread timing.
 class FirstError {
  public:
@@ -92,6 +98,11 @@ class BatchDecoder::Run {
       if (s_.bytes.size() < b_.count) s_.bytes.resize(b_.count);
       if (s_.unpacked.size() < b_.count) s_.unpacked.resize(b_.count);
       s_.jpegs.resize(b_.count);
+    }
+    if (d_.codec_.arrays()) {
+      if (s_.bytes.size() < b_.count) s_.bytes.resize(b_.count);
+      s_.in_memory.assign(b_.count, 0);
+      s_.memory.resize(b_.count);
     }
     each([&](size_t i) { size(i, b_.ids[i]); },
          [&](size_t i, uint64_t id) { size(i, id); });
@@ -176,8 +187,8 @@ class BatchDecoder::Run {
 
   // Stage 2's bytes for sample i, if it is still the plan's sample (not a replacement).
   const std::vector<std::byte>* held(size_t i, uint64_t id) const {
-    if (b_.held == nullptr || b_.held->empty() || b_.ids[i] != id) return nullptr;
-    return (*b_.held)[i];
+    if (b_.read_ahead == nullptr || b_.ids[i] != id) return nullptr;
+    return b_.read_ahead->at(i);
   }
 
   Reader& reader() { return d_.readers_->local(); }
@@ -246,12 +257,24 @@ class BatchDecoder::Run {
       codec.raw_array(n, "|u1", info, r.paths.source);
       return;
     }
-    s_.tiers[i] = d_.tiers_.serve(id, Tier::kStage, nullptr, r.paths, nullptr, Access::kFile,
-                                  [&](const SampleAt& at) -> uint64_t {
-                                    r.codec(codec).probe(
-                                        SampleLocation{at.open(), *at.path, at.locator}, s_.probes[i]);
-                                    return 0;
-                                  });
+    // Bytes in memory (stage 2's, or a home copy the peer tier sent into s_.bytes[i]) are kept
+    // for step 3 and counted here; a copy on disk is opened again by step 3, which counts it.
+    s_.in_memory[i] = 0;
+    r.paths.fetch_into = &s_.bytes[i];
+    try {
+      s_.tiers[i] = d_.tiers_.serve(id, Tier::kMemory, held(i, id), r.paths, b_.tally, Access::kFile,
+                                    [&](const SampleAt& at) -> uint64_t {
+                                      r.codec(codec).probe(location(at), s_.probes[i]);
+                                      if (!at.in_memory()) return 0;
+                                      s_.in_memory[i] = 1;
+                                      s_.memory[i] = at.bytes;
+                                      return at.bytes.size();
+                                    });
+    } catch (...) {
+      r.paths.fetch_into = nullptr;
+      throw;
+    }
+    r.paths.fetch_into = nullptr;
   }
 
   // Step 3: sample i's data into its place (from catalog sample `id`).
@@ -272,10 +295,16 @@ class BatchDecoder::Run {
                           "its size differs from the failed sample's");
       }
       std::copy(bytes.begin(), bytes.end(), out.begin());
+    } else if (s_.in_memory[i] != 0) {
+      // Step 1 took its bytes from memory (and counted the read).
+      const Catalog::Locator loc = d_.tiers_.catalog().locator(id);
+      const std::string& path = d_.tiers_.source_path(loc.file, r.paths.source);
+      r.codec(codec).fill(SampleLocation{FileRef(path), path, loc, s_.memory[i], true}, s_.probes[i],
+                          out);
     } else {
       d_.tiers_.serve(id, s_.tiers[i], nullptr, r.paths, b_.tally, Access::kFile,
                       [&](const SampleAt& at) -> uint64_t {
-        r.codec(codec).fill(SampleLocation{at.open(), *at.path, at.locator}, s_.probes[i], out);
+        r.codec(codec).fill(location(at), s_.probes[i], out);
         return out.size();
       });
     }
@@ -678,7 +707,7 @@ const std::string* BatchDecoder::data_set_dtype(const std::atomic<bool>& stoppin
     try {
       tiers_.serve(id, Tier::kStage, nullptr, paths, nullptr, Access::kFile,
                    [&](const SampleAt& at) -> uint64_t {
-        decoder.probe(SampleLocation{at.open(), *at.path, at.locator}, probe);
+        decoder.probe(location(at), probe);
         return 0;
       });
       found.push_back(probe.info.dtype);

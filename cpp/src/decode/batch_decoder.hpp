@@ -23,6 +23,7 @@
 #include "prestage/options.hpp"
 #include "prestage/plan.hpp"
 #include "prestage/stats.hpp"
+#include "tiers/read_ahead.hpp"
 #include "tiers/tiers.hpp"
 #include "util/gate.hpp"
 
@@ -35,8 +36,8 @@ struct BatchSamples {
   const EpochPlan* plan = nullptr;
   const uint64_t* ids = nullptr;  // catalog sample indices
   size_t count = 0;
-  // Per position: the bytes stage 2 read ahead for the plan's sample there, or null. Empty: none.
-  const std::vector<const std::vector<std::byte>*>* held = nullptr;
+  // The bytes stage 2 read ahead for the plan's samples, by position (null: none).
+  const ReadAhead* read_ahead = nullptr;
   // Where the batch's reads are counted, by tier, besides the tiers' own counters; null: nowhere.
   TierTally* tally = nullptr;
 };
@@ -53,6 +54,11 @@ struct BatchScratch {
   std::vector<std::vector<std::byte>> bytes;
   std::vector<std::vector<std::byte>> unpacked;
   std::vector<std::span<const std::byte>> jpegs;
+  // Arrays, per sample: 1 where step 1 took its bytes from memory (stage 2's read-ahead, or a home
+  // copy fetched through the peer tier into `bytes`), which step 3 decodes again without a read;
+  // those bytes in `memory`.
+  std::vector<uint8_t> in_memory;
+  std::vector<std::span<const std::byte>> memory;
   std::mutex skip_mutex;            // guards the slot's `skipped` while the batch decodes
   // decode_device=cuda: per sample, its source path (for the CPU path's errors), and what the GPU
   // decoder takes and gives back.

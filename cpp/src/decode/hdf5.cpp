@@ -218,6 +218,17 @@ void check_row_chunks(const Open& o, uint32_t axis, uint64_t row, const std::str
 }
 
 // Opens (or finds) `dataset` of `file`. Called with the lock held.
+void quiet(State& s) {
+  if (!s.quiet) {
+    // HDF5 prints its error stack to stderr by default; errors reach the caller as DecodeErrors.
+    static_cast<void>(H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr));
+    s.quiet = true;
+  }
+}
+
+// Opens `dataset` of the open file o.file_id and describes it.
+void open_in_file(Open& o, const std::string& dataset, const std::string& path);
+
 Open& open_dataset(State& s, const FileRef& file, const std::string& dataset,
                    const std::string& path) {
   for (auto it = s.open.begin(); it != s.open.end(); ++it) {
@@ -226,11 +237,7 @@ Open& open_dataset(State& s, const FileRef& file, const std::string& dataset,
       return s.open.front();
     }
   }
-  if (!s.quiet) {
-    // HDF5 prints its error stack to stderr by default; errors reach the caller as DecodeErrors.
-    static_cast<void>(H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr));
-    s.quiet = true;
-  }
+  quiet(s);
   Open o;
   o.file = file.path();
   o.dataset = dataset;
@@ -239,6 +246,35 @@ Open& open_dataset(State& s, const FileRef& file, const std::string& dataset,
     o.file_id = Id(H5Fopen(name.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);
   });
   if (!o.file_id.valid()) fail(path, "cannot open the file");
+  open_in_file(o, dataset, path);
+  if (s.open.size() >= kMaxOpen) s.open.pop_back();
+  s.open.push_front(std::move(o));
+  return s.open.front();
+}
+
+// `dataset` of the HDF5 file whose bytes are `image` (a copy the tiers hold in memory), opened
+// through HDF5's core driver, which copies the image. Not cached: the image is the caller's, for
+// one call; each use costs a copy of the file, which is why only files within max_sample_bytes are
+// served so (Tiers::serve).
+Open open_image(State& s, std::span<const std::byte> image, const std::string& dataset,
+                const std::string& path) {
+  quiet(s);
+  Open o;
+  o.dataset = dataset;
+  Id fapl(H5Pcreate(H5P_FILE_ACCESS), H5Pclose);
+  if (!fapl.valid() || H5Pset_fapl_core(fapl.get(), 1 << 20, 0) < 0 ||
+      H5Pset_file_image(fapl.get(), const_cast<std::byte*>(image.data()), image.size()) < 0) {
+    fail(path, "cannot open the file's bytes in memory");
+  }
+  // A name of its own: never taken for a file of the same path that HDF5 holds open from disk.
+  const std::string name = path + "#in-memory";
+  o.file_id = Id(H5Fopen(name.c_str(), H5F_ACC_RDONLY, fapl.get()), H5Fclose);
+  if (!o.file_id.valid()) fail(path, "not an HDF5 file (or corrupt)");
+  open_in_file(o, dataset, path);
+  return o;
+}
+
+void open_in_file(Open& o, const std::string& dataset, const std::string& path) {
   o.dataset_id = Id(H5Dopen2(o.file_id.get(), dataset.c_str(), H5P_DEFAULT), H5Dclose);
   if (!o.dataset_id.valid()) fail(path, "no dataset '" + dataset + "'");
   Id type(H5Dget_type(o.dataset_id.get()), H5Tclose);
@@ -283,9 +319,6 @@ Open& open_dataset(State& s, const FileRef& file, const std::string& dataset,
   finish_array_info(all, ~uint64_t{0}, path);
   o.bytes = all.bytes;
   read_layout(o, dataset, path);
-  if (s.open.size() >= kMaxOpen) s.open.pop_back();
-  s.open.push_front(std::move(o));
-  return s.open.front();
 }
 
 // The dataset sliced along `axis`. Each slice becomes a catalog entry (and a label): a corrupt
@@ -327,12 +360,11 @@ Hdf5Dataset describe(const FileRef& file, const std::string& dataset, int64_t ax
   return along(open_dataset(s, file, dataset, path), axis, max_bytes, path);
 }
 
-void read_row(const FileRef& file, const std::string& dataset, int64_t axis, uint64_t row,
-              const ArrayInfo& info, std::span<std::byte> out, const std::string& path) {
+namespace {
+
+void read_row_of(Open& o, const std::string& dataset, int64_t axis, uint64_t row,
+                 const ArrayInfo& info, std::span<std::byte> out, const std::string& path) {
   if (out.size() != info.bytes) throw std::logic_error("hdf5::read_row: output of the wrong size");
-  State& s = state();
-  std::lock_guard lock(s.mutex);
-  Open& o = open_dataset(s, file, dataset, path);
   const Hdf5Dataset d = along(o, axis, ~uint64_t{0}, path);
   if (!d.row.same_layout(info)) {
     fail(path, "dataset '" + dataset + "' changed type or shape since the catalog was built");
@@ -360,6 +392,31 @@ void read_row(const FileRef& file, const std::string& dataset, int64_t axis, uin
     fail(path, "cannot read row " + std::to_string(row) + " of '" + dataset +
                    "' (corrupt or truncated file)");
   }
+}
+
+}  // namespace
+
+void read_row(const FileRef& file, const std::string& dataset, int64_t axis, uint64_t row,
+              const ArrayInfo& info, std::span<std::byte> out, const std::string& path) {
+  State& s = state();
+  std::lock_guard lock(s.mutex);
+  read_row_of(open_dataset(s, file, dataset, path), dataset, axis, row, info, out, path);
+}
+
+Hdf5Dataset describe(std::span<const std::byte> image, const std::string& dataset, int64_t axis,
+                     uint64_t max_bytes, const std::string& path) {
+  State& s = state();
+  std::lock_guard lock(s.mutex);
+  return along(open_image(s, image, dataset, path), axis, max_bytes, path);
+}
+
+void read_row(std::span<const std::byte> image, const std::string& dataset, int64_t axis,
+              uint64_t row, const ArrayInfo& info, std::span<std::byte> out,
+              const std::string& path) {
+  State& s = state();
+  std::lock_guard lock(s.mutex);
+  Open o = open_image(s, image, dataset, path);
+  read_row_of(o, dataset, axis, row, info, out, path);
 }
 
 std::vector<int64_t> read_labels(const FileRef& file, const std::string& dataset,

@@ -35,6 +35,14 @@ Hdf5Dataset describe(const FileRef& file, const std::string& dataset, int64_t ax
 void read_row(const FileRef& file, const std::string& dataset, int64_t axis, uint64_t row,
               const ArrayInfo& info, std::span<std::byte> out, const std::string& path);
 
+// As above, from the file's bytes in memory (`image`: a whole copy the tiers delivered, checked
+// against its record), through HDF5's core driver; each call copies the image.
+Hdf5Dataset describe(std::span<const std::byte> image, const std::string& dataset, int64_t axis,
+                     uint64_t max_bytes, const std::string& path);
+void read_row(std::span<const std::byte> image, const std::string& dataset, int64_t axis,
+              uint64_t row, const ArrayInfo& info, std::span<std::byte> out,
+              const std::string& path);
+
 // A 1-D integer dataset, converted to int64.
 std::vector<int64_t> read_labels(const FileRef& file, const std::string& dataset,
                                  const std::string& path);

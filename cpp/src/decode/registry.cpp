@@ -118,6 +118,10 @@ SampleDecoder::SampleDecoder(const Codec& codec) : jpeg(codec.max_pixels), codec
 const ByteSource& SampleDecoder::payload(const SampleLocation& where) {
   const Catalog::Locator& loc = where.locator;
   payload_dtype_ = "|u1";
+  if (where.in_memory && codec_.kind != Catalog::Kind::kTfrecord) {
+    memory_source_.emplace(where.bytes, where.path);
+    return *memory_source_;
+  }
   if (codec_.kind != Catalog::Kind::kTfrecord) {
     // A whole file (a slice's file too: the locator's offset is the slice's index) or a range.
     const bool whole = loc.length == Catalog::kWholeFile;
@@ -129,9 +133,13 @@ const ByteSource& SampleDecoder::payload(const SampleLocation& where) {
     throw DecodeError(where.path, "TFRecord record of " + std::to_string(length) +
                                       " bytes exceeds max_sample_bytes");
   }
-  if (record_.size() < length) record_.resize(length);
-  std::span<std::byte> framed(record_.data(), length);
-  read_range(where.file, loc.offset, framed);
+  std::span<const std::byte> framed = where.bytes;
+  if (!where.in_memory) {
+    if (record_.size() < length) record_.resize(length);
+    const std::span<std::byte> record(record_.data(), length);
+    read_range(where.file, loc.offset, record);
+    framed = record;
+  }
   const auto data = unframe_record(framed, where.path);
   std::span<const std::byte> value;
   if (codec_.mode == DecodeMode::kRaw
@@ -170,7 +178,9 @@ std::span<const std::byte> SampleDecoder::image_payload(std::span<const std::byt
 void SampleDecoder::probe(const SampleLocation& where, ArrayProbe& probe) {
   if (codec_.kind == Catalog::Kind::kHdf5) {
     const Hdf5Dataset d =
-        hdf5::describe(where.file, codec_.field, codec_.axis, codec_.max_bytes, where.path);
+        where.in_memory
+            ? hdf5::describe(where.bytes, codec_.field, codec_.axis, codec_.max_bytes, where.path)
+            : hdf5::describe(where.file, codec_.field, codec_.axis, codec_.max_bytes, where.path);
     if (where.locator.offset >= d.rows) {
       throw DecodeError(where.path, "slice " + std::to_string(where.locator.offset) +
                                         " is past the " + std::to_string(d.rows) +
@@ -278,8 +288,13 @@ void SampleDecoder::probe_slice(const SampleLocation& where, ArrayProbe& probe) 
 void SampleDecoder::fill(const SampleLocation& where, const ArrayProbe& probe,
                          std::span<std::byte> out) {
   if (probe.kind == ArrayProbe::Kind::kHdf5) {
-    hdf5::read_row(where.file, codec_.field, codec_.axis, where.locator.offset, probe.info, out,
-                   where.path);
+    if (where.in_memory) {
+      hdf5::read_row(where.bytes, codec_.field, codec_.axis, where.locator.offset, probe.info, out,
+                     where.path);
+    } else {
+      hdf5::read_row(where.file, codec_.field, codec_.axis, where.locator.offset, probe.info, out,
+                     where.path);
+    }
     return;
   }
   const ByteSource& source = payload(where);

@@ -49,11 +49,15 @@ struct Codec {
   }
 };
 
-// Where one sample is read from: the copy to read (staged or source) and the name errors give.
+// Where one sample is read from: the copy to read (staged or source), or its bytes in memory (as
+// the tiers delivered them: the locator's range of the file, or the whole file for a sample of the
+// whole file or a slice of it), and the name errors give.
 struct SampleLocation {
   FileRef file;
   const std::string& path;
   Catalog::Locator locator;
+  std::span<const std::byte> bytes;  // with `in_memory`: the sample's bytes; `file` is not read
+  bool in_memory = false;
 };
 
 // What probe() found, kept until fill().

@@ -25,11 +25,6 @@ uint64_t elapsed_ns(Clock::time_point since) {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - since).count();
 }
 
-// Stage 2 reads the samples the stage directory declines into memory, up to
-// kReadAheadBytesPerBatch (machine.hpp) per batch (and none larger): a batch's held bytes live
-// until its buffer is decoded.
-constexpr uint32_t kNotHeld = UINT32_MAX;
-
 struct Work;
 using Ticket = Work*;
 using StageNode = flow::async_node<Ticket, Ticket>;
@@ -49,11 +44,9 @@ struct Work {
   Slot* slot = nullptr;
   std::vector<uint64_t> files;       // the files stage 2 copies for this batch (claimed by stage 1)
   std::vector<size_t> declined;      // positions of the samples the stage directory declined
-  std::vector<uint64_t> read_ahead;  // the sample ids stage 2 reads into memory instead
-  std::vector<uint32_t> held_at;     // per sample: its index in read_ahead, or kNotHeld
-  std::vector<std::vector<std::byte>> held;  // their bytes (capacities kept across batches)
-  std::vector<uint8_t> held_ok;              // 1 where stage 2 read them
-  std::vector<const std::vector<std::byte>*> held_for;  // per sample: its bytes read ahead, or null
+  // Of those, the samples stage 2 reads into memory instead, up to kReadAheadBytesPerBatch
+  // (machine.hpp) per batch (and none larger): their bytes live until the batch is decoded.
+  ReadAhead read_ahead;
   BatchScratch scratch;                      // stage 3's, between its steps
   TierTally stage_reads;   // stage 2's reads for the batch, by tier (for its epoch's figures)
   TierTally decode_reads;  // stage 3's
@@ -331,22 +324,24 @@ void Pipeline::Impl::admit(Work& w, Admission& costs) {
 }
 
 void Pipeline::Impl::plan_read_ahead(Work& w) {
-  w.read_ahead.clear();
-  w.held_at.assign(w.count, kNotHeld);
-  // Arrays are read by their codecs from a path; JPEG and raw files from bytes in memory; with
-  // decode=locate nothing is read here (the consumer reads what it was told where to find).
-  if (!shared.codec.arrays() && shared.codec.mode != DecodeMode::kLocate) {
+  w.read_ahead.plan(w.count);
+  // Every codec decodes a sample from its bytes in memory: a whole file (JPEG, raw, .npy, .npz) or
+  // a byte range (a TFRecord record, a packed sample). Not slices of an array (from_arrays,
+  // from_hdf5): the bytes of one are its file's (its header, and HDF5's layout, lie there), shared
+  // by many samples, which stage 3 reads from the node's copy, or as a whole home copy through the
+  // peer tier, or in part from the source (Tiers::serve). With decode=locate nothing is read here
+  // (the consumer reads what it was told where to find).
+  const Catalog::Kind kind = shared.codec.kind;
+  const bool slices = kind == Catalog::Kind::kArrays || kind == Catalog::Kind::kHdf5;
+  if (!slices && shared.codec.mode != DecodeMode::kLocate) {
     uint64_t budget = kReadAheadBytesPerBatch;
     for (const size_t k : w.declined) {
       const uint64_t size = shared.tiers->sample_size(w.ids[k]);
       if (size == Catalog::kUnknownSize || size > budget) continue;
       budget -= size;
-      w.held_at[k] = static_cast<uint32_t>(w.read_ahead.size());
-      w.read_ahead.push_back(w.ids[k]);
+      w.read_ahead.add(k, w.ids[k]);
     }
   }
-  if (w.held.size() < w.read_ahead.size()) w.held.resize(w.read_ahead.size());
-  w.held_ok.assign(w.read_ahead.size(), 0);
 }
 
 void Pipeline::Impl::stage(Ticket t, StageNode::gateway_type& gateway) {
@@ -360,10 +355,7 @@ void Pipeline::Impl::stage(Ticket t, StageNode::gateway_type& gateway) {
   t->owner = this;
   t->stage.ids = t->files.data();
   t->stage.count = t->files.size();
-  t->stage.read_ahead = t->read_ahead.data();
-  t->stage.read_ahead_count = t->read_ahead.size();
-  t->stage.held = t->held.data();
-  t->stage.held_ok = t->held_ok.data();
+  t->stage.read_ahead = &t->read_ahead;
   t->stage.context = t;
   t->stage.reads = &t->stage_reads;
   t->stage.done = [](void* context) {
@@ -404,13 +396,8 @@ Ticket Pipeline::Impl::decode(Ticket t) {
     return t;
   }
   // Stage 2 is done with the batch: its bytes read ahead are final.
-  t->held_for.assign(t->held_at.empty() ? 0 : t->count, nullptr);
-  for (size_t i = 0; i < t->held_for.size(); ++i) {
-    const uint32_t j = t->held_at[i];
-    if (j != kNotHeld && t->held_ok[j]) t->held_for[i] = &t->held[j];
-  }
-  const BatchSamples batch{t->epoch,  t->index,   t->plan.get(),    t->ids,
-                           t->count,  &t->held_for, &t->decode_reads};
+  const BatchSamples batch{t->epoch, t->index,         t->plan.get(),    t->ids,
+                           t->count, &t->read_ahead, &t->decode_reads};
   shared.decoder->decode(batch, t->scratch, slot, stopping);
   count_decode(*t);
   return t;

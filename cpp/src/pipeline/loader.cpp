@@ -660,8 +660,8 @@ Stats Loader::Impl::stats() const {
   s.misses_read_ahead = served.reads[tier(detail::Tier::kMemory)];
   s.misses = s.misses_read_ahead + served.reads[tier(detail::Tier::kPeer)] +
              served.reads[tier(detail::Tier::kSource)];
-  s.bytes_from_source = served.bytes[tier(detail::Tier::kMemory)] +
-                        served.bytes[tier(detail::Tier::kSource)];  // a peer's: not counted here
+  s.missed_bytes = served.bytes[tier(detail::Tier::kMemory)] + served.bytes[tier(detail::Tier::kPeer)] +
+                   served.bytes[tier(detail::Tier::kSource)];
   s.bytes_from_stage = served.bytes[tier(detail::Tier::kStage)];
   if (!stage_dir_error.empty()) {
     s.stage_dir_disabled = true;

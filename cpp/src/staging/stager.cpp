@@ -70,7 +70,7 @@ void Stager::submit(StageTask* task) {
   task->remaining.store(items, std::memory_order_relaxed);
   task->copied.store(0, std::memory_order_relaxed);
   task->adopted.store(0, std::memory_order_relaxed);
-  for (size_t j = 0; j < task->read_ahead_count; ++j) task->held_ok[j] = 0;
+  if (task->read_ahead != nullptr) task->read_ahead->unread();
   if (threads_.empty() || items == 0 || cancelled_.load(std::memory_order_acquire)) {
     task->next.store(items, std::memory_order_relaxed);  // nothing left to expedite
     give_up(*task, 0);
@@ -154,13 +154,14 @@ void Stager::deal_with(StageTask& task, size_t i, std::vector<std::byte>& buffer
 }
 
 void Stager::read_one(StageTask& task, size_t j) {
-  std::vector<std::byte>& out = task.held[j];
+  ReadAhead& ahead = *task.read_ahead;
+  std::vector<std::byte>& out = ahead.fill(j);
   try {
-    tiers_.fetch_sample(task.read_ahead[j], out, task.reads);
+    tiers_.fetch_sample(ahead.id(j), out, task.reads);
   } catch (const Error&) {
     return;  // stage 3 reads it again and reports the error at the sample's batch
   }
-  task.held_ok[j] = 1;
+  ahead.read(j);
   read_ahead_.fetch_add(1, std::memory_order_relaxed);
   read_ahead_bytes_.fetch_add(out.size(), std::memory_order_relaxed);
 }

@@ -16,6 +16,7 @@
 
 #include "prestage/catalog.hpp"
 #include "prestage/stats.hpp"
+#include "tiers/read_ahead.hpp"
 #include "tiers/stage_directory.hpp"
 #include "tiers/tiers.hpp"
 
@@ -29,15 +30,11 @@ struct StageTask {
   size_t count = 0;
   // Samples not staged (the stage directory declined them: no room without evicting files needed
   // sooner, or not a home copy of this node while the peer tier is on; or it cannot be used), of
-  // those the pipeline chose (JPEG and raw, up to a budget per batch): read into memory through
-  // Tiers::fetch_sample (a peer's home copy, else the source) instead, so that stage 3 does not
-  // read them through the PFS's latency itself. read_ahead[j] is a catalog sample id; its bytes go
-  // to held[j] and held_ok[j] becomes 1. A read that fails leaves held_ok[j] at 0: stage 3 reads
-  // the source again and reports the error.
-  const uint64_t* read_ahead = nullptr;
-  size_t read_ahead_count = 0;
-  std::vector<std::byte>* held = nullptr;
-  uint8_t* held_ok = nullptr;
+  // those the pipeline chose (whole files and byte ranges, not array slices, up to a budget per
+  // batch): read into memory through Tiers::fetch_sample (a peer's home copy, else the source)
+  // instead, so that stage 3 does not read them through the PFS's latency itself. A read that
+  // fails leaves its item unread: stage 3 reads the sample again and reports the error. Null: none.
+  ReadAhead* read_ahead = nullptr;
   void (*done)(void* context) = nullptr;  // called once every file was dealt with
   void* context = nullptr;
   // What dealing with the task cost, for the figures of its batch's epoch: its reads by tier (its
@@ -49,7 +46,7 @@ struct StageTask {
   std::atomic<size_t> next{0};       // next item (copy, then read-ahead) to hand to a thread
   std::atomic<size_t> remaining{0};  // items not yet dealt with
 
-  size_t items() const noexcept { return count + read_ahead_count; }
+  size_t items() const noexcept { return count + (read_ahead != nullptr ? read_ahead->size() : 0); }
 };
 
 class Stager {

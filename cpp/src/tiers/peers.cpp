@@ -288,10 +288,14 @@ Peers::Fetched Peers::local(const Catalog::Locator& loc, std::vector<std::byte>&
     stage_->take_over_published();
     if (stage_->is_staged(loc.file)) {
       waited = std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - asked);
-      // Checked as Tiers::serve() checks a staged copy: a whole copy by its CRC, a part of one by
-      // the copy's identity. A copy that fails is removed; the caller reads the source.
-      const bool whole = loc.length == Catalog::kWholeFile;
+      // A copy left by an earlier run is served only once it is checked against its record, as
+      // Tiers::serve() serves one: checked here by stage 2's own check (StageDirectory::verify,
+      // which marks it checked for every reader of the node) rather than waited for.
       std::vector<std::byte> check;
+      if (stage_->unverified(loc.file) && !stage_->verify(loc.file, check)) return Fetched::kNone;
+      // Then checked as Tiers::serve() checks a staged copy: a whole copy by its CRC, a part of one
+      // by the copy's identity. A copy that fails is removed; the caller reads the source.
+      const bool whole = loc.length == Catalog::kWholeFile;
       if (!whole && !stage_->unchanged(loc.file, check)) return Fetched::kNone;
       try {
         read_located(FileRef(stage_->staged_path(loc.file)), loc, out);
@@ -328,13 +332,20 @@ PeerAnswer Peers::serve(uint64_t file, std::vector<std::byte>& bytes, uint32_t& 
     return gone_from_node(file) ? PeerAnswer::kAbsent : PeerAnswer::kLater;
   }
   crc = stage_->staged_crc(file);
-  try {
-    read_file(FileRef(stage_->staged_path(file)), bytes);
-  } catch (const IoError&) {
-    return PeerAnswer::kAbsent;
+  if (stage_->unverified(file)) {
+    // A copy left by an earlier run: sent only once checked against its record, by stage 2's own
+    // check (which reads it whole into `bytes` and marks it checked for the node), as the node's
+    // own readers are served one (Tiers::serve, local()).
+    if (!stage_->verify(file, bytes)) return PeerAnswer::kAbsent;
+  } else {
+    try {
+      read_file(FileRef(stage_->staged_path(file)), bytes);
+    } catch (const IoError&) {
+      return PeerAnswer::kAbsent;
+    }
+    // A copy that changed on this node's SSD is removed here too, not only refused by the asker.
+    if (!stage_->intact(file, bytes)) return PeerAnswer::kAbsent;
   }
-  // A copy that changed on this node's SSD is removed here too, not only refused by the asker.
-  if (!stage_->intact(file, bytes)) return PeerAnswer::kAbsent;
   served_.fetch_add(1, std::memory_order_relaxed);
   served_bytes_.fetch_add(bytes.size(), std::memory_order_relaxed);
   return PeerAnswer::kServed;

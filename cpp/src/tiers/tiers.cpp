@@ -162,6 +162,43 @@ void Tiers::fetch_file(uint64_t file, std::vector<std::byte>& buffer, int64_t& m
   if (tally != nullptr) tally->add(Tier::kSource, buffer.size());
 }
 
+Tier Tiers::fetch_home(const Catalog::Locator& loc, uint64_t sample_bytes,
+                       std::vector<std::byte>& buffer, bool& pfs_chosen) {
+  pfs_chosen = false;
+  if (peers_ == nullptr) return Tier::kSource;
+  Peers::Fetched fetched = Peers::Fetched::kNone;
+  uint64_t owner = 0;
+  const Peers::Fetched home = model_ != nullptr ? peers_->home(loc, owner) : Peers::Fetched::kNone;
+  // A rank marked down is skipped (fetch() reads nothing from it, and counts it) whatever the link
+  // to its node is worth: the model's estimates are per node, a rank's death is not.
+  if (home == Peers::Fetched::kNone || peers_->down(owner)) {
+    fetched = peers_->fetch(loc, buffer);  // counts what it must (beyond budget, a peer down)
+  } else {
+    // A peer sends the whole file; this node's copy and the source read only the sample.
+    const uint64_t file_bytes = catalog_.file_size(loc.file);
+    const uint64_t near_bytes =
+        home == Peers::Fetched::kPeer && file_bytes != Catalog::kUnknownSize ? file_bytes : sample_bytes;
+    const size_t near = home == Peers::Fetched::kPeer ? SourceModel::kPeer0 + peers_->node_of(owner)
+                                                      : SourceModel::kStage;
+    const std::array<size_t, 2> sources{near, SourceModel::kPfs};
+    const std::array<uint64_t, 2> bytes{near_bytes, sample_bytes};
+    if (model_->choose(sources, bytes) == near) {
+      TimedRead timed(model_.get(), near, near_bytes, true);
+      std::chrono::microseconds waited{0};
+      fetched = peers_->fetch(loc, buffer, &waited);
+      timed.end(fetched != Peers::Fetched::kNone, waited);
+    } else {
+      pfs_chosen = true;
+    }
+  }
+  if (fetched == Peers::Fetched::kNone) return Tier::kSource;
+  return fetched == Peers::Fetched::kLocal ? Tier::kStage : Tier::kPeer;
+}
+
+void Tiers::pfs_unqueued(uint64_t bytes) {
+  if (model_ != nullptr) model_->done(SourceModel::kPfs, bytes, 0, false);
+}
+
 void Tiers::fetch_sample(uint64_t id, std::vector<std::byte>& buffer, TierTally* tally) {
   const uint64_t size = sample_size(id);
   check_size(id, size);
@@ -169,42 +206,14 @@ void Tiers::fetch_sample(uint64_t id, std::vector<std::byte>& buffer, TierTally*
   const Catalog::Locator loc = catalog_.locator(id);
   const int64_t start = trace_ != nullptr ? trace_->now_ns() : 0;
   const uint64_t sample_bytes = size == Catalog::kUnknownSize ? 0 : size;
-  Peers::Fetched fetched = Peers::Fetched::kNone;
   bool pfs_chosen = false;  // the model chose the source over a home copy (and queued the read)
-  if (peers_ != nullptr) {
-    uint64_t owner = 0;
-    const Peers::Fetched home = model_ != nullptr ? peers_->home(loc, owner) : Peers::Fetched::kNone;
-    // A rank marked down is skipped (fetch() reads nothing from it, and counts it) whatever the link
-    // to its node is worth: the model's estimates are per node, a rank's death is not.
-    if (home == Peers::Fetched::kNone || peers_->down(owner)) {
-      fetched = peers_->fetch(loc, buffer);  // counts what it must (beyond budget, a peer down)
-    } else {
-      // A peer sends the whole file; this node's copy and the source read only the sample.
-      const uint64_t file_bytes = catalog_.file_size(loc.file);
-      const uint64_t near_bytes =
-          home == Peers::Fetched::kPeer && file_bytes != Catalog::kUnknownSize ? file_bytes : sample_bytes;
-      const size_t near = home == Peers::Fetched::kPeer ? SourceModel::kPeer0 + peers_->node_of(owner)
-                                                        : SourceModel::kStage;
-      const std::array<size_t, 2> sources{near, SourceModel::kPfs};
-      const std::array<uint64_t, 2> bytes{near_bytes, sample_bytes};
-      if (model_->choose(sources, bytes) == near) {
-        TimedRead timed(model_.get(), near, near_bytes, true);
-        std::chrono::microseconds waited{0};
-        fetched = peers_->fetch(loc, buffer, &waited);
-        timed.end(fetched != Peers::Fetched::kNone, waited);
-      } else {
-        pfs_chosen = true;
-      }
-    }
-  }
-  Tier tier = fetched == Peers::Fetched::kLocal ? Tier::kStage : Tier::kPeer;
-  if (fetched == Peers::Fetched::kNone) {
+  Tier tier = fetch_home(loc, sample_bytes, buffer, pfs_chosen);
+  if (tier == Tier::kSource) {
     // A loader that closes reads nothing more for batches it will not deliver.
     if (peers_ != nullptr && peers_->closing()) {
-      if (pfs_chosen) model_->done(SourceModel::kPfs, sample_bytes, 0, false);
+      if (pfs_chosen) pfs_unqueued(sample_bytes);
       throw IoError(source_path(loc.file, path), ECANCELED, "the loader is closing");
     }
-    tier = Tier::kSource;
     TimedRead timed(model_.get(), SourceModel::kPfs, sample_bytes, pfs_chosen);
     const FileRef source = source_file(catalog_, source_path(loc.file, path));
     stalled_if_timed_out(loc.file, [&] { read_sized(source, loc, size, buffer); });

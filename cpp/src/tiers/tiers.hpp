@@ -2,7 +2,9 @@
 // records each read in the I/O trace). Each caller tries its tiers nearest first:
 //  - stage 3 (serve(), read(), locate()): the bytes stage 2 read ahead into memory for its
 //    batch, the node's stage directory (a copy left by an earlier run only once stage 2 has
-//    checked it), the source (the PFS);
+//    checked it), the sample's home copy through the peer tier as fetch_sample() reads it (for
+//    every format: a sample stage 2 did not read ahead, an array's header, a slice's file), the
+//    source (the PFS);
 //  - stage 2's read-ahead (fetch_sample()): the sample's home copy through the peer tier
 //    (tiers/peers.hpp: from the owner node over MPI, or from this node's stage directory), or the
 //    source: whichever the source model (tiers/source_model.hpp) expects to finish the read first;
@@ -75,6 +77,10 @@ struct TierScratch {
   std::string staged;
   std::string source;
   std::vector<std::byte> check;  // a staged copy's bytes, read to check it whole
+  // Where serve() puts the bytes of a home copy it fetched through the peer tier: `*fetch_into`
+  // when set (a caller that keeps them past the call), else `fetched`.
+  std::vector<std::byte> fetched;
+  std::vector<std::byte>* fetch_into = nullptr;
 };
 
 struct TierCounts {
@@ -127,7 +133,10 @@ class Tiers {
 
   // Stage 3. Calls `use(at)` with sample `id` as the first tier from `from` on that has it: `held`
   // (the bytes stage 2 read ahead for it, or null), the stage directory's copy (not one left by an
-  // earlier run that stage 2 has not yet checked against its record), the source.
+  // earlier run that stage 2 has not yet checked against its record), its home copy through the
+  // peer tier (with the tier on, a `tally` and an `access` that reads: into memory, as fetch_sample() reads
+  // it: a peer sends the whole file, of which the sample's range is kept; `at.tier` is kPeer, or
+  // kStage for a home copy of this node that a neighbour had not yet published), the source.
   // `use` returns the bytes it took; an IoError it throws while the stage directory serves means the
   // copy vanished (the directory was cleaned or lost), and the next tier serves. `access` says what
   // `use` reads, and so how a staged copy is checked before it is trusted (never a wrong byte):
@@ -135,7 +144,9 @@ class Tiers {
   // by StageDirectory::unchanged(); a copy that fails is removed and counted, and the source serves.
   // With a `tally`, the read is counted in the tier that served, there and in served() (a first
   // look at a sample's size or header passes null, and its read the batch's tally), and the I/O
-  // trace records it: one record per counted read. Returns that tier. Other errors propagate.
+  // trace records it: one record per counted read. A `use` that reads a file in part and returns 0
+  // (a header looked at, whose data a later use reads and counts) is not counted. Returns that
+  // tier. Other errors propagate.
   template <typename Use>
   Tier serve(uint64_t id, Tier from, const std::vector<std::byte>* held, TierScratch& scratch,
              TierTally* tally, Access access, const Use& use);
@@ -181,6 +192,14 @@ class Tiers {
     }
   }
   void refuse_if_stalled(uint64_t file, const std::string& path);
+  // Sample `loc`'s bytes (`sample_bytes` of them, 0: unknown) from its home copy through the peer
+  // tier into `buffer`, or from wherever the source model expects the read to finish first:
+  // kPeer, kStage (this node's home copy, published late), or kSource (none fetched: the caller
+  // reads the source; `pfs_chosen` says the model chose it over a home copy and queued the read).
+  Tier fetch_home(const Catalog::Locator& loc, uint64_t sample_bytes, std::vector<std::byte>& buffer,
+                  bool& pfs_chosen);
+  // The model's queued read of the source (fetch_home's pfs_chosen) ended unlearned from.
+  void pfs_unqueued(uint64_t bytes);
 
   const Catalog& catalog_;
   StageDirectory* stage_;
@@ -201,9 +220,10 @@ Tier Tiers::serve(uint64_t id, Tier from, const std::vector<std::byte>* held, Ti
   at.path = &source_path(loc.file, scratch.source);
   const auto run = [&](Tier tier) {
     const bool counted = tally != nullptr;
+    const bool in_memory = at.in_memory();
     const int64_t start = counted && trace_ != nullptr ? trace_->now_ns() : 0;
     const uint64_t n = use(at);
-    if (counted) {
+    if (counted && (n != 0 || in_memory || access != Access::kFile)) {
       if (trace_ != nullptr) {
         trace_->add(id, loc.file, loc.offset, n, start, static_cast<uint8_t>(tier), TraceKind::kRead);
       }
@@ -241,6 +261,26 @@ Tier Tiers::serve(uint64_t id, Tier from, const std::vector<std::byte>* held, Ti
       at = SampleAt{};
       at.locator = loc;
       at.path = &scratch.source;
+    }
+  }
+  // A home copy through the peer tier, for a counted read of an epoch's sample (a look at the set
+  // reads where the bytes are now: it would wait on a home copy its owner makes only when its plan
+  // reaches it), that reads its bytes (they go to memory: a look at a size needs none of them), of
+  // a known size within the size limit (a slice's is its file's: a larger file is read in part
+  // from the source, as before).
+  const uint64_t size = sample_size(id);
+  if (from <= Tier::kPeer && peers_ != nullptr && tally != nullptr && access != Access::kLook &&
+      size != Catalog::kUnknownSize && size <= max_read_bytes_) {
+    std::vector<std::byte>& buffer =
+        scratch.fetch_into != nullptr ? *scratch.fetch_into : scratch.fetched;
+    bool pfs_chosen = false;
+    const Tier tier = fetch_home(loc, size, buffer, pfs_chosen);
+    // Stage 3's reads of the source are not timed: the model's choice of it is not learned from.
+    if (pfs_chosen) pfs_unqueued(size);
+    if (tier != Tier::kSource) {
+      at.tier = tier;
+      at.bytes = buffer;
+      return run(tier);
     }
   }
   at.tier = Tier::kSource;

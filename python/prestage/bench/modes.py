@@ -202,7 +202,7 @@ def _run_loader(setup: Setup, catalog: Any, stage_dir: Optional[Path], prefetche
         "images": images,
         "epoch_s": seconds,
         "stall_s": stall,
-        "bytes": stats["bytes_from_source"] + stats["bytes_from_stage"],
+        "bytes": stats["missed_bytes"] + stats["bytes_from_stage"],
         "stages": {name: {"busy_s": stats[name]["busy_s"], "idle_s": stats[name]["idle_s"]}
                    for name in ("plan", "stage", "decode")},
         "hits": stats["hits"],

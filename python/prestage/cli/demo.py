@@ -92,7 +92,7 @@ def run_demo(
         elapsed = time.perf_counter() - start
         stats = loader.stats()
         chosen = loader.options  # the values in effect: given, or sized to the machine
-    nbytes = stats["bytes_from_source"] + stats["bytes_from_stage"]
+    nbytes = stats["missed_bytes"] + stats["bytes_from_stage"]
     return {
         "source": str(source),
         "images": images,

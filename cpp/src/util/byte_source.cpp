@@ -1,0 +1,62 @@
+#include "util/byte_source.hpp"
+
+#include <algorithm>
+#include <cstring>
+#include <string>
+
+#include "prestage/error.hpp"
+
+namespace prestage::detail {
+
+void MemorySource::read(uint64_t offset, std::span<std::byte> out) const {
+  if (offset > bytes_.size() || out.size() > bytes_.size() - offset) {
+    throw DecodeError(path_, "truncated: needs " + std::to_string(offset + out.size()) +
+                                 " bytes, has " + std::to_string(bytes_.size()));
+  }
+  if (!out.empty()) std::memcpy(out.data(), bytes_.data() + offset, out.size());
+}
+
+const OpenFile& FileSource::open() const {
+  if (!open_) {
+    open_.emplace(file_);
+    if (length_ == ~uint64_t{0}) length_ = open_->size() - std::min<uint64_t>(offset_, open_->size());
+  }
+  return *open_;
+}
+
+uint64_t FileSource::size() const {
+  if (length_ == ~uint64_t{0}) open();
+  return length_;
+}
+
+void FileSource::read(uint64_t offset, std::span<std::byte> out) const {
+  const uint64_t length = size();
+  if (offset > length || out.size() > length - offset) {
+    throw DecodeError(path_, "truncated: needs " + std::to_string(offset + out.size()) +
+                                 " bytes, has " + std::to_string(length));
+  }
+  open().read(offset_ + offset, out);
+}
+
+std::span<const std::byte> read_magic(const ByteSource& source, std::array<std::byte, 8>& buffer) {
+  const auto head = std::span(buffer).first(
+      static_cast<size_t>(std::min<uint64_t>(buffer.size(), source.size())));
+  source.read(0, head);
+  return head;
+}
+
+std::span<const std::byte> read_span(const ByteSource& source, uint64_t offset, uint64_t length,
+                                     std::vector<std::byte>& buffer) {
+  if (offset > source.size() || length > source.size() - offset) {
+    throw DecodeError(source.path(), "truncated: needs " + std::to_string(offset + length) +
+                                         " bytes, has " + std::to_string(source.size()));
+  }
+  const auto memory = source.memory();
+  if (!memory.empty() || source.size() == 0) return memory.subspan(offset, length);
+  if (buffer.size() < length) buffer.resize(length);
+  std::span<std::byte> out(buffer.data(), length);
+  source.read(offset, out);
+  return out;
+}
+
+}  // namespace prestage::detail
