@@ -176,8 +176,9 @@ def test_a_file_that_changed_size_since_its_catalog_is_an_io_error_naming_both_s
     with prestage.Loader(cat, batch_size=4, shuffle=False, depth=2, **options) as loader:
         if when == "between epochs":
             assert len(next(iter(loader))) == 4  # the one batch of epoch 0
-            # Epoch 2, not 1: the pipeline, which may have read epoch 1 already, starts again.
-            loader.set_epoch(2)
+            # An epoch past the next, which the pipeline may have read already (and would keep):
+            # it starts again, and reads the file as it is now.
+            loader.set_epoch(10)
         now = rewrite()
         assert (now < recorded) == (change == "shorter")
         with pytest.raises(prestage.IoError) as info:
