@@ -30,11 +30,12 @@ rest, whatever ``num_workers`` the resumed job uses.
 
 from __future__ import annotations
 
+import collections
 import mmap
 import os
 import threading
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Deque, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -240,7 +241,9 @@ class StagedSampler:
     def __iter__(self) -> Iterator[List[int]]:
         # Where the loader's next iteration starts: set_epoch() or load_state_dict() said so.
         epoch, first = self._loader._epoch, self._loader._first_batch
-        self._iteration = _Batches(self._loader, epoch, first)
+        if self._iteration is not None:
+            self._iteration.release()  # the workers are done with the last iteration's batches
+        self._iteration = _Batches(self._loader, epoch, first, self._ahead)
         return self._iteration
 
     def set_epoch(self, epoch: int) -> None:
@@ -263,6 +266,8 @@ class StagedSampler:
         :func:`prestage.state.merge_states`) was taken, on any ``world_size`` and ``batch_size``: see
         :meth:`prestage.Loader.load_state_dict`. ``set_epoch()`` with the state's epoch keeps it."""
         self._loader.load_state_dict(state)
+        if self._iteration is not None:
+            self._iteration.release()
         self._iteration = None
 
     # ------------------------------------------------------------------ for the workers
@@ -298,6 +303,8 @@ class StagedSampler:
         """Stops staging (joins prestage's threads) and removes the workers' counter file (their
         counts stay in stats()); the stage directory keeps its copies. Call it once the workers are
         done (the DataLoader's iteration is over)."""
+        if self._iteration is not None:
+            self._iteration.release()
         self._loader.close()
         self._where.remove()
 
@@ -313,13 +320,17 @@ class _Batches:
     ``DataLoader`` asks for one batch more each time the training loop takes one, so the count tells
     how many the loop has taken, even once every batch has been handed out."""
 
-    def __init__(self, loader: Loader, epoch: int, first: int) -> None:
+    def __init__(self, loader: Loader, epoch: int, first: int, ahead: int) -> None:
         self.epoch, self.first = epoch, first
         self.calls = 0
         self._loader = loader
         # Started at the first next(): DataLoader calls iter() on its sampler twice and uses the second.
         self._batches: Optional[Iterator[Any]] = None
         self._lock = threading.Lock()
+        # The last batches handed out, held: the DataLoader's workers may read their samples until
+        # it has asked for `ahead` more, and a batch's copies stay in the loader's window (never
+        # evicted) until its buffer goes back to the ring. The loader's depth leaves 2 buffers free.
+        self._held: Deque[Any] = collections.deque(maxlen=max(1, ahead))
 
     def __iter__(self) -> "_Batches":
         return self
@@ -331,8 +342,14 @@ class _Batches:
                 self._batches = iter(self._loader)
         batch = next(self._batches)
         indices: List[int] = batch.indices.tolist()
-        del batch  # its buffer goes back to the ring at once: only the indices leave
+        with self._lock:
+            self._held.append(batch)  # and the oldest held goes back to the ring
         return indices
+
+    def release(self) -> None:
+        """Gives the held batches back to the loader's ring (the iteration is over or abandoned)."""
+        with self._lock:
+            self._held.clear()
 
 
 def _rank_and_world(rank: Optional[int], world_size: Optional[int]) -> Tuple[int, int]:

@@ -161,3 +161,39 @@ def test_a_read_only_stage_directory_serves_the_copies_in_it_and_copies_nothing(
     kept_bytes = sum(p.stat().st_size for p in kept)
     assert stats["epochs"][0]["bytes_from_source"] == set_bytes - kept_bytes
     assert used_bytes(mount) == on_disk
+
+
+def test_the_batches_a_dataloader_may_still_read_keep_their_copies(tmp_path):
+    # A DataLoader asks its batch sampler for num_workers * prefetch_factor batches ahead of the
+    # loop, and its workers read them later: their copies must stay while the loader runs ahead
+    # and evicts for the batches after them. (They were evicted two batches after their hand-out;
+    # a worker then found a copy gone, or held a removed copy's pages past the bound.)
+    source = tmp_path / "set"
+    source.mkdir()
+    for i in range(160):
+        (source / f"{i:03d}.bin").write_bytes(bytes([i % 256]) * 4096)
+    catalog = prestage.Catalog.from_folder(source, extensions=[".bin"])
+    with StagedSampler(catalog, batch_size=4, stage_dir=tmp_path / "stage", num_workers=2,
+                       prefetch_factor=2, cache_bytes=4096 * 80, prefetchers=2, seed=0,
+                       autotune=False) as sampler:
+        dataset = StagedDataset(sampler, read=lambda sample, label: sample.tier)
+        ahead = sampler.num_workers * sampler.prefetch_factor
+
+        def settle():  # lets the loader run ahead as far as it may: it plans, copies and evicts
+            deadline = time.monotonic() + 0.3
+            while time.monotonic() < deadline:
+                time.sleep(0.02)
+
+        batches = iter(sampler)
+        handed = []
+        staged = []  # per batch handed out, its samples found staged once the loader settled
+        checked = 0
+        for step in range(20):
+            # The DataLoader asks for one more batch each time the loop takes one.
+            handed.append(next(batches))
+            settle()
+            staged.append({i for i in handed[-1] if dataset[i] == "stage"})
+            for batch, was in zip(handed[-ahead:], staged[-ahead:]):
+                assert {i for i in was if dataset[i] != "stage"} == set(), step
+                checked += len(was)
+        assert sampler.stats()["epochs"][0]["evictions"] > 0 and checked > 150
