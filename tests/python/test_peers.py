@@ -333,10 +333,16 @@ def test_every_format_reads_each_file_from_the_pfs_once_and_reaches_the_peers(
     # array's header and then its data each through an open of its own, counted as one read.
     probes = {cat.path(j * len(cat) // 5) for j in range(5)} if kind != "jpeg" else set()
     opens_per_read = 1 if kind == "jpeg" else 2
+    # And the reads the source model sent to the PFS instead of a peer: a peer sends the whole file,
+    # so a record or a row of a shard may be expected to come sooner from the PFS (a few per job, not
+    # in every run).
+    to_pfs = sum(r["stats"]["peer_reads_to_pfs"] for r in ranks)
     extra = {p: n - 1 for p, n in opened.items() if n > 1}
-    assert sum(n for p, n in extra.items() if p not in probes) <= opens_per_read * past_the_end, extra
+    why = (extra, [(r["stats"]["peer_reads_to_pfs"],
+                    [(e["epoch"], e["source_reads"]) for e in r["stats"]["epochs"]]) for r in ranks])
+    assert sum(n for p, n in extra.items() if p not in probes) <= opens_per_read * (past_the_end + to_pfs), why
     assert sum(n for p, n in extra.items()) <= \
-        opens_per_read * past_the_end + WORLD * len(probes), extra
+        opens_per_read * (past_the_end + to_pfs) + WORLD * len(probes), why
     assert [r["batches"] for r in ranks] == [r["batches"] for r in plain]
     assert sum(r["stats"]["peer_reads"] for r in ranks) > 0
     for r in ranks:
