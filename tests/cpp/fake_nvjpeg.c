@@ -144,16 +144,29 @@ int nvjpegGetHardwareDecoderInfo(struct handle* handle, unsigned* engines_out, u
   return result;
 }
 
-int nvjpegJpegStateCreate(struct handle* handle, struct state** state) {
+/* An object of `kind` (`size` bytes, zeroed, tracked) made for a live `handle`; `name` is the call
+   a test may make fail. */
+static int create_for(struct handle* handle, int kind, size_t size, const char* name,
+                      void** out) {
   pthread_mutex_lock(&mutex);
-  int result = failing("nvjpegJpegStateCreate") ? fail_code : kSuccess;
+  int result = failing(name) ? fail_code : kSuccess;
   if (result == kSuccess && !live(kObjHandle, handle)) result = kInvalidParameter;
   if (result == kSuccess) {
-    *state = calloc(1, sizeof(struct state));
-    (*state)->owner = handle;
-    track(kObjState, *state);
+    *out = calloc(1, size);
+    track(kind, *out);
   }
   pthread_mutex_unlock(&mutex);
+  return result;
+}
+
+int nvjpegJpegStateCreate(struct handle* handle, struct state** state) {
+  void* made = NULL;
+  const int result =
+      create_for(handle, kObjState, sizeof(struct state), "nvjpegJpegStateCreate", &made);
+  if (result == kSuccess) {
+    *state = made;
+    (*state)->owner = handle;
+  }
   return result;
 }
 
@@ -162,14 +175,10 @@ int nvjpegJpegStateDestroy(struct state* state) {
 }
 
 int nvjpegJpegStreamCreate(struct handle* handle, struct stream** stream) {
-  pthread_mutex_lock(&mutex);
-  int result = failing("nvjpegJpegStreamCreate") ? fail_code : kSuccess;
-  if (result == kSuccess && !live(kObjHandle, handle)) result = kInvalidParameter;
-  if (result == kSuccess) {
-    *stream = calloc(1, sizeof(struct stream));
-    track(kObjStream, *stream);
-  }
-  pthread_mutex_unlock(&mutex);
+  void* made = NULL;
+  const int result =
+      create_for(handle, kObjStream, sizeof(struct stream), "nvjpegJpegStreamCreate", &made);
+  if (result == kSuccess) *stream = made;
   return result;
 }
 
@@ -223,14 +232,10 @@ int nvjpegJpegStreamParse(struct handle* handle, const unsigned char* data, size
 }
 
 int nvjpegDecodeParamsCreate(struct handle* handle, struct params** params) {
-  pthread_mutex_lock(&mutex);
-  int result = failing("nvjpegDecodeParamsCreate") ? fail_code : kSuccess;
-  if (result == kSuccess && !live(kObjHandle, handle)) result = kInvalidParameter;
-  if (result == kSuccess) {
-    *params = calloc(1, sizeof(struct params));
-    track(kObjParams, *params);
-  }
-  pthread_mutex_unlock(&mutex);
+  void* made = NULL;
+  const int result =
+      create_for(handle, kObjParams, sizeof(struct params), "nvjpegDecodeParamsCreate", &made);
+  if (result == kSuccess) *params = made;
   return result;
 }
 
