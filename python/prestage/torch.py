@@ -447,6 +447,8 @@ class Loader(torch.utils.data.IterableDataset):
         gpu_cpu_share: with ``decode_device="cuda"``: the fraction of each batch, in [0, 1),
             decoded by the CPU decoders; ``None`` (the default): sized at run time (see
             :class:`prestage.Loader`).
+        gpu_crop: with ``decode_device="cuda"``: ``"auto"`` (the default), ``"resize"`` or ``"roi"``, where
+            the hardware engine's crop boxes are applied (see :class:`prestage.Loader`).
         pin_memory: accepted for ``DataLoader`` compatibility when the batch buffers are registered with
             CUDA already (``stats()["pinned"] == "cuda"``), so no copy is made; refused otherwise, since
             prestage never copies a batch into another host buffer.
@@ -493,6 +495,7 @@ class Loader(torch.utils.data.IterableDataset):
         pin_memory: bool = False,
         decode_device: str = "cpu",
         gpu_cpu_share: Optional[float] = None,
+        gpu_crop: str = "auto",
         **options: Unpack[CommonOptions],
     ) -> None:
         super().__init__()
@@ -533,8 +536,8 @@ class Loader(torch.utils.data.IterableDataset):
             normalize = _mean_std(mean, std)
             image_options = {"layout": layout, "dtype": "uint8"}  # what crosses the bus
         gpu_decode: Dict[str, Any] = {}
-        if decode_device != "cpu" or gpu_cpu_share is not None:
-            gpu_decode = {"decode_device": decode_device}
+        if decode_device != "cpu" or gpu_cpu_share is not None or gpu_crop != "auto":
+            gpu_decode = {"decode_device": decode_device, "gpu_crop": gpu_crop}
             if gpu_cpu_share is not None:
                 gpu_decode["gpu_cpu_share"] = gpu_cpu_share
         self._on_device_decode = decode_device == "cuda"

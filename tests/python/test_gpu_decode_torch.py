@@ -66,3 +66,12 @@ def test_device_decoded_batches_normalised_on_the_device(make_folder):
         / torch.tensor(std, device="cuda").view(1, 3, 1, 1)
     assert images.dtype == torch.float32 and images.is_cuda
     assert np.allclose(images.cpu().numpy(), expected.cpu().numpy(), atol=1e-5)
+
+
+def test_gpu_crop_reaches_the_core(folder):
+    """The torch adaptor takes gpu_crop as prestage.Loader does: the core's checks apply to it."""
+    catalog = prestage.Catalog.from_folder(folder)
+    with pytest.raises(prestage.ConfigError, match="gpu_crop"):
+        pt.Loader(catalog, batch_size=4, image_size=(16, 16), gpu_crop="crop")
+    with pt.Loader(catalog, batch_size=4, image_size=(16, 16), gpu_crop="resize") as loader:
+        assert loader._loader.options.gpu_crop.name == "resize"
