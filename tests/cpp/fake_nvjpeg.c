@@ -294,8 +294,11 @@ int nvjpegDecodeBatchedPreAllocate(struct handle* handle, struct state* state, i
                                    int width, int height, int css, int format) {
   (void)batch_size; (void)width; (void)height; (void)css; (void)format;
   pthread_mutex_lock(&mutex);
-  int result = live(kObjHandle, handle) && live(kObjState, state) && handle->backend == 3
-                   ? kSuccess : kInvalidParameter;
+  int result = failing("nvjpegDecodeBatchedPreAllocate") ? fail_code : kSuccess;
+  if (result == kSuccess &&
+      (!live(kObjHandle, handle) || !live(kObjState, state) || handle->backend != 3)) {
+    result = kInvalidParameter;
+  }
   pthread_mutex_unlock(&mutex);
   return result;
 }

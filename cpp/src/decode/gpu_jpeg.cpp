@@ -154,11 +154,11 @@ GpuJpegDecoder::GpuJpegDecoder(const gpu::Libraries& libraries, const Options& o
     if (hw_handle_ != nullptr) {
       check_nvjpeg(lib_.nvjpeg_state_create(hw_handle_, &hw_state_), "nvjpegJpegStateCreate");
       if (lib_.nvjpeg_decode_batched_pre_allocate != nullptr) {
-        // A hint: CSS 4:4:4 covers every subsampling, so the memory is reused by all.
-        check_nvjpeg(lib_.nvjpeg_decode_batched_pre_allocate(
-                         hw_handle_, hw_state_, static_cast<int>(options_.max_batch), 1, 1,
-                         gpu::kCss444, gpu::kOutputRgbi),
-                     "nvjpegDecodeBatchedPreAllocate");
+        // A hint: CSS 4:4:4 covers every subsampling, so the memory is reused by all. Refused
+        // (some library versions check the sizes), the engine allocates at its first batch.
+        (void)lib_.nvjpeg_decode_batched_pre_allocate(hw_handle_, hw_state_,
+                                                      static_cast<int>(options_.max_batch), 1, 1,
+                                                      gpu::kCss444, gpu::kOutputRgbi);
       }
       streams_.reserve(options_.max_batch);
       for (size_t i = 0; i < options_.max_batch; ++i) {
