@@ -119,6 +119,7 @@ def rrc_figures(torch: Any, prestage: Any, catalog: Any, args: argparse.Namespac
 
             out[name] = median_of(args.runs, args.warmup, epoch)
             out[name]["gpu_decode"] = loader.stats()["gpu_decode"]
+            print(f"rrc {name}: {out[name]['median']:,.0f} images/s", file=sys.stderr, flush=True)
     cpu = out["cpu"]["median"]
     out["ratio_to_cpu"] = {k: v["median"] / cpu for k, v in out.items() if k != "cpu"}
     return out
@@ -162,6 +163,8 @@ def train_figures(torch: Any, pt: Any, catalog: Any, args: argparse.Namespace) -
             return args.steps * args.batch_size / (time.perf_counter() - start)
 
         figures: Dict[str, Any] = {"alone": median_of(args.runs, args.warmup, alone)}
+        print(f"train {name} alone: {figures['alone']['median']:,.0f} images/s", file=sys.stderr,
+              flush=True)
         feeds: List[tuple] = [("prestage_cpu_decode", {"normalize_on_device": True})]
         gpu = {"decode_device": "cuda", "gpu_crop": args.gpu_crop}
         feeds += [("prestage_gpu_decode_auto", gpu)]  # sized at run time
@@ -190,6 +193,8 @@ def train_figures(torch: Any, pt: Any, catalog: Any, args: argparse.Namespace) -
 
                 figures[feed] = median_of(args.runs, args.warmup, fed)
                 figures[feed]["gpu_decode"] = loader.stats()["gpu_decode"]
+                print(f"train {name} {feed}: {figures[feed]['median']:,.0f} images/s",
+                      file=sys.stderr, flush=True)
         base = figures["alone"]["median"]
         figures["ratio_to_alone"] = {k: v["median"] / base for k, v in figures.items() if k != "alone"}
         out[name] = figures
@@ -233,6 +238,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     }
     if "rrc" in args.only:
         results["rrc_images_per_s"] = rrc_figures(torch, prestage, catalog, args)
+        if args.json is not None:  # kept if the training part fails or is stopped
+            args.json.write_text(json.dumps(results, indent=2) + "\n")
     if "train" in args.only:
         results["train_images_per_s"] = train_figures(torch, pt, catalog, args)
     text = json.dumps(results, indent=2)
