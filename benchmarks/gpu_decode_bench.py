@@ -234,6 +234,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                     "python": platform.python_version(), "torch": torch.__version__,
                     "cuda": torch.version.cuda, "prestage": prestage.__version__},
         "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
+        "gpu_resize": os.environ.get("PRESTAGE_GPU_RESIZE") or "each",  # the experiment's switch
         "images": len(catalog),
     }
     if "rrc" in args.only:

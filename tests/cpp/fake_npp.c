@@ -4,8 +4,11 @@
  * bilinear otherwise: close to, not equal to, the CPU path's antialiased bilinear filter.
  *
  * Refuses (NPP_SIZE_ERROR) a source ROI outside the source and a step smaller than a row, as NPP does.
- * Records each resize (source ROI, destination size, interpolation, stream) and counts mirrors.
- * Controls: fake_npp_fail (a named call fails on its n-th use); fake_npp_resizes, fake_npp_mirrors.
+ * nppiResizeBatch_8u_C3R_Advanced_Ctx resizes each image of its arrays as the single call does.
+ * Records each resize (source ROI, destination size, interpolation, stream), batched or not, and
+ * counts batched calls and mirrors.
+ * Controls: fake_npp_fail (a named call fails on its n-th use); fake_npp_resizes, fake_npp_batches,
+ * fake_npp_mirrors.
  * Thread-safe: one mutex around all state. Built for the tests only; never installed. */
 #include <pthread.h>
 #include <stddef.h>
@@ -30,7 +33,7 @@ struct resize_record { int x, y, width, height, dst_width, dst_height, interpola
 #define FAKE_MAX_RESIZES 8192
 static pthread_mutex_t mutex = PTHREAD_MUTEX_INITIALIZER;
 static struct resize_record resizes[FAKE_MAX_RESIZES];
-static size_t resize_count, mirror_count;
+static size_t resize_count, mirror_count, batch_count;
 static char fail_name[64];
 static int fail_nth, fail_code, fail_seen;
 
@@ -39,18 +42,17 @@ static int failing(const char* name) {
   return ++fail_seen == fail_nth;
 }
 
-int nppiResize_8u_C3R_Ctx(const unsigned char* src, int src_step, size2 src_size, rect src_roi,
-                          unsigned char* dst, int dst_step, size2 dst_size, rect dst_roi,
-                          int interpolation, context ctx) {
-  pthread_mutex_lock(&mutex);
-  int result = failing("nppiResize_8u_C3R_Ctx") ? fail_code : kSuccess;
-  if (result == kSuccess && resize_count < FAKE_MAX_RESIZES) {
+static void record(rect src_roi, rect dst_roi, int interpolation, void* stream) {
+  if (resize_count < FAKE_MAX_RESIZES) {
     struct resize_record r = {src_roi.x, src_roi.y, src_roi.width, src_roi.height,
-                              dst_roi.width, dst_roi.height, interpolation, ctx.stream};
+                              dst_roi.width, dst_roi.height, interpolation, stream};
     resizes[resize_count++] = r;
   }
-  pthread_mutex_unlock(&mutex);
-  if (result != kSuccess) return result;
+}
+
+static int resize_pixels(const unsigned char* src, int src_step, size2 src_size, rect src_roi,
+                         unsigned char* dst, int dst_step, size2 dst_size, rect dst_roi,
+                         context ctx) {
   if (src == NULL || dst == NULL || ctx.stream == NULL) return kNullPointerError;
   if (src_roi.x < 0 || src_roi.y < 0 || src_roi.width <= 0 || src_roi.height <= 0 ||
       src_roi.x + src_roi.width > src_size.width || src_roi.y + src_roi.height > src_size.height ||
@@ -100,6 +102,48 @@ int nppiResize_8u_C3R_Ctx(const unsigned char* src, int src_step, size2 src_size
   return kSuccess;
 }
 
+int nppiResize_8u_C3R_Ctx(const unsigned char* src, int src_step, size2 src_size, rect src_roi,
+                          unsigned char* dst, int dst_step, size2 dst_size, rect dst_roi,
+                          int interpolation, context ctx) {
+  pthread_mutex_lock(&mutex);
+  int result = failing("nppiResize_8u_C3R_Ctx") ? fail_code : kSuccess;
+  if (result == kSuccess) record(src_roi, dst_roi, interpolation, ctx.stream);
+  pthread_mutex_unlock(&mutex);
+  if (result != kSuccess) return result;
+  return resize_pixels(src, src_step, src_size, src_roi, dst, dst_step, dst_size, dst_roi, ctx);
+}
+
+/* NppiImageDescriptor and NppiResizeBatchROI_Advanced. */
+typedef struct { void* data; int step; size2 size; } image_descriptor;
+typedef struct { rect src, dst; } batch_roi;
+
+/* The arrays are read where the caller put them (fake_cudart's device memory is host memory), so
+ * they hold the caller's values only once its copy to the device was made. */
+int nppiResizeBatch_8u_C3R_Advanced_Ctx(int max_width, int max_height, image_descriptor* sources,
+                                        image_descriptor* destinations, batch_roi* rois,
+                                        unsigned count, int interpolation, context ctx) {
+  pthread_mutex_lock(&mutex);
+  int result = failing("nppiResizeBatch_8u_C3R_Advanced_Ctx") ? fail_code : kSuccess;
+  if (result == kSuccess) {
+    ++batch_count;
+    for (unsigned i = 0; i < count && rois != NULL; ++i) {
+      record(rois[i].src, rois[i].dst, interpolation, ctx.stream);
+    }
+  }
+  pthread_mutex_unlock(&mutex);
+  if (result != kSuccess) return result;
+  if (sources == NULL || destinations == NULL || rois == NULL) return kNullPointerError;
+  if (count == 0) return kSizeError;
+  for (unsigned i = 0; i < count; ++i) {
+    if (rois[i].dst.width > max_width || rois[i].dst.height > max_height) return kSizeError;
+    int status = resize_pixels(sources[i].data, sources[i].step, sources[i].size, rois[i].src,
+                               destinations[i].data, destinations[i].step, destinations[i].size,
+                               rois[i].dst, ctx);
+    if (status != kSuccess) return status;
+  }
+  return kSuccess;
+}
+
 int nppiMirror_8u_C3R_Ctx(const unsigned char* src, int src_step, unsigned char* dst, int dst_step,
                           size2 roi, int axis, context ctx) {
   pthread_mutex_lock(&mutex);
@@ -126,7 +170,7 @@ void fake_npp_fail(const char* name, int nth, int status) {
   fail_nth = nth;
   fail_code = status;
   fail_seen = 0;
-  resize_count = mirror_count = 0;
+  resize_count = mirror_count = batch_count = 0;
   pthread_mutex_unlock(&mutex);
 }
 
@@ -135,6 +179,14 @@ size_t fake_npp_resizes(struct resize_record* out, size_t max) {
   pthread_mutex_lock(&mutex);
   size_t n = resize_count;
   for (size_t i = 0; i < n && i < max; ++i) out[i] = resizes[i];
+  pthread_mutex_unlock(&mutex);
+  return n;
+}
+
+/* Batched resize calls since fake_npp_fail (their images are recorded as resizes too). */
+size_t fake_npp_batches(void) {
+  pthread_mutex_lock(&mutex);
+  size_t n = batch_count;
   pthread_mutex_unlock(&mutex);
   return n;
 }

@@ -49,6 +49,7 @@ struct Fakes {
   void (*npp_fail)(const char*, int, int) = nullptr;
   size_t (*resizes)(ResizeRecord*, size_t) = nullptr;
   size_t (*mirrors)() = nullptr;
+  size_t (*npp_batches)() = nullptr;  // batched resize calls
   void (*image_ns)(uint64_t) = nullptr;  // virtual GPU time per image of a batched decode
   void (*not_ready)(int) = nullptr;      // the next n cudaEventElapsedTime calls: not ready
   void (*roi_image_ns)(uint64_t) = nullptr;  // the same per image decoded as a region only
@@ -74,6 +75,7 @@ struct Fakes {
     get(npp, "fake_npp_fail", npp_fail);
     get(npp, "fake_npp_resizes", resizes);
     get(npp, "fake_npp_mirrors", mirrors);
+    get(npp, "fake_npp_batches", npp_batches);
     get(nvjpeg, "fake_nvjpeg_image_ns", image_ns);
     get(cudart, "fake_cudart_not_ready", not_ready);
     get(nvjpeg, "fake_nvjpeg_roi_image_ns", roi_image_ns);

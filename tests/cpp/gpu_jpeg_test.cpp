@@ -16,6 +16,7 @@
 #include <exception>
 #include <filesystem>
 #include <optional>
+#include <set>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -282,6 +283,80 @@ TEST_CASE("gpu jpeg: the CPU path's crop boxes, and pixels within a tolerance of
     CHECK(fakes.mirrors() == flips);
     if (transform == Transform::kRandomResizedCrop) CHECK(flips > 0);
   }
+}
+
+TEST_CASE("gpu jpeg: the batched resize gives the pixels of one call per image in one call per "
+          "interpolation, the boxes uploaded with it") {
+  for (const bool roi : {false, true}) {
+    for (Transform transform : {Transform::kRandomResizedCrop, Transform::kCenterCrop}) {
+      CAPTURE(roi);
+      CAPTURE(static_cast<int>(transform));
+      Fakes fakes(7);
+      const auto before = fakes.objects();
+      Batch batch = mixed_sizes(12);
+      batch.add(jpeg(120, 80, 1, TJSAMP_420, TJFLAG_PROGRESSIVE));  // the default backend's
+      batch.add(jpeg(30, 20, 2));  // smaller than the output: bilinear, not area averaging
+      auto o = options(16, transform);
+      o.roi = roi;
+      std::vector<std::vector<uint8_t>> outputs;
+      std::vector<std::vector<ResizeRecord>> logs;
+      std::vector<size_t> mirrors;
+      for (const bool batched : {false, true}) {
+        o.batched_resize = batched;
+        GpuJpegDecoder decoder(fake_libraries(), o);
+        CHECK(decoder.batched_resize() == batched);
+        std::vector<GpuRoute> routes;
+        std::vector<std::exception_ptr> errors;
+        auto& samples = batch.make(3);
+        fakes.npp_fail("", 0, 0);  // clears the records
+        decoder.decode(samples, 0, routes, errors, roi);
+        CHECK(errors == std::vector<std::exception_ptr>(samples.size()));
+        CHECK(routes[12] == GpuRoute::kGpu);
+        outputs.push_back(read_output(fake_libraries(), decoder, 0, samples.size()));
+        logs.push_back(fakes.resize_log());
+        mirrors.push_back(fakes.mirrors());
+        std::set<int> interpolations;
+        for (const ResizeRecord& r : logs.back()) interpolations.insert(r.interpolation);
+        CHECK(interpolations.size() == 2);
+        if (batched) {
+          CHECK(fakes.npp_batches() == 2);  // one call per interpolation
+          CHECK(decoder.counters().resize_calls == 2);
+        } else {
+          CHECK(fakes.npp_batches() == 0);
+          CHECK(decoder.counters().resize_calls == samples.size());
+        }
+      }
+      // The same boxes (in another order: grouped by interpolation), mirrors and pixels.
+      const auto key = [](const ResizeRecord& r) {
+        return std::array<int, 7>{r.x, r.y, r.width, r.height, r.dst_width, r.dst_height,
+                                  r.interpolation};
+      };
+      std::multiset<std::array<int, 7>> each, batched;
+      for (const ResizeRecord& r : logs[0]) each.insert(key(r));
+      for (const ResizeRecord& r : logs[1]) batched.insert(key(r));
+      CHECK(logs[0].size() == 14);
+      CHECK(each == batched);
+      CHECK(mirrors[0] == mirrors[1]);
+      CHECK(outputs[0] == outputs[1]);
+      check_balanced(before, fakes.objects());
+    }
+  }
+}
+
+TEST_CASE("gpu jpeg: the batched resize failing is a GpuError; the decoder stays usable") {
+  Fakes fakes(7);
+  Batch batch = mixed_sizes(6);
+  auto o = options(8, Transform::kRandomResizedCrop);
+  o.batched_resize = true;
+  GpuJpegDecoder decoder(fake_libraries(), o);
+  std::vector<GpuRoute> routes;
+  std::vector<std::exception_ptr> errors;
+  fakes.npp_fail("nppiResizeBatch_8u_C3R_Advanced_Ctx", 1, -6);
+  CHECK_THROWS_AS(decoder.decode(batch.make(0), 0, routes, errors), GpuError);
+  fakes.npp_fail("", 0, 0);
+  decoder.decode(batch.make(0), 0, routes, errors);
+  CHECK(routes == std::vector<GpuRoute>(6, GpuRoute::kHardware));
+  CHECK(errors == std::vector<std::exception_ptr>(6));
 }
 
 TEST_CASE("gpu jpeg: baseline to the hardware engine, progressive to the default backend, CMYK and "
@@ -630,19 +705,26 @@ TEST_CASE(
     return;
   }
   // Both crop paths where the engine has region decoding: the whole image resized from its box
-  // (roi false), and only the box decoded (roi true).
-  for (const bool roi : {false, true}) {
+  // (roi false), and only the box decoded (roi true); each with one NPP resize per image and with
+  // the batched resize.
+  struct Way {
+    bool roi, batched;
+  };
+  for (const Way way : {Way{false, false}, Way{true, false}, Way{false, true}, Way{true, true}}) {
+    const bool roi = way.roi;
     for (Transform transform : {Transform::kRandomResizedCrop, Transform::kCenterCrop}) {
       CAPTURE(roi);
+      CAPTURE(way.batched);
       CAPTURE(static_cast<int>(transform));
       Batch batch = mixed_sizes(12);
       batch.add(jpeg(120, 80, 1, TJSAMP_420, TJFLAG_PROGRESSIVE));
       auto o = options(16, transform, 0.0, 2);
       o.roi = roi;
+      o.batched_resize = way.batched;
       GpuJpegDecoder decoder(real, o);
-      MESSAGE("hardware engine: " << decoder.hardware()
-                                  << ", regions: " << decoder.roi_available());
-      if (roi && !decoder.roi_available()) continue;
+      MESSAGE("hardware engine: " << decoder.hardware() << ", regions: " << decoder.roi_available()
+                                  << ", batched resize: " << decoder.batched_resize());
+      if ((roi && !decoder.roi_available()) || (way.batched && !decoder.batched_resize())) continue;
       std::vector<GpuRoute> routes;
       std::vector<std::exception_ptr> errors;
       auto& samples = batch.make(3);

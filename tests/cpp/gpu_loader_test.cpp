@@ -518,3 +518,34 @@ TEST_CASE(
   }
   check_balanced(before, fakes.objects());
 }
+
+TEST_CASE("gpu loader: PRESTAGE_GPU_RESIZE=batch resizes each batch in one NPP call per "
+          "interpolation, with the same pixels; another value is a ConfigError") {
+  TempDir dir;
+  make_smooth_folder(dir / "data", 2, 6);  // 12 images: batches 4 4 4
+  const Catalog cat = Catalog::from_folder(dir / "data");
+  Fakes fakes(7);
+  Delivered each, batched;
+  {
+    Loader loader(cat, gpu_options(4, 2));
+    fakes.npp_fail("", 0, 0);  // clears the records
+    each = run(loader, 0);
+    CHECK(fakes.npp_batches() == 0);
+  }
+  ::setenv("PRESTAGE_GPU_RESIZE", "batch", 1);
+  {
+    Loader loader(cat, gpu_options(4, 2));
+    fakes.npp_fail("", 0, 0);
+    batched = run(loader, 0);
+    CHECK(fakes.npp_batches() >= 3);  // at least one call per batch
+    CHECK(fakes.npp_batches() <= 6);  // at most one per interpolation and batch
+  }
+  ::setenv("PRESTAGE_GPU_RESIZE", "bulk", 1);
+  CHECK_THROWS_WITH_AS(Loader(cat, gpu_options(4, 2)),
+                       doctest::Contains("PRESTAGE_GPU_RESIZE must be 'each' or 'batch'"),
+                       prestage::ConfigError);
+  ::unsetenv("PRESTAGE_GPU_RESIZE");
+  CHECK(each.indices == batched.indices);
+  CHECK(each.pixels == batched.pixels);
+  CHECK(each.batches == 3);
+}

@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <new>
 #include <optional>
 #include <string>
@@ -19,6 +20,17 @@
 namespace prestage::detail {
 
 namespace {
+
+// PRESTAGE_GPU_RESIZE: "each" (unset or empty: the default), one NPP resize per image; "batch",
+// one per interpolation and batch (GpuJpegDecoder::Options::batched_resize), an experiment whose
+// effect has not been measured on a GPU yet.
+bool gpu_resize_batched() {
+  const char* value = std::getenv("PRESTAGE_GPU_RESIZE");
+  const std::string text = value != nullptr ? value : "";
+  if (text.empty() || text == "each") return false;
+  if (text == "batch") return true;
+  throw ConfigError("PRESTAGE_GPU_RESIZE must be 'each' or 'batch', got '" + text + "'");
+}
 
 using Clock = std::chrono::steady_clock;
 
@@ -615,6 +627,7 @@ BatchDecoder::BatchDecoder(const LoaderOptions& options, const Codec& codec, Ima
   gpu_options_.outputs = 1;  // one decoder per ring slot: its device batch is the slot's
   share_ = std::make_unique<GpuShare>(options.gpu_cpu_share, options.readers);
   gpu_options_.roi = options.gpu_crop != GpuCrop::kResize;
+  gpu_options_.batched_resize = gpu_resize_batched();
   crop_ = std::make_unique<GpuCropChoice>(options.gpu_crop, libraries.roi());
   gpu_ = &libraries;
 }

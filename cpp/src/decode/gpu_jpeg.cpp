@@ -16,6 +16,14 @@ namespace {
 
 constexpr size_t kRgbBytes = 3;
 constexpr int kNppInterSuper = 8;  // NPPI_INTER_SUPER: area averaging, downscaling only
+// The batched resize's arguments per image: source and destination descriptors and the boxes.
+constexpr size_t kResizeArgBytes =
+    2 * sizeof(gpu::NppImageDescriptor) + sizeof(gpu::NppResizeBatchRoi);
+
+// Area averaging where the box shrinks both ways, bilinear otherwise.
+int interpolation_for(const CropBox& box, int out_w, int out_h) {
+  return box.width > out_w && box.height > out_h ? kNppInterSuper : gpu::kNppInterLinear;
+}
 
 // The centre of a gap split as torchvision's CenterCrop does (int(round(gap / 2.0)), half to even).
 int centre_offset(int gap) {
@@ -195,6 +203,18 @@ GpuJpegDecoder::GpuJpegDecoder(const gpu::Libraries& libraries, const Options& o
     p = nullptr;
     check_cuda(lib_.host_alloc(&p, batch_bytes, gpu::kHostAllocPortable), "cudaHostAlloc");
     cpu_output_ = static_cast<std::byte*>(p);
+    if (options_.batched_resize && lib_.npp_resize_batch_8u_c3r_advanced != nullptr) {
+      const size_t arg_bytes = options_.max_batch * kResizeArgBytes;
+      p = nullptr;
+      check_cuda(lib_.host_alloc(&p, arg_bytes, gpu::kHostAllocPortable), "cudaHostAlloc");
+      resize_args_host_ = static_cast<std::byte*>(p);
+      p = nullptr;
+      check_cuda(lib_.device_malloc(&p, batch_bytes), "cudaMalloc");
+      flips_ = static_cast<std::byte*>(p);
+      p = nullptr;
+      check_cuda(lib_.device_malloc(&p, arg_bytes), "cudaMalloc");
+      resize_args_ = static_cast<std::byte*>(p);  // last: batched_resize() is true once all are
+    }
   } catch (...) {
     destroy();
     throw;
@@ -208,12 +228,13 @@ void GpuJpegDecoder::destroy() noexcept {
   if (stream_ != nullptr) lib_.stream_synchronize(stream_);
   if (cpu_output_ != nullptr) lib_.free_host(cpu_output_);
   if (input_ != nullptr) lib_.free_host(input_);
+  if (resize_args_host_ != nullptr) lib_.free_host(resize_args_host_);
   for (std::byte* device : outputs_) lib_.device_free(device);
   outputs_.clear();
-  for (std::byte* device : {flip_, decoded_}) {
+  for (std::byte* device : {flip_, decoded_, flips_, resize_args_}) {
     if (device != nullptr) lib_.device_free(device);
   }
-  cpu_output_ = input_ = flip_ = decoded_ = nullptr;
+  cpu_output_ = input_ = flip_ = decoded_ = resize_args_host_ = flips_ = resize_args_ = nullptr;
   for (gpu::NvjpegStream s : streams_) lib_.nvjpeg_stream_destroy(s);
   streams_.clear();
   for (gpu::NvjpegParams p : params_) lib_.nvjpeg_params_destroy(p);
@@ -412,39 +433,10 @@ void GpuJpegDecoder::queue(std::span<const Sample> samples, std::byte* output,
   }
 
   // 4. Crop + resize (+ mirror) each decoded image into its place in the batch.
-  const int out_w = static_cast<int>(options_.size.width);
-  const int out_h = static_cast<int>(options_.size.height);
-  const int out_step = out_w * static_cast<int>(kRgbBytes);
-  for (size_t i = 0; i < n; ++i) {
-    if (routes[i] != GpuRoute::kHardware && routes[i] != GpuRoute::kGpu) continue;
-    const CropBox& box = plan.boxes[i];
-    std::byte* dst = output + i * sample_bytes_;
-    uint8_t* resized = reinterpret_cast<uint8_t*>(box.flip ? flip_ : dst);
-    const int interpolation =
-        box.width > out_w && box.height > out_h ? kNppInterSuper : gpu::kNppInterLinear;
-    // Whole: the box is read out of the image; cropped: the decoded image is the box.
-    const bool cropped = plan.cropped[i] != 0;
-    const gpu::NppSize source = cropped ? gpu::NppSize{box.width, box.height}
-                                        : gpu::NppSize{plan.widths[i], plan.heights[i]};
-    const gpu::NppRect window = cropped ? gpu::NppRect{0, 0, box.width, box.height}
-                                        : gpu::NppRect{box.left, box.top, box.width, box.height};
-    const int status = lib_.npp_resize_8u_c3r(
-        reinterpret_cast<const uint8_t*>(decoded_ + plan.decoded_offsets[i]),
-        source.width * static_cast<int>(kRgbBytes), source, window, resized, out_step,
-        gpu::NppSize{out_w, out_h}, gpu::NppRect{0, 0, out_w, out_h}, interpolation, npp_);
-    if (status < 0) {
-      throw GpuError("GPU decode: nppiResize_8u_C3R_Ctx failed: NppStatus " +
-                     std::to_string(status));
-    }
-    if (box.flip) {
-      const int mirrored =
-          lib_.npp_mirror_8u_c3r(resized, out_step, reinterpret_cast<uint8_t*>(dst), out_step,
-                                 gpu::NppSize{out_w, out_h}, gpu::kNppVerticalAxis, npp_);
-      if (mirrored < 0) {
-        throw GpuError("GPU decode: nppiMirror_8u_C3R_Ctx failed: NppStatus " +
-                       std::to_string(mirrored));
-      }
-    }
+  if (batched_resize()) {
+    resize_batched(routes, output);
+  } else {
+    resize_each(routes, output);
   }
 
   check_cuda(lib_.event_record(gpu_done_, stream_), "cudaEventRecord");
@@ -471,6 +463,118 @@ void GpuJpegDecoder::queue(std::span<const Sample> samples, std::byte* output,
     check_cuda(lib_.memcpy_async(output + i * sample_bytes_, cpu_output_ + i * sample_bytes_,
                                  sample_bytes_, gpu::kMemcpyHostToDevice, stream_),
                "cudaMemcpyAsync");
+  }
+}
+
+namespace {
+
+// Where image i's box is read from: the whole decoded image and the box in it, or the decoded box
+// itself (region decode).
+struct ResizeSource {
+  gpu::NppSize size;
+  gpu::NppRect window;
+};
+
+ResizeSource resize_source(const CropBox& box, int width, int height, bool cropped) {
+  if (cropped) return {{box.width, box.height}, {0, 0, box.width, box.height}};
+  return {{width, height}, {box.left, box.top, box.width, box.height}};
+}
+
+}  // namespace
+
+void GpuJpegDecoder::resize_each(std::span<const GpuRoute> routes, std::byte* output) {
+  const Plan& plan = *plan_;
+  const int out_w = static_cast<int>(options_.size.width);
+  const int out_h = static_cast<int>(options_.size.height);
+  const int out_step = out_w * static_cast<int>(kRgbBytes);
+  for (size_t i = 0; i < routes.size(); ++i) {
+    if (routes[i] != GpuRoute::kHardware && routes[i] != GpuRoute::kGpu) continue;
+    const CropBox& box = plan.boxes[i];
+    std::byte* dst = output + i * sample_bytes_;
+    uint8_t* resized = reinterpret_cast<uint8_t*>(box.flip ? flip_ : dst);
+    const ResizeSource from =
+        resize_source(box, plan.widths[i], plan.heights[i], plan.cropped[i] != 0);
+    const int status = lib_.npp_resize_8u_c3r(
+        reinterpret_cast<const uint8_t*>(decoded_ + plan.decoded_offsets[i]),
+        from.size.width * static_cast<int>(kRgbBytes), from.size, from.window, resized, out_step,
+        gpu::NppSize{out_w, out_h}, gpu::NppRect{0, 0, out_w, out_h},
+        interpolation_for(box, out_w, out_h), npp_);
+    ++counters_.resize_calls;
+    if (status < 0) {
+      throw GpuError("GPU decode: nppiResize_8u_C3R_Ctx failed: NppStatus " +
+                     std::to_string(status));
+    }
+    if (box.flip) mirror(resized, dst);
+  }
+}
+
+void GpuJpegDecoder::resize_batched(std::span<const GpuRoute> routes, std::byte* output) {
+  const Plan& plan = *plan_;
+  const size_t max = options_.max_batch;
+  const int out_w = static_cast<int>(options_.size.width);
+  const int out_h = static_cast<int>(options_.size.height);
+  const int out_step = out_w * static_cast<int>(kRgbBytes);
+  // Three arrays of max_batch each, in the pinned buffer and alike on the device; the images of
+  // one interpolation are contiguous in each (area averaging first, then bilinear).
+  auto* sources = reinterpret_cast<gpu::NppImageDescriptor*>(resize_args_host_);
+  auto* destinations = sources + max;
+  auto* rois = reinterpret_cast<gpu::NppResizeBatchRoi*>(destinations + max);
+  size_t count[2] = {0, 0};
+  for (int pass = 0; pass < 2; ++pass) {
+    const int interpolation = pass == 0 ? kNppInterSuper : gpu::kNppInterLinear;
+    for (size_t i = 0; i < routes.size(); ++i) {
+      if (routes[i] != GpuRoute::kHardware && routes[i] != GpuRoute::kGpu) continue;
+      const CropBox& box = plan.boxes[i];
+      if (interpolation_for(box, out_w, out_h) != interpolation) continue;
+      const ResizeSource from =
+          resize_source(box, plan.widths[i], plan.heights[i], plan.cropped[i] != 0);
+      const size_t at = count[0] + count[1];
+      sources[at] = {decoded_ + plan.decoded_offsets[i],
+                     from.size.width * static_cast<int>(kRgbBytes), from.size};
+      destinations[at] = {(box.flip ? flips_ : output) + i * sample_bytes_, out_step,
+                          gpu::NppSize{out_w, out_h}};
+      rois[at] = {from.window, gpu::NppRect{0, 0, out_w, out_h}};
+      ++count[pass];
+    }
+  }
+  if (count[0] + count[1] == 0) return;
+  check_cuda(lib_.memcpy_async(resize_args_, resize_args_host_, max * kResizeArgBytes,
+                               gpu::kMemcpyHostToDevice, stream_),
+             "cudaMemcpyAsync");
+  auto* device_sources = reinterpret_cast<gpu::NppImageDescriptor*>(resize_args_);
+  auto* device_destinations = device_sources + max;
+  auto* device_rois = reinterpret_cast<gpu::NppResizeBatchRoi*>(device_destinations + max);
+  size_t first = 0;
+  for (int pass = 0; pass < 2; ++pass) {
+    if (count[pass] == 0) continue;
+    const int status = lib_.npp_resize_batch_8u_c3r_advanced(
+        out_w, out_h, device_sources + first, device_destinations + first, device_rois + first,
+        static_cast<unsigned>(count[pass]), pass == 0 ? kNppInterSuper : gpu::kNppInterLinear,
+        npp_);
+    ++counters_.resize_calls;
+    if (status < 0) {
+      throw GpuError("GPU decode: nppiResizeBatch_8u_C3R_Advanced_Ctx failed: NppStatus " +
+                     std::to_string(status));
+    }
+    first += count[pass];
+  }
+  for (size_t i = 0; i < routes.size(); ++i) {
+    if ((routes[i] == GpuRoute::kHardware || routes[i] == GpuRoute::kGpu) && plan.boxes[i].flip) {
+      mirror(reinterpret_cast<uint8_t*>(flips_ + i * sample_bytes_), output + i * sample_bytes_);
+    }
+  }
+}
+
+void GpuJpegDecoder::mirror(const uint8_t* resized, std::byte* dst) {
+  const int out_w = static_cast<int>(options_.size.width);
+  const int out_h = static_cast<int>(options_.size.height);
+  const int out_step = out_w * static_cast<int>(kRgbBytes);
+  const int status =
+      lib_.npp_mirror_8u_c3r(resized, out_step, reinterpret_cast<uint8_t*>(dst), out_step,
+                             gpu::NppSize{out_w, out_h}, gpu::kNppVerticalAxis, npp_);
+  if (status < 0) {
+    throw GpuError("GPU decode: nppiMirror_8u_C3R_Ctx failed: NppStatus " +
+                   std::to_string(status));
   }
 }
 

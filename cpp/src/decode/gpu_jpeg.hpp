@@ -62,6 +62,10 @@ class GpuJpegDecoder {
     // Make what decode(..., roi=true) needs (a decode parameter object per batch place), where
     // there is a hardware engine and the library has the calls (gpu::Libraries::roi()).
     bool roi = false;
+    // Resize the images of a batch in one NPP call per interpolation
+    // (nppiResizeBatch_8u_C3R_Advanced_Ctx) where the library has it, instead of one call per
+    // image. Not yet measured on a GPU: the loader sets it only under PRESTAGE_GPU_RESIZE=batch.
+    bool batched_resize = false;
   };
   struct Sample {
     std::span<const std::byte> jpeg;  // host memory, valid during decode()
@@ -78,6 +82,7 @@ class GpuJpegDecoder {
     uint64_t cpu_gpu_failed = 0;
     uint64_t roi = 0;             // of `hardware`, images of which only the crop box was decoded
     uint64_t buffer_growths = 0;  // times a staging buffer grew (0 after the first batches)
+    uint64_t resize_calls = 0;    // NPP resize calls: one per image, or one per batched group
   };
 
   // Throws ConfigError if `libraries` is not available() (naming where it looked) or the options
@@ -136,6 +141,8 @@ class GpuJpegDecoder {
   gpu::Stream stream() const noexcept { return stream_; }
   gpu::Event ready(size_t k) const noexcept { return ready_[k]; }
   bool hardware() const noexcept { return hw_handle_ != nullptr; }
+  // Options::batched_resize was asked for and the library has the batched call.
+  bool batched_resize() const noexcept { return resize_args_ != nullptr; }
   const Counters& counters() const noexcept { return counters_; }
 
  private:
@@ -150,6 +157,11 @@ class GpuJpegDecoder {
             const std::function<int(void**, size_t)>& allocate, const char* release_call,
             const char* allocate_call);
   void destroy() noexcept;
+  // Step 4 of queue(): the crop + resize (+ mirror) of each image the GPU decoded.
+  void resize_each(std::span<const GpuRoute> routes, std::byte* output);
+  void resize_batched(std::span<const GpuRoute> routes, std::byte* output);
+  // The left-right mirror of a resized image (device) into its place in the batch.
+  void mirror(const uint8_t* resized, std::byte* dst);
   // The CPU path's pixels of `s` into cpu_output_'s place i; throws its error.
   void decode_cpu_place(const Sample& s, size_t i);
 
@@ -178,6 +190,12 @@ class GpuJpegDecoder {
   std::vector<std::byte*> outputs_;         // device: max_batch * sample_bytes_ each
   std::byte* flip_ = nullptr;               // device: one image, the resize before its mirror
   std::byte* cpu_output_ = nullptr;         // pinned: max_batch * sample_bytes_, the CPU's share
+  // Options::batched_resize: the batched call's arguments (source and destination descriptors,
+  // boxes; max_batch each), written in pinned memory and copied to the device per batch; and the
+  // resized images that are then mirrored (device, max_batch * sample_bytes_).
+  std::byte* resize_args_host_ = nullptr;
+  std::byte* resize_args_ = nullptr;
+  std::byte* flips_ = nullptr;
   struct Cpu;
   std::unique_ptr<Cpu> cpu_;
   struct Plan;

@@ -171,6 +171,7 @@ void Libraries::bind_all() {
   void* npp = handles_[kNpp];
   bind(npp, "nppiResize_8u_C3R_Ctx", npp_resize_8u_c3r, missing);
   bind(npp, "nppiMirror_8u_C3R_Ctx", npp_mirror_8u_c3r, missing);
+  bind_optional(npp, "nppiResizeBatch_8u_C3R_Advanced_Ctx", npp_resize_batch_8u_c3r_advanced);
   if (!missing.empty()) {
     why_ = opened_[kNpp] + " has no " + missing;
     return;

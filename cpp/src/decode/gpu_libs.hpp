@@ -71,6 +71,17 @@ struct NppStreamContext {                         // NppStreamContext, passed by
   int reserved0;
 };
 static_assert(sizeof(NppStreamContext) == 48);
+struct NppImageDescriptor {                       // NppiImageDescriptor
+  void* data;
+  int step;
+  NppSize size;
+};
+static_assert(sizeof(NppImageDescriptor) == 24);
+struct NppResizeBatchRoi {                        // NppiResizeBatchROI_Advanced
+  NppRect source;
+  NppRect destination;
+};
+static_assert(sizeof(NppResizeBatchRoi) == 32);
 inline constexpr int kNppInterLinear = 2;         // NPPI_INTER_LINEAR
 inline constexpr int kNppVerticalAxis = 1;        // NPP_VERTICAL_AXIS: mirrors left to right
 
@@ -171,6 +182,13 @@ class Libraries {
                            int, NppStreamContext) = nullptr;
   int (*npp_mirror_8u_c3r)(const uint8_t*, int, uint8_t*, int, NppSize, int,
                            NppStreamContext) = nullptr;
+  // Optional: null where the library lacks it. nppiResizeBatch_8u_C3R_Advanced_Ctx: `count`
+  // images, each with its own source, box and destination; the three arrays in device memory.
+  int (*npp_resize_batch_8u_c3r_advanced)(int max_width, int max_height,
+                                          NppImageDescriptor* sources,
+                                          NppImageDescriptor* destinations,
+                                          NppResizeBatchRoi* rois, unsigned count,
+                                          int interpolation, NppStreamContext) = nullptr;
 
  private:
   bool open(int which, const std::string& spec, const std::string& package_dir,
