@@ -12,7 +12,8 @@
  * batched decode's backend and size (fake_nvjpeg_batches). Controls: fake_nvjpeg_configure (hardware
  * engines; 0: none), fake_nvjpeg_fail (a named call fails on its n-th use), fake_nvjpeg_image_ns and
  * fake_nvjpeg_roi_image_ns (the virtual GPU time each image of a batched decode, whole or a region,
- * takes on its stream, in fake_cudart.c's clock). nvjpegDecodeBatchedEx decodes each image's region
+ * takes on its stream, in fake_cudart.c's clock), fake_nvjpeg_first_roi_ns (more at a state's first
+ * nvjpegDecodeBatchedEx: a cold start). nvjpegDecodeBatchedEx decodes each image's region
  * (nvjpegDecodeParamsSetROI) and records it (fake_nvjpeg_rois).
  * Thread-safe: one mutex around all state. Built for the tests only; never installed. */
 #include <dlfcn.h>
@@ -28,7 +29,7 @@ enum { kSuccess = 0, kInvalidParameter = 2, kBadJpeg = 3, kArchMismatch = 7 };
 enum { kObjHandle = 0, kObjState = 1, kObjStream = 2, kObjParams = 3, kObjKinds = 4 };
 
 struct handle { int backend; };
-struct state { struct handle* owner; int initialized; };
+struct state { struct handle* owner; int initialized; int region_decodes; };
 struct stream { int progressive, width, height; };
 struct params { int format, x, y, width, height; }; /* width <= 0: no region, the whole image */
 typedef struct { unsigned char* channel[4]; size_t pitch[4]; } image_t;
@@ -44,6 +45,7 @@ static size_t batch_count;
 static unsigned engines = 0, cores = 1;
 static uint64_t image_ns;     /* virtual GPU time per image of a batched decode */
 static uint64_t roi_image_ns; /* the same, for an image of which only a region is decoded */
+static uint64_t first_roi_ns; /* once more, at a state's first nvjpegDecodeBatchedEx: a cold start */
 #define FAKE_MAX_ROIS 8192
 static struct { int x, y, width, height; } rois[FAKE_MAX_ROIS];
 static size_t roi_count;
@@ -363,6 +365,7 @@ int nvjpegDecodeBatchedEx(struct handle* handle, struct state* state, const unsi
   for (int i = 0; i < n && result == kSuccess; ++i) {
     if (!live(kObjParams, params[i]) || params[i]->format != 5) result = kInvalidParameter;
   }
+  const uint64_t cold_ns = result == kSuccess && state->region_decodes++ == 0 ? first_roi_ns : 0;
   if (result == kSuccess && batch_count < FAKE_MAX_BATCHES) {
     batches[batch_count].backend = handle->backend;
     batches[batch_count].count = n;
@@ -371,7 +374,7 @@ int nvjpegDecodeBatchedEx(struct handle* handle, struct state* state, const unsi
   pthread_mutex_unlock(&mutex);
   if (result != kSuccess) return result;
   tjhandle tj = tjInitDecompress();
-  uint64_t virtual_ns = 0;
+  uint64_t virtual_ns = cold_ns;
   for (int i = 0; i < n && result == kSuccess; ++i) {
     int width = 0, height = 0, samp = 0, colorspace = 0;
     if (tjDecompressHeader3(tj, data[i], (unsigned long)lengths[i], &width, &height, &samp,
@@ -428,6 +431,13 @@ int nvjpegDecodeBatchedEx(struct handle* handle, struct state* state, const unsi
 void fake_nvjpeg_image_ns(uint64_t ns) {
   pthread_mutex_lock(&mutex);
   image_ns = ns;
+  pthread_mutex_unlock(&mutex);
+}
+
+/* A state's first nvjpegDecodeBatchedEx takes `ns` more of the stream's virtual time. */
+void fake_nvjpeg_first_roi_ns(uint64_t ns) {
+  pthread_mutex_lock(&mutex);
+  first_roi_ns = ns;
   pthread_mutex_unlock(&mutex);
 }
 

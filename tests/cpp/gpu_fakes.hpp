@@ -53,6 +53,7 @@ struct Fakes {
   void (*image_ns)(uint64_t) = nullptr;  // virtual GPU time per image of a batched decode
   void (*not_ready)(int) = nullptr;      // the next n cudaEventElapsedTime calls: not ready
   void (*roi_image_ns)(uint64_t) = nullptr;  // the same per image decoded as a region only
+  void (*first_roi_ns)(uint64_t) = nullptr;  // more at a decoder's first region decode
   size_t (*rois)(int*, size_t) = nullptr;
 
   template <typename F>
@@ -79,6 +80,7 @@ struct Fakes {
     get(nvjpeg, "fake_nvjpeg_image_ns", image_ns);
     get(cudart, "fake_cudart_not_ready", not_ready);
     get(nvjpeg, "fake_nvjpeg_roi_image_ns", roi_image_ns);
+    get(nvjpeg, "fake_nvjpeg_first_roi_ns", first_roi_ns);
     get(nvjpeg, "fake_nvjpeg_rois", rois);
     configure(engines, 1);
     clear_failures();  // npp_fail also clears the resize record
@@ -96,6 +98,7 @@ struct Fakes {
   void clear_failures() const {
     image_ns(0);
     roi_image_ns(0);
+    first_roi_ns(0);
     not_ready(0);
     cuda_fail("", 0, 0);
     nvjpeg_fail("", 0, 0);

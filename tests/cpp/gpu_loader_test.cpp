@@ -519,6 +519,28 @@ TEST_CASE(
   check_balanced(before, fakes.objects());
 }
 
+TEST_CASE(
+    "gpu loader: gpu_crop=auto's trials leave out each decoder's first batch of each way: a cold "
+    "start does not decide") {
+  TempDir dir;
+  make_smooth_folder(dir / "data", 2, 24);  // 48 images: 6 batches of 8 per epoch
+  const Catalog cat = Catalog::from_folder(dir / "data");
+  Fakes fakes(7);
+  // Regions are faster once warm (0.4 against 1 ms per image), but each decoder's first region
+  // decode takes 100 ms more: with those batches as trials, resize would win.
+  fakes.image_ns(1'000'000);
+  fakes.roi_image_ns(400'000);
+  fakes.first_roi_ns(100'000'000);
+  LoaderOptions o = gpu_options(8, 2);
+  o.depth = 6;  // the default: six decoders, each warming up on its first batch
+  o.gpu_crop = prestage::GpuCrop::kAuto;
+  const prestage::Stats stats = run_epochs(cat, o, 4);
+  const auto& g = stats.gpu_decode;
+  CAPTURE(g.crop_why);
+  CHECK(g.crop == "roi");
+  CHECK(g.crop_why.rfind("measured", 0) == 0);
+}
+
 TEST_CASE("gpu loader: PRESTAGE_GPU_RESIZE=batch resizes each batch in one NPP call per "
           "interpolation, with the same pixels; another value is a ConfigError") {
   TempDir dir;

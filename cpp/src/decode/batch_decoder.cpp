@@ -89,6 +89,12 @@ struct BatchDecoder::GpuSlot {
   GpuJpegDecoder decoder;
   std::optional<GpuShareSample> pending;  // the last batch's times, its GPU time still unknown
   GpuCrop pending_crop = GpuCrop::kResize;  // the way that batch applied its crop boxes
+  // That batch is a fair trial of its crop way: not the first this decoder took that way (nvJPEG's
+  // first-use allocations and set-up) and no staging buffer grew in it (allocation time, not
+  // decoding). On an H200 the first batches' times per image varied 3x between runs, and
+  // gpu_crop="auto" chose either way.
+  bool pending_trial = false;
+  uint64_t batches_by_way[2] = {0, 0};  // resize, roi
 };
 
 // One batch's decode: the three steps, each sample's size and fill by codec, and replacement.
@@ -480,6 +486,9 @@ class BatchDecoder::Run {
         gpu.upload(0, s_.cpu_positions);
       }
       slot_gpu.pending_crop = crop;
+      slot_gpu.pending_trial =
+          slot_gpu.batches_by_way[crop == GpuCrop::kRoi ? 1 : 0]++ > 0 &&
+          gpu.counters().buffer_growths == before.buffer_growths;
       slot_gpu.pending = GpuShareSample{
           gpu_count, 0, cpu_count,
           cpu_count > 0 ? static_cast<double>(last_end.load() - first_start.load()) * 1e-9 : 0};
@@ -648,7 +657,7 @@ void BatchDecoder::measure(GpuSlot& gpu) {
   if (!seconds) return;
   gpu.pending->gpu_s = *seconds;
   share_->observe(*gpu.pending);
-  crop_->observe(gpu.pending_crop, gpu.pending->gpu_images, *seconds);
+  if (gpu.pending_trial) crop_->observe(gpu.pending_crop, gpu.pending->gpu_images, *seconds);
   gpu.pending.reset();
 }
 
