@@ -115,10 +115,12 @@ TEST_CASE("peers over MPI: a rank fetches another's bytes and CRC; absent and la
   CHECK(Clock::now() - asked < std::chrono::seconds(5));  // answered, not timed out
   // A copy that is coming is waited for, and answered "absent" before the asker's time runs out
   // (a quarter of it early, at most 1 s): an asker that hears nothing knows its peer is stalled.
+  // A wait of 4 s leaves the answer 1 s to come back (with 1 s, 250 ms: too little on a loaded
+  // 2-core machine, where it once came after the asker had stopped waiting).
   asked = Clock::now();
   RequestEnd end = RequestEnd::kStopped;
-  CHECK_FALSE(r->transport->request(other, kLaterFile, std::chrono::seconds(1), bytes, crc, &end));
-  CHECK(Clock::now() - asked >= std::chrono::milliseconds(700));
+  CHECK_FALSE(r->transport->request(other, kLaterFile, std::chrono::seconds(4), bytes, crc, &end));
+  CHECK(Clock::now() - asked >= std::chrono::milliseconds(2700));
   CHECK(end == RequestEnd::kReply);
   // Many threads at once, as stage 2's prefetchers ask.
   std::vector<std::future<bool>> asks;
