@@ -723,7 +723,10 @@ def test_a_stalled_peer_costs_each_rank_one_peer_timeout_then_is_skipped(job):
     the job go on.)"""
     run, cat, emulator, backing = job
     owner, home = ownership(cat, backing)
-    ranks = run(peers=True, epochs=3, peer_timeout=2.0, stall_rank=3)
+    # 4 s: a live peer's early "absent" answer then has 1 s to come back (with 2 s, 0.5 s, and on a
+    # loaded 2-core machine rank 2 was once marked down too).
+    timeout = 4.0
+    ranks = run(peers=True, epochs=3, peer_timeout=timeout, stall_rank=3)
     for rank in (0, 1, 2):
         assert ranks[rank]["wrong"] == []
     for rank in (0, 1):
@@ -740,8 +743,8 @@ def test_a_stalled_peer_costs_each_rank_one_peer_timeout_then_is_skipped(job):
         fetched = sum(e["peer_reads"] for e in s["epochs"] if e["epoch"] > 0)
         assert s["peer_fallbacks"] >= 1
         assert s["peer_fallbacks"] + fetched >= len(uses)
-        # One wait of peer_timeout (2 s), not one per use (at least 2 s x 12 without marking down).
-        assert ranks[rank]["ended"][-1] - ranks[rank]["ended"][0] < 3 * 2.0 + 4
+        # One wait of peer_timeout, not one per use (at least 12 of them without marking down).
+        assert ranks[rank]["ended"][-1] - ranks[rank]["ended"][0] < 3 * timeout + 4
     assert ranks[2]["stats"]["peers_down"] == 0
     # Rank 3, resumed after the others finished, closes without waiting on them.
     assert ranks[3]["close_s"] < 10
