@@ -13,8 +13,8 @@
 //  - later, a rank reads a sample from its node's stage directory if there, else (a home copy of
 //    another node) from that copy's owner rank over MPI into memory, else from the source; where
 //    a home copy exists, the read goes to it or to the source, whichever the source model
-//    (tiers/source_model.hpp, applied by Tiers::fetch_sample) expects to finish it first. A reply
-//    carries the size and the CRC-32C of the owner's stage index; a mismatch, no answer within
+//    (tiers/source_model.hpp, applied by Tiers::fetch_home for every reader) expects to finish it
+//    first. A reply carries the size and the CRC-32C of the owner's stage index; a mismatch, no answer within
 //    peer_timeout, or a stopped peer means a read of the source (counted), never a wait beyond it.
 //  - a peer that said goodbye (its loader closed) or did not answer within peer_timeout (stalled,
 //    dead) is marked down: every later fetch of its files reads the source at once. So a dead peer
