@@ -101,6 +101,14 @@ std::span<const std::byte> Tiers::read(uint64_t id, const std::vector<std::byte>
                                        TierTally* tally) {
   const uint64_t size = sample_size(id);
   check_size(id, size);
+  // A home copy the peer tier fetches lands in `buffer` too, not in the thread's scratch: the
+  // caller keeps the bytes while it reads its batch's next samples on this thread.
+  struct FetchInto {
+    TierScratch& scratch;
+    std::vector<std::byte>* before;
+    ~FetchInto() { scratch.fetch_into = before; }
+  } into{scratch, scratch.fetch_into};
+  scratch.fetch_into = &buffer;
   std::span<const std::byte> bytes;
   serve(id, Tier::kMemory, held, scratch, tally, Access::kBytes, [&](const SampleAt& at) -> uint64_t {
     if (at.in_memory()) {
@@ -141,15 +149,17 @@ void Tiers::fetch_file(uint64_t file, std::vector<std::byte>& buffer, int64_t& m
   const uint64_t size = catalog_.file_size(file);
   const int64_t mtime = catalog_.file_mtime(file);
   const bool known = size != Catalog::kUnknownSize && mtime != Catalog::kUnknownMtime;
-  // A file whose size and modification time the catalog records may come from its home copy on
-  // another node (checked there against the owner's record: size and CRC-32C), recorded with the
-  // catalog's modification time as a read of the source is. Not this node's own home copy: stage 2
-  // is the one making it.
+  // A file whose size the catalog records may come from its home copy on another node (checked
+  // against the size and the owner's CRC-32C), recorded with the catalog's modification time as a
+  // read of the source is; a catalog without one checks none (a later catalog that records one
+  // finds it differs, and copies the file again). Not this node's own home copy: stage 2 is the one
+  // making it.
   bool pfs_chosen = false;
   Catalog::Locator whole;
   whole.file = file;
-  const Tier tier =
-      known ? fetch_home(whole, size, buffer, pfs_chosen, Home::kOtherNode) : Tier::kSource;
+  const Tier tier = size != Catalog::kUnknownSize
+                        ? fetch_home(whole, size, buffer, pfs_chosen, Home::kOtherNode)
+                        : Tier::kSource;
   if (tier != Tier::kSource) {
     mtime_ns = mtime;
   } else {

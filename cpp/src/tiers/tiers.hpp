@@ -152,7 +152,8 @@ class Tiers {
   Tier serve(uint64_t id, Tier from, const std::vector<std::byte>* held, TierScratch& scratch,
              TierTally* tally, Access access, const Use& use);
 
-  // Stage 3: sample `id`'s bytes, from `held` or read into `buffer` (resized to fit), counted
+  // Stage 3: sample `id`'s bytes, from `held` or read (or fetched from a peer) into `buffer`
+  // (resized to fit; the bytes stay valid while it is not changed), counted
   // as serve() says (null: a look at the set, not a read of an epoch's sample). Refuses a sample
   // over the size limit. The sample's source path is left in scratch.source.
   std::span<const std::byte> read(uint64_t id, const std::vector<std::byte>* held,
@@ -166,11 +167,11 @@ class Tiers {
 
   // Stage 2, for its copies: the whole of catalog file `file`, from the tiers below the stage
   // directory, into `buffer` (resized to fit); `mtime_ns` gets the source's modification time.
-  // With the peer tier on, a file the catalog records the size and modification time of comes from
-  // its home copy on another node (checked there against the owner's record) or from the source,
-  // whichever the source model expects to finish first, as fetch_sample() chooses (the copy is then
-  // recorded with the catalog's modification time). Counted, by the tier that served, in fetched()
-  // and in `tally`, if given (also a read whose bytes are then not staged).
+  // With the peer tier on, a file the catalog records the size of comes from its home copy on
+  // another node (checked against the size and the owner's CRC-32C) or from the source, whichever
+  // the source model expects to finish first, as fetch_sample() chooses (the copy is then recorded
+  // with the catalog's modification time, kUnknownMtime if none). Counted, by the tier that
+  // served, in fetched() and in `tally`, if given (also a read whose bytes are then not staged).
   void fetch_file(uint64_t file, std::vector<std::byte>& buffer, int64_t& mtime_ns,
                   TierTally* tally = nullptr);
   // Stage 2, for its read-ahead: sample `id`'s bytes from the tiers below the stage directory (a
