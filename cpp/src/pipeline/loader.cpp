@@ -339,7 +339,7 @@ Loader::Impl::Impl(Catalog catalog_in, LoaderOptions options_in)
       shared->tiers->set_peers(shared->peers.get());
       detail::Peers* peers = shared->peers.get();
       if (shared->cache) {
-        shared->cache->set_copy_only([peers](uint64_t f) { return peers->home_here(f); });
+        shared->cache->set_on_declined([peers](uint64_t f) { peers->not_coming(f); });
       }
       // A home copy is made by stage 2 in the start epoch: stage 3 waits for it rather than reading
       // the source itself, so that the source is read once. Set in the one copy, before any thread
