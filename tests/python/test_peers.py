@@ -741,7 +741,9 @@ def test_copies_changed_on_a_nodes_ssd_are_never_served_by_its_own_ranks_nor_its
     # own ranks check each copy they read (stage 3, and their neighbour's copies for read-ahead), and
     # node 0's ranks check what node 1 sends: not one wrong sample, the changes counted.
     ranks = run(peers=True, epochs=3, corrupt=[2, "all"])
-    assert all(r["wrong"] == [] for r in ranks), json.dumps([(r["wrong"], {k: r["stats"][k] for k in ("stage_corrupt", "peer_corrupt", "peer_reads", "peer_fallbacks")}, r["stats"]["epochs"]) for r in ranks])
+    assert all(r["wrong"] == [] for r in ranks), json.dumps(
+        [(r["wrong"], {k: r["stats"][k] for k in ("stage_corrupt", "peer_corrupt", "peer_reads", "peer_fallbacks")},
+          r["stats"]["epochs"]) for r in ranks])
     node1 = [r["stats"] for r in ranks[2:]]
     caught = sum(s["stage_corrupt"] for s in node1)
     assert caught > 0

@@ -62,9 +62,9 @@ class StageCache {
 
   // Called with each file this process declines to copy (no room under the bound for it, or a
   // directory it cannot write): with the peer tier on, a home copy of this node that is then not
-  // coming (Peers::not_coming). The policy is the same with the tier on and off: the node's own next
-  // uses decide what it keeps, and a copy stage 2 fetched from a peer stays when they keep it. Set
-  // before the first admit().
+  // coming (Peers::not_coming). The policy is the same with the tier on and off: the node's own
+  // next uses decide what it keeps, and a copy stage 2 fetched from a peer stays when they keep it.
+  // Set before the first admit().
   void set_on_declined(std::function<void(uint64_t file)> on_declined) {
     on_declined_ = std::move(on_declined);
   }

@@ -166,7 +166,9 @@ Peers::Peers(const Catalog& catalog, const PlanOptions& plan, StageDirectory* st
   }
   node_of_ = transport_->nodes();
   declined_ = std::make_unique<std::atomic<uint8_t>[]>(catalog.num_files());
-  for (uint64_t f = 0; f < catalog.num_files(); ++f) declined_[f].store(0, std::memory_order_relaxed);
+  for (uint64_t f = 0; f < catalog.num_files(); ++f) {
+    declined_[f].store(0, std::memory_order_relaxed);
+  }
   down_ = std::make_unique<std::atomic<uint8_t>[]>(node_of_.size());
   gone_ = std::make_unique<std::atomic<uint8_t>[]>(node_of_.size());
   for (size_t r = 0; r < node_of_.size(); ++r) {
