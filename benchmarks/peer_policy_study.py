@@ -1,12 +1,13 @@
 """A design study for the peer tier's layout: the node's own clairvoyant cache first, home copies in
 the room it leaves, each miss served by any node that holds the sample then.
 
-``prestage simulate`` follows the tier as built (tiers/peers.hpp): each node keeps the samples it owns
-(first used by its ranks in the start epoch) as home copies, never evicted, and admits nothing else. At
+The tier as first built (``home_copies`` here): each node kept the samples it owns (first used by its
+ranks in the start epoch) as home copies, never evicted, and admitted nothing else. At
 2 nodes that layout reads more from the PFS than no tier at all (1.20x the time at 50% cache, 1.07x at
 100%), because a node's bound is spent on copies for its peers instead of on its own next uses. This
 study walks the same streams (the real plan's layout, ``prestage.bench.simulate``) through a third
-policy, *own first*:
+policy, *own first* (which the library now follows, but for asking the owner only; ``prestage simulate``
+models that):
 
 - Each node's stage directory is managed exactly as without the tier: Belady's rule with bypass over
   the node's own uses. So a node's local hits are those of the tier off, at every node count.
@@ -99,6 +100,26 @@ def own_first_residency(samples: List[int], next_use: List[int], times: List[int
     return hits, stays
 
 
+def home_copies(st: Any, sizes: np.ndarray, budget: int, config: sim.Config) -> Dict[str, Any]:
+    """The tier's first layout (the library before stage 2's copies went through the peer tier): each
+    node keeps the home copies of the samples it owns within its budget, never evicted, and admits
+    nothing else; every other use is served by the owner node's home copy, else the PFS."""
+    epochs, n = config.epochs, st.nodes
+    owner = (st.owner_rank // config.ranks_per_node)[st.samples]
+    home = sim._home(st, sizes, budget, config)[st.samples]
+    s, user, ep = st.samples, st.node, st.epoch
+    size = sizes[s]
+    pfs = st.first | ~home
+    peer = ~pfs & (owner != user)
+    sent = np.zeros((epochs, n))
+    received = np.zeros((epochs, n))
+    np.add.at(sent, (ep[peer], owner[peer]), size[peer])
+    np.add.at(received, (ep[peer], user[peer]), size[peer])
+    return {"pfs_bytes": np.bincount(ep[pfs], size[pfs], epochs).tolist(),
+            "peer_sent": sent.tolist(), "peer_received": received.tolist(),
+            "beyond_budget_samples": 0, "beyond_budget_bytes": 0}
+
+
 def global_batches(orders: Sequence[np.ndarray], nodes: int, config: sim.Config) -> np.ndarray:
     """Per use, in the node order of ``sim._Streams``: its global batch counted across epochs."""
     world = nodes * config.ranks_per_node
@@ -167,8 +188,8 @@ def study(config: sim.Config, nodes: Sequence[int], caches: Sequence[float], siz
         times = global_batches(orders, n, config)
         for cache in caches:
             budget = int(cache * set_bytes / n)
-            off = sim._without_peers(st, sizes, budget, config)
-            built = sim._summary(n, cache, budget, set_bytes, sim._with_peers(st, sizes, budget, config), off,
+            off = sim._without_peers(st, sizes, config, sim._walk(st, sizes, budget)[0])
+            built = sim._summary(n, cache, budget, set_bytes, home_copies(st, sizes, budget, config), off,
                                  config)["later"]
             own = own_first(st, times, sizes, budget, config)
             t_off = float(np.mean(off["pfs_bytes"][later])) / pfs_bps

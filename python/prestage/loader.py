@@ -129,8 +129,9 @@ class Loader:
         peers: the peer tier, beyond one node (needs ``stage_dir`` and the MPI plugin
             ``libprestage_mpi.so`` installed beside the extension): a sample not on this node is
             fetched over MPI from the stage directory of the node that owns it instead of being read
-            again from the source. Launch with ``mpirun`` or ``srun``; every rank creates its loader
-            together. When the MPI world does not match ``world_size`` or the plugin is missing, the
+            again from the source, and kept on this node's SSD where its own plan would keep it (the
+            stage directory is run as with the tier off). Launch with ``mpirun`` or ``srun``; every
+            rank creates its loader together. When the MPI world does not match ``world_size`` or the plugin is missing, the
             tier is off and ``stats()["peer_tier_why"]`` says why. With the tier on, stage 3 always
             waits for stage 2 (``stage_patience`` None, as ``options`` shows), so that a home copy
             is made before its sample is read. With the tier on, the loader

@@ -5,6 +5,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdlib>
+#include <filesystem>
 #include <future>
 #include <memory>
 #include <string>
@@ -14,8 +15,11 @@
 #include "prestage/prestage.hpp"
 #include "test_util.hpp"
 #include "tiers/peers.hpp"
+#include "tiers/stage_directory.hpp"
+#include "tiers/tiers.hpp"
 #include "tiers/transport.hpp"
 #include "util/crc32c.hpp"
+#include "util/file_io.hpp"
 
 using namespace prestage::detail;
 using Clock = std::chrono::steady_clock;
@@ -231,4 +235,87 @@ TEST_CASE(
   // Stage 3 waits for stage 2's home copies with the tier on: the options say so.
   CHECK(loader.options().stage_patience_ms == prestage::LoaderOptions::kWaitForStaging);
   loader.close();
+}
+
+TEST_CASE(
+    "peers over MPI: stage 2's copy of a file whose home copy is on another node comes from it") {
+  const char* rank_env = std::getenv("OMPI_COMM_WORLD_RANK");
+  REQUIRE_MESSAGE(rank_env != nullptr, "run under mpiexec");
+  const uint64_t me = std::strtoull(rank_env, nullptr, 10), other = 1 - me;
+  prestage::test::TempDir dir;  // one per rank: each rank has its own copy of the same data set
+  prestage::test::make_image_folder(dir / "data", 2, 4);
+  const prestage::Catalog catalog = prestage::Catalog::from_folder(dir / "data");
+  prestage::PlanOptions plan;
+  plan.num_samples = catalog.size();
+  plan.batch_size = 2;
+  plan.seed = 3;
+  plan.world_size = 2;
+  plan.rank = me;
+  // Per rank, the files it owns (first to use them in epoch 0), in order: what the home copies are.
+  std::vector<std::vector<uint64_t>> owned(2);
+  {
+    const prestage::EpochPlan e0(plan, 0);
+    std::vector<bool> seen(catalog.num_files());
+    for (uint64_t b = 0; b < e0.num_batches(); ++b) {
+      for (uint64_t r = 0; r < 2; ++r) {
+        for (uint64_t k = 0; k < e0.batch_size(b); ++k) {
+          const uint64_t f = catalog.locator(e0.batch_of(b, r)[k]).file;
+          if (!seen[f]) owned[r].push_back(f);
+          seen[f] = true;
+        }
+      }
+    }
+  }
+  REQUIRE(owned[0].size() >= 2);
+  REQUIRE(owned[1].size() >= 2);
+  ::setenv("PRESTAGE_NODE", me == 0 ? "0" : "1", 1);  // two nodes of one rank each
+  StageDirectory stage(dir / "stage", catalog);
+  PeerOptions options;
+  options.timeout = std::chrono::seconds(30);
+  Peers peers(catalog, plan, &stage, 0, options);  // together, every rank
+  ::unsetenv("PRESTAGE_NODE");
+  REQUIRE_MESSAGE(peers.on(), peers.why_off());
+  peers.start_epoch(0);
+  Tiers tiers(catalog, &stage, uint64_t{1} << 30);
+  tiers.set_peers(&peers);
+  std::vector<std::byte> buffer;
+  std::string path;
+  const auto make_home_copy = [&](uint64_t file) {
+    REQUIRE(stage.try_claim(file));
+    REQUIRE(stage.stage(file, tiers.source_path(file, path), buffer) ==
+            StageDirectory::Outcome::kStaged);
+  };
+  make_home_copy(owned[me][0]);
+
+  // The other node's home copy: this rank's source of it is gone, so only the peer can give it.
+  const uint64_t theirs = owned[other][0];
+  const std::filesystem::path source = tiers.source_path(theirs, path);
+  std::vector<std::byte> expected;
+  read_file(FileRef(source.string()), expected);
+  std::filesystem::remove(source);
+  int64_t mtime_ns = 0;
+  TierTally tally;
+  tiers.fetch_file(theirs, buffer, mtime_ns, &tally);  // a link never measured: tried first
+  CHECK(buffer == expected);
+  CHECK(mtime_ns == catalog.file_mtime(theirs));  // recorded as a copy from the source would be
+  const TierCounts fetched = tiers.fetched();
+  CHECK(fetched.reads[static_cast<size_t>(Tier::kPeer)] == 1);
+  CHECK(fetched.bytes[static_cast<size_t>(Tier::kPeer)] == expected.size());
+  CHECK(fetched.reads[static_cast<size_t>(Tier::kSource)] == 0);
+  CHECK(tally.counts().reads == fetched.reads);  // counted once, in the tiers, for the batch too
+  CHECK(peers.counts().reads == 1);
+  // A copy of this node's own home copy is read from the source: this node is the one making it.
+  tiers.fetch_file(owned[me][1], buffer, mtime_ns);
+  CHECK(tiers.fetched().reads[static_cast<size_t>(Tier::kSource)] == 1);
+  CHECK(peers.counts().reads == 1);
+
+  // Ends together: each rank publishes a second home copy once done asking, then waits for the
+  // other's (its answer is "later" until then), so that neither stops answering while the other
+  // still asks for the copy above.
+  make_home_copy(owned[me][1]);
+  prestage::Catalog::Locator done;
+  done.file = owned[other][1];
+  std::vector<std::byte> ignored;
+  (void)peers.fetch(done, ignored);
+  peers.stop();
 }

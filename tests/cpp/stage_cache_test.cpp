@@ -294,6 +294,38 @@ TEST_CASE("stage cache: files of the batches in flight are never evicted, even i
   }
 }
 
+TEST_CASE("stage cache: each file it declines is reported, so the peer tier knows none is coming") {
+  const Catalog& catalog = data().catalog;
+  StageDirectory& directory = data().directory;
+  for (uint64_t f = 0; f < catalog.num_files(); ++f) {  // an empty directory
+    if (!directory.is_absent(f)) directory.evict(f);
+  }
+  const PlanOptions plan = rank_plan(0, 1);
+  StageCache cache(catalog, plan, directory, set_bytes(catalog) / 8, Eviction::kClairvoyant, 4);
+  std::vector<uint64_t> reported;
+  cache.set_on_declined([&](uint64_t file) { reported.push_back(file); });
+  std::vector<uint64_t> to_stage, want;
+  std::vector<size_t> declined;
+  std::vector<std::byte> buffer;
+  prestage::detail::Admission stats;
+  for (uint64_t e = 0; e < 2; ++e) {
+    const EpochPlan epoch(plan, e);
+    for (uint64_t b = 0; b < epoch.num_batches(); ++b) {
+      to_stage.clear();
+      declined.clear();
+      cache.admit(e, b, epoch.batch(b), epoch.batch_size(b), to_stage, declined, stats);
+      for (const size_t k : declined) want.push_back(catalog.locator(epoch.batch(b)[k]).file);
+      for (const uint64_t f : to_stage) {
+        REQUIRE(directory.stage(f, catalog.file_source_path(f).string(), buffer) ==
+                StageDirectory::Outcome::kStaged);
+      }
+    }
+  }
+  CHECK(!want.empty());  // an eighth of the set: Belady's rule bypasses some
+  CHECK(reported == want);
+  cache.let_go_all();
+}
+
 TEST_CASE("stage cache: LRU reads exactly what the simulation of LRU reads, on any rank") {
   const Catalog& catalog = data().catalog;
   for (const uint64_t world_size : {1, 3}) {

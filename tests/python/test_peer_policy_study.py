@@ -50,7 +50,7 @@ def test_own_first_keeps_the_tier_offs_hits_and_reads_no_more_from_the_pfs(study
         off_hits += sum(sim._belady_hits(st.samples[lo:hi].tolist(), (st.next_use[lo:hi] - lo).tolist(),
                                          sizes.tolist(), budget))
     assert own["local_hits"] == off_hits
-    off = sim._without_peers(st, sizes, budget, config)
+    off = sim._without_peers(st, sizes, config, sim._walk(st, sizes, budget)[0])
     for e in range(config.epochs):
         assert own["pfs_bytes"][e] <= off["pfs_bytes"][e]
         # Every miss of the tier off is read once: from the PFS or from a peer.

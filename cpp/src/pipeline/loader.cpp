@@ -339,7 +339,7 @@ Loader::Impl::Impl(Catalog catalog_in, LoaderOptions options_in)
       shared->tiers->set_peers(shared->peers.get());
       detail::Peers* peers = shared->peers.get();
       if (shared->cache) {
-        shared->cache->set_copy_only([peers](uint64_t f) { return peers->home_here(f); });
+        shared->cache->set_on_declined([peers](uint64_t f) { peers->not_coming(f); });
       }
       // A home copy is made by stage 2 in the start epoch: stage 3 waits for it rather than reading
       // the source itself, so that the source is read once. Set in the one copy, before any thread
@@ -517,11 +517,17 @@ void Loader::Impl::restart(uint64_t e, uint64_t b) {
       shared->arena_io_timeout.emplace(shared->arena, timeout, &shared->stopping_io);
       // Threads wherever a stage directory was asked for: an unusable one still reads ahead.
       // A file that a neighbour sharing the stage directory is copying is waited for as long as
-      // stage 3 would wait for its batch (stage_patience), else as long as a read may take.
+      // stage 3 would wait for its batch (stage_patience), else as long as a read may take. With
+      // the peer tier on (stage 3 always waits), a neighbour's copy may wait up to peer_timeout on
+      // a peer before it reads the source; a neighbour that holds a copy's lock for twice that has
+      // stalled (stopped, hung), and the copy is given up (stage 3 reads the sample itself) rather
+      // than waited for without end.
       const LoaderOptions& o = shared->options;
+      const bool peers_on = shared->peers && shared->peers->on();
       const std::chrono::milliseconds neighbour_wait =
           o.stage_patience_ms != LoaderOptions::kWaitForStaging
               ? std::chrono::milliseconds(o.stage_patience_ms)
+          : peers_on ? std::chrono::milliseconds(2 * o.peer_timeout_ms)
           : o.io_timeout_ms != 0 ? timeout
                                  : detail::StageDirectory::kForever;
       shared->stager = std::make_unique<detail::Stager>(

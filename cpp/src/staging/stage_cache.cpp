@@ -256,6 +256,11 @@ bool StageCache::make_room(uint64_t need, uint64_t incoming_key, Admission& stat
   return true;
 }
 
+void StageCache::decline(uint64_t file, size_t k, std::vector<size_t>& declined) {
+  declined.push_back(k);
+  if (on_declined_) on_declined_(file);
+}
+
 void StageCache::admit(uint64_t epoch, uint64_t batch, const uint64_t* samples, size_t count,
                        std::vector<uint64_t>& to_stage, std::vector<size_t>& declined,
                        Admission& stats) {
@@ -267,10 +272,7 @@ void StageCache::admit(uint64_t epoch, uint64_t batch, const uint64_t* samples, 
   }
   // The index's growth is counted past the bound when a copy's record needs a new block: brought
   // back within it first.
-  // Back within the bound (the index's growth may pass it by a block), but never by evicting the
-  // peer tier's home copies: they fit by construction, and ranks reserving the same one at once
-  // count it twice for a moment.
-  if (capacity_ != 0 && !copy_only_ && used() > capacity_) make_room(0, 0, stats);
+  if (capacity_ != 0 && used() > capacity_) make_room(0, 0, stats);
   std::vector<uint64_t>& pinned_now = pins_[batch_seq_ % window_];
   for (size_t k = 0; k < count; ++k) {
     const uint64_t file = catalog_.locator(samples[k]).file;
@@ -306,16 +308,14 @@ void StageCache::admit(uint64_t epoch, uint64_t batch, const uint64_t* samples, 
     stats.bytes_missed += bytes;
     const uint64_t size = directory_.charge(bytes);  // what it takes of the bound
     // A directory that cannot be written serves its copies and takes no new one.
-    if ((copy_only_ && !copy_only_(file)) || directory_.read_only()) {
-      declined.push_back(k);
+    if (directory_.read_only()) {
+      decline(file, k, declined);
       continue;
     }
-    // Room for it in the node's bound, reserved before it is claimed. The home copies of the peer
-    // tier fit the bound by construction (never evicted): their bytes are counted, not checked, so
-    // that two ranks reserving the same file at once near the bound decline none.
-    if (capacity_ != 0 && !directory_.reserve(file, size, copy_only_ ? kNever : capacity_) &&
+    // Room for it in the node's bound, reserved before it is claimed.
+    if (capacity_ != 0 && !directory_.reserve(file, size, capacity_) &&
         !(make_room(size, key, stats) && directory_.reserve(file, size, capacity_))) {
-      declined.push_back(k);
+      decline(file, k, declined);
       continue;
     }
     if (!directory_.try_claim(file)) {

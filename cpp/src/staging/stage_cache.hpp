@@ -60,11 +60,13 @@ class StageCache {
   void admit(uint64_t epoch, uint64_t batch, const uint64_t* samples, size_t count,
              std::vector<uint64_t>& to_stage, std::vector<size_t>& declined, Admission& admission);
 
-  // With the peer tier on, only the files `copy_only` accepts (this node's home copies) are copied;
-  // the others not staged are declined (stage 2 reads them into memory: from a peer or the source).
+  // Called with each file this process declines to copy (no room under the bound for it, or a
+  // directory it cannot write): with the peer tier on, a home copy of this node that is then not
+  // coming (Peers::not_coming). The policy is the same with the tier on and off: the node's own
+  // next uses decide what it keeps, and a copy stage 2 fetched from a peer stays when they keep it.
   // Set before the first admit().
-  void set_copy_only(std::function<bool(uint64_t file)> copy_only) {
-    copy_only_ = std::move(copy_only);
+  void set_on_declined(std::function<void(uint64_t file)> on_declined) {
+    on_declined_ = std::move(on_declined);
   }
 
   uint64_t capacity() const noexcept { return capacity_; }  // 0: no bound
@@ -112,6 +114,8 @@ class StageCache {
   // Frees room for `need` bytes by evicting files whose key ranks them below `incoming_key`; false
   // (and nothing evicted) if that is not possible.
   bool make_room(uint64_t need, uint64_t incoming_key, Admission& stats);
+  // Position `k` of the batch is declined: its file is not copied (see set_on_declined()).
+  void decline(uint64_t file, size_t k, std::vector<size_t>& declined);
 
   const Catalog& catalog_;
   PlanOptions plan_;
@@ -135,7 +139,7 @@ class StageCache {
   std::set<std::pair<uint64_t, uint64_t>> tracked_;
   std::vector<std::vector<uint64_t>> pins_;  // the files of batch s in pins_[s % window]
   bool joined_ = false;  // this rank is listed in the node's table
-  std::function<bool(uint64_t)> copy_only_;  // see set_copy_only()
+  std::function<void(uint64_t)> on_declined_;  // see set_on_declined()
   std::atomic<uint64_t> used_shown_{0};
   std::atomic<uint64_t> peak_{0};
   void publish_usage();

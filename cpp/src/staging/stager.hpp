@@ -29,11 +29,11 @@ struct StageTask {
   const uint64_t* ids = nullptr;  // catalog file ids
   size_t count = 0;
   // Samples not staged (the stage directory declined them: no room without evicting files needed
-  // sooner, or not a home copy of this node while the peer tier is on; or it cannot be used), of
-  // those the pipeline chose (whole files and byte ranges, not array slices, up to a budget per
-  // batch): read into memory through Tiers::fetch_sample (a peer's home copy, else the source)
-  // instead, so that stage 3 does not read them through the PFS's latency itself. A read that
-  // fails leaves its item unread: stage 3 reads the sample again and reports the error. Null: none.
+  // sooner; or it cannot be used), of those the pipeline chose (whole files and byte ranges, not
+  // array slices, up to a budget per batch): read into memory through Tiers::fetch_sample (a
+  // peer's home copy, else the source) instead, so that stage 3 does not read them through the
+  // PFS's latency itself. A read that fails leaves its item unread: stage 3 reads the sample again
+  // and reports the error. Null: none.
   ReadAhead* read_ahead = nullptr;
   void (*done)(void* context) = nullptr;  // called once every file was dealt with
   void* context = nullptr;

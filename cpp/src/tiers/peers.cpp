@@ -165,6 +165,10 @@ Peers::Peers(const Catalog& catalog, const PlanOptions& plan, StageDirectory* st
     return;
   }
   node_of_ = transport_->nodes();
+  declined_ = std::make_unique<std::atomic<uint8_t>[]>(catalog.num_files());
+  for (uint64_t f = 0; f < catalog.num_files(); ++f) {
+    declined_[f].store(0, std::memory_order_relaxed);
+  }
   down_ = std::make_unique<std::atomic<uint8_t>[]>(node_of_.size());
   gone_ = std::make_unique<std::atomic<uint8_t>[]>(node_of_.size());
   for (size_t r = 0; r < node_of_.size(); ++r) {
@@ -193,6 +197,14 @@ void Peers::start_epoch(uint64_t epoch) {
     own_ = Ownership::compute(file_of, sizes, plan_, epoch, node_of_, transport_->values());
     ready_.store(true, std::memory_order_release);
   });
+}
+
+void Peers::not_coming(uint64_t file) noexcept {
+  if (declined_) declined_[file].store(1, std::memory_order_release);
+}
+
+bool Peers::not_here(uint64_t file) const {
+  return declined_[file].load(std::memory_order_acquire) != 0 || gone_from_node(file);
 }
 
 bool Peers::home_here(uint64_t file) const {
@@ -306,8 +318,9 @@ Peers::Fetched Peers::local(const Catalog::Locator& loc, std::vector<std::byte>&
       return Fetched::kLocal;
     }
     // The wait is for a home copy that is coming (the start epoch's first copy). One that was on
-    // the node and is gone (found corrupt, here or by a neighbour) is not: the source is read now.
-    if (gone_from_node(loc.file) || closing() ||
+    // the node and is gone (evicted, found corrupt), or that this process declined to copy, is
+    // not: the source is read now.
+    if (not_here(loc.file) || closing() ||
         std::chrono::steady_clock::now() >= until) {
       return Fetched::kNone;
     }
@@ -316,9 +329,9 @@ Peers::Fetched Peers::local(const Catalog::Locator& loc, std::vector<std::byte>&
 }
 
 bool Peers::gone_from_node(uint64_t file) const {
-  // Published once and no longer on disk (removed as corrupt: home copies are never evicted). A
-  // copy on disk that this process has not taken over yet (it may be waiting for its neighbour's
-  // lock on it) is coming.
+  // Published once and no longer on disk (evicted, or removed as corrupt). A copy on disk that
+  // this process has not taken over yet (it may be waiting for its neighbour's lock on it) is
+  // coming.
   NodeTable& node = stage_->node();
   return node.ever_published(file) && !node.on_disk(file);
 }
@@ -328,8 +341,9 @@ PeerAnswer Peers::serve(uint64_t file, std::vector<std::byte>& bytes, uint32_t& 
   if (stage_ == nullptr || file >= own_.home.size() || !home_here(file)) return PeerAnswer::kAbsent;
   stage_->take_over_published();  // a copy a neighbour on this node made
   if (!stage_->is_staged(file)) {
-    // Its copy is coming (e0), unless it was here and is gone (found corrupt): then none is.
-    return gone_from_node(file) ? PeerAnswer::kAbsent : PeerAnswer::kLater;
+    // Its copy is coming (e0), unless it was here and is gone (evicted, found corrupt) or this
+    // node declined it (no room under its own uses): then none is.
+    return not_here(file) ? PeerAnswer::kAbsent : PeerAnswer::kLater;
   }
   crc = stage_->staged_crc(file);
   if (stage_->unverified(file)) {

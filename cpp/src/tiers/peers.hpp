@@ -5,17 +5,23 @@
 //  - the owner of a file is the rank that first uses (a sample of) it in the job's start epoch e0:
 //    lowest batch index, then lowest rank, then position in the rank's batch (padding duplicates
 //    keep the first). Its node is the owner node.
-//  - each rank stages its slice of e0 from the source as without peers: the owner node's copy is the
-//    file's home copy. A node keeps its owned files in order of first use in e0 while they fit its
-//    home budget (its cache_bytes; none: all): the first file that does not fit and every later one
-//    are "beyond budget", read from the source at every use (and counted). Home copies are never
-//    evicted: only they are admitted to the stage directory while the tier is on.
+//  - each node's stage directory is run as with the tier off (staging/stage_cache.hpp: the node's
+//    own next uses decide what it keeps), so the tier never costs a node a local hit. The owner
+//    node's copy, made for its own first use in e0, is the file's home copy while the node keeps
+//    it. Other nodes ask the owner for the files it owns in order of first use in e0 while they fit
+//    its home budget (its cache_bytes; none: all): the first file that does not fit and every later
+//    one are "beyond budget", read from the source (and counted). A home copy its node never
+//    admitted (no room for it under the node's own uses: not_coming()) or has evicted is answered
+//    "absent" at once, and the asker reads the source.
 //  - later, a rank reads a sample from its node's stage directory if there, else (a home copy of
-//    another node) from that copy's owner rank over MPI into memory, else from the source; where
-//    a home copy exists, the read goes to it or to the source, whichever the source model
-//    (tiers/source_model.hpp, applied by Tiers::fetch_sample) expects to finish it first. A reply
-//    carries the size and the CRC-32C of the owner's stage index; a mismatch, no answer within
-//    peer_timeout, or a stopped peer means a read of the source (counted), never a wait beyond it.
+//    another node) from that copy's owner rank over MPI, else from the source: stage 2 copies it
+//    to the node's stage directory (Tiers::fetch_file) where the node's own policy admits it, so a
+//    fetched sample the node uses again is read locally next time; it reads it ahead into memory
+//    (fetch_sample) or stage 3 reads it (serve) where not. Where a home copy exists, the read goes
+//    to it or to the source, whichever the source model (tiers/source_model.hpp, applied by
+//    Tiers::fetch_home for every reader) expects to finish it first. A reply carries the size and
+//    the CRC-32C of the owner's stage index; a mismatch, no answer within peer_timeout, or a
+//    stopped peer means a read of the source (counted), never a wait beyond it.
 //  - a peer that said goodbye (its loader closed) or did not answer within peer_timeout (stalled,
 //    dead) is marked down: every later fetch of its files reads the source at once. So a dead peer
 //    costs each rank at most one peer_timeout (for the fetches under way when it stopped).
@@ -83,9 +89,14 @@ class Peers {
   // Fixes e0, the epoch ownership is computed from: the first epoch the loader starts. Later calls
   // are ignored. Must be called before the first batch is planned.
   void start_epoch(uint64_t epoch);
-  // Whether this node keeps a home copy of `file` (it may be staged here).
+  // Whether this node is to keep the home copy of `file` (its owner node, within the home budget).
   bool home_here(uint64_t file) const;
-  // Its home copy was on this node and is gone (found corrupt): none is coming. `stage` non-null.
+  // This process declined to copy `file` (stage 1: no room under the node's bound, or a directory
+  // it cannot write): a home copy of this node not staged now is not coming, so that neither a
+  // peer's request nor this node's own reads wait for it. Any thread.
+  void not_coming(uint64_t file) noexcept;
+  // Its home copy was on this node and is gone (evicted, found corrupt): none is coming. `stage`
+  // non-null.
   bool gone_from_node(uint64_t file) const;
   // Stage 2: sample `loc`'s bytes from its home copy into `out`: kPeer from its owner node, kLocal
   // from this node's stage directory (a home copy of this node that a neighbour, or this rank for an
@@ -141,6 +152,9 @@ class Peers {
   std::vector<uint64_t> node_of_;  // per rank
   std::unique_ptr<std::atomic<uint8_t>[]> down_;  // per rank: marked down
   std::unique_ptr<std::atomic<uint8_t>[]> gone_;  // per rank: said goodbye (also down)
+  std::unique_ptr<std::atomic<uint8_t>[]> declined_;  // per file: see not_coming()
+  // Not staged here, and none is coming: declined by this process, or gone from the node.
+  bool not_here(uint64_t file) const;
   double link_latency_s_ = 0, link_bytes_per_s_ = 0;  // PRESTAGE_PEER_LINK; 0: not emulated
   std::mutex link_mutex_;
   std::chrono::steady_clock::time_point link_free_;  // guarded by link_mutex_

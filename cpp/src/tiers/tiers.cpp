@@ -101,6 +101,14 @@ std::span<const std::byte> Tiers::read(uint64_t id, const std::vector<std::byte>
                                        TierTally* tally) {
   const uint64_t size = sample_size(id);
   check_size(id, size);
+  // A home copy the peer tier fetches lands in `buffer` too, not in the thread's scratch: the
+  // caller keeps the bytes while it reads its batch's next samples on this thread.
+  struct FetchInto {
+    TierScratch& scratch;
+    std::vector<std::byte>* before;
+    ~FetchInto() { scratch.fetch_into = before; }
+  } into{scratch, scratch.fetch_into};
+  scratch.fetch_into = &buffer;
   std::span<const std::byte> bytes;
   serve(id, Tier::kMemory, held, scratch, tally, Access::kBytes, [&](const SampleAt& at) -> uint64_t {
     if (at.in_memory()) {
@@ -138,37 +146,55 @@ void Tiers::fetch_file(uint64_t file, std::vector<std::byte>& buffer, int64_t& m
                        TierTally* tally) {
   std::string path;
   const int64_t start = trace_ != nullptr ? trace_->now_ns() : 0;
-  const FileRef source = source_file(catalog_, source_path(file, path));
   const uint64_t size = catalog_.file_size(file);
   const int64_t mtime = catalog_.file_mtime(file);
-  TimedRead timed(model_.get(), SourceModel::kPfs, size == Catalog::kUnknownSize ? 0 : size, false);
-  if (size != Catalog::kUnknownSize && mtime != Catalog::kUnknownMtime) {
-    // One open and one read, no stat: a file of another size than the catalog's is an IoError (not
-    // staged, stage 3 reads it and reports it). The copy is recorded with the catalog's modification
-    // time, which the source is not asked for: a rewrite that keeps the size is not seen here, as
-    // it is not by a direct read.
-    buffer.resize(size);
-    stalled_if_timed_out(file, [&] { read_file_exact(source, buffer); });
+  const bool known = size != Catalog::kUnknownSize && mtime != Catalog::kUnknownMtime;
+  // A file whose size the catalog records may come from its home copy on another node (checked
+  // against the size and the owner's CRC-32C), recorded with the catalog's modification time as a
+  // read of the source is; a catalog without one checks none (a later catalog that records one
+  // finds it differs, and copies the file again). Not this node's own home copy: stage 2 is the one
+  // making it.
+  bool pfs_chosen = false;
+  Catalog::Locator whole;
+  whole.file = file;
+  const Tier tier = size != Catalog::kUnknownSize
+                        ? fetch_home(whole, size, buffer, pfs_chosen, Home::kOtherNode)
+                        : Tier::kSource;
+  if (tier != Tier::kSource) {
     mtime_ns = mtime;
   } else {
-    stalled_if_timed_out(file, [&] { read_file(source, buffer, &mtime_ns); });
+    const FileRef source = source_file(catalog_, source_path(file, path));
+    TimedRead timed(model_.get(), SourceModel::kPfs, size == Catalog::kUnknownSize ? 0 : size,
+                    pfs_chosen);
+    if (known) {
+      // One open and one read, no stat: a file of another size than the catalog's is an IoError
+      // (not staged, stage 3 reads it and reports it). The copy is recorded with the catalog's
+      // modification time, which the source is not asked for: a rewrite that keeps the size is not
+      // seen here, as it is not by a direct read.
+      buffer.resize(size);
+      stalled_if_timed_out(file, [&] { read_file_exact(source, buffer); });
+      mtime_ns = mtime;
+    } else {
+      stalled_if_timed_out(file, [&] { read_file(source, buffer, &mtime_ns); });
+    }
+    timed.end(size != Catalog::kUnknownSize);
   }
-  timed.end(size != Catalog::kUnknownSize);
   if (trace_ != nullptr) {
-    trace_->add(IoTrace::kNoSample, file, 0, buffer.size(), start,
-                static_cast<uint8_t>(Tier::kSource), TraceKind::kCopy);
+    trace_->add(IoTrace::kNoSample, file, 0, buffer.size(), start, static_cast<uint8_t>(tier),
+                TraceKind::kCopy);
   }
-  fetched_.add(Tier::kSource, buffer.size());
-  if (tally != nullptr) tally->add(Tier::kSource, buffer.size());
+  fetched_.add(tier, buffer.size());
+  if (tally != nullptr) tally->add(tier, buffer.size());
 }
 
 Tier Tiers::fetch_home(const Catalog::Locator& loc, uint64_t sample_bytes,
-                       std::vector<std::byte>& buffer, bool& pfs_chosen) {
+                       std::vector<std::byte>& buffer, bool& pfs_chosen, Home where) {
   pfs_chosen = false;
   if (peers_ == nullptr) return Tier::kSource;
   Peers::Fetched fetched = Peers::Fetched::kNone;
   uint64_t owner = 0;
   const Peers::Fetched home = model_ != nullptr ? peers_->home(loc, owner) : Peers::Fetched::kNone;
+  if (where == Home::kOtherNode && home != Peers::Fetched::kPeer) return Tier::kSource;
   // A rank marked down is skipped (fetch() reads nothing from it, and counts it) whatever the link
   // to its node is worth: the model's estimates are per node, a rank's death is not.
   if (home == Peers::Fetched::kNone || peers_->down(owner)) {

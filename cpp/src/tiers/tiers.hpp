@@ -8,7 +8,8 @@
 //  - stage 2's read-ahead (fetch_sample()): the sample's home copy through the peer tier
 //    (tiers/peers.hpp: from the owner node over MPI, or from this node's stage directory), or the
 //    source: whichever the source model (tiers/source_model.hpp) expects to finish the read first;
-//  - stage 2's copies (fetch_file()): the source.
+//  - stage 2's copies (fetch_file()): a home copy on another node through the peer tier, or the
+//    source, chosen as for the read-ahead.
 // Stages 2 and 3 read samples through this unit alone (but for stage 2's check of an earlier run's
 // copies, StageDirectory::verify), so that a new tier changes it and nothing in stages 1 and 3.
 #pragma once
@@ -151,7 +152,8 @@ class Tiers {
   Tier serve(uint64_t id, Tier from, const std::vector<std::byte>* held, TierScratch& scratch,
              TierTally* tally, Access access, const Use& use);
 
-  // Stage 3: sample `id`'s bytes, from `held` or read into `buffer` (resized to fit), counted
+  // Stage 3: sample `id`'s bytes, from `held` or read (or fetched from a peer) into `buffer`
+  // (resized to fit; the bytes stay valid while it is not changed), counted
   // as serve() says (null: a look at the set, not a read of an epoch's sample). Refuses a sample
   // over the size limit. The sample's source path is left in scratch.source.
   std::span<const std::byte> read(uint64_t id, const std::vector<std::byte>* held,
@@ -165,7 +167,11 @@ class Tiers {
 
   // Stage 2, for its copies: the whole of catalog file `file`, from the tiers below the stage
   // directory, into `buffer` (resized to fit); `mtime_ns` gets the source's modification time.
-  // Counted in fetched() and in `tally`, if given (also a read whose bytes are then not staged).
+  // With the peer tier on, a file the catalog records the size of comes from its home copy on
+  // another node (checked against the size and the owner's CRC-32C) or from the source, whichever
+  // the source model expects to finish first, as fetch_sample() chooses (the copy is then recorded
+  // with the catalog's modification time, kUnknownMtime if none). Counted, by the tier that
+  // served, in fetched() and in `tally`, if given (also a read whose bytes are then not staged).
   void fetch_file(uint64_t file, std::vector<std::byte>& buffer, int64_t& mtime_ns,
                   TierTally* tally = nullptr);
   // Stage 2, for its read-ahead: sample `id`'s bytes from the tiers below the stage directory (a
@@ -196,8 +202,11 @@ class Tiers {
   // tier into `buffer`, or from wherever the source model expects the read to finish first:
   // kPeer, kStage (this node's home copy, published late), or kSource (none fetched: the caller
   // reads the source; `pfs_chosen` says the model chose it over a home copy and queued the read).
+  // kOtherNode: only a home copy on another node is asked for (stage 2's copies: this node's own
+  // home copy is the one being made), and nothing is counted for a file without one.
+  enum class Home : uint8_t { kAny, kOtherNode };
   Tier fetch_home(const Catalog::Locator& loc, uint64_t sample_bytes, std::vector<std::byte>& buffer,
-                  bool& pfs_chosen);
+                  bool& pfs_chosen, Home where = Home::kAny);
   // The model's queued read of the source (fetch_home's pfs_chosen) ended unlearned from.
   void pfs_unqueued(uint64_t bytes);
 

@@ -5,20 +5,22 @@ For W = nodes x ranks-per-node ranks, it lays out each epoch exactly as the plan
 the layout against ``prestage.plan.epoch_batches``) and follows every use of every sample through two
 policies, each node holding B = cache fraction x set bytes / nodes:
 
-with peers (the peer tier's rule)
-    The owner of a sample is the rank that first uses it in the start epoch e0 (lowest batch, then
-    lowest rank, then position in the batch: padding duplicates keep the first); its node is the owner
-    node. That first use is a read of the PFS, and the copy is the owner node's home copy while the
-    node's owned samples, in order of first use, fit B (the first that does not and every later one are
-    "beyond budget", read from the PFS at every use). Home copies are never evicted. Every other use (a
-    later epoch, or a padding duplicate in e0) is served by the user's own node if it holds the home
-    copy, else by the owner node over the interconnect (peer bytes: sent by the owner node, received by
-    the user's), else by the PFS.
 without peers (prestage without the tier)
     Each node's stage directory is bounded to B and managed by Belady's rule with bypass over the node's
     own stream (as the clairvoyant eviction does, seeing every simulated epoch): on a miss that does not
     fit, the samples used farthest in the future are evicted if they are used later than the incoming
-    one, else the incoming one is read without being kept. Every miss is a read of the PFS.
+    one, else the incoming one is read without being kept; a sample the node does not use again is kept
+    only in room that is free, the first to go. Every miss is a read of the PFS.
+with peers (the library's rule: tiers/peers.hpp, staging/stage_cache.hpp)
+    Each node's stage directory is run exactly as without peers, so its hits are the same. The owner of
+    a sample is the rank that first uses it in the start epoch e0 (lowest batch, then lowest rank, then
+    position in the batch: padding duplicates keep the first); its node is the owner node, and the
+    sample is within its home budget while the node's owned samples, in order of first use, fit B (the
+    first that does not and every later one are "beyond budget"). A miss of a sample within budget is
+    served by the owner node over the interconnect (peer bytes: sent by the owner node, received by the
+    user's) if the owner node's directory held it from an earlier global batch until after this one
+    (its copy, made for its own use, not yet evicted), else by the PFS; the copy fetched stays on the
+    user's node as its own rule says.
 
 A node's stream is its ranks' uses in plan order: global batch, then rank, then position in the batch
 (ranks run concurrently, so within a global batch the real order is interleaved; the simulation
@@ -28,7 +30,8 @@ bandwidth it gives the time an epoch's I/O needs at least, bound by each, and wh
 with peers, each read to the faster source (the tier's rule, tiers/source_model.hpp)
     A use served by another node's home copy goes there or to the PFS, whichever is expected to
     finish it first, the reads queued at each counted: over an epoch that levels the busiest link's
-    time and the PFS's (``chosen_seconds``). The time per epoch with the tier on is that level.
+    time and the PFS's (``chosen_seconds``). The time per epoch with the tier on is that level: never
+    more than the tier off's, whose PFS reads are those of the tier on plus its peer reads.
 """
 
 from __future__ import annotations
@@ -133,10 +136,14 @@ def epoch_layout(order: np.ndarray, world_size: int, batch_size: int) -> tuple[n
     return samples, within // size_of_batch
 
 
-def _belady_hits(samples: List[int], next_use: List[int], sizes: List[int], capacity: int) -> bytearray:
+def _belady_hits(samples: List[int], next_use: List[int], sizes: List[int], capacity: int,
+                 stays: Optional[List[tuple[int, int, int]]] = None) -> bytearray:
     """Per use, 1 if Belady's rule with bypass (byte capacity) finds the sample kept. ``next_use[i]``: the
-    index of the sample's next use, or ``len(samples)`` if none."""
+    index of the sample's next use, or ``len(samples)`` if none (kept only in room that is free: the
+    first to go). With ``stays``, every stay of a sample in the directory is appended to it as (sample,
+    index of the use that admitted it, index of the use that evicted it or ``len(samples)``)."""
     hits = bytearray(len(samples))
+    admitted: Dict[int, int] = {}
     kept: Dict[int, int] = {}  # sample -> its next use
     heap: List[tuple[int, int]] = []  # (-next use, sample); stale entries are skipped when met
     used = 0
@@ -168,10 +175,16 @@ def _belady_hits(samples: List[int], next_use: List[int], sizes: List[int], capa
                 continue
             for _, v in victims:
                 del kept[v]
+                if stays is not None:
+                    stays.append((v, admitted.pop(v), i))
             used -= freed
         kept[s] = nxt
         used += size
         heapq.heappush(heap, (-nxt, s))
+        if stays is not None:
+            admitted[s] = i
+    if stays is not None:
+        stays.extend((s, at, len(samples)) for s, at in admitted.items())
     return hits
 
 
@@ -194,6 +207,10 @@ class _Streams:
         self.owner_rank[samples[:config.num_samples]] = ranks[:config.num_samples]
         by_node = np.argsort(node, kind="stable")  # plan order kept within each node
         self.samples, self.node, self.epoch = samples[by_node], node[by_node], epoch[by_node]
+        # Per use, its global batch counted across epochs: when a node's copy is there for another.
+        positions = np.tile(np.arange(self.uses_per_epoch), len(orders))
+        batch = positions // (config.batch_size * world)
+        self.time = (epoch * (int(batch.max()) + 1) + batch)[by_node]
         self.first = self.first_in_e0[by_node]
         self.bounds = np.searchsorted(self.node, np.arange(nodes + 1))
         key = self.node * config.num_samples + self.samples
@@ -203,10 +220,11 @@ class _Streams:
         self.next_use[same[:-1][repeat]] = same[1:][repeat]
 
 
-def _with_peers(st: _Streams, sizes: np.ndarray, budget: int, config: Config) -> Dict[str, Any]:
-    epochs, n = config.epochs, st.nodes
+def _home(st: _Streams, sizes: np.ndarray, budget: int, config: Config) -> np.ndarray:
+    """Per sample: within its owner node's home budget (the node's owned samples in order of first use
+    in e0, while they fit)."""
+    n = st.nodes
     owner_node = st.owner_rank // config.ranks_per_node
-    # Home copies: per owner node, its samples in order of first use, while they fit the budget.
     first_pos = np.empty(config.num_samples, dtype=np.int64)
     first_pos[st.samples[st.first]] = np.flatnonzero(st.first)  # node-sorted index keeps plan order
     by_owner = np.lexsort((first_pos, owner_node))
@@ -215,33 +233,62 @@ def _with_peers(st: _Streams, sizes: np.ndarray, budget: int, config: Config) ->
     before = np.concatenate(([0], cum))[start]
     home = np.empty(config.num_samples, dtype=bool)
     home[by_owner] = cum - np.repeat(before, np.diff(np.append(start, by_owner.size))) <= budget
+    return home
 
-    s, user, ep = st.samples, st.node, st.epoch
-    size, is_home, owner = sizes[s], home[s], owner_node[s]
-    pfs = st.first | ~is_home
-    peer = ~pfs & (owner != user)
-    local = ~pfs & (owner == user)
+
+def _walk(st: _Streams, sizes: np.ndarray, budget: int,
+          on_uses: Optional[Callable[[int], None]] = None) -> tuple[np.ndarray, Dict[int, List[tuple[int, int, int]]]]:
+    """Every node's stage directory under Belady's rule over its own stream (with the tier on or off:
+    the library runs it the same way). Per use, whether it is a hit; per sample, its stays on each node
+    as (node, global batch admitted, global batch evicted or ``_NEVER``)."""
+    size_list = sizes.tolist()
+    hits = np.empty(st.samples.size, dtype=bool)
+    holders: Dict[int, List[tuple[int, int, int]]] = {}
+    for node in range(st.nodes):
+        lo, hi = st.bounds[node], st.bounds[node + 1]
+        stays: List[tuple[int, int, int]] = []
+        hits[lo:hi] = np.frombuffer(_belady_hits(st.samples[lo:hi].tolist(), (st.next_use[lo:hi] - lo).tolist(),
+                                                 size_list, budget, stays), dtype=np.uint8)
+        times = st.time[lo:hi].tolist()
+        end = hi - lo
+        for s, admitted, evicted in stays:
+            holders.setdefault(s, []).append((node, times[admitted], times[evicted] if evicted < end else _NEVER))
+        if on_uses is not None:
+            on_uses(int(hi - lo))
+    return hits, holders
+
+
+_NEVER = 1 << 62  # a stay that lasts past the last use
+
+
+def _with_peers(st: _Streams, sizes: np.ndarray, budget: int, config: Config,
+                walk: tuple[np.ndarray, Dict[int, List[tuple[int, int, int]]]]) -> Dict[str, Any]:
+    epochs, n = config.epochs, st.nodes
+    owner_node = st.owner_rank // config.ranks_per_node
+    home = _home(st, sizes, budget, config)
+    hits, holders = walk
+    pfs = np.zeros(epochs)
+    local = np.zeros(epochs)
     sent = np.zeros((epochs, n))
     received = np.zeros((epochs, n))
-    np.add.at(sent, (ep[peer], owner[peer]), size[peer])
-    np.add.at(received, (ep[peer], user[peer]), size[peer])
-    return {"pfs_bytes": np.bincount(ep[pfs], size[pfs], epochs).tolist(),
-            "local_bytes": np.bincount(ep[local], size[local], epochs).tolist(),
+    np.add.at(local, st.epoch[hits], sizes[st.samples[hits]])
+    for m in np.flatnonzero(~hits).tolist():
+        s, user, e, now = int(st.samples[m]), int(st.node[m]), int(st.epoch[m]), int(st.time[m])
+        owner = int(owner_node[s])
+        served = home[s] and owner != user and any(
+            node == owner and admitted < now < evicted for node, admitted, evicted in holders.get(s, ()))
+        if served:
+            sent[e, owner] += sizes[s]
+            received[e, user] += sizes[s]
+        else:
+            pfs[e] += sizes[s]
+    return {"pfs_bytes": pfs.tolist(), "local_bytes": local.tolist(),
             "peer_sent": sent.tolist(), "peer_received": received.tolist(),
             "beyond_budget_samples": int((~home).sum()),
             "beyond_budget_bytes": int(sizes[~home].sum())}
 
 
-def _without_peers(st: _Streams, sizes: np.ndarray, budget: int, config: Config,
-                   on_uses: Optional[Callable[[int], None]] = None) -> Dict[str, Any]:
-    size_list = sizes.tolist()
-    hits = np.empty(st.samples.size, dtype=bool)
-    for node in range(st.nodes):
-        lo, hi = st.bounds[node], st.bounds[node + 1]
-        hits[lo:hi] = np.frombuffer(_belady_hits(st.samples[lo:hi].tolist(), (st.next_use[lo:hi] - lo).tolist(),
-                                                 size_list, budget), dtype=np.uint8)
-        if on_uses is not None:
-            on_uses(int(hi - lo))
+def _without_peers(st: _Streams, sizes: np.ndarray, config: Config, hits: np.ndarray) -> Dict[str, Any]:
     miss = ~hits
     return {"pfs_bytes": np.bincount(st.epoch[miss], sizes[st.samples[miss]], config.epochs).tolist()}
 
@@ -329,8 +376,9 @@ def simulate_one(orders: Sequence[np.ndarray], sizes: np.ndarray, nodes: int, ca
     out = []
     for cache in caches:
         budget = int(cache * set_bytes / nodes)
-        out.append(_summary(nodes, cache, budget, set_bytes, _with_peers(st, sizes, budget, config),
-                            _without_peers(st, sizes, budget, config, on_uses), config))
+        walk = _walk(st, sizes, budget, on_uses)
+        out.append(_summary(nodes, cache, budget, set_bytes, _with_peers(st, sizes, budget, config, walk),
+                            _without_peers(st, sizes, config, walk[0]), config))
     return out
 
 

@@ -1,9 +1,10 @@
 """prestage simulate: the peer tier at scale, from the plan alone (no data, no MPI).
 
 For each node count and aggregate cache size (a fraction of the set, split evenly over the nodes) it
-follows every sample use of --epochs epochs of the real plan through two policies: with the peer tier
-(home copies on the owner node, fetched over the interconnect by the others) and without it (each node's
-stage directory under Belady's rule over its own stream, every miss a PFS read). Per row: PFS bytes per
+follows every sample use of --epochs epochs of the real plan through two policies: without the peer tier
+(each node's stage directory under Belady's rule over its own stream, every miss a PFS read) and with it
+(the same directories; a miss is fetched over the interconnect from the sample's owner node while that
+node holds it, else read from the PFS). Per row: PFS bytes per
 epoch with and without peers, peer bytes per node, the imbalance of peer traffic between nodes
 (max/mean), and the I/O time an epoch needs at least on the PFS (--pfs-gbs, aggregate) and on the
 busiest node's link (--link-gbs, each direction), and which binds; and the time with the tier's
