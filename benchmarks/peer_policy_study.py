@@ -32,7 +32,6 @@ early), which costs an answer "absent" and a PFS read.
 from __future__ import annotations
 
 import argparse
-import heapq
 import json
 import sys
 from pathlib import Path
@@ -43,8 +42,7 @@ import numpy as np
 from prestage.bench import simulate as sim
 from prestage.plan import epoch_order
 
-_PAST_EVERY_USE = 1 << 62  # a home copy's key when the node does not use it again: evicted first
-_NEVER = _PAST_EVERY_USE + 1  # not used again and not a home copy: bypassed
+_NEVER = 1 << 62  # the batch at which a sample still staying at the end is evicted
 
 
 def own_first_residency(samples: List[int], next_use: List[int], times: List[int], sizes: List[int],
@@ -52,52 +50,17 @@ def own_first_residency(samples: List[int], next_use: List[int], times: List[int
     """One node's stream under *own first*. ``next_use[i]``: index of the sample's next use in this
     stream, or ``len(samples)``; ``times[i]``: the use's global batch (across epochs); ``home[s]``:
     this node owns s. Returns, per use, 1 for a hit, and every stay of a sample in the directory as
-    (sample, global batch admitted, global batch evicted or ``_NEVER``)."""
-    hits = bytearray(len(samples))
-    kept: Dict[int, Tuple[int, int]] = {}  # sample -> (key, batch admitted)
-    heap: List[Tuple[int, int]] = []  # (-key, sample); stale entries are skipped when met
-    used = 0
-    stays: List[Tuple[int, int, int]] = []
+    (sample, global batch admitted, global batch evicted or ``_NEVER``).
+
+    Belady's rule over the node's own uses (``simulate._belady_hits``): a home copy the node does not
+    use again is kept in free room only, first to go; any other sample not used again is bypassed."""
     end = len(samples)
-    for i, s in enumerate(samples):
-        now = times[i]
-        nxt = next_use[i]
-        key = nxt if nxt < end else (_PAST_EVERY_USE if home[s] else _NEVER)
-        if s in kept:
-            hits[i] = 1
-            kept[s] = (key, kept[s][1])
-            heapq.heappush(heap, (-key, s))
-            continue
-        if key == _NEVER:
-            continue
-        size = sizes[s]
-        if used + size > capacity:
-            if size > capacity:
-                continue
-            victims: List[Tuple[int, int]] = []
-            freed = 0
-            while heap and used - freed + size > capacity:
-                k, v = heap[0]
-                if v not in kept or kept[v][0] != -k:
-                    heapq.heappop(heap)
-                    continue
-                if -k <= key:  # only a sample needed later than this one is worth giving up
-                    break
-                victims.append(heapq.heappop(heap))
-                freed += sizes[v]
-            if used - freed + size > capacity:
-                for entry in victims:
-                    heapq.heappush(heap, entry)
-                continue
-            for _, v in victims:
-                stays.append((v, kept[v][1], now))
-                del kept[v]
-            used -= freed
-        kept[s] = (key, now)
-        used += size
-        heapq.heappush(heap, (-key, s))
-    stays.extend((s, admitted, _NEVER) for s, (_, admitted) in kept.items())
-    return hits, stays
+    # Not used again (any next use at or past `end`): a home copy's key is `end` (free room only),
+    # another sample's is past it (first to go, if a hit finds it kept) and it is not admitted.
+    keys = [n if n < end else end if home[s] else end + 1 for s, n in zip(samples, next_use)]
+    stays: List[Tuple[int, int, int]] = []
+    hits = sim._belady_hits(samples, keys, sizes, capacity, stays, admit=[k <= end for k in keys])
+    return hits, [(s, times[a], times[e] if e < end else _NEVER) for s, a, e in stays]
 
 
 def home_copies(st: Any, sizes: np.ndarray, budget: int, config: sim.Config) -> Dict[str, Any]:

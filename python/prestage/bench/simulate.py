@@ -137,22 +137,26 @@ def epoch_layout(order: np.ndarray, world_size: int, batch_size: int) -> tuple[n
 
 
 def _belady_hits(samples: List[int], next_use: List[int], sizes: List[int], capacity: int,
-                 stays: Optional[List[tuple[int, int, int]]] = None) -> bytearray:
+                 stays: Optional[List[tuple[int, int, int]]] = None,
+                 admit: Optional[List[bool]] = None) -> bytearray:
     """Per use, 1 if Belady's rule with bypass (byte capacity) finds the sample kept. ``next_use[i]``: the
     index of the sample's next use, or ``len(samples)`` if none (kept only in room that is free: the
-    first to go). With ``stays``, every stay of a sample in the directory is appended to it as (sample,
+    first to go). ``admit[i]`` False: a miss at use i is not admitted (bypassed). With ``stays``, every stay of a sample in the directory is appended to it as (sample,
     index of the use that admitted it, index of the use that evicted it or ``len(samples)``)."""
     hits = bytearray(len(samples))
     admitted: Dict[int, int] = {}
     kept: Dict[int, int] = {}  # sample -> its next use
     heap: List[tuple[int, int]] = []  # (-next use, sample); stale entries are skipped when met
     used = 0
+    end = len(samples)
     for i, s in enumerate(samples):
         nxt = next_use[i]
         if s in kept:
             hits[i] = 1
             kept[s] = nxt
             heapq.heappush(heap, (-nxt, s))
+            continue
+        if admit is not None and not admit[i]:
             continue
         size = sizes[s]
         if used + size > capacity:
@@ -184,7 +188,7 @@ def _belady_hits(samples: List[int], next_use: List[int], sizes: List[int], capa
         if stays is not None:
             admitted[s] = i
     if stays is not None:
-        stays.extend((s, at, len(samples)) for s, at in admitted.items())
+        stays.extend((s, at, end) for s, at in admitted.items())
     return hits
 
 
