@@ -426,27 +426,21 @@ int nvjpegDecodeBatchedEx(struct handle* handle, struct state* state, const unsi
 
 /* --- controls for the tests --- */
 
+static void set_ns(uint64_t* to, uint64_t ns) {
+  pthread_mutex_lock(&mutex);
+  *to = ns;
+  pthread_mutex_unlock(&mutex);
+}
+
 /* Each image of a batched decode takes `ns` of the stream's virtual time (fake_cudart.c's clock,
  * which cudaEventElapsedTime measures); 0, the default: none. */
-void fake_nvjpeg_image_ns(uint64_t ns) {
-  pthread_mutex_lock(&mutex);
-  image_ns = ns;
-  pthread_mutex_unlock(&mutex);
-}
-
-/* A state's first nvjpegDecodeBatchedEx takes `ns` more of the stream's virtual time. */
-void fake_nvjpeg_first_roi_ns(uint64_t ns) {
-  pthread_mutex_lock(&mutex);
-  first_roi_ns = ns;
-  pthread_mutex_unlock(&mutex);
-}
+void fake_nvjpeg_image_ns(uint64_t ns) { set_ns(&image_ns, ns); }
 
 /* The same for an image of which nvjpegDecodeBatchedEx decodes only a region. */
-void fake_nvjpeg_roi_image_ns(uint64_t ns) {
-  pthread_mutex_lock(&mutex);
-  roi_image_ns = ns;
-  pthread_mutex_unlock(&mutex);
-}
+void fake_nvjpeg_roi_image_ns(uint64_t ns) { set_ns(&roi_image_ns, ns); }
+
+/* A state's first nvjpegDecodeBatchedEx takes `ns` more of the stream's virtual time. */
+void fake_nvjpeg_first_roi_ns(uint64_t ns) { set_ns(&first_roi_ns, ns); }
 
 /* Copies up to `max` regions (x, y, width, height) decoded by nvjpegDecodeBatchedEx since configure;
  * returns how many. */
