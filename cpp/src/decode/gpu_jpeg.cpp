@@ -475,6 +475,16 @@ struct ResizeSource {
   gpu::NppRect window;
 };
 
+// Every image of the device batch: its width, height and bytes per row.
+struct Output {
+  int width, height, step;
+};
+
+Output output_of(ImageSize size) {
+  const int width = static_cast<int>(size.width);
+  return {width, static_cast<int>(size.height), width * static_cast<int>(kRgbBytes)};
+}
+
 ResizeSource resize_source(const CropBox& box, int width, int height, bool cropped) {
   if (cropped) return {{box.width, box.height}, {0, 0, box.width, box.height}};
   return {{width, height}, {box.left, box.top, box.width, box.height}};
@@ -484,9 +494,7 @@ ResizeSource resize_source(const CropBox& box, int width, int height, bool cropp
 
 void GpuJpegDecoder::resize_each(std::span<const GpuRoute> routes, std::byte* output) {
   const Plan& plan = *plan_;
-  const int out_w = static_cast<int>(options_.size.width);
-  const int out_h = static_cast<int>(options_.size.height);
-  const int out_step = out_w * static_cast<int>(kRgbBytes);
+  const Output out = output_of(options_.size);
   for (size_t i = 0; i < routes.size(); ++i) {
     if (routes[i] != GpuRoute::kHardware && routes[i] != GpuRoute::kGpu) continue;
     const CropBox& box = plan.boxes[i];
@@ -496,9 +504,9 @@ void GpuJpegDecoder::resize_each(std::span<const GpuRoute> routes, std::byte* ou
         resize_source(box, plan.widths[i], plan.heights[i], plan.cropped[i] != 0);
     const int status = lib_.npp_resize_8u_c3r(
         reinterpret_cast<const uint8_t*>(decoded_ + plan.decoded_offsets[i]),
-        from.size.width * static_cast<int>(kRgbBytes), from.size, from.window, resized, out_step,
-        gpu::NppSize{out_w, out_h}, gpu::NppRect{0, 0, out_w, out_h},
-        interpolation_for(box, out_w, out_h), npp_);
+        from.size.width * static_cast<int>(kRgbBytes), from.size, from.window, resized, out.step,
+        gpu::NppSize{out.width, out.height}, gpu::NppRect{0, 0, out.width, out.height},
+        interpolation_for(box, out.width, out.height), npp_);
     ++counters_.resize_calls;
     if (status < 0) {
       throw GpuError("GPU decode: nppiResize_8u_C3R_Ctx failed: NppStatus " +
@@ -511,9 +519,7 @@ void GpuJpegDecoder::resize_each(std::span<const GpuRoute> routes, std::byte* ou
 void GpuJpegDecoder::resize_batched(std::span<const GpuRoute> routes, std::byte* output) {
   const Plan& plan = *plan_;
   const size_t max = options_.max_batch;
-  const int out_w = static_cast<int>(options_.size.width);
-  const int out_h = static_cast<int>(options_.size.height);
-  const int out_step = out_w * static_cast<int>(kRgbBytes);
+  const Output out = output_of(options_.size);
   // Three arrays of max_batch each, in the pinned buffer and alike on the device; the images of
   // one interpolation are contiguous in each (area averaging first, then bilinear).
   auto* sources = reinterpret_cast<gpu::NppImageDescriptor*>(resize_args_host_);
@@ -525,15 +531,15 @@ void GpuJpegDecoder::resize_batched(std::span<const GpuRoute> routes, std::byte*
     for (size_t i = 0; i < routes.size(); ++i) {
       if (routes[i] != GpuRoute::kHardware && routes[i] != GpuRoute::kGpu) continue;
       const CropBox& box = plan.boxes[i];
-      if (interpolation_for(box, out_w, out_h) != interpolation) continue;
+      if (interpolation_for(box, out.width, out.height) != interpolation) continue;
       const ResizeSource from =
           resize_source(box, plan.widths[i], plan.heights[i], plan.cropped[i] != 0);
       const size_t at = count[0] + count[1];
       sources[at] = {decoded_ + plan.decoded_offsets[i],
                      from.size.width * static_cast<int>(kRgbBytes), from.size};
-      destinations[at] = {(box.flip ? flips_ : output) + i * sample_bytes_, out_step,
-                          gpu::NppSize{out_w, out_h}};
-      rois[at] = {from.window, gpu::NppRect{0, 0, out_w, out_h}};
+      destinations[at] = {(box.flip ? flips_ : output) + i * sample_bytes_, out.step,
+                          gpu::NppSize{out.width, out.height}};
+      rois[at] = {from.window, gpu::NppRect{0, 0, out.width, out.height}};
       ++count[pass];
     }
   }
@@ -548,9 +554,9 @@ void GpuJpegDecoder::resize_batched(std::span<const GpuRoute> routes, std::byte*
   for (int pass = 0; pass < 2; ++pass) {
     if (count[pass] == 0) continue;
     const int status = lib_.npp_resize_batch_8u_c3r_advanced(
-        out_w, out_h, device_sources + first, device_destinations + first, device_rois + first,
-        static_cast<unsigned>(count[pass]), pass == 0 ? kNppInterSuper : gpu::kNppInterLinear,
-        npp_);
+        out.width, out.height, device_sources + first, device_destinations + first,
+        device_rois + first, static_cast<unsigned>(count[pass]),
+        pass == 0 ? kNppInterSuper : gpu::kNppInterLinear, npp_);
     ++counters_.resize_calls;
     if (status < 0) {
       throw GpuError("GPU decode: nppiResizeBatch_8u_C3R_Advanced_Ctx failed: NppStatus " +
@@ -566,12 +572,10 @@ void GpuJpegDecoder::resize_batched(std::span<const GpuRoute> routes, std::byte*
 }
 
 void GpuJpegDecoder::mirror(const uint8_t* resized, std::byte* dst) {
-  const int out_w = static_cast<int>(options_.size.width);
-  const int out_h = static_cast<int>(options_.size.height);
-  const int out_step = out_w * static_cast<int>(kRgbBytes);
+  const Output out = output_of(options_.size);
   const int status =
-      lib_.npp_mirror_8u_c3r(resized, out_step, reinterpret_cast<uint8_t*>(dst), out_step,
-                             gpu::NppSize{out_w, out_h}, gpu::kNppVerticalAxis, npp_);
+      lib_.npp_mirror_8u_c3r(resized, out.step, reinterpret_cast<uint8_t*>(dst), out.step,
+                             gpu::NppSize{out.width, out.height}, gpu::kNppVerticalAxis, npp_);
   if (status < 0) {
     throw GpuError("GPU decode: nppiMirror_8u_C3R_Ctx failed: NppStatus " +
                    std::to_string(status));
