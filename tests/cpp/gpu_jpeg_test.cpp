@@ -343,22 +343,6 @@ TEST_CASE("gpu jpeg: the batched resize gives the pixels of one call per image i
   }
 }
 
-TEST_CASE("gpu jpeg: the batched resize failing is a GpuError; the decoder stays usable") {
-  Fakes fakes(7);
-  Batch batch = mixed_sizes(6);
-  auto o = options(8, Transform::kRandomResizedCrop);
-  o.batched_resize = true;
-  GpuJpegDecoder decoder(fake_libraries(), o);
-  std::vector<GpuRoute> routes;
-  std::vector<std::exception_ptr> errors;
-  fakes.npp_fail("nppiResizeBatch_8u_C3R_Advanced_Ctx", 1, -6);
-  CHECK_THROWS_AS(decoder.decode(batch.make(0), 0, routes, errors), GpuError);
-  fakes.npp_fail("", 0, 0);
-  decoder.decode(batch.make(0), 0, routes, errors);
-  CHECK(routes == std::vector<GpuRoute>(6, GpuRoute::kHardware));
-  CHECK(errors == std::vector<std::exception_ptr>(6));
-}
-
 TEST_CASE("gpu jpeg: baseline to the hardware engine, progressive to the default backend, CMYK and "
           "4:1:1 to the CPU, in one batch each") {
   Fakes fakes(7);
@@ -618,6 +602,20 @@ TEST_CASE("gpu jpeg: a call failing mid-batch is a GpuError; everything is still
     fakes.npp_fail("", 0, 0);
     decoder.decode(batch.make(0), 0, routes, errors);
     CHECK(routes == std::vector<GpuRoute>(6, GpuRoute::kHardware));
+  }
+  SUBCASE("NPP batched resize") {
+    auto o = options(8, Transform::kRandomResizedCrop);
+    o.batched_resize = true;
+    GpuJpegDecoder decoder(fake_libraries(), o);
+    std::vector<GpuRoute> routes;
+    std::vector<std::exception_ptr> errors;
+    fakes.npp_fail("nppiResizeBatch_8u_C3R_Advanced_Ctx", 1, -6);
+    CHECK_THROWS_AS(decoder.decode(batch.make(0), 0, routes, errors), GpuError);
+    // The decoder stays usable.
+    fakes.npp_fail("", 0, 0);
+    decoder.decode(batch.make(0), 0, routes, errors);
+    CHECK(routes == std::vector<GpuRoute>(6, GpuRoute::kHardware));
+    CHECK(errors == std::vector<std::exception_ptr>(6));
   }
   SUBCASE("a host-to-device copy") {
     GpuJpegDecoder decoder(fake_libraries(), options(8, Transform::kRandomResizedCrop, 0.5));
