@@ -99,15 +99,18 @@ class Peers {
   // non-null.
   bool gone_from_node(uint64_t file) const;
   // Stage 2: sample `loc`'s bytes from its home copy into `out`: kPeer from its owner node, kLocal
-  // from this node's stage directory (a home copy of this node that a neighbour, or this rank for an
-  // earlier batch, was still making when this batch was planned: waited for up to the timeout
+  // from this node's stage directory (a home copy of this node that a neighbour, or this rank for
+  // an earlier batch, was still making when this batch was planned: waited for up to the timeout
   // rather than read from the source a second time), or kNone (the caller reads the source) for a
   // file with no home copy, a failed fetch (counted) or a forked process.
   // `held` (if given) gets the time of the fetch spent waiting for a home copy still being made (by
   // the owner, or by a neighbour on this node), not moving bytes: what the source model leaves out.
+  // kProbe: a read made only to measure the source (tiers/source_model.hpp), not counted in
+  // counts() (a peer that does not answer is still marked down).
   enum class Fetched { kNone, kPeer, kLocal };
+  enum class Count { kRead, kProbe };
   Fetched fetch(const Catalog::Locator& loc, std::vector<std::byte>& out,
-                std::chrono::microseconds* held = nullptr);
+                std::chrono::microseconds* held = nullptr, Count count = Count::kRead);
   // Where fetch() would look for sample `loc`'s home copy, without fetching or counting: kPeer (its
   // owner rank in `owner`), kLocal (this node's stage directory), or kNone (no home copy, or the
   // tier cannot fetch now). A peer marked down is still named (see down()).
