@@ -75,7 +75,9 @@ def run_job(catalog: Path, work: Path, cache_bytes: int, peers: bool, epochs: in
         (work / d).mkdir(parents=True)
     cfg = dict(catalog=str(catalog), stage=str(work / "stage"), barrier=str(work / "barrier"),
                out=str(work / "out"), cache_bytes=cache_bytes, peers=peers, epochs=epochs)
-    env = dict(os.environ, OMPI_MCA_btl_vader_single_copy_mechanism="none", PRESTAGE_PEER_LINK=link)
+    # One BLAS thread per rank: NumPy's (imported by prestage) would otherwise spin in each of them.
+    env = dict(os.environ, OMPI_MCA_btl_vader_single_copy_mechanism="none", PRESTAGE_PEER_LINK=link,
+               OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1")
     subprocess.run(["mpirun", "--oversubscribe", "--allow-run-as-root", "-np", str(WORLD), sys.executable,
                     __file__, "--rank", json.dumps(cfg)], env=env, check=True, timeout=600)
     ranks = [json.loads((work / "out" / f"{r}.json").read_text()) for r in range(WORLD)]
