@@ -23,7 +23,7 @@
 #include "pipeline/graph.hpp"
 #include "pipeline/machine.hpp"
 #include "pipeline/tuner.hpp"
-#include "decode/tfrecord.hpp"
+#include "formats/tfrecord.hpp"
 #include "util/file_io.hpp"
 
 namespace prestage {
