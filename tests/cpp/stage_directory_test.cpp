@@ -3,7 +3,10 @@
 #include <fcntl.h>
 #include <sys/file.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
+
+#include <csignal>
 
 #include <atomic>
 #include <chrono>
@@ -459,6 +462,49 @@ TEST_CASE("stage directory: the wait for a neighbour's copy ends at its limit or
   canceller.join();
   CHECK(stage.is_absent(1));
   ::close(fd);
+}
+
+TEST_CASE("stage directory: a neighbour that stalled holding copies costs one wait, not one per copy") {
+  TempDir dir;
+  const Catalog cat = many_files(dir, 3);
+  StageDirectory stage(dir / "stage", cat);
+  // Another process takes the locks of two copies, then stops (as a rank stopped mid-copy does).
+  int ready[2];
+  REQUIRE(::pipe(ready) == 0);
+  const pid_t neighbour = ::fork();
+  REQUIRE(neighbour >= 0);
+  if (neighbour == 0) {
+    for (const uint64_t id : {uint64_t{1}, uint64_t{2}}) {
+      const int fd = ::open((stage.staged_path(id) + ".part").c_str(), O_CREAT | O_WRONLY, 0644);
+      if (fd < 0 || ::flock(fd, LOCK_EX) != 0) ::_exit(1);
+    }
+    (void)!::write(ready[1], "x", 1);
+    ::pause();
+    ::_exit(0);
+  }
+  char x = 0;
+  REQUIRE(::read(ready[0], &x, 1) == 1);
+  std::vector<std::byte> buffer;
+  const Fetch never = [](std::vector<std::byte>&, int64_t&) { FAIL("the source was read"); };
+  // The first copy is waited for until the wait runs out.
+  REQUIRE(stage.try_claim(1));
+  auto start = Clock::now();
+  CHECK(stage.stage(1, never, buffer, milliseconds(300)) == Outcome::kBusy);
+  CHECK(Clock::now() - start >= milliseconds(300));
+  // The second is not: the process holding it has stalled.
+  REQUIRE(stage.try_claim(2));
+  start = Clock::now();
+  CHECK(stage.stage(2, never, buffer, milliseconds(20000)) == Outcome::kBusy);
+  CHECK(Clock::now() - start < milliseconds(10000));
+  CHECK(stage.is_absent(2));  // the claim is given back
+  // A copy nobody holds is still made.
+  REQUIRE(stage.try_claim(0));
+  CHECK(stage.stage(0, cat.file_source_path(0).string(), buffer, milliseconds(20000)) ==
+        Outcome::kStaged);
+  ::kill(neighbour, SIGKILL);
+  ::waitpid(neighbour, nullptr, 0);
+  ::close(ready[0]);
+  ::close(ready[1]);
 }
 
 TEST_CASE("stage directory: a neighbour that gives up its copy leaves it to the one waiting") {

@@ -798,11 +798,13 @@ def test_a_stalled_peer_costs_each_rank_one_peer_timeout_then_is_skipped(job):
                                                           world_size=WORLD)
                 for i in b if owner[i] == 3]
         assert uses
-        # Each of rank 3's files it used was read from the PFS instead (fallbacks), but those
-        # fetched before it stopped (the read-ahead of epoch 1 starts during epoch 0).
+        # Each of rank 3's files it used was read from the PFS instead (fallbacks, or reads the
+        # source model sent there while a probe of the link waited on rank 3: no read waits on a
+        # probe), but those fetched before it stopped (the read-ahead of epoch 1 starts during
+        # epoch 0).
         fetched = sum(e["peer_reads"] for e in s["epochs"] if e["epoch"] > 0)
-        assert s["peer_fallbacks"] >= 1
-        assert s["peer_fallbacks"] + fetched >= len(uses)
+        assert s["peer_fallbacks"] >= 1 or s["peer_reads_to_pfs"] >= 1
+        assert s["peer_fallbacks"] + s["peer_reads_to_pfs"] + fetched >= len(uses), s
         # One wait of peer_timeout, not one per use (at least 12 of them without marking down).
         assert ranks[rank]["ended"][-1] - ranks[rank]["ended"][0] < 3 * timeout + 4
     assert ranks[2]["stats"]["peers_down"] == 0

@@ -4,6 +4,7 @@
 #include <sys/file.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
+#include <sys/sysmacros.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -532,6 +533,8 @@ StageDirectory::Outcome StageDirectory::stage(uint64_t id, const Fetch& fetch,
   const Clock::time_point deadline =
       wait == kForever ? Clock::time_point::max() : Clock::now() + wait;
   auto pause = std::chrono::microseconds(200);
+  pid_t holder = 0;  // the process copying it (0: none found), looked up at the first wait
+  bool looked = false;
   // From here on the claim is this call's: an eviction leaves it alone until it is published.
   uint8_t claimed = kInFlight;
   if (!state_[id].compare_exchange_strong(claimed, kCopying, std::memory_order_acq_rel)) {
@@ -548,19 +551,63 @@ StageDirectory::Outcome StageDirectory::stage(uint64_t id, const Fetch& fetch,
     if (::flock(fd, LOCK_EX | LOCK_NB) == 0 && still_at(fd, part_path)) {
       return copy_locked(id, fd, part_path, final_path, fetch, buffer);  // closes fd
     }
+    if (!looked) {
+      holder = lock_holder(fd);
+      looked = true;
+    }
     ::close(fd);
     // Another process is writing it (or has just published or removed it): its copy serves this
     // process too, so wait for it rather than read the source a second time; if that process gives
-    // up, the next turn copies the file here.
+    // up, the next turn copies the file here. Not for a process that has stalled before.
     const std::atomic<bool>* cancel = io_cancel();
     const auto now = Clock::now();
+    if (holder != 0 && stalled(holder)) {
+      give_back_copy(id);
+      return Outcome::kBusy;
+    }
     if (now >= deadline || (cancel != nullptr && cancel->load(std::memory_order_acquire))) {
+      if (now >= deadline && holder != 0) mark_stalled(holder);
       give_back_copy(id);
       return Outcome::kBusy;
     }
     std::this_thread::sleep_for(std::min<Clock::duration>(pause, deadline - now));
     pause = std::min(pause * 2, std::chrono::microseconds(5000));
   }
+}
+
+pid_t StageDirectory::lock_holder(int fd) {
+  struct stat st{};
+  if (::fstat(fd, &st) != 0) return 0;
+  // Lines like "3: FLOCK  ADVISORY  WRITE 4242 08:01:1311 0 EOF" (device in hex, inode in decimal);
+  // "->" lines are waiters.
+  char device[64];
+  std::snprintf(device, sizeof device, "%02x:%02x:%llu", major(st.st_dev), minor(st.st_dev),
+                static_cast<unsigned long long>(st.st_ino));
+  std::FILE* locks = std::fopen("/proc/locks", "re");
+  if (locks == nullptr) return 0;
+  pid_t found = 0;
+  char line[256];
+  while (found == 0 && std::fgets(line, sizeof line, locks) != nullptr) {
+    char kind[16], mode[16], access[16], where[64];
+    long pid = 0;
+    if (std::strstr(line, "->") != nullptr) continue;
+    if (std::sscanf(line, "%*[^:]: %15s %15s %15s %ld %63s", kind, mode, access, &pid, where) == 5 &&
+        std::strcmp(kind, "FLOCK") == 0 && std::strcmp(where, device) == 0 && pid > 0) {
+      found = static_cast<pid_t>(pid);
+    }
+  }
+  std::fclose(locks);
+  return found == ::getpid() ? 0 : found;  // this process's own threads never stall it
+}
+
+bool StageDirectory::stalled(pid_t holder) {
+  std::lock_guard lock(stalled_mutex_);
+  return std::find(stalled_.begin(), stalled_.end(), holder) != stalled_.end();
+}
+
+void StageDirectory::mark_stalled(pid_t holder) {
+  std::lock_guard lock(stalled_mutex_);
+  if (std::find(stalled_.begin(), stalled_.end(), holder) == stalled_.end()) stalled_.push_back(holder);
 }
 
 StageDirectory::Outcome StageDirectory::copy_locked(uint64_t id, int fd, const std::string& part_path,

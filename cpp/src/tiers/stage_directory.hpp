@@ -148,6 +148,10 @@ class StageDirectory {
 
   // How long stage() waits for another process's copy of a file it also needs; kForever: until
   // that copy is done or given up (a wait also ends when this thread's io_cancel() flag is set).
+  // A process whose copy was waited for until the wait ran out has stalled (stopped, hung): the
+  // copies it holds from then on are not waited for (kBusy at once), so that it costs this
+  // process one wait, not one per file it holds. The holder of a copy's lock is found in
+  // /proc/locks (Linux); where it cannot be, every wait runs its course.
   static constexpr std::chrono::milliseconds kForever = std::chrono::milliseconds::max();
 
   // Stages claimed file `id` (kDropped if the claim has been given back since), reading it with
@@ -202,6 +206,10 @@ class StageDirectory {
 
  private:
   bool adopt(uint64_t id);  // a copy another process finished, with its record
+  // The process holding the lock on the open file `fd`, or 0 if none is found.
+  static pid_t lock_holder(int fd);
+  bool stalled(pid_t holder);
+  void mark_stalled(pid_t holder);
   // stage()'s copy, once it holds the lock on `fd` (its ".part" file, which it closes).
   Outcome copy_locked(uint64_t id, int fd, const std::string& part_path, const std::string& final_path,
                       const Fetch& fetch, std::vector<std::byte>& buffer);
@@ -238,6 +246,8 @@ class StageDirectory {
   std::atomic<uint64_t> corrupt_{0};
   std::chrono::nanoseconds settle_ = kSettleTime;
   std::unique_ptr<NodeTable> table_;
+  std::mutex stalled_mutex_;
+  std::vector<pid_t> stalled_;  // processes a wait for a copy ran out on (see kForever)
   std::atomic<uint64_t> taken_over_{0};
   uint64_t found_at_start_ = 0;
   bool started_ = false;  // the start-up is over: records read from now on are new publications
