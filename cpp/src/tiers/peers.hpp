@@ -22,13 +22,14 @@
 //    Tiers::fetch_home for every reader) expects to finish it first.
 //  - a request names the sample's byte range (or the whole file: stage 2's copies, and samples
 //    that are whole files or slices of one), and the owner sends only those bytes. It checks its
-//    copy against its stage index first: whole (a read of the whole copy) for a copy left by an
-//    earlier run, and for a range each time the copy's identity changed since it last did
-//    (StageDirectory::unchanged: about once per run); a copy that fails is removed there and
-//    answered "absent", as is a range not within the copy. A reply carries the CRC-32C of the bytes
-//    sent and the file's size as the owner's stage index records it; a mismatch with the range, the
-//    catalog's size or the CRC (counted corrupt), no answer within peer_timeout, or a stopped peer
-//    means a read of the source (counted), never a wait beyond it.
+//    copy against its stage index before it sends any of it: a copy left by an earlier run whole
+//    (StageDirectory::verify), a whole file by its bytes (intact), a range by the copy's identity,
+//    its bytes checked whole when that is new to this process (unchanged: about once per copy);
+//    a copy that fails is removed there and answered "absent", as is a range not within the
+//    copy. A reply carries the CRC-32C of the bytes sent and the file's size as the owner's stage
+//    index records it; a mismatch with the range, the catalog's size or the CRC (counted
+//    corrupt), no answer within peer_timeout, or a stopped peer means a read of the source
+//    (counted), never a wait beyond it.
 //  - a peer that said goodbye (its loader closed) or did not answer within peer_timeout (stalled,
 //    dead) is marked down: every later fetch of its files reads the source at once. So a dead peer
 //    costs each rank at most one peer_timeout (for the fetches under way when it stopped).
