@@ -3,6 +3,7 @@ directory per node) with the peer tier on and off, behind the PFS emulator, with
 (PRESTAGE_PEER_LINK) faster than the PFS in one scenario and slower in the other.
 
     python benchmarks/peer_choice_bench.py [--files 240] [--size 65536] [--epochs 4] [--runs 3]
+                                           [--only faster|slower]
 
 Needs mpirun (OpenMPI), libprestage_mpi.so beside the prestage extension, and prestage-pfs (FUSE). The
 source is a folder of equal-size raw files served by the emulator; each node's cache_bytes is half the
@@ -74,13 +75,16 @@ def run_job(catalog: Path, work: Path, cache_bytes: int, peers: bool, epochs: in
         (work / d).mkdir(parents=True)
     cfg = dict(catalog=str(catalog), stage=str(work / "stage"), barrier=str(work / "barrier"),
                out=str(work / "out"), cache_bytes=cache_bytes, peers=peers, epochs=epochs)
-    env = dict(os.environ, OMPI_MCA_btl_vader_single_copy_mechanism="none", PRESTAGE_PEER_LINK=link)
+    # One BLAS thread per rank: NumPy's (imported by prestage) would otherwise spin in each of them.
+    env = dict(os.environ, OMPI_MCA_btl_vader_single_copy_mechanism="none", PRESTAGE_PEER_LINK=link,
+               OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1")
     subprocess.run(["mpirun", "--oversubscribe", "--allow-run-as-root", "-np", str(WORLD), sys.executable,
                     __file__, "--rank", json.dumps(cfg)], env=env, check=True, timeout=600)
     ranks = [json.loads((work / "out" / f"{r}.json").read_text()) for r in range(WORLD)]
     if peers and not all(r["peer_tier"] for r in ranks):
         raise SystemExit(f"the peer tier is off: {ranks[0]['why']}")
     return {"later_s": statistics.mean(ranks[0]["epoch_s"][1:]), "epoch0_s": ranks[0]["epoch_s"][0],
+            "epoch_s": ranks[0]["epoch_s"],
             "peer_reads": sum(r["peer_reads"] for r in ranks), "to_pfs": sum(r["to_pfs"] for r in ranks),
             "sources": ranks[0]["sources"]}
 
@@ -91,6 +95,8 @@ def main() -> None:
     p.add_argument("--size", type=int, default=65536, help="bytes per file")
     p.add_argument("--epochs", type=int, default=4)
     p.add_argument("--runs", type=int, default=3)
+    p.add_argument("--only", choices=("faster", "slower"), default=None,
+                   help="run one scenario: the PFS faster, or slower, than the link")
     p.add_argument("--json", type=Path, default=None)
     p.add_argument("--rank", default=None, help=argparse.SUPPRESS)
     args = p.parse_args()
@@ -109,12 +115,17 @@ def main() -> None:
             (backing / "c" / f"{i:05d}.bin").write_bytes(os.urandom(args.size))
         per_node = args.files * args.size // NODES
         for name, latency_ms, mbs, link in SCENARIOS:
+            if args.only is not None and f"PFS {args.only} than" not in name:
+                continue
             with PfsEmulator(backing, latency_ms=latency_ms, bandwidth_mbs=mbs, max_ops=16) as pfs:
                 catalog = work / "set.catalog"
                 assert pfs.mountpoint is not None
                 prestage.Catalog.from_folder(pfs.mountpoint, extensions=[".bin"]).save(catalog)
-                jobs = {peers: [run_job(catalog, work, per_node, peers, args.epochs, link)
-                                for _ in range(args.runs)] for peers in (False, True)}
+                # Off and on alternate, so that a change in the machine's load falls on both.
+                jobs: dict[bool, list[dict]] = {False: [], True: []}
+                for _ in range(args.runs):
+                    for peers in (False, True):
+                        jobs[peers].append(run_job(catalog, work, per_node, peers, args.epochs, link))
             off = statistics.median(j["later_s"] for j in jobs[False])
             on = statistics.median(j["later_s"] for j in jobs[True])
             reads = statistics.median(j["peer_reads"] for j in jobs[True])

@@ -8,7 +8,7 @@
 #include <string_view>
 #include <vector>
 
-#include "decode/tfrecord.hpp"
+#include "formats/tfrecord.hpp"
 #include "fuzz_util.hpp"
 #include "prestage/error.hpp"
 

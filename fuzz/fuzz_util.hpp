@@ -20,7 +20,7 @@
 #include <string>
 #include <vector>
 
-#include "decode/tfrecord.hpp"  // masked_crc32c
+#include "formats/tfrecord.hpp"  // masked_crc32c
 
 namespace prestage::fuzz {
 

@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "decode/hdf5.hpp"
+#include "formats/hdf5.hpp"
 #include "fuzz_util.hpp"
 #include "prestage/catalog.hpp"
 #include "prestage/error.hpp"

@@ -7,8 +7,8 @@
 #include <string>
 #include <vector>
 
-#include "decode/array.hpp"
-#include "decode/npy.hpp"
+#include "formats/array.hpp"
+#include "formats/npy.hpp"
 #include "fuzz_util.hpp"
 #include "prestage/error.hpp"
 

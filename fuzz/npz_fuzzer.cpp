@@ -7,8 +7,8 @@
 #include <string>
 #include <vector>
 
-#include "decode/array.hpp"
-#include "decode/npz.hpp"
+#include "formats/array.hpp"
+#include "formats/npz.hpp"
 #include "fuzz_util.hpp"
 #include "prestage/error.hpp"
 

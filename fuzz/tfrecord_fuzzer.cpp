@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "decode/tfrecord.hpp"
+#include "formats/tfrecord.hpp"
 #include "fuzz_util.hpp"
 #include "prestage/catalog.hpp"
 #include "prestage/error.hpp"

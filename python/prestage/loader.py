@@ -417,7 +417,8 @@ class Loader:
         sent to the PFS, expected to finish there first) and ``sources`` (per source of stage 2's
         reads, ``name`` "stage", "pfs" or "node <its lowest rank>" (another node's link):
         ``reads``, ``bytes``, and the estimates ``latency_ms``, ``mbs`` learned from ``samples``
-        reads, ``down``); the self-tuning's
+        reads, ``down``, ``probes``: of the reads, those made only to measure the source, on a
+        thread of their own, never on a batch's path); the self-tuning's
         ``tuning`` (``on``, the values in use: ``readers``, ``reads_in_flight``, ``lookahead``;
         ``steps_kept``, ``steps_undone``, ``settled_s``: when it last kept a step,
         ``memory_budget``, and ``log``: its latest decisions); with ``decode_device="cuda"``,

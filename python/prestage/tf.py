@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import math
 import os
-from typing import (TYPE_CHECKING, Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple,
-                    Union)
+from typing import (TYPE_CHECKING, Any, Callable, Dict, Iterator, List, Literal, Mapping, Optional, Sequence,
+                    Tuple, Union)
 
 import numpy as np
 import tensorflow as tf
@@ -47,6 +47,7 @@ def dataset(
     max_sample_bytes: Optional[int] = None,
     raw_dtype: Any = None,
     raw_shape: Union[int, Sequence[int], None] = None,
+    decode_device: Literal["cpu", "cuda"] = "cpu",
     ragged: bool = False,
     resume: Optional[Dict[str, Any]] = None,
     **options: Unpack[ImageOptions],
@@ -96,13 +97,17 @@ def dataset(
     options, by keyword, as for :class:`prestage.Loader` (:class:`prestage.options.ImageOptions`;
     ``dtype`` and ``layout`` as strings; ``decode``, ``array_name``, ``max_sample_bytes``,
     ``raw_dtype``, ``raw_shape``);
+    ``decode_device`` is ``"cpu"`` (the default) only: ``"cuda"`` raises
+    :class:`prestage.ConfigError`, because the dataset hands TensorFlow host memory (the copy above,
+    from the batch's host buffer), and a batch decoded on the GPU holds its images in device memory
+    only (:class:`prestage.Loader` and :class:`prestage.torch.Loader` take those);
     ``rank``/``world_size`` give this worker its slice of every global batch (all workers get the
     same number of batches). ``on_error="skip"`` replaces a sample that cannot be read or
     decoded by the next good one, so batches keep their shape (``on_error="raise"``, the default,
     raises at its batch).
 
     Raises:
-        prestage.ConfigError: an invalid option.
+        prestage.ConfigError: an invalid option; ``decode_device="cuda"``.
 
     >>> ds = prestage.tf.dataset(catalog, batch_size=64, image_size=(96, 96), seed=1)
     >>> ds.element_spec
@@ -114,10 +119,16 @@ def dataset(
             raise TypeError(f"dataset() got an unexpected keyword argument {name!r}")
     if not isinstance(ragged, bool):
         raise ConfigError(f"ragged must be True or False, got {ragged!r}")
+    if decode_device == "cuda":
+        raise ConfigError("prestage.tf.dataset cannot take decode_device='cuda': it hands TensorFlow each "
+                          "batch as host memory, copied from the batch's host buffer, and a batch decoded "
+                          "on the GPU has its images in device memory only. Decode on the CPU (the "
+                          "default), or use prestage.Loader or prestage.torch.Loader for batches "
+                          "decoded on the device")
     catalog = as_catalog(catalog)
     mode = decode if decode is not None else default_decode(catalog)
     codec = decode_options(mode, array_name, max_sample_bytes, raw_dtype, raw_shape)
-    loader = Loader(catalog, batch_size, image_size, **codec, **options)
+    loader = Loader(catalog, batch_size, image_size, **codec, decode_device=decode_device, **options)
     if resume is not None:
         loader.load_state_dict(resume)
     o = loader.options

@@ -124,7 +124,7 @@ constexpr auto kSourceFields = std::make_tuple(
     field("name", &SourceStats::name), field("reads", &SourceStats::reads),
     field("bytes", &SourceStats::bytes), field("samples", &SourceStats::samples),
     field("latency_ms", &SourceStats::latency_ms), field("mbs", &SourceStats::mbs),
-    field("down", &SourceStats::down));
+    field("down", &SourceStats::down), field("probes", &SourceStats::probes));
 
 constexpr auto kStatsFields = std::make_tuple(
     field("wall_s", &Stats::wall_s), field("batches", &Stats::batches),

@@ -1,6 +1,6 @@
 // Stage 3 HDF5 rows: type and shape description, row reads, labels, and refusal of unsupported
 // types. The fixtures are written with the HDF5 C API (the library's own writer is the oracle).
-#include "decode/hdf5.hpp"
+#include "formats/hdf5.hpp"
 
 #include <doctest/doctest.h>
 #include <hdf5.h>

@@ -1,5 +1,5 @@
 // Stage 3 .npy codec: headers of every version, C and Fortran order, and refusal of lying headers.
-#include "decode/npy.hpp"
+#include "formats/npy.hpp"
 
 #include <doctest/doctest.h>
 
@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "decode/array.hpp"
+#include "formats/array.hpp"
 #include "prestage/error.hpp"
 #include "test_util.hpp"
 #include "util/file_io.hpp"

@@ -1,7 +1,7 @@
 // Stage 3 .npz codec: stored and deflated members found through the central directory, CRCs
 // checked, and damaged archives refused. The archives are written here with zlib, as Python's
 // zipfile does.
-#include "decode/npz.hpp"
+#include "formats/npz.hpp"
 
 #include <doctest/doctest.h>
 #include <zlib.h>
@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "decode/array.hpp"
+#include "formats/array.hpp"
 #include "prestage/error.hpp"
 
 namespace {

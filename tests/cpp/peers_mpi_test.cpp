@@ -112,6 +112,25 @@ void finish(Rank& r, uint64_t other) {
   r.transport->stop();
 }
 
+// Per rank of `plan`'s world, the files it owns (first to use them in epoch 0), in order: what the
+// home copies are.
+std::vector<std::vector<uint64_t>> owned_files(const prestage::Catalog& catalog,
+                                               const prestage::PlanOptions& plan) {
+  std::vector<std::vector<uint64_t>> owned(plan.world_size);
+  const prestage::EpochPlan e0(plan, 0);
+  std::vector<bool> seen(catalog.num_files());
+  for (uint64_t b = 0; b < e0.num_batches(); ++b) {
+    for (uint64_t r = 0; r < plan.world_size; ++r) {
+      for (uint64_t k = 0; k < e0.batch_size(b); ++k) {
+        const uint64_t f = catalog.locator(e0.batch_of(b, r)[k]).file;
+        if (!seen[f]) owned[r].push_back(f);
+        seen[f] = true;
+      }
+    }
+  }
+  return owned;
+}
+
 }  // namespace
 
 TEST_CASE(
@@ -295,21 +314,7 @@ TEST_CASE(
   plan.seed = 3;
   plan.world_size = 2;
   plan.rank = me;
-  // Per rank, the files it owns (first to use them in epoch 0), in order: what the home copies are.
-  std::vector<std::vector<uint64_t>> owned(2);
-  {
-    const prestage::EpochPlan e0(plan, 0);
-    std::vector<bool> seen(catalog.num_files());
-    for (uint64_t b = 0; b < e0.num_batches(); ++b) {
-      for (uint64_t r = 0; r < 2; ++r) {
-        for (uint64_t k = 0; k < e0.batch_size(b); ++k) {
-          const uint64_t f = catalog.locator(e0.batch_of(b, r)[k]).file;
-          if (!seen[f]) owned[r].push_back(f);
-          seen[f] = true;
-        }
-      }
-    }
-  }
+  const std::vector<std::vector<uint64_t>> owned = owned_files(catalog, plan);
   REQUIRE(owned[0].size() >= 2);
   REQUIRE(owned[1].size() >= 2);
   ::setenv("PRESTAGE_NODE", me == 0 ? "0" : "1", 1);  // two nodes of one rank each
@@ -359,6 +364,95 @@ TEST_CASE(
   make_home_copy(owned[me][1]);
   prestage::Catalog::Locator done;
   done.file = owned[other][1];
+  std::vector<std::byte> ignored;
+  (void)peers.fetch(done, ignored);
+  peers.stop();
+}
+
+TEST_CASE("peers over MPI: a slow link is probed beside stage 2's copy, which the source serves") {
+  const char* rank_env = std::getenv("OMPI_COMM_WORLD_RANK");
+  REQUIRE_MESSAGE(rank_env != nullptr, "run under mpiexec");
+  const uint64_t me = std::strtoull(rank_env, nullptr, 10), other = 1 - me;
+  prestage::test::TempDir dir;
+  prestage::test::make_image_folder(dir / "data", 2, 8);
+  const prestage::Catalog catalog = prestage::Catalog::from_folder(dir / "data");
+  prestage::PlanOptions plan;
+  plan.num_samples = catalog.size();
+  plan.batch_size = 2;
+  plan.seed = 3;
+  plan.world_size = 2;
+  plan.rank = me;
+  const std::vector<std::vector<uint64_t>> owned = owned_files(catalog, plan);
+  REQUIRE(owned[0].size() >= 4);
+  REQUIRE(owned[1].size() >= 4);
+  ::setenv("PRESTAGE_NODE", me == 0 ? "0" : "1", 1);
+  ::setenv("PRESTAGE_PEER_LINK", "1000,100", 1);  // each fetch from a peer: 1 s and more
+  StageDirectory stage(dir / "stage", catalog);
+  PeerOptions options;
+  options.timeout = std::chrono::seconds(30);
+  Peers peers(catalog, plan, &stage, 0, options);
+  ::unsetenv("PRESTAGE_NODE");
+  ::unsetenv("PRESTAGE_PEER_LINK");
+  REQUIRE_MESSAGE(peers.on(), peers.why_off());
+  peers.start_epoch(0);
+  Tiers tiers(catalog, &stage, uint64_t{1} << 30);
+  tiers.set_peers(&peers);
+  const SourceModel& model = *tiers.source_model();
+  std::vector<std::byte> buffer;
+  int64_t mtime_ns = 0;
+  std::string path;
+  const auto row = [&](const std::string& name) {
+    for (const SourceModel::Row& r : model.rows()) {
+      if (r.name == name) return r;
+    }
+    return SourceModel::Row{};
+  };
+  const std::string link = "node " + std::to_string(other);
+  // This node's home copies are made from the source: the source's estimate is learned.
+  for (int k = 0; k < 2; ++k) {
+    REQUIRE(stage.try_claim(owned[me][k]));
+    REQUIRE(stage.stage(owned[me][k], tiers.source_path(owned[me][k], path), buffer) ==
+            StageDirectory::Outcome::kStaged);
+  }
+  tiers.fetch_file(owned[me][2], buffer, mtime_ns);
+  REQUIRE(row("pfs").samples >= 1);
+
+  // The other node's copies: the link is not learned yet. The source serves each read; the link
+  // is probed beside it (min_samples = 2 probes learn it), and the read does not wait for the probe
+  // (still under way when it returns).
+  for (uint64_t k = 0; k < 2; ++k) {
+    CAPTURE(k);
+    std::vector<std::byte> expected;
+    read_file(FileRef(tiers.source_path(owned[other][k], path)), expected);
+    tiers.fetch_file(owned[other][k], buffer, mtime_ns);
+    CHECK(buffer == expected);
+    CHECK(row(link).probes == k + 1);
+    CHECK(row(link).reads == k);  // this one not yet done
+    CHECK(tiers.fetched().reads[static_cast<size_t>(Tier::kPeer)] == 0);
+    CHECK(tiers.fetched().reads[static_cast<size_t>(Tier::kSource)] == 2 + k);
+    const auto until = Clock::now() + std::chrono::seconds(20);
+    while (row(link).samples == k && Clock::now() < until) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    REQUIRE(row(link).samples == k + 1);
+  }
+  // The probes are learned from (about 1 s a fetch), and are not reads the peer tier served.
+  const SourceModel::Row learned = row(link);
+  CHECK(learned.reads == 2);
+  const double file_bytes = static_cast<double>(catalog.file_size(owned[other][1]));
+  CHECK(learned.latency_s + file_bytes / learned.bytes_per_s > 0.5);
+  CHECK(peers.counts().reads == 0);
+  // Learned, and slower: the next copy of the other node's goes to the source, no probe due yet.
+  tiers.fetch_file(owned[other][2], buffer, mtime_ns);
+  CHECK(row(link).probes == 2);
+  CHECK(tiers.fetched().reads[static_cast<size_t>(Tier::kSource)] == 4);
+
+  // Ends together, as above (a fetch of the other's fourth home copy, made last).
+  REQUIRE(stage.try_claim(owned[me][3]));
+  REQUIRE(stage.stage(owned[me][3], tiers.source_path(owned[me][3], path), buffer) ==
+          StageDirectory::Outcome::kStaged);
+  prestage::Catalog::Locator done;
+  done.file = owned[other][3];
   std::vector<std::byte> ignored;
   (void)peers.fetch(done, ignored);
   peers.stop();

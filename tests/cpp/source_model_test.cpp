@@ -92,13 +92,13 @@ TEST_CASE("reads move to the PFS as the peer's queue builds, and back as it drai
   const std::array<size_t, 2> sources{peer, SourceModel::kPfs};
   const std::array<uint64_t, 2> bytes{kMB, kMB};
   std::vector<size_t> chosen;
-  for (int i = 0; i < 6; ++i) chosen.push_back(model.choose(sources, bytes));
+  for (int i = 0; i < 6; ++i) chosen.push_back(model.choose(sources, bytes).read);
   // Expected finish, queue counted: peer 10, 20, 30 ms; PFS 20, 40 ms: ties to the peer (first).
   CHECK(chosen == std::vector<size_t>{peer, peer, SourceModel::kPfs, peer, peer, SourceModel::kPfs});
   CHECK(model.moved_to_pfs() == 2);
   // Drained (their times as learned): the next read goes to the peer again.
   for (const size_t s : chosen) model.done(s, kMB, s == peer ? 0.01 : 0.02, true);
-  CHECK(model.choose(sources, bytes) == peer);
+  CHECK(model.choose(sources, bytes).read == peer);
 }
 
 TEST_CASE("probes: a new source is tried until it has an estimate, then when it is due") {
@@ -129,7 +129,7 @@ TEST_CASE("probes: a new source is tried until it has an estimate, then when it 
   }
 }
 
-TEST_CASE("a slower peer is probed ever more rarely: the probes grow as the log of the reads") {
+TEST_CASE("a slower peer is probed ever more rarely, and never on a read's path") {
   SourceModel model(2);
   const size_t peer = SourceModel::kPeer0;
   for (int i = 0; i < 8; ++i) {
@@ -138,15 +138,88 @@ TEST_CASE("a slower peer is probed ever more rarely: the probes grow as the log 
   }
   const std::array<size_t, 2> sources{peer, SourceModel::kPfs};
   const std::array<uint64_t, 2> bytes{kMB, kMB};
-  int to_peer = 0;
+  int probes = 0;
   for (int i = 0; i < 4000; ++i) {
-    const size_t s = model.choose(sources, bytes);
-    model.done(s, kMB, s == peer ? 0.5 : 0.01, true);  // the peer 50 times slower
-    to_peer += s == peer;
+    const SourceModel::Choice c = model.choose(sources, bytes);
+    CHECK(c.read == SourceModel::kPfs);  // the peer is unlearned, then slower: never read
+    if (c.probe != SourceModel::kNoProbe) {
+      CHECK(c.probe == peer);
+      CHECK(c.probe_bytes == kMB);
+      model.begin(peer, kMB, SourceModel::Read::kProbe);
+      model.done(peer, kMB, 0.5, true);  // the peer 50 times slower
+      ++probes;
+    }
+    model.done(c.read, kMB, 0.01, true);
   }
   // 2 to learn it, then after 32, 64, ..., 2048 choices: 2 + 7.
-  CHECK(to_peer >= 5);
-  CHECK(to_peer <= 10);
+  CHECK(probes >= 5);
+  CHECK(probes <= 10);
+  const auto rows = model.rows();
+  REQUIRE(rows.size() == 2);
+  CHECK(rows[1].name == "node 0");
+  CHECK(rows[1].probes == static_cast<uint64_t>(probes));
+  CHECK(rows[1].reads == static_cast<uint64_t>(probes));
+  CHECK(rows[0].probes == 0);
+}
+
+TEST_CASE("a probe is named beside the read, not instead of it") {
+  const std::array<uint64_t, 2> bytes{kMB, kMB};
+  SUBCASE("the PFS learned, the peer not: the read goes to the PFS, the peer is probed") {
+    SourceModel model(2);
+    model.begin(SourceModel::kPfs, kMB);
+    model.done(SourceModel::kPfs, kMB, 0.5, true);  // however slow
+    const std::array<size_t, 2> sources{SourceModel::kPeer0 + 1, SourceModel::kPfs};
+    const SourceModel::Choice c = model.choose(sources, bytes);
+    CHECK(c.read == SourceModel::kPfs);
+    CHECK(c.probe == SourceModel::kPeer0 + 1);
+    CHECK(model.moved_to_pfs() == 1);
+  }
+  SUBCASE("nothing learned of either (a loader's first read): the peer, read, not probed") {
+    SourceModel model(2);
+    const std::array<size_t, 2> sources{SourceModel::kPeer0 + 1, SourceModel::kPfs};
+    const SourceModel::Choice c = model.choose(sources, bytes);
+    CHECK(c.read == SourceModel::kPeer0 + 1);
+    CHECK(c.probe == SourceModel::kNoProbe);
+  }
+  SUBCASE("a probe under way: none named, and the peer still due at the next choice") {
+    SourceModel model(2);
+    model.begin(SourceModel::kPfs, kMB);
+    model.done(SourceModel::kPfs, kMB, 0.01, true);
+    const std::array<size_t, 2> sources{SourceModel::kPeer0 + 1, SourceModel::kPfs};
+    const SourceModel::Choice busy = model.choose(sources, bytes, false);
+    CHECK(busy.read == SourceModel::kPfs);
+    CHECK(busy.probe == SourceModel::kNoProbe);
+    CHECK(model.choose(sources, bytes).probe == SourceModel::kPeer0 + 1);
+  }
+  SUBCASE("a faster peer, once learned by probes, gets the reads") {
+    SourceModel model(2);
+    const size_t peer = SourceModel::kPeer0 + 1;
+    for (int i = 0; i < 4; ++i) {
+      model.begin(SourceModel::kPfs, kMB);
+      model.done(SourceModel::kPfs, kMB, 0.02, true);
+    }
+    const std::array<size_t, 2> sources{peer, SourceModel::kPfs};
+    std::vector<size_t> reads;
+    for (int i = 0; i < 4; ++i) {
+      const SourceModel::Choice c = model.choose(sources, bytes);
+      reads.push_back(c.read);
+      if (c.probe != SourceModel::kNoProbe) {
+        model.begin(c.probe, c.probe_bytes, SourceModel::Read::kProbe);
+        model.done(c.probe, c.probe_bytes, 0.001, true);
+      }
+      model.done(c.read, kMB, c.read == peer ? 0.001 : 0.02, true);
+    }
+    // A probe learns it while the PFS serves; then its estimate, though not yet min_samples
+    // reads, is the best: the peer serves (that read is also its second sample).
+    CHECK(reads == std::vector<size_t>{SourceModel::kPfs, peer, peer, peer});
+  }
+  SUBCASE("no option learned and no PFS among them: the first read there learns it") {
+    SourceModel model(3);
+    const std::array<size_t, 2> peers{SourceModel::kPeer0 + 1, SourceModel::kPeer0 + 2};
+    const SourceModel::Choice c = model.choose(peers, bytes);
+    CHECK(c.read == SourceModel::kPeer0 + 1);
+    CHECK(c.probe == SourceModel::kNoProbe);
+  }
 }
 
 TEST_CASE("a peer not yet learned starts from the other peers' estimate, not from probes") {
@@ -160,7 +233,8 @@ TEST_CASE("a peer not yet learned starts from the other peers' estimate, not fro
       model.done(SourceModel::kPeer0, kMB, fast ? 0.001 : 0.1, true);
     }
     const std::array<size_t, 2> sources{SourceModel::kPeer0 + 2, SourceModel::kPfs};
-    CHECK(model.choose(sources, bytes) == (fast ? SourceModel::kPeer0 + 2 : SourceModel::kPfs));
+    CHECK(model.choose(sources, bytes).read ==
+          (fast ? SourceModel::kPeer0 + 2 : SourceModel::kPfs));
   }
 }
 
@@ -183,7 +257,9 @@ TEST_CASE("a peer marked down is skipped, even unlearned or faster") {
   SourceModel model(3);
   model.set_down(SourceModel::kPeer0 + 2);
   const std::array<size_t, 2> sources{SourceModel::kPeer0 + 2, SourceModel::kPfs};
-  CHECK(model.choose(sources, bytes) == SourceModel::kPfs);
+  const SourceModel::Choice c = model.choose(sources, bytes);
+  CHECK(c.read == SourceModel::kPfs);
+  CHECK(c.probe == SourceModel::kNoProbe);  // a peer down is not probed either
 }
 
 TEST_CASE("the model's rows: reads per source and the estimates") {
@@ -214,14 +290,21 @@ TEST_CASE("the model is safe to use from many threads at once") {
       const std::array<size_t, 2> sources{SourceModel::kPeer0 + static_cast<size_t>(t), SourceModel::kPfs};
       const std::array<uint64_t, 2> bytes{1000, 1000};
       for (int i = 0; i < 2000; ++i) {
-        const size_t s = model.choose(sources, bytes);
-        model.done(s, 1000, 0.0001 * (1 + t), true);
+        const SourceModel::Choice c = model.choose(sources, bytes, i % 2 == 0);
+        if (c.probe != SourceModel::kNoProbe) {
+          model.begin(c.probe, c.probe_bytes, SourceModel::Read::kProbe);
+          model.done(c.probe, c.probe_bytes, 0.0001 * (1 + t), true);
+        }
+        model.done(c.read, 1000, 0.0001 * (1 + t), true);
         (void)model.rows();
       }
     });
   }
   for (std::thread& t : threads) t.join();
-  uint64_t reads = 0;
-  for (const auto& r : model.rows()) reads += r.reads;
-  CHECK(reads == 4 * 2000);
+  uint64_t reads = 0, probes = 0;
+  for (const auto& r : model.rows()) {
+    reads += r.reads;
+    probes += r.probes;
+  }
+  CHECK(reads == 4 * 2000 + probes);
 }

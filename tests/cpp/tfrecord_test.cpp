@@ -1,6 +1,6 @@
 // Stage 3 TFRecord: CRC32C, record framing and the tf.train.Example reader; the catalog's index
 // of damaged files.
-#include "decode/tfrecord.hpp"
+#include "formats/tfrecord.hpp"
 
 #include <doctest/doctest.h>
 

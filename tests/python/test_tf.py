@@ -72,6 +72,26 @@ def test_dataset_feeds_model_fit(make_folder):
     assert 0.0 <= model.evaluate(ds, verbose=0, return_dict=True)["accuracy"] <= 1.0
 
 
+def test_decode_device_cpu_is_taken_as_the_loader_takes_it(make_folder):
+    cat = prestage.Catalog.from_folder(make_folder(2, 5, size=(12, 18)))  # 10 samples
+    kwargs = dict(batch_size=4, seed=3)
+    want = numpy_epochs(cat, 1, **kwargs)[0]
+    got = list(prestage.tf.dataset(cat, decode_device="cpu", **kwargs))
+    assert len(got) == len(want) == 3
+    for (images, labels), (ei, el) in zip(got, want):
+        np.testing.assert_array_equal(images.numpy(), ei)
+        np.testing.assert_array_equal(labels.numpy(), el)
+    with pytest.raises(prestage.ConfigError):  # checked as the Loader checks it
+        prestage.tf.dataset(cat, decode_device="tpu", **kwargs)
+
+
+def test_decode_device_cuda_is_refused_as_tensorflow_takes_host_memory(make_folder):
+    # Refused before any loader or device is opened: the same with or without a GPU.
+    cat = prestage.Catalog.from_folder(make_folder(2, 2, size=(12, 18)))
+    with pytest.raises(prestage.ConfigError, match="decode_device='cuda'"):
+        prestage.tf.dataset(cat, batch_size=2, image_size=(8, 8), decode_device="cuda")
+
+
 def test_on_error_skip_is_passed_through(make_folder):
     cat = prestage.Catalog.from_folder(make_folder(3, 8))  # 24 images of 32x48
     for i in (3, 11, 17):

@@ -59,6 +59,7 @@ struct SourceStats {
   double latency_ms = 0;          // estimated per read
   double mbs = 0;                 // estimated bandwidth, MB/s (0: not learned yet)
   bool down = false;              // a peer marked down: never chosen
+  uint64_t probes = 0;            // of the reads, probes: made to measure it, off the batch path
 };
 
 struct Stats {

@@ -14,10 +14,10 @@
 #include <tuple>
 #include <utility>
 
-#include "decode/array.hpp"
-#include "decode/hdf5.hpp"
-#include "decode/npz.hpp"
-#include "decode/tfrecord.hpp"
+#include "formats/array.hpp"
+#include "formats/hdf5.hpp"
+#include "formats/npz.hpp"
+#include "formats/tfrecord.hpp"
 #include "prestage/error.hpp"
 #include "util/file_io.hpp"
 

@@ -47,7 +47,7 @@ std::string message(const std::exception_ptr& error) {
 // Where the tiers' `at` has the sample: its copy to open, or its bytes in memory.
 SampleLocation location(const SampleAt& at) {
   if (at.in_memory()) return SampleLocation{FileRef(*at.path), *at.path, at.locator, at.bytes, true};
-  return SampleLocation{at.open(), *at.path, at.locator};
+  return SampleLocation{at.open(), *at.path, at.locator, {}, false};
 }
 
 // The error of the lowest-numbered failed sample of a batch, whatever the thread timing.

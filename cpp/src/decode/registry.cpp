@@ -2,9 +2,9 @@
 
 #include <algorithm>
 
-#include "decode/hdf5.hpp"
-#include "decode/npy.hpp"
-#include "decode/tfrecord.hpp"
+#include "formats/hdf5.hpp"
+#include "formats/npy.hpp"
+#include "formats/tfrecord.hpp"
 #include "prestage/error.hpp"
 #include "util/file_io.hpp"
 

@@ -16,10 +16,10 @@
 #include <string_view>
 #include <vector>
 
-#include "decode/array.hpp"
 #include "decode/jpeg.hpp"
-#include "decode/npz.hpp"
 #include "decode/zstd.hpp"
+#include "formats/array.hpp"
+#include "formats/npz.hpp"
 #include "prestage/catalog.hpp"
 #include "prestage/options.hpp"
 

@@ -3,20 +3,10 @@
 #include <zstd.h>
 
 #include <algorithm>
-#include <cstring>
 
 #include "prestage/error.hpp"
 
 namespace prestage::detail {
-namespace {
-
-constexpr uint8_t kMagic[4] = {0x28, 0xB5, 0x2F, 0xFD};  // ZSTD_MAGICNUMBER, little-endian
-
-}  // namespace
-
-bool is_zstd_frame(std::span<const std::byte> bytes) {
-  return bytes.size() >= 4 && std::memcmp(bytes.data(), kMagic, 4) == 0;
-}
 
 struct ZstdDecoder::Impl {
   ZSTD_DCtx* context = nullptr;

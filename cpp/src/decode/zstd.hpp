@@ -9,10 +9,9 @@
 #include <string>
 #include <vector>
 
-namespace prestage::detail {
+#include "formats/zstd_frame.hpp"  // is_zstd_frame
 
-// Whether `bytes` starts with a zstd frame's magic number.
-bool is_zstd_frame(std::span<const std::byte> bytes);
+namespace prestage::detail {
 
 // One per reader thread, created once (zstd.h: "use one context per thread"). Not thread-safe.
 // Every error is a DecodeError naming `path`: corrupt or truncated frames, output over the limit.

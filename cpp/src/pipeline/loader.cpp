@@ -23,7 +23,7 @@
 #include "pipeline/graph.hpp"
 #include "pipeline/machine.hpp"
 #include "pipeline/tuner.hpp"
-#include "decode/tfrecord.hpp"
+#include "formats/tfrecord.hpp"
 #include "util/file_io.hpp"
 
 namespace prestage {
@@ -713,7 +713,8 @@ Stats Loader::Impl::stats() const {
       s.peer_reads_to_pfs = model->moved_to_pfs();
       for (const detail::SourceModel::Row& r : model->rows()) {
         s.sources.push_back({r.name, r.reads, r.bytes, r.samples, r.latency_s * 1e3,
-                             std::isinf(r.bytes_per_s) ? 0.0 : r.bytes_per_s / 1e6, r.down});
+                             std::isinf(r.bytes_per_s) ? 0.0 : r.bytes_per_s / 1e6, r.down,
+                             r.probes});
       }
     }
   } else {
@@ -762,12 +763,14 @@ void Loader::Impl::close() {
   if (shared->peers) shared->peers->close();
   if (owner.load(std::memory_order_relaxed) == 0) {  // never started: no thread to join
     if (shared->peers) shared->peers->stop();
+    shared->tiers->stop_probes();
     if (shared->trace) shared->trace->flush();
     return;
   }
   stopping.reset();
   shared->stager->stop();  // its figures stay for stats()
   if (shared->peers) shared->peers->stop();  // other ranks read the source from now on
+  shared->tiers->stop_probes();
   if (shared->cache) shared->cache->let_go_all();  // its window's files, for the other processes
   shared->decoder->clear_thread_state();
   shared->arena_io_timeout.reset();

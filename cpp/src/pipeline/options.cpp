@@ -1,6 +1,6 @@
 #include <string>
 
-#include "decode/array.hpp"
+#include "formats/array.hpp"
 #include "prestage/error.hpp"
 #include "prestage/options.hpp"
 

@@ -239,7 +239,8 @@ void Peers::emulate_link(uint64_t bytes) {
 }
 
 Peers::Fetched Peers::fetch(const Catalog::Locator& loc, std::vector<std::byte>& out,
-                            std::chrono::microseconds* held) {
+                            std::chrono::microseconds* held, Count count) {
+  const bool counted = count == Count::kRead;
   std::chrono::microseconds ignored{0};
   std::chrono::microseconds& waited = held != nullptr ? *held : ignored;
   waited = std::chrono::microseconds{0};
@@ -249,13 +250,14 @@ Peers::Fetched Peers::fetch(const Catalog::Locator& loc, std::vector<std::byte>&
   const uint64_t owner = own_.owner[loc.file];
   if (owner == Ownership::kNoOwner) return Fetched::kNone;
   if (!own_.home[loc.file]) {
-    beyond_.fetch_add(1, std::memory_order_relaxed);
+    if (counted) beyond_.fetch_add(1, std::memory_order_relaxed);
     return Fetched::kNone;
   }
   if (node_of_[owner] == node_of_[plan_.rank]) return local(loc, out, waited);
   std::vector<std::byte> bytes;
   PeerCheck check;
   const auto fall_back = [&](bool corrupt) {
+    if (!counted) return Fetched::kNone;
     fallbacks_.fetch_add(1, std::memory_order_relaxed);
     if (corrupt) corrupt_.fetch_add(1, std::memory_order_relaxed);
     return Fetched::kNone;
@@ -287,8 +289,10 @@ Peers::Fetched Peers::fetch(const Catalog::Locator& loc, std::vector<std::byte>&
     return fall_back(true);
   }
   out = std::move(bytes);
-  reads_.fetch_add(1, std::memory_order_relaxed);
-  bytes_.fetch_add(out.size(), std::memory_order_relaxed);
+  if (counted) {
+    reads_.fetch_add(1, std::memory_order_relaxed);
+    bytes_.fetch_add(out.size(), std::memory_order_relaxed);
+  }
   return Fetched::kPeer;
 }
 

@@ -115,9 +115,12 @@ class Peers {
   // file with no home copy, a failed fetch (counted) or a forked process.
   // `held` (if given) gets the time of the fetch spent waiting for a home copy still being made (by
   // the owner, or by a neighbour on this node), not moving bytes: what the source model leaves out.
+  // kProbe: a read made only to measure the source (tiers/source_model.hpp), not counted in
+  // counts() (a peer that does not answer is still marked down).
   enum class Fetched { kNone, kPeer, kLocal };
+  enum class Count { kRead, kProbe };
   Fetched fetch(const Catalog::Locator& loc, std::vector<std::byte>& out,
-                std::chrono::microseconds* held = nullptr);
+                std::chrono::microseconds* held = nullptr, Count count = Count::kRead);
   // Where fetch() would look for sample `loc`'s home copy, without fetching or counting: kPeer (its
   // owner rank in `owner`), kLocal (this node's stage directory), or kNone (no home copy, or the
   // tier cannot fetch now). A peer marked down is still named (see down()).

@@ -46,23 +46,25 @@ double expected_finish_s(const SourceEstimate& e, uint64_t bytes) {
 }
 
 size_t choose_source(std::span<const SourceEstimate> options, std::span<const uint64_t> bytes,
-                     uint64_t choice, const ModelParams& params, bool* probed) {
+                     uint64_t choice, const ModelParams& params, bool* probed, size_t* best_out) {
   if (probed != nullptr) *probed = false;
   const size_t n = options.size();
-  size_t best = n, least = n;
+  size_t best = n, least = n, unlearned = n;
   double best_s = kInfinity;
   for (size_t i = 0; i < n; ++i) {
     const SourceEstimate& e = options[i];
     if (e.down) continue;
-    if (e.probe && e.samples < params.min_samples) {
-      if (probed != nullptr) *probed = true;
-      return i;
-    }
+    if (e.probe && e.samples < params.min_samples && unlearned == n) unlearned = i;
     const double s = expected_finish_s(e, bytes[i]);
     if (best == n || s < best_s) {
       best = i;
       best_s = s;
     }
+  }
+  if (best_out != nullptr) *best_out = best;
+  if (unlearned != n) {
+    if (probed != nullptr) *probed = true;
+    return unlearned;
   }
   for (size_t i = 0; i < n; ++i) {
     const SourceEstimate& e = options[i];
@@ -91,14 +93,19 @@ SourceEstimate observe(SourceEstimate e, uint64_t bytes, double seconds, const M
 }
 
 SourceModel::SourceModel(size_t ranks, ModelParams params)
-    : params_(params), est_(kPeer0 + ranks), reads_(kPeer0 + ranks), bytes_(kPeer0 + ranks) {
+    : params_(params),
+      est_(kPeer0 + ranks),
+      reads_(kPeer0 + ranks),
+      bytes_(kPeer0 + ranks),
+      probes_(kPeer0 + ranks) {
   // The source's estimate is learned from every read of it (stage 2's copies, the read-ahead's
   // reads): it is never probed, so that a source read is never made only to measure it.
   est_[kPfs].probe = false;
   for (SourceEstimate& e : est_) e.next_probe = params_.probe_every;
 }
 
-size_t SourceModel::choose(std::span<const size_t> sources, std::span<const uint64_t> bytes) {
+SourceModel::Choice SourceModel::choose(std::span<const size_t> sources,
+                                        std::span<const uint64_t> bytes, bool may_probe) {
   std::lock_guard lock(mutex_);
   std::vector<SourceEstimate> options;
   options.reserve(sources.size());
@@ -115,25 +122,41 @@ size_t SourceModel::choose(std::span<const size_t> sources, std::span<const uint
   }
   const uint64_t choice = choices_++;
   bool probed = false;
-  const size_t i = choose_source(options, bytes, choice, params_, &probed);
-  const size_t source = i < sources.size() ? sources[i] : kPfs;
-  if (i < sources.size() && est_[source].probe) {
-    SourceEstimate& e = est_[source];
-    if (probed && e.samples < params_.min_samples) {  // still learning it
-      e.next_probe = choice + params_.probe_every;
-    } else if (probed) {  // probed again no sooner than twice as many choices later
-      e.probe_gap = e.probe_gap == 0 ? params_.probe_every : 2 * e.probe_gap;
-      e.next_probe = choice + e.probe_gap;
-    } else {  // the best: probed again soon once it is not
-      e.probe_gap = 0;
-      e.next_probe = choice + params_.probe_every;
+  size_t best = sources.size();
+  const size_t i = choose_source(options, bytes, choice, params_, &probed, &best);
+  Choice out{kPfs};
+  if (i == sources.size()) {  // every option down: the source
+    if (sources.size() > 1) ++moved_;
+    ++est_[kPfs].queued;
+    return out;
+  }
+  size_t read = i;
+  if (probed) {
+    // The read goes where it is expected to finish first; with nothing learned of any option (the
+    // loader's first reads), to the probed one: it is learned from that read.
+    read = std::isinf(expected_finish_s(options[best], bytes[best])) ? i : best;
+    if (may_probe && read != i) {
+      SourceEstimate& e = est_[sources[i]];
+      if (e.samples < params_.min_samples) {  // still learning it
+        e.next_probe = choice + params_.probe_every;
+      } else {  // probed again no sooner than twice as many choices later
+        e.probe_gap = e.probe_gap == 0 ? params_.probe_every : 2 * e.probe_gap;
+        e.next_probe = choice + e.probe_gap;
+      }
+      out.probe = sources[i];
+      out.probe_bytes = bytes[i];
     }
   }
-  const uint64_t n = i < sources.size() ? bytes[i] : 0;
+  const size_t source = sources[read];
+  if (est_[source].probe && read == best) {  // the best: probed again soon once it is not
+    est_[source].probe_gap = 0;
+    est_[source].next_probe = choice + params_.probe_every;
+  }
   if (source == kPfs && sources.size() > 1) ++moved_;
-  est_[source].queued_bytes += n;
+  out.read = source;
+  est_[source].queued_bytes += bytes[read];
   ++est_[source].queued;
-  return source;
+  return out;
 }
 
 void SourceModel::done(size_t source, uint64_t bytes, double seconds, bool ok) {
@@ -152,8 +175,9 @@ void SourceModel::done(size_t source, uint64_t bytes, double seconds, bool ok) {
   }
 }
 
-void SourceModel::begin(size_t source, uint64_t bytes) {
+void SourceModel::begin(size_t source, uint64_t bytes, Read read) {
   std::lock_guard lock(mutex_);
+  if (read == Read::kProbe) ++probes_[source];
   est_[source].queued_bytes += bytes;
   ++est_[source].queued;
 }
@@ -168,11 +192,12 @@ std::vector<SourceModel::Row> SourceModel::rows() const {
   std::vector<Row> rows;
   for (size_t s = 0; s < est_.size(); ++s) {
     const SourceEstimate& e = est_[s];
-    if (reads_[s] == 0 && e.samples == 0 && !e.down) continue;  // never used: no row
+    if (reads_[s] == 0 && e.samples == 0 && !e.down && probes_[s] == 0) continue;  // never used
     Row r;
     r.name = s == kStage ? "stage" : s == kPfs ? "pfs" : "node " + std::to_string(s - kPeer0);
     r.reads = reads_[s];
     r.bytes = bytes_[s];
+    r.probes = probes_[s];
     r.samples = e.samples;
     r.latency_s = e.latency_s();
     r.bytes_per_s = e.bytes_per_s();

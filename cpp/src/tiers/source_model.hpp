@@ -8,6 +8,12 @@
 // (a peer, this node's copy and the PFS alike move the sample's byte range). A source keeps
 // `queued_bytes` of reads chosen and not yet done; a new read there is expected to end after them.
 //
+// A source no other read measures (a peer's link, this node's home copies) is learned by probes:
+// reads made only to measure it. SourceModel names a probe beside each choice that is due one, and
+// the caller makes it off the read's path (Tiers: on a thread of its own), so that no batch waits
+// on a read sent to a source for its estimate's sake (but a loader's first read, made with nothing
+// learned of any source: it goes to the nearest, and learns it).
+//
 // The choice (choose_source) and the estimate's update (observe) are pure functions, tested on
 // fixed estimates; SourceModel holds the estimates of a loader and is thread-safe.
 #pragma once
@@ -56,9 +62,11 @@ double expected_finish_s(const SourceEstimate& e, uint64_t bytes);
 // chosen (so that no source is starved of the reads its estimate is learned from); a probed source
 // that is not the best and is due (`choice`, the count of choices made, at or past its next_probe)
 // is probed, the one observed least first (`probed` says so); else the option expected to finish
-// first, ties to the earlier (nearer) one. Returns options.size() if every option is down.
+// first, ties to the earlier (nearer) one. `best` (if given) gets that last option, whatever is
+// returned. Returns options.size() if every option is down.
 size_t choose_source(std::span<const SourceEstimate> options, std::span<const uint64_t> bytes,
-                     uint64_t choice, const ModelParams& params, bool* probed = nullptr);
+                     uint64_t choice, const ModelParams& params, bool* probed = nullptr,
+                     size_t* best = nullptr);
 
 // `e` after a read of `bytes` that took `seconds` (its own time, waits for a copy that was not there
 // yet taken out).
@@ -71,11 +79,25 @@ class SourceModel {
 
   explicit SourceModel(size_t ranks, ModelParams params = {});
 
+  static constexpr size_t kNoProbe = ~size_t{0};
+  struct Choice {
+    size_t read;               // where to read: queued there
+    size_t probe = kNoProbe;   // a source to probe now, off the read's path (not queued)
+    uint64_t probe_bytes = 0;  // what the probe moves there
+  };
   // Chooses among `sources` (indices as above) for a read moving bytes[i] there, and queues it
-  // there: the caller calls done() with the same source and bytes once the read has ended.
-  size_t choose(std::span<const size_t> sources, std::span<const uint64_t> bytes);
-  // A read the tiers do without choosing (stage 2's copies): queued there, done() when it ends.
-  void begin(size_t source, uint64_t bytes);
+  // there: the caller calls done() with the same source and bytes once the read has ended. The
+  // read goes to the source expected to finish it first (with nothing learned of any option, to
+  // the one choose_source probes: that read learns it). Where choose_source would probe a
+  // source instead, and `may_probe`, the probe is named in the choice: the caller reads it there
+  // with begin(.., Read::kProbe) and done() (or drops it). Without
+  // `may_probe` (a probe is under way) none is named, and one that is due stays due.
+  Choice choose(std::span<const size_t> sources, std::span<const uint64_t> bytes,
+                bool may_probe = true);
+  // A read the tiers do without choosing (stage 2's copies, a probe named by choose()): queued
+  // there, done() when it ends. A probe counts in rows()' `probes`.
+  enum class Read { kRead, kProbe };
+  void begin(size_t source, uint64_t bytes, Read read = Read::kRead);
   // A read ended: dequeued, and learned from if `ok` (`seconds` its own time, of which it is given
   // its share with the reads under way there with it).
   void done(size_t source, uint64_t bytes, double seconds, bool ok);
@@ -84,6 +106,7 @@ class SourceModel {
   struct Row {
     std::string name;  // "stage", "pfs", "node <lowest rank of the node>"
     uint64_t reads = 0, bytes = 0;  // reads chosen or learned from there, and their bytes
+    uint64_t probes = 0;            // of them, probes
     uint64_t samples = 0;
     double latency_s = 0, bytes_per_s = 0;
     bool down = false;
@@ -95,7 +118,7 @@ class SourceModel {
   ModelParams params_;
   mutable std::mutex mutex_;
   std::vector<SourceEstimate> est_;
-  std::vector<uint64_t> reads_, bytes_;
+  std::vector<uint64_t> reads_, bytes_, probes_;
   uint64_t choices_ = 0, moved_ = 0;
   // All peers' reads together: the estimate a peer not yet learned starts from (the links of a
   // job are alike), so that each new peer costs no probes of its own.

@@ -1,8 +1,14 @@
 #include "tiers/tiers.hpp"
 
+#include <unistd.h>
+
 #include <array>
+#include <atomic>
 #include <cerrno>
 #include <chrono>
+#include <condition_variable>
+#include <mutex>
+#include <thread>
 
 #include "tiers/peers.hpp"
 #include "util/file_io.hpp"
@@ -52,6 +58,91 @@ class TimedRead {
 
 }  // namespace
 
+// The source model's probes, made on a thread of their own, one at a time, so that no read waits
+// on one: a probe's bytes are dropped once it is learned from. The thread starts at the first probe
+// (most loaders never probe) and is joined by the destructor (in the process that started it: a
+// forked copy of a loader has none of its threads).
+class Tiers::Prober {
+ public:
+  Prober(Peers& peers, SourceModel& model) : peers_(peers), model_(model) {}
+  ~Prober() { stop(); }
+  Prober(const Prober&) = delete;
+  Prober& operator=(const Prober&) = delete;
+
+  // Waits for the probe under way, if any (the peer tier ends its wait when it stops), and starts
+  // none from then on.
+  void stop() {
+    {
+      std::lock_guard lock(mutex_);
+      stop_ = true;
+    }
+    wake_.notify_all();
+    if (thread_.joinable()) {
+      if (::getpid() == pid_) {
+        thread_.join();
+      } else {
+        thread_.detach();
+      }
+    }
+  }
+
+  bool busy() const noexcept { return busy_.load(std::memory_order_acquire); }
+
+  // Starts the probe of `source`: a fetch of sample `loc` there, moving `bytes`. Nothing starts
+  // while another is under way, or once stopping.
+  void start(const Catalog::Locator& loc, size_t source, uint64_t bytes) {
+    std::lock_guard lock(mutex_);
+    if (stop_ || busy_.load(std::memory_order_relaxed)) return;
+    job_ = Job{loc, source, bytes};
+    busy_.store(true, std::memory_order_release);
+    model_.begin(source, bytes, SourceModel::Read::kProbe);
+    if (!thread_.joinable()) {
+      pid_ = ::getpid();
+      thread_ = std::thread([this] { run(); });
+    }
+    wake_.notify_all();
+  }
+
+ private:
+  struct Job {
+    Catalog::Locator loc;
+    size_t source = 0;
+    uint64_t bytes = 0;
+  };
+
+  void run() {
+    std::vector<std::byte> bytes;
+    std::unique_lock lock(mutex_);
+    while (true) {
+      wake_.wait(lock, [&] { return stop_ || busy_.load(std::memory_order_relaxed); });
+      // A probe started before the stop is made (at once if the peer tier has stopped): every
+      // probe begun is ended, and counted.
+      if (!busy_.load(std::memory_order_relaxed)) return;
+      const Job job = job_;
+      lock.unlock();
+      const auto start = std::chrono::steady_clock::now();
+      std::chrono::microseconds waited{0};
+      const Peers::Fetched fetched = peers_.fetch(job.loc, bytes, &waited, Peers::Count::kProbe);
+      const std::chrono::duration<double> took = std::chrono::steady_clock::now() - start - waited;
+      lock.lock();
+      busy_.store(false, std::memory_order_release);  // free before its estimate is seen
+      lock.unlock();
+      model_.done(job.source, job.bytes, took.count(), fetched != Peers::Fetched::kNone);
+      lock.lock();
+    }
+  }
+
+  Peers& peers_;
+  SourceModel& model_;
+  std::mutex mutex_;
+  std::condition_variable wake_;
+  bool stop_ = false;              // guarded by mutex_
+  Job job_;                        // guarded by mutex_
+  std::atomic<bool> busy_{false};  // a probe started and not yet learned from (set under mutex_)
+  std::thread thread_;
+  pid_t pid_ = 0;
+};
+
 void SampleAt::check(std::span<const std::byte> read) const {
   checked = true;
   if (stage != nullptr && !stage->intact(file_id, read)) throw CorruptCopy{};
@@ -63,9 +154,17 @@ Tiers::Tiers(const Catalog& catalog, StageDirectory* stage, uint64_t max_read_by
       max_read_bytes_(max_read_bytes),
       stalled_(new std::atomic<uint8_t>[catalog.num_files()]()) {}
 
+Tiers::~Tiers() = default;
+
+void Tiers::stop_probes() {
+  if (prober_ != nullptr) prober_->stop();
+}
+
 void Tiers::set_peers(Peers* peers) {
+  prober_.reset();
   peers_ = peers;
   model_.reset(peers != nullptr && peers->on() ? new SourceModel(peers->ranks()) : nullptr);
+  if (model_ != nullptr) prober_ = std::make_unique<Prober>(*peers_, *model_);
 }
 
 void Tiers::refuse_if_stalled(uint64_t file, const std::string& path) {
@@ -206,7 +305,11 @@ Tier Tiers::fetch_home(const Catalog::Locator& loc, uint64_t sample_bytes,
                                                       : SourceModel::kStage;
     const std::array<size_t, 2> sources{near, SourceModel::kPfs};
     const std::array<uint64_t, 2> bytes{near_bytes, sample_bytes};
-    if (model_->choose(sources, bytes) == near) {
+    const SourceModel::Choice choice = model_->choose(sources, bytes, !prober_->busy());
+    if (choice.probe != SourceModel::kNoProbe && !peers_->closing()) {
+      prober_->start(loc, choice.probe, choice.probe_bytes);
+    }
+    if (choice.read == near) {
       TimedRead timed(model_.get(), near, near_bytes, true);
       std::chrono::microseconds waited{0};
       fetched = peers_->fetch(loc, buffer, &waited);

@@ -112,6 +112,9 @@ class Tiers {
   // `max_read_bytes` is refused (DecodeError) by read() and fetch_sample() before anything is
   // allocated for it.
   Tiers(const Catalog& catalog, StageDirectory* stage, uint64_t max_read_bytes);
+  ~Tiers();  // waits for a probe under way (the peer tier ends its wait when it stops)
+  Tiers(const Tiers&) = delete;
+  Tiers& operator=(const Tiers&) = delete;
 
   // Every read from then on adds a record to `trace` (null: none); set before the first read.
   void set_trace(IoTrace* trace) noexcept { trace_ = trace; }
@@ -121,8 +124,12 @@ class Tiers {
   // The peer tier, tried by fetch_sample() before the source (null: none). Set before any read;
   // it must outlive the reads. With the tier on, the reads of stage 2 are timed and learned from,
   // and each read of a sample with a home copy goes to that copy or to the source, whichever the
-  // model expects to finish first (source_model()).
+  // model expects to finish first (source_model()). The model's probes of a source are made off
+  // the reads' path, one at a time, on a thread the first one starts: a read never waits on one.
   void set_peers(Peers* peers);
+  // Waits for the source model's probe under way, if any, and starts none from then on: its
+  // figures are whole. Called once the peer tier has stopped (which ends its wait on a peer).
+  void stop_probes();
   // The estimates per source and the reads each served (null: the peer tier is off).
   const SourceModel* source_model() const noexcept { return model_.get(); }
 
@@ -209,11 +216,16 @@ class Tiers {
                   bool& pfs_chosen, Home where = Home::kAny);
   // The model's queued read of the source (fetch_home's pfs_chosen) ended unlearned from.
   void pfs_unqueued(uint64_t bytes);
+  // Starts the model's probe of `source` (a read of `bytes` of sample `loc`'s home copy there) on
+  // the prober's thread, unless a probe is under way or the loader is closing.
+  void probe(const Catalog::Locator& loc, size_t source, uint64_t bytes);
+  class Prober;
 
   const Catalog& catalog_;
   StageDirectory* stage_;
   Peers* peers_ = nullptr;
   std::unique_ptr<SourceModel> model_;  // with peers_ on
+  std::unique_ptr<Prober> prober_;      // with model_; declared after it: stopped first
   uint64_t max_read_bytes_;
   TierTally served_, fetched_;
   IoTrace* trace_ = nullptr;

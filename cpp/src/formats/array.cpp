@@ -1,4 +1,4 @@
-#include "decode/array.hpp"
+#include "formats/array.hpp"
 
 #include <algorithm>
 #include <cstring>

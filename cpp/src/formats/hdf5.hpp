@@ -1,7 +1,7 @@
-// Stage 3, HDF5: samples are slices of a dataset along one axis (rows: axis 0). The only file that
-// includes hdf5.h is hdf5.cpp. Debian's HDF5 is built without thread safety, so every HDF5 call of
-// the process goes through one mutex there; open files and datasets are cached (at most kMaxOpen),
-// so a row costs one H5Dread under the lock.
+// HDF5, for the catalog and stage 3: samples are slices of a dataset along one axis (rows: axis
+// 0). The only file that includes hdf5.h is hdf5.cpp. Debian's HDF5 is built without thread
+// safety, so every HDF5 call of the process goes through one mutex there; open files and datasets
+// are cached (at most kMaxOpen), so a row costs one H5Dread under the lock.
 #pragma once
 
 #include <cstdint>
@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "decode/array.hpp"
+#include "formats/array.hpp"
 #include "util/file_io.hpp"
 
 namespace prestage::detail {

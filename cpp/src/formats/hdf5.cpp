@@ -1,4 +1,4 @@
-#include "decode/hdf5.hpp"
+#include "formats/hdf5.hpp"
 
 #include <hdf5.h>
 

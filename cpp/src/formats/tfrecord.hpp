@@ -1,4 +1,4 @@
-// Stage 3 (and the catalog), TFRecord: record framing with CRC32C checks, and a minimal reader of
+// TFRecord, for the catalog and stage 3: record framing with CRC32C checks, and a minimal reader of
 // the tf.train.Example protocol buffer (Features: map<string, Feature>, with bytes_list, float_list
 // and int64_list, packed or not). No TensorFlow or protobuf library is needed.
 #pragma once

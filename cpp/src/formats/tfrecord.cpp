@@ -1,4 +1,4 @@
-#include "decode/tfrecord.hpp"
+#include "formats/tfrecord.hpp"
 
 #include <array>
 #include <cerrno>

@@ -1,5 +1,6 @@
-// Stage 3, .npz codec: one array (member) of a NumPy zip archive, stored (np.savez) or deflated
-// (np.savez_compressed), zip64 included. The only file that includes zlib.h is npz.cpp.
+// .npz, for the catalog and stage 3: one array (member) of a NumPy zip archive, stored (np.savez)
+// or deflated (np.savez_compressed), zip64 included. The only file that includes zlib.h is
+// npz.cpp.
 #pragma once
 
 #include <cstdint>
@@ -9,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "decode/array.hpp"
+#include "formats/array.hpp"
 
 namespace prestage::detail {
 

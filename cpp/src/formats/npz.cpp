@@ -1,4 +1,4 @@
-#include "decode/npz.hpp"
+#include "formats/npz.hpp"
 
 #include <zlib.h>
 
@@ -7,8 +7,8 @@
 #include <cstring>
 #include <stdexcept>
 
-#include "decode/npy.hpp"
-#include "decode/zstd.hpp"
+#include "formats/npy.hpp"
+#include "formats/zstd_frame.hpp"
 #include "prestage/error.hpp"
 
 namespace prestage::detail {

@@ -1,5 +1,6 @@
-// Stage 3, .npy codec: NumPy's array file format (versions 1.0, 2.0 and 3.0), any simple dtype and
-// shape, C or Fortran order. Stateless; every error is a DecodeError naming the source.
+// .npy, for the catalog and stage 3: NumPy's array file format (versions 1.0, 2.0 and 3.0), any
+// simple dtype and shape, C or Fortran order. Stateless; every error is a DecodeError naming the
+// source.
 #pragma once
 
 #include <cstdint>
@@ -7,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "decode/array.hpp"
+#include "formats/array.hpp"
 
 namespace prestage::detail {
 

@@ -1,4 +1,4 @@
-#include "decode/npy.hpp"
+#include "formats/npy.hpp"
 
 #include <algorithm>
 #include <cstring>

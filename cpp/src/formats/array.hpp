@@ -1,5 +1,5 @@
-// Stage 3: what the array codecs (npy, npz, HDF5) share: the description of one decoded array, and
-// reads of one from a byte source (util/byte_source.hpp).
+// Array formats (npy, npz, HDF5) share this, for the catalog and for stage 3's codecs: the
+// description of one array, and reads of one from a byte source (util/byte_source.hpp).
 #pragma once
 
 #include <array>
