@@ -62,7 +62,25 @@ std::unique_ptr<Rank> start(int64_t node_override = -1, uint64_t value = 0) {
   config.value = value;
   Rank* self = r.get();
   const uint64_t me = config.expect_rank;
-  config.serve = [self, me](uint64_t file, std::vector<std::byte>& bytes, uint32_t& crc) {
+  // Serves each file's content(), its asked range of it.
+  config.serve = [self, me](const PeerRange& range, std::vector<std::byte>& bytes,
+                            PeerCheck& check) {
+    const uint64_t file = range.file;
+    const auto served = [&] {
+      const std::vector<std::byte> all = content(file, me);
+      check.file_size = all.size();
+      if (range.length == PeerRange::kWhole) {
+        bytes = all;
+      } else {
+        if (range.offset > all.size() || range.length > all.size() - range.offset) {
+          return PeerAnswer::kAbsent;
+        }
+        bytes.assign(all.begin() + static_cast<std::ptrdiff_t>(range.offset),
+                     all.begin() + static_cast<std::ptrdiff_t>(range.offset + range.length));
+      }
+      check.crc = crc32c(bytes);
+      return PeerAnswer::kServed;
+    };
     if (file == kDoneFile) self->other_done.store(true);
     if (file == kAbsentFile || file == kDoneFile) return PeerAnswer::kAbsent;
     if (file == kLaterFile) return PeerAnswer::kLater;
@@ -70,16 +88,10 @@ std::unique_ptr<Rank> start(int64_t node_override = -1, uint64_t value = 0) {
       const int64_t now = Clock::now().time_since_epoch().count();
       int64_t since = 0;
       self->held_since_ns.compare_exchange_strong(since, now);
-      if (since != 0 && Clock::duration(now - since) >= kHeld) {
-        bytes = content(file, me);
-        crc = crc32c(bytes);
-        return PeerAnswer::kServed;
-      }
+      if (since != 0 && Clock::duration(now - since) >= kHeld) return served();
       return PeerAnswer::kLater;
     }
-    bytes = content(file, me);
-    crc = crc32c(bytes);
-    return PeerAnswer::kServed;
+    return served();
   };
   r->transport.reset(start(&config, &why));
   REQUIRE_MESSAGE(r->transport != nullptr, why);
@@ -89,8 +101,9 @@ std::unique_ptr<Rank> start(int64_t node_override = -1, uint64_t value = 0) {
 // Tells the other rank this one is done asking, then answers it until it says the same.
 void finish(Rank& r, uint64_t other) {
   std::vector<std::byte> bytes;
-  uint32_t crc = 0;
-  CHECK_FALSE(r.transport->request(other, kDoneFile, std::chrono::seconds(10), bytes, crc));
+  PeerCheck check;
+  CHECK_FALSE(
+      r.transport->request(other, PeerRange{kDoneFile}, std::chrono::seconds(10), bytes, check));
   const auto until = Clock::now() + std::chrono::seconds(20);
   while (!r.other_done.load() && Clock::now() < until) {
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
@@ -120,21 +133,45 @@ std::vector<std::vector<uint64_t>> owned_files(const prestage::Catalog& catalog,
 
 }  // namespace
 
-TEST_CASE("peers over MPI: a rank fetches another's bytes and CRC; absent and late copies fail") {
+TEST_CASE(
+    "peers over MPI: a rank fetches another's bytes, whole or a range, and their CRC; absent and "
+    "late "
+    "copies fail") {
   auto r = start();
   const uint64_t me = r->transport->rank(), other = 1 - me;
   REQUIRE(r->transport->world_size() == 2);
   for (const uint64_t file : {0, 1, 3, 40}) {
     std::vector<std::byte> bytes;
-    uint32_t crc = 0;
-    REQUIRE(r->transport->request(other, file, std::chrono::seconds(10), bytes, crc));
+    PeerCheck check;
+    REQUIRE(r->transport->request(other, PeerRange{file}, std::chrono::seconds(10), bytes, check));
     CHECK(bytes == content(file, other));
-    CHECK(crc == crc32c(bytes));
+    CHECK(check.crc == crc32c(bytes));
+    CHECK(check.file_size == bytes.size());
+  }
+  // A range, carried in the request: exactly its bytes (small and large replies), with their CRC
+  // and the whole file's size; a range past the end is answered absent.
+  for (const PeerRange range :
+       {PeerRange{40, 4096, 100'000}, PeerRange{3, 13'000, 297}, PeerRange{1, 7, 0}}) {
+    std::vector<std::byte> bytes;
+    PeerCheck check;
+    REQUIRE(r->transport->request(other, range, std::chrono::seconds(10), bytes, check));
+    const std::vector<std::byte> all = content(range.file, other);
+    CHECK(bytes == std::vector<std::byte>(
+                       all.begin() + static_cast<std::ptrdiff_t>(range.offset),
+                       all.begin() + static_cast<std::ptrdiff_t>(range.offset + range.length)));
+    CHECK(check.crc == crc32c(bytes));
+    CHECK(check.file_size == all.size());
+  }
+  for (const PeerRange range : {PeerRange{3, 13'297, 1}, PeerRange{3, 1, ~uint64_t{0} - 1}}) {
+    std::vector<std::byte> bytes;
+    PeerCheck check;
+    CHECK_FALSE(r->transport->request(other, range, std::chrono::seconds(10), bytes, check));
   }
   std::vector<std::byte> bytes;
-  uint32_t crc = 0;
+  PeerCheck check;
   auto asked = Clock::now();
-  CHECK_FALSE(r->transport->request(other, kAbsentFile, std::chrono::seconds(10), bytes, crc));
+  CHECK_FALSE(
+      r->transport->request(other, PeerRange{kAbsentFile}, std::chrono::seconds(10), bytes, check));
   CHECK(Clock::now() - asked < std::chrono::seconds(5));  // answered, not timed out
   // A copy that is coming is waited for, and answered "absent" before the asker's time runs out
   // (a quarter of it early, at most 1 s): an asker that hears nothing knows its peer is stalled.
@@ -142,7 +179,8 @@ TEST_CASE("peers over MPI: a rank fetches another's bytes and CRC; absent and la
   // 2-core machine, where it once came after the asker had stopped waiting).
   asked = Clock::now();
   RequestEnd end = RequestEnd::kStopped;
-  CHECK_FALSE(r->transport->request(other, kLaterFile, std::chrono::seconds(4), bytes, crc, &end));
+  CHECK_FALSE(r->transport->request(other, PeerRange{kLaterFile}, std::chrono::seconds(4), bytes,
+                                    check, &end));
   CHECK(Clock::now() - asked >= std::chrono::milliseconds(2700));
   CHECK(end == RequestEnd::kReply);
   // Many threads at once, as stage 2's prefetchers ask.
@@ -150,8 +188,8 @@ TEST_CASE("peers over MPI: a rank fetches another's bytes and CRC; absent and la
   for (uint64_t file = 10; file < 18; ++file) {
     asks.push_back(std::async(std::launch::async, [&, file] {
       std::vector<std::byte> got;
-      uint32_t c = 0;
-      return r->transport->request(other, file, std::chrono::seconds(10), got, c) &&
+      PeerCheck c;
+      return r->transport->request(other, PeerRange{file}, std::chrono::seconds(10), got, c) &&
              got == content(file, other);
     }));
   }
@@ -176,16 +214,18 @@ TEST_CASE("peers over MPI: a reply says how long the peer held it back, for a co
   auto r = start();
   const uint64_t other = 1 - r->transport->rank();
   std::vector<std::byte> bytes;
-  uint32_t crc = 0;
+  PeerCheck check;
   std::chrono::microseconds held{-1};
   const auto asked = Clock::now();
-  REQUIRE(r->transport->request(other, kHeldFile, std::chrono::seconds(10), bytes, crc, nullptr, &held));
+  REQUIRE(r->transport->request(other, PeerRange{kHeldFile}, std::chrono::seconds(10), bytes, check,
+                                nullptr, &held));
   const auto took = Clock::now() - asked;
   CHECK(bytes == content(kHeldFile, other));
   CHECK(held >= kHeld);
   CHECK(held <= took);
   // An answer given at once was held for no time (well below the 300 ms above).
-  REQUIRE(r->transport->request(other, 3, std::chrono::seconds(10), bytes, crc, nullptr, &held));
+  REQUIRE(r->transport->request(other, PeerRange{3}, std::chrono::seconds(10), bytes, check,
+                                nullptr, &held));
   CHECK(held < std::chrono::milliseconds(150));
   finish(*r, other);
 }
@@ -195,8 +235,9 @@ TEST_CASE("peers over MPI: stop() ends a wait on a rank that does not answer, at
   const uint64_t other = 1 - r->transport->rank();
   auto waiting = std::async(std::launch::async, [&] {
     std::vector<std::byte> bytes;
-    uint32_t crc = 0;
-    return r->transport->request(other, kLaterFile, std::chrono::seconds(60), bytes, crc);
+    PeerCheck check;
+    return r->transport->request(other, PeerRange{kLaterFile}, std::chrono::seconds(60), bytes,
+                                 check);
   });
   std::this_thread::sleep_for(std::chrono::milliseconds(100));
   const auto stopping = Clock::now();
@@ -204,8 +245,9 @@ TEST_CASE("peers over MPI: stop() ends a wait on a rank that does not answer, at
   CHECK_FALSE(waiting.get());
   CHECK(Clock::now() - stopping < std::chrono::seconds(5));
   std::vector<std::byte> bytes;
-  uint32_t crc = 0;
-  CHECK_FALSE(r->transport->request(other, 0, std::chrono::seconds(60), bytes, crc));  // stopped
+  PeerCheck check;
+  CHECK_FALSE(r->transport->request(other, PeerRange{0}, std::chrono::seconds(60), bytes,
+                                    check));  // stopped
 }
 
 TEST_CASE("peers over MPI: a rank that stops says goodbye: waits on it end, later asks fail at once") {
@@ -217,20 +259,22 @@ TEST_CASE("peers over MPI: a rank that stops says goodbye: waits on it end, late
     return;
   }
   std::vector<std::byte> bytes;
-  uint32_t crc = 0;
+  PeerCheck check;
   RequestEnd end = RequestEnd::kStopped;
   const auto asked = Clock::now();
-  CHECK_FALSE(r->transport->request(other, kLaterFile, std::chrono::seconds(60), bytes, crc, &end));
+  CHECK_FALSE(r->transport->request(other, PeerRange{kLaterFile}, std::chrono::seconds(60), bytes,
+                                    check, &end));
   CHECK(Clock::now() - asked < std::chrono::seconds(30));  // not the 60 s
   CHECK((end == RequestEnd::kReply || end == RequestEnd::kGone));
   // Once its goodbye is in, every ask fails at once.
   const auto until = Clock::now() + std::chrono::seconds(20);
   while (end != RequestEnd::kGone && Clock::now() < until) {
-    r->transport->request(other, 0, std::chrono::seconds(1), bytes, crc, &end);
+    r->transport->request(other, PeerRange{0}, std::chrono::seconds(1), bytes, check, &end);
   }
   REQUIRE(end == RequestEnd::kGone);
   const auto again = Clock::now();
-  CHECK_FALSE(r->transport->request(other, 0, std::chrono::seconds(60), bytes, crc, &end));
+  CHECK_FALSE(
+      r->transport->request(other, PeerRange{0}, std::chrono::seconds(60), bytes, check, &end));
   CHECK(end == RequestEnd::kGone);
   CHECK(Clock::now() - again < std::chrono::seconds(5));
   r->transport->stop();

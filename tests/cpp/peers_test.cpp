@@ -1,15 +1,29 @@
+#include "tiers/peers.hpp"
+
 #include <doctest/doctest.h>
 
+#include <chrono>
 #include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <iterator>
 #include <map>
+#include <memory>
+#include <mutex>
 #include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "prestage/error.hpp"
 #include "prestage/options.hpp"
 #include "prestage/plan.hpp"
-#include "tiers/peers.hpp"
+#include "test_util.hpp"
+#include "tiers/stage_directory.hpp"
+#include "tiers/transport.hpp"
+#include "util/crc32c.hpp"
 
 using prestage::PlanOptions;
 using prestage::detail::Ownership;
@@ -147,4 +161,304 @@ TEST_CASE("peers: a peer timeout of zero is refused") {
   CHECK_THROWS_AS(o.validate(), prestage::ConfigError);
   o.peer_timeout_ms = 1;
   CHECK_NOTHROW(o.validate());
+}
+
+namespace {
+
+using prestage::Catalog;
+using prestage::detail::PeerAnswer;
+using prestage::detail::PeerCheck;
+using prestage::detail::PeerRange;
+using prestage::detail::Peers;
+using prestage::detail::PeerServe;
+using prestage::detail::RequestEnd;
+using prestage::detail::StageDirectory;
+using prestage::detail::Transport;
+using prestage::detail::TransportConfig;
+
+// A transport double: the ranks of a job are Peers of this process, rank r alone on node r. A
+// request calls its owner's serve() on the asking thread (a kLater answer is asked again until the
+// request's time runs out), and `tamper` (if set) changes each served reply on its way, as a faulty
+// link would. Records every range asked.
+struct Loop {
+  std::mutex mutex;
+  std::vector<PeerServe> serve = std::vector<PeerServe>(2);  // per rank; empty: stopped
+  std::vector<PeerRange> asked;
+  std::function<void(std::vector<std::byte>&, PeerCheck&)> tamper;
+};
+
+Loop& loop() {
+  static Loop l;
+  return l;
+}
+
+class LoopTransport final : public Transport {
+ public:
+  explicit LoopTransport(uint64_t rank) : rank_(rank) {}
+  ~LoopTransport() override { stop(); }
+  uint64_t rank() const override { return rank_; }
+  uint64_t world_size() const override { return 2; }
+  const std::vector<uint64_t>& nodes() const override { return nodes_; }
+  const std::vector<uint64_t>& values() const override { return values_; }
+  bool request(uint64_t rank, const PeerRange& range, std::chrono::milliseconds timeout,
+               std::vector<std::byte>& bytes, PeerCheck& check, RequestEnd* end,
+               std::chrono::microseconds* held) override {
+    if (held != nullptr) *held = std::chrono::microseconds{0};
+    PeerServe serve;
+    {
+      std::lock_guard lock(loop().mutex);
+      loop().asked.push_back(range);
+      serve = loop().serve[rank];
+    }
+    if (end != nullptr) *end = serve ? RequestEnd::kReply : RequestEnd::kGone;
+    if (!serve) return false;
+    const auto until = std::chrono::steady_clock::now() + timeout;
+    PeerAnswer answer = PeerAnswer::kLater;
+    while ((answer = serve(range, bytes, check)) == PeerAnswer::kLater &&
+           std::chrono::steady_clock::now() < until) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    if (answer != PeerAnswer::kServed) return false;
+    std::lock_guard lock(loop().mutex);
+    if (loop().tamper) loop().tamper(bytes, check);
+    return true;
+  }
+  void stop() override {
+    std::lock_guard lock(loop().mutex);
+    loop().serve[rank_] = nullptr;
+  }
+
+ private:
+  uint64_t rank_;
+  std::vector<uint64_t> nodes_{0, 1}, values_{0, 0};
+};
+
+PeerRange loop_asked_back() {
+  std::lock_guard lock(loop().mutex);
+  REQUIRE(!loop().asked.empty());
+  return loop().asked.back();
+}
+
+void set_tamper(std::function<void(std::vector<std::byte>&, PeerCheck&)> tamper) {
+  std::lock_guard lock(loop().mutex);
+  loop().tamper = std::move(tamper);
+}
+
+Transport* loop_start(const TransportConfig* config, std::string* /*error*/) {
+  std::lock_guard lock(loop().mutex);
+  loop().serve[config->expect_rank] = config->serve;
+  loop().asked.clear();
+  loop().tamper = nullptr;
+  return new LoopTransport(config->expect_rank);
+}
+
+std::vector<std::byte> file_bytes(const std::filesystem::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  const std::string all((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::vector<std::byte> bytes(all.size());
+  std::memcpy(bytes.data(), all.data(), all.size());
+  return bytes;
+}
+
+std::vector<std::byte> slice(const std::vector<std::byte>& all, uint64_t offset, uint64_t length) {
+  return {all.begin() + static_cast<std::ptrdiff_t>(offset),
+          all.begin() + static_cast<std::ptrdiff_t>(offset + length)};
+}
+
+// Flips the byte at `at` of the file at `path`, in place.
+void flip_byte(const std::string& path, uint64_t at) {
+  std::fstream f(path, std::ios::binary | std::ios::in | std::ios::out);
+  f.seekg(static_cast<std::streamoff>(at));
+  const char c = static_cast<char>(f.get());
+  f.seekp(static_cast<std::streamoff>(at));
+  f.put(static_cast<char>(~c));
+  REQUIRE(f.good());
+}
+
+// Two ranks on two nodes over the double, each with its stage directory, over 8 files of a few kB
+// (sizes recorded by the catalog), and a file owned by rank 1 whose home copy it has made.
+struct Job {
+  prestage::test::TempDir dir;
+  Catalog catalog;
+  std::unique_ptr<StageDirectory> stage[2];
+  std::unique_ptr<Peers> peers[2];
+  uint64_t theirs = 0;            // rank 1's home copy
+  std::vector<std::byte> source;  // its bytes
+
+  Job() : catalog(make_catalog(dir)) {
+    for (uint64_t r = 0; r < 2; ++r) {
+      stage[r] = std::make_unique<StageDirectory>(dir / ("node" + std::to_string(r)), catalog);
+    }
+    start();
+    uint64_t owner = 0;
+    while (theirs < catalog.num_files() &&
+           peers[0]->home(Catalog::Locator{theirs}, owner) != Peers::Fetched::kPeer) {
+      ++theirs;
+    }
+    REQUIRE(theirs < catalog.num_files());
+    REQUIRE(owner == 1);
+    const std::string path = (catalog.root() / catalog.file_path(theirs)).string();
+    source = file_bytes(path);
+    REQUIRE(source.size() == catalog.file_size(theirs));
+    std::vector<std::byte> buffer;
+    REQUIRE(stage[1]->try_claim(theirs));
+    REQUIRE(stage[1]->stage(theirs, path, buffer) == StageDirectory::Outcome::kStaged);
+  }
+
+  static Catalog make_catalog(const prestage::test::TempDir& dir) {
+    for (uint32_t i = 0; i < 8; ++i) {
+      std::vector<unsigned char> bytes(3000 + 517 * i);
+      for (size_t k = 0; k < bytes.size(); ++k)
+        bytes[k] = static_cast<unsigned char>(k * 131 + i * 7 + k / 251);
+      prestage::test::write_file(dir / "set" / "c0" / ("f" + std::to_string(i) + ".bin"), bytes);
+    }
+    return Catalog::from_folder(dir / "set", {".bin"});
+  }
+
+  // Peers over the stage directories as they are now (anew: after a directory is reopened).
+  void start() {
+    for (auto& p : peers) p.reset();
+    for (uint64_t r = 0; r < 2; ++r) {
+      PlanOptions plan;
+      plan.num_samples = catalog.size();
+      plan.batch_size = 2;
+      plan.seed = 3;
+      plan.world_size = 2;
+      plan.rank = r;
+      prestage::detail::PeerOptions options;
+      options.timeout = std::chrono::seconds(5);
+      options.start = &loop_start;
+      peers[r] = std::make_unique<Peers>(catalog, plan, stage[r].get(), 0, options);
+      REQUIRE_MESSAGE(peers[r]->on(), peers[r]->why_off());
+      peers[r]->start_epoch(0);
+    }
+  }
+
+  Catalog::Locator range(uint64_t offset, uint64_t length) const {
+    return Catalog::Locator{theirs, offset, length};
+  }
+};
+
+}  // namespace
+
+TEST_CASE("peers: a request names the sample's range, and the owner sends exactly its bytes") {
+  Job job;
+  const uint64_t size = job.source.size();
+  std::vector<std::byte> out;
+  struct Case {
+    uint64_t offset, length;
+  };
+  uint64_t sent = 0;
+  for (const Case c : {Case{100, 777}, Case{size - 10, 10}, Case{0, 1}}) {
+    CAPTURE(c.offset);
+    REQUIRE(job.peers[0]->fetch(job.range(c.offset, c.length), out) == Peers::Fetched::kPeer);
+    CHECK(out == slice(job.source, c.offset, c.length));
+    sent += c.length;
+    // The owner read and sent only the range, the asker took only it.
+    CHECK(loop_asked_back().offset == c.offset);
+    CHECK(loop_asked_back().length == c.length);
+    CHECK(job.peers[1]->counts().served_bytes == sent);
+    CHECK(job.peers[0]->counts().bytes == sent);
+  }
+  // A sample that is its whole file, or a slice of one (its offset is a slice's index, not a byte):
+  // the whole file.
+  for (const uint64_t offset : {0, 3}) {
+    REQUIRE(job.peers[0]->fetch(job.range(offset, Catalog::kWholeFile), out) ==
+            Peers::Fetched::kPeer);
+    CHECK(out == job.source);
+    CHECK(loop_asked_back().offset == 0);
+    CHECK(loop_asked_back().length == PeerRange::kWhole);
+  }
+  CHECK(job.peers[1]->counts().served_bytes == sent + 2 * size);
+  const auto counts = job.peers[0]->counts();
+  CHECK(counts.reads == 5);
+  CHECK(counts.fallbacks == 0);
+  // A range past the end of the owner's copy (a locator that does not fit the file, an offset and
+  // a length whose sum overflows) is answered absent: a fallback to the source, not a corrupt
+  // reply.
+  for (const Case c : {Case{size - 5, 10}, Case{size + 1, 1}, Case{1, ~uint64_t{0} - 1}}) {
+    CAPTURE(c.offset);
+    CHECK(job.peers[0]->fetch(job.range(c.offset, c.length), out) == Peers::Fetched::kNone);
+  }
+  CHECK(job.peers[0]->counts().fallbacks == 3);
+  CHECK(job.peers[0]->counts().corrupt == 0);
+  CHECK(job.peers[1]->counts().served == 5);
+  CHECK(job.stage[1]->corrupt() == 0);  // the copy itself is sound
+}
+
+TEST_CASE(
+    "peers: a reply that fails its checks, or an owner's copy changed on its SSD, is a "
+    "counted fallback to the source") {
+  Job job;
+  const Catalog::Locator loc = job.range(100, 777);
+  std::vector<std::byte> out;
+  using Tamper = std::function<void(std::vector<std::byte>&, PeerCheck&)>;
+  const std::vector<Tamper> tampers = {
+      [](std::vector<std::byte>& b, PeerCheck&) { b[5] ^= std::byte{1}; },  // a byte on the way
+      [](std::vector<std::byte>&, PeerCheck& c) { c.crc ^= 1; },
+      [](std::vector<std::byte>&, PeerCheck& c) {
+        c.file_size += 1;
+      },                                             // another file than the catalog's
+      [](std::vector<std::byte>& b, PeerCheck& c) {  // a short range with its own CRC
+        b.pop_back();
+        c.crc = prestage::detail::crc32c(b);
+      },
+  };
+  uint64_t n = 0;
+  for (const Tamper& tamper : tampers) {
+    CAPTURE(n);
+    set_tamper(tamper);
+    CHECK(job.peers[0]->fetch(loc, out) == Peers::Fetched::kNone);
+    ++n;
+    CHECK(job.peers[0]->counts().corrupt == n);
+    CHECK(job.peers[0]->counts().fallbacks == n);
+  }
+  set_tamper(nullptr);
+  REQUIRE(job.peers[0]->fetch(loc, out) == Peers::Fetched::kPeer);
+  CHECK(out == slice(job.source, 100, 777));
+  CHECK(job.peers[0]->counts().reads == 1);
+
+  SUBCASE(
+      "a byte of the owner's copy changed, outside the range asked: found by its check, removed") {
+    flip_byte(job.stage[1]->staged_path(job.theirs), 0);
+    CHECK(job.peers[0]->fetch(loc, out) == Peers::Fetched::kNone);
+    CHECK(job.stage[1]->corrupt() == 1);
+    CHECK_FALSE(job.stage[1]->is_staged(job.theirs));
+    CHECK(job.peers[0]->fetch(loc, out) == Peers::Fetched::kNone);  // gone: absent at once
+    CHECK(job.peers[0]->counts().fallbacks == n + 2);
+    CHECK(job.peers[0]->counts().corrupt == n);  // the owner refused it: nothing wrong was sent
+    CHECK(job.peers[0]->counts().reads == 1);
+  }
+  SUBCASE("a copy left by an earlier run is checked whole before a range of it is sent") {
+    for (const bool damaged : {false, true}) {
+      CAPTURE(damaged);
+      if (!job.stage[1]->is_staged(job.theirs)) {
+        std::vector<std::byte> buffer;
+        REQUIRE(job.stage[1]->try_claim(job.theirs));
+        REQUIRE(job.stage[1]->stage(
+                    job.theirs, (job.catalog.root() / job.catalog.file_path(job.theirs)).string(),
+                    buffer) == StageDirectory::Outcome::kStaged);
+      }
+      const std::string copy = job.stage[1]->staged_path(job.theirs);
+      job.peers[0].reset();
+      job.peers[1].reset();
+      job.stage[1].reset();
+      if (damaged) flip_byte(copy, job.source.size() - 1);  // same size: only its CRC tells
+      job.stage[1] = std::make_unique<StageDirectory>(job.dir / "node1", job.catalog);
+      REQUIRE(job.stage[1]->is_staged(job.theirs));
+      REQUIRE(job.stage[1]->unverified(job.theirs));
+      job.start();
+      if (damaged) {
+        CHECK(job.peers[0]->fetch(loc, out) == Peers::Fetched::kNone);
+        CHECK(job.stage[1]->corrupt() == 1);
+        CHECK(job.peers[0]->counts().fallbacks == 1);
+        CHECK(job.peers[0]->counts().corrupt == 0);
+      } else {
+        REQUIRE(job.peers[0]->fetch(loc, out) == Peers::Fetched::kPeer);
+        CHECK(out == slice(job.source, 100, 777));
+        CHECK_FALSE(job.stage[1]->unverified(job.theirs));
+        CHECK(job.peers[1]->counts().served_bytes == 777);
+      }
+    }
+  }
 }

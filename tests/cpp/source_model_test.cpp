@@ -72,7 +72,7 @@ TEST_CASE("the PFS when the peer is slower, the peer when it is faster") {
   // A fast link: 0.1 ms and 1 GB/s.
   const SourceEstimate fast = learned(0.0001, 1000.0 * kMB, {50'000, 200'000});
   CHECK(choose_source(std::array{fast, pfs}, bytes, kNotProbe, p) == 0);
-  // A peer sends the whole file: of a 100 kB sample in a 10 MB file the fast link is slower.
+  // Where the fast link must move far more bytes (10 MB against 100 kB), it is slower.
   const std::array<uint64_t, 2> packed{10 * kMB, 100'000};
   CHECK(choose_source(std::array{fast, pfs}, packed, kNotProbe, p) == 1);
   // Equal expectations: the nearer source (listed first).

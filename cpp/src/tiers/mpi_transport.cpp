@@ -1,16 +1,17 @@
 // The peer tier's transport over MPI: the plugin libprestage_mpi.so, opened at run time by the core
 // (tiers/peers.cpp) and never linked into it. This file alone includes mpi.h.
 //
-// Two-sided messages on a duplicate of the job's communicator: a request (its id and the file) and
-// a reply (a header with the id, the size, the CRC-32C and the answer, then the bytes), received with
-// MPI_Improbe/MPI_Mrecv since its size is not known in advance. One progress thread makes every MPI
-// call once the transport has started (MPI_THREAD_SERIALIZED is enough; MULTIPLE is missing or flaky
-// on some fabrics); other threads hand it their requests through a queue and wait for the answer
-// with a timeout. MPI has no call that waits for a message and for a local event at once, so the
-// thread polls while there is traffic and otherwise sleeps on a condition variable for up to 2 ms:
-// an idle transport costs a few hundred wake-ups a second, not a core.
-// The MPI C API alone: the deprecated C++ bindings that mpi.h pulls in for C++ would need a library
-// that is not linked.
+// Two-sided messages on a duplicate of the job's communicator: a request (its id, the file and the
+// byte range) and a reply (a header with the id, the size and CRC-32C of the bytes sent, the file's
+// recorded size and the answer, then the bytes), received with MPI_Improbe/MPI_Mrecv since its size
+// is not known in advance. Both ends are the same build: the messages carry no version. One
+// progress thread makes every MPI call once the transport has started (MPI_THREAD_SERIALIZED is
+// enough; MULTIPLE is missing or flaky on some fabrics); other threads hand it their requests
+// through a queue and wait for the answer with a timeout. MPI has no call that waits for a message
+// and for a local event at once, so the thread polls while there is traffic and otherwise sleeps on
+// a condition variable for up to 2 ms: an idle transport costs a few hundred wake-ups a second, not
+// a core. The MPI C API alone: the deprecated C++ bindings that mpi.h pulls in for C++ would need a
+// library that is not linked.
 #define OMPI_SKIP_MPICXX 1
 #define MPICH_SKIP_MPICXX 1
 #include <dlfcn.h>
@@ -49,16 +50,17 @@ constexpr auto kAnswerMargin = std::chrono::milliseconds(1000);
 
 struct RequestMessage {
   uint64_t id;
-  uint64_t file;
+  uint64_t file, offset, length;  // PeerRange
   uint64_t timeout_ms;  // how long the requester waits: a kLater answer is retried for that long
 };
 
 struct ReplyHeader {
   uint64_t id;
-  uint64_t size;
-  uint32_t crc;
-  uint32_t answer;  // PeerAnswer
-  uint64_t held_us;  // how long the answer was held back (kLater) before it was given
+  uint64_t size;       // of the bytes that follow
+  uint32_t crc;        // PeerCheck
+  uint32_t answer;     // PeerAnswer
+  uint64_t held_us;    // how long the answer was held back (kLater) before it was given
+  uint64_t file_size;  // PeerCheck
 };
 
 class MpiTransport;
@@ -97,14 +99,14 @@ class MpiTransport final : public Transport {
   const std::vector<uint64_t>& nodes() const override { return nodes_; }
   const std::vector<uint64_t>& values() const override { return values_; }
 
-  bool request(uint64_t rank, uint64_t file, std::chrono::milliseconds timeout,
-               std::vector<std::byte>& bytes, uint32_t& crc, RequestEnd* end,
+  bool request(uint64_t rank, const PeerRange& range, std::chrono::milliseconds timeout,
+               std::vector<std::byte>& bytes, PeerCheck& check, RequestEnd* end,
                std::chrono::microseconds* held) override {
     RequestEnd ignored;
     RequestEnd& how = end != nullptr ? *end : ignored;
     Waiter w;
     w.rank = rank;
-    w.file = file;
+    w.range = range;
     w.timeout = timeout;
     w.bytes = &bytes;
     std::unique_lock lock(mutex_);
@@ -128,7 +130,7 @@ class MpiTransport final : public Transport {
       return false;
     }
     how = w.end;
-    crc = w.crc;
+    check = w.check;
     if (held != nullptr) *held = std::chrono::microseconds(w.held_us);
     return w.ok;
   }
@@ -144,10 +146,11 @@ class MpiTransport final : public Transport {
 
  private:
   struct Waiter {
-    uint64_t id = 0, rank = 0, file = 0;
+    uint64_t id = 0, rank = 0;
+    PeerRange range;
     std::chrono::milliseconds timeout{0};
     std::vector<std::byte>* bytes = nullptr;
-    uint32_t crc = 0;
+    PeerCheck check;
     uint64_t held_us = 0;           // guarded by mutex_
     bool ok = false, done = false;  // guarded by mutex_
     RequestEnd end = RequestEnd::kReply;  // guarded by mutex_
@@ -179,7 +182,8 @@ class MpiTransport final : public Transport {
         outgoing_.clear();
       }
       for (const Waiter& w : to_send) {
-        const RequestMessage m{w.id, w.file, static_cast<uint64_t>(w.timeout.count())};
+        const RequestMessage m{w.id, w.range.file, w.range.offset, w.range.length,
+                               static_cast<uint64_t>(w.timeout.count())};
         send(static_cast<int>(w.rank), kTagRequest, &m, sizeof m, nullptr, 0);
         active = true;
       }
@@ -193,7 +197,7 @@ class MpiTransport final : public Transport {
     // Stopping: requests held back are answered (absent), every other rank hears goodbye, every
     // wait ends, and sends under way get a short grace, then are let go.
     for (const Deferred& d : deferred_) {
-      const ReplyHeader h{d.message.id, 0, 0, static_cast<uint32_t>(PeerAnswer::kAbsent), 0};
+      const ReplyHeader h{d.message.id, 0, 0, static_cast<uint32_t>(PeerAnswer::kAbsent), 0, 0};
       send(d.source, kTagReply, &h, sizeof h, nullptr, 0);
     }
     deferred_.clear();
@@ -248,25 +252,29 @@ class MpiTransport final : public Transport {
   // Answers a request now, or defers it (kLater) while its requester still waits. True if answered.
   bool answer(int source, const RequestMessage& m, std::chrono::steady_clock::time_point until,
               std::chrono::steady_clock::time_point received) {
-    uint32_t crc = 0;
+    PeerCheck check;
     PeerAnswer a = PeerAnswer::kAbsent;
     try {
-      a = serve_(m.file, body_, crc);
+      a = serve_(PeerRange{m.file, m.offset, m.length}, body_, check);
     } catch (...) {  // no exception may end the progress thread: the requester reads the source
     }
     if (a == PeerAnswer::kLater) {
       if (std::chrono::steady_clock::now() < until) return false;
       a = PeerAnswer::kAbsent;
     }
-    // A reply's size is an int: a larger file is read from the source by the requester.
+    // A reply's size is an int: a larger range is read from the source by the requester.
     if (a == PeerAnswer::kServed && body_.size() > static_cast<size_t>(INT_MAX) - sizeof(ReplyHeader)) {
       a = PeerAnswer::kAbsent;
     }
     const bool served = a == PeerAnswer::kServed;
     const auto held = std::chrono::duration_cast<std::chrono::microseconds>(
         std::chrono::steady_clock::now() - received);
-    const ReplyHeader h{m.id, served ? body_.size() : 0, crc, static_cast<uint32_t>(a),
-                        static_cast<uint64_t>(std::max<int64_t>(held.count(), 0))};
+    const ReplyHeader h{m.id,
+                        served ? body_.size() : 0,
+                        check.crc,
+                        static_cast<uint32_t>(a),
+                        static_cast<uint64_t>(std::max<int64_t>(held.count(), 0)),
+                        check.file_size};
     send(source, kTagReply, &h, sizeof h, body_.data(), served ? body_.size() : 0);
     return true;
   }
@@ -327,7 +335,7 @@ class MpiTransport final : public Transport {
       w.ok = h.answer == static_cast<uint32_t>(PeerAnswer::kServed) &&
              h.size == reply_.size() - sizeof h;
       if (w.ok) w.bytes->assign(reply_.begin() + sizeof h, reply_.end());
-      w.crc = h.crc;
+      w.check = PeerCheck{h.crc, h.file_size};
       w.held_us = h.held_us;
       w.done = true;
       waiting_.erase(it);

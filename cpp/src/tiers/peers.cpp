@@ -4,9 +4,10 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <cstdlib>
-#include <filesystem>
 #include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
 #include <map>
 #include <thread>
 
@@ -144,7 +145,7 @@ Peers::Peers(const Catalog& catalog, const PlanOptions& plan, StageDirectory* st
   }
   link_override(link_latency_s_, link_bytes_per_s_);
   std::string why;
-  const TransportStart start = plugin(why);
+  const TransportStart start = options.start != nullptr ? options.start : plugin(why);
   if (start == nullptr) {
     why_off_ = why;
     return;
@@ -156,8 +157,8 @@ Peers::Peers(const Catalog& catalog, const PlanOptions& plan, StageDirectory* st
   config.expect_rank = plan.rank;
   config.expect_world_size = plan.world_size;
   config.value = home_budget;
-  config.serve = [this](uint64_t file, std::vector<std::byte>& bytes, uint32_t& crc) {
-    return serve(file, bytes, crc);
+  config.serve = [this](const PeerRange& range, std::vector<std::byte>& bytes, PeerCheck& check) {
+    return serve(range, bytes, check);
   };
   transport_.reset(start(&config, &why));
   if (transport_ == nullptr) {
@@ -254,7 +255,7 @@ Peers::Fetched Peers::fetch(const Catalog::Locator& loc, std::vector<std::byte>&
   }
   if (node_of_[owner] == node_of_[plan_.rank]) return local(loc, out, waited);
   std::vector<std::byte> bytes;
-  uint32_t crc = 0;
+  PeerCheck check;
   const auto fall_back = [&](bool corrupt) {
     if (!counted) return Fetched::kNone;
     fallbacks_.fetch_add(1, std::memory_order_relaxed);
@@ -267,7 +268,10 @@ Peers::Fetched Peers::fetch(const Catalog::Locator& loc, std::vector<std::byte>&
     return gone_[owner].load(std::memory_order_relaxed) ? Fetched::kNone : fall_back(false);
   }
   RequestEnd end = RequestEnd::kReply;
-  const bool answered = transport_->request(owner, loc.file, options_.timeout, bytes, crc, &end, &waited);
+  const bool whole = loc.length == Catalog::kWholeFile;
+  const PeerRange range{loc.file, whole ? 0 : loc.offset, whole ? PeerRange::kWhole : loc.length};
+  const bool answered =
+      transport_->request(owner, range, options_.timeout, bytes, check, &end, &waited);
   if (answered) emulate_link(bytes.size());
   if (!answered) {
     if (end == RequestEnd::kGone) gone_[owner].store(1, std::memory_order_relaxed);
@@ -277,17 +281,14 @@ Peers::Fetched Peers::fetch(const Catalog::Locator& loc, std::vector<std::byte>&
     }
     return end == RequestEnd::kGone ? Fetched::kNone : fall_back(false);
   }
+  // The owner's copy is the file the catalog knows (its size), and the bytes are those it read
+  // from it for the range asked (their length and CRC).
   const uint64_t size = catalog_.file_size(loc.file);
-  if ((size != Catalog::kUnknownSize && bytes.size() != size) || crc32c(bytes) != crc) {
+  if ((size != Catalog::kUnknownSize && check.file_size != size) ||
+      bytes.size() != (whole ? check.file_size : loc.length) || crc32c(bytes) != check.crc) {
     return fall_back(true);
   }
-  if (loc.length == Catalog::kWholeFile) {
-    out = std::move(bytes);
-  } else {
-    if (loc.offset > bytes.size() || loc.length > bytes.size() - loc.offset) return fall_back(true);
-    out.assign(bytes.begin() + static_cast<std::ptrdiff_t>(loc.offset),
-               bytes.begin() + static_cast<std::ptrdiff_t>(loc.offset + loc.length));
-  }
+  out = std::move(bytes);
   if (counted) {
     reads_.fetch_add(1, std::memory_order_relaxed);
     bytes_.fetch_add(out.size(), std::memory_order_relaxed);
@@ -340,7 +341,8 @@ bool Peers::gone_from_node(uint64_t file) const {
   return node.ever_published(file) && !node.on_disk(file);
 }
 
-PeerAnswer Peers::serve(uint64_t file, std::vector<std::byte>& bytes, uint32_t& crc) {
+PeerAnswer Peers::serve(const PeerRange& range, std::vector<std::byte>& bytes, PeerCheck& check) {
+  const uint64_t file = range.file;
   if (!ready_.load(std::memory_order_acquire)) return PeerAnswer::kLater;  // e0 not started here
   if (stage_ == nullptr || file >= own_.home.size() || !home_here(file)) return PeerAnswer::kAbsent;
   stage_->take_over_published();  // a copy a neighbour on this node made
@@ -349,21 +351,52 @@ PeerAnswer Peers::serve(uint64_t file, std::vector<std::byte>& bytes, uint32_t& 
     // node declined it (no room under its own uses): then none is.
     return not_here(file) ? PeerAnswer::kAbsent : PeerAnswer::kLater;
   }
-  crc = stage_->staged_crc(file);
+  const uint64_t size = stage_->staged_size(file);
+  const bool whole = range.length == PeerRange::kWhole;
+  // A range the copy does not hold (a locator that does not fit its file) is none of this copy's.
+  if (!whole && (range.offset > size || range.length > size - range.offset)) {
+    return PeerAnswer::kAbsent;
+  }
+  check.file_size = size;
+  // Never a wrong byte: the copy is checked against its record before any of it is sent, as the
+  // node's own readers are served one (Tiers::serve, local()). A copy that changed on this node's
+  // SSD is removed here too, not only refused by the asker.
   if (stage_->unverified(file)) {
-    // A copy left by an earlier run: sent only once checked against its record, by stage 2's own
-    // check (which reads it whole into `bytes` and marks it checked for the node), as the node's
-    // own readers are served one (Tiers::serve, local()).
+    // A copy left by an earlier run: by stage 2's own check (which reads it whole into `bytes` and
+    // marks it checked for the node).
     if (!stage_->verify(file, bytes)) return PeerAnswer::kAbsent;
-  } else {
+    if (!whole) {
+      if (bytes.size() != size) return PeerAnswer::kAbsent;  // copied anew meanwhile
+      std::memmove(bytes.data(), bytes.data() + range.offset, range.length);
+      bytes.resize(range.length);
+    }
+  } else if (whole) {
     try {
       read_file(FileRef(stage_->staged_path(file)), bytes);
     } catch (const IoError&) {
       return PeerAnswer::kAbsent;
     }
-    // A copy that changed on this node's SSD is removed here too, not only refused by the asker.
     if (!stage_->intact(file, bytes)) return PeerAnswer::kAbsent;
+  } else {
+    // A range: the copy is checked whole when its identity is new to this process (any write to
+    // it changes it; a copy younger than a file-time tick is checked at each read), so most ranges
+    // cost a stat and their own read, not a read of the whole copy.
+    std::vector<std::byte> copy;  // read (and checked) only where the copy is checked whole
+    if (!stage_->unchanged(file, copy)) return PeerAnswer::kAbsent;
+    if (copy.size() == size && size != 0) {  // the bytes just checked
+      const auto first = copy.begin() + static_cast<std::ptrdiff_t>(range.offset);
+      bytes.assign(first, first + static_cast<std::ptrdiff_t>(range.length));
+    } else {
+      bytes.resize(range.length);
+      try {
+        read_range(FileRef(stage_->staged_path(file)), range.offset, bytes);
+      } catch (const IoError&) {
+        return PeerAnswer::kAbsent;
+      }
+    }
   }
+  // The CRC-32C of the bytes sent (for a whole copy, the one its record holds, checked above).
+  check.crc = whole ? stage_->staged_crc(file) : crc32c(bytes);
   served_.fetch_add(1, std::memory_order_relaxed);
   served_bytes_.fetch_add(bytes.size(), std::memory_order_relaxed);
   return PeerAnswer::kServed;

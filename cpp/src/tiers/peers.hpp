@@ -1,5 +1,5 @@
-// The peer tier: a sample not on this node is fetched from the stage directory of the node that owns
-// it, over MPI (tiers/transport.hpp), instead of being read again from the source (the PFS).
+// The peer tier: a sample not on this node is fetched from the stage directory of the node that
+// owns it, over MPI (tiers/transport.hpp), instead of being read again from the source (the PFS).
 //
 // Ownership is computed, never negotiated, since every rank knows every rank's plan:
 //  - the owner of a file is the rank that first uses (a sample of) it in the job's start epoch e0:
@@ -19,9 +19,17 @@
 //    fetched sample the node uses again is read locally next time; it reads it ahead into memory
 //    (fetch_sample) or stage 3 reads it (serve) where not. Where a home copy exists, the read goes
 //    to it or to the source, whichever the source model (tiers/source_model.hpp, applied by
-//    Tiers::fetch_home for every reader) expects to finish it first. A reply carries the size and
-//    the CRC-32C of the owner's stage index; a mismatch, no answer within peer_timeout, or a
-//    stopped peer means a read of the source (counted), never a wait beyond it.
+//    Tiers::fetch_home for every reader) expects to finish it first.
+//  - a request names the sample's byte range (or the whole file: stage 2's copies, and samples
+//    that are whole files or slices of one), and the owner sends only those bytes. It checks its
+//    copy against its stage index before it sends any of it: a copy left by an earlier run whole
+//    (StageDirectory::verify), a whole file by its bytes (intact), a range by the copy's identity,
+//    its bytes checked whole when that is new to this process (unchanged: about once per copy);
+//    a copy that fails is removed there and answered "absent", as is a range not within the
+//    copy. A reply carries the CRC-32C of the bytes sent and the file's size as the owner's stage
+//    index records it; a mismatch with the range, the catalog's size or the CRC (counted
+//    corrupt), no answer within peer_timeout, or a stopped peer means a read of the source
+//    (counted), never a wait beyond it.
 //  - a peer that said goodbye (its loader closed) or did not answer within peer_timeout (stalled,
 //    dead) is marked down: every later fetch of its files reads the source at once. So a dead peer
 //    costs each rank at most one peer_timeout (for the fetches under way when it stopped).
@@ -60,14 +68,15 @@ struct PeerOptions {
   std::chrono::milliseconds timeout{1000};
   const void* comm = nullptr;  // see TransportConfig
   int64_t comm_fortran = -1;
+  TransportStart start = nullptr;  // the transport's start (tests: a double); null: plugin()'s
 };
 
 struct PeerCounts {
   uint64_t reads = 0, bytes = 0;  // samples and bytes fetched from peers
   uint64_t fallbacks = 0;         // fetches that ended in a read of the source
-  uint64_t corrupt = 0;           // of those, replies whose size or CRC did not match
+  uint64_t corrupt = 0;           // of those, replies whose sizes or CRC did not match
   uint64_t beyond_budget = 0;     // uses of samples beyond their owner node's home budget
-  uint64_t served = 0, served_bytes = 0;  // answers this rank gave with bytes
+  uint64_t served = 0, served_bytes = 0;  // answers this rank gave with bytes (the ranges asked)
   uint64_t down = 0;    // peers marked down: no answer within the timeout (stalled, dead)
   uint64_t closed = 0;  // peers that said goodbye (closed their loader: skipped from then on too)
 };
@@ -98,7 +107,8 @@ class Peers {
   // Its home copy was on this node and is gone (evicted, found corrupt): none is coming. `stage`
   // non-null.
   bool gone_from_node(uint64_t file) const;
-  // Stage 2: sample `loc`'s bytes from its home copy into `out`: kPeer from its owner node, kLocal
+  // Stage 2: sample `loc`'s bytes (its byte range; a locator of the whole file, as a slice's is,
+  // the whole file) from its home copy into `out`: kPeer from its owner node, kLocal
   // from this node's stage directory (a home copy of this node that a neighbour, or this rank for
   // an earlier batch, was still making when this batch was planned: waited for up to the timeout
   // rather than read from the source a second time), or kNone (the caller reads the source) for a
@@ -133,7 +143,7 @@ class Peers {
   static TransportStart plugin(std::string& why);
 
  private:
-  PeerAnswer serve(uint64_t file, std::vector<std::byte>& bytes, uint32_t& crc);
+  PeerAnswer serve(const PeerRange& range, std::vector<std::byte>& bytes, PeerCheck& check);
   Fetched local(const Catalog::Locator& loc, std::vector<std::byte>& out,
                 std::chrono::microseconds& waited);
   // PRESTAGE_PEER_LINK="LATENCY_MS,MBS" (benchmarks and tests): each fetch from a peer takes at

@@ -4,8 +4,8 @@
 // of configured). The sources: this node's stage directory, each other node's link (its ranks
 // share it), the source (the PFS).
 //
-// A read's cost is modelled as latency + bytes / bandwidth, with the bytes that source must move:
-// a peer sends the whole file of a sample, the PFS only the sample's range. A source keeps
+// A read's cost is modelled as latency + bytes / bandwidth, with the bytes that source must move
+// (a peer, this node's copy and the PFS alike move the sample's byte range). A source keeps
 // `queued_bytes` of reads chosen and not yet done; a new read there is expected to end after them.
 //
 // A source no other read measures (a peer's link, this node's home copies) is learned by probes:

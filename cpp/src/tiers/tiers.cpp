@@ -299,10 +299,8 @@ Tier Tiers::fetch_home(const Catalog::Locator& loc, uint64_t sample_bytes,
   if (home == Peers::Fetched::kNone || peers_->down(owner)) {
     fetched = peers_->fetch(loc, buffer);  // counts what it must (beyond budget, a peer down)
   } else {
-    // A peer sends the whole file; this node's copy and the source read only the sample.
-    const uint64_t file_bytes = catalog_.file_size(loc.file);
-    const uint64_t near_bytes =
-        home == Peers::Fetched::kPeer && file_bytes != Catalog::kUnknownSize ? file_bytes : sample_bytes;
+    // A peer sends the sample's bytes, as this node's copy and the source read them.
+    const uint64_t near_bytes = sample_bytes;
     const size_t near = home == Peers::Fetched::kPeer ? SourceModel::kPeer0 + peers_->node_of(owner)
                                                       : SourceModel::kStage;
     const std::array<size_t, 2> sources{near, SourceModel::kPfs};

@@ -143,7 +143,7 @@ class Tiers {
   // (the bytes stage 2 read ahead for it, or null), the stage directory's copy (not one left by an
   // earlier run that stage 2 has not yet checked against its record), its home copy through the
   // peer tier (with the tier on, a `tally` and an `access` that reads: into memory, as fetch_sample() reads
-  // it: a peer sends the whole file, of which the sample's range is kept; `at.tier` is kPeer, or
+  // it: a peer sends the sample's byte range, a slice's whole file; `at.tier` is kPeer, or
   // kStage for a home copy of this node that a neighbour had not yet published), the source.
   // `use` returns the bytes it took; an IoError it throws while the stage directory serves means the
   // copy vanished (the directory was cleaned or lost), and the next tier serves. `access` says what

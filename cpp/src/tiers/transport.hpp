@@ -1,7 +1,8 @@
-// The peer tier's transport: how a rank asks a rank of another node for a staged file, and answers
-// such requests. The core library only knows this interface; its one implementation, over MPI, is a
-// plugin (libprestage_mpi.so, tiers/mpi_transport.cpp) that the core opens at run time, so that
-// neither the core library nor the Python extension links an MPI library (a site brings its own).
+// The peer tier's transport: how a rank asks a rank of another node for a byte range of a staged
+// file (a sample's bytes, or the whole file), and answers such requests. The core library only
+// knows this interface; its one implementation, over MPI, is a plugin (libprestage_mpi.so,
+// tiers/mpi_transport.cpp) that the core opens at run time, so that neither the core library nor
+// the Python extension links an MPI library (a site brings its own).
 #pragma once
 
 #include <chrono>
@@ -12,17 +13,36 @@
 
 namespace prestage::detail {
 
-// What a rank answers to a request for a file.
+// What a request asks for: `length` bytes at `offset` of file `file` (a sample's byte range), or
+// with kWhole the whole file (offset ignored).
+struct PeerRange {
+  static constexpr uint64_t kWhole = ~uint64_t{0};  // as Catalog::kWholeFile
+  uint64_t file = 0;
+  uint64_t offset = 0;
+  uint64_t length = kWhole;
+};
+
+// What a rank answers to a request.
 enum class PeerAnswer : uint32_t {
-  kServed = 0,  // the bytes and the CRC-32C its stage index records for them
-  kAbsent = 1,  // no copy here, and none coming: the requester reads the source
+  kServed = 0,  // the range's bytes, with a PeerCheck
+  kAbsent = 1,  // no copy here, none coming, or a range not within the copy: the requester reads
+                // the source
   kLater = 2,   // a copy is coming (a home copy not made yet): asked again until the request's time
 };
 
-// Called on the transport's progress thread for each request: fills `bytes` (the whole file) and
-// `crc` for kServed. Must not block for long (it reads a file of the local stage directory).
-using PeerServe =
-    std::function<PeerAnswer(uint64_t file, std::vector<std::byte>& bytes, uint32_t& crc)>;
+// What a served answer carries beside its bytes, for the requester's checks: the CRC-32C of the
+// bytes sent (of the range: the owner checked its copy against its stage index before it read the
+// range) and the size the owner's stage index records for the whole file.
+struct PeerCheck {
+  uint32_t crc = 0;
+  uint64_t file_size = 0;
+};
+
+// Called on the transport's progress thread for each request: for kServed, fills `bytes` with
+// exactly the range's bytes (the whole file for kWhole) and `check`. Must not block for long (it
+// reads a file of the local stage directory).
+using PeerServe = std::function<PeerAnswer(const PeerRange& range, std::vector<std::byte>& bytes,
+                                           PeerCheck& check)>;
 
 struct TransportConfig {
   // The communicator to duplicate: the address of an MPI_Comm (C++; opaque here), else a Fortran
@@ -58,13 +78,14 @@ class Transport {
   virtual const std::vector<uint64_t>& nodes() const = 0;
   // Per rank: the TransportConfig::value it started with.
   virtual const std::vector<uint64_t>& values() const = 0;
-  // Asks rank `rank` for file `file` and waits up to `timeout` for its answer: true with the bytes
-  // and their CRC in `bytes` and `crc`, false for an absent copy, a timeout, a peer that said
-  // goodbye (false at once from then on) or a stopped transport; `end` (if given) says which.
-  // `held` (if given) gets how long the peer held its answer back (kLater: the copy was still being
-  // made), so that the time of the transfer itself can be told from the wait.
-  virtual bool request(uint64_t rank, uint64_t file, std::chrono::milliseconds timeout,
-                       std::vector<std::byte>& bytes, uint32_t& crc, RequestEnd* end = nullptr,
+  // Asks rank `rank` for `range` and waits up to `timeout` for its answer: true with the bytes in
+  // `bytes` and what to check them by in `check` (as the peer sent them: the caller checks), false
+  // for an absent copy, a timeout, a peer that said goodbye (false at once from then on) or a
+  // stopped transport; `end` (if given) says which. `held` (if given) gets how long the peer held
+  // its answer back (kLater: the copy was still being made), so that the time of the transfer
+  // itself can be told from the wait.
+  virtual bool request(uint64_t rank, const PeerRange& range, std::chrono::milliseconds timeout,
+                       std::vector<std::byte>& bytes, PeerCheck& check, RequestEnd* end = nullptr,
                        std::chrono::microseconds* held = nullptr) = 0;
   // Stops serving, answers the requests it was holding back (absent), says goodbye to every other
   // rank (their waits on this one end at once) and ends the waits under way (they return false);
