@@ -299,18 +299,17 @@ Tier Tiers::fetch_home(const Catalog::Locator& loc, uint64_t sample_bytes,
   if (home == Peers::Fetched::kNone || peers_->down(owner)) {
     fetched = peers_->fetch(loc, buffer);  // counts what it must (beyond budget, a peer down)
   } else {
-    // A peer sends the sample's bytes, as this node's copy and the source read them.
-    const uint64_t near_bytes = sample_bytes;
+    // A read moves the sample's bytes from each: a peer sends only them (a range of its copy).
     const size_t near = home == Peers::Fetched::kPeer ? SourceModel::kPeer0 + peers_->node_of(owner)
                                                       : SourceModel::kStage;
     const std::array<size_t, 2> sources{near, SourceModel::kPfs};
-    const std::array<uint64_t, 2> bytes{near_bytes, sample_bytes};
+    const std::array<uint64_t, 2> bytes{sample_bytes, sample_bytes};
     const SourceModel::Choice choice = model_->choose(sources, bytes, !prober_->busy());
     if (choice.probe != SourceModel::kNoProbe && !peers_->closing()) {
       prober_->start(loc, choice.probe, choice.probe_bytes);
     }
     if (choice.read == near) {
-      TimedRead timed(model_.get(), near, near_bytes, true);
+      TimedRead timed(model_.get(), near, sample_bytes, true);
       std::chrono::microseconds waited{0};
       fetched = peers_->fetch(loc, buffer, &waited);
       timed.end(fetched != Peers::Fetched::kNone, waited);
