@@ -498,14 +498,20 @@ def test_a_bounded_node_keeps_what_it_keeps_without_the_tier_and_reads_the_pfs_n
 
     # Each node's stage directory is run as with the tier off (its own next uses decide what it
     # keeps), so the tier only ever replaces a read of the PFS by a read from a peer: no epoch reads
-    # the PFS more than the job without peers does.
+    # the PFS more than the job without peers does, but for the hits one run has and the other not.
+    # Which rank of a node copies a file first (a neighbour's copy is a hit), and so the hits, differ
+    # by a few with timing; each hit lost is a read of the PFS.
     with_tier, without = per_epoch(ranks, "source_reads"), per_epoch(plain, "source_reads")
-    assert all(a <= b for a, b in zip(with_tier, without)), (with_tier, without)
-    assert sum(per_epoch(ranks, "peer_reads")) > 0
-    # And the nodes' own hits are those of the tier off: the same policy over the same plan; which
-    # rank of a node copies a file first (a neighbour's copy is a hit), and so the counts, differ by
-    # a few with timing. (Home copies alone, never evicted, made 0.65x the hits of the tier off.)
-    hits_with, hits_without = sum(per_epoch(ranks, "hits")[1:]), sum(per_epoch(plain, "hits")[1:])
+    hits_on, hits_off = per_epoch(ranks, "hits"), per_epoch(plain, "hits")
+    assert all(a - b <= max(0, h_off - h_on) for a, b, h_on, h_off in
+               zip(with_tier, without, hits_on, hits_off)), (with_tier, without, hits_on, hits_off)
+    # The link was reached: reads the tier served, or probes of it (most of the other node's home
+    # copies are gone here, so a probe may find none to measure the link with).
+    assert sum(row["reads"] for r in ranks for row in r["stats"]["sources"]
+               if row["name"].startswith("node ")) > 0
+    # And the nodes' own hits are those of the tier off: the same policy over the same plan, but
+    # for timing, as above. (Home copies alone, never evicted, made 0.65x the hits of the tier off.)
+    hits_with, hits_without = sum(hits_on[1:]), sum(hits_off[1:])
     assert hits_with >= 0.9 * hits_without, (hits_with, hits_without)
 
 
