@@ -262,6 +262,44 @@ TEST_CASE("a peer marked down is skipped, even unlearned or faster") {
   CHECK(c.probe == SourceModel::kNoProbe);  // a peer down is not probed either
 }
 
+TEST_CASE(
+    "the links against the PFS: unknown until both are learned, then faster, slower or mixed") {
+  // Reads of two sizes through the model, each taking latency + bytes / bandwidth.
+  const auto learn = [](SourceModel& m, size_t source, double latency_s, double bytes_per_s) {
+    for (int i = 0; i < 4; ++i) {
+      for (const uint64_t b : {50'000, 200'000}) {
+        m.begin(source, b);
+        m.done(source, b, latency_s + static_cast<double>(b) / bytes_per_s, true);
+      }
+    }
+  };
+  using Links = SourceModel::Links;
+  const size_t node2 = SourceModel::kPeer0 + 2, node4 = SourceModel::kPeer0 + 4;
+  SourceModel model(6);
+  CHECK(model.links_against_pfs(100'000) == Links::kUnknown);
+  learn(model, node2, 0.001, 200.0 * kMB);
+  CHECK(model.links_against_pfs(100'000) == Links::kUnknown);  // the PFS not learned
+  learn(model, SourceModel::kPfs, 0.010, 50.0 * kMB);
+  CHECK(model.links_against_pfs(100'000) == Links::kFaster);
+  learn(model, node4, 0.030, 4.0 * kMB);
+  CHECK(model.links_against_pfs(100'000) == Links::kMixed);
+  model.set_down(node2);  // a link down no longer counts
+  CHECK(model.links_against_pfs(100'000) == Links::kSlower);
+
+  SourceModel one_read(4);  // a link seen once is not learned yet
+  learn(one_read, SourceModel::kPfs, 0.010, 50.0 * kMB);
+  one_read.begin(SourceModel::kPeer0, 1000);
+  one_read.done(SourceModel::kPeer0, 1000, 0.0001, true);
+  CHECK(one_read.links_against_pfs(1000) == Links::kUnknown);
+  // The bytes count: a link of low latency and little bandwidth against a PFS of high latency
+  // and much is faster for small reads only.
+  SourceModel sizes(4);
+  learn(sizes, SourceModel::kPfs, 0.010, 1000.0 * kMB);
+  learn(sizes, SourceModel::kPeer0 + 2, 0.0001, 10.0 * kMB);
+  CHECK(sizes.links_against_pfs(10'000) == Links::kFaster);     // 1.1 ms against 10 ms
+  CHECK(sizes.links_against_pfs(1'000'000) == Links::kSlower);  // 100 ms against 11 ms
+}
+
 TEST_CASE("the model's rows: reads per source and the estimates") {
   SourceModel model(2);
   for (int i = 0; i < 4; ++i) {

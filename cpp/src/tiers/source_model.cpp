@@ -187,6 +187,26 @@ void SourceModel::set_down(size_t source) {
   est_[source].down = true;
 }
 
+SourceModel::Links SourceModel::links_against_pfs(uint64_t bytes) const {
+  std::lock_guard lock(mutex_);
+  const auto learned = [&](const SourceEstimate& e) {
+    return e.samples >= params_.min_samples && e.bytes_per_s() > 0;
+  };
+  if (!learned(est_[kPfs])) return Links::kUnknown;
+  const auto seconds = [&](const SourceEstimate& e) {
+    return e.latency_s() + static_cast<double>(bytes) / e.bytes_per_s();
+  };
+  const double pfs = seconds(est_[kPfs]);
+  size_t faster = 0, slower = 0;
+  for (size_t s = kPeer0; s < est_.size(); ++s) {
+    const SourceEstimate& e = est_[s];
+    if (e.down || !learned(e)) continue;
+    (seconds(e) < pfs ? faster : slower) += 1;
+  }
+  if (faster + slower == 0) return Links::kUnknown;
+  return slower == 0 ? Links::kFaster : faster == 0 ? Links::kSlower : Links::kMixed;
+}
+
 std::vector<SourceModel::Row> SourceModel::rows() const {
   std::lock_guard lock(mutex_);
   std::vector<Row> rows;

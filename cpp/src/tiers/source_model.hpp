@@ -103,6 +103,15 @@ class SourceModel {
   void done(size_t source, uint64_t bytes, double seconds, bool ok);
   void set_down(size_t source);
 
+  // How the other nodes' links compare with the PFS for a read of `bytes`, each expected at its
+  // latency plus the bytes at its bandwidth (queues left out: a standing view, not a choice):
+  // kUnknown until the PFS and a link have each been learned (min_samples reads), kFaster where
+  // every link learned and not down is expected to finish it first, kSlower where none is, else
+  // kMixed. The links of a job are alike (and each link is the same both ways), so a node tells
+  // from it what the other nodes will ask it for.
+  enum class Links : uint8_t { kUnknown, kFaster, kSlower, kMixed };
+  Links links_against_pfs(uint64_t bytes) const;
+
   struct Row {
     std::string name;  // "stage", "pfs", "node <lowest rank of the node>"
     uint64_t reads = 0, bytes = 0;  // reads chosen or learned from there, and their bytes

@@ -164,7 +164,21 @@ void Tiers::set_peers(Peers* peers) {
   prober_.reset();
   peers_ = peers;
   model_.reset(peers != nullptr && peers->on() ? new SourceModel(peers->ranks()) : nullptr);
-  if (model_ != nullptr) prober_ = std::make_unique<Prober>(*peers_, *model_);
+  if (model_ == nullptr) return;
+  prober_ = std::make_unique<Prober>(*peers_, *model_);
+  uint64_t known = 0, total = 0;
+  for (uint64_t id = 0; id < catalog_.size(); ++id) {
+    const uint64_t size = sample_size(id);
+    if (size == Catalog::kUnknownSize) continue;
+    ++known;
+    total += size;
+  }
+  mean_sample_bytes_ = known != 0 ? total / known : 0;
+}
+
+SourceModel::Links Tiers::links() const {
+  return model_ != nullptr ? model_->links_against_pfs(mean_sample_bytes_)
+                           : SourceModel::Links::kUnknown;
 }
 
 void Tiers::refuse_if_stalled(uint64_t file, const std::string& path) {

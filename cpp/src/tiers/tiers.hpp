@@ -132,6 +132,9 @@ class Tiers {
   void stop_probes();
   // The estimates per source and the reads each served (null: the peer tier is off).
   const SourceModel* source_model() const noexcept { return model_.get(); }
+  // How the other nodes' links compare with the PFS for a read of the set's mean sample, as the
+  // model sees them now (SourceModel::links_against_pfs); kUnknown with the peer tier off.
+  SourceModel::Links links() const;
 
   // A sample's size from the catalog (its byte range, or its whole file's recorded size), or
   // Catalog::kUnknownSize.
@@ -227,6 +230,7 @@ class Tiers {
   std::unique_ptr<SourceModel> model_;  // with peers_ on
   std::unique_ptr<Prober> prober_;      // with model_; declared after it: stopped first
   uint64_t max_read_bytes_;
+  uint64_t mean_sample_bytes_ = 0;  // of the samples whose size the catalog records (set_peers)
   TierTally served_, fetched_;
   IoTrace* trace_ = nullptr;
   std::unique_ptr<std::atomic<uint8_t>[]> stalled_;  // per file: see stalled_if_timed_out()
