@@ -414,7 +414,9 @@ class Loader:
         ``peer_served_bytes``, ``peers_down`` (peers that did not answer within ``peer_timeout``)
         and ``peers_closed`` (peers that said goodbye): both read from the source at once from
         then on; ``peer_reads_to_pfs`` (reads of a sample with a home copy that the source model
-        sent to the PFS, expected to finish there first) and ``sources`` (per source of stage 2's
+        sent to the PFS, expected to finish there first), ``peer_home_first`` (the node's stage
+        directory keeps its home copies ahead of other files, for the other nodes' reads, while the
+        links are faster than the PFS; else it is run as without the tier) and ``sources`` (per source of stage 2's
         reads, ``name`` "stage", "pfs" or "node <its lowest rank>" (another node's link):
         ``reads``, ``bytes``, and the estimates ``latency_ms``, ``mbs`` learned from ``samples``
         reads, ``down``, ``probes``: of the reads, those made only to measure the source, on a

@@ -156,7 +156,8 @@ constexpr auto kStatsFields = std::make_tuple(
     field("beyond_budget", &Stats::beyond_budget), field("peer_served", &Stats::peer_served),
     field("peer_served_bytes", &Stats::peer_served_bytes), field("peers_down", &Stats::peers_down),
     field("peers_closed", &Stats::peers_closed),
-    field("peer_reads_to_pfs", &Stats::peer_reads_to_pfs), field("sources", &Stats::sources),
+    field("peer_reads_to_pfs", &Stats::peer_reads_to_pfs),
+    field("peer_home_first", &Stats::peer_home_first), field("sources", &Stats::sources),
     field("gpu_decode", &Stats::gpu_decode));
 
 template <typename Struct, typename Fields>

@@ -4,6 +4,7 @@
 #include <deque>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <memory>
 #include <set>
 #include <string>
@@ -80,6 +81,14 @@ struct Outcome {
   std::vector<uint64_t> bytes;   // read from the source, per epoch
   bool bound_held = true;        // the copies on disk never exceeded the bound
   bool window_kept = true;       // no file of the last `window` batches was gone
+  std::vector<uint64_t> home_misses;  // per epoch, of files HomeFirst::home names (with one)
+};
+
+// The peer tier's hybrid layout (StageCache::set_home_first): the files this node is the home of,
+// and in which epochs they rank first.
+struct HomeFirst {
+  std::vector<uint8_t> home;  // per file
+  std::function<bool(uint64_t epoch)> on;
 };
 
 // Runs kEpochs epochs of one rank through a StageCache. `copy`: does stage 2's part at once,
@@ -90,12 +99,18 @@ struct Outcome {
 // disk after each epoch; and after each batch, that every file that was in the directory for one of
 // the last `window` batches still is.
 Outcome run_cache(const Catalog& catalog, const PlanOptions& plan, uint64_t capacity,
-                  Eviction eviction, uint64_t window, bool copy = false) {
+                  Eviction eviction, uint64_t window, bool copy = false,
+                  const HomeFirst* home_first = nullptr) {
   StageDirectory& directory = data().directory;
   for (uint64_t f = 0; f < catalog.num_files(); ++f) {  // an empty directory
     if (!directory.is_absent(f)) directory.evict(f);
   }
   StageCache cache(catalog, plan, directory, capacity, eviction, window);
+  uint64_t epoch_now = 0;
+  if (home_first != nullptr) {
+    cache.set_home_first([home_first](uint64_t f) { return home_first->home[f] != 0; },
+                         [home_first, &epoch_now] { return home_first->on(epoch_now); });
+  }
   Outcome out;
   std::deque<std::vector<uint64_t>> recent;  // files present for each of the last `window` batches
   std::vector<uint64_t> to_stage;
@@ -104,10 +119,16 @@ Outcome run_cache(const Catalog& catalog, const PlanOptions& plan, uint64_t capa
   for (uint64_t e = 0; e < kEpochs; ++e) {
     prestage::detail::Admission stats;
     const EpochPlan epoch(plan, e);
+    epoch_now = e;
+    uint64_t home_misses = 0;
     for (uint64_t b = 0; b < epoch.num_batches(); ++b) {
       to_stage.clear();
       declined.clear();
       cache.admit(e, b, epoch.batch(b), epoch.batch_size(b), to_stage, declined, stats);
+      if (home_first != nullptr) {  // one sample per file: a miss is a file claimed or declined
+        for (const uint64_t f : to_stage) home_misses += home_first->home[f];
+        for (const size_t k : declined) home_misses += home_first->home[epoch.batch(b)[k]];
+      }
       for (const uint64_t f : to_stage) {
         if (copy) {
           REQUIRE(directory.stage(f, catalog.file_source_path(f).string(), buffer) ==
@@ -136,6 +157,7 @@ Outcome run_cache(const Catalog& catalog, const PlanOptions& plan, uint64_t capa
     out.bound_held = out.bound_held && on_disk <= capacity;
     out.misses.push_back(stats.misses);
     out.bytes.push_back(stats.bytes_missed);
+    out.home_misses.push_back(home_misses);
   }
   return out;
 }
@@ -146,9 +168,11 @@ Outcome run_cache(const Catalog& catalog, const PlanOptions& plan, uint64_t capa
 // from the plan of `kEpochs + extra` epochs, so it sees well past the last epoch read.
 // With several `ranks` (of plan.world_size) sharing the cache, the stream is their batches in
 // turn, batch b of each before batch b + 1 of any, and `window` counts such steps.
+// With `home_first`, in the epochs it is on, a file it names ranks ahead of every other (their
+// Belady keys on two levels, the home files' below the others').
 Outcome simulate(const Catalog& catalog, const PlanOptions& plan, uint64_t capacity,
                  Eviction eviction, uint64_t window, uint64_t extra,
-                 std::vector<uint64_t> ranks = {}) {
+                 std::vector<uint64_t> ranks = {}, const HomeFirst* home_first = nullptr) {
   constexpr uint64_t kNone = ~uint64_t{0};
   struct Use {
     uint64_t epoch, batch_seq, file;
@@ -186,11 +210,28 @@ Outcome simulate(const Catalog& catalog, const PlanOptions& plan, uint64_t capac
   std::set<std::pair<uint64_t, uint64_t>> cached;  // (key, file)
   uint64_t used = 0;
   const bool belady = eviction == Eviction::kClairvoyant;
+  constexpr uint64_t kOthers = uint64_t{1} << 62;  // above every stream index
+  std::vector<uint64_t> next_of(catalog.num_files(), kNone);  // per cached file: its next use
+  bool ranked_home_first = false;
+  const auto key_of = [&](uint64_t file, uint64_t next_use) {
+    const uint64_t k = next_use == kNone ? kOthers - 1 : next_use;
+    return ranked_home_first && !home_first->home[file] ? kOthers + k : k;
+  };
   for (uint64_t i = 0; i < stream.size() && stream[i].epoch < kEpochs; ++i) {
     const uint64_t f = stream[i].file;
     const uint64_t size = catalog.file_size(f);
-    // Belady: the next use (kNone - 1 if none, after every use); LRU: this use.
-    const uint64_t k = belady ? (next[i] == kNone ? kNone - 1 : next[i]) : i;
+    if (belady && home_first != nullptr && home_first->on(stream[i].epoch) != ranked_home_first) {
+      ranked_home_first = !ranked_home_first;
+      std::set<std::pair<uint64_t, uint64_t>> again;
+      for (const auto& [old_key, file] : cached) {
+        key[file] = key_of(file, next_of[file]);
+        again.insert({key[file], file});
+      }
+      cached = std::move(again);
+    }
+    // Belady: the next use (after every use if none); LRU: this use.
+    const uint64_t k = belady ? key_of(f, next[i]) : i;
+    next_of[f] = next[i];
     last_seq[f] = stream[i].batch_seq;
     if (key[f] != kNone) {
       cached.erase({key[f], f});
@@ -324,6 +365,64 @@ TEST_CASE("stage cache: each file it declines is reported, so the peer tier know
   CHECK(!want.empty());  // an eighth of the set: Belady's rule bypasses some
   CHECK(reported == want);
   cache.let_go_all();
+}
+
+TEST_CASE("stage cache: home first, the node's home copies rank ahead of other files, as the "
+          "two-level Belady rule does") {
+  const Catalog& catalog = data().catalog;
+  const PlanOptions plan = rank_plan(0, 1);
+  HomeFirst hybrid;
+  hybrid.home.assign(catalog.num_files(), 0);
+  uint64_t home_bytes = 0;
+  for (uint64_t f = 0; f < catalog.num_files(); f += 2) {  // every other file: about half the set
+    hybrid.home[f] = 1;
+    home_bytes += catalog.file_size(f);
+  }
+  SUBCASE("on from the start: after the first epoch, no home copy is ever missed") {
+    hybrid.on = [](uint64_t) { return true; };
+    // Room for the home copies and a tenth of the set more; and less room than they take.
+    for (const uint64_t capacity : {home_bytes + set_bytes(catalog) / 10, home_bytes / 2}) {
+      CAPTURE(capacity);
+      const Outcome got = run_cache(catalog, plan, capacity, Eviction::kClairvoyant, 3, true, &hybrid);
+      const Outcome want =
+          simulate(catalog, plan, capacity, Eviction::kClairvoyant, 3, 8, {}, &hybrid);
+      CHECK(got.misses == want.misses);
+      CHECK(got.bytes == want.bytes);
+      CHECK(got.bound_held);
+      CHECK(got.window_kept);
+      const Outcome plain = run_cache(catalog, plan, capacity, Eviction::kClairvoyant, 3);
+      if (capacity > home_bytes) {
+        for (uint64_t e = 1; e < kEpochs; ++e) CHECK(got.home_misses[e] == 0);
+        // The other files pay for it: more misses in all than Belady's rule alone.
+        CHECK(after_first(got.misses) > after_first(plain.misses));
+      } else {  // the home copies themselves compete, by their next use
+        CHECK(after_first(got.home_misses) > 0);
+      }
+    }
+  }
+  SUBCASE("switched on, off and on: the files tracked are ranked again at each change") {
+    hybrid.on = [](uint64_t epoch) { return epoch == 2 || epoch >= 4; };
+    const uint64_t capacity = home_bytes + set_bytes(catalog) / 10;
+    const Outcome got = run_cache(catalog, plan, capacity, Eviction::kClairvoyant, 3, true, &hybrid);
+    const Outcome want = simulate(catalog, plan, capacity, Eviction::kClairvoyant, 3, 8, {}, &hybrid);
+    CHECK(got.misses == want.misses);
+    CHECK(got.bytes == want.bytes);
+    CHECK(got.bound_held);
+    CHECK(got.window_kept);
+    // Off, it is Belady's rule: the first two epochs are those of the plain rule.
+    const Outcome plain = simulate(catalog, plan, capacity, Eviction::kClairvoyant, 3, 8);
+    CHECK(got.misses[0] == plain.misses[0]);
+    CHECK(got.misses[1] == plain.misses[1]);
+    CHECK(got.home_misses[1] > 0);   // the plain rule gives home copies up
+    CHECK(got.home_misses[5] == 0);  // on since epoch 4: each came back at its first use there
+  }
+  SUBCASE("LRU keeps its own order") {
+    hybrid.on = [](uint64_t) { return true; };
+    const uint64_t capacity = home_bytes + set_bytes(catalog) / 10;
+    const Outcome got = run_cache(catalog, plan, capacity, Eviction::kLru, 3, false, &hybrid);
+    const Outcome want = simulate(catalog, plan, capacity, Eviction::kLru, 3, 8);
+    CHECK(got.misses == want.misses);
+  }
 }
 
 TEST_CASE("stage cache: LRU reads exactly what the simulation of LRU reads, on any rank") {

@@ -201,6 +201,9 @@ struct Stats {
   // model expects to finish first (its queue counted): the reads it sent to the PFS, and per source
   // its reads and estimates, so that a user sees why.
   uint64_t peer_reads_to_pfs = 0;
+  // The layout of the node's stage directory: home copies first (kept for the other nodes' reads
+  // while their links are faster than the PFS), or run as without the tier.
+  bool peer_home_first = false;
   std::vector<SourceStats> sources;
   std::vector<EpochStats> epochs;  // in epoch order
 };

@@ -340,6 +340,10 @@ Loader::Impl::Impl(Catalog catalog_in, LoaderOptions options_in)
       detail::Peers* peers = shared->peers.get();
       if (shared->cache) {
         shared->cache->set_on_declined([peers](uint64_t f) { peers->not_coming(f); });
+        const detail::Tiers* tiers = shared->tiers.get();
+        shared->cache->set_home_first(
+            [peers](uint64_t f) { return peers->home_here(f); },
+            [tiers] { return tiers->links() == detail::SourceModel::Links::kFaster; });
       }
       // A home copy is made by stage 2 in the start epoch: stage 3 waits for it rather than reading
       // the source itself, so that the source is read once. Set in the one copy, before any thread
@@ -721,6 +725,7 @@ Stats Loader::Impl::stats() const {
     s.peer_tier_why = "not asked for (peers=False)";
   }
   if (shared->cache) {
+    s.peer_home_first = shared->cache->home_first_now();
     s.cache_bytes = shared->cache->capacity();
     s.stage_bytes = shared->cache->used_bytes();
     s.stage_bytes_peak = shared->cache->peak_bytes();

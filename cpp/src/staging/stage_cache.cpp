@@ -138,8 +138,8 @@ void StageCache::enter_epoch(uint64_t epoch, uint64_t position_in_epoch) {
   // next use may have come within reach), are stale: look them up again. Once per epoch, so a scan
   // of the tracked files costs little per sample.
   rekey_.clear();
-  for (const auto& [key, file] : tracked_) {
-    if (stale(key, epoch)) rekey_.push_back(file);
+  for (const auto& [rank, file] : tracked_) {
+    if (stale(key_[file], epoch)) rekey_.push_back(file);
   }
   for (const uint64_t file : rekey_) track(file, next_use_from(file, epoch, position_in_epoch));
 }
@@ -158,7 +158,7 @@ void StageCache::unpin_oldest(uint64_t epoch, uint64_t position_in_epoch) {
     if (eviction_ == Eviction::kClairvoyant && stale(key_[file], epoch)) {
       key_[file] = next_use_from(file, epoch, position_in_epoch);
     }
-    tracked_.insert({key_[file], file});
+    tracked_.insert({rank_of(file, key_[file]), file});
   }
   oldest.clear();
 }
@@ -178,15 +178,33 @@ uint64_t StageCache::size_of(uint64_t file) const {
   return static_cast<uint64_t>(st.st_size);
 }
 
+uint64_t StageCache::rank_of(uint64_t file, uint64_t key) const {
+  if (!home_first_now_.load(std::memory_order_relaxed)) return key;
+  const uint64_t within = std::min(key, kOtherNodes - 1);
+  return home_here_(file) ? within : kOtherNodes | within;
+}
+
+void StageCache::update_home_first() {
+  const bool now = home_first_ && capacity_ != 0 && eviction_ == Eviction::kClairvoyant &&
+                   home_first_();
+  if (now == home_first_now_.load(std::memory_order_relaxed)) return;
+  std::vector<uint64_t> files;
+  files.reserve(tracked_.size());
+  for (const auto& entry : tracked_) files.push_back(entry.second);
+  home_first_now_.store(now, std::memory_order_relaxed);
+  tracked_.clear();
+  for (const uint64_t file : files) tracked_.insert({rank_of(file, key_[file]), file});
+}
+
 void StageCache::track(uint64_t file, uint64_t key) {
-  if (key_[file] != kNever) tracked_.erase({key_[file], file});
+  if (key_[file] != kNever) tracked_.erase({rank_of(file, key_[file]), file});
   key_[file] = key;
-  if (!pinned(file)) tracked_.insert({key, file});
+  if (!pinned(file)) tracked_.insert({rank_of(file, key), file});
 }
 
 void StageCache::untrack(uint64_t file) {
   if (key_[file] == kNever) return;
-  tracked_.erase({key_[file], file});
+  tracked_.erase({rank_of(file, key_[file]), file});
   key_[file] = kNever;
   charged_[file] = 0;
 }
@@ -224,7 +242,7 @@ void StageCache::publish_usage() {
   if (now > peak_.load(std::memory_order_relaxed)) peak_.store(now, std::memory_order_relaxed);
 }
 
-bool StageCache::make_room(uint64_t need, uint64_t incoming_key, Admission& stats) {
+bool StageCache::make_room(uint64_t need, uint64_t incoming_rank, Admission& stats) {
   if (need > capacity_) return false;
   // Victims, best first (files of the last `window` batches, possibly being read, are not tracked).
   std::vector<std::pair<uint64_t, uint64_t>> victims;
@@ -232,7 +250,7 @@ bool StageCache::make_room(uint64_t need, uint64_t incoming_key, Admission& stat
   auto consider = [&](const std::pair<uint64_t, uint64_t>& entry) {
     const uint64_t file = entry.second;
     // Belady with bypass: only a file needed later than the incoming one is worth giving up.
-    if (eviction_ == Eviction::kClairvoyant && entry.first <= incoming_key) return false;
+    if (eviction_ == Eviction::kClairvoyant && entry.first <= incoming_rank) return false;
     victims.push_back(entry);
     freed += charged_[file];
     return used() - std::min(used(), freed) + need > capacity_;
@@ -266,6 +284,7 @@ void StageCache::admit(uint64_t epoch, uint64_t batch, const uint64_t* samples, 
                        Admission& stats) {
   if (!started_) restart(epoch, batch);
   ++batch_seq_;
+  update_home_first();
   if (capacity_ != 0) {
     if (epoch != epoch_) enter_epoch(epoch, batch * plan_.batch_size);
     unpin_oldest(epoch, batch * plan_.batch_size);
@@ -314,7 +333,8 @@ void StageCache::admit(uint64_t epoch, uint64_t batch, const uint64_t* samples, 
     }
     // Room for it in the node's bound, reserved before it is claimed.
     if (capacity_ != 0 && !directory_.reserve(file, size, capacity_) &&
-        !(make_room(size, key, stats) && directory_.reserve(file, size, capacity_))) {
+        !(make_room(size, rank_of(file, key), stats) &&
+          directory_.reserve(file, size, capacity_))) {
       decline(file, k, declined);
       continue;
     }

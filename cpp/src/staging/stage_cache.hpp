@@ -69,6 +69,24 @@ class StageCache {
     on_declined_ = std::move(on_declined);
   }
 
+  // The hybrid layout of the peer tier: `home_here(file)` says whether this node keeps `file`'s
+  // home copy (the copy the other nodes ask it for), and `home_first()` whether home copies rank
+  // ahead of every other file now: while the other nodes' links are faster than the source, a home
+  // copy kept serves their reads at the link's speed, where a copy of another node's file saves
+  // this node only the link's time over its own SSD's. So, home first, a home copy is never evicted
+  // for another node's file, and another node's file enters only free room or the room of such
+  // files used later; within each kind, Belady's order as without it. While home_first() is false
+  // (the links slower than the source, or not yet learned) the directory is run exactly as with
+  // the tier off. Asked at each admit(); a change ranks the files tracked again. Clairvoyant
+  // eviction and a bound only (LRU keeps its order). Set before the first admit().
+  void set_home_first(std::function<bool(uint64_t file)> home_here,
+                      std::function<bool()> home_first) {
+    home_here_ = std::move(home_here);
+    home_first_ = std::move(home_first);
+  }
+  // Whether home copies ranked first at the last admit(). Read from any thread (stats()).
+  bool home_first_now() const noexcept { return home_first_now_.load(std::memory_order_relaxed); }
+
   uint64_t capacity() const noexcept { return capacity_; }  // 0: no bound
   // The node's bytes (of every process sharing the directory), as of the last batch admitted.
   // Read from any thread (stats()).
@@ -111,9 +129,9 @@ class StageCache {
   std::vector<uint64_t> node_ranks() const;  // whose plans order the eviction
   void track(uint64_t file, uint64_t key);
   void untrack(uint64_t file);
-  // Frees room for `need` bytes by evicting files whose key ranks them below `incoming_key`; false
+  // Frees room for `need` bytes by evicting files ranked below `incoming_rank` (rank_of); false
   // (and nothing evicted) if that is not possible.
-  bool make_room(uint64_t need, uint64_t incoming_key, Admission& stats);
+  bool make_room(uint64_t need, uint64_t incoming_rank, Admission& stats);
   // Position `k` of the batch is declined: its file is not copied (see set_on_declined()).
   void decline(uint64_t file, size_t k, std::vector<size_t>& declined);
 
@@ -133,13 +151,23 @@ class StageCache {
   std::vector<uint64_t> key_;    // per file: its key (in `tracked_` unless pinned), or kNever
   std::vector<uint64_t> last_batch_;  // per file: batch_seq_ + 1 of its last planned use, 0 if none
   std::vector<uint64_t> charged_;     // per file: its bytes, while tracked
-  // (key, file) for staged or claimed files, but for those of the last `window` batches (pinned:
-  // never evicted), which enter it when their batch leaves the window. So an eviction never walks
+  // (rank_of(file, key), file) for staged or claimed files, but for those of the last `window`
+  // batches (pinned: never evicted), which enter it when their batch leaves the window. So an eviction never walks
   // past the files in flight, which Belady's order puts first (used now, next used late).
   std::set<std::pair<uint64_t, uint64_t>> tracked_;
   std::vector<std::vector<uint64_t>> pins_;  // the files of batch s in pins_[s % window]
   bool joined_ = false;  // this rank is listed in the node's table
   std::function<void(uint64_t)> on_declined_;  // see set_on_declined()
+  std::function<bool(uint64_t)> home_here_;    // see set_home_first()
+  std::function<bool()> home_first_;
+  std::atomic<bool> home_first_now_{false};  // written by admit() alone
+  // Home first, a file that is not this node's home copy ranks after every one that is: its rank
+  // in tracked_ carries this bit (positions fit below it; kNotSoon is the last of its kind).
+  static constexpr uint64_t kOtherNodes = uint64_t{1} << 63;
+  // A file's rank in tracked_: its key, home first with kOtherNodes for another node's file.
+  uint64_t rank_of(uint64_t file, uint64_t key) const;
+  // Asks home_first(); on a change, ranks the files tracked again.
+  void update_home_first();
   std::atomic<uint64_t> used_shown_{0};
   std::atomic<uint64_t> peak_{0};
   void publish_usage();
