@@ -125,6 +125,11 @@ class Peers {
   // owner rank in `owner`), kLocal (this node's stage directory), or kNone (no home copy, or the
   // tier cannot fetch now). A peer marked down is still named (see down()).
   Fetched home(const Catalog::Locator& loc, uint64_t& owner) const;
+  // A sample to learn the links from before any read asks another node for one: the first sample
+  // of the start epoch's first batch of the lowest rank on another node, whose home copy that node
+  // makes first. False if there is none (its file beyond budget, one node) or the tier cannot
+  // fetch now. `owner` gets the rank that owns it.
+  bool early_probe(uint64_t& sample, uint64_t& owner) const;
   // Rank `rank` is marked down: fetch() reads its files from the source at once.
   bool down(uint64_t rank) const { return down_[rank].load(std::memory_order_acquire) != 0; }
   // The ranks of the job (0 while the tier is off), and rank `rank`'s node (named by its lowest rank).
@@ -162,6 +167,7 @@ class Peers {
   std::atomic<bool> ready_{false};  // own_ is computed
   std::atomic<bool> closing_{false};
   Ownership own_;
+  uint64_t e0_ = 0;  // the start epoch (set with own_)
   std::vector<uint64_t> node_of_;  // per rank
   std::unique_ptr<std::atomic<uint8_t>[]> down_;  // per rank: marked down
   std::unique_ptr<std::atomic<uint8_t>[]> gone_;  // per rank: said goodbye (also down)

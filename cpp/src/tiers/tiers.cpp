@@ -174,6 +174,25 @@ void Tiers::set_peers(Peers* peers) {
     total += size;
   }
   mean_sample_bytes_ = known != 0 ? total / known : 0;
+  // Enough to learn a link (ModelParams::min_samples), and one more for a probe that fails.
+  early_probes_.store(static_cast<int>(ModelParams{}.min_samples) + 1, std::memory_order_relaxed);
+}
+
+void Tiers::probe_links_early() {
+  if (early_probes_.load(std::memory_order_relaxed) <= 0 || prober_->busy()) return;
+  uint64_t sample = 0, owner = 0;
+  if (links() != SourceModel::Links::kUnknown || !peers_->early_probe(sample, owner) ||
+      peers_->down(owner)) {
+    early_probes_.store(0, std::memory_order_relaxed);
+    return;
+  }
+  const uint64_t size = sample_size(sample);
+  if (size == Catalog::kUnknownSize) {
+    early_probes_.store(0, std::memory_order_relaxed);
+    return;
+  }
+  if (early_probes_.fetch_sub(1, std::memory_order_relaxed) <= 0) return;
+  prober_->start(catalog_.locator(sample), SourceModel::kPeer0 + peers_->node_of(owner), size);
 }
 
 SourceModel::Links Tiers::links() const {
@@ -304,6 +323,7 @@ Tier Tiers::fetch_home(const Catalog::Locator& loc, uint64_t sample_bytes,
                        std::vector<std::byte>& buffer, bool& pfs_chosen, Home where) {
   pfs_chosen = false;
   if (peers_ == nullptr) return Tier::kSource;
+  if (model_ != nullptr) probe_links_early();
   Peers::Fetched fetched = Peers::Fetched::kNone;
   uint64_t owner = 0;
   const Peers::Fetched home = model_ != nullptr ? peers_->home(loc, owner) : Peers::Fetched::kNone;

@@ -219,9 +219,10 @@ class Tiers {
                   bool& pfs_chosen, Home where = Home::kAny);
   // The model's queued read of the source (fetch_home's pfs_chosen) ended unlearned from.
   void pfs_unqueued(uint64_t bytes);
-  // Starts the model's probe of `source` (a read of `bytes` of sample `loc`'s home copy there) on
-  // the prober's thread, unless a probe is under way or the loader is closing.
-  void probe(const Catalog::Locator& loc, size_t source, uint64_t bytes);
+  // While the model knows no link, probes one with a sample another node stages first
+  // (Peers::early_probe), a few times at most: so that the node's stage directory knows its layout
+  // (StageCache::set_home_first) before the first reads of other nodes' copies are planned.
+  void probe_links_early();
   class Prober;
 
   const Catalog& catalog_;
@@ -231,6 +232,7 @@ class Tiers {
   std::unique_ptr<Prober> prober_;      // with model_; declared after it: stopped first
   uint64_t max_read_bytes_;
   uint64_t mean_sample_bytes_ = 0;  // of the samples whose size the catalog records (set_peers)
+  std::atomic<int> early_probes_{0};  // left to probe_links_early() (set_peers)
   TierTally served_, fetched_;
   IoTrace* trace_ = nullptr;
   std::unique_ptr<std::atomic<uint8_t>[]> stalled_;  // per file: see stalled_if_timed_out()
