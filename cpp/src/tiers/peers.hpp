@@ -6,9 +6,10 @@
 //    lowest batch index, then lowest rank, then position in the rank's batch (padding duplicates
 //    keep the first). Its node is the owner node.
 //  - each node's stage directory is run as with the tier off (staging/stage_cache.hpp: the node's
-//    own next uses decide what it keeps), so the tier never costs a node a local hit. The owner
-//    node's copy, made for its own first use in e0, is the file's home copy while the node keeps
-//    it. Other nodes ask the owner for the files it owns in order of first use in e0 while they fit
+//    own next uses decide what it keeps), so the tier never costs a node a local hit, while the
+//    links are slower than the source or not yet learned; while they are faster, the node's home
+//    copies rank ahead of every other file (StageCache::set_home_first). The owner node's copy,
+//    made for its own first use in e0, is the file's home copy while the node keeps it. Other nodes ask the owner for the files it owns in order of first use in e0 while they fit
 //    its home budget (its cache_bytes; none: all): the first file that does not fit and every later
 //    one are "beyond budget", read from the source (and counted). A home copy its node never
 //    admitted (no room for it under the node's own uses: not_coming()) or has evicted is answered
