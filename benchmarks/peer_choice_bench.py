@@ -65,7 +65,8 @@ def rank_main(cfg: dict) -> None:
     Path(cfg["out"], f"{rank}.json").write_text(json.dumps(
         {"epoch_s": [b - a for a, b in zip(marks, marks[1:])], "peer_tier": s["peer_tier"],
          "why": s["peer_tier_why"], "peer_reads": s["peer_reads"], "to_pfs": s["peer_reads_to_pfs"],
-         "sources": s["sources"]}))
+         "sources": s["sources"], "home_first": s["peer_home_first"], "fallbacks": s["peer_fallbacks"],
+         "pfs_per_epoch": [e["source_reads"] for e in sorted(s["epochs"], key=lambda e: e["epoch"])]}))
     barrier("closed")
 
 
@@ -86,7 +87,11 @@ def run_job(catalog: Path, work: Path, cache_bytes: int, peers: bool, epochs: in
     return {"later_s": statistics.mean(ranks[0]["epoch_s"][1:]), "epoch0_s": ranks[0]["epoch_s"][0],
             "epoch_s": ranks[0]["epoch_s"],
             "peer_reads": sum(r["peer_reads"] for r in ranks), "to_pfs": sum(r["to_pfs"] for r in ranks),
-            "sources": ranks[0]["sources"]}
+            "sources": ranks[0]["sources"], "home_first": [r["home_first"] for r in ranks],
+            "fallbacks": sum(r["fallbacks"] for r in ranks),
+            # PFS reads per epoch, all ranks (the last: reads ahead into the epoch no one consumes).
+            "pfs_per_epoch": [sum(r["pfs_per_epoch"][e] for r in ranks if e < len(r["pfs_per_epoch"]))
+                              for e in range(max(len(r["pfs_per_epoch"]) for r in ranks))]}
 
 
 def main() -> None:

@@ -196,6 +196,21 @@ void StageCache::update_home_first() {
   for (const uint64_t file : files) tracked_.insert({rank_of(file, key_[file]), file});
 }
 
+uint64_t StageCache::home_missing() {
+  if (home_missing_ != kNever) return home_missing_;
+  if (!home_files_listed_) {
+    home_files_listed_ = true;
+    for (uint64_t f = 0; f < catalog_.num_files(); ++f) {
+      if (home_here_(f)) home_files_.push_back(f);
+    }
+  }
+  home_missing_ = 0;
+  for (const uint64_t f : home_files_) {
+    if (directory_.is_absent(f)) home_missing_ += directory_.charge(size_of(f));
+  }
+  return home_missing_;
+}
+
 void StageCache::track(uint64_t file, uint64_t key) {
   if (key_[file] != kNever) tracked_.erase({rank_of(file, key_[file]), file});
   key_[file] = key;
@@ -270,8 +285,15 @@ bool StageCache::make_room(uint64_t need, uint64_t incoming_rank, Admission& sta
       continue;  // another process holds it, or it is being copied: it stays, and stays a candidate
     }
     untrack(file);
+    home_moved(file, false);
   }
   return true;
+}
+
+void StageCache::home_moved(uint64_t file, bool in) {
+  if (home_missing_ == kNever || !home_here_(file)) return;
+  const uint64_t charge = directory_.charge(size_of(file));
+  home_missing_ = in ? home_missing_ - std::min(home_missing_, charge) : home_missing_ + charge;
 }
 
 void StageCache::decline(uint64_t file, size_t k, std::vector<size_t>& declined) {
@@ -285,6 +307,7 @@ void StageCache::admit(uint64_t epoch, uint64_t batch, const uint64_t* samples, 
   if (!started_) restart(epoch, batch);
   ++batch_seq_;
   update_home_first();
+  home_missing_ = kNever;
   if (capacity_ != 0) {
     if (epoch != epoch_) enter_epoch(epoch, batch * plan_.batch_size);
     unpin_oldest(epoch, batch * plan_.batch_size);
@@ -331,10 +354,16 @@ void StageCache::admit(uint64_t epoch, uint64_t batch, const uint64_t* samples, 
       decline(file, k, declined);
       continue;
     }
-    // Room for it in the node's bound, reserved before it is claimed.
-    if (capacity_ != 0 && !directory_.reserve(file, size, capacity_) &&
-        !(make_room(size, rank_of(file, key), stats) &&
-          directory_.reserve(file, size, capacity_))) {
+    // Room for it in the node's bound, reserved before it is claimed: home first, for another
+    // node's file, beyond the room of the node's home copies still to come.
+    const uint64_t rank = rank_of(file, key);
+    const uint64_t kept_for_home =
+        capacity_ != 0 && home_first_now_.load(std::memory_order_relaxed) && !home_here_(file)
+            ? std::min(home_missing(), capacity_)
+            : 0;
+    const uint64_t bound = capacity_ - kept_for_home;
+    if (capacity_ != 0 && !directory_.reserve(file, size, bound) &&
+        !(make_room(size + kept_for_home, rank, stats) && directory_.reserve(file, size, bound))) {
       decline(file, k, declined);
       continue;
     }
@@ -344,6 +373,7 @@ void StageCache::admit(uint64_t epoch, uint64_t batch, const uint64_t* samples, 
       continue;
     }
     to_stage.push_back(file);
+    home_moved(file, true);
     if (capacity_ != 0) {
       charged_[file] = size;
       track(file, key);

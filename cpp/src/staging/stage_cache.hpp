@@ -77,8 +77,11 @@ class StageCache {
   // for another node's file, and another node's file enters only free room or the room of such
   // files used later; within each kind, Belady's order as without it. While home_first() is false
   // (the links slower than the source, or not yet learned) the directory is run exactly as with
-  // the tier off. Asked at each admit(); a change ranks the files tracked again. Clairvoyant
-  // eviction and a bound only (LRU keeps its order). Set before the first admit().
+  // the tier off. Home first, the room of the node's home copies not on the node (not made yet,
+  // or gone) is kept for them: another node's file enters only room beyond it, so that a
+  // neighbour's read-ahead into the next epoch takes no room a home copy of this one is to have.
+  // Asked at each admit(); a change ranks the files tracked again. Clairvoyant eviction and a bound
+  // only (LRU keeps its order). Set before the first admit().
   void set_home_first(std::function<bool(uint64_t file)> home_here,
                       std::function<bool()> home_first) {
     home_here_ = std::move(home_here);
@@ -168,6 +171,14 @@ class StageCache {
   uint64_t rank_of(uint64_t file, uint64_t key) const;
   // Asks home_first(); on a change, ranks the files tracked again.
   void update_home_first();
+  // Home first: the bytes of the node's home copies not in the directory (neither staged nor on
+  // their way), looked up once per admit() that needs it (kNever: not yet).
+  uint64_t home_missing();
+  // A file this admit() claimed (`in`) or evicted: home_missing() follows it, if looked up.
+  void home_moved(uint64_t file, bool in);
+  std::vector<uint64_t> home_files_;  // this node's home copies (the first time home first is on)
+  bool home_files_listed_ = false;
+  uint64_t home_missing_ = kNever;
   std::atomic<uint64_t> used_shown_{0};
   std::atomic<uint64_t> peak_{0};
   void publish_usage();
