@@ -7,6 +7,7 @@
 #include "prestage/catalog.hpp"
 #include "prestage/error.hpp"
 #include "test_util.hpp"
+#include "tiers/stage_directory.hpp"
 #include "util/file_io.hpp"
 
 using prestage::Catalog;

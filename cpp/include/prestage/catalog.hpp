@@ -23,8 +23,9 @@ namespace prestage {
 // ImageFolder does. Where others can plant links in the data set (a shared file system),
 // Symlinks::kInside refuses a link that leads out of the root (an IoError, EXDEV, naming the path):
 // from_folder while it walks the tree, from_list as it looks at each file. The policy is saved with
-// the catalog, and a reader of its source files opens them under it (util/file_io's source_file),
-// checked on the file actually opened, so that a link changed after the build is refused too.
+// the catalog, and a reader of its source files opens them under it (source_file, in
+// tiers/stage_directory.hpp), checked on the file actually opened, so that a link changed after the
+// build is refused too.
 class Catalog {
  public:
   static constexpr uint64_t kWholeFile = ~uint64_t{0};

@@ -18,8 +18,20 @@
 
 #include "prestage/catalog.hpp"
 #include "tiers/node_table.hpp"
+#include "util/file_io.hpp"
 
 namespace prestage::detail {
+
+// `path` (the catalog's root() / one of its paths, as Catalog::file_source_path gives) opened as
+// the catalog's symlink policy says: Symlinks::kInside confines it to root(), kFollow does not.
+// Every read of a catalog's source file (the tiers' and the stage directory's) goes through this;
+// a stage directory's copies do not.
+inline FileRef source_file(const Catalog& catalog, const std::string& path) {
+  if (catalog.symlinks() == Catalog::Symlinks::kInside) {
+    return FileRef(path, catalog.root().native());
+  }
+  return FileRef(path);
+}
 
 // Layout: <stage_dir>/prestage-<catalog fingerprint>/ holding index.log and 256 shard directories
 // <id % 256, 2 hex digits>/<id, hex>. Names come from file ids alone, so no write can land outside

@@ -37,16 +37,6 @@ class FileRef {
   const std::string* root_ = nullptr;
 };
 
-// `path` (the catalog's root() / one of its paths, as Catalog::file_source_path gives) opened as
-// the catalog's symlink policy says: Symlinks::kInside confines it to root(), kFollow does not.
-// Every read of a catalog's source file goes through this; a stage directory's copies do not.
-inline FileRef source_file(const Catalog& catalog, const std::string& path) {
-  if (catalog.symlinks() == Catalog::Symlinks::kInside) {
-    return FileRef(path, catalog.root().native());
-  }
-  return FileRef(path);
-}
-
 // For a library that opens files by name (HDF5): calls `use` with a name that opens `file` as
 // FileRef says. Confined, the name is /proc/self/fd/N of the file the confined open found (held
 // open for the call), so the library opens that very file; otherwise it is the path.
