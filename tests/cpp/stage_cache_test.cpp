@@ -460,8 +460,19 @@ TEST_CASE("stage cache: LRU reads exactly what the simulation of LRU reads, on a
   }
 }
 
-TEST_CASE("stage cache: ranks sharing a directory keep one bound for the node, never remove what "
-          "another holds, and read about what Belady's rule reads over the node's stream") {
+// Two ranks (`ranks`, of world_size) sharing one stage directory through two views of it (two
+// processes' StageDirectory), kEpochs epochs, each batch's copies made at once.
+struct NodeRun {
+  std::vector<uint64_t> bytes = std::vector<uint64_t>(kEpochs, 0);  // from the source, per epoch
+  bool bound_held = true, window_kept = true;
+  bool on_disk_counted = true;  // the node's count was the bytes on disk after each epoch
+  bool home_kept = true;        // no file `watch` names left the disk once on it, from epoch 1
+  bool all_removed = false;     // after the caches let go, every copy could be removed
+};
+
+NodeRun run_node(const std::vector<uint64_t>& ranks, uint64_t world_size, uint64_t capacity,
+                 uint64_t window, const HomeFirst* home_first = nullptr,
+                 const std::vector<uint8_t>* watch = nullptr) {
   const Catalog& catalog = data().catalog;
   StageDirectory& first = data().directory;
   for (uint64_t f = 0; f < catalog.num_files(); ++f) {  // an empty directory
@@ -469,21 +480,23 @@ TEST_CASE("stage cache: ranks sharing a directory keep one bound for the node, n
   }
   StageDirectory second(data().dir / "stage", catalog);  // another process's view of it
   StageDirectory* directories[2] = {&first, &second};
-  constexpr uint64_t kWindow = 3;
-  const uint64_t world_size = 4;  // ranks 1 and 2 of 4 share the directory: half the set per epoch
-  const uint64_t capacity = set_bytes(catalog) / 4;
-  std::vector<uint64_t> ranks = {1, 2};
   std::vector<std::unique_ptr<StageCache>> caches;
+  uint64_t epoch_now = 0;
   for (size_t i = 0; i < 2; ++i) {
     caches.push_back(std::make_unique<StageCache>(catalog, rank_plan(ranks[i], world_size),
                                                   *directories[i], capacity,
-                                                  Eviction::kClairvoyant, kWindow));
+                                                  Eviction::kClairvoyant, window));
+    if (home_first != nullptr) {
+      caches.back()->set_home_first([home_first](uint64_t f) { return home_first->home[f] != 0; },
+                                    [home_first, &epoch_now] { return home_first->on(epoch_now); });
+    }
   }
-  std::vector<uint64_t> bytes(kEpochs, 0);  // read from the source by the node, per epoch
-  bool bound_held = true, window_kept = true;
-  std::deque<std::vector<uint64_t>> recent;  // files each step's batches use, last kWindow steps
+  NodeRun out;
+  std::vector<uint8_t> home_seen(catalog.num_files(), 0);  // a home copy was on disk
+  std::deque<std::vector<uint64_t>> recent;  // files each step's batches use, last `window` steps
   std::vector<std::byte> buffer;
   for (uint64_t e = 0; e < kEpochs; ++e) {
+    epoch_now = e;
     const EpochPlan plans[2] = {EpochPlan(rank_plan(ranks[0], world_size), e),
                                 EpochPlan(rank_plan(ranks[1], world_size), e)};
     for (uint64_t b = 0; b < plans[0].num_batches(); ++b) {
@@ -499,20 +512,28 @@ TEST_CASE("stage cache: ranks sharing a directory keep one bound for the node, n
               directories[i]->stage(f, catalog.file_source_path(f).string(), buffer);
           REQUIRE((outcome == StageDirectory::Outcome::kStaged ||
                    outcome == StageDirectory::Outcome::kAdopted));
-          if (outcome == StageDirectory::Outcome::kStaged) bytes[e] += catalog.file_size(f);
+          if (outcome == StageDirectory::Outcome::kStaged) out.bytes[e] += catalog.file_size(f);
         }
-        for (const size_t k : declined) bytes[e] += catalog.file_size(plans[i].batch(b)[k]);
+        for (const size_t k : declined) out.bytes[e] += catalog.file_size(plans[i].batch(b)[k]);
         for (uint64_t k = 0; k < plans[i].batch_size(b); ++k) {
           const uint64_t f = plans[i].batch(b)[k];
           if (first.node().on_disk(f)) used_now.push_back(f);
         }
       }
       recent.push_back(std::move(used_now));
-      if (recent.size() > kWindow) recent.pop_front();
+      if (recent.size() > window) recent.pop_front();
       for (const auto& files : recent) {
-        for (const uint64_t f : files) window_kept = window_kept && first.node().on_disk(f);
+        for (const uint64_t f : files) out.window_kept = out.window_kept && first.node().on_disk(f);
       }
-      bound_held = bound_held && first.node().used() <= capacity;
+      out.bound_held = out.bound_held && first.node().used() <= capacity;
+      if (watch != nullptr && e >= 1) {
+        for (uint64_t f = 0; f < catalog.num_files(); ++f) {
+          if (!(*watch)[f]) continue;
+          const bool on_disk = first.node().on_disk(f);
+          out.home_kept = out.home_kept && (on_disk || !home_seen[f]);
+          home_seen[f] = home_seen[f] || on_disk;
+        }
+      }
     }
     uint64_t on_disk = 0;  // the files themselves, once per epoch
     for (uint64_t f = 0; f < catalog.num_files(); ++f) {
@@ -520,28 +541,59 @@ TEST_CASE("stage cache: ranks sharing a directory keep one bound for the node, n
         on_disk += std::filesystem::file_size(first.staged_path(f));
       }
     }
-    CAPTURE(e);
-    CHECK(on_disk == first.node().used());
-    bound_held = bound_held && on_disk <= capacity;
+    out.on_disk_counted = out.on_disk_counted && on_disk == first.node().used();
+    out.bound_held = out.bound_held && on_disk <= capacity;
   }
-  CHECK(bound_held);
-  CHECK(window_kept);
+  caches.clear();  // they let go of what they held: every copy can be removed now
+  first.take_over_published();
+  out.all_removed = true;
+  for (uint64_t f = 0; f < catalog.num_files(); ++f) {
+    if (first.node().on_disk(f)) out.all_removed = first.evict(f) && out.all_removed;
+  }
+  out.all_removed = out.all_removed && first.node().used() == 0;
+  return out;
+}
+
+TEST_CASE("stage cache: ranks sharing a directory keep one bound for the node, never remove what "
+          "another holds, and read about what Belady's rule reads over the node's stream") {
+  const Catalog& catalog = data().catalog;
+  constexpr uint64_t kWindow = 3;
+  const uint64_t world_size = 4;  // ranks 1 and 2 of 4 share the directory: half the set per epoch
+  const uint64_t capacity = set_bytes(catalog) / 4;
+  const std::vector<uint64_t> ranks = {1, 2};
+  const NodeRun got = run_node(ranks, world_size, capacity, kWindow);
+  CHECK(got.bound_held);
+  CHECK(got.window_kept);
+  CHECK(got.on_disk_counted);
+  CHECK(got.all_removed);
   const Outcome want = simulate(catalog, rank_plan(ranks[0], world_size), capacity,
                                 Eviction::kClairvoyant, kWindow, 100, ranks);
-  CHECK(bytes[0] == want.bytes[0]);  // the first epoch reads the node's share once
-  const auto got_bytes = static_cast<double>(after_first(bytes));
+  CHECK(got.bytes[0] == want.bytes[0]);  // the first epoch reads the node's share once
+  const auto got_bytes = static_cast<double>(after_first(got.bytes));
   const auto want_bytes = static_cast<double>(after_first(want.bytes));
   MESSAGE("node's bytes from the source after the first epoch: ", got_bytes, ", Belady's rule: ",
           want_bytes, " (", got_bytes / want_bytes, "x)");
   CHECK(got_bytes <= 1.05 * want_bytes);
-  caches.clear();  // they let go of what they held: every copy can be removed now
-  first.take_over_published();
-  bool all_removed = true;
-  for (uint64_t f = 0; f < catalog.num_files(); ++f) {
-    if (first.node().on_disk(f)) all_removed = first.evict(f) && all_removed;
-  }
-  CHECK(all_removed);
-  CHECK(first.node().used() == 0);
+}
+
+TEST_CASE("stage cache: ranks sharing a directory, home first from the second epoch: a home copy "
+          "on the node stays there, within the node's one bound") {
+  const Catalog& catalog = data().catalog;
+  HomeFirst hybrid;
+  hybrid.home.assign(catalog.num_files(), 0);
+  for (uint64_t f = 0; f < catalog.num_files(); f += 5) hybrid.home[f] = 1;  // about a fifth
+  hybrid.on = [](uint64_t epoch) { return epoch >= 1; };
+  const uint64_t capacity = set_bytes(catalog) / 4;
+  const NodeRun got = run_node({1, 2}, 4, capacity, 3, &hybrid, &hybrid.home);
+  CHECK(got.home_kept);
+  CHECK(got.bound_held);
+  CHECK(got.window_kept);
+  CHECK(got.on_disk_counted);
+  CHECK(got.all_removed);
+  // Without it, Belady's rule gives up home copies the node's ranks use later than others.
+  const NodeRun plain = run_node({1, 2}, 4, capacity, 3, nullptr, &hybrid.home);
+  CHECK(!plain.home_kept);
+  CHECK(plain.bound_held);
 }
 
 namespace {
