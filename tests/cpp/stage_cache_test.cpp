@@ -484,8 +484,8 @@ NodeRun run_node(const std::vector<uint64_t>& ranks, uint64_t world_size, uint64
   uint64_t epoch_now = 0;
   for (size_t i = 0; i < 2; ++i) {
     caches.push_back(std::make_unique<StageCache>(catalog, rank_plan(ranks[i], world_size),
-                                                  *directories[i], capacity,
-                                                  Eviction::kClairvoyant, window));
+                                                  *directories[i], capacity, Eviction::kClairvoyant,
+                                                  window));
     if (home_first != nullptr) {
       caches.back()->set_home_first([home_first](uint64_t f) { return home_first->home[f] != 0; },
                                     [home_first, &epoch_now] { return home_first->on(epoch_now); });
@@ -554,8 +554,9 @@ NodeRun run_node(const std::vector<uint64_t>& ranks, uint64_t world_size, uint64
   return out;
 }
 
-TEST_CASE("stage cache: ranks sharing a directory keep one bound for the node, never remove what "
-          "another holds, and read about what Belady's rule reads over the node's stream") {
+TEST_CASE(
+    "stage cache: ranks sharing a directory keep one bound for the node, never remove what "
+    "another holds, and read about what Belady's rule reads over the node's stream") {
   const Catalog& catalog = data().catalog;
   constexpr uint64_t kWindow = 3;
   const uint64_t world_size = 4;  // ranks 1 and 2 of 4 share the directory: half the set per epoch
@@ -576,8 +577,9 @@ TEST_CASE("stage cache: ranks sharing a directory keep one bound for the node, n
   CHECK(got_bytes <= 1.05 * want_bytes);
 }
 
-TEST_CASE("stage cache: ranks sharing a directory, home first from the second epoch: a home copy "
-          "on the node stays there, within the node's one bound") {
+TEST_CASE(
+    "stage cache: ranks sharing a directory, home first from the second epoch: a home copy "
+    "on the node stays there, within the node's one bound") {
   const Catalog& catalog = data().catalog;
   HomeFirst hybrid;
   hybrid.home.assign(catalog.num_files(), 0);
