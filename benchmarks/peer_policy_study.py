@@ -6,8 +6,8 @@ ranks in the start epoch) as home copies, never evicted, and admitted nothing el
 2 nodes that layout reads more from the PFS than no tier at all (1.20x the time at 50% cache, 1.07x at
 100%), because a node's bound is spent on copies for its peers instead of on its own next uses. This
 study walks the same streams (the real plan's layout, ``prestage.bench.simulate``) through a third
-policy, *own first* (which the library now follows, but for asking the owner only; ``prestage simulate``
-models that):
+policy, *own first* (which the library now follows while a node's link is slower than the PFS, but for
+asking the owner only; ``prestage simulate`` models that, and home first where the link is faster):
 
 - Each node's stage directory is managed exactly as without the tier: Belady's rule with bypass over
   the node's own uses. So a node's local hits are those of the tier off, at every node count.

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Dict, List, Tuple
+import dataclasses
+from typing import Callable, Dict, List, Tuple
 
 import numpy as np
 import pytest
@@ -19,21 +20,23 @@ def walk(n: int, batch: int, seed: int, epoch: int, nodes: int, per_node: int) -
     return [(b, r, s) for b in range(len(plans[0])) for r in range(world) for s in plans[r][b]]
 
 
-def belady(stream: List[Tuple[int, int, int]], sizes: List[int], capacity: int, epochs: int):
-    """Belady's rule with bypass over (epoch, global batch, sample) uses, by scanning ahead; a sample
-    not used again is kept only in free room, the first to go (ties: the lowest sample id first).
-    Returns the bytes missed per epoch, per use whether it missed, and per sample the global batches
-    between which the directory held it: [(admitted, evicted or inf)]."""
-    def next_use(i: int, s: int) -> float:
-        return next((j for j in range(i + 1, len(stream)) if stream[j][2] == s), float("inf"))
+def belady(stream: List[Tuple[int, int, int]], sizes: List[int], capacity: int, epochs: int,
+           tier: Callable[[int], int] = lambda s: 0):
+    """Belady's rule with bypass over (epoch, global batch, sample) uses, by scanning ahead, samples ranked
+    by (tier, next use): an incoming sample evicts only samples ranked after it, the last first; a
+    sample not used again ranks last in its tier (ties: the lowest sample id first). Returns the bytes
+    missed per epoch, per use whether it missed, and per sample the global batches between which the
+    directory held it: [(admitted, evicted or inf)]."""
+    def rank(i: int, s: int) -> Tuple[int, float]:
+        return tier(s), next((j for j in range(i + 1, len(stream)) if stream[j][2] == s), float("inf"))
 
-    kept: Dict[int, float] = {}
+    kept: Dict[int, Tuple[int, float]] = {}
     since: Dict[int, int] = {}
     held: Dict[int, List[Tuple[float, float]]] = {}
     missed = [0] * epochs
     miss = []
     for i, (e, t, s) in enumerate(stream):
-        here = next_use(i, s)
+        here = rank(i, s)
         miss.append(s not in kept)
         if s in kept:
             kept[s] = here
@@ -42,7 +45,7 @@ def belady(stream: List[Tuple[int, int, int]], sizes: List[int], capacity: int, 
         if sizes[s] > capacity:
             continue
         victims: List[int] = []
-        for v in sorted(kept, key=lambda v: (-kept[v], v)):
+        for v in sorted(kept, key=lambda v: (-kept[v][0], -kept[v][1], v)):
             if sum(sizes[k] for k in kept if k not in victims) + sizes[s] <= capacity or kept[v] <= here:
                 break
             victims.append(v)
@@ -58,7 +61,7 @@ def belady(stream: List[Tuple[int, int, int]], sizes: List[int], capacity: int, 
 
 
 def oracle(n: int, sizes: List[int], nodes: int, per_node: int, cache: float, epochs: int, batch: int,
-           seed: int) -> Dict[str, object]:
+           seed: int, pfs_gbs: float = 100.0, link_gbs: float = 12.5) -> Dict[str, object]:
     uses = [walk(n, batch, seed, e, nodes, per_node) for e in range(epochs)]
     per_epoch = len({b for b, _, _ in uses[0]})
     owner: Dict[int, int] = {}
@@ -76,9 +79,12 @@ def oracle(n: int, sizes: List[int], nodes: int, per_node: int, cache: float, ep
                 break
             used += sizes[s]
             home.add(s)
-    # Each node's directory is run as with the tier off (Belady over its own uses); a miss is served by
-    # the owner node when the sample is within its home budget and the owner held it from an earlier
-    # global batch until after this one, else by the PFS.
+    # With the tier off, each node's directory is Belady's rule over its own uses. With the tier on, the
+    # same while a node's link is not faster than its share of the PFS (own first), else its home copies
+    # rank ahead of every other sample (home first). A miss is served by the owner node when the
+    # sample is within its home budget and the owner held it from an earlier global batch until after
+    # this one, else by the PFS.
+    home_first = link_gbs > pfs_gbs / nodes
     streams: Dict[int, List[Tuple[int, int, int]]] = {k: [] for k in range(nodes)}
     for e in range(epochs):
         for b, r, s in uses[e]:
@@ -86,9 +92,13 @@ def oracle(n: int, sizes: List[int], nodes: int, per_node: int, cache: float, ep
     base = [0] * epochs
     walked = {}
     for node in range(nodes):
-        walked[node] = belady(streams[node], sizes, budget, epochs)
-        for e, b in enumerate(walked[node][0]):
+        off = belady(streams[node], sizes, budget, epochs)
+        for e, b in enumerate(off[0]):
             base[e] += b
+        walked[node] = off
+        if home_first:
+            walked[node] = belady(streams[node], sizes, budget, epochs,
+                                  lambda s, node=node: 0 if s in home and owner[s] == node else 1)
     pfs = [0] * epochs
     sent = [[0] * nodes for _ in range(epochs)]
     received = [[0] * nodes for _ in range(epochs)]
@@ -102,23 +112,30 @@ def oracle(n: int, sizes: List[int], nodes: int, per_node: int, cache: float, ep
                 received[e][node] += sizes[s]
             else:
                 pfs[e] += sizes[s]
-    return {"pfs": pfs, "sent": sent, "received": received, "base": base}
+    return {"pfs": pfs, "sent": sent, "received": received, "base": base,
+            "layout": "home first" if home_first else "own first", "held": {k: v[2] for k, v in walked.items()},
+            "home": home, "owner": owner}
 
 
 def run_sim(n: int, sizes: np.ndarray, nodes: int, per_node: int, caches: List[float], epochs: int,
-            batch: int, seed: int) -> List[Dict[str, object]]:
-    config = sim.Config(num_samples=n, ranks_per_node=per_node, batch_size=batch, epochs=epochs, seed=seed)
+            batch: int, seed: int, link_gbs: float = 12.5) -> List[Dict[str, object]]:
+    config = sim.Config(num_samples=n, ranks_per_node=per_node, batch_size=batch, epochs=epochs, seed=seed,
+                        link_gbs=link_gbs)
     return sim.simulate(config, [nodes], caches, sizes)["rows"]
 
 
+# PFS 100 GB/s: a 12.5 GB/s link is slower than a node's share of it up to 8 nodes (own first), a
+# 200 GB/s link faster from 1 node (home first).
+@pytest.mark.parametrize("link_gbs", [12.5, 200.0])
 @pytest.mark.parametrize("n,nodes,per_node,batch,sigma", [(53, 2, 2, 3, 0.6), (61, 3, 2, 4, 0.0),
                                                            (47, 4, 1, 2, 0.8), (29, 1, 3, 5, 0.5)])
-def test_simulation_matches_a_per_sample_walk(n, nodes, per_node, batch, sigma):
+def test_simulation_matches_a_per_sample_walk(n, nodes, per_node, batch, sigma, link_gbs):
     sizes = sim.sample_sizes(n, 1000, sigma, seed=n)
     caches = [0.25, 0.5, 1.0]
-    rows = run_sim(n, sizes, nodes, per_node, caches, 3, batch, seed=7)
+    rows = run_sim(n, sizes, nodes, per_node, caches, 3, batch, seed=7, link_gbs=link_gbs)
     for cache, row in zip(caches, rows):
-        want = oracle(n, sizes.tolist(), nodes, per_node, cache, 3, batch, seed=7)
+        want = oracle(n, sizes.tolist(), nodes, per_node, cache, 3, batch, seed=7, link_gbs=link_gbs)
+        assert row["layout"] == want["layout"]
         assert row["with_peers"]["pfs_bytes"] == want["pfs"]
         assert row["with_peers"]["peer_sent"] == want["sent"]
         assert row["with_peers"]["peer_received"] == want["received"]
@@ -261,16 +278,85 @@ def test_the_tier_on_is_never_slower_than_its_two_extremes():
 
 
 @pytest.mark.parametrize("link_gbs", [0.05, 12.5])  # a link far slower than the PFS, and faster
-def test_the_tier_on_is_never_slower_than_the_tier_off(link_gbs):
-    # Each node's directory is run as without the tier, and each peer read goes where it is expected
-    # to finish first: the time per epoch with the tier on is at most the tier off's, at every node
-    # count and cache size, and below it where peers hold what the shuffle sends a node.
+def test_own_first_is_never_slower_than_the_tier_off(link_gbs):
+    # Own first, each node's directory is run as without the tier, and each peer read goes where it is
+    # expected to finish first: the time per epoch with the tier on is at most the tier off's, at every
+    # node count and cache size, and below it where peers hold what the shuffle sends a node.
     sizes = sim.sample_sizes(512, 1000, 0.5, seed=3)
     config = sim.Config(num_samples=512, ranks_per_node=2, batch_size=4, epochs=3, seed=1, pfs_gbs=1.0,
-                        link_gbs=link_gbs)
+                        link_gbs=link_gbs, layout="own first")
     rows = sim.simulate(config, [1, 2, 4, 8, 16], [0.25, 0.5, 1.0], sizes)["rows"]
     for row in rows:
+        assert row["layout"] == "own first"
         ratio = row["later"]["ratio_chosen"]
         assert ratio is not None and ratio <= 1 + 1e-9, (row["nodes"], row["cache"], ratio)
     if link_gbs > config.pfs_gbs:
         assert min(r["later"]["ratio_chosen"] for r in rows if r["nodes"] >= 8) < 0.8
+
+
+def test_the_layout_follows_the_bandwidth_rule():
+    config = sim.Config(num_samples=400, ranks_per_node=2, batch_size=4, epochs=3, seed=2)  # 100 and 12.5 GB/s
+    assert [sim.layout_for(n, config) for n in (1, 2, 4, 8, 16, 1024)] == ["own first"] * 4 + ["home first"] * 2
+    faster = dataclasses.replace(config, link_gbs=25.0)  # 4 nodes: a tie, own first
+    assert [sim.layout_for(n, faster) for n in (2, 4, 8)] == ["own first", "own first", "home first"]
+    assert sim.layout_for(1024, dataclasses.replace(config, layout="own first")) == "own first"
+    assert sim.layout_for(1, dataclasses.replace(config, layout="home first")) == "home first"
+    # Each row is run in its layout: the same as that layout forced, and the two layouts differ there.
+    sizes = sim.sample_sizes(400, 1000, 0.5, seed=2)
+    rows = sim.simulate(faster, [4, 8], [0.5], sizes)["rows"]
+    assert [r["layout"] for r in rows] == ["own first", "home first"]
+    for row in rows:
+        forced = {layout: sim.simulate(dataclasses.replace(faster, layout=layout), [row["nodes"]], [0.5],
+                                       sizes)["rows"][0]["with_peers"] for layout in sim.LAYOUTS}
+        assert row["with_peers"] == forced[row["layout"]]
+        assert forced["own first"] != forced["home first"]
+    with pytest.raises(ValueError):
+        sim.simulate(dataclasses.replace(config, layout="owner first"), [2], [0.5], sizes)
+
+
+@pytest.mark.parametrize("nodes,cache,sigma", [(4, 0.5, 0.5), (5, 0.25, 0.0), (3, 1.0, 0.7), (6, 0.5, 0.0)])
+def test_home_first_keeps_every_home_copy(nodes, cache, sigma):
+    n, per_node = 600, 2
+    config = sim.Config(num_samples=n, ranks_per_node=per_node, batch_size=4, epochs=3, seed=3)
+    sizes = sim.sample_sizes(n, 1000, sigma, seed=3)
+    orders = [np.asarray(epoch_order(n, 3, e)) for e in range(3)]
+    st = sim._Streams(orders, nodes, config)
+    budget = int(cache * sizes.sum() / nodes)
+    owner = st.owner_rank // per_node
+    home = sim._home(st, sizes, budget, config)
+    assert 0 < home.sum() < n or cache == 1.0
+
+    def lost(home_node):
+        """The home copies that leave their owner node's directory, or that it never holds."""
+        _, holders = sim._walk(st, sizes, budget, home_node=home_node)
+        return [s for s in np.flatnonzero(home).tolist()
+                if [e for k, _, e in holders.get(s, []) if k == owner[s]] != [sim._NEVER]]
+
+    assert lost(None)  # own first (the tier off's layout) gives home copies up
+    assert lost(np.where(home, owner, -1)) == []
+    # Seen from outside: n divides among the ranks (no padding), so each sample is used once an epoch;
+    # from the second epoch on, every use of a home copy is a hit or its owner's, and the PFS reads at
+    # most the samples beyond the budgets, where own first reads more.
+    home_first = dataclasses.replace(config, layout="home first")
+    row = sim.simulate(home_first, [nodes], [cache], sizes)["rows"][0]
+    own = sim.simulate(dataclasses.replace(config, layout="own first"), [nodes], [cache], sizes)["rows"][0]
+    beyond = row["with_peers"]["beyond_budget_bytes"]
+    assert beyond == int(sizes[~home].sum())
+    assert all(b <= beyond for b in row["with_peers"]["pfs_bytes"][1:])
+    assert any(b > beyond for b in own["with_peers"]["pfs_bytes"][1:])
+
+
+def test_home_first_at_full_cache_reads_only_the_first_epoch_from_the_pfs_and_beats_own_first():
+    # Equal sizes, no padding, the whole set in the nodes' budgets: home first holds every sample on its
+    # owner node from its first use, so epochs 2 on read nothing from the PFS and the time per epoch is
+    # the busiest link's, negligible at this link; own first's is at least its PFS reads'.
+    n, nodes, per_node = 256, 8, 2
+    sizes = sim.sample_sizes(n, 500, 0.0, seed=0)
+    config = sim.Config(num_samples=n, ranks_per_node=per_node, batch_size=4, epochs=4, seed=1, pfs_gbs=1.0,
+                        link_gbs=1e6)
+    hybrid = sim.simulate(config, [nodes], [1.0], sizes)["rows"][0]
+    own = sim.simulate(dataclasses.replace(config, layout="own first"), [nodes], [1.0], sizes)["rows"][0]
+    assert hybrid["layout"] == "home first" and hybrid["with_peers"]["beyond_budget_samples"] == 0
+    assert hybrid["with_peers"]["pfs_bytes"] == [int(sizes.sum()), 0, 0, 0]
+    assert sum(own["with_peers"]["pfs_bytes"][1:]) > 0
+    assert hybrid["later"]["ratio_chosen"] < own["later"]["ratio_chosen"] <= 1

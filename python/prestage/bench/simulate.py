@@ -12,15 +12,32 @@ without peers (prestage without the tier)
     one, else the incoming one is read without being kept; a sample the node does not use again is kept
     only in room that is free, the first to go. Every miss is a read of the PFS.
 with peers (the library's rule: tiers/peers.hpp, staging/stage_cache.hpp)
-    Each node's stage directory is run exactly as without peers, so its hits are the same. The owner of
-    a sample is the rank that first uses it in the start epoch e0 (lowest batch, then lowest rank, then
-    position in the batch: padding duplicates keep the first); its node is the owner node, and the
-    sample is within its home budget while the node's owned samples, in order of first use, fit B (the
-    first that does not and every later one are "beyond budget"). A miss of a sample within budget is
-    served by the owner node over the interconnect (peer bytes: sent by the owner node, received by the
-    user's) if the owner node's directory held it from an earlier global batch until after this one
-    (its copy, made for its own use, not yet evicted), else by the PFS; the copy fetched stays on the
-    user's node as its own rule says.
+    The owner of a sample is the rank that first uses it in the start epoch e0 (lowest batch, then
+    lowest rank, then position in the batch: padding duplicates keep the first); its node is the owner
+    node, and the sample is within its home budget while the node's owned samples, in order of first
+    use, fit B (the first that does not and every later one are "beyond budget"); the samples within
+    a node's budget are its home copies. Each node's stage directory is run in one of two layouts
+    (``layout_for``, the ``layout`` of each row):
+
+    own first, while the node's link is the slower source (``link_gbs <= pfs_gbs / nodes``)
+        Exactly as without peers, so its hits are the same.
+    home first, while the link is the faster source (``link_gbs > pfs_gbs / nodes``)
+        Belady's rule with bypass over the node's own stream in two tiers: its home copies (tier 0)
+        rank ahead of every other sample (tier 1); within a tier, samples are keyed by their next use
+        by this node (none: last in the tier). An incoming sample evicts only samples of a higher tier
+        or of its own tier used later than it (farthest first, the higher tier first), and is
+        bypassed otherwise. Home copies fit B, so none is ever evicted: a sample that is not a home
+        copy enters only free room or the room of such samples used later.
+
+    No latencies are simulated: the link is the faster source when a node's link bandwidth exceeds
+    its share of the PFS's aggregate bandwidth (a tie is own first). The library decides the same at
+    run time from its measured estimates, for the mean sample (``SourceModel::links_against_pfs``),
+    so a job can change layout as it learns; the simulation holds one layout per row.
+
+    A miss of a sample within budget is served by the owner node over the interconnect (peer bytes:
+    sent by the owner node, received by the user's) if the owner node's directory held it from an
+    earlier global batch until after this one (its copy, not yet evicted), else by the PFS; the copy
+    fetched stays on the user's node as its own layout says.
 
 A node's stream is its ranks' uses in plan order: global batch, then rank, then position in the batch
 (ranks run concurrently, so within a global batch the real order is interleaved; the simulation
@@ -30,8 +47,10 @@ bandwidth it gives the time an epoch's I/O needs at least, bound by each, and wh
 with peers, each read to the faster source (the tier's rule, tiers/source_model.hpp)
     A use served by another node's home copy goes there or to the PFS, whichever is expected to
     finish it first, the reads queued at each counted: over an epoch that levels the busiest link's
-    time and the PFS's (``chosen_seconds``). The time per epoch with the tier on is that level: never
-    more than the tier off's, whose PFS reads are those of the tier on plus its peer reads.
+    time and the PFS's (``chosen_seconds``). The time per epoch with the tier on is that level. Own
+    first, it is never more than the tier off's, whose PFS reads are those of the tier on plus its
+    peer reads. Home first, a node keeps fewer of its own next uses than the tier off in exchange for
+    home copies the other nodes read, so the ratio is what the row measures, not bound by 1.
 """
 
 from __future__ import annotations
@@ -43,8 +62,11 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import numpy as np
 
-__all__ = ["Config", "parse_nodes", "parse_caches", "sample_sizes", "epoch_layout", "simulate_one",
-           "simulate", "format_table", "plot_study"]
+__all__ = ["Config", "LAYOUTS", "layout_for", "parse_nodes", "parse_caches", "sample_sizes", "epoch_layout",
+           "simulate_one", "simulate", "format_table", "plot_study"]
+
+
+LAYOUTS = ("own first", "home first")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,6 +80,7 @@ class Config:
     seed: int = 0
     pfs_gbs: float = 100.0  # PFS aggregate bandwidth, GB/s
     link_gbs: float = 12.5  # per-node interconnect link, GB/s (each direction)
+    layout: Optional[str] = None  # with the tier on: one of LAYOUTS for every row; None: layout_for's rule
 
     def check(self, nodes: Sequence[int], caches: Sequence[float], sizes: np.ndarray) -> None:
         for name in ("num_samples", "ranks_per_node", "batch_size", "epochs"):
@@ -68,6 +91,8 @@ class Config:
                              f"got {self.epochs}")
         if not (self.pfs_gbs > 0 and self.link_gbs > 0):
             raise ValueError(f"bandwidths must be > 0 GB/s, got PFS {self.pfs_gbs} and link {self.link_gbs}")
+        if self.layout is not None and self.layout not in LAYOUTS:
+            raise ValueError(f"layout must be one of {', '.join(LAYOUTS)} or None, got {self.layout!r}")
         if not nodes or min(nodes) < 1:
             raise ValueError(f"node counts must be at least 1, got {list(nodes)}")
         if max(nodes) * self.ranks_per_node > self.num_samples:
@@ -77,6 +102,17 @@ class Config:
             raise ValueError(f"cache fractions must be > 0, got {list(caches)}")
         if sizes.shape != (self.num_samples,) or (sizes.size and sizes.min() < 1):
             raise ValueError(f"sizes must be {self.num_samples} positive byte counts")
+
+
+def layout_for(nodes: int, config: Config) -> str:
+    """How each node's stage directory is run with the tier on, at ``nodes`` nodes: "home first" where a
+    node's link is faster than its share of the PFS (``link_gbs > pfs_gbs / nodes``; no latencies are
+    simulated), else "own first" (ties too); ``config.layout`` overrides it. The library decides the
+    same at run time from its measured estimates, for the mean sample
+    (``SourceModel::links_against_pfs``)."""
+    if config.layout is not None:
+        return config.layout
+    return "home first" if config.link_gbs > config.pfs_gbs / nodes else "own first"
 
 
 def parse_nodes(text: str) -> List[int]:
@@ -138,19 +174,26 @@ def epoch_layout(order: np.ndarray, world_size: int, batch_size: int) -> tuple[n
 
 def _belady_hits(samples: List[int], next_use: List[int], sizes: List[int], capacity: int,
                  stays: Optional[List[tuple[int, int, int]]] = None,
-                 admit: Optional[List[bool]] = None) -> bytearray:
+                 admit: Optional[List[bool]] = None, tier: Optional[List[int]] = None) -> bytearray:
     """Per use, 1 if Belady's rule with bypass (byte capacity) finds the sample kept. ``next_use[i]``: the
-    index of the sample's next use, or ``len(samples)`` if none (kept only in room that is free: the
-    first to go). ``admit[i]`` False: a miss at use i is not admitted (bypassed). With ``stays``, every stay of a sample in the directory is appended to it as (sample,
-    index of the use that admitted it, index of the use that evicted it or ``len(samples)``)."""
+    index of the sample's next use, or ``len(samples)`` (or more) if none (kept only in room that is
+    free: the first to go). ``admit[i]`` False: a miss at use i is not admitted (bypassed). With
+    ``stays``, every stay of a sample in the directory is appended to it as (sample, index of the use
+    that admitted it, index of the use that evicted it or ``len(samples)``).
+
+    ``tier[i]`` (0 or more; none: all 0) ranks samples ahead of next uses: a sample is keyed by (its
+    tier, its next use), an incoming sample evicts only samples keyed after it (farthest first, the
+    higher tier first) and is bypassed otherwise. So a sample is never evicted for one of a higher tier,
+    and one not used again is the first to go within its tier. Home first (``_walk``) is tier 0 for the
+    node's home copies, 1 for the rest."""
     hits = bytearray(len(samples))
     admitted: Dict[int, int] = {}
-    kept: Dict[int, int] = {}  # sample -> its next use
-    heap: List[tuple[int, int]] = []  # (-next use, sample); stale entries are skipped when met
+    kept: Dict[int, int] = {}  # sample -> its key: tier * (len(samples) + 1) + next use
+    heap: List[tuple[int, int]] = []  # (-key, sample); stale entries are skipped when met
     used = 0
     end = len(samples)
     for i, s in enumerate(samples):
-        nxt = next_use[i]
+        nxt = next_use[i] if tier is None else tier[i] * (end + 1) + min(next_use[i], end)
         if s in kept:
             hits[i] = 1
             kept[s] = nxt
@@ -240,19 +283,23 @@ def _home(st: _Streams, sizes: np.ndarray, budget: int, config: Config) -> np.nd
     return home
 
 
-def _walk(st: _Streams, sizes: np.ndarray, budget: int,
-          on_uses: Optional[Callable[[int], None]] = None) -> tuple[np.ndarray, Dict[int, List[tuple[int, int, int]]]]:
-    """Every node's stage directory under Belady's rule over its own stream (with the tier on or off:
-    the library runs it the same way). Per use, whether it is a hit; per sample, its stays on each node
-    as (node, global batch admitted, global batch evicted or ``_NEVER``)."""
+def _walk(st: _Streams, sizes: np.ndarray, budget: int, on_uses: Optional[Callable[[int], None]] = None,
+          home_node: Optional[np.ndarray] = None) -> tuple[np.ndarray, Dict[int, List[tuple[int, int, int]]]]:
+    """Every node's stage directory under Belady's rule with bypass over its own stream: own first (the
+    tier off, and the tier on while its link is the slower source) or, with ``home_node`` (per sample,
+    the node that holds its home copy, -1 beyond every budget), home first: the node's home copies in
+    tier 0, every other sample in tier 1 (``_belady_hits``). Per use, whether it is a hit; per sample,
+    its stays on each node as (node, global batch admitted, global batch evicted or ``_NEVER``)."""
     size_list = sizes.tolist()
     hits = np.empty(st.samples.size, dtype=bool)
     holders: Dict[int, List[tuple[int, int, int]]] = {}
     for node in range(st.nodes):
         lo, hi = st.bounds[node], st.bounds[node + 1]
+        samples = st.samples[lo:hi]
+        tier = None if home_node is None else (home_node[samples] != node).astype(np.int64).tolist()
         stays: List[tuple[int, int, int]] = []
-        hits[lo:hi] = np.frombuffer(_belady_hits(st.samples[lo:hi].tolist(), (st.next_use[lo:hi] - lo).tolist(),
-                                                 size_list, budget, stays), dtype=np.uint8)
+        hits[lo:hi] = np.frombuffer(_belady_hits(samples.tolist(), (st.next_use[lo:hi] - lo).tolist(),
+                                                 size_list, budget, stays, tier=tier), dtype=np.uint8)
         times = st.time[lo:hi].tolist()
         end = hi - lo
         for s, admitted, evicted in stays:
@@ -328,7 +375,7 @@ def chosen_seconds(pfs_bytes: float, sent: np.ndarray, received: np.ndarray, pfs
 
 
 def _summary(nodes: int, cache: float, budget: int, set_bytes: int, peers: Dict[str, Any],
-             baseline: Dict[str, Any], config: Config) -> Dict[str, Any]:
+             baseline: Dict[str, Any], config: Config, layout: Optional[str] = None) -> Dict[str, Any]:
     later = slice(1, config.epochs)
     sent = np.asarray(peers["peer_sent"])[later]
     received = np.asarray(peers["peer_received"])[later]
@@ -352,7 +399,7 @@ def _summary(nodes: int, cache: float, budget: int, set_bytes: int, peers: Dict[
 
     return {
         "nodes": nodes, "ranks": nodes * config.ranks_per_node, "cache": cache, "node_budget_bytes": budget,
-        "set_bytes": set_bytes,
+        "set_bytes": set_bytes, "layout": layout,
         "with_peers": peers, "without_peers": baseline,
         # Epochs 2 on (means over them): what the tier is for.
         "later": {
@@ -374,15 +421,20 @@ def simulate_one(orders: Sequence[np.ndarray], sizes: np.ndarray, nodes: int, ca
                  config: Config, on_uses: Optional[Callable[[int], None]] = None,
                  streams: Optional[_Streams] = None) -> List[Dict[str, Any]]:
     """Both policies for one node count and each aggregate cache fraction; ``orders[e]`` is
-    ``epoch_order(num_samples, seed, e)``. ``on_uses(k)`` is called as the baseline walks k more uses."""
+    ``epoch_order(num_samples, seed, e)``. ``on_uses(k)`` is called as a walk takes k more uses."""
     st = streams if streams is not None else _Streams(orders, nodes, config)
     set_bytes = int(sizes.sum())
+    layout = layout_for(nodes, config)
     out = []
     for cache in caches:
         budget = int(cache * set_bytes / nodes)
-        walk = _walk(st, sizes, budget, on_uses)
+        own = _walk(st, sizes, budget, on_uses)
+        walk = own
+        if layout == "home first":
+            home_node = np.where(_home(st, sizes, budget, config), st.owner_rank // config.ranks_per_node, -1)
+            walk = _walk(st, sizes, budget, on_uses, home_node)
         out.append(_summary(nodes, cache, budget, set_bytes, _with_peers(st, sizes, budget, config, walk),
-                            _without_peers(st, sizes, config, walk[0]), config))
+                            _without_peers(st, sizes, config, own[0]), config, layout))
     return out
 
 
@@ -401,9 +453,10 @@ def simulate(config: Config, nodes: Sequence[int], caches: Sequence[float], size
 
 
 def total_uses(config: Config, nodes: Sequence[int], caches: Sequence[float]) -> int:
-    """Uses the baseline walks in the whole study (a progress bar's total)."""
+    """Uses the walks take in the whole study (a progress bar's total): the tier off's, and home first's
+    in its rows."""
     return sum(-(-config.num_samples // (n * config.ranks_per_node)) * n * config.ranks_per_node
-               for n in nodes) * config.epochs * len(caches)
+               * (2 if layout_for(n, config) == "home first" else 1) for n in nodes) * config.epochs * len(caches)
 
 
 def _bytes(v: float) -> str:
@@ -414,14 +467,14 @@ def _bytes(v: float) -> str:
 
 
 def format_table(study: Dict[str, Any]) -> str:
-    """A markdown table: one row per cache fraction and node count."""
+    """A markdown table: one row per cache fraction and node count, with the layout of the tier on."""
     set_bytes = study["set_bytes"]
-    lines = ["| cache | nodes | PFS per epoch, no peers (of the set) | PFS per epoch, peers | beyond budget "
-             "| peer bytes per node per epoch (mean; max node) | imbalance sent / received (max/mean) "
+    lines = ["| cache | nodes | layout, tier on | PFS per epoch, no peers (of the set) | PFS per epoch, peers "
+             "| beyond budget | peer bytes per node per epoch (mean; max node) | imbalance sent / received (max/mean) "
              "| I/O s per epoch: no peers; peers PFS; peers link | binds | speedup, every read to its home copy "
              "| I/O s per epoch, each read to the faster source (moved to the PFS, of the set) "
              "| time per epoch, tier on / off |",
-             "|---:|---:|---|---|---:|---|---|---|---|---:|---|---:|"]
+             "|---:|---:|---|---|---|---:|---|---|---|---|---:|---|---:|"]
     for r in sorted(study["rows"], key=lambda r: (r["cache"], r["nodes"])):
         later = r["later"]
         base = " / ".join(f"{b / set_bytes:.3f}" for b in r["without_peers"]["pfs_bytes"])
@@ -431,7 +484,7 @@ def format_table(study: Dict[str, Any]) -> str:
         speed = "-" if later["speedup"] is None else f"{later['speedup']:.1f}x"
         ratio = "-" if later["ratio_chosen"] is None else f"{later['ratio_chosen']:.2f}x"
         lines.append(
-            f"| {r['cache']:.0%} | {r['nodes']} | {base} | {peer} "
+            f"| {r['cache']:.0%} | {r['nodes']} | {r['layout']} | {base} | {peer} "
             f"| {r['with_peers']['beyond_budget_bytes'] / set_bytes:.1%} "
             f"| {_bytes(later['peer_bytes_per_node'])}; {_bytes(later['peer_bytes_max_node'])} | {imb} "
             f"| {later['seconds_without']:.3f}; {later['seconds_pfs']:.3f}; {later['seconds_link']:.3f} "
@@ -442,7 +495,8 @@ def format_table(study: Dict[str, Any]) -> str:
 
 def plot_study(study: Dict[str, Any], path: Any) -> Any:
     """Per cache fraction, against nodes: PFS and peer bytes per epoch (top) and the I/O time each
-    resource needs per epoch (bottom), epochs 2 on. A PNG at ``path``."""
+    resource needs per epoch (bottom), epochs 2 on; the node counts run home first shaded. A PNG at
+    ``path``."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -471,6 +525,11 @@ def plot_study(study: Dict[str, Any], path: Any) -> Any:
         bottom.plot(xs, seconds("seconds_link"), "^--", color="#2ca02c", label="peers: busiest node's link")
         bottom.plot(xs, seconds("seconds_chosen"), "D-", color="#9467bd",
                     label="peers, each read to the faster source")
+        home_first = [x for x, r in zip(xs, rows) if r.get("layout") == "home first"]
+        if home_first:
+            for ax in (top, bottom):
+                ax.axvspan(min(home_first), max(home_first), color="#9467bd", alpha=0.08, lw=0,
+                           label="home first (link faster than a node's PFS share)")
         bottom.set_yscale("log")
         bottom.set_xscale("log", base=2)
         bottom.set_xticks(xs)

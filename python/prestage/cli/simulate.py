@@ -3,13 +3,15 @@
 For each node count and aggregate cache size (a fraction of the set, split evenly over the nodes) it
 follows every sample use of --epochs epochs of the real plan through two policies: without the peer tier
 (each node's stage directory under Belady's rule over its own stream, every miss a PFS read) and with it
-(the same directories; a miss is fetched over the interconnect from the sample's owner node while that
-node holds it, else read from the PFS). Per row: PFS bytes per
-epoch with and without peers, peer bytes per node, the imbalance of peer traffic between nodes
-(max/mean), and the I/O time an epoch needs at least on the PFS (--pfs-gbs, aggregate) and on the
-busiest node's link (--link-gbs, each direction), and which binds; and the time with the tier's
-per-read rule (each read of another node's home copy to that link or to the PFS, whichever is expected
-to finish first) against the tier off. See prestage.bench.simulate for the exact rules.
+(a miss is fetched over the interconnect from the sample's owner node while that node holds it, else
+read from the PFS). With the tier on, each node's directory is run as without it ("own first") while
+its link is slower than its share of the PFS (--link-gbs <= --pfs-gbs / nodes), else "home first": the
+samples it holds for the other nodes (its home copies) rank ahead of its own next uses. Per row: the
+layout, PFS bytes per epoch with and without peers, peer bytes per node, the imbalance of peer traffic
+between nodes (max/mean), and the I/O time an epoch needs at least on the PFS (--pfs-gbs, aggregate)
+and on the busiest node's link (--link-gbs, each direction), and which binds; and the time with the
+tier's per-read rule (each read of another node's home copy to that link or to the PFS, whichever is
+expected to finish first) against the tier off. See prestage.bench.simulate for the exact rules.
 
   prestage simulate --nodes 1-1024 --ranks-per-node 4 --cache 25,50,100 --epochs 3 --out results/
 
