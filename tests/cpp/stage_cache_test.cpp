@@ -85,10 +85,11 @@ struct Outcome {
 };
 
 // The peer tier's hybrid layout (StageCache::set_home_first): the files this node is the home of,
-// and in which epochs they rank first.
+// and the layout in each epoch.
+using Layout = StageCache::HomeLayout;
 struct HomeFirst {
   std::vector<uint8_t> home;  // per file
-  std::function<bool(uint64_t epoch)> on;
+  std::function<Layout(uint64_t epoch)> on;
 };
 
 // Runs kEpochs epochs of one rank through a StageCache. `copy`: does stage 2's part at once,
@@ -228,7 +229,9 @@ Outcome simulate(const Catalog& catalog, const PlanOptions& plan, uint64_t capac
   for (uint64_t i = 0; i < stream.size() && stream[i].epoch < kEpochs; ++i) {
     const uint64_t f = stream[i].file;
     const uint64_t size = catalog.file_size(f);
-    if (belady && home_first != nullptr && home_first->on(stream[i].epoch) != ranked_home_first) {
+    const Layout layout = belady && home_first != nullptr ? home_first->on(stream[i].epoch)
+                                                          : Layout::kOwnFirst;
+    if ((layout == Layout::kHomeFirst) != ranked_home_first) {
       ranked_home_first = !ranked_home_first;
       std::set<std::pair<uint64_t, uint64_t>> again;
       for (const auto& [old_key, file] : cached) {
@@ -249,7 +252,8 @@ Outcome simulate(const Catalog& catalog, const PlanOptions& plan, uint64_t capac
     }
     ++out.misses[stream[i].epoch];
     out.bytes[stream[i].epoch] += size;
-    const uint64_t kept = ranked_home_first && !is_home(f) ? std::min(home_missing, capacity) : 0;
+    const uint64_t kept =
+        layout != Layout::kOwnFirst && !is_home(f) ? std::min(home_missing, capacity) : 0;
     if (size + kept > capacity) continue;
     std::vector<uint64_t> victims;
     uint64_t freed = 0;
@@ -390,7 +394,7 @@ TEST_CASE("stage cache: home first, the node's home copies rank ahead of other f
     home_bytes += catalog.file_size(f);
   }
   SUBCASE("on from the start: after the first epoch, no home copy is ever missed") {
-    hybrid.on = [](uint64_t) { return true; };
+    hybrid.on = [](uint64_t) { return Layout::kHomeFirst; };
     // Room for the home copies and a tenth of the set more; and less room than they take.
     for (const uint64_t capacity : {home_bytes + set_bytes(catalog) / 10, home_bytes / 2}) {
       CAPTURE(capacity);
@@ -418,7 +422,9 @@ TEST_CASE("stage cache: home first, the node's home copies rank ahead of other f
     }
   }
   SUBCASE("switched on, off and on: the files tracked are ranked again at each change") {
-    hybrid.on = [](uint64_t epoch) { return epoch == 2 || epoch >= 4; };
+    hybrid.on = [](uint64_t epoch) {
+      return epoch == 2 || epoch >= 4 ? Layout::kHomeFirst : Layout::kOwnFirst;
+    };
     const uint64_t capacity = home_bytes + set_bytes(catalog) / 10;
     const Outcome got = run_cache(catalog, plan, capacity, Eviction::kClairvoyant, 3, true, &hybrid);
     const Outcome want = simulate(catalog, plan, capacity, Eviction::kClairvoyant, 3, 8, {}, &hybrid);
@@ -433,8 +439,22 @@ TEST_CASE("stage cache: home first, the node's home copies rank ahead of other f
     CHECK(got.home_misses[1] > 0);   // the plain rule gives home copies up
     CHECK(got.home_misses[5] == 0);  // on since epoch 4: each came back at its first use there
   }
+  SUBCASE("undecided, then home first: ranked as Belady's rule, other files kept out of the home "
+          "copies' room") {
+    hybrid.on = [](uint64_t epoch) { return epoch < 2 ? Layout::kUndecided : Layout::kHomeFirst; };
+    const uint64_t capacity = home_bytes + set_bytes(catalog) / 10;
+    const Outcome got = run_cache(catalog, plan, capacity, Eviction::kClairvoyant, 3, true, &hybrid);
+    const Outcome want = simulate(catalog, plan, capacity, Eviction::kClairvoyant, 3, 8, {}, &hybrid);
+    CHECK(got.misses == want.misses);
+    CHECK(got.bytes == want.bytes);
+    CHECK(got.bound_held);
+    CHECK(got.window_kept);
+    // The first epoch is Belady's rule's but for the room kept: it misses no more home copies.
+    const Outcome plain = simulate(catalog, plan, capacity, Eviction::kClairvoyant, 3, 8);
+    CHECK(got.misses[0] == plain.misses[0]);
+  }
   SUBCASE("LRU keeps its own order") {
-    hybrid.on = [](uint64_t) { return true; };
+    hybrid.on = [](uint64_t) { return Layout::kHomeFirst; };
     const uint64_t capacity = home_bytes + set_bytes(catalog) / 10;
     const Outcome got = run_cache(catalog, plan, capacity, Eviction::kLru, 3, false, &hybrid);
     const Outcome want = simulate(catalog, plan, capacity, Eviction::kLru, 3, 8);
@@ -584,7 +604,7 @@ TEST_CASE(
   HomeFirst hybrid;
   hybrid.home.assign(catalog.num_files(), 0);
   for (uint64_t f = 0; f < catalog.num_files(); f += 5) hybrid.home[f] = 1;  // about a fifth
-  hybrid.on = [](uint64_t epoch) { return epoch >= 1; };
+  hybrid.on = [](uint64_t epoch) { return epoch >= 1 ? Layout::kHomeFirst : Layout::kUndecided; };
   const uint64_t capacity = set_bytes(catalog) / 4;
   const NodeRun got = run_node({1, 2}, 4, capacity, 3, &hybrid, &hybrid.home);
   CHECK(got.home_kept);

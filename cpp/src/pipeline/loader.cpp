@@ -341,9 +341,15 @@ Loader::Impl::Impl(Catalog catalog_in, LoaderOptions options_in)
       if (shared->cache) {
         shared->cache->set_on_declined([peers](uint64_t f) { peers->not_coming(f); });
         const detail::Tiers* tiers = shared->tiers.get();
-        shared->cache->set_home_first(
-            [peers](uint64_t f) { return peers->home_here(f); },
-            [tiers] { return tiers->links() == detail::SourceModel::Links::kFaster; });
+        using Layout = detail::StageCache::HomeLayout;
+        using Links = detail::SourceModel::Links;
+        shared->cache->set_home_first([peers](uint64_t f) { return peers->home_here(f); },
+                                      [tiers] {
+                                        const Links links = tiers->links();
+                                        return links == Links::kFaster    ? Layout::kHomeFirst
+                                               : links == Links::kUnknown ? Layout::kUndecided
+                                                                          : Layout::kOwnFirst;
+                                      });
       }
       // A home copy is made by stage 2 in the start epoch: stage 3 waits for it rather than reading
       // the source itself, so that the source is read once. Set in the one copy, before any thread

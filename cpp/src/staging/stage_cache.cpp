@@ -185,8 +185,11 @@ uint64_t StageCache::rank_of(uint64_t file, uint64_t key) const {
 }
 
 void StageCache::update_home_first() {
-  const bool now = home_first_ && capacity_ != 0 && eviction_ == Eviction::kClairvoyant &&
-                   home_first_();
+  const HomeLayout layout = layout_ && capacity_ != 0 && eviction_ == Eviction::kClairvoyant
+                                ? layout_()
+                                : HomeLayout::kOwnFirst;
+  keep_home_room_ = layout != HomeLayout::kOwnFirst;
+  const bool now = layout == HomeLayout::kHomeFirst;
   if (now == home_first_now_.load(std::memory_order_relaxed)) return;
   std::vector<uint64_t> files;
   files.reserve(tracked_.size());
@@ -263,12 +266,14 @@ bool StageCache::make_room(uint64_t need, uint64_t incoming_rank, Admission& sta
   std::vector<std::pair<uint64_t, uint64_t>> victims;
   uint64_t freed = 0;
   auto consider = [&](const std::pair<uint64_t, uint64_t>& entry) {
-    const uint64_t file = entry.second;
+    // Room enough already (a neighbour let go of some since the caller's reservation failed):
+    // nothing more is given up.
+    if (used() - std::min(used(), freed) + need <= capacity_) return false;
     // Belady with bypass: only a file needed later than the incoming one is worth giving up.
     if (eviction_ == Eviction::kClairvoyant && entry.first <= incoming_rank) return false;
     victims.push_back(entry);
-    freed += charged_[file];
-    return used() - std::min(used(), freed) + need > capacity_;
+    freed += charged_[entry.second];
+    return true;
   };
   if (eviction_ == Eviction::kClairvoyant) {
     for (auto it = tracked_.rbegin(); it != tracked_.rend() && consider(*it); ++it) {
@@ -354,11 +359,11 @@ void StageCache::admit(uint64_t epoch, uint64_t batch, const uint64_t* samples, 
       decline(file, k, declined);
       continue;
     }
-    // Room for it in the node's bound, reserved before it is claimed: home first, for another
-    // node's file, beyond the room of the node's home copies still to come.
+    // Room for it in the node's bound, reserved before it is claimed: home first (or undecided),
+    // for another node's file, beyond the room of the node's home copies still to come.
     const uint64_t rank = rank_of(file, key);
     const uint64_t kept_for_home =
-        capacity_ != 0 && home_first_now_.load(std::memory_order_relaxed) && !home_here_(file)
+        capacity_ != 0 && keep_home_room_ && !home_here_(file)
             ? std::min(home_missing(), capacity_)
             : 0;
     const uint64_t bound = capacity_ - kept_for_home;

@@ -69,23 +69,26 @@ class StageCache {
     on_declined_ = std::move(on_declined);
   }
 
-  // The hybrid layout of the peer tier: `home_here(file)` says whether this node keeps `file`'s
-  // home copy (the copy the other nodes ask it for), and `home_first()` whether home copies rank
-  // ahead of every other file now: while the other nodes' links are faster than the source, a home
-  // copy kept serves their reads at the link's speed, where a copy of another node's file saves
-  // this node only the link's time over its own SSD's. So, home first, a home copy is never evicted
-  // for another node's file, and another node's file enters only free room or the room of such
-  // files used later; within each kind, Belady's order as without it. While home_first() is false
-  // (the links slower than the source, or not yet learned) the directory is run exactly as with
-  // the tier off. Home first, the room of the node's home copies not on the node (not made yet,
-  // or gone) is kept for them: another node's file enters only room beyond it, so that a
-  // neighbour's read-ahead into the next epoch takes no room a home copy of this one is to have.
+  // The layout of the node's stage directory with the peer tier on (the tier's hybrid).
+  // `home_here(file)` says whether this node keeps `file`'s home copy (the copy the other nodes
+  // ask it for); `layout()` which layout holds now:
+  //  - kOwnFirst (the other nodes' links slower than the source): run exactly as with the tier off.
+  //  - kHomeFirst (the links faster): home copies rank ahead of every other file. A home copy kept
+  //    serves the other nodes' reads at the link's speed, where a copy of another node's file saves
+  //    this node only the link's time over its own SSD's. So a home copy is never evicted for
+  //    another node's file, and another node's file enters only room beyond that of the node's
+  //    home copies not on the node (not made yet, or gone), or the room of such files used later;
+  //    within each kind, Belady's order as without it.
+  //  - kUndecided (the links not yet learned): ranked as with the tier off, but the room of the
+  //    home copies still to come is kept for them, so that no read ahead into the next epoch takes
+  //    it before the layout is known.
   // Asked at each admit(); a change ranks the files tracked again. Clairvoyant eviction and a bound
   // only (LRU keeps its order). Set before the first admit().
+  enum class HomeLayout : uint8_t { kOwnFirst, kHomeFirst, kUndecided };
   void set_home_first(std::function<bool(uint64_t file)> home_here,
-                      std::function<bool()> home_first) {
+                      std::function<HomeLayout()> layout) {
     home_here_ = std::move(home_here);
-    home_first_ = std::move(home_first);
+    layout_ = std::move(layout);
   }
   // Whether home copies ranked first at the last admit(). Read from any thread (stats()).
   bool home_first_now() const noexcept { return home_first_now_.load(std::memory_order_relaxed); }
@@ -162,14 +165,15 @@ class StageCache {
   bool joined_ = false;  // this rank is listed in the node's table
   std::function<void(uint64_t)> on_declined_;  // see set_on_declined()
   std::function<bool(uint64_t)> home_here_;    // see set_home_first()
-  std::function<bool()> home_first_;
+  std::function<HomeLayout()> layout_;
+  bool keep_home_room_ = false;  // kHomeFirst or kUndecided at the last admit()
   std::atomic<bool> home_first_now_{false};  // written by admit() alone
   // Home first, a file that is not this node's home copy ranks after every one that is: its rank
   // in tracked_ carries this bit (positions fit below it; kNotSoon is the last of its kind).
   static constexpr uint64_t kOtherNodes = uint64_t{1} << 63;
   // A file's rank in tracked_: its key, home first with kOtherNodes for another node's file.
   uint64_t rank_of(uint64_t file, uint64_t key) const;
-  // Asks home_first(); on a change, ranks the files tracked again.
+  // Asks layout(); on a change of ranking, ranks the files tracked again.
   void update_home_first();
   // Home first: the bytes of the node's home copies not in the directory (neither staged nor on
   // their way), looked up once per admit() that needs it (kNever: not yet).

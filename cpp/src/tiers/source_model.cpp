@@ -187,6 +187,12 @@ void SourceModel::set_down(size_t source) {
   est_[source].down = true;
 }
 
+bool SourceModel::learned(size_t source) const {
+  std::lock_guard lock(mutex_);
+  const SourceEstimate& e = est_[source];
+  return e.samples >= params_.min_samples && e.bytes_per_s() > 0;
+}
+
 SourceModel::Links SourceModel::links_against_pfs(uint64_t bytes) const {
   std::lock_guard lock(mutex_);
   const auto learned = [&](const SourceEstimate& e) {

@@ -111,6 +111,8 @@ class SourceModel {
   // from it what the other nodes will ask it for.
   enum class Links : uint8_t { kUnknown, kFaster, kSlower, kMixed };
   Links links_against_pfs(uint64_t bytes) const;
+  // Whether `source` has been learned: min_samples reads observed, and a bandwidth.
+  bool learned(size_t source) const;
 
   struct Row {
     std::string name;  // "stage", "pfs", "node <lowest rank of the node>"

@@ -89,10 +89,10 @@ class Tiers::Prober {
   bool busy() const noexcept { return busy_.load(std::memory_order_acquire); }
 
   // Starts the probe of `source`: a fetch of sample `loc` there, moving `bytes`. Nothing starts
-  // while another is under way, or once stopping.
-  void start(const Catalog::Locator& loc, size_t source, uint64_t bytes) {
+  // while another is under way, or once stopping (false).
+  bool start(const Catalog::Locator& loc, size_t source, uint64_t bytes) {
     std::lock_guard lock(mutex_);
-    if (stop_ || busy_.load(std::memory_order_relaxed)) return;
+    if (stop_ || busy_.load(std::memory_order_relaxed)) return false;
     job_ = Job{loc, source, bytes};
     busy_.store(true, std::memory_order_release);
     model_.begin(source, bytes, SourceModel::Read::kProbe);
@@ -101,6 +101,7 @@ class Tiers::Prober {
       thread_ = std::thread([this] { run(); });
     }
     wake_.notify_all();
+    return true;
   }
 
  private:
@@ -174,25 +175,24 @@ void Tiers::set_peers(Peers* peers) {
     total += size;
   }
   mean_sample_bytes_ = known != 0 ? total / known : 0;
-  // Enough to learn a link (ModelParams::min_samples), and one more for a probe that fails.
-  early_probes_.store(static_cast<int>(ModelParams{}.min_samples) + 1, std::memory_order_relaxed);
+  // Enough to learn a link (ModelParams::min_samples), with room for probes that fail (an owner
+  // still making its copy answers "absent" after a while).
+  early_probes_.store(static_cast<int>(4 * ModelParams{}.min_samples), std::memory_order_relaxed);
 }
 
 void Tiers::probe_links_early() {
   if (early_probes_.load(std::memory_order_relaxed) <= 0 || prober_->busy()) return;
   uint64_t sample = 0, owner = 0;
-  if (links() != SourceModel::Links::kUnknown || !peers_->early_probe(sample, owner) ||
-      peers_->down(owner)) {
-    early_probes_.store(0, std::memory_order_relaxed);
+  const bool target = peers_->early_probe(sample, owner) && !peers_->down(owner);
+  const uint64_t size = target ? sample_size(sample) : Catalog::kUnknownSize;
+  const size_t link = SourceModel::kPeer0 + (target ? peers_->node_of(owner) : 0);
+  if (size == Catalog::kUnknownSize || model_->learned(link)) {
+    early_probes_.store(0, std::memory_order_relaxed);  // nothing to probe, or learned
     return;
   }
-  const uint64_t size = sample_size(sample);
-  if (size == Catalog::kUnknownSize) {
-    early_probes_.store(0, std::memory_order_relaxed);
-    return;
+  if (prober_->start(catalog_.locator(sample), link, size)) {
+    early_probes_.fetch_sub(1, std::memory_order_relaxed);
   }
-  if (early_probes_.fetch_sub(1, std::memory_order_relaxed) <= 0) return;
-  prober_->start(catalog_.locator(sample), SourceModel::kPeer0 + peers_->node_of(owner), size);
 }
 
 SourceModel::Links Tiers::links() const {
