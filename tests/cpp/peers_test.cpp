@@ -21,7 +21,9 @@
 #include "prestage/options.hpp"
 #include "prestage/plan.hpp"
 #include "test_util.hpp"
+#include "tiers/source_model.hpp"
 #include "tiers/stage_directory.hpp"
+#include "tiers/tiers.hpp"
 #include "tiers/transport.hpp"
 #include "util/crc32c.hpp"
 
@@ -179,12 +181,18 @@ using prestage::detail::TransportConfig;
 // A transport double: the ranks of a job are Peers of this process, rank r alone on node r. A
 // request calls its owner's serve() on the asking thread (a kLater answer is asked again until the
 // request's time runs out), and `tamper` (if set) changes each served reply on its way, as a faulty
-// link would. Records every range asked.
+// link would. Records every range asked, and each rank's set_quiet() calls. Per owner rank, a link:
+// `delay` before each answer (a slow link), or `held_all`: each answer says the owner held it for
+// a second, so that the asker's model learns the link as taking no time at all (a fast link, whose
+// time no real read of the source can beat).
 struct Loop {
   std::mutex mutex;
   std::vector<PeerServe> serve = std::vector<PeerServe>(2);  // per rank; empty: stopped
   std::vector<PeerRange> asked;
   std::function<void(std::vector<std::byte>&, PeerCheck&)> tamper;
+  std::vector<std::chrono::milliseconds> delay = std::vector<std::chrono::milliseconds>(2);
+  std::vector<uint8_t> held_all = std::vector<uint8_t>(2);
+  std::vector<std::vector<bool>> quiet = std::vector<std::vector<bool>>(2);
 };
 
 Loop& loop() {
@@ -194,10 +202,12 @@ Loop& loop() {
 
 class LoopTransport final : public Transport {
  public:
-  explicit LoopTransport(uint64_t rank) : rank_(rank) {}
+  LoopTransport(uint64_t rank, uint64_t world) : rank_(rank), nodes_(world), values_(world) {
+    for (uint64_t r = 0; r < world; ++r) nodes_[r] = r;
+  }
   ~LoopTransport() override { stop(); }
   uint64_t rank() const override { return rank_; }
-  uint64_t world_size() const override { return 2; }
+  uint64_t world_size() const override { return nodes_.size(); }
   const std::vector<uint64_t>& nodes() const override { return nodes_; }
   const std::vector<uint64_t>& values() const override { return values_; }
   bool request(uint64_t rank, const PeerRange& range, std::chrono::milliseconds timeout,
@@ -205,11 +215,16 @@ class LoopTransport final : public Transport {
                std::chrono::microseconds* held) override {
     if (held != nullptr) *held = std::chrono::microseconds{0};
     PeerServe serve;
+    std::chrono::milliseconds delay{0};
+    bool held_all = false;
     {
       std::lock_guard lock(loop().mutex);
       loop().asked.push_back(range);
       serve = loop().serve[rank];
+      delay = loop().delay[rank];
+      held_all = loop().held_all[rank] != 0;
     }
+    std::this_thread::sleep_for(delay);
     if (end != nullptr) *end = serve ? RequestEnd::kReply : RequestEnd::kGone;
     if (!serve) return false;
     const auto until = std::chrono::steady_clock::now() + timeout;
@@ -219,6 +234,7 @@ class LoopTransport final : public Transport {
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
     }
     if (answer != PeerAnswer::kServed) return false;
+    if (held_all && held != nullptr) *held = std::chrono::seconds(1);
     std::lock_guard lock(loop().mutex);
     if (loop().tamper) loop().tamper(bytes, check);
     return true;
@@ -227,10 +243,14 @@ class LoopTransport final : public Transport {
     std::lock_guard lock(loop().mutex);
     loop().serve[rank_] = nullptr;
   }
+  void set_quiet(bool quiet) override {
+    std::lock_guard lock(loop().mutex);
+    loop().quiet[rank_].push_back(quiet);
+  }
 
  private:
   uint64_t rank_;
-  std::vector<uint64_t> nodes_{0, 1}, values_{0, 0};
+  std::vector<uint64_t> nodes_, values_;
 };
 
 PeerRange loop_asked_back() {
@@ -246,10 +266,25 @@ void set_tamper(std::function<void(std::vector<std::byte>&, PeerCheck&)> tamper)
 
 Transport* loop_start(const TransportConfig* config, std::string* /*error*/) {
   std::lock_guard lock(loop().mutex);
-  loop().serve[config->expect_rank] = config->serve;
+  const uint64_t world = config->expect_world_size, rank = config->expect_rank;
+  if (loop().serve.size() != world) {  // a job of another size than the last
+    loop().serve.assign(world, nullptr);
+    loop().delay.assign(world, std::chrono::milliseconds{0});
+    loop().held_all.assign(world, 0);
+    loop().quiet.assign(world, {});
+  }
+  loop().serve[rank] = config->serve;
+  loop().delay[rank] = std::chrono::milliseconds{0};
+  loop().held_all[rank] = 0;
+  loop().quiet[rank].clear();
   loop().asked.clear();
   loop().tamper = nullptr;
-  return new LoopTransport(config->expect_rank);
+  return new LoopTransport(rank, world);
+}
+
+std::vector<bool> loop_quiet(uint64_t rank) {
+  std::lock_guard lock(loop().mutex);
+  return loop().quiet[rank];
 }
 
 std::vector<std::byte> file_bytes(const std::filesystem::path& path) {
@@ -461,4 +496,107 @@ TEST_CASE(
       }
     }
   }
+}
+
+TEST_CASE(
+    "peers: the transport is quiet only once every link learned is slower than the source, and "
+    "not once one is found faster") {
+  using prestage::detail::SourceModel;
+  using prestage::detail::Tiers;
+  using Links = SourceModel::Links;
+  prestage::test::TempDir dir;
+  const Catalog catalog = Job::make_catalog(dir);
+  // 3 ranks over the double, each alone on its node; rank 0 reads through its tiers.
+  constexpr uint64_t kWorld = 3;
+  std::unique_ptr<StageDirectory> stage[kWorld];
+  std::unique_ptr<Peers> peers[kWorld];
+  for (uint64_t r = 0; r < kWorld; ++r) {
+    stage[r] = std::make_unique<StageDirectory>(dir / ("node" + std::to_string(r)), catalog);
+    PlanOptions plan;
+    plan.num_samples = catalog.size();
+    plan.batch_size = 2;
+    plan.seed = 3;
+    plan.world_size = kWorld;
+    plan.rank = r;
+    prestage::detail::PeerOptions options;
+    options.timeout = std::chrono::seconds(5);
+    options.start = &loop_start;
+    peers[r] = std::make_unique<Peers>(catalog, plan, stage[r].get(), 0, options);
+    REQUIRE_MESSAGE(peers[r]->on(), peers[r]->why_off());
+    peers[r]->start_epoch(0);
+  }
+  // A file of each rank's own (its home copy made, but rank 0's: read from the source).
+  uint64_t own[kWorld] = {~uint64_t{0}, ~uint64_t{0}, ~uint64_t{0}};
+  for (uint64_t f = 0; f < catalog.num_files(); ++f) {
+    uint64_t owner = 0;
+    const Peers::Fetched home = peers[0]->home(Catalog::Locator{f}, owner);
+    if (home == Peers::Fetched::kLocal) owner = 0;
+    if (home != Peers::Fetched::kNone && own[owner] == ~uint64_t{0}) own[owner] = f;
+  }
+  for (uint64_t r = 0; r < kWorld; ++r) REQUIRE(own[r] != ~uint64_t{0});
+  for (uint64_t r = 1; r < kWorld; ++r) {
+    std::vector<std::byte> buffer;
+    REQUIRE(stage[r]->try_claim(own[r]));
+    REQUIRE(stage[r]->stage(own[r], (catalog.root() / catalog.file_path(own[r])).string(),
+                            buffer) == StageDirectory::Outcome::kStaged);
+  }
+  {
+    std::lock_guard lock(loop().mutex);
+    loop().delay[1] = std::chrono::milliseconds(200);  // node 1's link: slower than any local read
+    loop().held_all[2] = 1;                             // node 2's link: faster than any
+  }
+  Tiers tiers(catalog, stage[0].get(), uint64_t{1} << 30);
+  tiers.set_peers(peers[0].get());
+  const SourceModel& model = *tiers.source_model();
+  const auto row = [&](const std::string& name) {
+    for (const SourceModel::Row& r : model.rows()) {
+      if (r.name == name) return r;
+    }
+    return SourceModel::Row{};
+  };
+  // Waits (without a bound on how long it may take, but 30 s) for `done`.
+  const auto wait_for = [](const auto& done) {
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    while (!done() && std::chrono::steady_clock::now() < until) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+    return done();
+  };
+  std::vector<std::byte> buffer;
+  int64_t mtime_ns = 0;
+  // The source is learned from the reads of this node's own file; no link is known.
+  for (int k = 0; k < 3; ++k) tiers.fetch_file(own[0], buffer, mtime_ns);
+  REQUIRE(row("pfs").samples >= 2);
+  CHECK(tiers.links() == Links::kUnknown);
+  // Node 1's link, learned by its probes (2): not quiet while it is known from one.
+  for (uint64_t k = 1; k <= 2; ++k) {
+    CAPTURE(k);
+    tiers.fetch_file(own[1], buffer, mtime_ns);
+    REQUIRE(row("node 1").probes == k);
+    REQUIRE(wait_for([&] { return row("node 1").samples == k; }));
+    if (k == 1) {
+      CHECK(tiers.links() == Links::kUnknown);
+      CHECK(loop_quiet(0).empty());
+    }
+  }
+  // Every link learned is slower (node 2's, not learned yet, is not counted): quiet.
+  CHECK(tiers.links() == Links::kSlower);
+  REQUIRE(wait_for([&] { return !loop_quiet(0).empty(); }));
+  CHECK(loop_quiet(0) == std::vector<bool>{true});
+  // Node 2's link starts from the slow estimate of node 1's (links are alike), so its reads go to
+  // the source and it is probed when due; its second probe finds it faster: no longer quiet.
+  for (int k = 0; k < 500 && row("node 2").samples < 2; ++k) {
+    tiers.fetch_file(own[2], buffer, mtime_ns);
+    if (row("node 2").probes > row("node 2").samples) {
+      REQUIRE(wait_for([&] { return row("node 2").samples == row("node 2").probes; }));
+    }
+    if (row("node 2").samples < 2) CHECK(loop_quiet(0) == std::vector<bool>{true});
+  }
+  REQUIRE(row("node 2").samples == 2);
+  CHECK(tiers.links() == Links::kMixed);
+  REQUIRE(wait_for([&] { return loop_quiet(0).size() == 2; }));
+  CHECK(loop_quiet(0) == std::vector<bool>{true, false});
+  CHECK(loop_quiet(1).empty());  // ranks that read nothing are never told
+  CHECK(loop_quiet(2).empty());
+  tiers.stop_probes();
 }

@@ -9,9 +9,15 @@
 // enough; MULTIPLE is missing or flaky on some fabrics); other threads hand it their requests
 // through a queue and wait for the answer with a timeout. MPI has no call that waits for a message
 // and for a local event at once, so the thread polls while there is traffic and otherwise sleeps on
-// a condition variable for up to 2 ms: an idle transport costs a few hundred wake-ups a second, not
-// a core. The MPI C API alone: the deprecated C++ bindings that mpi.h pulls in for C++ would need a
-// library that is not linked.
+// a condition variable, a sleep that doubles while nothing comes, up to 2 ms: an idle transport
+// costs a few hundred wake-ups a second, not a core. A quiet transport (set_quiet: its loader finds
+// every link slower than the source, so other ranks only probe it) lets that sleep grow to 50 ms,
+// but not while requests of its own await replies or it owes an answer (held back, or still being
+// sent): its own reads are not slowed. A request made on this rank wakes the thread at once; one
+// from another rank is picked up at the next poll, so each reply's `held_us` carries the expected
+// pickup delay (half the gap between the two polls for requests around its arrival), which the
+// requester's source model leaves out with the rest of `held_us`. The MPI C API alone: the
+// deprecated C++ bindings that mpi.h pulls in for C++ would need a library that is not linked.
 #define OMPI_SKIP_MPICXX 1
 #define MPICH_SKIP_MPICXX 1
 #include <dlfcn.h>
@@ -40,6 +46,13 @@ constexpr int kTagReply = 7302;
 constexpr int kTagGoodbye = 7303;  // no body: the sender's transport stopped
 constexpr auto kMaxIdleSleep = std::chrono::microseconds(2000);
 constexpr auto kMinIdleSleep = std::chrono::microseconds(50);
+// The idle sleep's bound while quiet. 50 ms: 20 wake-ups a second instead of 500 (on a node whose
+// cores the loader's own work fills, the 2 ms polling cost a few percent of an epoch), while a
+// request that does come (a probe: a read made only to measure the link, off the batch's path) is
+// picked up within 50 ms, well inside any peer_timeout, with its expected delay (half of it) in
+// held_us. Longer would save little more and would delay the pickup of the first reads after the
+// other ranks' view turns, before this rank's own view turns too.
+constexpr auto kQuietIdleSleep = std::chrono::microseconds(50'000);
 // At stop, how long sends under way (replies to a rank that is not receiving) are given to finish.
 constexpr auto kStopGrace = std::chrono::milliseconds(200);
 // A request held back (kLater) is answered "absent" this long before its requester stops waiting
@@ -59,7 +72,7 @@ struct ReplyHeader {
   uint64_t size;       // of the bytes that follow
   uint32_t crc;        // PeerCheck
   uint32_t answer;     // PeerAnswer
-  uint64_t held_us;    // how long the answer was held back (kLater) before it was given
+  uint64_t held_us;    // the expected pickup delay, plus how long the answer was held back (kLater)
   uint64_t file_size;  // PeerCheck
 };
 
@@ -144,6 +157,15 @@ class MpiTransport final : public Transport {
     if (thread_.joinable()) thread_.join();
   }
 
+  void set_quiet(bool quiet) override {
+    {
+      std::lock_guard lock(mutex_);
+      if (quiet_ == quiet) return;
+      quiet_ = quiet;
+    }
+    work_.notify_all();  // a sleep under the quiet bound ends: the short one applies at once
+  }
+
  private:
   struct Waiter {
     uint64_t id = 0, rank = 0;
@@ -163,7 +185,7 @@ class MpiTransport final : public Transport {
     int source;
     RequestMessage message;
     std::chrono::steady_clock::time_point until;
-    std::chrono::steady_clock::time_point received;
+    std::chrono::steady_clock::time_point arrived;  // expected: see receive_requests()
   };
 
   void run() {
@@ -174,7 +196,14 @@ class MpiTransport final : public Transport {
       {
         std::unique_lock lock(mutex_);
         if (outgoing_.empty() && !stopping_) {
-          work_.wait_for(lock, sleep, [&] { return stopping_ || !outgoing_.empty(); });
+          // Quiet, the sleep may grow to the longer bound, unless this rank awaits replies (its own
+          // reads), or owes answers held back or sends under way (which progress only as it polls).
+          const bool long_sleep =
+              quiet_ && waiting_.empty() && deferred_.empty() && sends_.empty();
+          const auto bound = long_sleep ? kQuietIdleSleep : kMaxIdleSleep;
+          work_.wait_for(lock, std::min(sleep, bound), [&] {
+            return stopping_ || !outgoing_.empty() || (long_sleep && !quiet_);
+          });
         }
         if (stopping_) break;
         to_send.clear();
@@ -192,7 +221,7 @@ class MpiTransport final : public Transport {
       active |= receive_goodbyes();
       active |= retry_deferred();
       test_sends();
-      sleep = active ? kMinIdleSleep : std::min(kMaxIdleSleep, sleep * 2);
+      sleep = active ? kMinIdleSleep : std::min(kQuietIdleSleep, sleep * 2);
     }
     // Stopping: requests held back are answered (absent), every other rank hears goodbye, every
     // wait ends, and sends under way get a short grace, then are let go.
@@ -250,8 +279,9 @@ class MpiTransport final : public Transport {
   }
 
   // Answers a request now, or defers it (kLater) while its requester still waits. True if answered.
+  // `arrived`: when the request is expected to have arrived, which held_us counts from.
   bool answer(int source, const RequestMessage& m, std::chrono::steady_clock::time_point until,
-              std::chrono::steady_clock::time_point received) {
+              std::chrono::steady_clock::time_point arrived) {
     PeerCheck check;
     PeerAnswer a = PeerAnswer::kAbsent;
     try {
@@ -268,7 +298,7 @@ class MpiTransport final : public Transport {
     }
     const bool served = a == PeerAnswer::kServed;
     const auto held = std::chrono::duration_cast<std::chrono::microseconds>(
-        std::chrono::steady_clock::now() - received);
+        std::chrono::steady_clock::now() - arrived);
     const ReplyHeader h{m.id,
                         served ? body_.size() : 0,
                         check.crc,
@@ -279,22 +309,40 @@ class MpiTransport final : public Transport {
     return true;
   }
 
+  // A request found by this poll came in after the previous poll had found none (`polled_`) and
+  // before this one began: at a time the requester's timing is independent of, so uniformly within
+  // that gap, and it waited half the gap on average before it was picked up. Its answer's held_us
+  // counts from that expected arrival, so that a requester's estimate of the link is not charged
+  // with this rank's sleep, however long (quiet) or short. (A request found later in the same poll
+  // waited for the ones before it to be answered: this rank's service time, which the requester
+  // counts as it counts a queue at the source.)
   bool receive_requests() {
     bool any = false;
+    const auto poll = std::chrono::steady_clock::now();
+    const auto pickup = (poll - polled_) / 2;
+    int misses = 0;
     while (true) {
       int flag = 0;
       MPI_Message message;
       MPI_Status status;
       MPI_Improbe(MPI_ANY_SOURCE, kTagRequest, comm_, &flag, &message, &status);
-      if (!flag) return any;
+      if (!flag) {
+        // A probe may match only what an earlier call's progress brought in (Open MPI's ob1 looks,
+        // then progresses): a second look finds a request that came while this thread slept, so
+        // that it is picked up after the gap it came in, not one gap later.
+        if (++misses < 2) continue;
+        polled_ = std::chrono::steady_clock::now();
+        return any;
+      }
       RequestMessage m{};
       MPI_Mrecv(&m, sizeof m, MPI_BYTE, &message, MPI_STATUS_IGNORE);
       any = true;
       const auto wait = std::chrono::milliseconds(m.timeout_ms);
       const auto now = std::chrono::steady_clock::now();
       const auto until = now + wait - std::min<std::chrono::milliseconds>(kAnswerMargin, wait / 4);
-      if (!answer(status.MPI_SOURCE, m, until, now)) {
-        deferred_.push_back({status.MPI_SOURCE, m, until, now});
+      const auto arrived = now - pickup;
+      if (!answer(status.MPI_SOURCE, m, until, arrived)) {
+        deferred_.push_back({status.MPI_SOURCE, m, until, arrived});
       }
     }
   }
@@ -302,7 +350,7 @@ class MpiTransport final : public Transport {
   bool retry_deferred() {
     bool any = false;
     for (auto it = deferred_.begin(); it != deferred_.end();) {
-      if (answer(it->source, it->message, it->until, it->received)) {
+      if (answer(it->source, it->message, it->until, it->arrived)) {
         it = deferred_.erase(it);
         any = true;
       } else {
@@ -386,12 +434,15 @@ class MpiTransport final : public Transport {
   std::unordered_map<uint64_t, Waiter*> waiting_;    // guarded by mutex_
   uint64_t next_id_ = 1;                             // guarded by mutex_
   bool stopping_ = false;                            // guarded by mutex_
+  bool quiet_ = false;                               // guarded by mutex_
   std::vector<uint8_t> gone_;                        // per rank, said goodbye (mutex_)
 
   // The progress thread's own.
   std::list<Send> sends_;
   std::list<Deferred> deferred_;
   std::vector<std::byte> body_, reply_;
+  // When the last look for requests found none (receive_requests).
+  std::chrono::steady_clock::time_point polled_ = std::chrono::steady_clock::now();
   std::thread thread_;
 };
 

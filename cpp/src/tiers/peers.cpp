@@ -189,6 +189,10 @@ void Peers::stop() {
   if (transport_ && ::getpid() == pid_) transport_->stop();
 }
 
+void Peers::set_quiet(bool quiet) {
+  if (transport_ && ::getpid() == pid_) transport_->set_quiet(quiet);
+}
+
 void Peers::start_epoch(uint64_t epoch) {
   if (!on()) return;
   std::call_once(computed_, [&] {

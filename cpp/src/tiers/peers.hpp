@@ -34,6 +34,11 @@
 //  - a peer that said goodbye (its loader closed) or did not answer within peer_timeout (stalled,
 //    dead) is marked down: every later fetch of its files reads the source at once. So a dead peer
 //    costs each rank at most one peer_timeout (for the fetches under way when it stopped).
+//  - a rank whose loader finds every link slower than the source expects few requests (the other
+//    nodes' links are alike: they read the source too, and only probe it) and says so to its
+//    transport (set_quiet), which may then poll for them less often. The time a request waited to
+//    be picked up is the owner's doing, not the link's: it is part of the `held` time fetch()
+//    reports, which the source model leaves out.
 #pragma once
 
 #include <atomic>
@@ -114,8 +119,10 @@ class Peers {
   // an earlier batch, was still making when this batch was planned: waited for up to the timeout
   // rather than read from the source a second time), or kNone (the caller reads the source) for a
   // file with no home copy, a failed fetch (counted) or a forked process.
-  // `held` (if given) gets the time of the fetch spent waiting for a home copy still being made (by
-  // the owner, or by a neighbour on this node), not moving bytes: what the source model leaves out.
+  // `held` (if given) gets the time of the fetch that was not the link's: spent waiting for a home
+  // copy still being made (by the owner, or by a neighbour on this node), or, from a peer, the
+  // expected time the owner took to pick the request up (Transport::request): what the source
+  // model leaves out.
   // kProbe: a read made only to measure the source (tiers/source_model.hpp), not counted in
   // counts() (a peer that does not answer is still marked down).
   enum class Fetched { kNone, kPeer, kLocal };
@@ -144,6 +151,9 @@ class Peers {
   bool closing() const noexcept { return closing_.load(std::memory_order_acquire); }
   // Stops answering (the loader has closed): other ranks read the source from now on.
   void stop();
+  // This rank expects few requests (Transport::set_quiet); off at start. Any thread; nothing with
+  // the tier off or in a forked process.
+  void set_quiet(bool quiet);
 
   // The transport plugin, opened once per process: its start function, or null with the reason.
   static TransportStart plugin(std::string& why);

@@ -64,7 +64,8 @@ class TimedRead {
 // forked copy of a loader has none of its threads).
 class Tiers::Prober {
  public:
-  Prober(Peers& peers, SourceModel& model) : peers_(peers), model_(model) {}
+  Prober(Tiers& tiers, Peers& peers, SourceModel& model)
+      : tiers_(tiers), peers_(peers), model_(model) {}
   ~Prober() { stop(); }
   Prober(const Prober&) = delete;
   Prober& operator=(const Prober&) = delete;
@@ -129,10 +130,12 @@ class Tiers::Prober {
       busy_.store(false, std::memory_order_release);  // free before its estimate is seen
       lock.unlock();
       model_.done(job.source, job.bytes, took.count(), fetched != Peers::Fetched::kNone);
+      if (job.source >= SourceModel::kPeer0) tiers_.update_quiet();  // a link's estimate changed
       lock.lock();
     }
   }
 
+  Tiers& tiers_;
   Peers& peers_;
   SourceModel& model_;
   std::mutex mutex_;
@@ -164,9 +167,10 @@ void Tiers::stop_probes() {
 void Tiers::set_peers(Peers* peers) {
   prober_.reset();
   peers_ = peers;
+  quiet_.store(false, std::memory_order_relaxed);  // a transport starts not quiet
   model_.reset(peers != nullptr && peers->on() ? new SourceModel(peers->ranks()) : nullptr);
   if (model_ == nullptr) return;
-  prober_ = std::make_unique<Prober>(*peers_, *model_);
+  prober_ = std::make_unique<Prober>(*this, *peers_, *model_);
   uint64_t known = 0, total = 0;
   for (uint64_t id = 0; id < catalog_.size(); ++id) {
     const uint64_t size = sample_size(id);
@@ -198,6 +202,14 @@ void Tiers::probe_links_early() {
 SourceModel::Links Tiers::links() const {
   return model_ != nullptr ? model_->links_against_pfs(mean_sample_bytes_)
                            : SourceModel::Links::kUnknown;
+}
+
+void Tiers::update_quiet() {
+  std::lock_guard lock(quiet_mutex_);
+  const bool quiet = links() == SourceModel::Links::kSlower;
+  if (quiet == quiet_.load(std::memory_order_relaxed)) return;
+  quiet_.store(quiet, std::memory_order_relaxed);
+  peers_->set_quiet(quiet);
 }
 
 void Tiers::refuse_if_stalled(uint64_t file, const std::string& path) {
@@ -347,6 +359,10 @@ Tier Tiers::fetch_home(const Catalog::Locator& loc, uint64_t sample_bytes,
       std::chrono::microseconds waited{0};
       fetched = peers_->fetch(loc, buffer, &waited);
       timed.end(fetched != Peers::Fetched::kNone, waited);
+      // A link read while quiet: the model chose it over the source, so the view may have turned
+      // (a look at every link's estimate; not made while not quiet, where every read may be a
+      // link's, and a turn to kSlower sends the reads to the source and the link's probes see it).
+      if (near != SourceModel::kStage && quiet_.load(std::memory_order_relaxed)) update_quiet();
     } else {
       pfs_chosen = true;
     }

@@ -20,6 +20,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <span>
 #include <stdexcept>
 #include <string>
@@ -133,7 +134,10 @@ class Tiers {
   // The estimates per source and the reads each served (null: the peer tier is off).
   const SourceModel* source_model() const noexcept { return model_.get(); }
   // How the other nodes' links compare with the PFS for a read of the set's mean sample, as the
-  // model sees them now (SourceModel::links_against_pfs); kUnknown with the peer tier off.
+  // model sees them now (SourceModel::links_against_pfs); kUnknown with the peer tier off. While it
+  // is kSlower the peer tier's transport is quiet (Peers::set_quiet): the other nodes, whose links
+  // are alike, read the source and only probe this one. The view is looked at where it can turn:
+  // after each probe of a link is learned from, and while quiet after each read of a link.
   SourceModel::Links links() const;
 
   // A sample's size from the catalog (its byte range, or its whole file's recorded size), or
@@ -223,12 +227,16 @@ class Tiers {
   // (Peers::early_probe), a few times at most: so that the node's stage directory knows its layout
   // (StageCache::set_home_first) before the first reads of other nodes' copies are planned.
   void probe_links_early();
+  // Sets the transport quiet where links() is kSlower, and not quiet elsewhere, if that changed.
+  void update_quiet();
   class Prober;
 
   const Catalog& catalog_;
   StageDirectory* stage_;
   Peers* peers_ = nullptr;
   std::unique_ptr<SourceModel> model_;  // with peers_ on
+  std::mutex quiet_mutex_;              // a look at links() and the quiet it sets, one at a time
+  std::atomic<bool> quiet_{false};      // as last set (written under quiet_mutex_)
   std::unique_ptr<Prober> prober_;      // with model_; declared after it: stopped first
   uint64_t max_read_bytes_;
   uint64_t mean_sample_bytes_ = 0;  // of the samples whose size the catalog records (set_peers)

@@ -81,12 +81,22 @@ class Transport {
   // Asks rank `rank` for `range` and waits up to `timeout` for its answer: true with the bytes in
   // `bytes` and what to check them by in `check` (as the peer sent them: the caller checks), false
   // for an absent copy, a timeout, a peer that said goodbye (false at once from then on) or a
-  // stopped transport; `end` (if given) says which. `held` (if given) gets how long the peer held
-  // its answer back (kLater: the copy was still being made), so that the time of the transfer
-  // itself can be told from the wait.
+  // stopped transport; `end` (if given) says which. `held` (if given) gets the time of the request
+  // that was the peer's doing, not the link's, so that the time of the transfer itself can be told
+  // from it: how long the peer held its answer back (kLater: the copy was still being made), plus
+  // the expected delay before the peer picked the request up (half its gap between looks for
+  // requests; see set_quiet). An expectation: one request's `held` may exceed its whole time by up
+  // to half that gap, and is unbiased over many.
   virtual bool request(uint64_t rank, const PeerRange& range, std::chrono::milliseconds timeout,
                        std::vector<std::byte>& bytes, PeerCheck& check, RequestEnd* end = nullptr,
                        std::chrono::microseconds* held = nullptr) = 0;
+  // Quiet: this rank expects few requests from other ranks (its loader finds every link slower
+  // than the source, so the other nodes, whose links are alike, read the source and only probe
+  // this one). A transport that must poll for requests may then look for them less often, so that
+  // an idle rank costs fewer wake-ups; it still polls as often as when not quiet while requests
+  // of its own await replies. The requesters' estimates are not skewed by the later pickup: `held`
+  // leaves it out. Off at start. Any thread; cheap when the value does not change.
+  virtual void set_quiet(bool quiet) = 0;
   // Stops serving, answers the requests it was holding back (absent), says goodbye to every other
   // rank (their waits on this one end at once) and ends the waits under way (they return false);
   // returns promptly whatever the other ranks do (no collective call). Idempotent.
