@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import shutil
 import statistics
 import subprocess
@@ -33,6 +34,22 @@ SCENARIOS = [
     ("PFS slower than the link", 10.0, 50.0, "1,200"),
     ("PFS faster than the link", 1.0, 400.0, "30,4"),
 ]
+
+
+def transport_switches() -> int:
+    """Voluntary context switches of this process's peer transport thread ("prestage-mpi"): its
+    sleeps, each ended by a wake-up (0 with the tier off)."""
+    total = 0
+    for task in Path("/proc/self/task").iterdir():
+        try:
+            if (task / "comm").read_text().strip() != "prestage-mpi":
+                continue
+            for line in (task / "status").read_text().splitlines():
+                if line.startswith("voluntary_ctxt_switches:"):
+                    total += int(line.split()[1])
+        except OSError:  # a thread that ended meanwhile
+            pass
+    return total
 
 
 def rank_main(cfg: dict) -> None:
@@ -54,11 +71,15 @@ def rank_main(cfg: dict) -> None:
 
     barrier("start")
     marks = [time.monotonic()]
+    before = resource.getrusage(resource.RUSAGE_SELF)
+    transport = [transport_switches()]
     for epoch in range(cfg["epochs"]):
         for _ in loader:
             pass
         barrier(f"e{epoch}")
         marks.append(time.monotonic())
+        transport.append(transport_switches())
+    after = resource.getrusage(resource.RUSAGE_SELF)
     barrier("done")  # every rank answers its peers until all are done
     loader.close()
     s = loader.stats()
@@ -66,7 +87,13 @@ def rank_main(cfg: dict) -> None:
         {"epoch_s": [b - a for a, b in zip(marks, marks[1:])], "peer_tier": s["peer_tier"],
          "why": s["peer_tier_why"], "peer_reads": s["peer_reads"], "to_pfs": s["peer_reads_to_pfs"],
          "sources": s["sources"], "home_first": s["peer_home_first"], "fallbacks": s["peer_fallbacks"],
-         "pfs_per_epoch": [e["source_reads"] for e in sorted(s["epochs"], key=lambda e: e["epoch"])]}))
+         "pfs_per_epoch": [e["source_reads"] for e in sorted(s["epochs"], key=lambda e: e["epoch"])],
+         # The process's, over the epochs: CPU seconds, and voluntary context switches (each thread's
+         # sleeps and waits: the peer transport's idle wake-ups among them).
+         "cpu_s": (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime),
+         "switches": after.ru_nvcsw - before.ru_nvcsw,
+         # Epochs 1 on, as the times.
+         "transport_per_s": (transport[-1] - transport[1]) / (marks[-1] - marks[1])}))
     barrier("closed")
 
 
@@ -91,7 +118,9 @@ def run_job(catalog: Path, work: Path, cache_bytes: int, peers: bool, epochs: in
             "fallbacks": sum(r["fallbacks"] for r in ranks),
             # PFS reads per epoch, all ranks (the last: reads ahead into the epoch no one consumes).
             "pfs_per_epoch": [sum(r["pfs_per_epoch"][e] for r in ranks if e < len(r["pfs_per_epoch"]))
-                              for e in range(max(len(r["pfs_per_epoch"]) for r in ranks))]}
+                              for e in range(max(len(r["pfs_per_epoch"]) for r in ranks))],
+            "cpu_s": sum(r["cpu_s"] for r in ranks), "switches": sum(r["switches"] for r in ranks),
+            "transport_wakeups_per_s": sum(r["transport_per_s"] for r in ranks)}
 
 
 def main() -> None:
@@ -111,7 +140,7 @@ def main() -> None:
     import prestage
     from prestage.bench.emulator import PfsEmulator
 
-    rows, raw = [], {}
+    rows, raw, cost = [], {}, {}
     with tempfile.TemporaryDirectory(prefix="prestage-peer-choice-") as tmp:
         work = Path(tmp)
         backing = work / "backing"
@@ -138,6 +167,10 @@ def main() -> None:
             # The jobs of a pair ran back to back: their ratio is the least disturbed by load.
             pairs = sorted(b["later_s"] / a["later_s"] for a, b in zip(jobs[False], jobs[True]))
             rows.append((name, latency_ms, mbs, link, off, on, reads, moved, pairs))
+            cost[name] = {peers: (statistics.median(j["cpu_s"] for j in jobs[peers]),
+                                  statistics.median(j["switches"] for j in jobs[peers]))
+                          for peers in (False, True)}
+            cost[name]["transport"] = statistics.median(j["transport_wakeups_per_s"] for j in jobs[True])
             raw[name] = jobs
     print(f"{WORLD} ranks = {NODES} nodes x {WORLD // NODES}, {args.files} files of {args.size} bytes, "
           f"cache_bytes half the set per node, {args.epochs} epochs; seconds per epoch, epochs 1 on, "
@@ -150,6 +183,15 @@ def main() -> None:
         print(f"| {name} | {latency_ms:g} ms, {mbs:g} MB/s | {lat} ms, {link_mbs} MB/s per rank "
               f"| {off:.3f} | {on:.3f} | {on / off:.2f} | {reads:.0f} | {moved:.0f} "
               f"| {' '.join(f'{r:.2f}' for r in pairs)} |")
+    print("\nCPU seconds and voluntary context switches of the job's 4 processes over its epochs, and "
+          "the peer transport threads' wake-ups per second in epochs 1 on (summed over the ranks; "
+          "medians):\n")
+    print("| scenario | CPU s, peers off | CPU s, peers on | switches, peers off | switches, peers on "
+          "| transport wake-ups / s |")
+    print("|---|---:|---:|---:|---:|---:|")
+    for name, c in cost.items():
+        print(f"| {name} | {c[False][0]:.2f} | {c[True][0]:.2f} | {c[False][1]:.0f} | {c[True][1]:.0f} "
+              f"| {c['transport']:.0f} |")
     if args.json:
         args.json.write_text(json.dumps(raw, indent=1))
 
