@@ -525,21 +525,22 @@ TEST_CASE(
     REQUIRE_MESSAGE(peers[r]->on(), peers[r]->why_off());
     peers[r]->start_epoch(0);
   }
-  // A file of each rank's own (its home copy made, but rank 0's: read from the source).
+  // A file of each rank's own (rank 0's read from the source); ranks 1 and 2 make all their home
+  // copies (whatever a probe asks for is there).
   uint64_t own[kWorld] = {~uint64_t{0}, ~uint64_t{0}, ~uint64_t{0}};
   for (uint64_t f = 0; f < catalog.num_files(); ++f) {
     uint64_t owner = 0;
     const Peers::Fetched home = peers[0]->home(Catalog::Locator{f}, owner);
+    if (home == Peers::Fetched::kNone) continue;
     if (home == Peers::Fetched::kLocal) owner = 0;
-    if (home != Peers::Fetched::kNone && own[owner] == ~uint64_t{0}) own[owner] = f;
+    if (own[owner] == ~uint64_t{0}) own[owner] = f;
+    if (owner == 0) continue;
+    std::vector<std::byte> buffer;
+    REQUIRE(stage[owner]->try_claim(f));
+    REQUIRE(stage[owner]->stage(f, (catalog.root() / catalog.file_path(f)).string(), buffer) ==
+            StageDirectory::Outcome::kStaged);
   }
   for (uint64_t r = 0; r < kWorld; ++r) REQUIRE(own[r] != ~uint64_t{0});
-  for (uint64_t r = 1; r < kWorld; ++r) {
-    std::vector<std::byte> buffer;
-    REQUIRE(stage[r]->try_claim(own[r]));
-    REQUIRE(stage[r]->stage(own[r], (catalog.root() / catalog.file_path(own[r])).string(),
-                            buffer) == StageDirectory::Outcome::kStaged);
-  }
   {
     std::lock_guard lock(loop().mutex);
     loop().delay[1] = std::chrono::milliseconds(200);  // node 1's link: slower than any local read
@@ -567,18 +568,18 @@ TEST_CASE(
   // The source is learned from the reads of this node's own file; no link is known.
   for (int k = 0; k < 3; ++k) tiers.fetch_file(own[0], buffer, mtime_ns);
   REQUIRE(row("pfs").samples >= 2);
-  CHECK(tiers.links() == Links::kUnknown);
-  // Node 1's link, learned by its probes (2): not quiet while it is known from one.
-  for (uint64_t k = 1; k <= 2; ++k) {
-    CAPTURE(k);
+  // Node 1's link, learned by probes (the tiers' early ones, then beside reads): not quiet while
+  // it is known from fewer than 2. (The transport's record is read first: the model learns from a
+  // probe before the quiet it implies is set.)
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (row("node 1").samples < 2 && std::chrono::steady_clock::now() < until) {
     tiers.fetch_file(own[1], buffer, mtime_ns);
-    REQUIRE(row("node 1").probes == k);
-    REQUIRE(wait_for([&] { return row("node 1").samples == k; }));
-    if (k == 1) {
-      CHECK(tiers.links() == Links::kUnknown);
-      CHECK(loop_quiet(0).empty());
-    }
+    const std::vector<bool> quiet = loop_quiet(0);
+    if (row("node 1").samples < 2) CHECK(quiet.empty());
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
+  REQUIRE(row("node 1").samples >= 2);
+  CHECK(row("node 2").samples == 0);
   // Every link learned is slower (node 2's, not learned yet, is not counted): quiet.
   CHECK(tiers.links() == Links::kSlower);
   REQUIRE(wait_for([&] { return !loop_quiet(0).empty(); }));
@@ -590,7 +591,8 @@ TEST_CASE(
     if (row("node 2").probes > row("node 2").samples) {
       REQUIRE(wait_for([&] { return row("node 2").samples == row("node 2").probes; }));
     }
-    if (row("node 2").samples < 2) CHECK(loop_quiet(0) == std::vector<bool>{true});
+    const std::vector<bool> quiet = loop_quiet(0);
+    if (row("node 2").samples < 2) CHECK(quiet == std::vector<bool>{true});
   }
   REQUIRE(row("node 2").samples == 2);
   CHECK(tiers.links() == Links::kMixed);
