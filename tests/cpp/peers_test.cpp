@@ -544,7 +544,7 @@ TEST_CASE(
   {
     std::lock_guard lock(loop().mutex);
     loop().delay[1] = std::chrono::milliseconds(200);  // node 1's link: slower than any local read
-    loop().held_all[2] = 1;                             // node 2's link: faster than any
+    loop().held_all[2] = 1;                            // node 2's link: faster than any
   }
   Tiers tiers(catalog, stage[0].get(), uint64_t{1} << 30);
   tiers.set_peers(peers[0].get());

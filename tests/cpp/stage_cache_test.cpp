@@ -1,3 +1,5 @@
+#include "staging/stage_cache.hpp"
+
 #include <doctest/doctest.h>
 
 #include <cstdint>
@@ -15,9 +17,8 @@
 #include "prestage/options.hpp"
 #include "prestage/plan.hpp"
 #include "prestage/stats.hpp"
-#include "staging/stage_cache.hpp"
-#include "tiers/stage_directory.hpp"
 #include "test_util.hpp"
+#include "tiers/stage_directory.hpp"
 
 using prestage::Catalog;
 using prestage::EpochPlan;
@@ -212,7 +213,7 @@ Outcome simulate(const Catalog& catalog, const PlanOptions& plan, uint64_t capac
   std::set<std::pair<uint64_t, uint64_t>> cached;  // (key, file)
   uint64_t used = 0;
   const bool belady = eviction == Eviction::kClairvoyant;
-  constexpr uint64_t kOthers = uint64_t{1} << 62;  // above every stream index
+  constexpr uint64_t kOthers = uint64_t{1} << 62;             // above every stream index
   std::vector<uint64_t> next_of(catalog.num_files(), kNone);  // per cached file: its next use
   bool ranked_home_first = false;
   uint64_t home_missing = 0;  // bytes of the home files not cached
@@ -229,8 +230,8 @@ Outcome simulate(const Catalog& catalog, const PlanOptions& plan, uint64_t capac
   for (uint64_t i = 0; i < stream.size() && stream[i].epoch < kEpochs; ++i) {
     const uint64_t f = stream[i].file;
     const uint64_t size = catalog.file_size(f);
-    const Layout layout = belady && home_first != nullptr ? home_first->on(stream[i].epoch)
-                                                          : Layout::kOwnFirst;
+    const Layout layout =
+        belady && home_first != nullptr ? home_first->on(stream[i].epoch) : Layout::kOwnFirst;
     if ((layout == Layout::kHomeFirst) != ranked_home_first) {
       ranked_home_first = !ranked_home_first;
       std::set<std::pair<uint64_t, uint64_t>> again;
@@ -382,8 +383,9 @@ TEST_CASE("stage cache: each file it declines is reported, so the peer tier know
   cache.let_go_all();
 }
 
-TEST_CASE("stage cache: home first, the node's home copies rank ahead of other files, as the "
-          "two-level Belady rule does") {
+TEST_CASE(
+    "stage cache: home first, the node's home copies rank ahead of other files, as the "
+    "two-level Belady rule does") {
   const Catalog& catalog = data().catalog;
   const PlanOptions plan = rank_plan(0, 1);
   HomeFirst hybrid;
@@ -398,7 +400,8 @@ TEST_CASE("stage cache: home first, the node's home copies rank ahead of other f
     // Room for the home copies and a tenth of the set more; and less room than they take.
     for (const uint64_t capacity : {home_bytes + set_bytes(catalog) / 10, home_bytes / 2}) {
       CAPTURE(capacity);
-      const Outcome got = run_cache(catalog, plan, capacity, Eviction::kClairvoyant, 3, true, &hybrid);
+      const Outcome got =
+          run_cache(catalog, plan, capacity, Eviction::kClairvoyant, 3, true, &hybrid);
       const Outcome want =
           simulate(catalog, plan, capacity, Eviction::kClairvoyant, 3, 8, {}, &hybrid);
       CHECK(got.misses == want.misses);
@@ -426,8 +429,10 @@ TEST_CASE("stage cache: home first, the node's home copies rank ahead of other f
       return epoch == 2 || epoch >= 4 ? Layout::kHomeFirst : Layout::kOwnFirst;
     };
     const uint64_t capacity = home_bytes + set_bytes(catalog) / 10;
-    const Outcome got = run_cache(catalog, plan, capacity, Eviction::kClairvoyant, 3, true, &hybrid);
-    const Outcome want = simulate(catalog, plan, capacity, Eviction::kClairvoyant, 3, 8, {}, &hybrid);
+    const Outcome got =
+        run_cache(catalog, plan, capacity, Eviction::kClairvoyant, 3, true, &hybrid);
+    const Outcome want =
+        simulate(catalog, plan, capacity, Eviction::kClairvoyant, 3, 8, {}, &hybrid);
     CHECK(got.misses == want.misses);
     CHECK(got.bytes == want.bytes);
     CHECK(got.bound_held);
@@ -439,12 +444,15 @@ TEST_CASE("stage cache: home first, the node's home copies rank ahead of other f
     CHECK(got.home_misses[1] > 0);   // the plain rule gives home copies up
     CHECK(got.home_misses[5] == 0);  // on since epoch 4: each came back at its first use there
   }
-  SUBCASE("undecided, then home first: ranked as Belady's rule, other files kept out of the home "
-          "copies' room") {
+  SUBCASE(
+      "undecided, then home first: ranked as Belady's rule, other files kept out of the home "
+      "copies' room") {
     hybrid.on = [](uint64_t epoch) { return epoch < 2 ? Layout::kUndecided : Layout::kHomeFirst; };
     const uint64_t capacity = home_bytes + set_bytes(catalog) / 10;
-    const Outcome got = run_cache(catalog, plan, capacity, Eviction::kClairvoyant, 3, true, &hybrid);
-    const Outcome want = simulate(catalog, plan, capacity, Eviction::kClairvoyant, 3, 8, {}, &hybrid);
+    const Outcome got =
+        run_cache(catalog, plan, capacity, Eviction::kClairvoyant, 3, true, &hybrid);
+    const Outcome want =
+        simulate(catalog, plan, capacity, Eviction::kClairvoyant, 3, 8, {}, &hybrid);
     CHECK(got.misses == want.misses);
     CHECK(got.bytes == want.bytes);
     CHECK(got.bound_held);

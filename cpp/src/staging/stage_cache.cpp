@@ -362,10 +362,9 @@ void StageCache::admit(uint64_t epoch, uint64_t batch, const uint64_t* samples, 
     // Room for it in the node's bound, reserved before it is claimed: home first (or undecided),
     // for another node's file, beyond the room of the node's home copies still to come.
     const uint64_t rank = rank_of(file, key);
-    const uint64_t kept_for_home =
-        capacity_ != 0 && keep_home_room_ && !home_here_(file)
-            ? std::min(home_missing(), capacity_)
-            : 0;
+    const uint64_t kept_for_home = capacity_ != 0 && keep_home_room_ && !home_here_(file)
+                                       ? std::min(home_missing(), capacity_)
+                                       : 0;
     const uint64_t bound = capacity_ - kept_for_home;
     if (capacity_ != 0 && !directory_.reserve(file, size, bound) &&
         !(make_room(size + kept_for_home, rank, stats) && directory_.reserve(file, size, bound))) {

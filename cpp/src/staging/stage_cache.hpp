@@ -158,15 +158,16 @@ class StageCache {
   std::vector<uint64_t> last_batch_;  // per file: batch_seq_ + 1 of its last planned use, 0 if none
   std::vector<uint64_t> charged_;     // per file: its bytes, while tracked
   // (rank_of(file, key), file) for staged or claimed files, but for those of the last `window`
-  // batches (pinned: never evicted), which enter it when their batch leaves the window. So an eviction never walks
-  // past the files in flight, which Belady's order puts first (used now, next used late).
+  // batches (pinned: never evicted), which enter it when their batch leaves the window. So an
+  // eviction never walks past the files in flight, which Belady's order puts first (used now, next
+  // used late).
   std::set<std::pair<uint64_t, uint64_t>> tracked_;
   std::vector<std::vector<uint64_t>> pins_;  // the files of batch s in pins_[s % window]
   bool joined_ = false;  // this rank is listed in the node's table
   std::function<void(uint64_t)> on_declined_;  // see set_on_declined()
   std::function<bool(uint64_t)> home_here_;    // see set_home_first()
   std::function<HomeLayout()> layout_;
-  bool keep_home_room_ = false;  // kHomeFirst or kUndecided at the last admit()
+  bool keep_home_room_ = false;              // kHomeFirst or kUndecided at the last admit()
   std::atomic<bool> home_first_now_{false};  // written by admit() alone
   // Home first, a file that is not this node's home copy ranks after every one that is: its rank
   // in tracked_ carries this bit (positions fit below it; kNotSoon is the last of its kind).

@@ -201,8 +201,7 @@ class MpiTransport final : public Transport {
         if (outgoing_.empty() && !stopping_) {
           // Quiet, the sleep may grow to the longer bound, unless this rank awaits replies (its own
           // reads), or owes answers held back or sends under way (which progress only as it polls).
-          const bool long_sleep =
-              quiet_ && waiting_.empty() && deferred_.empty() && sends_.empty();
+          const bool long_sleep = quiet_ && waiting_.empty() && deferred_.empty() && sends_.empty();
           const auto bound = long_sleep ? kQuietIdleSleep : kMaxIdleSleep;
           work_.wait_for(lock, std::min(sleep, bound), [&] {
             return stopping_ || !outgoing_.empty() || (long_sleep && !quiet_);

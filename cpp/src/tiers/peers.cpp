@@ -241,8 +241,7 @@ bool Peers::early_probe(uint64_t& sample, uint64_t& owner) const {
     sample = plan.batch(0)[0];
     const uint64_t file = catalog_.locator(sample).file;
     owner = own_.owner[file];
-    return owner != Ownership::kNoOwner && own_.home[file] != 0 &&
-           node_of_[owner] == node_of_[r];
+    return owner != Ownership::kNoOwner && own_.home[file] != 0 && node_of_[owner] == node_of_[r];
   }
   return false;
 }

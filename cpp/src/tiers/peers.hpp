@@ -9,11 +9,12 @@
 //    own next uses decide what it keeps), so the tier never costs a node a local hit, while the
 //    links are slower than the source or not yet learned; while they are faster, the node's home
 //    copies rank ahead of every other file (StageCache::set_home_first). The owner node's copy,
-//    made for its own first use in e0, is the file's home copy while the node keeps it. Other nodes ask the owner for the files it owns in order of first use in e0 while they fit
-//    its home budget (its cache_bytes; none: all): the first file that does not fit and every later
-//    one are "beyond budget", read from the source (and counted). A home copy its node never
-//    admitted (no room for it under the node's own uses: not_coming()) or has evicted is answered
-//    "absent" at once, and the asker reads the source.
+//    made for its own first use in e0, is the file's home copy while the node keeps it. Other nodes
+//    ask the owner for the files it owns in order of first use in e0 while they fit its home budget
+//    (its cache_bytes; none: all): the first file that does not fit and every later one are "beyond
+//    budget", read from the source (and counted). A home copy its node never admitted (no room for
+//    it under the node's own uses: not_coming()) or has evicted is answered "absent" at once, and
+//    the asker reads the source.
 //  - later, a rank reads a sample from its node's stage directory if there, else (a home copy of
 //    another node) from that copy's owner rank over MPI, else from the source: stage 2 copies it
 //    to the node's stage directory (Tiers::fetch_file) where the node's own policy admits it, so a
@@ -178,7 +179,7 @@ class Peers {
   std::atomic<bool> ready_{false};  // own_ is computed
   std::atomic<bool> closing_{false};
   Ownership own_;
-  uint64_t e0_ = 0;  // the start epoch (set with own_)
+  uint64_t e0_ = 0;                // the start epoch (set with own_)
   std::vector<uint64_t> node_of_;  // per rank
   std::unique_ptr<std::atomic<uint8_t>[]> down_;  // per rank: marked down
   std::unique_ptr<std::atomic<uint8_t>[]> gone_;  // per rank: said goodbye (also down)

@@ -3,6 +3,8 @@
 // a folder of images, one file per sample).
 #pragma once
 
+#include <sys/types.h>
+
 #include <atomic>
 #include <chrono>
 #include <cstdint>
@@ -13,7 +15,6 @@
 #include <mutex>
 #include <span>
 #include <string>
-#include <sys/types.h>
 #include <vector>
 
 #include "prestage/catalog.hpp"

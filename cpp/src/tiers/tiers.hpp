@@ -239,7 +239,7 @@ class Tiers {
   std::atomic<bool> quiet_{false};      // as last set (written under quiet_mutex_)
   std::unique_ptr<Prober> prober_;      // with model_; declared after it: stopped first
   uint64_t max_read_bytes_;
-  uint64_t mean_sample_bytes_ = 0;  // of the samples whose size the catalog records (set_peers)
+  uint64_t mean_sample_bytes_ = 0;    // of the samples whose size the catalog records (set_peers)
   std::atomic<int> early_probes_{0};  // left to probe_links_early() (set_peers)
   TierTally served_, fetched_;
   IoTrace* trace_ = nullptr;
