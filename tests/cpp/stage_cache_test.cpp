@@ -102,8 +102,8 @@ struct HomeFirst {
 // the last `window` batches still is.
 Outcome run_cache(const Catalog& catalog, const PlanOptions& plan, uint64_t capacity,
                   Eviction eviction, uint64_t window, bool copy = false,
-                  const HomeFirst* home_first = nullptr) {
-  StageDirectory& directory = data().directory;
+                  const HomeFirst* home_first = nullptr, StageDirectory* fresh = nullptr) {
+  StageDirectory& directory = fresh != nullptr ? *fresh : data().directory;
   for (uint64_t f = 0; f < catalog.num_files(); ++f) {  // an empty directory
     if (!directory.is_absent(f)) directory.evict(f);
   }
@@ -217,10 +217,13 @@ Outcome simulate(const Catalog& catalog, const PlanOptions& plan, uint64_t capac
   std::vector<uint64_t> next_of(catalog.num_files(), kNone);  // per cached file: its next use
   bool ranked_home_first = false;
   uint64_t home_missing = 0;  // bytes of the home files not cached
+  uint64_t home_unmade = 0;   // of those, never cached (what undecided keeps room for)
+  std::vector<uint8_t> made(catalog.num_files(), 0);
   if (home_first != nullptr) {
     for (uint64_t f = 0; f < catalog.num_files(); ++f) {
       if (home_first->home[f]) home_missing += catalog.file_size(f);
     }
+    home_unmade = home_missing;
   }
   const auto is_home = [&](uint64_t f) { return home_first != nullptr && home_first->home[f]; };
   const auto key_of = [&](uint64_t file, uint64_t next_use) {
@@ -253,8 +256,9 @@ Outcome simulate(const Catalog& catalog, const PlanOptions& plan, uint64_t capac
     }
     ++out.misses[stream[i].epoch];
     out.bytes[stream[i].epoch] += size;
-    const uint64_t kept =
-        layout != Layout::kOwnFirst && !is_home(f) ? std::min(home_missing, capacity) : 0;
+    const uint64_t kept = layout == Layout::kOwnFirst || is_home(f) ? 0
+                          : layout == Layout::kHomeFirst            ? std::min(home_missing, capacity)
+                                                                    : std::min(home_unmade, capacity);
     if (size + kept > capacity) continue;
     std::vector<uint64_t> victims;
     uint64_t freed = 0;
@@ -284,7 +288,11 @@ Outcome simulate(const Catalog& catalog, const PlanOptions& plan, uint64_t capac
     cached.insert({k, f});
     key[f] = k;
     used += size;
-    if (is_home(f)) home_missing -= size;
+    if (is_home(f)) {
+      home_missing -= size;
+      if (!made[f]) home_unmade -= size;
+      made[f] = 1;
+    }
   }
   return out;
 }
@@ -429,8 +437,12 @@ TEST_CASE(
       return epoch == 2 || epoch >= 4 ? Layout::kHomeFirst : Layout::kOwnFirst;
     };
     const uint64_t capacity = home_bytes + set_bytes(catalog) / 10;
+    // Undecided keeps room for the home copies never made on the node: a directory in which no
+    // earlier test has published a copy.
+    TempDir dir;
+    StageDirectory fresh(dir / "stage", catalog);
     const Outcome got =
-        run_cache(catalog, plan, capacity, Eviction::kClairvoyant, 3, true, &hybrid);
+        run_cache(catalog, plan, capacity, Eviction::kClairvoyant, 3, true, &hybrid, &fresh);
     const Outcome want =
         simulate(catalog, plan, capacity, Eviction::kClairvoyant, 3, 8, {}, &hybrid);
     CHECK(got.misses == want.misses);
@@ -449,8 +461,12 @@ TEST_CASE(
       "copies' room") {
     hybrid.on = [](uint64_t epoch) { return epoch < 2 ? Layout::kUndecided : Layout::kHomeFirst; };
     const uint64_t capacity = home_bytes + set_bytes(catalog) / 10;
+    // Undecided keeps room for the home copies never made on the node: a directory in which no
+    // earlier test has published a copy.
+    TempDir dir;
+    StageDirectory fresh(dir / "stage", catalog);
     const Outcome got =
-        run_cache(catalog, plan, capacity, Eviction::kClairvoyant, 3, true, &hybrid);
+        run_cache(catalog, plan, capacity, Eviction::kClairvoyant, 3, true, &hybrid, &fresh);
     const Outcome want =
         simulate(catalog, plan, capacity, Eviction::kClairvoyant, 3, 8, {}, &hybrid);
     CHECK(got.misses == want.misses);

@@ -209,7 +209,7 @@ uint64_t StageCache::home_missing() {
   }
   home_missing_ = 0;
   for (const uint64_t f : home_files_) {
-    if (directory_.is_absent(f)) home_missing_ += directory_.charge(size_of(f));
+    if (home_counts(f)) home_missing_ += directory_.charge(size_of(f));
   }
   return home_missing_;
 }
@@ -295,8 +295,19 @@ bool StageCache::make_room(uint64_t need, uint64_t incoming_rank, Admission& sta
   return true;
 }
 
+bool StageCache::home_counts(uint64_t file) const {
+  // Undecided, only the copies never made: a home copy made and gone since is not waited for
+  // before the layout is known.
+  return directory_.is_absent(file) &&
+         (home_first_now_.load(std::memory_order_relaxed) || !directory_.node().ever_published(file));
+}
+
 void StageCache::home_moved(uint64_t file, bool in) {
   if (home_missing_ == kNever || !home_here_(file)) return;
+  // Undecided, a copy published once never counted (home_counts()).
+  if (!home_first_now_.load(std::memory_order_relaxed) && directory_.node().ever_published(file)) {
+    return;
+  }
   const uint64_t charge = directory_.charge(size_of(file));
   home_missing_ = in ? home_missing_ - std::min(home_missing_, charge) : home_missing_ + charge;
 }

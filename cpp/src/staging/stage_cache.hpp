@@ -80,8 +80,8 @@ class StageCache {
   //    home copies not on the node (not made yet, or gone), or the room of such files used later;
   //    within each kind, Belady's order as without it.
   //  - kUndecided (the links not yet learned): ranked as with the tier off, but the room of the
-  //    home copies still to come is kept for them, so that no read ahead into the next epoch takes
-  //    it before the layout is known.
+  //    home copies not made yet is kept for them, so that no read ahead into the next epoch takes
+  //    it before the layout is known (a home copy made and gone since is not waited for).
   // Asked at each admit(); a change ranks the files tracked again. Clairvoyant eviction and a bound
   // only (LRU keeps its order). Set before the first admit().
   enum class HomeLayout : uint8_t { kOwnFirst, kHomeFirst, kUndecided };
@@ -177,7 +177,9 @@ class StageCache {
   // Asks layout(); on a change of ranking, ranks the files tracked again.
   void update_home_first();
   // Home first: the bytes of the node's home copies not in the directory (neither staged nor on
-  // their way), looked up once per admit() that needs it (kNever: not yet).
+  // their way); undecided, of those never made. Looked up once per admit() that needs it (kNever:
+  // not yet), then followed by home_moved().
+  bool home_counts(uint64_t file) const;
   uint64_t home_missing();
   // A file this admit() claimed (`in`) or evicted: home_missing() follows it, if looked up.
   void home_moved(uint64_t file, bool in);
