@@ -257,8 +257,8 @@ Outcome simulate(const Catalog& catalog, const PlanOptions& plan, uint64_t capac
     ++out.misses[stream[i].epoch];
     out.bytes[stream[i].epoch] += size;
     const uint64_t kept = layout == Layout::kOwnFirst || is_home(f) ? 0
-                          : layout == Layout::kHomeFirst            ? std::min(home_missing, capacity)
-                                                                    : std::min(home_unmade, capacity);
+                          : layout == Layout::kHomeFirst ? std::min(home_missing, capacity)
+                                                         : std::min(home_unmade, capacity);
     if (size + kept > capacity) continue;
     std::vector<uint64_t> victims;
     uint64_t freed = 0;

@@ -298,8 +298,8 @@ bool StageCache::make_room(uint64_t need, uint64_t incoming_rank, Admission& sta
 bool StageCache::home_counts(uint64_t file) const {
   // Undecided, only the copies never made: a home copy made and gone since is not waited for
   // before the layout is known.
-  return directory_.is_absent(file) &&
-         (home_first_now_.load(std::memory_order_relaxed) || !directory_.node().ever_published(file));
+  return directory_.is_absent(file) && (home_first_now_.load(std::memory_order_relaxed) ||
+                                        !directory_.node().ever_published(file));
 }
 
 void StageCache::home_moved(uint64_t file, bool in) {
