@@ -200,7 +200,22 @@ void Peers::start_epoch(uint64_t epoch) {
     for (uint64_t s = 0; s < file_of.size(); ++s) file_of[s] = catalog_.locator(s).file;
     for (uint64_t f = 0; f < sizes.size(); ++f) sizes[f] = file_bytes(catalog_, f);
     own_ = Ownership::compute(file_of, sizes, plan_, epoch, node_of_, transport_->values());
-    e0_ = epoch;
+    // The first sample of the start epoch's first batch of the lowest rank on another node.
+    for (uint64_t r = 0; r < node_of_.size(); ++r) {
+      if (node_of_[r] == node_of_[plan_.rank]) continue;
+      PlanOptions theirs = plan_;
+      theirs.rank = r;
+      const EpochPlan plan(theirs, epoch);
+      if (plan.num_batches() == 0 || plan.batch_size(0) == 0) break;
+      const uint64_t sample = plan.batch(0)[0];
+      const uint64_t owner = own_.owner[catalog_.locator(sample).file];
+      if (owner != Ownership::kNoOwner && own_.home[catalog_.locator(sample).file] != 0 &&
+          node_of_[owner] == node_of_[r]) {
+        early_sample_ = sample;
+        early_owner_ = owner;
+      }
+      break;
+    }
     ready_.store(true, std::memory_order_release);
   });
 }
@@ -229,21 +244,13 @@ Peers::Fetched Peers::home(const Catalog::Locator& loc, uint64_t& owner) const {
 }
 
 bool Peers::early_probe(uint64_t& sample, uint64_t& owner) const {
-  if (!on() || closing() || !ready_.load(std::memory_order_acquire) || ::getpid() != pid_) {
+  if (!on() || closing() || !ready_.load(std::memory_order_acquire) || ::getpid() != pid_ ||
+      early_owner_ == Ownership::kNoOwner) {
     return false;
   }
-  for (uint64_t r = 0; r < node_of_.size(); ++r) {
-    if (node_of_[r] == node_of_[plan_.rank]) continue;
-    PlanOptions theirs = plan_;
-    theirs.rank = r;
-    const EpochPlan plan(theirs, e0_);
-    if (plan.num_batches() == 0 || plan.batch_size(0) == 0) return false;
-    sample = plan.batch(0)[0];
-    const uint64_t file = catalog_.locator(sample).file;
-    owner = own_.owner[file];
-    return owner != Ownership::kNoOwner && own_.home[file] != 0 && node_of_[owner] == node_of_[r];
-  }
-  return false;
+  sample = early_sample_;
+  owner = early_owner_;
+  return true;
 }
 
 void Peers::emulate_link(uint64_t bytes) {

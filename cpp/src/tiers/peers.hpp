@@ -179,7 +179,8 @@ class Peers {
   std::atomic<bool> ready_{false};  // own_ is computed
   std::atomic<bool> closing_{false};
   Ownership own_;
-  uint64_t e0_ = 0;                // the start epoch (set with own_)
+  // early_probe()'s sample and its owner (kNoOwner: none), set with own_.
+  uint64_t early_sample_ = 0, early_owner_ = Ownership::kNoOwner;
   std::vector<uint64_t> node_of_;  // per rank
   std::unique_ptr<std::atomic<uint8_t>[]> down_;  // per rank: marked down
   std::unique_ptr<std::atomic<uint8_t>[]> gone_;  // per rank: said goodbye (also down)
