@@ -282,6 +282,25 @@ Transport* loop_start(const TransportConfig* config, std::string* /*error*/) {
   return new LoopTransport(rank, world);
 }
 
+// Rank `rank` of `world`'s peer tier over the in-process transport, started on epoch 0 (each rank
+// of a job in turn: the double needs no collective start).
+std::unique_ptr<Peers> start_loop_peers(const Catalog& catalog, StageDirectory* stage,
+                                        uint64_t rank, uint64_t world) {
+  PlanOptions plan;
+  plan.num_samples = catalog.size();
+  plan.batch_size = 2;
+  plan.seed = 3;
+  plan.world_size = world;
+  plan.rank = rank;
+  prestage::detail::PeerOptions options;
+  options.timeout = std::chrono::seconds(5);
+  options.start = &loop_start;
+  auto peers = std::make_unique<Peers>(catalog, plan, stage, 0, options);
+  REQUIRE_MESSAGE(peers->on(), peers->why_off());
+  peers->start_epoch(0);
+  return peers;
+}
+
 std::vector<bool> loop_quiet(uint64_t rank) {
   std::lock_guard lock(loop().mutex);
   return loop().quiet[rank];
@@ -353,20 +372,7 @@ struct Job {
   // Peers over the stage directories as they are now (anew: after a directory is reopened).
   void start() {
     for (auto& p : peers) p.reset();
-    for (uint64_t r = 0; r < 2; ++r) {
-      PlanOptions plan;
-      plan.num_samples = catalog.size();
-      plan.batch_size = 2;
-      plan.seed = 3;
-      plan.world_size = 2;
-      plan.rank = r;
-      prestage::detail::PeerOptions options;
-      options.timeout = std::chrono::seconds(5);
-      options.start = &loop_start;
-      peers[r] = std::make_unique<Peers>(catalog, plan, stage[r].get(), 0, options);
-      REQUIRE_MESSAGE(peers[r]->on(), peers[r]->why_off());
-      peers[r]->start_epoch(0);
-    }
+    for (uint64_t r = 0; r < 2; ++r) peers[r] = start_loop_peers(catalog, stage[r].get(), r, 2);
   }
 
   Catalog::Locator range(uint64_t offset, uint64_t length) const {
@@ -512,18 +518,7 @@ TEST_CASE(
   std::unique_ptr<Peers> peers[kWorld];
   for (uint64_t r = 0; r < kWorld; ++r) {
     stage[r] = std::make_unique<StageDirectory>(dir / ("node" + std::to_string(r)), catalog);
-    PlanOptions plan;
-    plan.num_samples = catalog.size();
-    plan.batch_size = 2;
-    plan.seed = 3;
-    plan.world_size = kWorld;
-    plan.rank = r;
-    prestage::detail::PeerOptions options;
-    options.timeout = std::chrono::seconds(5);
-    options.start = &loop_start;
-    peers[r] = std::make_unique<Peers>(catalog, plan, stage[r].get(), 0, options);
-    REQUIRE_MESSAGE(peers[r]->on(), peers[r]->why_off());
-    peers[r]->start_epoch(0);
+    peers[r] = start_loop_peers(catalog, stage[r].get(), r, kWorld);
   }
   // A file of each rank's own (rank 0's read from the source); ranks 1 and 2 make all their home
   // copies (whatever a probe asks for is there).

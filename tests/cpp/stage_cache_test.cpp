@@ -303,6 +303,23 @@ uint64_t after_first(const std::vector<uint64_t>& per_epoch) {
   return sum;
 }
 
+// The hybrid through a StageCache (each batch's copies made at once) and through the two-level
+// oracle: the same misses and bytes per epoch, within the bound and the window. Returns the
+// cache's outcome. `fresh`: a directory in which no earlier test has published a copy (what the
+// undecided layout looks at).
+Outcome run_against_oracle(const PlanOptions& plan, uint64_t capacity, const HomeFirst& hybrid,
+                           StageDirectory* fresh = nullptr) {
+  const Catalog& catalog = data().catalog;
+  const Outcome got =
+      run_cache(catalog, plan, capacity, Eviction::kClairvoyant, 3, true, &hybrid, fresh);
+  const Outcome want = simulate(catalog, plan, capacity, Eviction::kClairvoyant, 3, 8, {}, &hybrid);
+  CHECK(got.misses == want.misses);
+  CHECK(got.bytes == want.bytes);
+  CHECK(got.bound_held);
+  CHECK(got.window_kept);
+  return got;
+}
+
 }  // namespace
 
 // Cache sizes are fractions of the bytes one rank reads per epoch (the set / world_size).
@@ -408,14 +425,7 @@ TEST_CASE(
     // Room for the home copies and a tenth of the set more; and less room than they take.
     for (const uint64_t capacity : {home_bytes + set_bytes(catalog) / 10, home_bytes / 2}) {
       CAPTURE(capacity);
-      const Outcome got =
-          run_cache(catalog, plan, capacity, Eviction::kClairvoyant, 3, true, &hybrid);
-      const Outcome want =
-          simulate(catalog, plan, capacity, Eviction::kClairvoyant, 3, 8, {}, &hybrid);
-      CHECK(got.misses == want.misses);
-      CHECK(got.bytes == want.bytes);
-      CHECK(got.bound_held);
-      CHECK(got.window_kept);
+      const Outcome got = run_against_oracle(plan, capacity, hybrid);
       const Outcome plain = run_cache(catalog, plan, capacity, Eviction::kClairvoyant, 3);
       if (capacity > home_bytes) {
         uint64_t others = 0;  // uses of other files per epoch
@@ -437,18 +447,7 @@ TEST_CASE(
       return epoch == 2 || epoch >= 4 ? Layout::kHomeFirst : Layout::kOwnFirst;
     };
     const uint64_t capacity = home_bytes + set_bytes(catalog) / 10;
-    // Undecided keeps room for the home copies never made on the node: a directory in which no
-    // earlier test has published a copy.
-    TempDir dir;
-    StageDirectory fresh(dir / "stage", catalog);
-    const Outcome got =
-        run_cache(catalog, plan, capacity, Eviction::kClairvoyant, 3, true, &hybrid, &fresh);
-    const Outcome want =
-        simulate(catalog, plan, capacity, Eviction::kClairvoyant, 3, 8, {}, &hybrid);
-    CHECK(got.misses == want.misses);
-    CHECK(got.bytes == want.bytes);
-    CHECK(got.bound_held);
-    CHECK(got.window_kept);
+    const Outcome got = run_against_oracle(plan, capacity, hybrid);
     // Off, it is Belady's rule: the first two epochs are those of the plain rule.
     const Outcome plain = simulate(catalog, plan, capacity, Eviction::kClairvoyant, 3, 8);
     CHECK(got.misses[0] == plain.misses[0]);
@@ -461,18 +460,9 @@ TEST_CASE(
       "copies' room") {
     hybrid.on = [](uint64_t epoch) { return epoch < 2 ? Layout::kUndecided : Layout::kHomeFirst; };
     const uint64_t capacity = home_bytes + set_bytes(catalog) / 10;
-    // Undecided keeps room for the home copies never made on the node: a directory in which no
-    // earlier test has published a copy.
     TempDir dir;
     StageDirectory fresh(dir / "stage", catalog);
-    const Outcome got =
-        run_cache(catalog, plan, capacity, Eviction::kClairvoyant, 3, true, &hybrid, &fresh);
-    const Outcome want =
-        simulate(catalog, plan, capacity, Eviction::kClairvoyant, 3, 8, {}, &hybrid);
-    CHECK(got.misses == want.misses);
-    CHECK(got.bytes == want.bytes);
-    CHECK(got.bound_held);
-    CHECK(got.window_kept);
+    const Outcome got = run_against_oracle(plan, capacity, hybrid, &fresh);
     // The first epoch is Belady's rule's but for the room kept: it misses no more home copies.
     const Outcome plain = simulate(catalog, plan, capacity, Eviction::kClairvoyant, 3, 8);
     CHECK(got.misses[0] == plain.misses[0]);
