@@ -1,23 +1,24 @@
-#include <doctest/doctest.h>
+#include "tiers/stage_directory.hpp"
 
+#include <doctest/doctest.h>
 #include <fcntl.h>
 #include <sys/file.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <csignal>
-
 #include <atomic>
 #include <chrono>
+#include <csignal>
 #include <fstream>
+#include <random>
+#include <span>
 #include <thread>
 
 #include "prestage/catalog.hpp"
 #include "prestage/error.hpp"
-#include "util/file_io.hpp"
-#include "tiers/stage_directory.hpp"
 #include "test_util.hpp"
+#include "util/file_io.hpp"
 
 using prestage::Catalog;
 using prestage::detail::StageDirectory;
@@ -628,6 +629,122 @@ TEST_CASE("stage directory: a claim given back before its copy began is not copi
   CHECK(stage.stage(1, never, buffer) == Outcome::kDropped);
   CHECK(stage.is_absent(1));
   CHECK_FALSE(std::filesystem::exists(stage.staged_path(1)));
+}
+
+TEST_CASE("stage directory: a file two processes both claim is counted once, whoever copies it") {
+  // Two ranks of a node both need a file neither has copied yet (one reads ahead into the next
+  // epoch): the node's count reserves it once, so the bound does not lose a file's room for it.
+  TempDir dir;
+  const Catalog cat = many_files(dir, 3);  // 6 bytes each
+  StageDirectory first(dir / "stage", cat);
+  StageDirectory second(dir / "stage", cat);
+  const uint64_t bound = 12;
+  auto claim = [&](StageDirectory& s, uint64_t f) {
+    return s.reserve(f, 6, bound) && s.try_claim(f);
+  };
+  std::vector<std::byte> buffer;
+  const Fetch never = [](std::vector<std::byte>&, int64_t&) { FAIL("the source was read"); };
+
+  SUBCASE("the first copies, the second takes its copy") {
+    REQUIRE(claim(first, 0));
+    REQUIRE(claim(second, 0));
+    CHECK(first.node().used() == 6);
+    REQUIRE(claim(first, 1));  // the room of a second file is still there
+    CHECK(first.node().used() == 12);
+    CHECK(first.stage(0, cat.file_source_path(0).string(), buffer) == Outcome::kStaged);
+    CHECK(second.stage(0, never, buffer) == Outcome::kAdopted);
+    CHECK(first.node().used() == 12);
+    CHECK(first.evict(0));
+    CHECK(first.node().used() == 6);
+  }
+  SUBCASE("the first gives its claim up, the second copies with the bytes still reserved") {
+    REQUIRE(claim(first, 0));
+    REQUIRE(claim(second, 0));
+    first.abandon(0);
+    CHECK(first.node().used() == 6);
+    CHECK(second.stage(0, cat.file_source_path(0).string(), buffer) == Outcome::kStaged);
+    CHECK(second.node().used() == 6);
+    CHECK(second.evict(0));
+    CHECK(second.node().used() == 0);
+  }
+  SUBCASE("both give it up: the bytes go back once") {
+    REQUIRE(claim(first, 0));
+    REQUIRE(claim(second, 0));
+    CHECK(second.evict(0));
+    CHECK(first.node().used() == 6);
+    CHECK(first.evict(0));
+    CHECK(first.node().used() == 0);
+  }
+  SUBCASE("a copy found corrupt while a neighbour claims it keeps its room for the new copy") {
+    REQUIRE(claim(first, 0));
+    REQUIRE(first.stage(0, cat.file_source_path(0).string(), buffer) == Outcome::kStaged);
+    REQUIRE(claim(second, 0));  // before it took the first's copy over: a claim of a copy on disk
+    CHECK(first.node().used() == 6);
+    CHECK_FALSE(first.evict(0));  // claimed: not removed
+    const std::string wrong = "file X";
+    CHECK_FALSE(first.intact(0, std::as_bytes(std::span(wrong.data(), wrong.size()))));
+    CHECK(first.corrupt() == 1);
+    CHECK(first.node().used() == 6);
+    CHECK(second.stage(0, cat.file_source_path(0).string(), buffer) == Outcome::kStaged);
+    CHECK(second.node().used() == 6);
+    CHECK(read_text(second.staged_path(0)) == "file 0");
+  }
+}
+
+TEST_CASE(
+    "stage directory: the node's count is the bytes of the files on disk or claimed, in any "
+    "order") {
+  // Two processes claim, copy, give up, evict, take over and find corrupt three files in a random
+  // order; after each step the node counts each file on its disk or claimed by either process
+  // once, never past the bound, and a file is on disk exactly when the node's table says so.
+  for (uint32_t seed = 1; seed <= 40; ++seed) {
+    TempDir dir;
+    const Catalog cat = many_files(dir, 3);
+    StageDirectory first(dir / "stage", cat);
+    StageDirectory second(dir / "stage", cat);
+    StageDirectory* procs[] = {&first, &second};
+    const uint64_t bound = 12;
+    std::mt19937 rng(seed);
+    std::vector<std::byte> buffer;
+    for (int step = 0; step < 200; ++step) {
+      StageDirectory& s = *procs[rng() % 2];
+      const uint64_t f = rng() % 3;
+      switch (rng() % 6) {
+        case 0:
+          if (s.is_absent(f) && s.reserve(f, 6, bound) && !s.try_claim(f)) s.unreserve(f);
+          break;
+        case 1:
+          if (!s.is_absent(f) && !s.is_staged(f)) {
+            s.stage(f, cat.file_source_path(f).string(), buffer);
+          }
+          break;
+        case 2:
+          s.abandon(f);
+          break;
+        case 3:
+          s.evict(f);
+          break;
+        case 4:
+          s.take_over_published();
+          break;
+        default:
+          if (s.is_staged(f)) {
+            const std::string wrong = "file X";
+            s.intact(f, std::as_bytes(std::span(wrong.data(), wrong.size())));
+          }
+      }
+      uint64_t expected = 0;
+      for (uint64_t g = 0; g < 3; ++g) {
+        const bool on_disk = first.node().on_disk(g);
+        if (on_disk || first.node().claimed(g)) expected += 6;
+        INFO("seed " << seed << " step " << step << " file " << g);
+        REQUIRE(std::filesystem::exists(first.staged_path(g)) == on_disk);
+      }
+      INFO("seed " << seed << " step " << step);
+      REQUIRE(first.node().used() == expected);
+      REQUIRE(expected <= bound);
+    }
+  }
 }
 
 TEST_CASE("stage directory: counting the disk's blocks, copies take whole blocks, own files too") {

@@ -296,16 +296,23 @@ bool StageCache::make_room(uint64_t need, uint64_t incoming_rank, Admission& sta
 }
 
 bool StageCache::home_counts(uint64_t file) const {
-  // Undecided, only the copies never made: a home copy made and gone since is not waited for
-  // before the layout is known.
-  return directory_.is_absent(file) && (home_first_now_.load(std::memory_order_relaxed) ||
-                                        !directory_.node().ever_published(file));
+  // Missing for the node: neither on its disk nor claimed by any of its processes (whose claim
+  // counts the bytes already). Undecided, only the copies never made: a home copy made and gone
+  // since is not waited for before the layout is known.
+  const NodeTable& node = directory_.node();
+  return directory_.is_absent(file) && !node.on_disk(file) && !node.claimed(file) &&
+         (home_first_now_.load(std::memory_order_relaxed) || !node.ever_published(file));
 }
 
 void StageCache::home_moved(uint64_t file, bool in) {
   if (home_missing_ == kNever || !home_here_(file)) return;
   // Undecided, a copy published once never counted (home_counts()).
-  if (!home_first_now_.load(std::memory_order_relaxed) && directory_.node().ever_published(file)) {
+  const NodeTable& node = directory_.node();
+  if (!home_first_now_.load(std::memory_order_relaxed) && node.ever_published(file)) return;
+  // Claimed, it counted only if this process's is the node's one claim; evicted, only if no
+  // neighbour keeps it.
+  if (in ? node.claimants(file) != 1 || node.on_disk(file)
+         : node.claimed(file) || node.on_disk(file)) {
     return;
   }
   const uint64_t charge = directory_.charge(size_of(file));

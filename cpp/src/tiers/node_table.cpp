@@ -104,6 +104,43 @@ bool NodeTable::reserve(uint64_t bytes, uint64_t bound) noexcept {
   return true;
 }
 
+bool NodeTable::claim(uint64_t id, uint64_t bytes, uint64_t bound) noexcept {
+  uint32_t w = word(id).load(std::memory_order_acquire);
+  while (true) {
+    if ((w & (kOnDisk | kClaimants)) != 0) {             // counted already: shared
+      if ((w & kClaimants) == kClaimants) return false;  // cannot be: a claim per process
+      if (word(id).compare_exchange_weak(w, w + kClaimant, std::memory_order_acq_rel)) return true;
+      continue;
+    }
+    // The first claimant: its bytes are counted before the claim is seen, so that the node's count
+    // never misses a claimed copy; a neighbour that claims first meanwhile makes this one shared.
+    if (!reserve(bytes, bound)) return false;
+    if (word(id).compare_exchange_strong(w, w + kClaimant, std::memory_order_acq_rel)) return true;
+    release(bytes);
+  }
+}
+
+bool NodeTable::unclaim(uint64_t id) noexcept {
+  uint32_t w = word(id).load(std::memory_order_acquire);
+  while ((w & kClaimants) != 0) {
+    if (word(id).compare_exchange_weak(w, w - kClaimant, std::memory_order_acq_rel)) {
+      return (w & kClaimants) == kClaimant && (w & kOnDisk) == 0;
+    }
+  }
+  return false;  // no claim to give up (the word is shared memory: never below zero)
+}
+
+void NodeTable::publish_claimed(uint64_t id) noexcept {
+  uint32_t w = word(id).load(std::memory_order_acquire);
+  while (true) {
+    const uint32_t claims = (w & kClaimants) != 0 ? kClaimant : 0;
+    if (word(id).compare_exchange_weak(w, (w | kOnDisk | kPublished) - claims,
+                                       std::memory_order_acq_rel)) {
+      return;
+    }
+  }
+}
+
 void NodeTable::release(uint64_t bytes) noexcept {
   // Never below zero: a table reset under a process that still runs (it cannot be: the reset needs
   // the directory alone) would otherwise wrap.

@@ -380,13 +380,17 @@ void StageDirectory::abandon(uint64_t id) noexcept {
 }
 
 bool StageDirectory::reserve(uint64_t id, uint64_t bytes, uint64_t bound) noexcept {
-  if (!table_->reserve(bytes, bound)) return false;
-  reserved_[id].fetch_add(bytes, std::memory_order_relaxed);
+  if ((reserved_[id].load(std::memory_order_relaxed) & kClaimedHere) != 0) return true;
+  if (!table_->claim(id, bytes, bound)) return false;
+  reserved_[id].store(bytes | kClaimedHere, std::memory_order_relaxed);
   return true;
 }
 
 void StageDirectory::unreserve(uint64_t id) noexcept {
-  table_->release(reserved_[id].exchange(0, std::memory_order_relaxed));
+  const uint64_t reserved = reserved_[id].exchange(0, std::memory_order_relaxed);
+  if ((reserved & kClaimedHere) != 0 && table_->unclaim(id)) {
+    table_->release(reserved & ~kClaimedHere);
+  }
 }
 
 bool StageDirectory::hold(uint64_t id) noexcept {
@@ -419,7 +423,9 @@ bool StageDirectory::evict(uint64_t id) noexcept {
     unreserve(id);
     return true;
   }
-  if (expected == kCopying || read_only_) return false;
+  // A file absent here is not this process's to remove (a neighbour's copy it has not taken over:
+  // its size is not known here).
+  if (expected == kCopying || expected == kAbsent || read_only_) return false;
   // Under the file's copy lock (its ".part" file's, as stage() takes it): a neighbour that finds the
   // copy gone from the table waits for the lock before it copies the file anew, so the unlink below
   // never removes that new copy. A file whose lock another process holds is not evicted now. On a
@@ -433,7 +439,7 @@ bool StageDirectory::evict(uint64_t id) noexcept {
   // Gone from the disk before it is marked absent here. A reader of this process that still finds
   // it staged meanwhile finds no file and reads the source (the tiers' fallback).
   const bool removed = table_->remove(id);
-  if (removed) remove_copy(id);
+  if (removed) remove_copy(id, NodeTable::Removed::kRemoved);
   if (fd >= 0) {
     ::unlink(part_path.c_str());
     ::close(fd);  // releases the lock
@@ -445,13 +451,16 @@ bool StageDirectory::evict(uint64_t id) noexcept {
 }
 
 void StageDirectory::discard(uint64_t id) noexcept {
-  if (table_->remove_held(id)) remove_copy(id);
+  remove_copy(id, table_->remove_held(id));
   forget(id);
 }
 
-void StageDirectory::remove_copy(uint64_t id) noexcept {
+void StageDirectory::remove_copy(uint64_t id, NodeTable::Removed removed) noexcept {
+  if (removed == NodeTable::Removed::kNot) return;
   ::unlink(staged_path(id).c_str());
-  table_->release(charge(sizes_[id].load(std::memory_order_relaxed)));
+  if (removed == NodeTable::Removed::kRemoved) {
+    table_->release(charge(sizes_[id].load(std::memory_order_relaxed)));
+  }
 }
 
 void StageDirectory::count_index() noexcept {
@@ -510,7 +519,7 @@ bool StageDirectory::adopt(uint64_t id) {
   // Left unverified, stage 3 would not serve it and would read the source instead.
   unverified_[id].store(0, std::memory_order_relaxed);
   state_[id].store(kStaged, std::memory_order_release);
-  unreserve(id);  // the neighbour's copy counts its own bytes
+  unreserve(id);  // the claim ends: the neighbour's copy counts the bytes
   return true;
 }
 
@@ -665,18 +674,24 @@ StageDirectory::Outcome StageDirectory::copy_locked(uint64_t id, int fd, const s
     give_back_copy(id);
     throw;
   }
-  // The copy takes the bytes reserved for it, made exact; it is on disk for the node from now on.
+  // The copy takes the bytes reserved for its claim, made exact (with no claim, no bound: its
+  // bytes are added); it is on disk for the node from now on.
   const uint64_t reserved = reserved_[id].exchange(0, std::memory_order_relaxed);
   const uint64_t charged = charge(record.size);
-  if (reserved >= charged) {
-    table_->release(reserved - charged);
+  const uint64_t counted = reserved & ~kClaimedHere;
+  if (counted >= charged) {
+    table_->release(counted - charged);
   } else {
-    table_->add(charged - reserved);
+    table_->add(charged - counted);
   }
   sizes_[id].store(record.size, std::memory_order_relaxed);
   crcs_[id].store(record.crc, std::memory_order_relaxed);
   unverified_[id].store(0, std::memory_order_relaxed);
-  table_->published(id);
+  if ((reserved & kClaimedHere) != 0) {
+    table_->publish_claimed(id);
+  } else {
+    table_->published(id);
+  }
   state_[id].store(kStaged, std::memory_order_release);
   return Outcome::kStaged;
 }
@@ -701,10 +716,9 @@ void StageDirectory::reject(uint64_t id) noexcept {
   checked_[id].store(0, std::memory_order_relaxed);
   // Counted once per copy: threads that read the same copy at once (samples of one shard) each
   // find it corrupt; the one that takes it off the disk counts it.
-  if (table_->remove_held(id)) {
-    corrupt_.fetch_add(1, std::memory_order_relaxed);
-    remove_copy(id);
-  }
+  const NodeTable::Removed removed = table_->remove_held(id);
+  if (removed != NodeTable::Removed::kNot) corrupt_.fetch_add(1, std::memory_order_relaxed);
+  remove_copy(id, removed);
   forget(id);
 }
 

@@ -130,16 +130,19 @@ class StageDirectory {
   // Gives back a claim whose copy has not begun (in flight -> absent) and its reservation; a file
   // in any other state, a staged copy or one being copied included, is left as it is.
   void abandon(uint64_t id) noexcept;
-  // Removes a copy (eviction) unless another process holds it (NodeTable::hold) or it is gone
-  // already; true if removed. A claim whose copy has not begun is given back instead; a copy under
-  // way is not evicted (false): its bytes are being written, and stay counted until it is published
-  // and can be evicted. The caller guarantees that no thread of this process still needs the file.
+  // Removes a copy (eviction) unless another process holds or claims it (NodeTable::hold, claim)
+  // or it is gone already; true if removed. A file absent in this process's view is left alone. A
+  // claim whose copy has not begun is given back instead; a copy under way is not evicted (false):
+  // its bytes are being written, and stay counted until it is published and can be evicted. The
+  // caller guarantees that no thread of this process still needs the file.
   bool evict(uint64_t id) noexcept;
 
   // The node's shared state: its bound, the bytes used, the ranks sharing the directory.
   NodeTable& node() noexcept { return *table_; }
   // Reserves `bytes` of the node's `bound` for a copy of `id` that this process is about to claim;
-  // false if they do not fit. The copy keeps them once published; abandon() gives them back.
+  // false if they do not fit. The node counts a copy to come once: a file a neighbour has claimed
+  // too (or published since this process last looked) shares its reservation
+  // (NodeTable::claim). The copy keeps them once published; abandon() gives them back.
   bool reserve(uint64_t id, uint64_t bytes, uint64_t bound) noexcept;
   void unreserve(uint64_t id) noexcept;
   // This process holds `id` (it is in a batch planned and not yet decoded): no process removes its
@@ -236,8 +239,9 @@ class StageDirectory {
   void give_back_copy(uint64_t id) noexcept;  // stage()'s own claim (copying -> absent)
   void discard(uint64_t id) noexcept;  // a corrupt or vanished copy: removed, whoever holds it
   void reject(uint64_t id) noexcept;   // a corrupt copy: discarded and counted (once per copy)
-  // Unlinks the copy the table has just marked gone, and gives its bytes back to the node.
-  void remove_copy(uint64_t id) noexcept;
+  // Unlinks the copy the table has just marked gone (`removed`), and gives its bytes back to the
+  // node unless claimants keep them.
+  void remove_copy(uint64_t id, NodeTable::Removed removed) noexcept;
   bool open_index(const std::string& index);
   void compact_index(const std::string& index, const std::vector<int64_t>& mtimes);
 
@@ -253,7 +257,10 @@ class StageDirectory {
   std::unique_ptr<std::atomic<uint64_t>[]> sizes_;
   std::unique_ptr<std::atomic<uint32_t>[]> crcs_;
   std::unique_ptr<std::atomic<uint8_t>[]> taken_;  // see first_use_of_taken_over()
-  std::unique_ptr<std::atomic<uint64_t>[]> reserved_;  // bytes reserved for this process's claim
+  // Per file, while this process claims it in the node's table: kClaimedHere | the bytes its
+  // claim counts (what a last claimant releases).
+  std::unique_ptr<std::atomic<uint64_t>[]> reserved_;
+  static constexpr uint64_t kClaimedHere = uint64_t{1} << 63;
   // Per file: the identity its copy had when this process last checked its bytes whole (0: none).
   std::unique_ptr<std::atomic<uint64_t>[]> checked_;
   std::atomic<uint64_t> corrupt_{0};
