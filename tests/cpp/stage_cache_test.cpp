@@ -632,6 +632,97 @@ TEST_CASE(
   CHECK(plain.bound_held);
 }
 
+TEST_CASE(
+    "stage cache: ranks sharing a directory, one reading ahead into the next epoch while the "
+    "other's copies are still to come: a file both claim takes its room once, and home copies "
+    "that fill the bound all stay") {
+  // As stage 1 and 2 run: each rank's copies are made `kLag` steps after its admission, and the
+  // second rank plans `kAhead` batches ahead of the first. At each epoch's end it claims files of
+  // the next epoch that the first has claimed and not copied yet. The node's home copies (the
+  // files its ranks use in epoch 0) fill the bound exactly, home first from the start: a claim
+  // counted twice would leave no room for a home copy, and another would be evicted for it.
+  const Catalog& catalog = data().catalog;
+  constexpr uint64_t kWindow = 8, kLag = 6, kAhead = 6, kWorld = 4;
+  const std::vector<uint64_t> ranks = {1, 2};
+  StageDirectory& first = data().directory;
+  for (uint64_t f = 0; f < catalog.num_files(); ++f) {  // an empty directory
+    if (!first.is_absent(f)) first.evict(f);
+  }
+  StageDirectory second(data().dir / "stage", catalog);  // another process's view of it
+  StageDirectory* directories[2] = {&first, &second};
+  std::vector<uint8_t> home(catalog.num_files(), 0);
+  uint64_t capacity = 0;
+  for (const uint64_t r : ranks) {
+    const EpochPlan p(rank_plan(r, kWorld), 0);
+    for (uint64_t b = 0; b < p.num_batches(); ++b) {
+      for (uint64_t k = 0; k < p.batch_size(b); ++k) {
+        const uint64_t f = p.batch(b)[k];
+        if (!home[f]) capacity += catalog.file_size(f);
+        home[f] = 1;
+      }
+    }
+  }
+  std::vector<std::unique_ptr<StageCache>> caches;
+  // Each rank's batches, epochs in turn.
+  std::vector<std::vector<std::pair<uint64_t, uint64_t>>> stream(2);
+  for (size_t i = 0; i < 2; ++i) {
+    caches.push_back(std::make_unique<StageCache>(catalog, rank_plan(ranks[i], kWorld),
+                                                  *directories[i], capacity, Eviction::kClairvoyant,
+                                                  kWindow));
+    caches.back()->set_home_first([&home](uint64_t f) { return home[f] != 0; },
+                                  [] { return Layout::kHomeFirst; });
+    for (uint64_t e = 0; e < kEpochs; ++e) {
+      const uint64_t batches = EpochPlan(rank_plan(ranks[i], kWorld), 0).num_batches();
+      for (uint64_t b = 0; b < batches; ++b) stream[i].push_back({e, b});
+    }
+  }
+  const uint64_t epoch_batches = stream[0].size() / kEpochs;
+  std::deque<std::vector<uint64_t>> to_copy[2];  // per rank, the claims of its last steps
+  std::vector<std::byte> buffer;
+  uint64_t shared_claims = 0, home_lost = 0, home_declined = 0;
+  bool bound_held = true;
+  for (uint64_t t = 0; t < stream[0].size() + kAhead + kLag; ++t) {
+    for (size_t i = 0; i < 2; ++i) {
+      // The second rank is kAhead steps ahead: at step t it plans its batch t, the first t -
+      // kAhead.
+      const uint64_t at = i == 1 ? t : t - kAhead;
+      std::vector<uint64_t> to_stage;
+      if (t >= (i == 1 ? 0 : kAhead) && at < stream[i].size()) {
+        const auto [e, b] = stream[i][at];
+        const EpochPlan plan(rank_plan(ranks[i], kWorld), e);
+        std::vector<size_t> declined;
+        prestage::detail::Admission stats;
+        caches[i]->admit(e, b, plan.batch(b), plan.batch_size(b), to_stage, declined, stats);
+        for (const uint64_t f : to_stage) shared_claims += first.node().claimants(f) > 1;
+        for (const size_t k : declined) home_declined += home[plan.batch(b)[k]];
+      }
+      to_copy[i].push_back(std::move(to_stage));
+      if (to_copy[i].size() > kLag) {  // stage 2 copies the claims of kLag steps ago
+        for (const uint64_t f : to_copy[i].front()) {
+          if (directories[i]->is_staged(f)) continue;
+          const auto outcome =
+              directories[i]->stage(f, catalog.file_source_path(f).string(), buffer);
+          REQUIRE(outcome != StageDirectory::Outcome::kBusy);
+        }
+        to_copy[i].pop_front();
+      }
+    }
+    bound_held = bound_held && first.node().used() <= capacity;
+    // From the end of the first rank's epoch 0 and its copies, every home copy is on disk.
+    if (t >= epoch_batches + kAhead + kLag) {
+      for (uint64_t f = 0; f < catalog.num_files(); ++f)
+        home_lost += home[f] && !first.node().on_disk(f);
+    }
+  }
+  MESSAGE("claims shared with a neighbour: ", shared_claims,
+          ", home copies missing (summed over steps): ", home_lost,
+          ", home copies declined: ", home_declined);
+  CHECK(shared_claims > 0);  // the case arose
+  CHECK(bound_held);
+  CHECK(home_lost == 0);
+  caches.clear();
+}
+
 namespace {
 
 // Copies every file of `catalog` into the stage directory at `dir`, as a run before this one did;
