@@ -12,7 +12,9 @@ step's all-reduce makes them); an epoch's time is rank 0's time from one barrier
 stages from the PFS in both modes; the figure is epochs 1 on (mean per job), median of --runs jobs,
 and each pair's ratio (the jobs without and with peers alternate). Prints it as a Markdown table,
 then one of the jobs' CPU seconds and voluntary context switches, and of the wake-ups per second of
-the peer transports' progress threads (named prestage-mpi) in epochs 1 on: their idle polling.
+the peer transports' progress threads (named prestage-mpi) in epochs 1 on: their idle polling; then
+each rank's own time in its loops (without the barrier's waits: a rank waits there for the slowest,
+which on a shared host is often a matter of the scheduler) and the CPU seconds per thread.
 """
 
 from __future__ import annotations
@@ -54,6 +56,20 @@ def transport_switches() -> int:
     return total
 
 
+def thread_ticks() -> dict[str, tuple[str, int]]:
+    """This process's threads: id -> (name, CPU clock ticks so far). prestage names its own
+    (prestage-stage, -io, -probe, -mpi); the rest (the main thread, TBB's workers) run stages 1 and 3."""
+    out = {}
+    for task in Path("/proc/self/task").iterdir():
+        try:
+            name = (task / "comm").read_text().strip()
+            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+            out[task.name] = (name if name.startswith("prestage-") else "other", int(fields[11]) + int(fields[12]))
+        except OSError:  # a thread that ended meanwhile
+            pass
+    return out
+
+
 def rank_main(cfg: dict) -> None:
     rank = int(os.environ["OMPI_COMM_WORLD_RANK"])
     node = rank * NODES // WORLD
@@ -75,18 +91,27 @@ def rank_main(cfg: dict) -> None:
     marks = [time.monotonic()]
     before = resource.getrusage(resource.RUSAGE_SELF)
     transport = [transport_switches()]
+    loops = []  # this rank's own time in each epoch's loop, without its wait at the barrier
     for epoch in range(cfg["epochs"]):
+        start = time.monotonic()
         for _ in loader:
             pass
+        loops.append(time.monotonic() - start)
         barrier(f"e{epoch}")
         marks.append(time.monotonic())
         transport.append(transport_switches())
+        if epoch == 0:
+            ticks = thread_ticks()
     after = resource.getrusage(resource.RUSAGE_SELF)
+    by_thread: dict[str, float] = {}  # CPU seconds per thread name, epochs 1 on
+    for tid, (name, t) in thread_ticks().items():
+        by_thread[name] = by_thread.get(name, 0.0) + (t - ticks.get(tid, (name, 0))[1]) / os.sysconf("SC_CLK_TCK")
     barrier("done")  # every rank answers its peers until all are done
     loader.close()
     s = loader.stats()
     Path(cfg["out"], f"{rank}.json").write_text(json.dumps(
-        {"epoch_s": [b - a for a, b in zip(marks, marks[1:])], "peer_tier": s["peer_tier"],
+        {"epoch_s": [b - a for a, b in zip(marks, marks[1:])], "loop_s": loops, "by_thread": by_thread,
+         "peer_tier": s["peer_tier"],
          "why": s["peer_tier_why"], "peer_reads": s["peer_reads"], "to_pfs": s["peer_reads_to_pfs"],
          "sources": s["sources"], "home_first": s["peer_home_first"], "fallbacks": s["peer_fallbacks"],
          "pfs_per_epoch": [e["source_reads"] for e in sorted(s["epochs"], key=lambda e: e["epoch"])],
@@ -113,7 +138,15 @@ def run_job(catalog: Path, work: Path, cache_bytes: int, peers: bool, epochs: in
     ranks = [json.loads((work / "out" / f"{r}.json").read_text()) for r in range(WORLD)]
     if peers and not all(r["peer_tier"] for r in ranks):
         raise SystemExit(f"the peer tier is off: {ranks[0]['why']}")
+    by_thread: dict[str, float] = {}
+    for r in ranks:
+        for name, cpu in r["by_thread"].items():
+            by_thread[name] = by_thread.get(name, 0.0) + cpu
     return {"later_s": statistics.mean(ranks[0]["epoch_s"][1:]), "epoch0_s": ranks[0]["epoch_s"][0],
+            # Each rank's own loop, epochs 1 on, averaged over the ranks: the job's time without the
+            # barrier's waits (a rank waits there for the slowest, whose delay is often the host's).
+            "loop_s": statistics.mean(statistics.mean(r["loop_s"][1:]) for r in ranks),
+            "by_thread": by_thread,
             "epoch_s": ranks[0]["epoch_s"],
             "peer_reads": sum(r["peer_reads"] for r in ranks), "to_pfs": sum(r["to_pfs"] for r in ranks),
             "sources": ranks[0]["sources"], "home_first": [r["home_first"] for r in ranks],
@@ -169,9 +202,14 @@ def main() -> None:
             # The jobs of a pair ran back to back: their ratio is the least disturbed by load.
             pairs = sorted(b["later_s"] / a["later_s"] for a, b in zip(jobs[False], jobs[True]))
             rows.append((name, latency_ms, mbs, link, off, on, reads, moved, pairs))
+            loops = sorted(b["loop_s"] / a["loop_s"] for a, b in zip(jobs[False], jobs[True]))
+            threads = sorted({t for j in jobs[False] + jobs[True] for t in j["by_thread"]})
             cost[name] = {peers: (statistics.median(j["cpu_s"] for j in jobs[peers]),
-                                  statistics.median(j["switches"] for j in jobs[peers]))
+                                  statistics.median(j["switches"] for j in jobs[peers]),
+                                  {t: statistics.median(j["by_thread"].get(t, 0.0) for j in jobs[peers])
+                                   for t in threads})
                           for peers in (False, True)}
+            cost[name]["loops"] = loops
             wakeups[name] = statistics.median(j["transport_wakeups_per_s"] for j in jobs[True])
             raw[name] = jobs
     print(f"{WORLD} ranks = {NODES} nodes x {WORLD // NODES}, {args.files} files of {args.size} bytes, "
@@ -194,6 +232,15 @@ def main() -> None:
     for name, c in cost.items():
         print(f"| {name} | {c[False][0]:.2f} | {c[True][0]:.2f} | {c[False][1]:.0f} | {c[True][1]:.0f} "
               f"| {wakeups[name]:.0f} |")
+    print("\nEach rank's own time in its epochs' loops (epochs 1 on, without its waits at the barrier; "
+          "mean over the ranks), on / off per pair, sorted; and the CPU seconds of epochs 1 on per thread "
+          "(summed over the ranks; medians; other: the main thread and TBB's workers, stages 1 and 3):\n")
+    for name, c in cost.items():
+        loops = c["loops"]
+        print(f"- {name}: loops on / off {statistics.median(loops):.2f} "
+              f"({' '.join(f'{r:.2f}' for r in loops)}); CPU s off / on: "
+              + ", ".join(f"{t} {c[False][2].get(t, 0):.2f} / {c[True][2].get(t, 0):.2f}"
+                          for t in sorted(set(c[False][2]) | set(c[True][2]))))
     if args.json:
         args.json.write_text(json.dumps(raw, indent=1))
 

@@ -1,5 +1,7 @@
 #include "staging/stager.hpp"
 
+#include <pthread.h>
+
 #include <algorithm>
 #include <chrono>
 
@@ -23,6 +25,7 @@ Stager::Stager(Tiers& tiers, size_t threads, std::chrono::milliseconds io_timeou
 void Stager::start_threads(size_t count) {
   while (threads_.size() < count) {
     threads_.emplace_back([this] {
+      pthread_setname_np(pthread_self(), "prestage-stage");  // told apart in top -H, /proc
       set_io_timeout(io_timeout_);
       set_io_cancel(io_cancel_);
       run();

@@ -1,5 +1,6 @@
 #include "tiers/tiers.hpp"
 
+#include <pthread.h>
 #include <unistd.h>
 
 #include <array>
@@ -99,7 +100,10 @@ class Tiers::Prober {
     model_.begin(source, bytes, SourceModel::Read::kProbe);
     if (!thread_.joinable()) {
       pid_ = ::getpid();
-      thread_ = std::thread([this] { run(); });
+      thread_ = std::thread([this] {
+        pthread_setname_np(pthread_self(), "prestage-probe");  // told apart in top -H, /proc
+        run();
+      });
     }
     wake_.notify_all();
     return true;

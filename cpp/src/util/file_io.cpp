@@ -388,7 +388,10 @@ class DeadlineThreads {
     // must not be counted twice (the second task would wait behind a read that may never return).
     if (queue_.size() > idle_ && threads_ < kMaxThreads) {
       ++threads_;
-      std::thread([this] { serve(); }).detach();
+      std::thread([this] {
+        pthread_setname_np(pthread_self(), "prestage-io");  // told apart in top -H, /proc
+        serve();
+      }).detach();
     }
     wake_.notify_one();
   }
