@@ -64,7 +64,8 @@ def thread_ticks() -> dict[str, tuple[str, int]]:
         try:
             name = (task / "comm").read_text().strip()
             fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
-            out[task.name] = (name if name.startswith("prestage-") else "other", int(fields[11]) + int(fields[12]))
+            kind = name if name.startswith("prestage-") else "other"
+            out[task.name] = (kind, int(fields[11]) + int(fields[12]))  # utime + stime
         except OSError:  # a thread that ended meanwhile
             pass
     return out
@@ -104,8 +105,9 @@ def rank_main(cfg: dict) -> None:
             ticks = thread_ticks()
     after = resource.getrusage(resource.RUSAGE_SELF)
     by_thread: dict[str, float] = {}  # CPU seconds per thread name, epochs 1 on
+    tick = os.sysconf("SC_CLK_TCK")
     for tid, (name, t) in thread_ticks().items():
-        by_thread[name] = by_thread.get(name, 0.0) + (t - ticks.get(tid, (name, 0))[1]) / os.sysconf("SC_CLK_TCK")
+        by_thread[name] = by_thread.get(name, 0.0) + (t - ticks.get(tid, (name, 0))[1]) / tick
     barrier("done")  # every rank answers its peers until all are done
     loader.close()
     s = loader.stats()
