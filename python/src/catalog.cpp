@@ -135,8 +135,8 @@ A shard is staged whole; a sample packed with zstd is decompressed by every deco
 )doc")
       .def_static(
           "from_hdf5",
-          [](py::handle paths, const std::string& dataset,
-             const std::optional<std::string>& labels, int64_t axis) {
+          [](py::handle paths, const std::string& dataset, const std::optional<std::string>& labels,
+             int64_t axis) {
             const auto files = path_list(paths);
             py::gil_scoped_release release;
             return Catalog::from_hdf5(files, dataset, labels.value_or(""), axis);
@@ -251,6 +251,17 @@ truncation loses the rest of that file (nothing after it can be located). Read e
                              "from_hdf5 and from_arrays: the axis the samples are sliced along, as "
                              "given (negative: from the last); else 0.")
       .def_property_readonly(
+          "dtype",
+          [](const Catalog& c) -> py::object {
+            if (c.dtype().empty()) return py::none();
+            return py::str(c.dtype());
+          },
+          "from_hdf5 and from_arrays: the data set's dtype as NumPy's type string ('<f4'), the one "
+          "most samples have, read with the headers the catalog reads anyway; from_tfrecord: the "
+          "data feature's as decode='raw' reads it ('|u1' bytes, '<f4' floats, '<i8' int64s). The "
+          "loader holds every sample to it without probing. None: not known (other catalogs, or "
+          "one saved by an older version, for which the loader probes a few samples' headers).")
+      .def_property_readonly(
           "symlinks", [](const Catalog& c) { return symlinks_name(c.symlinks()); },
           "'follow' or 'inside': how symbolic links under the root are treated (see from_folder).")
       .def_property_readonly(
@@ -290,14 +301,17 @@ file could be read), "reason"}. Empty for any other catalog; saved with it.
       .def(
           "locator",
           [](const Catalog& c, size_t i) {
-            if (i >= c.size()) throw py::index_error("sample " + std::to_string(i) + " of " + std::to_string(c.size()));
+            if (i >= c.size())
+              throw py::index_error("sample " + std::to_string(i) + " of " +
+                                    std::to_string(c.size()));
             const Catalog::Locator loc = c.locator(i);
             return py::make_tuple(loc.file, loc.offset,
                                   loc.length == Catalog::kWholeFile ? py::object(py::none())
                                                                     : py::object(py::int_(loc.length)));
           },
           py::arg("i"),
-          "(file, offset, length) of sample i: the index of its file (file_path), and its byte range "
+          "(file, offset, length) of sample i: the index of its file (file_path), and its byte "
+          "range "
           "in it (length None: the whole file). For kind 'hdf5' and 'arrays', offset is the "
           "sample's index along `axis` in the whole file.")
       .def_property_readonly("num_files", &Catalog::num_files,

@@ -12,6 +12,7 @@
 
 using prestage::Catalog;
 using prestage::test::TempDir;
+using prestage::test::write_npy;
 namespace fs = std::filesystem;
 
 namespace {
@@ -252,19 +253,20 @@ TEST_CASE("catalog: the symlink policy is saved, and a confined catalog has its 
   CHECK(Catalog::load(dir / "follow.bin").symlinks() == Catalog::Symlinks::kFollow);
 }
 
-TEST_CASE("catalog: catalog files of format versions 3 and 4 still load, as following links") {
+TEST_CASE("catalog: catalog files of format versions 3 to 5 still load, as following links") {
   TempDir dir;
   const Catalog cat = Catalog::from_paths("/data/set", {"a/1.jpg", "b/2.jpg"}, {4, 5});
-  cat.save(dir / "v5.bin");
-  std::string v5;
+  cat.save(dir / "v6.bin");
+  std::string v6;
   {
-    std::ifstream in(dir / "v5.bin", std::ios::binary);
-    v5.assign(std::istreambuf_iterator<char>(in), {});
+    std::ifstream in(dir / "v6.bin", std::ios::binary);
+    v6.assign(std::istreambuf_iterator<char>(in), {});
   }
-  // Each older version is the next without its last fields (before the checksum): version 4
-  // without the axis, version 3 also without the policy byte and the (empty) damage list.
+  // Each older version is the next without its last fields (before the checksum): version 5
+  // without the (empty) dtype, 4 also without the axis, 3 also without the policy byte and the
+  // (empty) damage list.
   auto older = [&](uint32_t version, size_t cut) {
-    std::string bytes = v5.substr(0, v5.size() - 8 - cut);
+    std::string bytes = v6.substr(0, v6.size() - 8 - cut);
     std::memcpy(bytes.data() + 8, &version, sizeof(version));
     uint64_t sum = 0xcbf29ce484222325ULL;
     for (unsigned char c : bytes) {
@@ -274,7 +276,8 @@ TEST_CASE("catalog: catalog files of format versions 3 and 4 still load, as foll
     bytes.append(reinterpret_cast<const char*>(&sum), sizeof(sum));
     return bytes;
   };
-  for (const auto& [version, cut] : {std::pair<uint32_t, size_t>{4, 8}, {3, 8 + 1 + 8}}) {
+  for (const auto& [version, cut] :
+       {std::pair<uint32_t, size_t>{5, 8}, {4, 8 + 8}, {3, 8 + 8 + 1 + 8}}) {
     CAPTURE(version);
     std::ofstream(dir / "old.bin", std::ios::binary | std::ios::trunc) << older(version, cut);
     const Catalog back = Catalog::load(dir / "old.bin");
@@ -283,10 +286,33 @@ TEST_CASE("catalog: catalog files of format versions 3 and 4 still load, as foll
     CHECK(back.symlinks() == Catalog::Symlinks::kFollow);
     CHECK(back.damage().empty());
     CHECK(back.axis() == 0);
+    CHECK(back.dtype().empty());
     CHECK(back.fingerprint() == cat.fingerprint());
   }
   std::ofstream(dir / "v99.bin", std::ios::binary) << older(99, 0);
   CHECK_THROWS_AS(Catalog::load(dir / "v99.bin"), prestage::DecodeError);
+}
+
+TEST_CASE("catalog: from_arrays records the dtype most samples have, and it is saved") {
+  TempDir dir;
+  // 4 + 1 samples of "<f4" against 2 + 2 of "<i2": by files a tie, by samples "<f4"; a file of 0
+  // samples counts for nothing.
+  write_npy(dir / "a.npy", "<i2", "(2, 2)", std::string(8, '\0'));
+  write_npy(dir / "b.npy", "<f4", "(4, 2)", std::string(32, '\0'));
+  write_npy(dir / "c.npy", "<i2", "(2, 2)", std::string(8, '\0'));
+  write_npy(dir / "d.npy", "<f4", "(1, 2)", std::string(8, '\0'));
+  write_npy(dir / "e.npy", "<u1", "(0, 2)", "");
+  const Catalog cat = Catalog::from_arrays(
+      {dir / "a.npy", dir / "b.npy", dir / "c.npy", dir / "d.npy", dir / "e.npy"});
+  REQUIRE(cat.size() == 9);
+  CHECK(cat.dtype() == "<f4");
+  cat.save(dir / "set.catalog");
+  CHECK(Catalog::load(dir / "set.catalog").dtype() == "<f4");
+  // A tie in samples (4 and 4) goes to the dtype of the earliest file.
+  CHECK(Catalog::from_arrays({dir / "c.npy", dir / "a.npy", dir / "b.npy"}).dtype() == "<i2");
+  CHECK(Catalog::from_arrays({dir / "b.npy", dir / "c.npy", dir / "a.npy"}).dtype() == "<f4");
+  // Catalogs of whole files have none.
+  CHECK(Catalog::from_paths(dir.path(), {"a.npy"}).dtype().empty());
 }
 
 TEST_CASE("catalog: a file shorter than its catalog says is an IoError that says so") {

@@ -283,3 +283,41 @@ def test_an_npy_of_another_dtype_is_the_one_named_or_skipped_wherever_it_lies_in
         stats = loader.stats()
     assert sorted(s["sample"] for s in stats["skipped_samples"]) == sorted(odd)
     assert set(got) == set(range(12)) - odd
+
+
+def test_rows_of_another_dtype_are_named_by_the_catalogs_dtype_not_by_a_few_probed(tmp_path):
+    # The rows of 4 .npy files (from_arrays): 11 samples, 6 of them float64. The loader used to take
+    # the data set's dtype from 5 samples spread over the catalog (ids 0, 2, 4, 6, 8), 3 of which
+    # are int32 rows here: the good rows would have been the ones named. The catalog reads every
+    # file's header anyway and records the dtype most samples have.
+    root = tmp_path / "rows"
+    root.mkdir()
+    layout = [(np.int32, 3), (np.float64, 1), (np.int32, 2), (np.float64, 5)]
+    for f, (dtype, rows) in enumerate(layout):
+        np.save(root / f"{f}.npy", np.full((rows, 3), f, dtype=dtype))
+    cat = prestage.Catalog.from_arrays(sorted(root.glob("*.npy")))
+    assert len(cat) == 11 and cat.dtype == "<f8"
+    odd_files = {f for f, (dtype, _) in enumerate(layout) if dtype == np.int32}
+    odd = {i for i in range(len(cat)) if int(cat.path(i)[0]) in odd_files}
+    assert odd == {0, 1, 2, 4, 5}
+    with prestage.Loader(cat, batch_size=1, decode="npy", shuffle=False) as loader:
+        named, delivered = [], []
+        it = iter(loader)
+        while True:
+            try:
+                batch = next(it)
+            except StopIteration:
+                break
+            except prestage.DecodeError as e:
+                assert "its dtype <i4 differs from the data set's <f8" in str(e)
+                named.append(int(e.path.rsplit("/", 1)[-1][0]))
+                continue
+            assert batch.dtype == np.float64
+            delivered += batch.indices.tolist()
+            np.testing.assert_array_equal(batch.arrays[0], np.full(3, float(cat.path(delivered[-1])[0])))
+    assert sorted(named) == sorted(int(cat.path(i)[0]) for i in odd)
+    assert delivered == sorted(set(range(11)) - odd)
+    # Saved and loaded, the catalog keeps it.
+    cat.save(tmp_path / "rows.catalog")
+    assert prestage.Catalog.load(tmp_path / "rows.catalog").dtype == "<f8"
+    assert prestage.Catalog.from_folder(root, extensions=[".npy"]).dtype is None

@@ -182,6 +182,8 @@ def test_hdf5_rows_of_one_or_many_files_equal_h5py(tmp_path, dtype):
         with h5py.File(p, "r") as h5:
             expected.extend(h5["fields"][()])
             labels.extend(h5["labels"][()])
+            # The data set's, as h5py reads it, in the byte order the loader delivers (native).
+            assert cat.dtype == h5["fields"].dtype.newbyteorder("<").str
     with prestage.Loader(cat, batch_size=4, readers=2, seed=1) as loader:  # decode="hdf5" inferred
         for idx, data, lab in all_batches(loader):
             assert data.dtype == np.dtype(dtype).newbyteorder("<") or data.dtype == np.dtype(dtype)

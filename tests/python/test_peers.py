@@ -363,12 +363,15 @@ def test_every_format_reads_each_file_from_the_pfs_once_and_reaches_the_peers(
     past_the_end = sum(e["source_reads"] for r in ranks for e in r["stats"]["epochs"] if e["epoch"] >= 3)
     assert all(n >= 1 for n in opened.values()) and len(opened) == len(
         [f for f in backing.rglob("*") if f.is_file()])
-    # Arrays: each loader also reads, once, the headers of 5 samples spread over the catalog (the
-    # data set's dtype: BatchDecoder::kDataSetProbes) where they are when its first batch is laid
-    # out: the node's copy, or the PFS (a peer's home copy of them may not be made before late in
-    # epoch 0). No other file is opened twice, but for the reads past the end: stage 3 reads an
-    # array's header and then its data each through an open of its own, counted as one read.
-    probes = {cat.path(j * len(cat) // 5) for j in range(5)} if kind != "jpeg" else set()
+    # Arrays of one sample per file (npy, npz): each loader also reads, once, the headers of 5
+    # samples spread over the catalog (the data set's dtype: BatchDecoder::kDataSetProbes) where
+    # they are when its first batch is laid out: the node's copy, or the PFS (a peer's home copy of
+    # them may not be made before late in epoch 0). Rows (from_arrays, from_hdf5) and records have it
+    # from their catalog, which reads every file's headers anyway: no probe. No other file is opened
+    # twice, but for the reads past the end: stage 3 reads an array's header and then its data each
+    # through an open of its own, counted as one read.
+    probes = {cat.path(j * len(cat) // 5) for j in range(5)} if kind in ("npy", "npz") else set()
+    assert (cat.dtype is None) == (kind in ("npy", "npz", "jpeg"))
     opens_per_read = 1 if kind == "jpeg" else 2
     extra = {p: n - 1 for p, n in opened.items() if n > 1}
     served = sum(r["stats"]["peer_served_bytes"] for r in ranks)

@@ -51,6 +51,7 @@ def test_dlio_records_are_uint8_images_through_the_loader(tmp_path, write_tf_exa
                          seed=5) as loader:
         first = next(iter(loader))
         assert first.arrays.shape == (3, H, W) and first.arrays.dtype == np.uint8 and not first.ragged
+        assert cat.dtype == "|u1"  # a bytes feature, as decode="raw" reads it
         del first
         got = _samples(loader)
     assert sorted(got) == list(range(len(images)))
@@ -172,6 +173,9 @@ def test_float_list_and_int64_list_features_are_float32_and_int64_arrays(tmp_pat
         with prestage.Loader(cat, batch_size=2, decode="raw", seed=4, **options) as loader:
             return _samples(loader)
 
+    # The catalog records each feature's type as decode="raw" reads it (the loader probes nothing).
+    for feature, dtype in (("f", "<f4"), ("i", "<i8")):
+        assert prestage.Catalog.from_tfrecord([path], features={"data": feature}).dtype == dtype
     for index, (array, label) in read("f").items():  # no raw_dtype: the list's own type, 1-D
         assert array.dtype == np.float32 and array.shape == (12,)
         np.testing.assert_array_equal(array, floats[label])

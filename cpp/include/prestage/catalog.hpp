@@ -148,6 +148,13 @@ class Catalog {
   // kHdf5, kArrays: the axis the samples are taken along, as given (negative: from the last);
   // else 0.
   int64_t axis() const noexcept;
+  // kHdf5, kArrays: the data set's dtype (NumPy's type string, "<f4"), the one most samples have
+  // (ties: the one of the earliest sample), read with the headers the catalog reads anyway;
+  // kTfrecord: that of the data feature as decode=raw reads it ("|u1" for a bytes_list, "<f4" a
+  // float_list, "<i8" an int64_list). The loader holds every sample to it, without probing (kNpy
+  // for arrays, kHdf5, kRaw for records). "": not known (other kinds, or a catalog saved before it
+  // was recorded).
+  const std::string& dtype() const noexcept;
   Symlinks symlinks() const noexcept;         // how source files are opened (see the class comment)
 
   // Saves to / loads from one binary file, so a job does not walk the file system at every start.

@@ -39,6 +39,7 @@ struct Catalog::Data {
   Kind kind = Kind::kFiles;
   std::string field;  // kTfrecord: the data feature; kHdf5: the dataset; kArrays: the member
   int64_t axis = 0;   // kHdf5, kArrays: the axis of the slices
+  std::string dtype;  // kHdf5, kArrays: the data set's (most of its samples'), or "" if not known
   Symlinks symlinks = Symlinks::kFollow;
   std::vector<Damage> damage;  // kTfrecord built with OnError::kSkip: records left out
   uint64_t fingerprint = 0;
@@ -51,8 +52,9 @@ static_assert(std::endian::native == std::endian::little, "the catalog file form
 constexpr char kMagic[8] = {'P', 'S', 'T', 'G', 'C', 'A', 'T', '\0'};
 // Version 4 added the symlink policy and the TFRecord damage list; version 3 files load as
 // Symlinks::kFollow with no damage (what they were built with). Version 5 added the slices' axis
-// (older files: 0, the only axis they had).
-constexpr uint32_t kFormatVersion = 5;
+// (older files: 0, the only axis they had). Version 6 added the data set's dtype (older files: not
+// known, the loader probes it).
+constexpr uint32_t kFormatVersion = 6;
 constexpr uint32_t kOldestFormatVersion = 3;
 
 uint64_t fnv1a(std::string_view bytes, uint64_t hash = 0xcbf29ce484222325ULL) {
@@ -498,6 +500,7 @@ void Catalog::save(const fs::path& file) const {
     w.bytes(d.reason);
   }
   w.pod(data_->axis);
+  w.bytes(data_->dtype);
   w.pod(fnv1a(out));  // checksum of everything before it
 
   // Written to a temporary name, then renamed: a reader never sees half a catalog. The name is this
@@ -582,6 +585,7 @@ Catalog Catalog::load(const fs::path& file) {
     }
   }
   const int64_t axis = version >= 5 ? body.pod<int64_t>() : 0;
+  const std::string dtype = version >= 6 ? body.bytes() : std::string();
   if (body.remaining() != 0) body.fail("bytes after the last field");
   const size_t samples = locators.empty() ? offsets.size() - 1 : locators.size();
   if (offsets.empty() || offsets.front() != 0 || offsets.back() != blob.size() ||
@@ -602,6 +606,7 @@ Catalog Catalog::load(const fs::path& file) {
     data->kind = static_cast<Kind>(kind);
     data->field = field;
     data->axis = axis;
+    data->dtype = dtype;
     for (const auto& d : damage) {
       if (d.file >= paths.size()) body.fail("a damage entry names a file past the list");
     }
@@ -652,6 +657,7 @@ int64_t Catalog::label(size_t i) const {
 const std::vector<std::string>& Catalog::classes() const noexcept { return data_->classes; }
 Catalog::Kind Catalog::kind() const noexcept { return data_->kind; }
 const std::string& Catalog::field() const noexcept { return data_->field; }
+const std::string& Catalog::dtype() const noexcept { return data_->dtype; }
 int64_t Catalog::axis() const noexcept { return data_->axis; }
 Catalog::Symlinks Catalog::symlinks() const noexcept { return data_->symlinks; }
 const std::vector<Catalog::Damage>& Catalog::damage() const noexcept { return data_->damage; }
@@ -737,6 +743,37 @@ void check_slice_count(const std::string& path, uint64_t slices, uint64_t slice_
   }
 }
 
+// (dtype, samples) runs in catalog order, for most_samples_dtype(): `samples` more of `dtype`.
+void count_dtype(std::vector<std::pair<std::string, uint64_t>>& counts, std::string_view dtype,
+                 uint64_t samples) {
+  if (!counts.empty() && counts.back().first == dtype) {
+    counts.back().second += samples;
+  } else {
+    counts.emplace_back(dtype, samples);
+  }
+}
+
+// The dtype most samples have: `counts` holds (dtype, samples) runs in catalog order; a tie goes
+// to the dtype whose first sample comes first.
+std::string most_samples_dtype(const std::vector<std::pair<std::string, uint64_t>>& counts) {
+  std::vector<std::pair<std::string, uint64_t>> totals;  // in the order first seen
+  for (const auto& [dtype, samples] : counts) {
+    auto it =
+        std::find_if(totals.begin(), totals.end(), [&](const auto& t) { return t.first == dtype; });
+    if (it == totals.end()) {
+      totals.emplace_back(dtype, samples);
+    } else {
+      it->second += samples;
+    }
+  }
+  std::string best;
+  uint64_t best_count = 0;
+  for (const auto& [dtype, samples] : totals) {
+    if (samples > best_count) best_count = samples, best = dtype;
+  }
+  return best;
+}
+
 }  // namespace
 
 Catalog Catalog::from_hdf5(const std::vector<fs::path>& files, const std::string& dataset,
@@ -745,12 +782,14 @@ Catalog Catalog::from_hdf5(const std::vector<fs::path>& files, const std::string
   auto [root, relative] = common_root(files);
   std::vector<Locator> locators;
   std::vector<int64_t> labels;
+  std::vector<std::pair<std::string, uint64_t>> dtypes;  // per file: its dtype, its samples
   for (size_t f = 0; f < files.size(); ++f) {
     const std::string path = (root / relative[f]).string();
     const uint32_t rank = detail::hdf5::describe(path, dataset, 0, ~uint64_t{0}, path).row.ndim + 1;
     if (!detail::resolve_axis(axis, rank)) no_axis("from_hdf5", path, rank, axis);
     const auto info = detail::hdf5::describe(path, dataset, axis, ~uint64_t{0}, path);
     for (uint64_t row = 0; row < info.rows; ++row) locators.push_back(Locator{f, row, kWholeFile});
+    count_dtype(dtypes, info.row.dtype, info.rows);
     if (!labels_dataset.empty()) {
       const auto file_labels = detail::hdf5::read_labels(path, labels_dataset, path);
       check_label_count(path, labels_dataset, file_labels.size(), info.rows, info.axis);
@@ -762,6 +801,7 @@ Catalog Catalog::from_hdf5(const std::vector<fs::path>& files, const std::string
   data->kind = Kind::kHdf5;
   data->field = dataset;
   data->axis = axis;
+  data->dtype = most_samples_dtype(dtypes);
   record_file_stats(*data);
   return Catalog(data);
 }
@@ -773,6 +813,7 @@ Catalog Catalog::from_arrays(const std::vector<fs::path>& files, int64_t axis,
   std::vector<int64_t> labels;
   detail::NpzDecoder npz;
   std::vector<std::byte> scratch, label_bytes;
+  std::vector<std::pair<std::string, uint64_t>> dtypes;  // per file: its dtype, its samples
   for (size_t f = 0; f < files.size(); ++f) {
     const std::string path = (root / relative[f]).string();
     const detail::FileRef file(path);
@@ -790,6 +831,7 @@ Catalog Catalog::from_arrays(const std::vector<fs::path>& files, int64_t axis,
     check_slice_count(path, samples, detail::slice_info(whole, *resolved, ~uint64_t{0}, path).bytes,
                       size);
     for (uint64_t i = 0; i < samples; ++i) locators.push_back(Locator{f, i, kWholeFile});
+    count_dtype(dtypes, whole.dtype, samples);
     if (!labels_member.empty()) {
       detail::ArrayInfo info;
       const auto where = npz.probe(source, labels_member, info, uint64_t{1} << 32);
@@ -806,6 +848,7 @@ Catalog Catalog::from_arrays(const std::vector<fs::path>& files, int64_t axis,
   data->kind = Kind::kArrays;
   data->field = member;
   data->axis = axis;
+  data->dtype = most_samples_dtype(dtypes);
   record_file_stats(*data);
   return Catalog(data);
 }
@@ -819,6 +862,7 @@ Catalog Catalog::from_tfrecord(const std::vector<fs::path>& files, const std::st
   std::vector<int64_t> labels;
   std::vector<uint64_t> sizes;
   std::vector<Damage> damage;
+  std::vector<std::pair<std::string, uint64_t>> dtypes;  // runs of records' data feature dtypes
   for (size_t f = 0; f < files.size(); ++f) {
     const std::string path = (root / relative[f]).string();
     uint64_t size = 0;
@@ -826,7 +870,8 @@ Catalog Catalog::from_tfrecord(const std::vector<fs::path>& files, const std::st
       damage.push_back(Damage{f, offset, rest_of_file, reason});
     };
     auto index = [&](uint64_t offset, uint64_t framed, std::span<const std::byte> record) {
-      if (!detail::example_has_data(record, data_feature, path)) {
+      std::string_view dtype;
+      if (!detail::example_has_data(record, data_feature, path, &dtype)) {
         throw DecodeError(path, "the record at byte " + std::to_string(offset) +
                                     " has no feature '" + data_feature + "'");
       }
@@ -837,6 +882,7 @@ Catalog Catalog::from_tfrecord(const std::vector<fs::path>& files, const std::st
       }
       locators.push_back(Locator{f, offset, framed});
       labels.push_back(label);
+      count_dtype(dtypes, dtype, 1);
     };
     detail::scan_tfrecord(
         path, path, ~uint64_t{0} >> 8,
@@ -865,6 +911,7 @@ Catalog Catalog::from_tfrecord(const std::vector<fs::path>& files, const std::st
   auto data = make_data(root, relative, labels, {}, locators, sizes);
   data->kind = Kind::kTfrecord;
   data->field = data_feature;
+  data->dtype = most_samples_dtype(dtypes);
   data->damage = std::move(damage);
   return Catalog(data);
 }

@@ -718,7 +718,18 @@ const std::string* BatchDecoder::data_set_dtype(const std::atomic<bool>& stoppin
     data_set_probed_ = true;
     return nullptr;
   }
-  const uint64_t n = tiers_.catalog().size();
+  const Catalog& catalog = tiers_.catalog();
+  if (!catalog.dtype().empty() &&
+      ((catalog.kind() == Catalog::Kind::kArrays && codec_.mode == DecodeMode::kNpy) ||
+       (catalog.kind() == Catalog::Kind::kHdf5 && codec_.mode == DecodeMode::kHdf5) ||
+       (catalog.kind() == Catalog::Kind::kTfrecord && codec_.mode == DecodeMode::kRaw))) {
+    // Recorded by the catalog from every file's header (a sample has its array's dtype): no sample
+    // is read for it.
+    data_set_probed_ = true;
+    data_set_dtype_ = catalog.dtype();
+    return &*data_set_dtype_;
+  }
+  const uint64_t n = catalog.size();
   const uint64_t k = std::min(kDataSetProbes, n);
   SampleDecoder decoder(codec_);  // its own: the readers' are their threads'
   TierScratch paths;

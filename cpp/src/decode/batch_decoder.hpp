@@ -103,12 +103,14 @@ class BatchDecoder {
   // laid out: the one most of kDataSetProbes samples spread evenly over the catalog (ids j * N / k)
   // have, ties going to the lowest id. Not the first sample's (of the batch or of the catalog): one
   // odd file there would make every good file fail; the majority of a few is wrong only if most
-  // of them are odd, and the catalog's spread, not the plan's order, makes it the same on every rank
-  // and in every epoch. None is probed where the dtype is declared (decode="raw" with a raw_dtype)
-  // or fixed (raw whole files: bytes): every sample has it or fails on its own. A probe that fails
-  // is left out; none readable: null, and each batch takes the dtype most of its own samples have.
-  // Costs the probes' header reads, once per loader. Any thread; `stopping` set while it probes:
-  // nothing is kept, the next call probes again.
+  // of them are odd, and the catalog's spread, not the plan's order, makes it the same on every
+  // rank and in every epoch. None is probed where the dtype is declared (decode="raw" with a
+  // raw_dtype) or fixed (raw whole files: bytes): every sample has it or fails on its own. A probe
+  // that fails is left out; none readable: null, and each batch takes the dtype most of its own
+  // samples have. Costs the probes' header reads, once per loader; none where the catalog has
+  // recorded the data set's dtype (Catalog::dtype(): from_arrays, from_hdf5, from_tfrecord), which
+  // is taken instead. Any thread; `stopping` set while it probes: nothing is kept, the next call
+  // probes again.
   const std::string* data_set_dtype(const std::atomic<bool>& stopping);
   static constexpr uint64_t kDataSetProbes = 5;
 

@@ -381,7 +381,7 @@ bool example_values(std::span<const std::byte> example, std::string_view name, u
 }
 
 bool example_has_data(std::span<const std::byte> example, std::string_view name,
-                      const std::string& path) {
+                      const std::string& path, std::string_view* dtype) {
   ListKind kind;
   std::span<const std::byte> list;
   if (!find_data(example, name, kind, list, path)) return false;
@@ -390,6 +390,7 @@ bool example_has_data(std::span<const std::byte> example, std::string_view name,
   } else {
     each_value(list, kind, path, [](uint64_t) {});
   }
+  if (dtype != nullptr) *dtype = kind == kBytesList ? "|u1" : kind == kFloatList ? "<f4" : "<i8";
   return true;
 }
 

@@ -60,8 +60,9 @@ bool example_values(std::span<const std::byte> example, std::string_view name, u
                     std::vector<std::byte>& buffer, std::span<const std::byte>& values,
                     std::string_view& dtype, const std::string& path);
 // Whether the Example has data feature `name` that example_values can read (without copying its
-// values); throws as the accessors above.
+// values), and the dtype example_values would give it into `dtype` if not null; throws as the
+// accessors above.
 bool example_has_data(std::span<const std::byte> example, std::string_view name,
-                      const std::string& path);
+                      const std::string& path, std::string_view* dtype = nullptr);
 
 }  // namespace prestage::detail
