@@ -597,3 +597,65 @@ TEST_CASE(
   CHECK(loop_quiet(2).empty());
   tiers.stop_probes();
 }
+
+TEST_CASE(
+    "peers: the start epoch's probes of a link whose home copy never comes stop at their budget, "
+    "and no read waits on them") {
+  using prestage::detail::SourceModel;
+  using prestage::detail::Tiers;
+  prestage::test::TempDir dir;
+  const Catalog catalog = Job::make_catalog(dir);
+  constexpr uint64_t kWorld = 2;
+  std::unique_ptr<StageDirectory> stage[kWorld];
+  std::unique_ptr<Peers> peers[kWorld];
+  for (uint64_t r = 0; r < kWorld; ++r) {
+    stage[r] = std::make_unique<StageDirectory>(dir / ("node" + std::to_string(r)), catalog);
+    peers[r] = start_loop_peers(catalog, stage[r].get(), r, kWorld);
+  }
+  // Rank 1 declines every home copy (no room for any): each probe of its link is answered
+  // "absent" at once, and the link is never learned. Rank 0 reads one of its own files again and
+  // again, each read a chance for the tiers' early probe.
+  uint64_t own = ~uint64_t{0};
+  for (uint64_t f = 0; f < catalog.num_files(); ++f) {
+    uint64_t owner = 0;
+    const Peers::Fetched home = peers[0]->home(Catalog::Locator{f}, owner);
+    if (home == Peers::Fetched::kLocal && own == ~uint64_t{0}) own = f;
+    if (home == Peers::Fetched::kPeer) peers[1]->not_coming(f);
+  }
+  REQUIRE(own != ~uint64_t{0});
+  uint64_t sample = 0, owner = 0;
+  REQUIRE(peers[0]->early_probe(sample, owner));
+  CHECK(owner == 1);
+  Tiers tiers(catalog, stage[0].get(), uint64_t{1} << 30);
+  tiers.set_peers(peers[0].get());
+  const SourceModel& model = *tiers.source_model();
+  const auto link = [&] {
+    for (const SourceModel::Row& r : model.rows()) {
+      if (r.name == "node 1") return r;
+    }
+    return SourceModel::Row{};
+  };
+  const uint64_t budget = 4 * prestage::detail::ModelParams{}.min_samples;
+  std::vector<std::byte> buffer;
+  int64_t mtime_ns = 0;
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (link().probes < budget && std::chrono::steady_clock::now() < until) {
+    const auto start = std::chrono::steady_clock::now();
+    tiers.fetch_file(own, buffer, mtime_ns);
+    // The read is the source's, whatever the probe beside it does (the loop double answers at
+    // once; a read that waited on a probe would take the peer timeout, 5 s).
+    CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(2));
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  CHECK(link().probes == budget);
+  // Spent: however many reads follow, no early probe more, and the link is still not known.
+  for (int k = 0; k < 50; ++k) {
+    tiers.fetch_file(own, buffer, mtime_ns);
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  CHECK(link().probes == budget);
+  CHECK(link().samples == 0);
+  CHECK(tiers.links() == SourceModel::Links::kUnknown);
+  CHECK(peers[1]->counts().served == 0);
+  tiers.stop_probes();
+}
