@@ -133,6 +133,74 @@ std::vector<std::vector<uint64_t>> owned_files(const prestage::Catalog& catalog,
   return owned;
 }
 
+// Two ranks as two nodes of one rank each, over MPI, each with its own copy of one data set (an
+// image folder of 2 classes of `per_class` images) and its own stage directory, reading through
+// its tiers with the peer tier on. `link`: PRESTAGE_PEER_LINK while the tier starts (null: none).
+struct TwoNodes {
+  uint64_t me = 0, other = 0;
+  prestage::test::TempDir dir;  // one per rank
+  prestage::Catalog catalog;
+  prestage::PlanOptions plan;
+  std::vector<std::vector<uint64_t>> owned;  // per rank, the files it owns (owned_files)
+  std::unique_ptr<StageDirectory> stage;
+  std::unique_ptr<Peers> peers;
+  std::unique_ptr<Tiers> tiers;
+  std::vector<std::byte> buffer;
+  std::string path;
+
+  static prestage::Catalog images(const prestage::test::TempDir& dir, int per_class) {
+    prestage::test::make_image_folder(dir / "data", 2, per_class);
+    return prestage::Catalog::from_folder(dir / "data");
+  }
+
+  TwoNodes(int per_class, size_t min_owned, const char* link) : catalog(images(dir, per_class)) {
+    const char* rank_env = std::getenv("OMPI_COMM_WORLD_RANK");
+    REQUIRE_MESSAGE(rank_env != nullptr, "run under mpiexec");
+    me = std::strtoull(rank_env, nullptr, 10);
+    other = 1 - me;
+    plan.num_samples = catalog.size();
+    plan.batch_size = 2;
+    plan.seed = 3;
+    plan.world_size = 2;
+    plan.rank = me;
+    owned = owned_files(catalog, plan);
+    REQUIRE(owned[0].size() >= min_owned);
+    REQUIRE(owned[1].size() >= min_owned);
+    ::setenv("PRESTAGE_NODE", me == 0 ? "0" : "1", 1);
+    if (link != nullptr) ::setenv("PRESTAGE_PEER_LINK", link, 1);
+    stage = std::make_unique<StageDirectory>(dir / "stage", catalog);
+    PeerOptions options;
+    options.timeout = std::chrono::seconds(30);
+    peers =
+        std::make_unique<Peers>(catalog, plan, stage.get(), 0, options);  // together, every rank
+    ::unsetenv("PRESTAGE_NODE");
+    ::unsetenv("PRESTAGE_PEER_LINK");
+    REQUIRE_MESSAGE(peers->on(), peers->why_off());
+    peers->start_epoch(0);
+    tiers = std::make_unique<Tiers>(catalog, stage.get(), uint64_t{1} << 30);
+    tiers->set_peers(peers.get());
+  }
+
+  // Makes this node's home copy of `file` from the source.
+  void make_home_copy(uint64_t file) {
+    REQUIRE(stage->try_claim(file));
+    REQUIRE(stage->stage(file, tiers->source_path(file, path), buffer) ==
+            StageDirectory::Outcome::kStaged);
+  }
+
+  // Ends together: each rank publishes its k-th home copy once done asking, then waits for the
+  // other's (its answer is "later" until then), so that neither stops answering while the other
+  // still asks.
+  void end_together(size_t k) {
+    make_home_copy(owned[me][k]);
+    prestage::Catalog::Locator done;
+    done.file = owned[other][k];
+    std::vector<std::byte> ignored;
+    (void)peers->fetch(done, ignored);
+    peers->stop();
+  }
+};
+
 }  // namespace
 
 TEST_CASE(
@@ -359,43 +427,15 @@ TEST_CASE(
 
 TEST_CASE(
     "peers over MPI: stage 2's copy of a file whose home copy is on another node comes from it") {
-  const char* rank_env = std::getenv("OMPI_COMM_WORLD_RANK");
-  REQUIRE_MESSAGE(rank_env != nullptr, "run under mpiexec");
-  const uint64_t me = std::strtoull(rank_env, nullptr, 10), other = 1 - me;
-  prestage::test::TempDir dir;  // one per rank: each rank has its own copy of the same data set
-  prestage::test::make_image_folder(dir / "data", 2, 4);
-  const prestage::Catalog catalog = prestage::Catalog::from_folder(dir / "data");
-  prestage::PlanOptions plan;
-  plan.num_samples = catalog.size();
-  plan.batch_size = 2;
-  plan.seed = 3;
-  plan.world_size = 2;
-  plan.rank = me;
-  const std::vector<std::vector<uint64_t>> owned = owned_files(catalog, plan);
-  REQUIRE(owned[0].size() >= 2);
-  REQUIRE(owned[1].size() >= 2);
-  ::setenv("PRESTAGE_NODE", me == 0 ? "0" : "1", 1);  // two nodes of one rank each
-  StageDirectory stage(dir / "stage", catalog);
-  PeerOptions options;
-  options.timeout = std::chrono::seconds(30);
-  Peers peers(catalog, plan, &stage, 0, options);  // together, every rank
-  ::unsetenv("PRESTAGE_NODE");
-  REQUIRE_MESSAGE(peers.on(), peers.why_off());
-  peers.start_epoch(0);
-  Tiers tiers(catalog, &stage, uint64_t{1} << 30);
-  tiers.set_peers(&peers);
-  std::vector<std::byte> buffer;
-  std::string path;
-  const auto make_home_copy = [&](uint64_t file) {
-    REQUIRE(stage.try_claim(file));
-    REQUIRE(stage.stage(file, tiers.source_path(file, path), buffer) ==
-            StageDirectory::Outcome::kStaged);
-  };
-  make_home_copy(owned[me][0]);
+  TwoNodes job(4, 2, nullptr);
+  Tiers& tiers = *job.tiers;
+  Peers& peers = *job.peers;
+  std::vector<std::byte>& buffer = job.buffer;
+  job.make_home_copy(job.owned[job.me][0]);
 
   // The other node's home copy: this rank's source of it is gone, so only the peer can give it.
-  const uint64_t theirs = owned[other][0];
-  const std::filesystem::path source = tiers.source_path(theirs, path);
+  const uint64_t theirs = job.owned[job.other][0];
+  const std::filesystem::path source = tiers.source_path(theirs, job.path);
   std::vector<std::byte> expected;
   read_file(FileRef(source.string()), expected);
   std::filesystem::remove(source);
@@ -403,7 +443,7 @@ TEST_CASE(
   TierTally tally;
   tiers.fetch_file(theirs, buffer, mtime_ns, &tally);  // a link never measured: tried first
   CHECK(buffer == expected);
-  CHECK(mtime_ns == catalog.file_mtime(theirs));  // recorded as a copy from the source would be
+  CHECK(mtime_ns == job.catalog.file_mtime(theirs));  // recorded as a copy from the source would be
   const TierCounts fetched = tiers.fetched();
   CHECK(fetched.reads[static_cast<size_t>(Tier::kPeer)] == 1);
   CHECK(fetched.bytes[static_cast<size_t>(Tier::kPeer)] == expected.size());
@@ -411,53 +451,21 @@ TEST_CASE(
   CHECK(tally.counts().reads == fetched.reads);  // counted once, in the tiers, for the batch too
   CHECK(peers.counts().reads == 1);
   // A copy of this node's own home copy is read from the source: this node is the one making it.
-  tiers.fetch_file(owned[me][1], buffer, mtime_ns);
+  tiers.fetch_file(job.owned[job.me][1], buffer, mtime_ns);
   CHECK(tiers.fetched().reads[static_cast<size_t>(Tier::kSource)] == 1);
   CHECK(peers.counts().reads == 1);
-
-  // Ends together: each rank publishes a second home copy once done asking, then waits for the
-  // other's (its answer is "later" until then), so that neither stops answering while the other
-  // still asks for the copy above.
-  make_home_copy(owned[me][1]);
-  prestage::Catalog::Locator done;
-  done.file = owned[other][1];
-  std::vector<std::byte> ignored;
-  (void)peers.fetch(done, ignored);
-  peers.stop();
+  job.end_together(1);
 }
 
 TEST_CASE("peers over MPI: a slow link is probed beside stage 2's copy, which the source serves") {
-  const char* rank_env = std::getenv("OMPI_COMM_WORLD_RANK");
-  REQUIRE_MESSAGE(rank_env != nullptr, "run under mpiexec");
-  const uint64_t me = std::strtoull(rank_env, nullptr, 10), other = 1 - me;
-  prestage::test::TempDir dir;
-  prestage::test::make_image_folder(dir / "data", 2, 8);
-  const prestage::Catalog catalog = prestage::Catalog::from_folder(dir / "data");
-  prestage::PlanOptions plan;
-  plan.num_samples = catalog.size();
-  plan.batch_size = 2;
-  plan.seed = 3;
-  plan.world_size = 2;
-  plan.rank = me;
-  const std::vector<std::vector<uint64_t>> owned = owned_files(catalog, plan);
-  REQUIRE(owned[0].size() >= 4);
-  REQUIRE(owned[1].size() >= 4);
-  ::setenv("PRESTAGE_NODE", me == 0 ? "0" : "1", 1);
-  ::setenv("PRESTAGE_PEER_LINK", "1000,100", 1);  // each fetch from a peer: 1 s and more
-  StageDirectory stage(dir / "stage", catalog);
-  PeerOptions options;
-  options.timeout = std::chrono::seconds(30);
-  Peers peers(catalog, plan, &stage, 0, options);
-  ::unsetenv("PRESTAGE_NODE");
-  ::unsetenv("PRESTAGE_PEER_LINK");
-  REQUIRE_MESSAGE(peers.on(), peers.why_off());
-  peers.start_epoch(0);
-  Tiers tiers(catalog, &stage, uint64_t{1} << 30);
-  tiers.set_peers(&peers);
+  TwoNodes job(8, 4, "1000,100");  // each fetch from a peer: 1 s and more
+  Tiers& tiers = *job.tiers;
+  const uint64_t me = job.me, other = job.other;
+  const std::vector<std::vector<uint64_t>>& owned = job.owned;
   const SourceModel& model = *tiers.source_model();
-  std::vector<std::byte> buffer;
+  std::vector<std::byte>& buffer = job.buffer;
+  std::string& path = job.path;
   int64_t mtime_ns = 0;
-  std::string path;
   const auto row = [&](const std::string& name) {
     for (const SourceModel::Row& r : model.rows()) {
       if (r.name == name) return r;
@@ -466,11 +474,7 @@ TEST_CASE("peers over MPI: a slow link is probed beside stage 2's copy, which th
   };
   const std::string link = "node " + std::to_string(other);
   // This node's home copies are made from the source: the source's estimate is learned.
-  for (int k = 0; k < 2; ++k) {
-    REQUIRE(stage.try_claim(owned[me][k]));
-    REQUIRE(stage.stage(owned[me][k], tiers.source_path(owned[me][k], path), buffer) ==
-            StageDirectory::Outcome::kStaged);
-  }
+  for (int k = 0; k < 2; ++k) job.make_home_copy(owned[me][k]);
   tiers.fetch_file(owned[me][2], buffer, mtime_ns);
   REQUIRE(row("pfs").samples >= 1);
 
@@ -496,21 +500,13 @@ TEST_CASE("peers over MPI: a slow link is probed beside stage 2's copy, which th
   // The probes are learned from (about 1 s a fetch), and are not reads the peer tier served.
   const SourceModel::Row learned = row(link);
   CHECK(learned.reads == 2);
-  const double file_bytes = static_cast<double>(catalog.file_size(owned[other][1]));
+  const double file_bytes = static_cast<double>(job.catalog.file_size(owned[other][1]));
   CHECK(learned.latency_s + file_bytes / learned.bytes_per_s > 0.5);
-  CHECK(peers.counts().reads == 0);
+  CHECK(job.peers->counts().reads == 0);
   // Learned, and slower: the next copy of the other node's goes to the source, no probe due yet.
   tiers.fetch_file(owned[other][2], buffer, mtime_ns);
   CHECK(row(link).probes == 2);
   CHECK(tiers.fetched().reads[static_cast<size_t>(Tier::kSource)] == 4);
 
-  // Ends together, as above (a fetch of the other's fourth home copy, made last).
-  REQUIRE(stage.try_claim(owned[me][3]));
-  REQUIRE(stage.stage(owned[me][3], tiers.source_path(owned[me][3], path), buffer) ==
-          StageDirectory::Outcome::kStaged);
-  prestage::Catalog::Locator done;
-  done.file = owned[other][3];
-  std::vector<std::byte> ignored;
-  (void)peers.fetch(done, ignored);
-  peers.stop();
+  job.end_together(3);  // as above, with the fourth home copies
 }
