@@ -289,6 +289,7 @@ def test_prestage_catalog_saves_slices_the_loaders_take(tmp_path, capsys):
                  "--json", "--quiet"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert (report["files"], report["samples"], report["sizes_unknown"]) == (3, 12, 0)
+    assert report["dtype"] == "|u1" == prestage.Catalog.load(out).dtype
     check(out, arrays, -1, labels)
 
     with h5py.File(src / "a.h5", "w") as h5:
@@ -296,7 +297,7 @@ def test_prestage_catalog_saves_slices_the_loaders_take(tmp_path, capsys):
     assert main(["catalog", str(src), str(tmp_path / "h5.catalog"), "--dataset", "records", "--axis", "2",
                  "--quiet"]) == 0
     assert len(prestage.Catalog.load(tmp_path / "h5.catalog")) == 4
-    capsys.readouterr()
+    assert "samples of dtype <f4" in capsys.readouterr().out
     assert main(["catalog", str(src), str(tmp_path / "bad"), "--dataset", "records", "--member", "x",
                  "--quiet"]) == 2
     assert "--member" in capsys.readouterr().err

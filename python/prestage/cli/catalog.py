@@ -111,8 +111,8 @@ def _with_bar(desc: str, show_progress: bool, build: Callable[[], Any]) -> Any:
 
 
 def report(catalog: Any) -> Dict[str, Any]:
-    """Files, samples, classes (with their sample counts), bytes and a power-of-two histogram of file sizes,
-    from what the catalog recorded."""
+    """Files, samples, classes (with their sample counts), bytes, a power-of-two histogram of file sizes
+    and the samples' dtype (None where the catalog does not record it), from what the catalog recorded."""
     import numpy as np
 
     sizes = catalog.file_sizes()
@@ -138,6 +138,7 @@ def report(catalog: Any) -> Dict[str, Any]:
         "bytes": int(known.sum()),
         "sizes_unknown": int((sizes < 0).sum()),
         "size_histogram": histogram,
+        "dtype": catalog.dtype,
     }
 
 
@@ -155,6 +156,8 @@ def format_report(r: Dict[str, Any], out: Path) -> str:
              f"{_human(r['bytes'])} ({r['bytes']} bytes)"]
     if r["sizes_unknown"]:
         lines.append(f"  {r['sizes_unknown']} files of unknown size")
+    if r.get("dtype"):
+        lines.append(f"  samples of dtype {r['dtype']} (most of them; the loader holds every one to it)")
     if r["size_histogram"]:
         lines.append("  file sizes:")
         widest = max(b["files"] for b in r["size_histogram"])
