@@ -301,6 +301,29 @@ std::unique_ptr<Peers> start_loop_peers(const Catalog& catalog, StageDirectory* 
   return peers;
 }
 
+// `world` ranks over the in-process transport, each alone on its node with its own stage
+// directory under `dir`, their peer tiers started on epoch 0.
+struct LoopNodes {
+  std::vector<std::unique_ptr<StageDirectory>> stage;  // before peers: they are destroyed after
+  std::vector<std::unique_ptr<Peers>> peers;
+  LoopNodes(const Catalog& catalog, const std::filesystem::path& dir, uint64_t world) {
+    for (uint64_t r = 0; r < world; ++r) {
+      stage.push_back(
+          std::make_unique<StageDirectory>(dir / ("node" + std::to_string(r)), catalog));
+      peers.push_back(start_loop_peers(catalog, stage.back().get(), r, world));
+    }
+  }
+};
+
+// The source model's row named `name` ("pfs", "node 1"), or an empty one.
+prestage::detail::SourceModel::Row model_row(const prestage::detail::SourceModel& model,
+                                             const std::string& name) {
+  for (const auto& r : model.rows()) {
+    if (r.name == name) return r;
+  }
+  return {};
+}
+
 std::vector<bool> loop_quiet(uint64_t rank) {
   std::lock_guard lock(loop().mutex);
   return loop().quiet[rank];
@@ -514,12 +537,9 @@ TEST_CASE(
   const Catalog catalog = Job::make_catalog(dir);
   // 3 ranks over the double, each alone on its node; rank 0 reads through its tiers.
   constexpr uint64_t kWorld = 3;
-  std::unique_ptr<StageDirectory> stage[kWorld];
-  std::unique_ptr<Peers> peers[kWorld];
-  for (uint64_t r = 0; r < kWorld; ++r) {
-    stage[r] = std::make_unique<StageDirectory>(dir / ("node" + std::to_string(r)), catalog);
-    peers[r] = start_loop_peers(catalog, stage[r].get(), r, kWorld);
-  }
+  LoopNodes job(catalog, dir.path(), kWorld);
+  const auto& stage = job.stage;
+  const auto& peers = job.peers;
   // A file of each rank's own (rank 0's read from the source); ranks 1 and 2 make all their home
   // copies (whatever a probe asks for is there).
   uint64_t own[kWorld] = {~uint64_t{0}, ~uint64_t{0}, ~uint64_t{0}};
@@ -544,12 +564,7 @@ TEST_CASE(
   Tiers tiers(catalog, stage[0].get(), uint64_t{1} << 30);
   tiers.set_peers(peers[0].get());
   const SourceModel& model = *tiers.source_model();
-  const auto row = [&](const std::string& name) {
-    for (const SourceModel::Row& r : model.rows()) {
-      if (r.name == name) return r;
-    }
-    return SourceModel::Row{};
-  };
+  const auto row = [&](const std::string& name) { return model_row(model, name); };
   // Waits (without a bound on how long it may take, but 30 s) for `done`.
   const auto wait_for = [](const auto& done) {
     const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(30);
@@ -605,13 +620,9 @@ TEST_CASE(
   using prestage::detail::Tiers;
   prestage::test::TempDir dir;
   const Catalog catalog = Job::make_catalog(dir);
-  constexpr uint64_t kWorld = 2;
-  std::unique_ptr<StageDirectory> stage[kWorld];
-  std::unique_ptr<Peers> peers[kWorld];
-  for (uint64_t r = 0; r < kWorld; ++r) {
-    stage[r] = std::make_unique<StageDirectory>(dir / ("node" + std::to_string(r)), catalog);
-    peers[r] = start_loop_peers(catalog, stage[r].get(), r, kWorld);
-  }
+  LoopNodes job(catalog, dir.path(), 2);
+  const auto& stage = job.stage;
+  const auto& peers = job.peers;
   // Rank 1 declines every home copy (no room for any): each probe of its link is answered
   // "absent" at once, and the link is never learned. Rank 0 reads one of its own files again and
   // again, each read a chance for the tiers' early probe.
@@ -629,12 +640,7 @@ TEST_CASE(
   Tiers tiers(catalog, stage[0].get(), uint64_t{1} << 30);
   tiers.set_peers(peers[0].get());
   const SourceModel& model = *tiers.source_model();
-  const auto link = [&] {
-    for (const SourceModel::Row& r : model.rows()) {
-      if (r.name == "node 1") return r;
-    }
-    return SourceModel::Row{};
-  };
+  const auto link = [&] { return model_row(model, "node 1"); };
   const uint64_t budget = 4 * prestage::detail::ModelParams{}.min_samples;
   std::vector<std::byte> buffer;
   int64_t mtime_ns = 0;

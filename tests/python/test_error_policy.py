@@ -241,6 +241,24 @@ def test_npy_truncated_after_its_header_is_replaced_by_one_of_its_shape(tmp_path
     assert [s["sample"] for s in stats["skipped_samples"]] == [4, 7]
 
 
+def _named_and_delivered(loader, dtype, message):
+    """One epoch of `loader` with on_error="raise": (the names of the files the failed batches named,
+    the indices of the batches delivered, each of `dtype`). Each error must say `message`."""
+    named, delivered = [], []
+    it = iter(loader)
+    while True:
+        try:
+            batch = next(it)
+        except StopIteration:
+            return named, delivered
+        except prestage.DecodeError as e:
+            assert message in str(e)
+            named.append(e.path.rsplit("/", 1)[-1])
+            continue
+        assert batch.dtype == dtype
+        delivered += batch.indices.tolist()
+
+
 @pytest.mark.parametrize("batch_size", [1, 2, 3, 4])
 def test_an_npy_of_another_dtype_is_the_one_named_or_skipped_wherever_it_lies_in_its_batch(
         tmp_path, batch_size):
@@ -255,21 +273,10 @@ def test_an_npy_of_another_dtype_is_the_one_named_or_skipped_wherever_it_lies_in
     cat = prestage.Catalog.from_folder(root, extensions=[".npy"])
     # "raise": each batch raises the error of its first odd file, naming it; good batches are whole.
     with prestage.Loader(cat, batch_size=batch_size, decode="npy", shuffle=False) as loader:
-        named, delivered = [], []
-        it = iter(loader)
-        while True:
-            try:
-                batch = next(it)
-            except StopIteration:
-                break
-            except prestage.DecodeError as e:
-                named.append(int(e.path.rsplit("/", 1)[-1][:2]))
-                assert "its dtype <i4 differs from the data set's <f8" in str(e)
-                continue
-            assert batch.dtype == np.float64
-            delivered += batch.indices.tolist()
+        named, delivered = _named_and_delivered(loader, np.float64,
+                                                "its dtype <i4 differs from the data set's <f8")
     batches = [list(range(b, min(b + batch_size, 12))) for b in range(0, 12, batch_size)]
-    assert named == [min(odd & set(b)) for b in batches if odd & set(b)]
+    assert [int(name[:2]) for name in named] == [min(odd & set(b)) for b in batches if odd & set(b)]
     assert delivered == [i for b in batches if not odd & set(b) for i in b]
     # "skip": exactly the odd files are replaced, every good file is delivered with its values.
     with prestage.Loader(cat, batch_size=batch_size, decode="npy", shuffle=False,
@@ -301,21 +308,12 @@ def test_rows_of_another_dtype_are_named_by_the_catalogs_dtype_not_by_a_few_prob
     odd = {i for i in range(len(cat)) if int(cat.path(i)[0]) in odd_files}
     assert odd == {0, 1, 2, 4, 5}
     with prestage.Loader(cat, batch_size=1, decode="npy", shuffle=False) as loader:
-        named, delivered = [], []
-        it = iter(loader)
-        while True:
-            try:
-                batch = next(it)
-            except StopIteration:
-                break
-            except prestage.DecodeError as e:
-                assert "its dtype <i4 differs from the data set's <f8" in str(e)
-                named.append(int(e.path.rsplit("/", 1)[-1][0]))
-                continue
-            assert batch.dtype == np.float64
-            delivered += batch.indices.tolist()
-            np.testing.assert_array_equal(batch.arrays[0], np.full(3, float(cat.path(delivered[-1])[0])))
-    assert sorted(named) == sorted(int(cat.path(i)[0]) for i in odd)
+        named, delivered = _named_and_delivered(loader, np.float64,
+                                                "its dtype <i4 differs from the data set's <f8")
+    with prestage.Loader(cat, batch_size=1, decode="npy", shuffle=False, on_error="skip") as loader:
+        for batch in loader:  # the good rows, with their values
+            np.testing.assert_array_equal(batch.arrays[0], np.full(3, float(cat.path(batch.indices[0])[0])))
+    assert sorted(int(name[0]) for name in named) == sorted(int(cat.path(i)[0]) for i in odd)
     assert delivered == sorted(set(range(11)) - odd)
     # Saved and loaded, the catalog keeps it.
     cat.save(tmp_path / "rows.catalog")
