@@ -15,7 +15,9 @@
 namespace prestage::detail {
 
 namespace {
-constexpr uint64_t kMagic = 0x3145424154444f4eull;  // "NODTABE1"
+// "NODTABE2": the words hold claimants since version 2. A process of another version sharing the
+// directory finds a table it cannot use (IoError), never one it misreads.
+constexpr uint64_t kMagic = 0x3245424154444f4eull;
 constexpr size_t kHeaderBytes = 4096;
 
 [[noreturn]] void fail(const std::string& path, int err, const std::string& action) {
