@@ -757,13 +757,13 @@ void count_dtype(std::vector<std::pair<std::string, uint64_t>>& counts, std::str
 // to the dtype whose first sample comes first.
 std::string most_samples_dtype(const std::vector<std::pair<std::string, uint64_t>>& counts) {
   std::vector<std::pair<std::string, uint64_t>> totals;  // in the order first seen
-  for (const auto& [dtype, samples] : counts) {
-    auto it =
-        std::find_if(totals.begin(), totals.end(), [&](const auto& t) { return t.first == dtype; });
+  for (const auto& run : counts) {
+    auto it = std::find_if(totals.begin(), totals.end(),
+                           [&](const auto& t) { return t.first == run.first; });
     if (it == totals.end()) {
-      totals.emplace_back(dtype, samples);
+      totals.push_back(run);
     } else {
-      it->second += samples;
+      it->second += run.second;
     }
   }
   std::string best;
