@@ -35,7 +35,7 @@ struct NodeTable::Header {
 static_assert(std::atomic<uint64_t>::is_always_lock_free && std::atomic<uint32_t>::is_always_lock_free,
               "the table is shared between processes: its atomics must not hide a lock");
 
-NodeTable::NodeTable(const std::filesystem::path& path, uint64_t files, bool reset) : files_(files) {
+NodeTable::NodeTable(const std::filesystem::path& path, uint64_t files, bool reset) {
   static_assert(sizeof(Header) <= kHeaderBytes, "the header fits its page");
   const std::string name = path.string();
   if (files > (SIZE_MAX - kHeaderBytes) / sizeof(uint32_t)) fail(name, EFBIG, "size");
@@ -74,7 +74,7 @@ NodeTable::NodeTable(const std::filesystem::path& path, uint64_t files, bool res
   }
 }
 
-NodeTable::NodeTable(uint64_t files) : files_(files) {
+NodeTable::NodeTable(uint64_t files) {
   if (files > (SIZE_MAX - kHeaderBytes) / sizeof(uint32_t)) fail("node table", EFBIG, "size");
   bytes_ = kHeaderBytes + files * sizeof(uint32_t);
   map_ = ::mmap(nullptr, bytes_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);

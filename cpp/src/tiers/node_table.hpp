@@ -115,7 +115,6 @@ class NodeTable {
   struct Header;
   std::atomic<uint32_t>& word(uint64_t id) const noexcept { return words_[id]; }
 
-  uint64_t files_;
   size_t bytes_ = 0;
   void* map_ = nullptr;
   Header* header_ = nullptr;
