@@ -743,36 +743,31 @@ void check_slice_count(const std::string& path, uint64_t slices, uint64_t slice_
   }
 }
 
-// (dtype, samples) runs in catalog order, for most_samples_dtype(): `samples` more of `dtype`.
-void count_dtype(std::vector<std::pair<std::string, uint64_t>>& counts, std::string_view dtype,
-                 uint64_t samples) {
-  if (!counts.empty() && counts.back().first == dtype) {
-    counts.back().second += samples;
-  } else {
-    counts.emplace_back(dtype, samples);
-  }
-}
-
-// The dtype most samples have: `counts` holds (dtype, samples) runs in catalog order; a tie goes
-// to the dtype whose first sample comes first.
-std::string most_samples_dtype(const std::vector<std::pair<std::string, uint64_t>>& counts) {
-  std::vector<std::pair<std::string, uint64_t>> totals;  // in the order first seen
-  for (const auto& run : counts) {
-    auto it = std::find_if(totals.begin(), totals.end(),
-                           [&](const auto& t) { return t.first == run.first; });
-    if (it == totals.end()) {
-      totals.push_back(run);
+// The samples of each dtype, in the order the dtypes are first seen (a data set has one or a few).
+class DtypeCount {
+ public:
+  void add(std::string_view dtype, uint64_t samples) {
+    auto it = std::find_if(totals_.begin(), totals_.end(),
+                           [&](const auto& t) { return t.first == dtype; });
+    if (it == totals_.end()) {
+      totals_.emplace_back(dtype, samples);
     } else {
-      it->second += run.second;
+      it->second += samples;
     }
   }
-  std::string best;
-  uint64_t best_count = 0;
-  for (const auto& [dtype, samples] : totals) {
-    if (samples > best_count) best_count = samples, best = dtype;
+  // The dtype most samples have; a tie goes to the one seen first ("" if none was counted).
+  std::string most() const {
+    std::string best;
+    uint64_t best_count = 0;
+    for (const auto& t : totals_) {
+      if (t.second > best_count) best_count = t.second, best = t.first;
+    }
+    return best;
   }
-  return best;
-}
+
+ private:
+  std::vector<std::pair<std::string, uint64_t>> totals_;
+};
 
 }  // namespace
 
@@ -782,14 +777,14 @@ Catalog Catalog::from_hdf5(const std::vector<fs::path>& files, const std::string
   auto [root, relative] = common_root(files);
   std::vector<Locator> locators;
   std::vector<int64_t> labels;
-  std::vector<std::pair<std::string, uint64_t>> dtypes;  // per file: its dtype, its samples
+  DtypeCount dtypes;
   for (size_t f = 0; f < files.size(); ++f) {
     const std::string path = (root / relative[f]).string();
     const uint32_t rank = detail::hdf5::describe(path, dataset, 0, ~uint64_t{0}, path).row.ndim + 1;
     if (!detail::resolve_axis(axis, rank)) no_axis("from_hdf5", path, rank, axis);
     const auto info = detail::hdf5::describe(path, dataset, axis, ~uint64_t{0}, path);
     for (uint64_t row = 0; row < info.rows; ++row) locators.push_back(Locator{f, row, kWholeFile});
-    count_dtype(dtypes, info.row.dtype, info.rows);
+    dtypes.add(info.row.dtype, info.rows);
     if (!labels_dataset.empty()) {
       const auto file_labels = detail::hdf5::read_labels(path, labels_dataset, path);
       check_label_count(path, labels_dataset, file_labels.size(), info.rows, info.axis);
@@ -801,7 +796,7 @@ Catalog Catalog::from_hdf5(const std::vector<fs::path>& files, const std::string
   data->kind = Kind::kHdf5;
   data->field = dataset;
   data->axis = axis;
-  data->dtype = most_samples_dtype(dtypes);
+  data->dtype = dtypes.most();
   record_file_stats(*data);
   return Catalog(data);
 }
@@ -813,7 +808,7 @@ Catalog Catalog::from_arrays(const std::vector<fs::path>& files, int64_t axis,
   std::vector<int64_t> labels;
   detail::NpzDecoder npz;
   std::vector<std::byte> scratch, label_bytes;
-  std::vector<std::pair<std::string, uint64_t>> dtypes;  // per file: its dtype, its samples
+  DtypeCount dtypes;
   for (size_t f = 0; f < files.size(); ++f) {
     const std::string path = (root / relative[f]).string();
     const detail::FileRef file(path);
@@ -831,7 +826,7 @@ Catalog Catalog::from_arrays(const std::vector<fs::path>& files, int64_t axis,
     check_slice_count(path, samples, detail::slice_info(whole, *resolved, ~uint64_t{0}, path).bytes,
                       size);
     for (uint64_t i = 0; i < samples; ++i) locators.push_back(Locator{f, i, kWholeFile});
-    count_dtype(dtypes, whole.dtype, samples);
+    dtypes.add(whole.dtype, samples);
     if (!labels_member.empty()) {
       detail::ArrayInfo info;
       const auto where = npz.probe(source, labels_member, info, uint64_t{1} << 32);
@@ -848,7 +843,7 @@ Catalog Catalog::from_arrays(const std::vector<fs::path>& files, int64_t axis,
   data->kind = Kind::kArrays;
   data->field = member;
   data->axis = axis;
-  data->dtype = most_samples_dtype(dtypes);
+  data->dtype = dtypes.most();
   record_file_stats(*data);
   return Catalog(data);
 }
@@ -862,7 +857,7 @@ Catalog Catalog::from_tfrecord(const std::vector<fs::path>& files, const std::st
   std::vector<int64_t> labels;
   std::vector<uint64_t> sizes;
   std::vector<Damage> damage;
-  std::vector<std::pair<std::string, uint64_t>> dtypes;  // runs of records' data feature dtypes
+  DtypeCount dtypes;  // of the records' data feature
   for (size_t f = 0; f < files.size(); ++f) {
     const std::string path = (root / relative[f]).string();
     uint64_t size = 0;
@@ -882,7 +877,7 @@ Catalog Catalog::from_tfrecord(const std::vector<fs::path>& files, const std::st
       }
       locators.push_back(Locator{f, offset, framed});
       labels.push_back(label);
-      count_dtype(dtypes, dtype, 1);
+      dtypes.add(dtype, 1);
     };
     detail::scan_tfrecord(
         path, path, ~uint64_t{0} >> 8,
@@ -911,7 +906,7 @@ Catalog Catalog::from_tfrecord(const std::vector<fs::path>& files, const std::st
   auto data = make_data(root, relative, labels, {}, locators, sizes);
   data->kind = Kind::kTfrecord;
   data->field = data_feature;
-  data->dtype = most_samples_dtype(dtypes);
+  data->dtype = dtypes.most();
   data->damage = std::move(damage);
   return Catalog(data);
 }
