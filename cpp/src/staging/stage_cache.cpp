@@ -295,26 +295,29 @@ bool StageCache::make_room(uint64_t need, uint64_t incoming_rank, Admission& sta
   return true;
 }
 
+bool StageCache::home_waited_for(uint64_t file) const {
+  // Undecided, only the copies never made: a home copy made and gone since is not waited for
+  // before the layout is known.
+  return home_first_now_.load(std::memory_order_relaxed) || !directory_.node().ever_published(file);
+}
+
 bool StageCache::home_counts(uint64_t file) const {
   // Missing for the node: neither on its disk nor claimed by any of its processes (whose claim
-  // counts the bytes already). Undecided, only the copies never made: a home copy made and gone
-  // since is not waited for before the layout is known.
+  // counts the bytes already).
   const NodeTable& node = directory_.node();
   return directory_.is_absent(file) && !node.on_disk(file) && !node.claimed(file) &&
-         (home_first_now_.load(std::memory_order_relaxed) || !node.ever_published(file));
+         home_waited_for(file);
 }
 
 void StageCache::home_moved(uint64_t file, bool in) {
   if (home_missing_ == kNever || !home_here_(file)) return;
-  // Undecided, a copy published once never counted (home_counts()).
+  // Claimed, it counted if this process's claim is the node's one and no copy is on disk; evicted,
+  // if it counts now (no neighbour keeps it).
   const NodeTable& node = directory_.node();
-  if (!home_first_now_.load(std::memory_order_relaxed) && node.ever_published(file)) return;
-  // Claimed, it counted only if this process's is the node's one claim; evicted, only if no
-  // neighbour keeps it.
-  if (in ? node.claimants(file) != 1 || node.on_disk(file)
-         : node.claimed(file) || node.on_disk(file)) {
-    return;
-  }
+  const bool counted =
+      in ? node.claimants(file) == 1 && !node.on_disk(file) && home_waited_for(file)
+         : home_counts(file);
+  if (!counted) return;
   const uint64_t charge = directory_.charge(size_of(file));
   home_missing_ = in ? home_missing_ - std::min(home_missing_, charge) : home_missing_ + charge;
 }

@@ -180,6 +180,7 @@ class StageCache {
   // their way); undecided, of those never made. Looked up once per admit() that needs it (kNever:
   // not yet), then followed by home_moved().
   bool home_counts(uint64_t file) const;
+  bool home_waited_for(uint64_t file) const;  // home first, or undecided and never made
   uint64_t home_missing();
   // A file this admit() claimed (`in`) or evicted: home_missing() follows it, if looked up.
   void home_moved(uint64_t file, bool in);
