@@ -423,7 +423,9 @@ class Loader:
         thread of their own, never on a batch's path); the self-tuning's
         ``tuning`` (``on``, the values in use: ``readers``, ``reads_in_flight``, ``lookahead``;
         ``steps_kept``, ``steps_undone``, ``settled_s``: when it last kept a step,
-        ``memory_budget``, and ``log``: its latest decisions); with ``decode_device="cuda"``,
+        ``memory_budget``, and ``log``: its latest decisions); ``memory``: the bytes it holds now
+        for its batches (``batch_buffers``, ``read_ahead``, ``decode_scratch``: see the README's
+        "Memory"); with ``decode_device="cuda"``,
         ``gpu_decode`` (``on``, ``why``: the libraries in use, ``batches``, and where each sample
         went: ``hardware``, ``gpu``, ``cpu_share``, the fallbacks ``cpu_unsupported`` and
         ``cpu_gpu_failed``, ``cpu_replacements`` for ``on_error="skip"``; ``buffer_growths`` of

@@ -98,6 +98,11 @@ constexpr auto kTuningFields = std::make_tuple(
     field("settled_s", &Stats::Tuning::settled_s),
     field("memory_budget", &Stats::Tuning::memory_budget), field("log", &Stats::Tuning::log));
 
+constexpr auto kMemoryFields = std::make_tuple(
+    field("batch_buffers", &Stats::Memory::batch_buffers),
+    field("read_ahead", &Stats::Memory::read_ahead),
+    field("decode_scratch", &Stats::Memory::decode_scratch));
+
 constexpr auto kGpuDecodeFields = std::make_tuple(
     field("on", &Stats::GpuDecode::on), field("why", &Stats::GpuDecode::why),
     field("batches", &Stats::GpuDecode::batches), field("hardware", &Stats::GpuDecode::hardware),
@@ -132,6 +137,7 @@ constexpr auto kStatsFields = std::make_tuple(
     field("plan", &Stats::plan), field("stage", &Stats::stage), field("decode", &Stats::decode),
     field("threads_why", &Stats::threads_why), field("usable_cpus", &Stats::usable_cpus),
     field("local_ranks", &Stats::local_ranks), field("tuning", &Stats::tuning),
+    field("memory", &Stats::memory),
     field("staged_files", &Stats::staged_files), field("adopted_files", &Stats::adopted_files),
     field("already_staged", &Stats::already_staged),
     field("stage_failures", &Stats::stage_failures), field("stage_corrupt", &Stats::stage_corrupt),
@@ -174,6 +180,7 @@ py::object to_python(const SourceStats& s) { return to_dict(s, kSourceFields); }
 py::object to_python(const SkippedSample& s) { return to_dict(s, kSkippedFields); }
 py::object to_python(const Stats::Tuning& s) { return to_dict(s, kTuningFields); }
 py::object to_python(const Stats::GpuDecode& s) { return to_dict(s, kGpuDecodeFields); }
+py::object to_python(const Stats::Memory& s) { return to_dict(s, kMemoryFields); }
 template <typename T>
 py::object to_python(const std::vector<T>& values) {
   py::list out;

@@ -76,3 +76,23 @@ TEST_CASE("pinned buffer: reserve grows, keeps alignment, and reports page-locki
   buffer.data()[buffer.capacity() - 1] = std::byte{7};
   CHECK(buffer.data()[buffer.capacity() - 1] == std::byte{7});
 }
+
+TEST_CASE("batch ring: a buffer that grows takes a quarter more, and the others grow to it at once") {
+  const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+  auto ring = std::make_shared<BatchRing>(3, 8, 0, DecodeMode::kRaw);
+  CHECK(ring->held_bytes() == 3 * page);  // nothing asked for: a page each
+  auto* a = ring->acquire();
+  auto* b = ring->acquire();
+  a->data.reserve(100 * page);
+  const size_t grown = a->data.capacity();
+  CHECK(grown >= 125 * page);
+  CHECK(grown <= 126 * page);
+  // A smaller batch in another buffer: it grows to what the first grew to, not once per size.
+  b->data.reserve(2 * page);
+  CHECK(b->data.capacity() == grown);
+  b->data.reserve(grown);  // within it: no change
+  CHECK(b->data.capacity() == grown);
+  CHECK(ring->held_bytes() == 2 * grown + page);
+  ring->release(a);
+  ring->release(b);
+}

@@ -229,7 +229,9 @@ TEST_CASE("stager: declined samples are read into memory; a failed read is left 
     write(dir / "a", "alpha");
     write(dir / "b", "bravo!");
     write(dir / "c", "copied");
-    const Catalog cat = Catalog::from_paths(dir.path(), {"a", "missing", "b", "c"});
+    // Read ahead: samples whose sizes the catalog records (byte ranges, here whole files).
+    const Catalog cat = Catalog::from_ranges(dir.path(), {"a", "missing", "b", "c"},
+                                             {{0, 0, 5}, {1, 0, 4}, {2, 0, 6}, {3, 0, 6}});
     StageDirectory stage(dir / "stage", cat);
     std::atomic<int> done{0};
     prestage::detail::Tiers tiers(cat, &stage, UINT64_MAX);
@@ -238,9 +240,10 @@ TEST_CASE("stager: declined samples are read into memory; a failed read is left 
     ReadAhead read_ahead;
     read_ahead.plan(3);
     for (size_t k = 0; k < 3; ++k) {
-      read_ahead.add(k, k);
+      read_ahead.add(k, k, cat.locator(k).length);
       read_ahead.read(k);  // submit() clears them
     }
+    read_ahead.lay_out(0);
     REQUIRE(stage.try_claim(3));
     StageTask task;
     task.ids = files.data();
@@ -249,15 +252,15 @@ TEST_CASE("stager: declined samples are read into memory; a failed read is left 
     count_done(task, done);
     stager.submit(&task);
     REQUIRE(wait_for(done, 1));
-    const auto text = [](const std::vector<std::byte>& bytes) {
+    const auto text = [](std::span<const std::byte> bytes) {
       return std::string(reinterpret_cast<const char*>(bytes.data()), bytes.size());
     };
-    REQUIRE(read_ahead.at(0) != nullptr);
-    CHECK(read_ahead.at(1) == nullptr);  // its read failed
-    REQUIRE(read_ahead.at(2) != nullptr);
+    REQUIRE(read_ahead.at(0).has_value());
+    CHECK(!read_ahead.at(1).has_value());  // its read failed
+    REQUIRE(read_ahead.at(2).has_value());
     CHECK(text(*read_ahead.at(0)) == "alpha");
     CHECK(text(*read_ahead.at(2)) == "bravo!");
-    CHECK(read_ahead.at(3) == nullptr);  // past the batch
+    CHECK(!read_ahead.at(3).has_value());  // past the batch
     CHECK(stage.is_staged(3));
     CHECK(stage.is_absent(0));  // read ahead, not staged
     const auto stats = stats_of(stager);
@@ -274,7 +277,8 @@ TEST_CASE("stager: with no directory or no threads, a task completes at once and
   const Catalog cat = Catalog::from_paths(dir.path(), {"a"});
   ReadAhead read_ahead;
   read_ahead.plan(1);
-  read_ahead.add(0, 0);
+  read_ahead.add(0, 0, 5);
+  read_ahead.lay_out(0);
   read_ahead.read(0);
   StageTask task;
   task.read_ahead = &read_ahead;
@@ -285,7 +289,7 @@ TEST_CASE("stager: with no directory or no threads, a task completes at once and
     Stager stager(tiers, 0);
     stager.submit(&task);
     CHECK(done.load() == 1);  // on the caller's thread, before submit() returns
-    CHECK(read_ahead.at(0) == nullptr);
+    CHECK(!read_ahead.at(0).has_value());
   }
   StageDirectory stage(dir / "stage", cat);
   std::vector<uint64_t> ids{0};
@@ -316,7 +320,8 @@ TEST_CASE("stager: an expedited task completes once the copies under way finish"
     }
     ReadAhead read_ahead;
     read_ahead.plan(1);
-    read_ahead.add(0, src.file(0));
+    read_ahead.add(0, src.file(0), 1);  // given up before it is read
+    read_ahead.lay_out(0);
     StageTask task;
     task.ids = ids.data();
     task.count = ids.size();
@@ -339,7 +344,7 @@ TEST_CASE("stager: an expedited task completes once the copies under way finish"
     CHECK(stats.stage_expedited == 4);  // three copies and the read-ahead
     CHECK(stats.staged_files == 0);
     CHECK(stats.stage.items == threads);  // only the FIFOs were dealt with
-    CHECK(read_ahead.at(0) == nullptr);
+    CHECK(!read_ahead.at(0).has_value());
     CHECK(stats.read_ahead == 0);
     for (size_t i = 0; i < 3; ++i) {
       CHECK(!std::filesystem::exists(stage.staged_path(src.file(i))));
@@ -613,4 +618,28 @@ TEST_CASE("stager: set_threads starts threads as the limit grows; a stager with 
   Stager none(tiers, 0);
   none.set_threads(4);
   CHECK(none.threads() == 0);
+}
+
+TEST_CASE("read ahead: the items lie back to back in one buffer that grows a quarter past the need") {
+  ReadAhead ahead;
+  ahead.plan(4);
+  ahead.add(1, 10, 100);
+  ahead.add(3, 11, 60);
+  CHECK(ahead.lay_out(0) == 200);  // 160 and a quarter
+  CHECK(ahead.fill(0).size() == 100);
+  CHECK(ahead.fill(1).size() == 60);
+  CHECK(ahead.fill(1).data() == ahead.fill(0).data() + 100);
+  ahead.read(1);
+  CHECK(!ahead.at(1).has_value());  // not read
+  CHECK(ahead.at(3)->size() == 60);
+  CHECK(!ahead.at(0).has_value());  // not planned
+  // A smaller batch keeps the buffer; a larger one takes what another work item grew to.
+  ahead.plan(2);
+  ahead.add(0, 12, 150);
+  CHECK(ahead.lay_out(0) == 200);
+  ahead.plan(2);
+  ahead.add(0, 12, 150);
+  ahead.add(1, 13, 100);
+  CHECK(ahead.lay_out(1000) == 1000);
+  CHECK(ahead.capacity() == 1000);
 }

@@ -67,10 +67,10 @@ TEST_CASE("tiers: memory, then the stage directory, then the source, each counte
   std::vector<std::byte> held(held_text.size());
   std::memcpy(held.data(), held_text.data(), held.size());
   TierTally batch;  // one batch's reads, counted besides the tiers' own
-  CHECK(text(tiers.read(0, &held, buffer, scratch, &batch)) == "held!");  // memory first
-  CHECK(text(tiers.read(1, nullptr, buffer, scratch, &batch)) == "bravo!");
-  CHECK(text(tiers.read(0, nullptr, buffer, scratch, &batch)) == "alpha");
-  CHECK(text(tiers.read(0, nullptr, buffer, scratch, nullptr)) == "alpha");  // a look: uncounted
+  CHECK(text(tiers.read(0, std::span<const std::byte>(held), buffer, scratch, &batch)) == "held!");  // memory first
+  CHECK(text(tiers.read(1, std::nullopt, buffer, scratch, &batch)) == "bravo!");
+  CHECK(text(tiers.read(0, std::nullopt, buffer, scratch, &batch)) == "alpha");
+  CHECK(text(tiers.read(0, std::nullopt, buffer, scratch, nullptr)) == "alpha");  // a look: uncounted
 
   const auto served = tiers.served();
   CHECK(batch.counts().reads == served.reads);
@@ -94,7 +94,7 @@ TEST_CASE("tiers: a staged copy that vanished is read from the source") {
   TierScratch scratch;
   TierTally tally;
   std::vector<std::byte> buffer;
-  CHECK(text(tiers.read(1, nullptr, buffer, scratch, &tally)) == "bravo!");
+  CHECK(text(tiers.read(1, std::nullopt, buffer, scratch, &tally)) == "bravo!");
   CHECK(tiers.served().reads[at(Tier::kStage)] == 0);
   CHECK(tiers.served().reads[at(Tier::kSource)] == 1);
 }
@@ -116,12 +116,12 @@ TEST_CASE("tiers: a copy left by an earlier run is not served until it is checke
   TierScratch scratch;
   TierTally tally;
   std::vector<std::byte> buffer;
-  CHECK(text(tiers.read(1, nullptr, buffer, scratch, &tally)) == "bravo!");
+  CHECK(text(tiers.read(1, std::nullopt, buffer, scratch, &tally)) == "bravo!");
   CHECK(tiers.served().reads[at(Tier::kStage)] == 0);
   CHECK(tiers.served().reads[at(Tier::kSource)] == 1);
   // Checked, it fails its record and is gone; the next read is the source's again.
   CHECK_FALSE(stage.verify(1, buffer));
-  CHECK(text(tiers.read(1, nullptr, buffer, scratch, &tally)) == "bravo!");
+  CHECK(text(tiers.read(1, std::nullopt, buffer, scratch, &tally)) == "bravo!");
 }
 
 TEST_CASE("tiers: serve starts at the tier a first look chose and counts only when asked") {
@@ -136,14 +136,14 @@ TEST_CASE("tiers: serve starts at the tier a first look chose and counts only wh
     file = *sample.file;
     return 6;
   };
-  CHECK(tiers.serve(1, Tier::kStage, nullptr, scratch, nullptr, Access::kLook, look) == Tier::kStage);
+  CHECK(tiers.serve(1, Tier::kStage, std::nullopt, scratch, nullptr, Access::kLook, look) == Tier::kStage);
   CHECK(file == stage.staged_path(1));
-  CHECK(tiers.serve(1, Tier::kSource, nullptr, scratch, &tally, Access::kLook, look) == Tier::kSource);
+  CHECK(tiers.serve(1, Tier::kSource, std::nullopt, scratch, &tally, Access::kLook, look) == Tier::kSource);
   CHECK(file == set.catalog.file_source_path(1).string());
   CHECK(tiers.served().reads[at(Tier::kStage)] == 0);
   CHECK(tiers.served().reads[at(Tier::kSource)] == 1);
   // An error other than a vanished copy is the sample's: it is not hidden by the next tier.
-  CHECK_THROWS_AS(tiers.serve(1, Tier::kStage, nullptr, scratch, &tally, Access::kLook,
+  CHECK_THROWS_AS(tiers.serve(1, Tier::kStage, std::nullopt, scratch, &tally, Access::kLook,
                               [](const prestage::detail::SampleAt& s) -> uint64_t {
                                 throw prestage::DecodeError(*s.path, "bad");
                               }),
@@ -161,14 +161,24 @@ TEST_CASE("tiers: stage 2's fetches read below the stage directory and are count
   tiers.fetch_file(0, buffer, mtime, &batch);  // staged, yet fetched from the source: a copy
   CHECK(text(buffer) == "alpha");
   CHECK(mtime > 0);  // the source's, from the same open
-  tiers.fetch_sample(2, buffer, &batch);
-  CHECK(buffer.size() == 100);
-  tiers.fetch_sample(2, buffer);  // no tally: counted in the tiers' own only
-  CHECK(tiers.fetched().reads[at(Tier::kSource)] == 3);
-  CHECK(tiers.fetched().bytes[at(Tier::kSource)] == 205);
+  CHECK(tiers.fetched().reads[at(Tier::kSource)] == 1);
+  CHECK(tiers.fetched().bytes[at(Tier::kSource)] == 5);
+  // A read ahead: samples whose sizes the catalog records (byte ranges), into their places.
+  const Catalog ranges = Catalog::from_ranges(set.dir / "src", {"a", "c"}, {{0, 1, 3}, {1, 0, 100}});
+  Tiers ahead(ranges, nullptr, 1 << 20);
+  std::vector<std::byte> place(100), fetched;
+  ahead.fetch_sample(1, place, fetched, &batch);
+  CHECK(text(place) == std::string(100, 'c'));
+  std::vector<std::byte> part(3);
+  ahead.fetch_sample(0, part, fetched);  // no tally: counted in the tiers' own only
+  CHECK(text(part) == "lph");
+  CHECK(ahead.fetched().reads[at(Tier::kSource)] == 2);
+  CHECK(ahead.fetched().bytes[at(Tier::kSource)] == 103);
   CHECK(batch.counts().reads[at(Tier::kSource)] == 2);
   CHECK(batch.counts().bytes[at(Tier::kSource)] == 105);
-  CHECK(tiers.served().reads[at(Tier::kSource)] == 0);
+  CHECK(ahead.served().reads[at(Tier::kSource)] == 0);
+  // A place of another size than the sample's is a broken invariant, never a short read.
+  CHECK_THROWS_AS(ahead.fetch_sample(0, place, fetched), std::logic_error);
 }
 
 TEST_CASE("tiers: a sample over the limit is refused, unread when its size is known") {
@@ -183,14 +193,16 @@ TEST_CASE("tiers: a sample over the limit is refused, unread when its size is kn
   TierScratch scratch;
   TierTally tally;
   std::vector<std::byte> buffer;
-  CHECK_THROWS_AS(known.read(big, nullptr, buffer, scratch, &tally), prestage::DecodeError);
-  CHECK_THROWS_AS(known.fetch_sample(big, buffer), prestage::DecodeError);
+  CHECK_THROWS_AS(known.read(big, std::nullopt, buffer, scratch, &tally), prestage::DecodeError);
+  std::vector<std::byte> place(100);
+  CHECK_THROWS_AS(known.fetch_sample(big, place, buffer), prestage::DecodeError);
   CHECK(buffer.capacity() == 0);
-  CHECK(text(known.read(1 - big, nullptr, buffer, scratch, &tally)) == "small");
+  CHECK(text(known.read(1 - big, std::nullopt, buffer, scratch, &tally)) == "small");
   // A list without sizes: refused once read.
   Tiers unknown(set.catalog, nullptr, 10);
-  CHECK_THROWS_AS(unknown.read(2, nullptr, buffer, scratch, &tally), prestage::DecodeError);
-  CHECK_THROWS_AS(unknown.fetch_sample(2, buffer), prestage::DecodeError);
+  CHECK_THROWS_AS(unknown.read(2, std::nullopt, buffer, scratch, &tally), prestage::DecodeError);
+  // Nothing of unknown size is read ahead: a place of any size is refused.
+  CHECK_THROWS_AS(unknown.fetch_sample(2, place, buffer), std::logic_error);
 }
 
 TEST_CASE("tiers: a staged copy changed after it was written is never served, read whole or in part") {
@@ -203,13 +215,13 @@ TEST_CASE("tiers: a staged copy changed after it was written is never served, re
   TierScratch scratch;
   TierTally tally;
   std::vector<std::byte> buffer;
-  CHECK(text(tiers.read(1, nullptr, buffer, scratch, &tally)) == "bravo!");
+  CHECK(text(tiers.read(1, std::nullopt, buffer, scratch, &tally)) == "bravo!");
   CHECK(tiers.served().reads[at(Tier::kStage)] == 1);
   // Overwritten in place (same size, other bytes: a failing disk, a stray job), during the run.
   prestage::test::write_file(stage.staged_path(1), bytes_of("BRAVO!"));
   prestage::test::write_file(stage.staged_path(2), bytes_of(std::string(100, 'C')));
   // Read whole: its CRC fails, the copy goes, the source serves.
-  CHECK(text(tiers.read(1, nullptr, buffer, scratch, &tally)) == "bravo!");
+  CHECK(text(tiers.read(1, std::nullopt, buffer, scratch, &tally)) == "bravo!");
   CHECK(tiers.served().reads[at(Tier::kStage)] == 1);
   CHECK(tiers.served().reads[at(Tier::kSource)] == 1);
   CHECK(stage.corrupt() == 1);
@@ -222,7 +234,7 @@ TEST_CASE("tiers: a staged copy changed after it was written is never served, re
     served_from = *at.file;
     return 10;
   };
-  CHECK(tiers.serve(2, Tier::kStage, nullptr, scratch, &tally, Access::kFile, part) == Tier::kSource);
+  CHECK(tiers.serve(2, Tier::kStage, std::nullopt, scratch, &tally, Access::kFile, part) == Tier::kSource);
   CHECK(served_from == set.catalog.file_source_path(2).string());
   CHECK(stage.corrupt() == 2);
   CHECK_FALSE(stage.is_staged(2));
@@ -244,22 +256,22 @@ TEST_CASE("tiers: a copy read in part is checked whole until it has settled, the
   // Younger than the file times' tick: a write in it would not show, so each read checks it whole.
   for (int i = 0; i < 2; ++i) {
     scratch.check.clear();
-    CHECK(tiers.serve(2, Tier::kStage, nullptr, scratch, nullptr, Access::kFile, part) == Tier::kStage);
+    CHECK(tiers.serve(2, Tier::kStage, std::nullopt, scratch, nullptr, Access::kFile, part) == Tier::kStage);
     CHECK(scratch.check.size() == 100);
   }
   // Settled: checked whole once more, then trusted while its identity holds.
   stage.set_settle_time(std::chrono::nanoseconds(0));
   scratch.check.clear();
-  CHECK(tiers.serve(2, Tier::kStage, nullptr, scratch, nullptr, Access::kFile, part) == Tier::kStage);
+  CHECK(tiers.serve(2, Tier::kStage, std::nullopt, scratch, nullptr, Access::kFile, part) == Tier::kStage);
   CHECK(scratch.check.size() == 100);
   scratch.check.clear();
-  CHECK(tiers.serve(2, Tier::kStage, nullptr, scratch, nullptr, Access::kFile, part) == Tier::kStage);
+  CHECK(tiers.serve(2, Tier::kStage, std::nullopt, scratch, nullptr, Access::kFile, part) == Tier::kStage);
   CHECK(scratch.check.empty());
   CHECK(stage.corrupt() == 0);
   // Any write changes its identity (a tick later at most): checked whole again, and caught.
   std::this_thread::sleep_for(std::chrono::milliseconds(20));
   prestage::test::write_file(stage.staged_path(2), bytes_of(std::string(100, 'X')));
-  CHECK(tiers.serve(2, Tier::kStage, nullptr, scratch, nullptr, Access::kFile, part) == Tier::kSource);
+  CHECK(tiers.serve(2, Tier::kStage, std::nullopt, scratch, nullptr, Access::kFile, part) == Tier::kSource);
   CHECK(stage.corrupt() == 1);
 }
 
@@ -269,7 +281,7 @@ TEST_CASE("tiers: a use that reads a whole staged copy must check it") {
   stage_file(stage, set.catalog, 1);
   Tiers tiers(set.catalog, &stage, 1 << 20);
   TierScratch scratch;
-  CHECK_THROWS_AS(tiers.serve(1, Tier::kStage, nullptr, scratch, nullptr, Access::kBytes,
+  CHECK_THROWS_AS(tiers.serve(1, Tier::kStage, std::nullopt, scratch, nullptr, Access::kBytes,
                               [](const prestage::detail::SampleAt&) -> uint64_t { return 6; }),
                   std::logic_error);
 }

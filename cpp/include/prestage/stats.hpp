@@ -94,6 +94,23 @@ struct Stats {
   static constexpr size_t kMaxTuningListed = 100;
   Tuning tuning;
 
+  // What the loader holds in memory now for its batches, in bytes, by what holds it; bounded by
+  // its options whatever the number of epochs (README, "Memory"):
+  //  - batch_buffers: the `depth` batch buffers, each as large as the largest batch it held (a
+  //    ragged batch's: a quarter more), all of them as large as the largest;
+  //  - read_ahead: stage 2's reads into memory, one buffer per batch the pipeline can hold
+  //    (lookahead + depth + 1), each as large as the largest read-ahead of a batch it carried
+  //    (the samples the stage directory declined, at most 64 MiB a batch);
+  //  - decode_scratch: stage 3's samples' bytes between a batch's steps (JPEGs without an
+  //    image_size, raw files), one scratch per batch being decoded (depth at most), each sample's
+  //    buffer at most twice the bytes it last held.
+  struct Memory {
+    uint64_t batch_buffers = 0;
+    uint64_t read_ahead = 0;
+    uint64_t decode_scratch = 0;
+  };
+  Memory memory;
+
   // Stage 2.
   uint64_t staged_files = 0;     // files copied to the stage directory in this run
   uint64_t adopted_files = 0;    // copies another process (sharing the directory) made meanwhile,

@@ -97,6 +97,29 @@ struct BatchDecoder::GpuSlot {
   uint64_t batches_by_way[2] = {0, 0};  // resize, roi
 };
 
+namespace {
+
+void trim_each(std::vector<std::vector<std::byte>>& buffers) noexcept {
+  for (std::vector<std::byte>& b : buffers) {
+    if (b.capacity() > 2 * b.size()) std::vector<std::byte>().swap(b);
+  }
+}
+
+size_t capacity_of(const std::vector<std::vector<std::byte>>& buffers) noexcept {
+  size_t total = 0;
+  for (const std::vector<std::byte>& b : buffers) total += b.capacity();
+  return total;
+}
+
+}  // namespace
+
+void BatchScratch::trim() noexcept {
+  trim_each(bytes);
+  trim_each(unpacked);
+}
+
+size_t BatchScratch::held_bytes() const noexcept { return capacity_of(bytes) + capacity_of(unpacked); }
+
 // One batch's decode: the three steps, each sample's size and fill by codec, and replacement.
 class BatchDecoder::Run {
  public:
@@ -204,8 +227,8 @@ class BatchDecoder::Run {
   }
 
   // Stage 2's bytes for sample i, if it is still the plan's sample (not a replacement).
-  const std::vector<std::byte>* held(size_t i, uint64_t id) const {
-    if (b_.read_ahead == nullptr || b_.ids[i] != id) return nullptr;
+  std::optional<std::span<const std::byte>> held(size_t i, uint64_t id) const {
+    if (b_.read_ahead == nullptr || b_.ids[i] != id) return std::nullopt;
     return b_.read_ahead->at(i);
   }
 
@@ -320,7 +343,7 @@ class BatchDecoder::Run {
       r.codec(codec).fill(SampleLocation{FileRef(path), path, loc, s_.memory[i], true}, s_.probes[i],
                           out);
     } else {
-      d_.tiers_.serve(id, s_.tiers[i], nullptr, r.paths, b_.tally, Access::kFile,
+      d_.tiers_.serve(id, s_.tiers[i], std::nullopt, r.paths, b_.tally, Access::kFile,
                       [&](const SampleAt& at) -> uint64_t {
         r.codec(codec).fill(location(at), s_.probes[i], out);
         return out.size();
@@ -738,7 +761,7 @@ const std::string* BatchDecoder::data_set_dtype(const std::atomic<bool>& stoppin
   for (uint64_t j = 0; j < k; ++j) {
     const uint64_t id = j * n / k;
     try {
-      tiers_.serve(id, Tier::kStage, nullptr, paths, nullptr, Access::kFile,
+      tiers_.serve(id, Tier::kStage, std::nullopt, paths, nullptr, Access::kFile,
                    [&](const SampleAt& at) -> uint64_t {
         decoder.probe(location(at), probe);
         return 0;
@@ -773,6 +796,7 @@ void BatchDecoder::decode(const BatchSamples& batch, BatchScratch& scratch, Slot
     return;
   }
   Run(*this, batch, scratch, slot, stopping)();
+  scratch.trim();
   // Recorded in thread order: listed in batch order.
   std::sort(slot.skipped.begin(), slot.skipped.end(),
             [](const Slot::Skip& a, const Slot::Skip& b) { return a.position < b.position; });

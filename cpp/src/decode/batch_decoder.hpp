@@ -50,7 +50,7 @@ struct BatchScratch {
   // JPEGs without an image_size and raw files, per sample: its bytes as step 1 read them to learn
   // its size, kept for step 3 so that no sample is read twice; in `jpegs`, the JPEG in them (in
   // `bytes`, in stage 2's read-ahead, or in `unpacked` when it came in a zstd frame), or the raw
-  // file's bytes. Grown, never shrunk.
+  // file's bytes. Kept for the next batches, but trimmed after each (trim()).
   std::vector<std::vector<std::byte>> bytes;
   std::vector<std::vector<std::byte>> unpacked;
   std::vector<std::span<const std::byte>> jpegs;
@@ -68,6 +68,14 @@ struct BatchScratch {
   std::vector<std::exception_ptr> gpu_errors;
   std::vector<std::exception_ptr> share_errors;  // the CPU's share: its failures, by position
   std::vector<size_t> cpu_positions;  // the CPU's share of the batch
+
+  // After a batch: lets go of each per-sample buffer that holds more than twice the bytes it took
+  // last, so that a scratch keeps about what its recent batches needed. Kept as they were, each
+  // position's buffer would grow to the largest sample it ever saw there, the sum creeping up
+  // epoch after epoch towards batch_size times the set's largest sample.
+  void trim() noexcept;
+  // The bytes its per-sample buffers hold now (stats()'s memory figures).
+  size_t held_bytes() const noexcept;
 };
 
 class BatchDecoder {

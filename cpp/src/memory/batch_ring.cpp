@@ -47,6 +47,7 @@ void PinnedBuffer::free() noexcept {
       break;
   }
   held_ = Pinning::kNone;
+  if (growth_ != nullptr) growth_->held.fetch_sub(capacity_, std::memory_order_relaxed);
   std::free(data_);
   data_ = nullptr;
   capacity_ = 0;
@@ -55,7 +56,10 @@ void PinnedBuffer::free() noexcept {
 void PinnedBuffer::reserve(size_t bytes) {
   if (bytes <= capacity_ && data_ != nullptr) return;
   const size_t page = page_size();
-  size_t want = std::max(bytes, capacity_ + capacity_ / 2);
+  if (bytes > SIZE_MAX / 2) throw std::bad_alloc();
+  // The first allocation is what was asked for (a batch of fixed-size samples never grows).
+  size_t want = data_ == nullptr ? bytes : bytes + bytes / 4;
+  if (growth_ != nullptr) want = std::max(want, growth_->high_water.load(std::memory_order_relaxed));
   if (want > SIZE_MAX - page) throw std::bad_alloc();
   want = (std::max<size_t>(want, 1) + page - 1) / page * page;
   free();
@@ -68,6 +72,13 @@ void PinnedBuffer::reserve(size_t bytes) {
   }
   data_ = static_cast<std::byte*>(p);
   capacity_ = want;
+  if (growth_ != nullptr) {
+    growth_->held.fetch_add(want, std::memory_order_relaxed);
+    size_t seen = growth_->high_water.load(std::memory_order_relaxed);
+    while (seen < want &&
+           !growth_->high_water.compare_exchange_weak(seen, want, std::memory_order_relaxed)) {
+    }
+  }
   pin();
 }
 
@@ -117,6 +128,7 @@ BatchRing::BatchRing(size_t depth, size_t batch_size, size_t slot_bytes, DecodeM
   for (size_t i = 0; i < depth; ++i) {
     auto slot = std::make_unique<Slot>();
     slot->data.use_cuda(&cuda, device);
+    slot->data.share_growth(&growth_);
     slot->data.reserve(slot_bytes);
     slot->mode = mode;
     slot->labels.reserve(batch_size);

@@ -21,6 +21,12 @@ namespace prestage::detail {
 
 class CudaHost;
 
+// What the buffers of one ring share about their sizes (PinnedBuffer::share_growth).
+struct RingGrowth {
+  std::atomic<size_t> high_water{0};  // the size the buffers grow to
+  std::atomic<size_t> held{0};        // the bytes they hold, all of them
+};
+
 // A page-aligned buffer, pinned as well as the system allows: registered with the CUDA driver when the
 // CudaHost given to use_cuda() is available, else page-locked with mlock when RLIMIT_MEMLOCK allows, else
 // pageable; pinning() and status() say which, and why. Grows only when asked to: the old memory is
@@ -38,7 +44,14 @@ class PinnedBuffer {
   // Registers this buffer's memory with `cuda` from now on (not owned: it must outlive the buffer), with
   // `device` current (-1: the thread's own). Before the first reserve().
   void use_cuda(const CudaHost* cuda, int device) noexcept;
-  // Makes room for at least `bytes` (contents are not kept). Throws std::bad_alloc.
+  // Shares its size with the other buffers of a ring (`growth`, not owned: it must outlive the
+  // buffer). Before the first reserve().
+  void share_growth(RingGrowth* growth) noexcept { growth_ = growth; }
+  // Makes room for at least `bytes` (contents are not kept). Throws std::bad_alloc. The first
+  // allocation is what is asked for; a buffer that grows takes a quarter more than asked; either
+  // takes at least what the other buffers sharing its growth have grown to: batches of varying
+  // sizes (ragged) make each buffer of a ring grow a few times in the first batches, not once more
+  // every few epochs, and none holds more than a quarter more than the largest batch asked for.
   void reserve(size_t bytes);
   std::byte* data() noexcept { return data_; }
   const std::byte* data() const noexcept { return data_; }
@@ -61,6 +74,7 @@ class PinnedBuffer {
   Pinning held_ = Pinning::kNone;  // what free() must undo; the holder's alone
   const CudaHost* cuda_ = nullptr;
   int device_ = -1;
+  RingGrowth* growth_ = nullptr;
   // Published for other threads, both under why_mutex_ (pinning_ is also read without it).
   std::atomic<Pinning> pinning_{Pinning::kNone};
   mutable std::mutex why_mutex_;
@@ -124,12 +138,16 @@ class BatchRing {
   size_t lent() const noexcept { return lent_.load(std::memory_order_relaxed); }
 
   size_t depth() const noexcept { return slots_.size(); }
+  // The bytes its buffers hold, all of them (the largest any grew to, times depth at most). Any
+  // thread.
+  size_t held_bytes() const noexcept { return growth_.held.load(std::memory_order_relaxed); }
   size_t free_count() const;
   // The least pinned of the buffers, and why (see PinnedBuffer::status()), read together. Any thread.
   PinnedBuffer::Status status() const;
   Pinning pinned() const { return status().pinning; }
 
  private:
+  RingGrowth growth_;  // declared before the slots: they report to it until they are destroyed
   std::vector<std::unique_ptr<Slot>> slots_;
   mutable std::mutex mutex_;
   std::vector<Slot*> free_;

@@ -47,7 +47,6 @@ struct Work {
   // Of those, the samples stage 2 reads into memory instead, up to kReadAheadBytesPerBatch
   // (machine.hpp) per batch (and none larger): their bytes live until the batch is decoded.
   ReadAhead read_ahead;
-  BatchScratch scratch;                      // stage 3's, between its steps
   TierTally stage_reads;   // stage 2's reads for the batch, by tier (for its epoch's figures)
   TierTally decode_reads;  // stage 3's
   bool staging = false;              // at the stager (guarded by the pipeline's stager_mutex)
@@ -69,6 +68,9 @@ struct Pipeline::Impl {
   void expedite(uint64_t seq);
   // Stage 3: the batch decoded into a free buffer.
   Ticket decode(Ticket t);
+  // A scratch for one batch's decode, and its return (see free_scratch).
+  std::unique_ptr<BatchScratch> take_scratch();
+  void give_back(std::unique_ptr<BatchScratch> scratch, uint64_t held);
   void hand_off(Ticket t);
   // Adds what a stage's work on batch `w` cost to the figures of its epoch.
   void count_stage(const Work& w);
@@ -98,6 +100,16 @@ struct Pipeline::Impl {
   uint64_t batch;
   std::shared_ptr<const EpochPlan> plan;
   std::vector<std::unique_ptr<Work>> pool;
+  // Stage 3's scratch between the steps of a batch, one per batch being decoded: as many as the
+  // ring lends buffers for at once (a batch decodes into one), not one per batch in flight, since
+  // each keeps what its largest batch needed (a ragged batch's every sample).
+  std::mutex scratch_mutex;
+  std::vector<std::unique_ptr<BatchScratch>> free_scratch;  // guarded by scratch_mutex
+  // What this pipeline added to Shared's read_ahead_held and scratch_held (taken back when it is
+  // destroyed): per work item and per scratch, its last figure.
+  std::vector<uint64_t> read_ahead_counted;  // by pool index; stage 1's
+  size_t read_ahead_grown = 0;  // the largest read-ahead buffer of a work item (ReadAhead::lay_out)
+  std::unordered_map<const BatchScratch*, uint64_t> scratch_counted;  // guarded by scratch_mutex
 
   std::mutex ready_mutex;
   std::condition_variable ready_cv;
@@ -140,6 +152,7 @@ Pipeline::Impl::Impl(Shared& s, std::shared_ptr<BatchRing> r, uint64_t first_epo
     w->files.reserve(o.batch_size);
     pool.push_back(std::move(w));
   }
+  read_ahead_counted.assign(pool.size(), 0);
 
   shared.arena.execute([&] {
     // Constructed inside the arena, the graph runs its tasks on the arena's `readers` threads.
@@ -245,6 +258,13 @@ Pipeline::Impl::~Impl() {
   std::lock_guard lock(ready_mutex);
   for (Slot* slot : ready) ring->release(slot);
   ready.clear();
+  // Its buffers go with it.
+  for (const uint64_t held : read_ahead_counted) {
+    shared.read_ahead_held.fetch_sub(held, std::memory_order_relaxed);
+  }
+  for (const auto& [scratch, held] : scratch_counted) {
+    shared.scratch_held.fetch_sub(held, std::memory_order_relaxed);
+  }
 }
 
 Ticket Pipeline::Impl::next_batch(tbb::flow_control& fc) {
@@ -339,9 +359,14 @@ void Pipeline::Impl::plan_read_ahead(Work& w) {
       const uint64_t size = shared.tiers->sample_size(w.ids[k]);
       if (size == Catalog::kUnknownSize || size > budget) continue;
       budget -= size;
-      w.read_ahead.add(k, w.ids[k]);
+      w.read_ahead.add(k, w.ids[k], size);
     }
   }
+  const uint64_t held = w.read_ahead.lay_out(read_ahead_grown);
+  read_ahead_grown = std::max<size_t>(read_ahead_grown, held);
+  uint64_t& counted = read_ahead_counted[static_cast<size_t>(w.seq % pool.size())];
+  shared.read_ahead_held.fetch_add(held - counted, std::memory_order_relaxed);  // modulo 2^64
+  counted = held;
 }
 
 void Pipeline::Impl::stage(Ticket t, StageNode::gateway_type& gateway) {
@@ -398,9 +423,28 @@ Ticket Pipeline::Impl::decode(Ticket t) {
   // Stage 2 is done with the batch: its bytes read ahead are final.
   const BatchSamples batch{t->epoch, t->index,         t->plan.get(),    t->ids,
                            t->count, &t->read_ahead, &t->decode_reads};
-  shared.decoder->decode(batch, t->scratch, slot, stopping);
+  std::unique_ptr<BatchScratch> scratch = take_scratch();
+  shared.decoder->decode(batch, *scratch, slot, stopping);
+  const uint64_t held = scratch->held_bytes();
+  give_back(std::move(scratch), held);
   count_decode(*t);
   return t;
+}
+
+std::unique_ptr<BatchScratch> Pipeline::Impl::take_scratch() {
+  std::lock_guard lock(scratch_mutex);
+  if (free_scratch.empty()) return std::make_unique<BatchScratch>();
+  std::unique_ptr<BatchScratch> scratch = std::move(free_scratch.back());
+  free_scratch.pop_back();
+  return scratch;
+}
+
+void Pipeline::Impl::give_back(std::unique_ptr<BatchScratch> scratch, uint64_t held) {
+  std::lock_guard lock(scratch_mutex);
+  uint64_t& counted = scratch_counted[scratch.get()];
+  shared.scratch_held.fetch_add(held - counted, std::memory_order_relaxed);  // modulo 2^64
+  counted = held;
+  free_scratch.push_back(std::move(scratch));
 }
 
 void Pipeline::Impl::count_source(EpochStats& e, const TierTally& reads) {

@@ -98,6 +98,9 @@ struct Shared {
   // Set while a pipeline stops: reads under io_timeout give up at once (stage 2's and stage 3's).
   std::atomic<bool> stopping_io{false};
   std::atomic<uint64_t> plan_ns{0};  // stage 1's busy time
+  // The bytes the running pipeline's read-ahead buffers and decode scratches hold (Stats::Memory).
+  std::atomic<uint64_t> read_ahead_held{0};
+  std::atomic<uint64_t> scratch_held{0};
 };
 
 // One run of the graph from a position (epoch, batch) onwards, across epoch boundaries, until it is

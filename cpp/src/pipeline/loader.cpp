@@ -1,5 +1,6 @@
 #include "prestage/loader.hpp"
 
+#include <malloc.h>
 #include <sys/resource.h>
 #include <sys/statvfs.h>
 #include <unistd.h>
@@ -690,6 +691,9 @@ Stats Loader::Impl::stats() const {
   s.local_ranks = local_ranks;
   s.tuning.on = tuner.has_value();
   s.tuning.memory_budget = memory_budget;
+  s.memory.batch_buffers = ring ? ring->held_bytes() : 0;
+  s.memory.read_ahead = shared->read_ahead_held.load(std::memory_order_relaxed);
+  s.memory.decode_scratch = shared->scratch_held.load(std::memory_order_relaxed);
   s.tuning.readers = tuner ? tuner->knob(detail::KnobId::kDecode).value : shared->options.readers;
   s.tuning.reads_in_flight = shared->stager ? shared->stager->threads() : 0;
   s.tuning.lookahead = shared->lookahead.load(std::memory_order_relaxed);
@@ -795,7 +799,16 @@ void Loader::Impl::close() {
 Loader::Loader(Catalog catalog, LoaderOptions options)
     : impl_(std::make_unique<Impl>(std::move(catalog), std::move(options))) {}
 
-Loader::~Loader() { close(); }
+Loader::~Loader() {
+  close();
+  impl_.reset();
+#if defined(__GLIBC__)
+  // The loader's buffers were freed above, but glibc keeps freed heap memory in its arenas (its
+  // threads' arenas too) for the process's next allocations: a trainer that closes a loader expects
+  // its memory back, as it had it before the loader.
+  ::malloc_trim(0);
+#endif
+}
 
 const Catalog& Loader::catalog() const noexcept { return impl_->catalog; }
 

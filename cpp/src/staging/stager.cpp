@@ -148,7 +148,7 @@ void Stager::deal_with(StageTask& task, size_t i, std::vector<std::byte>& buffer
   if (i < task.count) {
     stage_one(task, task.ids[i], buffer);
   } else {
-    read_one(task, i - task.count);
+    read_one(task, i - task.count, buffer);
   }
   busy_ns_.fetch_add(std::chrono::duration_cast<std::chrono::nanoseconds>(
                          std::chrono::steady_clock::now() - start)
@@ -156,11 +156,11 @@ void Stager::deal_with(StageTask& task, size_t i, std::vector<std::byte>& buffer
                      std::memory_order_relaxed);
 }
 
-void Stager::read_one(StageTask& task, size_t j) {
+void Stager::read_one(StageTask& task, size_t j, std::vector<std::byte>& buffer) {
   ReadAhead& ahead = *task.read_ahead;
-  std::vector<std::byte>& out = ahead.fill(j);
+  const std::span<std::byte> out = ahead.fill(j);
   try {
-    tiers_.fetch_sample(ahead.id(j), out, task.reads);
+    tiers_.fetch_sample(ahead.id(j), out, buffer, task.reads);
   } catch (const Error&) {
     return;  // stage 3 reads it again and reports the error at the sample's batch
   }

@@ -102,7 +102,7 @@ class Stager {
   void run();
   void start_threads(size_t count);  // mutex_ held
   void stage_one(StageTask& task, uint64_t id, std::vector<std::byte>& buffer);
-  void read_one(StageTask& task, size_t j);
+  void read_one(StageTask& task, size_t j, std::vector<std::byte>& buffer);
   // Item i of `task`: a copy (i < count) or a read into memory.
   void deal_with(StageTask& task, size_t i, std::vector<std::byte>& buffer);
   // Gives up the items [from, items()) of `task`, which no thread will start: claims go back, and

@@ -3,12 +3,14 @@
 #include <pthread.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <condition_variable>
 #include <mutex>
+#include <stdexcept>
 #include <thread>
 
 #include "tiers/peers.hpp"
@@ -244,7 +246,7 @@ const std::string& Tiers::source_path(uint64_t file, std::string& out) const {
   return out;
 }
 
-std::span<const std::byte> Tiers::read(uint64_t id, const std::vector<std::byte>* held,
+std::span<const std::byte> Tiers::read(uint64_t id, std::optional<std::span<const std::byte>> held,
                                        std::vector<std::byte>& buffer, TierScratch& scratch,
                                        TierTally* tally) {
   const uint64_t size = sample_size(id);
@@ -379,33 +381,41 @@ void Tiers::pfs_unqueued(uint64_t bytes) {
   if (model_ != nullptr) model_->done(SourceModel::kPfs, bytes, 0, false);
 }
 
-void Tiers::fetch_sample(uint64_t id, std::vector<std::byte>& buffer, TierTally* tally) {
+void Tiers::fetch_sample(uint64_t id, std::span<std::byte> out, std::vector<std::byte>& fetched,
+                         TierTally* tally) {
   const uint64_t size = sample_size(id);
+  if (size != out.size()) {
+    throw std::logic_error("tiers: a sample read ahead must have its catalog size as its place");
+  }
   check_size(id, size);
   std::string path;
   const Catalog::Locator loc = catalog_.locator(id);
   const int64_t start = trace_ != nullptr ? trace_->now_ns() : 0;
-  const uint64_t sample_bytes = size == Catalog::kUnknownSize ? 0 : size;
   bool pfs_chosen = false;  // the model chose the source over a home copy (and queued the read)
-  Tier tier = fetch_home(loc, sample_bytes, buffer, pfs_chosen);
+  const Tier tier = fetch_home(loc, size, fetched, pfs_chosen);
   if (tier == Tier::kSource) {
     // A loader that closes reads nothing more for batches it will not deliver.
     if (peers_ != nullptr && peers_->closing()) {
-      if (pfs_chosen) pfs_unqueued(sample_bytes);
+      if (pfs_chosen) pfs_unqueued(size);
       throw IoError(source_path(loc.file, path), ECANCELED, "the loader is closing");
     }
-    TimedRead timed(model_.get(), SourceModel::kPfs, sample_bytes, pfs_chosen);
+    TimedRead timed(model_.get(), SourceModel::kPfs, size, pfs_chosen);
     const FileRef source = source_file(catalog_, source_path(loc.file, path));
-    stalled_if_timed_out(loc.file, [&] { read_sized(source, loc, size, buffer); });
-    timed.end(size != Catalog::kUnknownSize);
+    stalled_if_timed_out(loc.file, [&] { read_located(source, loc, out); });
+    timed.end(true);
+  } else {
+    // The peer tier checked the copy against the catalog's size.
+    if (fetched.size() != out.size()) {
+      throw IoError(source_path(loc.file, path), EIO, "a home copy of another size than the catalog's");
+    }
+    std::copy(fetched.begin(), fetched.end(), out.begin());
   }
   if (trace_ != nullptr) {
-    trace_->add(id, loc.file, loc.offset, buffer.size(), start, static_cast<uint8_t>(tier),
+    trace_->add(id, loc.file, loc.offset, size, start, static_cast<uint8_t>(tier),
                 TraceKind::kReadAhead);
   }
-  check_size(id, buffer.size());
-  fetched_.add(tier, buffer.size());
-  if (tally != nullptr) tally->add(tier, buffer.size());
+  fetched_.add(tier, size);
+  if (tally != nullptr) tally->add(tier, size);
 }
 
 TierCounts TierTally::counts() const noexcept {

@@ -21,6 +21,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <span>
 #include <stdexcept>
 #include <string>
@@ -163,14 +164,15 @@ class Tiers {
   // (a header looked at, whose data a later use reads and counts) is not counted. Returns that
   // tier. Other errors propagate.
   template <typename Use>
-  Tier serve(uint64_t id, Tier from, const std::vector<std::byte>* held, TierScratch& scratch,
+  Tier serve(uint64_t id, Tier from, std::optional<std::span<const std::byte>> held,
+             TierScratch& scratch,
              TierTally* tally, Access access, const Use& use);
 
   // Stage 3: sample `id`'s bytes, from `held` or read (or fetched from a peer) into `buffer`
   // (resized to fit; the bytes stay valid while it is not changed), counted
   // as serve() says (null: a look at the set, not a read of an epoch's sample). Refuses a sample
   // over the size limit. The sample's source path is left in scratch.source.
-  std::span<const std::byte> read(uint64_t id, const std::vector<std::byte>* held,
+  std::span<const std::byte> read(uint64_t id, std::optional<std::span<const std::byte>> held,
                                   std::vector<std::byte>& buffer, TierScratch& scratch,
                                   TierTally* tally);
 
@@ -189,8 +191,11 @@ class Tiers {
   void fetch_file(uint64_t file, std::vector<std::byte>& buffer, int64_t& mtime_ns,
                   TierTally* tally = nullptr);
   // Stage 2, for its read-ahead: sample `id`'s bytes from the tiers below the stage directory (a
-  // peer's home copy, then the source).
-  void fetch_sample(uint64_t id, std::vector<std::byte>& buffer, TierTally* tally = nullptr);
+  // peer's home copy, then the source) into `out`, which must be exactly the size the catalog
+  // records for it (a sample of unknown size is never read ahead: std::logic_error); a home copy
+  // the peer tier sends lands in `fetched` first (the caller's, reused).
+  void fetch_sample(uint64_t id, std::span<std::byte> out, std::vector<std::byte>& fetched,
+                    TierTally* tally = nullptr);
 
   TierCounts served() const { return served_.counts(); }    // stage 3's reads, by tier
   TierCounts fetched() const { return fetched_.counts(); }  // stage 2's reads, by tier
@@ -247,7 +252,8 @@ class Tiers {
 };
 
 template <typename Use>
-Tier Tiers::serve(uint64_t id, Tier from, const std::vector<std::byte>* held, TierScratch& scratch,
+Tier Tiers::serve(uint64_t id, Tier from, std::optional<std::span<const std::byte>> held,
+                  TierScratch& scratch,
                   TierTally* tally, Access access, const Use& use) {
   const Catalog::Locator loc = catalog_.locator(id);
   SampleAt at;
@@ -267,7 +273,7 @@ Tier Tiers::serve(uint64_t id, Tier from, const std::vector<std::byte>* held, Ti
     }
     return tier;
   };
-  if (from == Tier::kMemory && held != nullptr) {
+  if (from == Tier::kMemory && held) {
     at.tier = Tier::kMemory;
     at.bytes = *held;
     return run(Tier::kMemory);
