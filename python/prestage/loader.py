@@ -34,6 +34,10 @@ def as_catalog(catalog: Union[_core.Catalog, str, "os.PathLike[str]"]) -> _core.
     """``catalog`` itself, or the catalog saved in the file it names (``prestage catalog SRC OUT``,
     :meth:`prestage.Catalog.save`), so that a set walked once is not walked again by each job."""
     if isinstance(catalog, (str, os.PathLike)):
+        if os.path.isdir(catalog):  # else C++ says only "basic_filebuf::underflow ... Is a directory"
+            raise ConfigError(f"{os.fspath(catalog)!r} is a folder, not a saved catalog: pass "
+                              f"prestage.Catalog.from_folder({os.fspath(catalog)!r}), or save one with "
+                              "prestage catalog SOURCE OUT")
         return _core.Catalog.load(os.fspath(catalog))
     return catalog
 

@@ -60,6 +60,9 @@ def test_catalog_walks_saves_and_reports_what_os_walk_finds(make_folder, tmp_pat
     assert list(saved.file_sizes()) == [sizes[saved.path(i)] for i in range(len(saved))]
     rc, text, _ = _run(capsys, root, tmp_path / "again.catalog")  # the text report
     assert rc == 0 and "16 files, 16 samples, 3 classes" in text and "file sizes:" in text
+    # The counts per class, as the README promises, in the text report too (not only --json).
+    listed = ", ".join(f"class_{c} {sum(p.startswith(f'class_{c}/') for p in sizes)}" for c in range(3))
+    assert listed in text
 
 
 def test_the_loaders_and_demo_take_the_saved_file(folder, tmp_path, capsys):

@@ -500,3 +500,8 @@ def test_options_show_themselves_under_the_keywords_names(folder, tmp_path):
     rest = {k: v for k, v in d.items() if k not in ("batch_size", "image_size", "peer_comm")}
     with prestage.Loader(cat, d["batch_size"], d["image_size"], **rest) as again:
         assert again.options.to_dict() == d
+
+
+def test_a_folder_given_for_a_saved_catalog_is_a_config_error_naming_the_fix(folder):
+    with pytest.raises(prestage.ConfigError, match="Catalog.from_folder"):
+        prestage.Loader(str(folder), 4)
