@@ -115,6 +115,9 @@ RULES: Dict[str, Rule] = {
                                      "scripts/dev.sh test itself (.ci/run)"),
     'catalog = prestage.Catalog.from_folder("my-images")': Rule(
         subs=(('"my-images"', '"{data}"'),), expect=(r"\(64, 224, 224, 3\) uint8 \[",)),
+    "loader = prestage.torch.Loader(catalog, batch_size=64, image_size=(224, 224))": Rule(
+        needs=("torch",), prelude=CATALOG,
+        expect=(r"torch\.Size\(\[64, 3, 224, 224\]\) torch\.Size\(\[64\]\)",)),
     "pip install prestage-0.1.0-": Rule(skip="needs a wheel made by scripts/wheel.sh: scripts/wheel-check.sh "
                                              "installs and checks it in CI"),
     'catalog = prestage.Catalog.from_folder("/pfs/imagenet/train")': Rule(
