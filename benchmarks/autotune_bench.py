@@ -178,7 +178,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--prefetchers", type=counts, default=[4, 16, 64])
     p.add_argument("--lookahead", type=counts, default=[2, 8])
     p.add_argument("--scenarios", default=",".join(SCENARIOS), help="comma-separated, of: " + ", ".join(SCENARIOS))
-    p.add_argument("--cold", default="auto", help="how emulated runs start cold (see prestage bench)")
+    p.add_argument("--cold", default="fadvise", help="how emulated runs start cold (see prestage bench)")
     p.add_argument("--work-dir", type=Path, default=None, help="local disk for data and stage dirs")
     p.add_argument("--out", type=Path, default=Path("autotune.json"))
     args = p.parse_args(argv)

@@ -120,7 +120,7 @@ def run(catalog, stage_root, cache_bytes, policy, epochs, pfs, rank, world_size,
                 pass
             if e == 0 and pfs:
                 served_after_first = pfs.stats()["bytes_read"]
-        stats = loader.stats()
+        stats = loader.stats(epochs="all")
     elapsed = time.perf_counter() - start
     # Epochs 2..E as the emulator saw them (the loader runs a little ahead across each boundary).
     served = pfs.stats()["bytes_read"] - served_after_first if pfs else None

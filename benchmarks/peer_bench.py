@@ -53,7 +53,7 @@ def rank_main(cfg: dict) -> None:
         barrier(f"e{epoch}")
     barrier("done")  # every rank answers its peers until all are done
     loader.close()
-    s = loader.stats()
+    s = loader.stats(epochs="all")
     Path(cfg["out"], f"{rank}.json").write_text(json.dumps(
         {"epochs": s["epochs"], "peer_tier": s["peer_tier"], "why": s["peer_tier_why"]}))
     barrier("closed")

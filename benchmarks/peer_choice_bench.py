@@ -110,7 +110,7 @@ def rank_main(cfg: dict) -> None:
         by_thread[name] = by_thread.get(name, 0.0) + (t - ticks.get(tid, (name, 0))[1]) / tick
     barrier("done")  # every rank answers its peers until all are done
     loader.close()
-    s = loader.stats()
+    s = loader.stats(epochs="all")
     Path(cfg["out"], f"{rank}.json").write_text(json.dumps(
         {"epoch_s": [b - a for a, b in zip(marks, marks[1:])], "loop_s": loops, "by_thread": by_thread,
          "peer_tier": s["peer_tier"],

@@ -67,7 +67,7 @@ def restart(mode: str, catalog: prestage.Catalog, state: Dict[str, Any], stage: 
         for _ in range(args.batches - 1):
             next(batches)
         done = time.perf_counter()
-        stats = loader.stats()
+        stats = loader.stats(epochs="all")
     finally:
         loader.close()
     epoch = next(e for e in stats["epochs"] if e["epoch"] == state["epoch"])

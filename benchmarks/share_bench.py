@@ -54,7 +54,7 @@ for e in range(int(epochs)):
     open(f"{go}.{e}.{rank}", "w").close()
     while sum(__import__("os").path.exists(f"{go}.{e}.{r}") for r in range(int(world))) < int(world):
         time.sleep(0.0005)
-s = loader.stats()
+s = loader.stats(epochs="all")
 loader.close()
 print(json.dumps({"epoch_s": times, "epoch_cpu_s": cpu, "copies": s["staged_files"], "adopted": s["adopted_files"],
                   "source_reads": s["source_reads"],

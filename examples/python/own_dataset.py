@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import tempfile
 import time
 from pathlib import Path
@@ -48,7 +49,18 @@ def main() -> None:
     model = torch.nn.Sequential(torch.nn.Conv2d(3, 16, 5, stride=2), torch.nn.ReLU(), torch.nn.AdaptiveAvgPool2d(4),
                                 torch.nn.Flatten(), torch.nn.Linear(256, len(catalog.classes)))
     optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
+    # A stage directory of our own making is removed at the end (about 100 MB); one given is kept.
     stage = args.stage or tempfile.mkdtemp(prefix="prestage-stage-")
+    try:
+        train(args, catalog, model, optimizer, stage)
+    finally:
+        if args.stage is None:
+            shutil.rmtree(stage, ignore_errors=True)
+    print(f"the data set stays in {args.data} for the next run (rm -r it when done)")
+
+
+def train(args: argparse.Namespace, catalog: prestage.Catalog, model: torch.nn.Module,
+          optimizer: torch.optim.Optimizer, stage: str) -> None:
     with prestage.torch.StagedSampler(catalog, batch_size=50, stage_dir=stage, seed=0,
                                       num_workers=args.workers) as sampler:
         loader = sampler.data_loader(prestage.torch.StagedDataset(sampler, read=read))

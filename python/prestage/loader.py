@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import atexit
 import logging
+import operator
 import os
 import weakref
-from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Optional, Tuple, Union
+from typing import TYPE_CHECKING, Any, Dict, Iterable, Iterator, List, Optional, Tuple, Union
 
 from prestage import _core
 from prestage import state as _state
@@ -33,6 +34,10 @@ def as_catalog(catalog: Union[_core.Catalog, str, "os.PathLike[str]"]) -> _core.
     """``catalog`` itself, or the catalog saved in the file it names (``prestage catalog SRC OUT``,
     :meth:`prestage.Catalog.save`), so that a set walked once is not walked again by each job."""
     if isinstance(catalog, (str, os.PathLike)):
+        if os.path.isdir(catalog):  # else C++ says only "basic_filebuf::underflow ... Is a directory"
+            raise ConfigError(f"{os.fspath(catalog)!r} is a folder, not a saved catalog: pass "
+                              f"prestage.Catalog.from_folder({os.fspath(catalog)!r}), or save one with "
+                              "prestage catalog SOURCE OUT")
         return _core.Catalog.load(os.fspath(catalog))
     return catalog
 
@@ -41,6 +46,20 @@ def _count(name: str, value: object) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise ConfigError(f"{name} must be an integer >= 0, got {value!r}")
     return value
+
+
+def select_epochs(stats: dict, epochs: Union[int, str, Iterable[int]]) -> dict:
+    """``stats`` with ``stats["epochs"]`` cut to ``epochs`` (see :meth:`Loader.stats`); a new dict."""
+    if epochs == "all" or "epochs" not in stats:
+        return dict(stats)
+    if isinstance(epochs, bool) or isinstance(epochs, str):
+        raise ConfigError(f"epochs must be None, an epoch, epochs or 'all', got {epochs!r}")
+    try:
+        wanted = {operator.index(epochs)} if not hasattr(epochs, "__iter__") else \
+            {operator.index(e) for e in epochs}  # type: ignore[union-attr]
+    except TypeError:
+        raise ConfigError(f"epochs must be None, an epoch, epochs or 'all', got {epochs!r}") from None
+    return {**stats, "epochs": [e for e in stats["epochs"] if e["epoch"] in wanted]}
 
 
 class Loader:
@@ -269,7 +288,9 @@ class Loader:
 
     @property
     def options(self) -> _core.LoaderOptions:
-        """A copy of the options in effect (after ``tuned=`` and the defaults), as C++ holds them."""
+        """A copy of the options in effect (after ``tuned=`` and the defaults), as C++ holds them; its
+        repr shows them and ``loader.options.to_dict()`` gives them under the keywords' names
+        (``stage_patience`` in seconds, ...: :func:`prestage.options.keywords`)."""
         return _core.LoaderOptions(self._options)
 
     @property
@@ -406,7 +427,7 @@ class Loader:
         self._options = self._loader.options
         self._resume = resume if resume is not None and resume[1] else None
 
-    def stats(self) -> dict:
+    def stats(self, epochs: Union[None, int, str, Iterable[int]] = None) -> dict:
         """Per-stage counters and the consumer's stall time (seconds the caller waited, the wait under
         way included); with ``on_error="skip"``, ``skipped`` and ``skipped_samples``; the peer tier's
         ``peer_tier``, ``peer_tier_why`` (why it is off), ``peer_reads``, ``peer_bytes``,
@@ -435,11 +456,16 @@ class Loader:
         submission to completion) and ``cpu_ms_per_image`` (the CPU's, the readers' wall time);
         ``crop``: ``"resize"`` or ``"roi"`` (``"trying"`` while the first batches are timed),
         ``crop_why``, and ``roi``: the images of which only the crop box was decoded). Any thread;
-        after ``close()``, the figures at closing."""
+        after ``close()``, the figures at closing.
+
+        ``epochs`` says which epochs ``stats()["epochs"]`` lists (the totals are over all of them):
+        ``None`` (the default), the epoch of the last batch delivered (before any, the first epoch):
+        the pipeline plans epochs ahead of the loop, and a list of them all would grow with every
+        epoch of a long run; an epoch number or numbers; ``"all"``, every epoch counted so far, those
+        planned ahead included."""
         loader = self._loader
-        if loader is None:
-            return self._final_stats
-        return loader.stats()
+        stats = self._final_stats if loader is None else loader.stats()
+        return select_epochs(stats, self._position[0] if epochs is None else epochs)
 
     def close(self) -> None:
         """Stops the pipeline and joins its threads; any thread. A thread waiting for a batch raises

@@ -35,7 +35,7 @@ import numpy as np
 from prestage import _core
 from prestage.errors import ConfigError
 
-__all__ = ["CommonOptions", "ImageOptions", "Options", "load_tuned"]
+__all__ = ["CommonOptions", "ImageOptions", "Options", "keywords", "load_tuned"]
 
 
 class CommonOptions(TypedDict, total=False):
@@ -385,3 +385,54 @@ def to_core(catalog: _core.Catalog, batch_size: int, image_size: Optional[Tuple[
     for name, value in values.items():
         _CONVERT[name](options, name, value)
     return options
+
+
+# ------------------------------------------------------------------- C++ fields -> Python values
+
+def _name(value: Any) -> str:
+    return str(value.name)
+
+
+def _ms_to_seconds(ms: int, none: int) -> Optional[float]:
+    return None if ms == none else ms / 1000
+
+
+def _or_none(value: Any, none: Any) -> Any:
+    return None if value == none else value
+
+
+def keywords(options: _core.LoaderOptions) -> Dict[str, Any]:
+    """``options`` as the keywords of :class:`prestage.Loader` (``stage_patience`` in seconds, not
+    ``stage_patience_ms``; enums by their names; the C++ sentinels as ``None``): ``batch_size``,
+    ``image_size``, then every option :data:`_CONVERT` takes except ``comm`` (``peer_comm`` says
+    whether one was given). ``prestage.Loader(catalog, **keywords(o))`` makes the same options."""
+    o = options
+    out: Dict[str, Any] = {"batch_size": o.batch_size, "image_size": o.image_size}
+    out.update(
+        shuffle=o.shuffle, seed=o.seed, drop_last=o.drop_last,
+        transform=_name(o.transform).replace("_", "-"),
+        stage_dir=o.stage_dir or None,
+        cache_bytes=_or_none(o.cache_bytes, _core.LoaderOptions.FIT_FREE_SPACE),
+        eviction=_name(o.eviction),
+        prefetchers=_or_none(o.prefetchers, 0), readers=_or_none(o.readers, 0),
+        lookahead=_or_none(o.lookahead, 0), autotune=o.autotune,
+        memory_budget=_or_none(o.memory_budget, 0), depth=o.depth, max_pixels=o.max_pixels,
+        io_timeout=_ms_to_seconds(o.io_timeout_ms, 0),
+        stage_patience=_ms_to_seconds(o.stage_patience_ms, _core.LoaderOptions.WAIT_FOR_STAGING),
+        on_error=_name(o.on_error), rank=o.rank, world_size=o.world_size,
+        layout=_name(o.layout), dtype=_name(o.dtype),
+        mean=[float(v) for v in o.mean], std=[float(v) for v in o.std],
+        decode=_name(o.decode), array_name=o.array_name or None,
+        max_sample_bytes=o.max_sample_bytes, raw_dtype=o.raw_dtype or None,
+        raw_shape=None if o.raw_shape is None else tuple(o.raw_shape),
+        decode_device=_name(o.decode_device),
+        gpu_cpu_share=_or_none(o.gpu_cpu_share, _core.LoaderOptions.AUTO_SHARE),
+        gpu_crop=_name(o.gpu_crop), trace=o.trace or None, peers=o.peers,
+        peer_timeout=o.peer_timeout_ms / 1000, peer_comm=o.peer_comm_fortran != -1,
+    )
+    return out
+
+
+def format_options(options: _core.LoaderOptions) -> str:
+    """``LoaderOptions(batch_size=64, image_size=(224, 224), ...)``: :func:`keywords`, as a repr."""
+    return "LoaderOptions(" + ", ".join(f"{k}={v!r}" for k, v in keywords(options).items()) + ")"

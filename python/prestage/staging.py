@@ -41,7 +41,7 @@ import numpy as np
 
 from prestage import _core
 from prestage.errors import ConfigError
-from prestage.loader import Loader
+from prestage.loader import Loader, as_catalog
 
 __all__ = ["StagedDataset", "StagedSample", "StagedSampler", "TIER_SOURCE", "TIER_STAGE", "catalog_of"]
 
@@ -177,7 +177,8 @@ class StagedSampler:
     dealt with it. A ``batch_sampler`` for ``torch.utils.data.DataLoader`` (or any loop).
 
     Args:
-        catalog: the samples (``prestage.Catalog``); its indices are what the batches hold.
+        catalog: the samples (``prestage.Catalog``, or the path of a saved one, as
+            :class:`prestage.Loader` takes it); its indices are what the batches hold.
         batch_size: samples per batch on this rank.
         stage_dir: the node-local stage directory (required: staging is the point).
         num_workers, prefetch_factor: those of the ``DataLoader`` that will use this sampler (see
@@ -190,9 +191,11 @@ class StagedSampler:
         ``tuned``.
     """
 
-    def __init__(self, catalog: _core.Catalog, batch_size: int, *, stage_dir: Union[str, os.PathLike],
-                 num_workers: int = 0, prefetch_factor: Optional[int] = None,
-                 rank: Optional[int] = None, world_size: Optional[int] = None, **options: Any) -> None:
+    def __init__(self, catalog: Union[_core.Catalog, str, "os.PathLike[str]"], batch_size: int, *,
+                 stage_dir: Union[str, os.PathLike], num_workers: int = 0,
+                 prefetch_factor: Optional[int] = None, rank: Optional[int] = None,
+                 world_size: Optional[int] = None, **options: Any) -> None:
+        catalog = as_catalog(catalog)
         if not stage_dir:
             raise ConfigError("StagedSampler needs a stage_dir: staging is what it is for")
         for name in ("decode", "image_size", "readers", "depth", "on_error"):
@@ -290,12 +293,13 @@ class StagedSampler:
         return torch.utils.data.DataLoader(dataset, batch_sampler=self, num_workers=self.num_workers,
                                            **extra, **kwargs)
 
-    def stats(self) -> Dict[str, Any]:
+    def stats(self, epochs: Any = None) -> Dict[str, Any]:
         """The loader's figures (``hits``, ``misses``, ``evictions``, per epoch...: where stage 3
         would have found each sample when its batch was handed out) and the workers' own:
         ``worker_staged`` and ``worker_source`` (reads of staged copies and of the source),
-        ``worker_gone`` (copies that vanished between the look and the read)."""
-        stats = self._loader.stats()
+        ``worker_gone`` (copies that vanished between the look and the read). ``epochs``: as
+        :meth:`prestage.Loader.stats` takes it."""
+        stats = self._loader.stats(epochs)
         stats.update(self._where.counts())
         return stats
 

@@ -75,11 +75,22 @@ from statistics import NormalDist
 from typing import Any
 
 import numpy as np
-from PIL import Image, ImageChops, ImageOps
+
+#: What to install for ``prestage synth``, ``prestage demo`` without a source and the examples: the one
+#: piece of advice every message about their missing dependencies gives (pyproject's ``synth`` extra).
+INSTALL_SYNTH = "pip install 'prestage[synth]'"
+
+try:
+    from PIL import Image, ImageChops, ImageOps
+except ModuleNotFoundError as _missing:
+    raise ModuleNotFoundError(
+        f"writing a synthetic set needs Pillow (PIL), which is not installed: {INSTALL_SYNTH}",
+        name=_missing.name,
+    ) from None
 
 from prestage.cli.progress import progress as progress_bar
 
-__all__ = ["make_synthetic_set", "render_image"]
+__all__ = ["INSTALL_SYNTH", "make_synthetic_set", "render_image"]
 
 #: Bumped whenever a change of the recipe changes the bytes written for a given seed.
 RECIPE_VERSION = 1
@@ -140,7 +151,7 @@ def _source_dir() -> Path:
     if spec is None or not spec.submodule_search_locations:
         raise ModuleNotFoundError(
             "prestage synth cuts its images from the sample photos shipped with scikit-image, which is not "
-            "installed: pip install scikit-image",
+            f"installed: {INSTALL_SYNTH}",
             name="skimage",
         )
     for location in spec.submodule_search_locations:

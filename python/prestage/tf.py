@@ -228,6 +228,7 @@ def _image_spec(catalog: _core.Catalog, loader: Loader, options: Mapping[str, ob
         # Not resized: the first image's size, as the loader reads it (TFRecord, zstd frames too).
         first = {k: v for k, v in options.items() if k in _FIRST_IMAGE_OPTIONS}
         _, (height, width, _) = _first_sample(catalog, decode="jpeg", layout="NHWC", **first)
+        _check_sizes(catalog, (height, width), first)
     image = (3, height, width) if nchw else (height, width, 3)
 
     def dense(batch: _core.Batch) -> np.ndarray:
@@ -238,6 +239,28 @@ def _image_spec(catalog: _core.Catalog, loader: Loader, options: Mapping[str, ob
                               "ragged=True for batches of images of mixed sizes")
         return _aligned_copy(images)
     return tf.TensorSpec((n, *image), tf_dtype, name="images"), dense
+
+
+#: Images _check_sizes decodes: a set of mixed sizes (ImageNet's) shows it in any few of them.
+_SIZE_PROBES = 5
+
+
+def _check_sizes(catalog: _core.Catalog, size: Tuple[int, int], options: Mapping[str, Any]) -> None:
+    """Raises ConfigError, here rather than in TensorFlow, when any of ``_SIZE_PROBES`` images drawn
+    from the catalog (a fixed draw) has another size than ``size``, the first image's. TensorFlow wraps
+    an error raised inside the generator in its own ``InvalidArgumentError``, which ``except
+    prestage.ConfigError`` does not catch: a set of mixed sizes is told apart before it gets there. An
+    odd image the probes miss still raises there, at its batch."""
+    count = min(_SIZE_PROBES, len(catalog))
+    probe_options: Dict[str, Any] = {**options, "on_error": "skip"}
+    with Loader(catalog, count, shuffle=True, seed=0, readers=1, prefetchers=1, decode="jpeg",
+                layout="NHWC", **probe_options) as probe:
+        batch = next(iter(probe))
+        shapes = sorted({tuple(s[:2]) for s in batch.shapes})
+    if shapes != [tuple(size)]:
+        raise ConfigError(f"the images have several sizes (the first {tuple(size)}; of {count} drawn from "
+                          f"the catalog: {shapes}) and image_size is None: pass image_size=(H, W) to "
+                          "resize them, or ragged=True for batches of images of mixed sizes")
 
 
 def _each(arrays: Union[np.ndarray, List[np.ndarray]]) -> List[np.ndarray]:
@@ -255,8 +278,8 @@ def _aligned_copy(array: np.ndarray, dtype: Optional[np.dtype] = None) -> np.nda
     return out
 
 
-def staged_paths(catalog: _core.Catalog, batch_size: int, *, stage_dir: str, epochs: Optional[int] = None,
-                 read: bool = False, **options: Any) -> tf.data.Dataset:
+def staged_paths(catalog: Union[_core.Catalog, str, "os.PathLike[str]"], batch_size: int, *, stage_dir: str,
+                 epochs: Optional[int] = None, read: bool = False, **options: Any) -> tf.data.Dataset:
     """Staging for your own parsing: a ``tf.data.Dataset`` of this rank's samples in plan order, each
     ``(path, offset, length, label)`` where ``path`` is the staged copy on the local SSD, or the source
     when it was not staged in time (``length`` -1: the whole file), or ``(bytes, label)`` with
@@ -277,6 +300,7 @@ def staged_paths(catalog: _core.Catalog, batch_size: int, *, stage_dir: str, epo
     here (the source if the copy went)."""
     from prestage.staging import StagedSampler
 
+    catalog = as_catalog(catalog)  # a saved catalog's path, as dataset() takes it
     in_flight = int(options.pop("in_flight", 16))
     resume = options.pop("resume", None)
     sampler = StagedSampler(catalog, batch_size, stage_dir=stage_dir, num_workers=in_flight,

@@ -635,9 +635,10 @@ class Loader(torch.utils.data.IterableDataset):
         not (``prestage.ConfigError``). See :meth:`prestage.Loader.load_state_dict`."""
         self._loader.load_state_dict(state)
 
-    def stats(self) -> dict:
-        """Per-stage counters; ``consumer_stall_s`` is the time the training loop waited for batches."""
-        return self._loader.stats()
+    def stats(self, epochs: Any = None) -> dict:
+        """Per-stage counters; ``consumer_stall_s`` is the time the training loop waited for batches;
+        ``epochs`` as :meth:`prestage.Loader.stats` takes it (default: the epoch being delivered)."""
+        return self._loader.stats(epochs)
 
     @property
     def device(self) -> Optional[torch.device]:

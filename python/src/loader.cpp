@@ -88,7 +88,11 @@ constexpr auto kEpochFields = std::make_tuple(
     field("copies_made", &EpochStats::copies_made),
     field("copies_adopted", &EpochStats::copies_adopted),
     field("peer_reads", &EpochStats::peer_reads),
-    field("bytes_from_peers", &EpochStats::bytes_from_peers));
+    field("bytes_from_peers", &EpochStats::bytes_from_peers),
+    field("decoded_from_stage", &EpochStats::decoded_from_stage),
+    field("decoded_from_memory", &EpochStats::decoded_from_memory),
+    field("decoded_from_peers", &EpochStats::decoded_from_peers),
+    field("decoded_from_source", &EpochStats::decoded_from_source));
 
 constexpr auto kTuningFields = std::make_tuple(
     field("on", &Stats::Tuning::on), field("readers", &Stats::Tuning::readers),
@@ -311,6 +315,22 @@ prestage.options for how the Python arguments become these fields). validate() i
       .def_readwrite("decode_device", &LoaderOptions::decode_device)
       .def_readwrite("gpu_cpu_share", &LoaderOptions::gpu_cpu_share)
       .def_readwrite("gpu_crop", &LoaderOptions::gpu_crop)
+      .def(
+          "to_dict",
+          [](py::object self) {
+            return py::module_::import("prestage.options").attr("keywords")(self);
+          },
+          R"doc(
+The options as the keywords of prestage.Loader take them (stage_patience in seconds, enums by name,
+None where the loader sizes or bounds the value itself): prestage.options.keywords.
+
+>>> prestage._core.LoaderOptions().to_dict()["stage_patience"]
+0.05
+)doc")
+      .def("__repr__",
+           [](py::object self) {
+             return py::module_::import("prestage.options").attr("format_options")(self);
+           })
       .def("validate", &LoaderOptions::validate, R"doc(
 Raises prestage.ConfigError naming the first invalid option: the one place options are checked.
 

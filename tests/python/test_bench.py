@@ -152,7 +152,7 @@ def test_bench_with_no_thread_option_runs_the_loader_as_set_up_by_nobody_and_nam
     catalog = prestage.Catalog.from_folder(data)
     with prestage.Loader(catalog, batch_size=4, image_size=(32, 32)) as loader:
         o = loader.options
-        why = loader.stats()["threads_why"]
+        why = loader.stats(epochs="all")["threads_why"]
     assert why
     modes = {s["mode"]: s for s in result["headline"]}
     for s in modes.values():
@@ -417,3 +417,21 @@ def test_cache_sizes_take_units_and_percentages() -> None:
     assert resolve_size("1.5M", 10) == 1572864 and resolve_size("2k", 10) == 2048
     assert resolve_size("300", 10) == 300 and resolve_size("1GiB", 10) == 1 << 30
     assert resolve_size("25%", 1000) == 250
+
+
+@pytest.mark.parametrize("command", ["bench", "tune"])
+def test_the_machines_page_cache_is_dropped_only_when_asked(command, capsys):
+    """Writing /proc/sys/vm/drop_caches empties every other job's page cache too: the default evicts
+    only the benchmark's own files (fadvise), --cold drop asks for the rest, and --help says so."""
+    import argparse
+
+    from prestage.cli import bench as bench_cli, tune as tune_cli
+
+    parser = argparse.ArgumentParser(prog="prestage")
+    module = bench_cli if command == "bench" else tune_cli
+    module.add_parser(parser.add_subparsers(dest="command"))
+    assert parser.parse_args([command, "SRC"]).cold == "fadvise"
+    assert parser.parse_args([command, "SRC", "--cold", "drop"]).cold == "drop"
+    with pytest.raises(SystemExit):
+        parser.parse_args([command, "--help"])
+    assert "WHOLE machine" in " ".join(capsys.readouterr().out.split())

@@ -60,6 +60,9 @@ def test_catalog_walks_saves_and_reports_what_os_walk_finds(make_folder, tmp_pat
     assert list(saved.file_sizes()) == [sizes[saved.path(i)] for i in range(len(saved))]
     rc, text, _ = _run(capsys, root, tmp_path / "again.catalog")  # the text report
     assert rc == 0 and "16 files, 16 samples, 3 classes" in text and "file sizes:" in text
+    # The counts per class, as the README promises, in the text report too (not only --json).
+    listed = ", ".join(f"class_{c} {sum(p.startswith(f'class_{c}/') for p in sizes)}" for c in range(3))
+    assert listed in text
 
 
 def test_the_loaders_and_demo_take_the_saved_file(folder, tmp_path, capsys):
@@ -123,3 +126,41 @@ def test_a_flat_folder_is_a_catalog_without_classes(tmp_path, encode_jpeg, capsy
     (tmp_path / "out").rmdir()
     with pytest.raises(prestage.ConfigError, match="no class folders and no files"):
         prestage.Catalog.from_folder(tmp_path)
+
+
+HDF5_SESSION = """
+import sys
+import prestage
+cat = prestage.Catalog.load(sys.argv[1]) if sys.argv[2] == "load" else \\
+    prestage.Catalog.from_hdf5(sorted(__import__("glob").glob(sys.argv[1] + "/*.h5")), "data", labels="labels")
+with prestage.Loader(cat, batch_size=4, seed=1) as loader:
+    rows = sum(len(b) for b in loader)
+print(rows)
+"""
+
+
+def test_hdf5_catalogs_and_loaders_print_no_hdf5_diagnostics_at_exit(tmp_path):
+    """libhdf5 prints its error stack ("HDF5-DIAG: Error detected ...") when a handle is closed twice or
+    after the library shut down (at exit): none may reach stderr, from the CLI or from a loader over a
+    saved HDF5 catalog or a walked one. The rows are those h5py wrote."""
+    import subprocess
+    import sys
+
+    h5py = pytest.importorskip("h5py")
+    h5dir = tmp_path / "h5"
+    h5dir.mkdir()
+    for k in range(3):
+        with h5py.File(h5dir / f"part{k}.h5", "w") as f:
+            f["data"] = np.arange(10 * 6, dtype=np.float32).reshape(10, 6) + k
+            f["labels"] = np.arange(10) % 3
+    bin_dir = os.path.dirname(sys.executable)
+    cli = subprocess.run([os.path.join(bin_dir, "prestage"), "catalog", str(h5dir), str(tmp_path / "h5.catalog"),
+                          "--dataset", "data", "--labels", "labels", "--quiet"],
+                         capture_output=True, text=True, timeout=120)
+    assert cli.returncode == 0 and "30 samples" in cli.stdout, cli.stdout + cli.stderr
+    assert "HDF5-DIAG" not in cli.stderr and "HDF5" not in cli.stderr, cli.stderr
+    for source, how in ((tmp_path / "h5.catalog", "load"), (h5dir, "walk")):
+        run = subprocess.run([sys.executable, "-c", HDF5_SESSION, str(source), how],
+                             capture_output=True, text=True, timeout=120)
+        assert run.returncode == 0 and run.stdout.split() == ["30"], run.stdout + run.stderr
+        assert "HDF5-DIAG" not in run.stderr and "HDF5" not in run.stderr, (how, run.stderr)

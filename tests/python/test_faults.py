@@ -44,7 +44,7 @@ def test_a_stage_directory_that_fills_up_falls_back_to_direct_reads(make_folder,
     with prestage.Loader(cat, batch_size=4, stage_dir=small, cache_bytes=0) as loader:
         check_epoch(loader, cat)
         check_epoch(loader, cat)
-        s = loader.stats()
+        s = loader.stats(epochs="all")
     assert s["stage_dir_disabled"]
     assert "No space left" in s["stage_dir_error"]
     assert 0 < s["staged_files"] < len(cat)
@@ -60,7 +60,7 @@ def test_by_default_a_stage_directory_too_small_for_the_set_is_bounded_not_fille
     with prestage.Loader(cat, batch_size=4, stage_dir=small, stage_patience=None) as loader:
         check_epoch(loader, cat)
         check_epoch(loader, cat)
-        s = loader.stats()
+        s = loader.stats(epochs="all")
     assert 0 < s["cache_bytes"] <= 0.9 * free  # 90% of the room at start
     assert not s["stage_dir_disabled"], s["stage_dir_error"]
     assert 0 < s["stage_bytes_peak"] <= s["cache_bytes"]
@@ -72,7 +72,7 @@ def test_by_default_a_set_that_fits_is_not_bounded(folder, tmp_path):
     cat = prestage.Catalog.from_folder(folder)
     with prestage.Loader(cat, batch_size=4, stage_dir=tmp_path / "stage") as loader:
         check_epoch(loader, cat)
-        assert loader.stats()["cache_bytes"] == 0
+        assert loader.stats(epochs="all")["cache_bytes"] == 0
 
 
 def test_a_read_only_stage_directory_is_not_fatal(folder, tmpfs):
@@ -81,7 +81,7 @@ def test_a_read_only_stage_directory_is_not_fatal(folder, tmpfs):
     subprocess.run(["mount", "-o", "remount,ro", str(ro)], check=True)
     with prestage.Loader(cat, batch_size=4, stage_dir=ro) as loader:
         check_epoch(loader, cat)
-        s = loader.stats()
+        s = loader.stats(epochs="all")
     assert s["stage_dir_disabled"] and "Read-only" in s["stage_dir_error"]
     assert s["misses"] >= len(cat)
     assert s["read_ahead"] > 0  # by stage 2, into memory, as the directory cannot take copies
@@ -101,7 +101,7 @@ def test_a_stage_directory_that_disappears_mid_epoch(make_folder, tmp_path):
         assert sorted(seen) == list(range(len(cat)))
         del b  # holds a buffer
         check_epoch(loader, cat)  # copies gone: read from the source
-        s = loader.stats()
+        s = loader.stats(epochs="all")
     assert s["stage_dir_disabled"] or s["misses"] > 0
 
 
@@ -129,7 +129,7 @@ def test_killed_while_staging_then_restarted_serves_nothing_partial(make_folder,
     cat = prestage.Catalog.from_folder(root)
     with prestage.Loader(cat, batch_size=8, stage_dir=stage) as loader:
         check_epoch(loader, cat)
-        s = loader.stats()
+        s = loader.stats(epochs="all")
     assert s["staged_files"] + s["already_staged"] >= len(cat)
     assert not list(stage.rglob("*.part"))
 
@@ -145,7 +145,7 @@ def test_a_source_replaced_after_staging_is_staged_again(folder, tmp_path):
     fresh = prestage.Catalog.from_folder(folder)  # a new job builds (or reloads) its catalog
     with prestage.Loader(fresh, batch_size=4, stage_patience=None, stage_dir=stage) as loader:
         check_epoch(loader, fresh)
-        s = loader.stats()
+        s = loader.stats(epochs="all")
     assert s["staged_files"] == 1  # only the replaced file
 
 
@@ -158,7 +158,7 @@ SHARED_RUN = textwrap.dedent("""
             for k, i in enumerate(b.indices):
                 data = b.data[b.offsets[k]:b.offsets[k + 1]].tobytes()
                 assert data == cat.source_path(int(i)).read_bytes(), cat.path(int(i))
-        s = loader.stats()
+        s = loader.stats(epochs="all")
     print(json.dumps({"staged": s["staged_files"], "adopted": s["adopted_files"]}))
 """)
 
@@ -334,7 +334,7 @@ def test_eio_from_the_source_fails_only_its_batches_and_staging_goes_on(make_fol
     plan = prestage.plan.epoch_batches(len(cat), 4, seed=7, epoch=0)
     with prestage.Loader(cat, batch_size=4, seed=7, stage_patience=None, stage_dir=tmp_path / "stage") as loader:
         check_batches(epoch_outcomes(loader, backing, cat), plan, cat, {v: errno.EIO for v in victims})
-        s = loader.stats()
+        s = loader.stats(epochs="all")
         # Stage 2 gave up on the two files (again for the next epoch, if its look-ahead reached it)
         # and staged every other one.
         assert not s["stage_dir_disabled"]
@@ -349,7 +349,7 @@ def test_eio_from_the_source_fails_only_its_batches_and_staging_goes_on(make_fol
         for epoch in (1, 2, 3):
             check_batches(epoch_outcomes(loader, backing, cat),
                           prestage.plan.epoch_batches(len(cat), 4, seed=7, epoch=epoch), cat, {})
-        assert loader.stats()["staged_files"] == len(cat)
+        assert loader.stats(epochs="all")["staged_files"] == len(cat)
 
 
 def test_a_read_stalled_on_the_source_times_out_and_unmounting_is_prompt(make_folder, pfs, tmp_path):
@@ -366,7 +366,7 @@ def test_a_read_stalled_on_the_source_times_out_and_unmounting_is_prompt(make_fo
                       {"class_1/img_004.jpg": errno.ETIMEDOUT})
         # Stage 2 and stage 3 each wait for the file, then give it up: timeouts, not a hang.
         assert time.monotonic() - start < 5
-        assert loader.stats()["stage_failures"] >= 1
+        assert loader.stats(epochs="all")["stage_failures"] >= 1
         # The abandoned reads are still stalled (a second read of the same page may wait for the
         # first in the kernel instead of reaching the emulator).
         assert emulator.stats()["faults"]["stalled_now"] >= 1
@@ -412,7 +412,7 @@ def test_a_slow_read_within_io_timeout_is_not_an_error(make_folder, pfs, tmp_pat
     with prestage.Loader(cat, batch_size=4, seed=1, stage_dir=tmp_path / "stage",
                          io_timeout=2.0) as loader:
         check_batches(epoch_outcomes(loader, backing, cat), plan, cat, {})
-        assert loader.stats()["stage_failures"] == 0
+        assert loader.stats(epochs="all")["stage_failures"] == 0
     assert emulator.stats()["faults"]["stall_read"] >= 3
 
 
@@ -449,14 +449,14 @@ def test_stage_3_does_not_wait_for_a_slow_stage_2(make_folder, pfs, tmp_path):
     with prestage.Loader(cat, batch_size=16, seed=1, stage_dir=tmp_path / "stage", prefetchers=1,
                          readers=2, lookahead=2) as loader:
         check_epoch(loader, cat)
-        s = loader.stats()
+        s = loader.stats(epochs="all")
     assert s["stage_expedited"] > 0
     assert s["misses"] >= s["stage_expedited"]  # each given-up file was read by stage 3
     assert s["staged_files"] + s["stage_expedited"] + s["stage_failures"] >= len(cat)
     with prestage.Loader(cat, batch_size=16, seed=1, stage_dir=tmp_path / "waits", prefetchers=1,
                          readers=2, lookahead=2, stage_patience=None) as loader:
         check_epoch(loader, cat)
-        s = loader.stats()
+        s = loader.stats(epochs="all")
     assert s["stage_expedited"] == 0 and s["staged_files"] == len(cat)  # waited for every copy
     with pytest.raises(prestage.ConfigError, match="stage_patience"):
         prestage.Loader(cat, batch_size=16, stage_patience=-1)
@@ -491,5 +491,5 @@ def test_copies_of_an_earlier_run_are_checked_after_the_directory_fills_up(make_
         os.close(fd)
     with prestage.Loader(cat, batch_size=4, stage_dir=stage, seed=1, cache_bytes=0) as loader:
         check_epoch(loader, cat)
-        s = loader.stats()
+        s = loader.stats(epochs="all")
     assert s["stage_dir_disabled"] and "No space left" in s["stage_dir_error"]

@@ -141,10 +141,10 @@ def test_second_run_over_the_same_stage_dir_copies_nothing(folder, tmp_path):
     cat = prestage.Catalog.from_folder(folder)
     with prestage.Loader(cat, batch_size=5, stage_patience=None, stage_dir=tmp_path / "stage") as first:
         epoch(first)
-        assert first.stats()["staged_files"] == len(cat)
+        assert first.stats(epochs="all")["staged_files"] == len(cat)
     with prestage.Loader(cat, batch_size=5, stage_patience=None, stage_dir=tmp_path / "stage") as second:
         epoch(second)
-        stats = second.stats()
+        stats = second.stats(epochs="all")
     assert stats["staged_files"] == 0
     assert stats["misses"] == 0 and stats["hits"] >= len(cat)
 
@@ -167,7 +167,7 @@ def test_leftover_partial_files_are_never_served(folder, tmp_path):
             p.write_bytes(data[: len(data) // 2])
     with prestage.Loader(cat, batch_size=4, stage_patience=None, stage_dir=stage) as loader:
         idx, _, img = epoch(loader)
-        assert loader.stats()["staged_files"] == len(cat)  # every copy made again
+        assert loader.stats(epochs="all")["staged_files"] == len(cat)  # every copy made again
     for k, i in enumerate(idx):
         np.testing.assert_array_equal(img[k], pil_rgb(cat.source_path(int(i))))
     assert not list(stage.rglob("*.part"))
@@ -223,7 +223,7 @@ def test_gil_is_released_while_waiting(make_folder):
         with prestage.Loader(cat, batch_size=30, readers=1) as loader:
             start = time.monotonic()
             epoch(loader)
-            waited = loader.stats()["consumer_stall_s"]
+            waited = loader.stats(epochs="all")["consumer_stall_s"]
             elapsed = time.monotonic() - start
     finally:
         stop.set()
@@ -252,7 +252,7 @@ def test_stats_report_every_stage(folder, tmp_path):
     cat = prestage.Catalog.from_folder(folder)
     with prestage.Loader(cat, batch_size=4, stage_patience=None, stage_dir=tmp_path / "s") as loader:
         epoch(loader)
-        s = loader.stats()
+        s = loader.stats(epochs="all")
     for stage in ("plan", "stage", "decode"):
         assert set(s[stage]) == {"busy_s", "idle_s", "items", "bytes"}
     assert s["batches"] == 6 and s["samples"] == len(cat)
@@ -422,7 +422,7 @@ def test_stats_keys_are_the_documented_ones(folder):
     cat.source_path(3).write_bytes(b"not a jpeg")
     with prestage.Loader(cat, batch_size=4, on_error="skip") as loader:
         epoch(loader)
-        s = loader.stats()
+        s = loader.stats(epochs="all")
     assert set(s) == {
         "wall_s", "batches", "samples", "consumer_stall_s", "plan", "stage", "decode", "threads_why",
         "usable_cpus", "local_ranks", "tuning", "staged_files", "adopted_files", "already_staged", "stage_failures",
@@ -447,7 +447,8 @@ def test_stats_keys_are_the_documented_ones(folder):
     assert s["skipped_samples"][0]["sample"] == 3 and isinstance(s["skipped_samples"][0]["path"], str)
     assert set(s["epochs"][0]) == {"epoch", "hits", "misses", "evictions", "source_reads",
                                    "bytes_from_source", "copies_made", "copies_adopted", "peer_reads",
-                                   "bytes_from_peers"}
+                                   "bytes_from_peers", "decoded_from_stage", "decoded_from_memory",
+                                   "decoded_from_peers", "decoded_from_source"}
     assert s["pinned"] in ("cuda", "mlock", "none") and s["pinned_why"] and isinstance(s["wall_s"], float)
 
 
@@ -458,7 +459,7 @@ def test_thread_options_left_out_are_sized_to_the_machine_and_given_ones_kept(fo
         monkeypatch.delenv(name, raising=False)
     cpus = len(os.sched_getaffinity(0))
     with prestage.Loader(cat, batch_size=4) as loader:
-        s = loader.stats()
+        s = loader.stats(epochs="all")
         assert s["usable_cpus"] <= cpus and s["local_ranks"] == 1
         share = s["usable_cpus"]
         assert loader.options.readers == (share - 1 if share >= 4 else share)
@@ -469,7 +470,7 @@ def test_thread_options_left_out_are_sized_to_the_machine_and_given_ones_kept(fo
     # Four ranks on the node share its CPUs.
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
     with prestage.Loader(cat, batch_size=4) as loader:
-        s = loader.stats()
+        s = loader.stats(epochs="all")
         assert s["local_ranks"] == 4 and "LOCAL_WORLD_SIZE" in s["threads_why"]
         share = max(1, s["usable_cpus"] // 4)
         assert loader.options.readers == (share - 1 if share >= 4 else share)
@@ -477,6 +478,30 @@ def test_thread_options_left_out_are_sized_to_the_machine_and_given_ones_kept(fo
     with prestage.Loader(cat, batch_size=4, readers=3, prefetchers=None, lookahead=2) as loader:
         assert (loader.options.readers, loader.options.lookahead) == (3, 2)
         assert loader.options.prefetchers == 16  # twice the readers, at least 16
-        assert "readers" not in loader.stats()["threads_why"].split(" from ")[0]
+        assert "readers" not in loader.stats(epochs="all")["threads_why"].split(" from ")[0]
     with prestage.Loader(cat, batch_size=4, readers=1, prefetchers=1, lookahead=1) as loader:
-        assert loader.stats()["threads_why"] == ""
+        assert loader.stats(epochs="all")["threads_why"] == ""
+
+
+def test_options_show_themselves_under_the_keywords_names(folder, tmp_path):
+    """loader.options: a repr that shows the values, and to_dict() with the keywords' names and units
+    (stage_patience in seconds, not stage_patience_ms), which make the same options again."""
+    cat = prestage.Catalog.from_folder(folder)
+    given = dict(stage_patience=0.2, readers=2, eviction="lru", io_timeout=3, stage_dir=str(tmp_path / "s"),
+                 transform="random-resized-crop", layout="NCHW")
+    with prestage.Loader(cat, 4, (8, 8), **given) as loader:
+        options = loader.options
+    text = repr(options)
+    assert text.startswith("LoaderOptions(batch_size=4, image_size=(8, 8), ") and " at 0x" not in text
+    assert "stage_patience=0.2" in text and "stage_patience_ms" not in text
+    d = options.to_dict()
+    assert {k: d[k] for k in given} == {**given, "io_timeout": 3.0}
+    assert set(d) == {"batch_size", "image_size", "peer_comm"} | set(prestage.options._CONVERT) - {"comm"}
+    rest = {k: v for k, v in d.items() if k not in ("batch_size", "image_size", "peer_comm")}
+    with prestage.Loader(cat, d["batch_size"], d["image_size"], **rest) as again:
+        assert again.options.to_dict() == d
+
+
+def test_a_folder_given_for_a_saved_catalog_is_a_config_error_naming_the_fix(folder):
+    with pytest.raises(prestage.ConfigError, match="Catalog.from_folder"):
+        prestage.Loader(str(folder), 4)

@@ -116,7 +116,7 @@ RANK = textwrap.dedent("""
     loader.close()
     close_s = time.monotonic() - closing
     Path(cfg["out"], f"{rank}.json").write_text(json.dumps({
-        "stats": loader.stats(), "close_s": close_s, "ended": ended, "batches": batches,
+        "stats": loader.stats(epochs="all"), "close_s": close_s, "ended": ended, "batches": batches,
         "wrong": wrong, "stage": cfg["stage"]}))
     wait("closed", range(cfg["world"]))
 """)
@@ -634,7 +634,7 @@ PLAIN = textwrap.dedent("""
     with prestage.Loader(cat, batch_size=5, decode="raw", stage_dir=sys.argv[2], rank=0, world_size=4,
                          peers=True) as loader:
         n = sum(len(b.indices) for b in loader)
-        s = loader.stats()
+        s = loader.stats(epochs="all")
     print(json.dumps({"n": n, "on": s["peer_tier"], "why": s["peer_tier_why"]}))
 """)
 
@@ -678,7 +678,7 @@ FORKED = textwrap.dedent("""
         said = os.read(r, 4096).decode()
         assert os.waitpid(pid, 0)[1] == 0
         after = sum(len(b.indices) for b in loader)  # the parent's tier still works
-        s = loader.stats()
+        s = loader.stats(epochs="all")
         # Each answers the other's fetches until both have their batches (a rank that closed early
         # would turn the other's fetches into reads of the source).
         open(f"{sys.argv[2]}/done-{rank}", "w").close()
@@ -750,7 +750,7 @@ FORKED_BEFORE = textwrap.dedent("""
         process.start()
         os.close(w)
         out["multiprocessing"] = answer(r, process)
-        out["parent"] = [sum(len(b.indices) for b in loader), loader.stats()["peer_tier"]]
+        out["parent"] = [sum(len(b.indices) for b in loader), loader.stats(epochs="all")["peer_tier"]]
     print(json.dumps(out))
 """)
 
@@ -804,13 +804,13 @@ COMMS = textwrap.dedent("""
         try:
             with prestage.Loader(cat, batch_size=5, decode="raw", stage_dir=f"{sys.argv[2]}/{rank}",
                                  rank=rank, world_size=2, peers=True, comm=comm) as loader:
-                out[name] = ["accepted", loader.stats()["peer_tier"]]
+                out[name] = ["accepted", loader.stats(epochs="all")["peer_tier"]]
         except prestage.ConfigError as e:
             out[name] = ["ConfigError", str(e)]
     comm = MPI.COMM_WORLD.Dup()
     with prestage.Loader(cat, batch_size=5, decode="raw", stage_dir=f"{sys.argv[2]}/{rank}", rank=rank,
                          world_size=2, peers=True, comm=comm) as loader:
-        out["dup"] = [sum(len(b.indices) for b in loader), loader.stats()["peer_tier"]]
+        out["dup"] = [sum(len(b.indices) for b in loader), loader.stats(epochs="all")["peer_tier"]]
     comm.Free()
     print(json.dumps(out))
 """)

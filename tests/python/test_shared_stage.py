@@ -39,7 +39,7 @@ RANK = textwrap.dedent("""
             Path(barrier, f"{epoch}-{rank}").touch()
             while len([p for p in os.listdir(barrier) if p.startswith(f"{epoch}-")]) < world:
                 time.sleep(0.005)
-        s = loader.stats()
+        s = loader.stats(epochs="all")
     print(json.dumps({"epochs": s["epochs"], "source_reads": s["source_reads"],
                       "source_bytes": s["source_bytes"], "staged_files": s["staged_files"],
                       "adopted_files": s["adopted_files"]}))
@@ -113,7 +113,7 @@ KILLED_RANK = textwrap.dedent("""
                              world_size=3, prefetchers=8, lookahead=32, depth=2)
     for b in loader:
         print("batch", flush=True)
-        loader.stats()
+        loader.stats(epochs="all")
         import time; time.sleep(0.05)  # stage 2 runs far ahead of a slow consumer, copying
 """)
 
@@ -154,7 +154,7 @@ def test_a_rank_killed_mid_copy_costs_the_others_no_wrong_byte_and_no_hang(make_
             for k, i in enumerate(b.indices):
                 got = b.data[b.offsets[k]:b.offsets[k + 1]].tobytes()
                 assert got == (backing / cat.path(int(i))).read_bytes()
-        s = loader.stats()
+        s = loader.stats(epochs="all")
     assert s["source_reads"] == 0 and s["epochs"][0]["hits"] == len(cat)
     assert not list(stage.rglob("*.part"))
     assert sum(r["source_reads"] for r in ranks) >= 1
@@ -174,7 +174,7 @@ BOUNDED_RANK = textwrap.dedent("""
                 for k, i in enumerate(b.indices):
                     got = b.data[b.offsets[k]:b.offsets[k + 1]].tobytes()
                     assert got == (Path(backing) / cat.path(int(i))).read_bytes(), cat.path(int(i))
-        s = loader.stats()
+        s = loader.stats(epochs="all")
     print(json.dumps({k: s[k] for k in ("cache_bytes", "stage_bytes_peak", "source_bytes")}))
 """)
 

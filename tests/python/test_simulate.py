@@ -360,3 +360,17 @@ def test_home_first_at_full_cache_reads_only_the_first_epoch_from_the_pfs_and_be
     assert hybrid["with_peers"]["pfs_bytes"] == [int(sizes.sum()), 0, 0, 0]
     assert sum(own["with_peers"]["pfs_bytes"][1:]) > 0
     assert hybrid["later"]["ratio_chosen"] < own["later"]["ratio_chosen"] <= 1
+
+
+def test_a_long_walk_reports_progress_within_it_and_the_cli_says_how_long_first(capsys):
+    """One node's stream of 40,000 uses (2 epochs of 20,000): its progress comes in steps of at most _REPORT_EVERY uses, not
+    one step at its end, and adds up to total_uses; the CLI prints the uses and an estimate first."""
+    config = sim.Config(num_samples=20_000, ranks_per_node=4, batch_size=32, epochs=2, seed=0,
+                        pfs_gbs=100.0, link_gbs=12.5)
+    steps: List[int] = []
+    sim.simulate(config, [1], [0.5], sim.sample_sizes(20_000, 110e3, 0.5, 0), on_uses=steps.append)
+    assert sum(steps) == sim.total_uses(config, [1], [0.5])
+    assert len(steps) >= 2 and max(steps) <= sim._REPORT_EVERY
+    assert main(["simulate", "--nodes", "1,2", "--samples", "400", "--cache", "50", "--epochs", "2"]) == 0
+    err = capsys.readouterr().err
+    assert "sample uses to walk" in err and "about 1 s at" in err and "--samples 20000" in err

@@ -74,7 +74,7 @@ def test_copies_on_disk_never_pass_the_bound_at_any_sampled_moment(tmp_path, tmp
         finally:
             done.set()
             watcher.join()
-        stats = sampler.stats()
+        stats = sampler.stats(epochs="all")
     assert sum(e["evictions"] for e in stats["epochs"]) > 0 and stats["worker_staged"] > 0
     assert 0 < peak[0] <= bound
 
@@ -111,7 +111,7 @@ def test_the_default_bound_never_fills_a_disk_of_small_files(tmp_path, tmpfs):
                     for k, i in enumerate(batch.indices):
                         got = batch.data[batch.offsets[k]:batch.offsets[k + 1]].tobytes()
                         assert got == catalog.source_path(int(i)).read_bytes()
-            stats = loader.stats()
+            stats = loader.stats(epochs="all")
     finally:
         done.set()
         watcher.join()
@@ -141,7 +141,7 @@ def test_a_read_only_stage_directory_serves_the_copies_in_it_and_copies_nothing(
                          cache_bytes=set_bytes // 2) as loader:
         for _ in loader:
             pass
-        staged = loader.stats()["staged_files"]
+        staged = loader.stats(epochs="all")["staged_files"]
     assert 0 < staged < len(catalog)
     r = subprocess.run(["mount", "-o", "remount,ro", str(mount)], capture_output=True)
     if r.returncode != 0:
@@ -153,7 +153,7 @@ def test_a_read_only_stage_directory_serves_the_copies_in_it_and_copies_nothing(
             for k, i in enumerate(batch.indices):
                 got = batch.data[batch.offsets[k]:batch.offsets[k + 1]].tobytes()
                 assert got == catalog.source_path(int(i)).read_bytes()
-        stats = loader.stats()
+        stats = loader.stats(epochs="all")
     assert not stats["stage_dir_disabled"], stats["stage_dir_error"]
     assert stats["staged_files"] == 0 and stats["stage_failures"] == 0  # nothing copied, nothing tried
     kept = [p for p in stage.glob("prestage-*/*/*") if p.is_file() and "." not in p.name]
@@ -196,4 +196,4 @@ def test_the_batches_a_dataloader_may_still_read_keep_their_copies(tmp_path):
             for batch, was in zip(handed[-ahead:], staged[-ahead:]):
                 assert {i for i in was if dataset[i] != "stage"} == set(), step
                 checked += len(was)
-        assert sampler.stats()["epochs"][0]["evictions"] > 0 and checked > 150
+        assert sampler.stats(epochs="all")["epochs"][0]["evictions"] > 0 and checked > 150

@@ -316,3 +316,13 @@ def test_torchvision_imagefolder_with_a_v2_pipeline(tmp_path):
             direct, direct_target = datasets.ImageFolder(tmp_path / "src", transform=transform)[i]
             assert torch.equal(image, direct) and target == direct_target
         assert sampler.stats()["worker_staged"] > 0
+
+
+def test_a_saved_catalogs_path_is_taken_as_the_catalog(tmp_path):
+    """As prestage.Loader and the adaptors take it: the same batches as the catalog object gives."""
+    catalog = make_files(tmp_path / "src", n=24)
+    catalog.save(tmp_path / "train.catalog")
+    plan = dict(batch_size=5, seed=3)
+    for given in (str(tmp_path / "train.catalog"), tmp_path / "train.catalog"):
+        with prestage.torch.StagedSampler(given, stage_dir=tmp_path / "stage", **plan) as sampler:
+            assert list(sampler) == reference_batches(catalog, **plan)

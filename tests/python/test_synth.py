@@ -7,6 +7,10 @@ import argparse
 import importlib.util
 import io
 import json
+import os
+import re
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -228,10 +232,28 @@ def test_missing_scikit_image_is_reported_with_the_fix(
         return None if name == "skimage" else real_find_spec(name, package)
 
     monkeypatch.setattr(importlib.util, "find_spec", find_spec)
-    with pytest.raises(ModuleNotFoundError, match="pip install scikit-image"):
+    with pytest.raises(ModuleNotFoundError, match=re.escape(synth.INSTALL_SYNTH)):
         synth.make_synthetic_set(tmp_path / "out", 2, 1, workers=1, progress=False)
     assert synth_cli.run(_parse(["synth", str(tmp_path / "out"), "--images", "2", "--classes", "1"])) == 1
-    assert "pip install scikit-image" in capsys.readouterr().err
+    assert synth.INSTALL_SYNTH in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("command", [["synth", "OUT", "--images", "2", "--classes", "1"],
+                                     ["demo", "--images", "2", "--quiet"]])
+def test_without_pillow_every_command_gives_the_one_fix(tmp_path: Path, command: list) -> None:
+    """Without Pillow (its import blocked in a fresh interpreter), synth and demo end with one line
+    that names the extra to install, as the README does, and no traceback."""
+    argv = [str(tmp_path / "out") if a == "OUT" else a for a in command]
+    code = ("import sys; sys.modules['PIL'] = None; from prestage.cli import main; "
+            f"sys.exit(main({argv!r}))")
+    env = dict(os.environ, XDG_CACHE_HOME=str(tmp_path / "cache"))
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                          timeout=120)
+    assert done.returncode == 1, done.stderr
+    assert "Traceback" not in done.stderr
+    assert done.stderr.count("\n") == 1 and "pip install 'prestage[synth]'" in done.stderr
+    readme = (Path(__file__).parents[2] / "README.md").read_text()
+    assert "pip install 'prestage[synth]'" in readme and "pip install pillow" not in readme
 
 
 @pytest.mark.parametrize(

@@ -155,3 +155,9 @@ def test_staged_paths_in_plan_order_for_the_users_own_parsing(tmp_path):
     assert got == [(hashlib.sha256(catalog.source_path(i).read_bytes()).hexdigest(), catalog.label(i))
                    for i in expected[:len(got)]]
     ds.sampler.close()
+    # A saved catalog's path, as prestage.Loader and prestage.tf.dataset take it: the same samples.
+    catalog.save(tmp_path / "train.catalog")
+    ds = prestage.tf.staged_paths(str(tmp_path / "train.catalog"), stage_dir=str(tmp_path / "stage"),
+                                  epochs=1, read=True, **plan)
+    assert [(hashlib.sha256(d).hexdigest(), int(label)) for d, label in ds.as_numpy_iterator()] == got
+    ds.sampler.close()

@@ -36,7 +36,7 @@ def test_direct_reads_are_one_record_each_naming_sample_file_and_range(tmp_path)
     path = tmp_path / "run.trace"
     with prestage.Loader(catalog, batch_size=8, decode="raw", trace=path, seed=3) as loader:
         seen = [int(i) for batch in loader for i in batch.indices]
-        stats = loader.stats()
+        stats = loader.stats(epochs="all")
     header, records = traces.read(path)
     assert header["files"] == len(catalog) and header["root"] == str(catalog.root)
     reads = records[records["kind"] == traces.KINDS.index("read")]
@@ -65,7 +65,7 @@ def test_staged_packed_set_records_shard_copies_and_stage_hits(tmp_path):
             loader.set_epoch(epoch)
             for _ in loader:
                 pass
-        stats = loader.stats()
+        stats = loader.stats(epochs="all")
     _, records = traces.read(path)
     copies = records[records["kind"] == traces.KINDS.index("copy")]
     shards = sorted(p for p in os.listdir(tmp_path / "packed") if p.endswith(".bin"))
@@ -140,7 +140,7 @@ def test_the_trace_has_one_record_per_read_the_counters_count(tmp_path, staged):
         for _ in loader:
             pass
     loader.close()
-    stats = loader.stats()
+    stats = loader.stats(epochs="all")
     _, records = traces.read(path)
     kinds = records["kind"].tolist()
     tiers = records["tier"].tolist()
@@ -184,7 +184,7 @@ def test_the_next_epoch_read_ahead_is_kept_across_each_boundary(tmp_path, loop):
             batches = loader if loop in ("set_epoch", "plain") else itertools.islice(loader, len(loader))
             seen.append([batch.indices.tolist() for batch in batches])
             assert loader.epoch == e + 1
-    stats = loader.stats()  # once closed: every read the trace holds is counted
+    stats = loader.stats(epochs="all")  # once closed: every read the trace holds is counted
     with prestage.Loader(catalog, **options) as fresh:
         assert seen == [epoch_batches(fresh, e) for e in range(epochs)]
     by_epoch = {e["epoch"]: e["source_reads"] for e in stats["epochs"]}

@@ -78,7 +78,7 @@ def test_a_warm_restart_on_another_world_size_reads_from_the_pfs_only_what_the_d
         rest = take(again, src, mount)
         assert len(rest) == N - 4 * 5 * 2  # 4 batches of 5 on 2 ranks were consumed
         take(again, src, mount)  # epoch 1: every sample
-        stats = again.stats()
+        stats = again.stats(epochs="all")
     after = opens(emulator, catalog, mount)
     read = {i: after[i] - before[i] for i in range(N)}
     assert all(read[i] == 0 for i in warm)  # adopted, checked against its CRC, never read again
@@ -117,7 +117,7 @@ def test_a_warm_restart_with_a_smaller_bound_keeps_the_copies_the_resumed_plan_u
     with prestage.Loader(catalog, 6, cache_bytes=bound, **options) as again:
         again.load_state_dict(state)
         rest = take(again, src, mount)
-        stats = again.stats()
+        stats = again.stats(epochs="all")
     assert rest == order  # one rank: the rest of the epoch's order, in order
     read = {i: opens(emulator, catalog, mount)[i] - before[i] for i in range(N)}
     # Each kept copy is used before anything could displace it (its next use is in this epoch, that

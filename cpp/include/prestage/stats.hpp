@@ -37,6 +37,13 @@ struct EpochStats {
   uint64_t copies_adopted = 0;     // files it was to copy and found copied by a neighbour
   uint64_t peer_reads = 0;         // samples of this epoch's batches fetched from another node's
   uint64_t bytes_from_peers = 0;   // home copy (the peer tier), and their bytes
+  // Stage 3's reads of this epoch's samples by where their bytes were when it decoded them (counted
+  // as its batches are decoded; each is one of Stats::hits, or of Stats::misses, whose sums over
+  // the epochs they are): the stage directory, memory stage 2 read ahead, a peer, the source.
+  uint64_t decoded_from_stage = 0;
+  uint64_t decoded_from_memory = 0;
+  uint64_t decoded_from_peers = 0;
+  uint64_t decoded_from_source = 0;
 };
 
 // on_error=skip: a sample that failed and was replaced in its batch by another.

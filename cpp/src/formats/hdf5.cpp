@@ -60,7 +60,15 @@ struct Open {
 };
 
 // The one lock and the cache of open datasets, most recently used first.
+//
+// HDF5 shuts itself down at exit (H5_term_library, which H5open registers with atexit), closing
+// what is still open and forgetting every identifier. The cache must close its identifiers before
+// that: closed after it, each close fails and HDF5 prints its error stack ("H5Dclose(): not a
+// dataset ID") to stderr. The constructor calls H5open first, so HDF5's handler is registered
+// before this object's destructor is (when construction completes), and exit runs the destructor
+// first.
 struct State {
+  State() { static_cast<void>(H5open()); }
   std::mutex mutex;
   std::list<Open> open;
   bool quiet = false;

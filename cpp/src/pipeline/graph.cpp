@@ -469,8 +469,15 @@ void Pipeline::Impl::count_stage(const Work& w) {
 
 void Pipeline::Impl::count_decode(const Work& w) {
   // Bytes served from memory were read from the source by stage 2, and counted there.
+  const TierCounts counts = w.decode_reads.counts();
+  const auto reads = [&](Tier t) { return counts.reads[static_cast<size_t>(t)]; };
   std::lock_guard lock(shared.epochs_mutex);
-  count_source(shared.epochs[w.epoch], w.decode_reads);
+  EpochStats& e = shared.epochs[w.epoch];
+  count_source(e, w.decode_reads);
+  e.decoded_from_stage += reads(Tier::kStage);
+  e.decoded_from_memory += reads(Tier::kMemory);
+  e.decoded_from_peers += reads(Tier::kPeer);
+  e.decoded_from_source += reads(Tier::kSource);
 }
 
 void Pipeline::Impl::hand_off(Ticket t) {

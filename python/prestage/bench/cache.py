@@ -5,6 +5,9 @@ cache, dentries and inodes go (root only, and not in every container). ``fadvise
 drop the cached pages of each file under the given directories (``posix_fadvise(POSIX_FADV_DONTNEED)``,
 any user, only the files named). ``auto`` tries ``drop`` and falls back to ``fadvise``. Each call says
 which was done, so that a report can say it.
+
+The default is ``fadvise``: ``drop`` (and ``auto`` as root) empties every other job's page cache too, a
+side effect only an explicit ``--cold drop`` may have.
 """
 
 from __future__ import annotations
@@ -13,9 +16,10 @@ import os
 from pathlib import Path
 from typing import Iterable, Union
 
-__all__ = ["METHODS", "make_cold", "warm"]
+__all__ = ["DEFAULT", "METHODS", "make_cold", "warm"]
 
-METHODS = ("auto", "drop", "fadvise", "none")
+METHODS = ("fadvise", "drop", "auto", "none")
+DEFAULT = "fadvise"
 DROP_CACHES = "/proc/sys/vm/drop_caches"
 
 

@@ -80,7 +80,7 @@ def run_cache_study(setup: Setup, cache_size: str, evictions: Sequence[Literal["
                                  "cache": cache_state,
                                  "pfs_bytes": None if before is None or after is None
                                  else after["bytes_read"] - before["bytes_read"]})
-                stats = loader.stats()
+                stats = loader.stats(epochs="all")
         finally:
             shutil.rmtree(stage_dir, ignore_errors=True)
         for row, counts in zip(rows, stats["epochs"]):

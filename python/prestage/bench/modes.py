@@ -62,7 +62,7 @@ class Setup:
     depth: int = 4
     seed: int = 0
     compute_ms: float = 0.0
-    cold: str = "auto"
+    cold: str = cache.DEFAULT
     emulator: Any = None  # a running PfsEmulator, or None
     show_progress: bool = True
     _catalogs: Dict[str, Any] = dataclasses.field(default_factory=dict)

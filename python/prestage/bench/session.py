@@ -87,11 +87,13 @@ def add_data_options(p: argparse.ArgumentParser, default_batches: Optional[int])
                         "long after each batch (an accelerator's step leaves the CPU to the loader), so "
                         "that stall time is measured under overlap (default 0: pure loading speed)")
     g.add_argument("--seed", type=int, default=0, help="shuffle seed, a non-negative integer (default 0)")
-    g.add_argument("--cold", choices=cache.METHODS, default="auto",
-                   help="how each run starts cold: drop = write /proc/sys/vm/drop_caches (root); "
-                        "fadvise = posix_fadvise(DONTNEED) on the source's and the stage directory's "
-                        "files; auto = drop where permitted, else fadvise; none = leave caches as they "
-                        "are (default auto). The report says which was done")
+    g.add_argument("--cold", choices=cache.METHODS, default=cache.DEFAULT,
+                   help="how each run starts cold: fadvise = posix_fadvise(DONTNEED) on the source's "
+                        "and the stage directory's files, only those (the default); drop = write "
+                        "/proc/sys/vm/drop_caches as root, which empties the page cache of the WHOLE "
+                        "machine, every other job's too: only on a machine of your own; auto = drop "
+                        "where permitted, else fadvise; none = leave caches as they are. The report "
+                        "says which was done")
     g.add_argument("--quiet", action="store_true", help="no progress bars")
 
 

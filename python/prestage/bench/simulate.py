@@ -172,9 +172,15 @@ def epoch_layout(order: np.ndarray, world_size: int, batch_size: int) -> tuple[n
     return samples, within // size_of_batch
 
 
+#: Uses a walk takes between two calls of its ``on_uses``: a node's stream can be millions of uses
+#: long (ImageNet on one node: 3.8 million over 3 epochs), and a progress bar must move within it.
+_REPORT_EVERY = 1 << 15
+
+
 def _belady_hits(samples: List[int], next_use: List[int], sizes: List[int], capacity: int,
                  stays: Optional[List[tuple[int, int, int]]] = None,
-                 admit: Optional[List[bool]] = None, tier: Optional[List[int]] = None) -> bytearray:
+                 admit: Optional[List[bool]] = None, tier: Optional[List[int]] = None,
+                 on_uses: Optional[Callable[[int], None]] = None) -> bytearray:
     """Per use, 1 if Belady's rule with bypass (byte capacity) finds the sample kept. ``next_use[i]``: the
     index of the sample's next use, or ``len(samples)`` (or more) if none (kept only in room that is
     free: the first to go). ``admit[i]`` False: a miss at use i is not admitted (bypassed). With
@@ -185,7 +191,7 @@ def _belady_hits(samples: List[int], next_use: List[int], sizes: List[int], capa
     tier, its next use), an incoming sample evicts only samples keyed after it (farthest first, the
     higher tier first) and is bypassed otherwise. So a sample is never evicted for one of a higher tier,
     and one not used again is the first to go within its tier. Home first (``_walk``) is tier 0 for the
-    node's home copies, 1 for the rest."""
+    node's home copies, 1 for the rest. ``on_uses(k)``: called as the walk takes k more uses."""
     hits = bytearray(len(samples))
     admitted: Dict[int, int] = {}
     kept: Dict[int, int] = {}  # sample -> its key: tier * (len(samples) + 1) + next use
@@ -193,6 +199,8 @@ def _belady_hits(samples: List[int], next_use: List[int], sizes: List[int], capa
     used = 0
     end = len(samples)
     for i, s in enumerate(samples):
+        if on_uses is not None and i % _REPORT_EVERY == 0 and i:
+            on_uses(_REPORT_EVERY)
         nxt = next_use[i] if tier is None else tier[i] * (end + 1) + min(next_use[i], end)
         if s in kept:
             hits[i] = 1
@@ -232,6 +240,8 @@ def _belady_hits(samples: List[int], next_use: List[int], sizes: List[int], capa
             admitted[s] = i
     if stays is not None:
         stays.extend((s, at, end) for s, at in admitted.items())
+    if on_uses is not None and end:
+        on_uses(end - (end - 1) // _REPORT_EVERY * _REPORT_EVERY)  # the uses since the last call
     return hits
 
 
@@ -299,13 +309,12 @@ def _walk(st: _Streams, sizes: np.ndarray, budget: int, on_uses: Optional[Callab
         tier = None if home_node is None else (home_node[samples] != node).astype(np.int64).tolist()
         stays: List[tuple[int, int, int]] = []
         hits[lo:hi] = np.frombuffer(_belady_hits(samples.tolist(), (st.next_use[lo:hi] - lo).tolist(),
-                                                 size_list, budget, stays, tier=tier), dtype=np.uint8)
+                                                 size_list, budget, stays, tier=tier, on_uses=on_uses),
+                                    dtype=np.uint8)
         times = st.time[lo:hi].tolist()
         end = hi - lo
         for s, admitted, evicted in stays:
             holders.setdefault(s, []).append((node, times[admitted], times[evicted] if evicted < end else _NEVER))
-        if on_uses is not None:
-            on_uses(int(hi - lo))
     return hits, holders
 
 

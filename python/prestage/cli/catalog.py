@@ -142,6 +142,10 @@ def report(catalog: Any) -> Dict[str, Any]:
     }
 
 
+#: Classes the text report lists by name with their counts.
+CLASSES_LISTED = 20
+
+
 def _human(n: float) -> str:
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
         if n < 1024 or unit == "TiB":
@@ -154,6 +158,17 @@ def format_report(r: Dict[str, Any], out: Path) -> str:
     lines = [f"catalog of {r['root']} saved to {out}",
              f"  {r['files']} files, {r['samples']} samples, {r['classes']} classes, "
              f"{_human(r['bytes'])} ({r['bytes']} bytes)"]
+    per_class = r["per_class"]
+    if per_class:
+        # Every class up to CLASSES_LISTED (ImageNet's 1,000 would flood the screen): --json has all.
+        shown = list(per_class.items())[:CLASSES_LISTED]
+        counts = list(per_class.values())
+        lines.append(f"  samples per class: {min(counts)} to {max(counts)}"
+                     + ("" if len(shown) == len(per_class) else
+                        f" (the first {len(shown)} of {len(per_class)} below; --json lists them all)"))
+        lines.append("    " + ", ".join(f"{name} {n}" for name, n in shown))
+    if r["unlabelled"]:
+        lines.append(f"  {r['unlabelled']} samples without a class (label -1)")
     if r["sizes_unknown"]:
         lines.append(f"  {r['sizes_unknown']} files of unknown size")
     if r.get("dtype"):

@@ -1,6 +1,9 @@
 """``prestage demo``: one epoch from a source folder through a stage directory, with the figures.
 
-Without a source folder it generates a small synthetic ImageNet-like set first (``prestage synth``).
+Without a source folder it generates a small synthetic ImageNet-like set first (``prestage synth``),
+once, into ``$XDG_CACHE_HOME/prestage`` (``~/.cache/prestage``; about 200 MB), where the next demo finds
+it; the report ends with its place and size. The stage directory is a new temporary one, removed after,
+unless ``--stage-dir`` names one.
 The source files are dropped from the page cache before the epoch (``posix_fadvise(DONTNEED)``), so
 that stage 2 really reads the storage, as it would from a parallel file system.
 """
@@ -90,7 +93,7 @@ def run_demo(
                 images += len(batch)
                 bar.update(1)
         elapsed = time.perf_counter() - start
-        stats = loader.stats()
+        stats = loader.stats(epochs=0)  # the epoch run, not the next one the pipeline began
         chosen = loader.options  # the values in effect: given, or sized to the machine
     nbytes = stats["missed_bytes"] + stats["bytes_from_stage"]
     return {
@@ -112,6 +115,18 @@ def run_demo(
         },
         "stats": stats,
     }
+
+
+def epoch_figures(stats: Dict[str, Any]) -> Dict[str, Any]:
+    """The first epoch of ``stats["epochs"]`` (the demo's one epoch), with ``samples``: the samples
+    stage 3 decoded for it, which every split of them (hits and misses; stage 3's reads by where the
+    bytes were) adds up to."""
+    epoch = dict(stats["epochs"][0]) if stats["epochs"] else {
+        k: 0 for k in ("epoch", "hits", "misses", "copies_made", "source_reads", "bytes_from_source",
+                       "decoded_from_stage", "decoded_from_memory", "decoded_from_peers",
+                       "decoded_from_source")}
+    epoch["samples"] = sum(epoch[f"decoded_from_{t}"] for t in ("stage", "memory", "peers", "source"))
+    return epoch
 
 
 def _format_tuning(t: Dict[str, Any]) -> str:
@@ -143,17 +158,23 @@ def format_report(result: Dict[str, Any]) -> str:
         lines.append(
             f"{name:<10}{st['busy_s']:>9.2f}{st['idle_s']:>9.2f}{st['items']:>9}{st['bytes'] / 1e6:>9.1f}"
         )
-    epoch = s["epochs"][0] if s["epochs"] else {"hits": 0, "misses": 0}
+    # The epoch run, alone: the pipeline has begun the next epoch too, whose batches the run-wide
+    # totals (stats()["hits"], ["staged_files"]) also count.
+    e = epoch_figures(s)
     lines += [
         "",
-        f"this epoch       {epoch['misses']} samples copied or read from the source (misses), "
-        f"{epoch['hits']} found staged (hits)",
-        "the whole run, with the next epoch's first batches (the pipeline runs ahead of the loop):",
-        f"staged files     {s['staged_files']} copied, {s['already_staged']} already staged, "
-        f"{s['stage_failures']} failed",
-        f"stage 3 reads    {s['hits']} from the stage directory, {s['misses']} from the source",
+        f"epoch {e['epoch']}:          {e['samples']} samples: {e['hits']} found staged (hits), "
+        f"{e['misses']} whose bytes came from the source (misses)",
+        f"  stage 2        {e['copies_made']} files copied to the stage directory, "
+        f"{e['source_reads']} reads of the source ({e['bytes_from_source'] / 1e6:.1f} MB)",
+        f"  stage 3        {e['decoded_from_stage']} read from the stage directory, "
+        f"{e['decoded_from_memory']} from memory (read ahead), {e['decoded_from_source']} from the source"
+        + (f", {e['decoded_from_peers']} from peers" if e["decoded_from_peers"] else ""),
         f"batch buffers    {_PINNED[s['pinned']]} ({s['pinned_why']})",
     ]
+    if s["stage_failures"]:
+        lines.append(f"stage failures   {s['stage_failures']} copies failed (their samples were read "
+                     "from the source)")
     if s["stage_dir_disabled"]:
         lines.append(f"stage directory  disabled: {s['stage_dir_error']}")
     return "\n".join(lines)
@@ -224,8 +245,16 @@ def run(args: argparse.Namespace) -> int:
         finally:
             if temporary:
                 shutil.rmtree(stage_dir, ignore_errors=True)
+    except ModuleNotFoundError as e:  # Pillow or scikit-image, for the synthetic set: the message says
+        print(f"prestage demo: {e}", file=sys.stderr)  # what to install (prestage.synth.INSTALL_SYNTH)
+        return 1
     except (prestage.Error, ValueError, OSError) as e:
         print(f"prestage demo: {e}", file=sys.stderr)
         return 2
     print(json.dumps(result, indent=2) if args.json else format_report(result))
+    if args.source is None and not args.json:
+        # The set generated for the demo stays for the next run: say where, and what it takes.
+        size = sum(f.stat().st_size for f in Path(source).rglob("*") if f.is_file())
+        print(f"\nthe synthetic set stays in {source} ({size / 1e6:.0f} MB) for the next demo; "
+              f"remove it with: rm -r {source}")
     return 0

@@ -70,8 +70,8 @@ def run(args: argparse.Namespace) -> int:
     quiet = bool(getattr(args, "quiet", False))
     try:
         from prestage import synth  # Pillow: needed to write a set, not to parse the options
-    except ModuleNotFoundError as error:
-        _error(f"error: {error}: pip install 'prestage[synth]'")
+    except ModuleNotFoundError as error:  # Pillow: its message says what to install
+        _error(f"error: {error}")
         return 1
     try:
         written = synth.make_synthetic_set(
