@@ -666,3 +666,45 @@ TEST_CASE("loader: decode=locate says where each sample's bytes are, and reads n
   }
   CHECK(direct.staged_path(0).empty());
 }
+
+TEST_CASE("loader: what it holds for ragged batches stays within its options' bounds, epoch after epoch") {
+  // Raw files of many sizes: every batch ragged; a stage directory bounded below the set (stage 2
+  // reads what it declines into memory), and none (stage 3 reads the source).
+  TempDir dir;
+  std::filesystem::create_directories(dir / "data/c");
+  uint64_t state = 7, total = 0, largest = 0;
+  for (int i = 0; i < 48; ++i) {
+    state = state * 6364136223846793005ULL + 1442695040888963407ULL;
+    const size_t n = 1 + (state >> 33) % 3000;
+    prestage::test::write_file(dir / "data/c" / ("f" + std::to_string(100 + i) + ".bin"),
+                               std::vector<unsigned char>(n, static_cast<unsigned char>(i)));
+    total += n;
+    largest = std::max<uint64_t>(largest, n);
+  }
+  const Catalog cat = Catalog::from_folder(dir / "data", {".bin"});
+  const uint64_t page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
+  for (const bool bounded : {true, false}) {
+    CAPTURE(bounded);
+    LoaderOptions o = options(6, bounded ? (dir / "stage").string() : "");
+    o.decode = prestage::DecodeMode::kRaw;
+    o.depth = 3;
+    o.lookahead = 2;
+    o.readers = 2;
+    o.prefetchers = 2;
+    if (bounded) o.cache_bytes = total * 3 / 10;
+    Loader loader(cat, o);
+    const uint64_t pool = o.lookahead + o.depth + 1;  // batches the pipeline holds when bounded
+    prestage::Stats::Memory last;
+    for (uint64_t epoch = 0; epoch < 30; ++epoch) {
+      const Epoch seen = run_epoch(loader, epoch);
+      REQUIRE(seen.indices.size() == 48);
+      last = loader.stats().memory;
+      CHECK(last.batch_buffers <= o.depth * (o.batch_size * largest * 5 / 4 + page));
+      CHECK(last.decode_scratch <= o.depth * o.batch_size * 2 * largest);
+      CHECK(last.read_ahead <= pool * (o.batch_size * largest * 5 / 4));
+    }
+    CHECK(last.batch_buffers > 0);
+    CHECK(last.decode_scratch > 0);
+    CHECK((last.read_ahead > 0) == bounded);
+  }
+}

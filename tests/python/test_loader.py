@@ -425,7 +425,7 @@ def test_stats_keys_are_the_documented_ones(folder):
         s = loader.stats(epochs="all")
     assert set(s) == {
         "wall_s", "batches", "samples", "consumer_stall_s", "plan", "stage", "decode", "threads_why",
-        "usable_cpus", "local_ranks", "tuning", "staged_files", "adopted_files", "already_staged", "stage_failures",
+        "usable_cpus", "local_ranks", "tuning", "memory", "staged_files", "adopted_files", "already_staged", "stage_failures",
         "stage_corrupt", "stage_expedited", "read_ahead",
         "read_ahead_bytes", "stage_dir_disabled", "stage_dir_error", "hits", "misses", "misses_read_ahead",
         "missed_bytes", "bytes_from_source", "bytes_from_stage", "source_reads", "source_bytes", "skipped",
@@ -442,6 +442,7 @@ def test_stats_keys_are_the_documented_ones(folder):
     assert s["peer_tier"] is False and s["peer_tier_why"] == "not asked for (peers=False)"
     assert set(s["tuning"]) == {"on", "readers", "reads_in_flight", "lookahead", "steps_kept",
                                 "steps_undone", "settled_s", "memory_budget", "log"}
+    assert set(s["memory"]) == {"batch_buffers", "read_ahead", "decode_scratch"}
     assert s["skipped"] == 1
     assert set(s["skipped_samples"][0]) == {"path", "error", "sample", "replacement", "epoch", "batch"}
     assert s["skipped_samples"][0]["sample"] == 3 and isinstance(s["skipped_samples"][0]["path"], str)

@@ -43,7 +43,9 @@ def test_resident_memory_is_flat_over_epochs_and_returned_at_close(soak: dict, m
     growth_kb = (rss[-1] - rss[warm]) / (len(rss) - 1 - warm) * 1024
     assert growth_kb < GROWTH_KB, f"{mode}: {growth_kb:.0f} KB per epoch from epoch {warm}: {rss.round(1)}"
     assert r["closed"] - r["start"] < CLOSED_MB, f"{mode}: {r['start']:.0f} MB before, {r['closed']:.0f} after close"
-    assert r["fds"][-1] <= r["fds"][warm], f"{mode}: descriptors {r['fds']}"
+    # A descriptor a stage 2 thread has open at the moment of a look is no leak: medians.
+    fds = np.array(r["fds"])
+    assert np.median(fds[-10:]) <= np.median(fds[warm:warm + 10]), f"{mode}: descriptors {r['fds']}"
 
 
 def test_stats_report_what_the_loader_holds(tmp_path: Path) -> None:

@@ -423,10 +423,16 @@ Ticket Pipeline::Impl::decode(Ticket t) {
   // Stage 2 is done with the batch: its bytes read ahead are final.
   const BatchSamples batch{t->epoch, t->index,         t->plan.get(),    t->ids,
                            t->count, &t->read_ahead, &t->decode_reads};
-  std::unique_ptr<BatchScratch> scratch = take_scratch();
-  shared.decoder->decode(batch, *scratch, slot, stopping);
-  const uint64_t held = scratch->held_bytes();
-  give_back(std::move(scratch), held);
+  // Given back however decode() ends.
+  struct Lent {
+    Impl& impl;
+    std::unique_ptr<BatchScratch> scratch;
+    ~Lent() {
+      const uint64_t held = scratch->held_bytes();
+      impl.give_back(std::move(scratch), held);
+    }
+  } lent{*this, take_scratch()};
+  shared.decoder->decode(batch, *lent.scratch, slot, stopping);
   count_decode(*t);
   return t;
 }
