@@ -266,11 +266,34 @@ def test_every_block_has_a_rule_and_every_rule_a_block():
         "\n".join(unclassified)
     used = {rule_of(b)[0] for b in BLOCKS}
     assert not set(RULES) - used, f"rules whose block is gone: {sorted(set(RULES) - used)}"
+    for b in BLOCKS:
+        rule = rule_of(b)[1]
+        if rule is not None and rule.commands is not None:
+            assert sorted(shell_commands(b.text)) == sorted(rule.commands), \
+                f"{b.id}: the block's commands changed: {shell_commands(b.text)}"
+
+
+def items() -> List[Tuple[Block, Optional[str]]]:
+    """What is checked, one pytest case each: a block, or each command of a shell block (so that every
+    command's run or skip, with its reason, is in pytest's list)."""
+    out: List[Tuple[Block, Optional[str]]] = []
+    for b in BLOCKS:
+        rule = rule_of(b)[1]
+        if rule is not None and rule.commands is not None and not rule.skip:
+            out.extend((b, command) for command in shell_commands(b.text))
+        else:
+            out.append((b, None))
+    return out
+
+
+ITEMS = items()
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("block", BLOCKS, ids=[b.id for b in BLOCKS])
-def test_block_runs_as_written(block: Block, work: Dict[str, str]) -> None:
+@pytest.mark.parametrize("block,command", ITEMS,
+                         ids=[b.id if c is None else f"{b.id}:{c.split()[0].rsplit('/', 1)[-1]}"
+                              f"{'-' + c.split()[1] if len(c.split()) > 1 else ''}" for b, c in ITEMS])
+def test_block_runs_as_written(block: Block, command: Optional[str], work: Dict[str, str]) -> None:
     key, rule = rule_of(block)
     if rule is None:
         pytest.fail("no rule: see test_every_block_has_a_rule_and_every_rule_a_block")
@@ -291,17 +314,12 @@ def test_block_runs_as_written(block: Block, work: Dict[str, str]) -> None:
             code = code.replace(old, fill(new, work))
         out = run([sys.executable, "-c", fill(rule.prelude, work) + code], str(cwd), timeout=300)
     else:
-        assert rule.commands is not None, f"{block.id}: a shell block needs commands"
-        written = shell_commands(block.text)
-        assert sorted(written) == sorted(rule.commands), \
-            f"{block.id}: the block's commands changed: {written}"
-        out = ""
-        for command in written:
-            action = rule.commands[command]
-            if action.startswith("skip: "):
-                print(f"{block.id}: {command!r} not run: {action[6:]}")
-                continue
-            out += run(shlex.split(fill(action, work)), str(cwd), timeout=600)
+        assert rule.commands is not None and command is not None, f"{block.id}: a shell block needs commands"
+        action = rule.commands.get(command)
+        assert action is not None, f"{block.id}: {command!r} has no rule (the block changed)"
+        if action.startswith("skip: "):
+            pytest.skip(f"{command}: {action[6:]}")
+        out = run(shlex.split(fill(action, work)), str(cwd), timeout=600)
     for pattern in rule.expect:
         assert re.search(pattern, out), f"{block.id}: expected {pattern!r} in:\n{out[-4000:]}"
 
