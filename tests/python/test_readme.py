@@ -72,6 +72,7 @@ class Rule:
     commands: Optional[Dict[str, str]] = None
     long: bool = False
     max_line: Optional[int] = None  # the longest line of output allowed (a bounded stats() print)
+    after: str = ""  # Python run after the block: what the text says of its result, printed
 
 
 PLACES = (("/pfs/imagenet/train", "{data}"), ("/pfs/imagenet-packed", "{work}/packed"),
@@ -128,9 +129,7 @@ RULES: Dict[str, Rule] = {
         expect=(r"'epochs': \[\{'epoch': 0, [^\]]*\}\]", r"'epochs': \[\{'epoch': 1, [^\]]*\}\]"),
         max_line=4000),
     'cat = prestage.Catalog.from_tfrecord(files, features={"data": "image", "label": "size"})': Rule(
-        needs=("tf",), prelude=DLIO,
-        subs=(("ds = prestage.tf.dataset", "ds = prestage.tf.dataset"),),
-        expect=()),
+        needs=("tf",), prelude=DLIO),
     'loader = prestage.torch.Loader("train.catalog", batch_size=64, decode="npy")': Rule(
         needs=("torch", "tf"), prelude="import os, prestage.torch, prestage.tf\n" + ARRAYS),
     "prestage pack /pfs/imagenet/train /pfs/imagenet-packed --workers 32": Rule(commands={
@@ -156,9 +155,10 @@ RULES: Dict[str, Rule] = {
         subs=(('"nccl"', '"gloo"'), ("range(start, 90)", "range(start, 2)"))),
     "peers=True, peer_timeout=2.0)": Rule(
         needs=("torch",),
-        # Under a plain python, an MPI world of one: the tier is off and says why; nothing hangs.
-        prelude=CATALOG + "import prestage.torch\n", 
-        expect=()),
+        # Under a plain python, a world of one rank: the tier is off and says why; nothing hangs.
+        prelude=CATALOG + "import prestage.torch\n",
+        after='print(loader.stats()["peer_tier"], loader.stats()["peer_tier_why"])\n',
+        expect=(r"False world_size 1: no other rank to fetch from",)),
     "mpirun -np 16 --map-by ppr:4:node python train.py": Rule(
         skip="needs a cluster of 4 nodes and your train.py: tests/python/test_peers.py runs the tier under "
              "mpirun on one host"),
@@ -315,7 +315,8 @@ def test_block_runs_as_written(block: Block, command: Optional[str], work: Dict[
             code = code.replace(old, fill(new, work))
         for old, new in PLACES:  # the places the text uses throughout
             code = code.replace(old, fill(new, work))
-        out = run([sys.executable, "-c", fill(rule.prelude, work) + code], str(cwd), timeout=300)
+        out = run([sys.executable, "-c", fill(rule.prelude, work) + code + "\n" + rule.after], str(cwd),
+                  timeout=300)
     else:
         assert rule.commands is not None and command is not None, f"{block.id}: a shell block needs commands"
         action = rule.commands.get(command)
