@@ -708,3 +708,36 @@ TEST_CASE("loader: what it holds for ragged batches stays within its options' bo
     CHECK((last.read_ahead > 0) == bounded);
   }
 }
+
+TEST_CASE(
+    "loader: each epoch's stage 3 reads by tier add up to its samples, and over the epochs to "
+    "the run's hits and misses") {
+  TempDir dir;
+  prestage::test::make_image_folder(dir / "data", 3, 10);  // 30 images, 10 batches of 3
+  const Catalog cat = Catalog::from_folder(dir / "data");
+  for (const bool staged : {false, true}) {
+    CAPTURE(staged);
+    Loader loader(cat, options(3, staged ? (dir / "stage").string() : ""));
+    for (uint64_t e = 0; e < 3; ++e) run_epoch(loader, e);
+    loader.close();
+    const prestage::Stats s = loader.stats();
+    uint64_t from_stage = 0, elsewhere = 0;
+    for (const prestage::EpochStats& e : s.epochs) {
+      CAPTURE(e.epoch);
+      const uint64_t decoded = e.decoded_from_stage + e.decoded_from_memory +
+                               e.decoded_from_peers + e.decoded_from_source;
+      if (e.epoch < 3) {  // consumed whole; a later one only begun
+        CHECK(decoded == 30);
+        CHECK(e.hits + e.misses == 30);
+      }
+      // Without a stage directory every sample is read from the source; with one (stage 3
+      // waiting for stage 2), from the copy, made in epoch 0 (misses) and found after (hits).
+      CHECK(e.decoded_from_stage == (staged ? decoded : 0));
+      if (staged && e.epoch > 0 && e.epoch < 3) CHECK(e.hits == decoded);
+      from_stage += e.decoded_from_stage;
+      elsewhere += e.decoded_from_memory + e.decoded_from_peers + e.decoded_from_source;
+    }
+    CHECK(s.hits == from_stage);
+    CHECK(s.misses == elsewhere);
+  }
+}
