@@ -114,6 +114,8 @@ size_t capacity_of(const std::vector<std::vector<std::byte>>& buffers) noexcept 
 }  // namespace
 
 void BatchScratch::trim() noexcept {
+  gpu_errors.clear();
+  share_errors.clear();
   trim_each(bytes);
   trim_each(unpacked);
 }

@@ -69,7 +69,9 @@ struct BatchScratch {
   std::vector<std::exception_ptr> share_errors;  // the CPU's share: its failures, by position
   std::vector<size_t> cpu_positions;  // the CPU's share of the batch
 
-  // After a batch: lets go of each per-sample buffer that holds more than twice the bytes it took
+  // After a batch, on its decoding thread: drops the batch's errors (the batch carries its own to
+  // the consumer, who must be the one to let go of them last: a scratch is reused by the next batch
+  // at once), and lets go of each per-sample buffer that holds more than twice the bytes it took
   // last, so that a scratch keeps about what its recent batches needed. Kept as they were, each
   // position's buffer would grow to the largest sample it ever saw there, the sum creeping up
   // epoch after epoch towards batch_size times the set's largest sample.
