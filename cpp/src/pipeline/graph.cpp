@@ -47,6 +47,7 @@ struct Work {
   // Of those, the samples stage 2 reads into memory instead, up to kReadAheadBytesPerBatch
   // (machine.hpp) per batch (and none larger): their bytes live until the batch is decoded.
   ReadAhead read_ahead;
+  uint64_t read_ahead_counted = 0;  // what it last added to Shared::read_ahead_held (stage 1's)
   TierTally stage_reads;   // stage 2's reads for the batch, by tier (for its epoch's figures)
   TierTally decode_reads;  // stage 3's
   bool staging = false;              // at the stager (guarded by the pipeline's stager_mutex)
@@ -69,8 +70,12 @@ struct Pipeline::Impl {
   // Stage 3: the batch decoded into a free buffer.
   Ticket decode(Ticket t);
   // A scratch for one batch's decode, and its return (see free_scratch).
-  std::unique_ptr<BatchScratch> take_scratch();
-  void give_back(std::unique_ptr<BatchScratch> scratch, uint64_t held);
+  struct Scratch {
+    std::unique_ptr<BatchScratch> bytes;
+    uint64_t counted = 0;  // what it last added to Shared::scratch_held
+  };
+  Scratch take_scratch();
+  void give_back(Scratch scratch);
   void hand_off(Ticket t);
   // Adds what a stage's work on batch `w` cost to the figures of its epoch.
   void count_stage(const Work& w);
@@ -104,12 +109,8 @@ struct Pipeline::Impl {
   // ring lends buffers for at once (a batch decodes into one), not one per batch in flight, since
   // each keeps what its largest batch needed (a ragged batch's every sample).
   std::mutex scratch_mutex;
-  std::vector<std::unique_ptr<BatchScratch>> free_scratch;  // guarded by scratch_mutex
-  // What this pipeline added to Shared's read_ahead_held and scratch_held (taken back when it is
-  // destroyed): per work item and per scratch, its last figure.
-  std::vector<uint64_t> read_ahead_counted;  // by pool index; stage 1's
+  std::vector<Scratch> free_scratch;  // guarded by scratch_mutex; every one once the graph is idle
   size_t read_ahead_grown = 0;  // the largest read-ahead buffer of a work item (ReadAhead::lay_out)
-  std::unordered_map<const BatchScratch*, uint64_t> scratch_counted;  // guarded by scratch_mutex
 
   std::mutex ready_mutex;
   std::condition_variable ready_cv;
@@ -152,7 +153,6 @@ Pipeline::Impl::Impl(Shared& s, std::shared_ptr<BatchRing> r, uint64_t first_epo
     w->files.reserve(o.batch_size);
     pool.push_back(std::move(w));
   }
-  read_ahead_counted.assign(pool.size(), 0);
 
   shared.arena.execute([&] {
     // Constructed inside the arena, the graph runs its tasks on the arena's `readers` threads.
@@ -259,12 +259,8 @@ Pipeline::Impl::~Impl() {
   for (Slot* slot : ready) ring->release(slot);
   ready.clear();
   // Its buffers go with it.
-  for (const uint64_t held : read_ahead_counted) {
-    shared.read_ahead_held.fetch_sub(held, std::memory_order_relaxed);
-  }
-  for (const auto& [scratch, held] : scratch_counted) {
-    shared.scratch_held.fetch_sub(held, std::memory_order_relaxed);
-  }
+  for (const auto& w : pool) shared.read_ahead_held.fetch_sub(w->read_ahead_counted);
+  for (const Scratch& scratch : free_scratch) shared.scratch_held.fetch_sub(scratch.counted);
 }
 
 Ticket Pipeline::Impl::next_batch(tbb::flow_control& fc) {
@@ -364,9 +360,8 @@ void Pipeline::Impl::plan_read_ahead(Work& w) {
   }
   const uint64_t held = w.read_ahead.lay_out(read_ahead_grown);
   read_ahead_grown = std::max<size_t>(read_ahead_grown, held);
-  uint64_t& counted = read_ahead_counted[static_cast<size_t>(w.seq % pool.size())];
-  shared.read_ahead_held.fetch_add(held - counted, std::memory_order_relaxed);  // modulo 2^64
-  counted = held;
+  shared.read_ahead_held.fetch_add(held - w.read_ahead_counted);  // modulo 2^64
+  w.read_ahead_counted = held;
 }
 
 void Pipeline::Impl::stage(Ticket t, StageNode::gateway_type& gateway) {
@@ -426,30 +421,27 @@ Ticket Pipeline::Impl::decode(Ticket t) {
   // Given back however decode() ends.
   struct Lent {
     Impl& impl;
-    std::unique_ptr<BatchScratch> scratch;
-    ~Lent() {
-      const uint64_t held = scratch->held_bytes();
-      impl.give_back(std::move(scratch), held);
-    }
+    Scratch scratch;
+    ~Lent() { impl.give_back(std::move(scratch)); }
   } lent{*this, take_scratch()};
-  shared.decoder->decode(batch, *lent.scratch, slot, stopping);
+  shared.decoder->decode(batch, *lent.scratch.bytes, slot, stopping);
   count_decode(*t);
   return t;
 }
 
-std::unique_ptr<BatchScratch> Pipeline::Impl::take_scratch() {
+Pipeline::Impl::Scratch Pipeline::Impl::take_scratch() {
   std::lock_guard lock(scratch_mutex);
-  if (free_scratch.empty()) return std::make_unique<BatchScratch>();
-  std::unique_ptr<BatchScratch> scratch = std::move(free_scratch.back());
+  if (free_scratch.empty()) return Scratch{std::make_unique<BatchScratch>()};
+  Scratch scratch = std::move(free_scratch.back());
   free_scratch.pop_back();
   return scratch;
 }
 
-void Pipeline::Impl::give_back(std::unique_ptr<BatchScratch> scratch, uint64_t held) {
+void Pipeline::Impl::give_back(Scratch scratch) {
+  const uint64_t held = scratch.bytes->held_bytes();
+  shared.scratch_held.fetch_add(held - scratch.counted);  // modulo 2^64
+  scratch.counted = held;
   std::lock_guard lock(scratch_mutex);
-  uint64_t& counted = scratch_counted[scratch.get()];
-  shared.scratch_held.fetch_add(held - counted, std::memory_order_relaxed);  // modulo 2^64
-  counted = held;
   free_scratch.push_back(std::move(scratch));
 }
 
