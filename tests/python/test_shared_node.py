@@ -278,3 +278,54 @@ def test_workers_use_only_the_catalog_the_sampler_was_given(data, shared, tmp_pa
     finally:
         os.unlink(where.catalog_file)
         sampler.close()
+
+
+def test_the_io_trace_never_writes_through_a_link_or_into_another_users_file(data, shared, victims):
+    # In a folder of the other user's (not sticky: the kernel's protected_symlinks does not apply).
+    theirs_dir = shared / "theirs"
+    as_other(f"mkdir -m 0777 {theirs_dir} && chmod 0777 {theirs_dir}")
+    link = theirs_dir / "trace.bin"
+    as_other(f"ln -s {victims['index.log']} {link}")
+    before = victims["index.log"].read_bytes()
+    with pytest.raises(prestage.IoError) as refused:
+        prestage.Loader(data, batch_size=4, decode="raw", trace=link)
+    assert refused.value.errno == errno.ELOOP
+    assert victims["index.log"].read_bytes() == before
+    theirs = theirs_dir / "theirs.bin"
+    as_other(f"echo theirs > {theirs} && chmod 666 {theirs}")
+    with pytest.raises(prestage.IoError) as not_mine:
+        prestage.Loader(data, batch_size=4, decode="raw", trace=theirs)
+    assert not_mine.value.errno == errno.EPERM
+    assert theirs.read_text() == "theirs\n"
+    mine = shared / "mine.bin"
+    old = os.umask(0)
+    try:
+        with prestage.Loader(data, batch_size=4, decode="raw", trace=mine) as loader:
+            for _ in loader:
+                pass
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(mine.stat().st_mode) == 0o600 and mine.stat().st_size > 0
+
+
+def test_pack_refuses_an_output_folder_another_user_made(data, shared):
+    from prestage import pack as packing
+
+    out = shared / "packed"
+    as_other(f"mkdir -m 0777 {out} && chmod 0777 {out}")
+    with pytest.raises(prestage.IoError) as refused:
+        packing.pack(data, out, shard_bytes=20_000)
+    assert refused.value.errno == errno.EPERM and str(out) in str(refused.value)
+    assert os.listdir(out) == []
+
+
+def test_a_file_written_by_the_cli_replaces_a_planted_link_never_follows_it(shared, victims):
+    from prestage._paths import write_replacing
+
+    target = shared / "tuned.json"
+    as_other(f"ln -s {victims['node.table']} {target}")
+    before = victims["node.table"].read_bytes()
+    # Renamed over: the link itself is replaced (in a sticky folder only its owner or root may).
+    write_replacing(target, b"{}\n")
+    assert victims["node.table"].read_bytes() == before
+    assert not target.is_symlink() and target.read_bytes() == b"{}\n"

@@ -109,8 +109,8 @@ struct LoaderOptions {
   // split over these ranks (batches_in_epoch()); the next epochs are whole. Empty: no resume.
   Resume resume;
 
-  // Node-local directory that stage 2 copies the samples to. Empty: stage 3 reads the source directly.
-  // It may be shared with other users (/tmp, mode 1777): the area of this data set in it
+  // Node-local directory that stage 2 copies the samples to. Empty: stage 3 reads the source
+  // directly. It may be shared with other users (/tmp, mode 1777): the area of this data set in it
   // (prestage-<fingerprint>) and everything in it are made for the job's user alone (directories
   // 0700, files 0600, whatever the umask). An area there that another user owns or that others can
   // write, or a symbolic link in it, is refused at construction (IoError, EPERM; ELOOP for a link):

@@ -289,7 +289,8 @@ Loader::Impl::Impl(Catalog catalog_in, LoaderOptions options_in)
   shared->codec = detail::Codec::choose(shared->catalog, o);
 
   if (!o.stage_dir.empty()) {
-    const detail::StageAccess access = detail::StageAccess::of(o.stage_group);  // ConfigError: no such group
+    const detail::StageAccess access =
+        detail::StageAccess::of(o.stage_group);  // ConfigError: no such group
     try {
       // With the default bound, the directory counts what the disk charges (0: its block); a bound
       // given is one on the copies' bytes.

@@ -35,8 +35,8 @@ struct NodeTable::Header {
 static_assert(std::atomic<uint64_t>::is_always_lock_free && std::atomic<uint32_t>::is_always_lock_free,
               "the table is shared between processes: its atomics must not hide a lock");
 
-NodeTable::NodeTable(int dir, const char* file, const std::string& shown, uint64_t files, bool reset,
-                     const StageAccess& access) {
+NodeTable::NodeTable(int dir, const char* file, const std::string& shown, uint64_t files,
+                     bool reset, const StageAccess& access) {
   static_assert(sizeof(Header) <= kHeaderBytes, "the header fits its page");
   const std::string& name = shown;
   if (files > (SIZE_MAX - kHeaderBytes) / sizeof(uint32_t)) fail(name, EFBIG, "size");

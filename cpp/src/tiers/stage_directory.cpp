@@ -1,5 +1,6 @@
 #include "tiers/stage_directory.hpp"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <sys/file.h>
 #include <sys/stat.h>
@@ -7,14 +8,12 @@
 #include <sys/sysmacros.h>
 #include <unistd.h>
 
-#include <dirent.h>
-
 #include <algorithm>
 #include <cerrno>
-#include <ctime>
 #include <charconv>
 #include <cstdio>
 #include <cstring>
+#include <ctime>
 #include <system_error>
 #include <thread>
 
@@ -49,17 +48,18 @@ bool parse_hex(std::string_view s, uint64_t& out) {
   throw IoError(path, err, "cannot " + action + " '" + path + "': " + std::strerror(err));
 }
 
-// True if `fd` is still the file `name` in `dir`: a file unlinked or replaced since it was opened is
-// not.
+// True if `fd` is still the file `name` in `dir`: a file unlinked or replaced since it was opened
+// is not.
 bool still_in(int fd, int dir, const char* name) {
   struct stat by_fd, by_name;
   return ::fstat(fd, &by_fd) == 0 && ::fstatat(dir, name, &by_name, AT_SYMLINK_NOFOLLOW) == 0 &&
          by_fd.st_dev == by_name.st_dev && by_fd.st_ino == by_name.st_ino;
 }
 
-// Removes file `name` of `dir` that nobody holds a lock on (so no live process is writing it), under
-// the lock.
-void remove_unlocked(int dir, const char* name, const std::string& shown, const StageAccess& access) {
+// Removes file `name` of `dir` that nobody holds a lock on (so no live process is writing it),
+// under the lock.
+void remove_unlocked(int dir, const char* name, const std::string& shown,
+                     const StageAccess& access) {
   const int fd = open_in(dir, name, O_RDONLY, shown, access);
   if (fd < 0) return;
   if (::flock(fd, LOCK_EX | LOCK_NB) == 0 && still_in(fd, dir, name)) ::unlinkat(dir, name, 0);
@@ -222,9 +222,10 @@ StageDirectory::StageDirectory(const fs::path& dir, const Catalog& catalog, uint
       // Removed by another process meanwhile, or not a file: not a copy.
       if (::fstatat(shard_fd.get(), name.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0) continue;
       if (S_ISLNK(st.st_mode)) {
-        throw UnsafePath(shown(rel), ELOOP,
-                         "refusing the stage directory: '" + shown(rel) +
-                             "' is a symbolic link where a copy belongs, never followed; remove it");
+        throw UnsafePath(
+            shown(rel), ELOOP,
+            "refusing the stage directory: '" + shown(rel) +
+                "' is a symbolic link where a copy belongs, never followed; remove it");
       }
       if (!S_ISREG(st.st_mode)) continue;
       bool ok = vouched(id, st);
@@ -256,8 +257,8 @@ StageDirectory::StageDirectory(const fs::path& dir, const Catalog& catalog, uint
     if (errno != 0) fail(shown(shard_name), errno, "list stage directory");
   }
   table_ = read_only_ ? std::make_unique<NodeTable>(size_)
-                      : std::make_unique<NodeTable>(area_fd_.get(), "node.table", shown("node.table"),
-                                                    size_, alone, access_);
+                      : std::make_unique<NodeTable>(area_fd_.get(), "node.table",
+                                                    shown("node.table"), size_, alone, access_);
   if (read_only_) {
     // Nobody can have copied or be copying here: the copies found are on disk, for this process.
     for (uint64_t id = 0; id < size_; ++id) {
@@ -386,7 +387,8 @@ void StageDirectory::compact_index(const std::string& index, const std::vector<i
       done += static_cast<size_t>(n);
     }
     const bool written = ::close(fd) == 0 && done == live.size();
-    if (!written || ::renameat(area_fd_.get(), "index.log.compact", area_fd_.get(), "index.log") != 0) {
+    if (!written ||
+        ::renameat(area_fd_.get(), "index.log.compact", area_fd_.get(), "index.log") != 0) {
       ::unlinkat(area_fd_.get(), "index.log.compact", 0);
       return;
     }
@@ -615,7 +617,8 @@ StageDirectory::Outcome StageDirectory::stage(uint64_t id, const Fetch& fetch,
       if (adopt(id)) return Outcome::kAdopted;
       // The lock file that the ranks sharing the area take turns on: made by whichever comes
       // first (not O_EXCL), in an area no other user can write.
-      fd = open_in(area_fd_.get(), part_name.c_str(), O_WRONLY | O_CREAT, shown(part_name), access_);
+      fd =
+          open_in(area_fd_.get(), part_name.c_str(), O_WRONLY | O_CREAT, shown(part_name), access_);
     } catch (...) {
       give_back_copy(id);
       throw;
@@ -687,8 +690,10 @@ void StageDirectory::mark_stalled(pid_t holder) {
   if (std::find(stalled_.begin(), stalled_.end(), holder) == stalled_.end()) stalled_.push_back(holder);
 }
 
-StageDirectory::Outcome StageDirectory::copy_locked(uint64_t id, int fd, const std::string& part_name,
-                                                    const std::string& final_name, const Fetch& fetch,
+StageDirectory::Outcome StageDirectory::copy_locked(uint64_t id, int fd,
+                                                    const std::string& part_name,
+                                                    const std::string& final_name,
+                                                    const Fetch& fetch,
                                                     std::vector<std::byte>& buffer) {
   const std::string part_path = shown(part_name);
   const std::string final_path = shown(final_name);
@@ -782,12 +787,13 @@ bool StageDirectory::read_copy(uint64_t id, std::vector<std::byte>& buffer) {
     int fd;
     ~Closer() { ::close(fd); }
   } closer{fd};
-  struct stat st {};
+  struct stat st{};
   if (::fstat(fd, &st) != 0) return false;
   buffer.resize(static_cast<size_t>(st.st_size));
   size_t done = 0;
   while (done < buffer.size()) {
-    const ssize_t n = ::pread(fd, buffer.data() + done, buffer.size() - done, static_cast<off_t>(done));
+    const ssize_t n =
+        ::pread(fd, buffer.data() + done, buffer.size() - done, static_cast<off_t>(done));
     if (n < 0 && errno == EINTR) continue;
     if (n < 0) return false;
     if (n == 0) break;

@@ -236,8 +236,9 @@ class StageDirectory {
   bool stalled(pid_t holder);
   void mark_stalled(pid_t holder);
   // stage()'s copy, once it holds the lock on `fd` (its ".part" file, which it closes).
-  Outcome copy_locked(uint64_t id, int fd, const std::string& part_name, const std::string& final_name,
-                      const Fetch& fetch, std::vector<std::byte>& buffer);
+  Outcome copy_locked(uint64_t id, int fd, const std::string& part_name,
+                      const std::string& final_name, const Fetch& fetch,
+                      std::vector<std::byte>& buffer);
   // Reads the records appended to the index since the last call (whole ones: a record being
   // appended is read next time) and calls `found` with each valid one; once started, takes over the
   // absent files among them (see take_over_published()). Needs index_mutex_.

@@ -83,7 +83,8 @@ StageAccess StageAccess::of(const std::string& group_name) {
   std::vector<char> buf(1 << 16);
   struct group gr{};
   struct group* found = nullptr;
-  if (::getgrnam_r(group_name.c_str(), &gr, buf.data(), buf.size(), &found) != 0 || found == nullptr) {
+  if (::getgrnam_r(group_name.c_str(), &gr, buf.data(), buf.size(), &found) != 0 ||
+      found == nullptr) {
     throw ConfigError("stage_group: no group named '" + group_name + "' on this node");
   }
   if (!in_group(found->gr_gid)) {
@@ -134,8 +135,9 @@ UniqueFd open_private_dir(int parent, const std::string& name, const std::string
   if (fd.get() < 0) {
     const int err = errno;
     if (::fstatat(parent, name.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0 && !S_ISDIR(st.st_mode)) {
-      refuse(shown, st,
-             S_ISLNK(st.st_mode) ? "it is a symbolic link, never followed" : "it is not a directory");
+      refuse(
+          shown, st,
+          S_ISLNK(st.st_mode) ? "it is a symbolic link, never followed" : "it is not a directory");
     }
     fail(shown, err, "open stage directory");
   }
@@ -154,7 +156,8 @@ UniqueFd open_private_dir(int parent, const std::string& name, const std::string
   // Write access beyond the job's (its user; with a group, the group) lets others plant files.
   const mode_t writers = access.shared() ? S_IWOTH : (S_IWGRP | S_IWOTH);
   if ((st.st_mode & writers) != 0) {
-    refuse(shown, st, "users other than the job's can write in it, and may have planted files there");
+    refuse(shown, st,
+           "users other than the job's can write in it, and may have planted files there");
   }
   if (!mine && (st.st_mode & 07777 & ~access.dir_mode()) != 0) {
     refuse(shown, st, "it lets users outside the stage group read it");
@@ -171,12 +174,14 @@ UniqueFd open_private_dir(int parent, const std::string& name, const std::string
   return fd;
 }
 
-int open_in(int dir, const char* name, int flags, const std::string& shown, const StageAccess& access) {
+int open_in(int dir, const char* name, int flags, const std::string& shown,
+            const StageAccess& access) {
   const int fd = ::openat(dir, name, flags | O_NOFOLLOW | O_CLOEXEC, access.file_mode() & 0777);
   if (fd < 0) {
     const int err = errno;
     struct stat st{};
-    if (err == ELOOP && ::fstatat(dir, name, &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISLNK(st.st_mode)) {
+    if (err == ELOOP && ::fstatat(dir, name, &st, AT_SYMLINK_NOFOLLOW) == 0 &&
+        S_ISLNK(st.st_mode)) {
       refuse(shown, st, "it is a symbolic link in the stage area, never followed", ELOOP);
     }
     errno = err;
@@ -188,7 +193,8 @@ int open_in(int dir, const char* name, int flags, const std::string& shown, cons
     refuse(shown, st, "it is not a regular file");
   }
   if ((flags & O_CREAT) != 0 && st.st_uid == ::geteuid() &&
-      ((st.st_mode & 07777) != access.file_mode() || (access.shared() && st.st_gid != access.group))) {
+      ((st.st_mode & 07777) != access.file_mode() ||
+       (access.shared() && st.st_gid != access.group))) {
     try {
       give_access(fd, shown, access.file_mode(), access);
     } catch (const IoError& e) {

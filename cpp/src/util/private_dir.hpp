@@ -71,13 +71,14 @@ UniqueFd open_parent_dir(const std::string& path, const StageAccess& access);
 // an older version, or under another umask) is tightened; one that grants write beyond it, or
 // belongs to another user, is refused (UnsafePath naming `shown`, its owner and mode). `*created`:
 // whether this call made it. Throws IoError when it cannot be made or opened (EROFS...).
-UniqueFd open_private_dir(int parent, const std::string& name, const std::string& shown, const StageAccess& access,
-                    bool* created = nullptr);
+UniqueFd open_private_dir(int parent, const std::string& name, const std::string& shown,
+                          const StageAccess& access, bool* created = nullptr);
 
 // File `name` in the checked directory `dir`, opened with `flags` | O_NOFOLLOW | O_CLOEXEC (and
 // access.file_mode() when O_CREAT creates it, whatever the umask). A link is refused (UnsafePath,
 // ELOOP, naming `shown`), as is anything but a regular file. Returns -1 with errno set when it
 // cannot be opened for any other reason, as open() does.
-int open_in(int dir, const char* name, int flags, const std::string& shown, const StageAccess& access);
+int open_in(int dir, const char* name, int flags, const std::string& shown,
+            const StageAccess& access);
 
 }  // namespace prestage::detail
