@@ -92,7 +92,7 @@ def _file_in(area_fd: int, name: str, shown: str, flags: int, mode: int = 0o600)
 
 
 def _read_all(fd: int) -> bytes:
-    chunks = []
+    chunks: List[bytes] = []
     while True:
         chunk = os.read(fd, 1 << 20)
         if not chunk:
