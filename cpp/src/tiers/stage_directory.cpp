@@ -166,6 +166,17 @@ StageDirectory::StageDirectory(const fs::path& dir, const Catalog& catalog, uint
     if (errno != EINTR) start.release();
   }
 
+  // A start-up that fails (a link or another user's folder found in the area, an I/O error) lets go
+  // of the index and its lock: a later start-up of this process would otherwise wait on them.
+  struct IndexGuard {
+    int& fd;
+    bool kept = false;
+    ~IndexGuard() {
+      if (!kept && fd >= 0) ::close(fd);
+      if (!kept) fd = -1;
+    }
+  } index_guard{index_fd_};
+
   // The index: the last valid record of each file vouches for its copy.
   const std::string index = shown("index.log");
   const bool alone = open_index(index);
@@ -284,6 +295,7 @@ StageDirectory::StageDirectory(const fs::path& dir, const Catalog& catalog, uint
     ::flock(index_fd_, LOCK_SH);  // others may join now (once the start lock is let go)
     start.release();
   }
+  index_guard.kept = true;
   std::lock_guard lock(index_mutex_);
   started_ = true;
 }
