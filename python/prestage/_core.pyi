@@ -68,6 +68,7 @@ class Catalog:
 # ------------------------------------------------------------------------------------------ staging
 
 def stage_area(stage_dir: _Path, catalog: Catalog) -> str: ...
+def make_stage_area(stage_dir: _Path, catalog: Catalog, group: str = ...) -> str: ...
 def staged_copy_path(area: _Path, file: int) -> str: ...
 
 # --------------------------------------------------------------------------------------------- plan
@@ -156,6 +157,7 @@ class LoaderOptions:
     world_size: int
     resume: Optional[Tuple[int, List[Tuple[int, int]]]]
     stage_dir: str
+    stage_group: str
     cache_bytes: int
     eviction: Eviction
     prefetchers: int

@@ -87,7 +87,13 @@ class Loader:
         shuffle: a new global permutation each epoch (else catalog order).
         seed: the shuffle's seed; the same seed gives the same batches on any machine and for any
             thread counts.
-        stage_dir: node-local directory for stage 2's copies; ``None`` reads the source directly.
+        stage_dir: node-local directory for stage 2's copies; ``None`` reads the source directly. It
+            may be shared with other users (``/tmp``): this data set's area in it and everything in
+            it are made for the job's user alone (0700/0600, whatever the umask); an area there that
+            another user owns or others can write, or a link in it, is refused
+            (:class:`prestage.IoError`, errno ``EPERM``; ``ELOOP`` for a link), never used.
+        stage_group: a group whose members' jobs share the node's copies (0770/0660 of that group);
+            every member is then trusted with them. ``None``: the job's user alone.
         cache_bytes: the most bytes the stage directory's copies may take (files being written
             included; its index adds 40 bytes per copy made); 0: no bound; ``None`` (the default):
             no bound if the data set fits in 90% of the stage directory's room at start (its file

@@ -46,6 +46,7 @@ class CommonOptions(TypedDict, total=False):
     drop_last: bool
     transform: Literal["center-crop", "random-resized-crop"]
     stage_dir: Union[str, os.PathLike[str], None]
+    stage_group: Optional[str]
     cache_bytes: Optional[int]
     eviction: Literal["clairvoyant", "lru"]
     prefetchers: Optional[int]
@@ -296,6 +297,7 @@ _CONVERT: Dict[str, Callable[[_core.LoaderOptions, str, Any], None]] = {
     "transform": _enum(_core.Transform, {"center-crop": "center_crop",
                                          "random-resized-crop": "random_resized_crop"}),
     "stage_dir": _text("stage_dir"),
+    "stage_group": _text("stage_group"),
     "cache_bytes": _cache_bytes,
     "eviction": _enum(_core.Eviction),
     "prefetchers": _threads,

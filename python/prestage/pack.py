@@ -33,6 +33,7 @@ from typing import Any, Deque, Dict, List, Optional, Tuple, Union
 
 from prestage import _core
 from prestage._core import Catalog
+from prestage._paths import check_folder
 
 __all__ = ["pack", "INDEX_NAME", "SUMMARY_NAME"]
 
@@ -80,6 +81,7 @@ def _resume_point(out: Path, params: Dict[str, Any], overwrite: bool) -> Tuple[i
     if out.exists() and not out.is_dir():
         raise FileExistsError(f"pack: '{out}' exists and is not a folder")
     out.mkdir(parents=True, exist_ok=True)
+    check_folder(out)  # another user's folder, or one open to all: they could plant links in it
     entries = list(out.iterdir())
     if summary.exists():
         old = json.loads(summary.read_text())

@@ -31,8 +31,11 @@ rest, whatever ``num_workers`` the resumed job uses.
 from __future__ import annotations
 
 import collections
+import errno
+import hashlib
 import mmap
 import os
+import stat
 import threading
 from pathlib import Path
 from typing import Any, Callable, Deque, Dict, Iterator, List, Optional, Sequence, Tuple, Union
@@ -40,7 +43,7 @@ from typing import Any, Callable, Deque, Dict, Iterator, List, Optional, Sequenc
 import numpy as np
 
 from prestage import _core
-from prestage.errors import ConfigError
+from prestage.errors import ConfigError, IoError
 from prestage.loader import Loader, as_catalog
 
 __all__ = ["StagedDataset", "StagedSample", "StagedSampler", "TIER_SOURCE", "TIER_STAGE", "catalog_of"]
@@ -54,6 +57,47 @@ _COUNTERS = ("staged", "source", "gone", "bytes")
 
 def _area(stage_dir: Union[str, os.PathLike], catalog: _core.Catalog) -> Path:
     return Path(_core.stage_area(stage_dir, catalog))  # the stage directory's own naming (C++)
+
+
+_NOFOLLOW = os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def _open_area(area: str) -> int:
+    """A descriptor of the stage area, never through a link, checked once: this user's (or of the
+    group the loader was given), and writable by no one else; the sampler's files are opened
+    relative to it."""
+    fd = os.open(area, os.O_RDONLY | os.O_DIRECTORY | _NOFOLLOW)
+    st = os.fstat(fd)
+    if st.st_uid != os.geteuid() and st.st_mode & 0o070 == 0 or st.st_mode & 0o002:
+        os.close(fd)
+        raise IoError(errno.EPERM, f"refusing the stage area {area!r} (owned by uid {st.st_uid}, mode "
+                      f"{stat.S_IMODE(st.st_mode):04o}): give another stage_dir, or remove it", area)
+    return fd
+
+
+def _file_in(area_fd: int, name: str, shown: str, flags: int, mode: int = 0o600) -> int:
+    """File `name` of the area opened with `flags`, never through a link: one found there is an
+    IoError (ELOOP) naming it."""
+    try:
+        fd = os.open(name, flags | _NOFOLLOW, mode, dir_fd=area_fd)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise IoError(errno.ELOOP, f"{shown!r} is a symbolic link in the stage area, never followed: "
+                          "remove it", shown) from None
+        raise
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise IoError(errno.EPERM, f"{shown!r} in the stage area is not a regular file", shown)
+    return fd
+
+
+def _read_all(fd: int) -> bytes:
+    chunks: List[bytes] = []
+    while True:
+        chunk = os.read(fd, 1 << 20)
+        if not chunk:
+            return b"".join(chunks)
+        chunks.append(chunk)
 
 
 class StagedSample:
@@ -93,11 +137,14 @@ class StagedSample:
 
 
 class _Where:
-    """What a worker needs to find a sample: the saved catalog, the stage area, the counter file.
-    Small when pickled (three paths); the catalog is loaded once per process, on first use."""
+    """What a worker needs to find a sample: the saved catalog and its content hash, the stage area,
+    the counter file. Small when pickled (three paths and a hash); the catalog is loaded once per
+    process, on first use, and only if its bytes are those the sampler saved (a catalog found in
+    the area under that name but with other content is an IoError, never used)."""
 
-    def __init__(self, catalog_file: str, area: str, counters: str) -> None:
+    def __init__(self, catalog_file: str, area: str, counters: str, catalog_hash: str) -> None:
         self.catalog_file, self.area, self.counters = catalog_file, area, counters
+        self.catalog_hash = catalog_hash
         self._catalog: Optional[_core.Catalog] = None
         self._slots: Optional[np.ndarray] = None
         self._pid = -1
@@ -105,25 +152,47 @@ class _Where:
 
     def remove(self) -> None:
         """Keeps the final counts and removes the counter file (the sampler's close())."""
-        if self._final is None and os.path.exists(self.counters):
+        if self._final is None and os.path.lexists(self.counters):
             self._final = self.counts()
             os.unlink(self.counters)
 
     def __getstate__(self) -> Dict[str, Any]:
-        return {"catalog_file": self.catalog_file, "area": self.area, "counters": self.counters}
+        return {"catalog_file": self.catalog_file, "area": self.area, "counters": self.counters,
+                "catalog_hash": self.catalog_hash}
 
     def __setstate__(self, state: Dict[str, Any]) -> None:
-        self.__init__(state["catalog_file"], state["area"], state["counters"])  # type: ignore[misc]
+        self.__init__(state["catalog_file"], state["area"], state["counters"],  # type: ignore[misc]
+                      state["catalog_hash"])
+
+    def _open(self, path: str, flags: int) -> int:
+        area_fd = _open_area(self.area)
+        try:
+            return _file_in(area_fd, os.path.basename(path), path, flags)
+        finally:
+            os.close(area_fd)
 
     def catalog(self) -> _core.Catalog:
         if self._catalog is None:
-            self._catalog = _core.Catalog.load(self.catalog_file)
+            fd = self._open(self.catalog_file, os.O_RDONLY)
+            try:
+                if hashlib.sha256(_read_all(fd)).hexdigest() != self.catalog_hash:
+                    raise IoError(errno.EPERM, f"{self.catalog_file!r} is not the catalog the sampler "
+                                  "saved (its content differs): never used", self.catalog_file)
+                # The very file whose bytes were checked (the descriptor's), where /proc has it.
+                by_fd = f"/proc/self/fd/{fd}"
+                self._catalog = _core.Catalog.load(by_fd if os.path.exists(by_fd) else self.catalog_file)
+            finally:
+                os.close(fd)
         return self._catalog
 
     def _slot(self) -> np.ndarray:
         if self._slots is None or self._pid != os.getpid():  # a forked worker maps it again
-            self._slots = np.memmap(self.counters, dtype=np.uint64, mode="r+",
-                                    shape=(_COUNTER_SLOTS, len(_COUNTERS)))
+            fd = self._open(self.counters, os.O_RDWR)
+            try:
+                mapped = mmap.mmap(fd, _COUNTER_SLOTS * len(_COUNTERS) * 8)
+            finally:
+                os.close(fd)
+            self._slots = np.frombuffer(mapped, dtype=np.uint64).reshape(_COUNTER_SLOTS, len(_COUNTERS))
             self._pid = os.getpid()
         worker = _worker_id()
         return self._slots[(worker + 1) % _COUNTER_SLOTS]
@@ -157,7 +226,12 @@ class _Where:
     def counts(self) -> Dict[str, int]:
         if self._final is not None:
             return dict(self._final)
-        slots = np.fromfile(self.counters, dtype=np.uint64).reshape(_COUNTER_SLOTS, len(_COUNTERS))
+        fd = self._open(self.counters, os.O_RDONLY)
+        try:
+            data = _read_all(fd)
+        finally:
+            os.close(fd)
+        slots = np.frombuffer(data, dtype=np.uint64).reshape(_COUNTER_SLOTS, len(_COUNTERS))
         total = slots.sum(axis=0)
         return {f"worker_{name}": int(v) for name, v in zip(_COUNTERS, total) if name != "bytes"}
 
@@ -218,13 +292,28 @@ class StagedSampler:
         self.catalog = catalog
         # The workers' files are written before the loader looks at the disk's free space (its
         # default bound), so that they are not taken out of the room it counts on.
-        area = _area(stage_dir, catalog)
-        area.mkdir(parents=True, exist_ok=True)
-        catalog_file = area / "catalog.prestage"
-        if not catalog_file.exists():
-            catalog.save(catalog_file)
-        counters = area / f"workers-{os.getpid()}-{id(self):x}.counts"
-        np.zeros((_COUNTER_SLOTS, len(_COUNTERS)), dtype=np.uint64).tofile(counters)
+        # The area is made and checked as the loader does (another user's is refused), and the
+        # sampler's files are made in it relative to a descriptor of it, never through a link.
+        area = Path(_core.make_stage_area(stage_dir, catalog, options.get("stage_group") or ""))
+        area_fd = _open_area(os.fspath(area))
+        try:
+            catalog_file, catalog_hash = self._save_catalog(catalog, area, area_fd,
+                                                            options.get("stage_group"))
+            counters = area / f"workers-{os.getpid()}-{id(self):x}.counts"
+            fd = _file_in(area_fd, counters.name, os.fspath(counters),
+                          os.O_RDWR | os.O_CREAT | os.O_EXCL)
+            try:
+                if options.get("stage_group"):
+                    import grp
+
+                    os.fchown(fd, -1, grp.getgrnam(options["stage_group"]).gr_gid)
+                os.fchmod(fd, 0o660 if options.get("stage_group") else 0o600)
+                # Written, not a hole: its blocks are taken now, before the loader counts the disk.
+                os.write(fd, bytes(_COUNTER_SLOTS * len(_COUNTERS) * 8))
+            finally:
+                os.close(fd)
+        finally:
+            os.close(area_fd)
         # Batches handed out may still be read by workers: the loader keeps their copies that long.
         try:
             self._loader = Loader(catalog, batch_size=batch_size, decode="locate", stage_dir=stage_dir,
@@ -233,8 +322,34 @@ class StagedSampler:
         except BaseException:
             counters.unlink()
             raise
-        self._where = _Where(os.fspath(catalog_file), os.fspath(area), os.fspath(counters))
+        self._where = _Where(os.fspath(catalog_file), os.fspath(area), os.fspath(counters), catalog_hash)
         self._iteration: Optional[_Batches] = None
+
+    @staticmethod
+    def _save_catalog(catalog: _core.Catalog, area: Path, area_fd: int,
+                      group: Optional[str]) -> Tuple[Path, str]:
+        """Saves the catalog the sampler was given under a name of its content's hash (ranks with the
+        same catalog share one file); returns its path and hash. A file found under that name is
+        used only if its bytes hash to it; else it is replaced."""
+        tmp = area / f"catalog-{os.getpid()}-{threading.get_ident():x}.tmp"
+        catalog.save(tmp)  # written in the area that only this user can write
+        try:
+            fd = _file_in(area_fd, tmp.name, os.fspath(tmp), os.O_RDONLY)
+            try:
+                if group:  # the loader's modes, whatever the umask
+                    import grp
+
+                    os.fchown(fd, -1, grp.getgrnam(group).gr_gid)
+                os.fchmod(fd, 0o660 if group else 0o600)
+                digest = hashlib.sha256(_read_all(fd)).hexdigest()
+            finally:
+                os.close(fd)
+            name = f"catalog-{digest[:32]}.prestage"
+            os.rename(tmp.name, name, src_dir_fd=area_fd, dst_dir_fd=area_fd)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+        return area / name, digest
 
     # ------------------------------------------------------------------ the sampler protocol
 

@@ -279,6 +279,7 @@ prestage.options for how the Python arguments become these fields). validate() i
           "(epoch, [(begin, end), ...]): the positions of that epoch's global order already "
           "consumed, which the loader leaves out of it (a resume on any world_size); None: none.")
       .def_readwrite("stage_dir", &LoaderOptions::stage_dir)
+      .def_readwrite("stage_group", &LoaderOptions::stage_group)
       .def_readwrite("cache_bytes", &LoaderOptions::cache_bytes)
       .def_readwrite("eviction", &LoaderOptions::eviction)
       .def_readwrite("prefetchers", &LoaderOptions::prefetchers)

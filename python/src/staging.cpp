@@ -20,6 +20,21 @@ void register_staging(py::module_& m) {
       "Where the copies of the catalog's files go under a stage directory (there or not).\n\n"
       ">>> prestage._core.stage_area('/local/stage', catalog)\n"
       "'/local/stage/prestage-8f3c2a9d0b1e4f67'");
+  m.def(
+      "make_stage_area",
+      [](const std::filesystem::path& stage_dir, const Catalog& catalog, const std::string& group) {
+        const detail::StageAccess access = detail::StageAccess::of(group);
+        const std::filesystem::path area = detail::StageDirectory::area_of(stage_dir, catalog);
+        const detail::UniqueFd parent = detail::open_parent_dir(stage_dir.string(), access);
+        detail::open_private_dir(parent.get(), area.filename().string(), area.string(), access);
+        return area.string();
+      },
+      py::arg("stage_dir"), py::arg("catalog"), py::arg("group") = "",
+      "Makes (or checks) the catalog's area under a stage directory as a loader does: the job's\n"
+      "user's alone (0700; with `group`, 02770 of that group). Raises prestage.IoError (EPERM)\n"
+      "for an area another user owns or others can write. Returns its path.\n\n"
+      ">>> prestage._core.make_stage_area('/tmp', catalog)\n"
+      "'/tmp/prestage-8f3c2a9d0b1e4f67'");
   m.def("staged_copy_path", &detail::StageDirectory::copy_path, py::arg("area"), py::arg("file"),
         "The path of the copy of catalog file `file` in a stage area (there or not).\n\n"
         ">>> prestage._core.staged_copy_path(area, 300)\n"

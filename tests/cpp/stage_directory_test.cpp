@@ -808,3 +808,105 @@ TEST_CASE("stage directory: a second process counts the node's blocks as the fir
   StageDirectory neighbour(dir / "stage", cat, 4096);
   CHECK(neighbour.node().used() == 4096 + 4096 + 2 * 4096);
 }
+
+TEST_CASE(
+    "stage directory: the area and everything in it are the user's alone, whatever the umask") {
+  for (const mode_t umask : {mode_t{022}, mode_t{0}}) {
+    TempDir dir;
+    write(dir / "src/a", "alpha");
+    write(dir / "src/b", "hello");
+    const Catalog cat = Catalog::from_paths(dir / "src", {"a", "b"});
+    const mode_t old = ::umask(umask);
+    {
+      StageDirectory stage(dir / "stage", cat);
+      std::vector<std::byte> buffer;
+      for (uint64_t id : {0, 1}) {
+        REQUIRE(stage.try_claim(id));
+        REQUIRE(stage.stage(id, cat.file_source_path(id).string(), buffer) == Outcome::kStaged);
+      }
+      CHECK(stage.evict(0));  // made and removed its ".part" lock file
+    }
+    ::umask(old);
+    const auto area = StageDirectory::area_of(dir / "stage", cat);
+    int dirs = 0, files = 0;
+    struct stat st{};
+    REQUIRE(::lstat(area.c_str(), &st) == 0);
+    CHECK((st.st_mode & 07777) == 0700);
+    for (const auto& entry : std::filesystem::recursive_directory_iterator(area)) {
+      REQUIRE(::lstat(entry.path().c_str(), &st) == 0);
+      CHECK(st.st_uid == ::geteuid());
+      if (S_ISDIR(st.st_mode)) {
+        CHECK((st.st_mode & 07777) == 0700);
+        ++dirs;
+      } else {
+        CHECK(S_ISREG(st.st_mode));
+        CHECK((st.st_mode & 07777) == 0600);
+        ++files;
+      }
+    }
+    CHECK(dirs == 256);
+    CHECK(files == 4);  // start.lock, index.log, node.table, the copy of file 1
+  }
+}
+
+TEST_CASE("stage directory: a link in the area is refused, never followed") {
+  TempDir dir;
+  write(dir / "src/a", "alpha");
+  write(dir / "victim", "the user's own file");
+  const Catalog cat = Catalog::from_paths(dir / "src", {"a"});
+  const auto area = StageDirectory::area_of(dir / "stage", cat);
+  for (const char* name : {"node.table", "index.log", "start.lock", "00/0"}) {
+    std::filesystem::remove_all(dir / "stage");
+    {
+      StageDirectory made(dir / "stage", cat);
+    }
+    std::filesystem::remove(area / name);
+    std::filesystem::create_symlink(dir / "victim", area / name);
+    CAPTURE(name);
+    try {
+      StageDirectory stage(dir / "stage", cat);
+      FAIL("a link in the area was not refused");
+    } catch (const prestage::detail::UnsafePath& e) {
+      CHECK(e.error_code() == ELOOP);
+      CHECK(e.path() == (area / name).string());
+    }
+    CHECK(read_text((dir / "victim").string()) == "the user's own file");
+  }
+}
+
+TEST_CASE(
+    "stage directory: an area or folder others can write is refused, one only they can read is "
+    "tightened") {
+  TempDir dir;
+  write(dir / "src/a", "alpha");
+  const Catalog cat = Catalog::from_paths(dir / "src", {"a"});
+  const auto area = StageDirectory::area_of(dir / "stage", cat);
+  {
+    StageDirectory made(dir / "stage", cat);
+  }
+  REQUIRE(::chmod((area / "3f").c_str(), 0777) == 0);
+  CHECK_THROWS_AS(StageDirectory(dir / "stage", cat), prestage::detail::UnsafePath);
+  REQUIRE(::chmod((area / "3f").c_str(), 0755) == 0);
+  REQUIRE(::chmod(area.c_str(), 0757) == 0);
+  try {
+    StageDirectory stage(dir / "stage", cat);
+    FAIL("an area others can write was not refused");
+  } catch (const prestage::IoError& e) {
+    CHECK(e.error_code() == EPERM);
+    CHECK(e.path() == area.string());
+  }
+  REQUIRE(::chmod(area.c_str(), 0755) == 0);  // an older version's
+  {
+    StageDirectory stage(dir / "stage", cat);
+  }
+  struct stat st{};
+  REQUIRE(::stat(area.c_str(), &st) == 0);
+  CHECK((st.st_mode & 07777) == 0700);
+  REQUIRE(::stat((area / "3f").c_str(), &st) == 0);
+  CHECK((st.st_mode & 07777) == 0700);
+  // A parent open to all without its sticky bit: another user could swap the area.
+  REQUIRE(::chmod((dir / "stage").c_str(), 0777) == 0);
+  CHECK_THROWS_AS(StageDirectory(dir / "stage", cat), prestage::detail::UnsafePath);
+  REQUIRE(::chmod((dir / "stage").c_str(), 01777) == 0);
+  CHECK_NOTHROW(StageDirectory(dir / "stage", cat));
+}

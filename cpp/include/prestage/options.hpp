@@ -109,8 +109,18 @@ struct LoaderOptions {
   // split over these ranks (batches_in_epoch()); the next epochs are whole. Empty: no resume.
   Resume resume;
 
-  // Node-local directory that stage 2 copies the samples to. Empty: stage 3 reads the source directly.
+  // Node-local directory that stage 2 copies the samples to. Empty: stage 3 reads the source
+  // directly. It may be shared with other users (/tmp, mode 1777): the area of this data set in it
+  // (prestage-<fingerprint>) and everything in it are made for the job's user alone (directories
+  // 0700, files 0600, whatever the umask). An area there that another user owns or that others can
+  // write, or a symbolic link in it, is refused at construction (IoError, EPERM; ELOOP for a link):
+  // the loader never falls back to reading the source from it.
   std::string stage_dir;
+  // A group whose members' jobs share the node's copies too (rare): the area and its folders are
+  // made 02770 and its files 0660, of that group, and an area of that group made by any of its
+  // members is used. Every member of the group is then trusted with the copies as the job's user
+  // is. Empty: the job's user alone. A group this process is not a member of is a ConfigError.
+  std::string stage_group;
   // The most bytes the stage directory may hold, files being written included; 0: no bound. A file
   // the bound keeps out (it would displace files needed sooner) is read into memory by stage 2
   // instead (JPEG and raw files, up to 64 MiB per batch: Stats::read_ahead).

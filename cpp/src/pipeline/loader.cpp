@@ -290,11 +290,14 @@ Loader::Impl::Impl(Catalog catalog_in, LoaderOptions options_in)
   shared->codec = detail::Codec::choose(shared->catalog, o);
 
   if (!o.stage_dir.empty()) {
+    const detail::StageAccess access =
+        detail::StageAccess::of(o.stage_group);  // ConfigError: no such group
     try {
       // With the default bound, the directory counts what the disk charges (0: its block); a bound
       // given is one on the copies' bytes.
       shared->stage_dir = std::make_unique<detail::StageDirectory>(
-          o.stage_dir, shared->catalog, o.cache_bytes == LoaderOptions::kFitFreeSpace ? 0 : 1);
+          o.stage_dir, shared->catalog, o.cache_bytes == LoaderOptions::kFitFreeSpace ? 0 : 1,
+          access);
       // Files of the batches in flight (planned, not yet decoded) are never evicted: the window of
       // the pipeline, plus the batch the source holds when the window is full, plus the current one.
       // With processes sharing the directory, the bound is on the bytes of all their copies.
@@ -309,6 +312,10 @@ Loader::Impl::Impl(Catalog catalog_in, LoaderOptions options_in)
       shared->cache = std::make_unique<detail::StageCache>(shared->catalog, shared->plan,
                                                            *shared->stage_dir, bound, o.eviction,
                                                            shared->lookahead_max + o.depth + 2);
+    } catch (const detail::UnsafePath&) {
+      // Another user's area (or one others can write): never used, and not quietly replaced by
+      // reads of the source either: the job asked for staging, and its user must choose.
+      throw;
     } catch (const IoError& e) {
       // A stage directory that cannot be used is not fatal: stage 2 reads ahead into memory.
       stage_dir_error = e.what();

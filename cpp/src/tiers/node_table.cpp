@@ -35,12 +35,14 @@ struct NodeTable::Header {
 static_assert(std::atomic<uint64_t>::is_always_lock_free && std::atomic<uint32_t>::is_always_lock_free,
               "the table is shared between processes: its atomics must not hide a lock");
 
-NodeTable::NodeTable(const std::filesystem::path& path, uint64_t files, bool reset) {
+NodeTable::NodeTable(int dir, const char* file, const std::string& shown, uint64_t files,
+                     bool reset, const StageAccess& access) {
   static_assert(sizeof(Header) <= kHeaderBytes, "the header fits its page");
-  const std::string name = path.string();
+  const std::string& name = shown;
   if (files > (SIZE_MAX - kHeaderBytes) / sizeof(uint32_t)) fail(name, EFBIG, "size");
   bytes_ = kHeaderBytes + files * sizeof(uint32_t);
-  const int fd = ::open(name.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  // Shared by the ranks of the job, made by whichever comes first: not O_EXCL, and never a link.
+  const int fd = open_in(dir, file, O_RDWR | O_CREAT, shown, access);
   if (fd < 0) fail(name, errno, "open");
   struct Closer {
     int fd;

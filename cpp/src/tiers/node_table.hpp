@@ -9,7 +9,10 @@
 #include <atomic>
 #include <cstdint>
 #include <filesystem>
+#include <string>
 #include <vector>
+
+#include "util/private_dir.hpp"
 
 namespace prestage::detail {
 
@@ -19,10 +22,13 @@ class NodeTable {
   // plans counting in the node's eviction order).
   static constexpr size_t kMaxRanks = 64;
 
-  // Maps `path` for `files` files. `reset`: the caller is the directory's only process (it holds the
-  // index's lock alone): the table is made anew, empty. Otherwise it must be one made for as many
-  // files. Throws IoError (a full disk, a table of another layout).
-  NodeTable(const std::filesystem::path& path, uint64_t files, bool reset);
+  // Maps file `name` of the checked directory `dir` (`shown`: its path, for messages) for `files`
+  // files, opened as private_dir.hpp's open_in() does (never through a link, `access`'s mode).
+  // `reset`: the caller is the directory's only process (it holds the index's lock alone): the
+  // table is made anew, empty. Otherwise it must be one made for as many files. Throws IoError (a
+  // full disk, a table of another layout; UnsafePath for a link).
+  NodeTable(int dir, const char* name, const std::string& shown, uint64_t files, bool reset,
+            const StageAccess& access);
   // A table of this process's alone, in memory, made anew (a directory it cannot write).
   explicit NodeTable(uint64_t files);
   ~NodeTable();

@@ -1,5 +1,6 @@
 #include "tiers/stage_directory.hpp"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <sys/file.h>
 #include <sys/stat.h>
@@ -9,10 +10,10 @@
 
 #include <algorithm>
 #include <cerrno>
-#include <ctime>
 #include <charconv>
 #include <cstdio>
 #include <cstring>
+#include <ctime>
 #include <system_error>
 #include <thread>
 
@@ -47,18 +48,21 @@ bool parse_hex(std::string_view s, uint64_t& out) {
   throw IoError(path, err, "cannot " + action + " '" + path + "': " + std::strerror(err));
 }
 
-// True if `fd` is still the file at `path`: a file unlinked or replaced since it was opened is not.
-bool still_at(int fd, const std::string& path) {
-  struct stat by_fd, by_path;
-  return ::fstat(fd, &by_fd) == 0 && ::stat(path.c_str(), &by_path) == 0 && by_fd.st_dev == by_path.st_dev &&
-         by_fd.st_ino == by_path.st_ino;
+// True if `fd` is still the file `name` in `dir`: a file unlinked or replaced since it was opened
+// is not.
+bool still_in(int fd, int dir, const char* name) {
+  struct stat by_fd, by_name;
+  return ::fstat(fd, &by_fd) == 0 && ::fstatat(dir, name, &by_name, AT_SYMLINK_NOFOLLOW) == 0 &&
+         by_fd.st_dev == by_name.st_dev && by_fd.st_ino == by_name.st_ino;
 }
 
-// Removes a file nobody holds a lock on (so no live process is writing it), under the lock.
-void remove_unlocked(const fs::path& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+// Removes file `name` of `dir` that nobody holds a lock on (so no live process is writing it),
+// under the lock.
+void remove_unlocked(int dir, const char* name, const std::string& shown,
+                     const StageAccess& access) {
+  const int fd = open_in(dir, name, O_RDONLY, shown, access);
   if (fd < 0) return;
-  if (::flock(fd, LOCK_EX | LOCK_NB) == 0 && still_at(fd, path.string())) ::unlink(path.c_str());
+  if (::flock(fd, LOCK_EX | LOCK_NB) == 0 && still_in(fd, dir, name)) ::unlinkat(dir, name, 0);
   ::close(fd);  // releases the lock, if taken
 }
 
@@ -115,9 +119,11 @@ uint64_t identity(const struct stat& st) noexcept {
 }
 }  // namespace
 
-StageDirectory::StageDirectory(const fs::path& dir, const Catalog& catalog, uint64_t block)
+StageDirectory::StageDirectory(const fs::path& dir, const Catalog& catalog, uint64_t block,
+                               const StageAccess& access)
     : catalog_(catalog),
       area_(area_of(dir, catalog)),
+      access_(access),
       size_(catalog.num_files()),
       block_(std::max<uint64_t>(block, 1)),
       count_own_files_(block != 1),
@@ -130,12 +136,15 @@ StageDirectory::StageDirectory(const fs::path& dir, const Catalog& catalog, uint
       checked_(new std::atomic<uint64_t>[size_]()),
       indexed_size_(size_, kNoRecord),
       indexed_crc_(size_, 0) {
-  std::error_code ec;
-  fs::create_directories(area_, ec);
-  if (ec) fail(area_.string(), ec.value(), "create stage directory");
+  {
+    // The parent may be shared (/tmp); the area in it is checked once, and every name in the area
+    // is resolved from its descriptor from here on.
+    const UniqueFd parent = open_parent_dir(dir.string(), access_);
+    area_fd_ = open_private_dir(parent.get(), area_.filename().string(), area_.string(), access_);
+  }
   if (block == 0) {
     struct statvfs fs;
-    block_ = ::statvfs(area_.c_str(), &fs) == 0 && fs.f_frsize > 0 ? fs.f_frsize : 4096;
+    block_ = ::fstatvfs(area_fd_.get(), &fs) == 0 && fs.f_frsize > 0 ? fs.f_frsize : 4096;
   }
 
   // Start-ups take turns on start.lock, which a process holds from before it looks at the index's
@@ -152,13 +161,24 @@ StageDirectory::StageDirectory(const fs::path& dir, const Catalog& catalog, uint
       fd = -1;
     }
     ~StartLock() { release(); }
-  } start{::open((area_ / "start.lock").c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644)};
+  } start{open_in(area_fd_.get(), "start.lock", O_RDWR | O_CREAT, shown("start.lock"), access_)};
   while (start.fd >= 0 && ::flock(start.fd, LOCK_EX) != 0) {
     if (errno != EINTR) start.release();
   }
 
+  // A start-up that fails (a link or another user's folder found in the area, an I/O error) lets go
+  // of the index and its lock: a later start-up of this process would otherwise wait on them.
+  struct IndexGuard {
+    int& fd;
+    bool kept = false;
+    ~IndexGuard() {
+      if (!kept && fd >= 0) ::close(fd);
+      if (!kept) fd = -1;
+    }
+  } index_guard{index_fd_};
+
   // The index: the last valid record of each file vouches for its copy.
-  const std::string index = (area_ / "index.log").string();
+  const std::string index = shown("index.log");
   const bool alone = open_index(index);
   if (!alone) start.release();
   std::vector<int64_t> mtimes(size_);  // of each file's latest record
@@ -175,33 +195,55 @@ StageDirectory::StageDirectory(const fs::path& dir, const Catalog& catalog, uint
   };
 
   for (int shard = 0; shard < kShards; ++shard) {
-    const fs::path shard_dir = area_ / hex(shard, 2);
-    if (read_only_) {
-      if (!fs::is_directory(shard_dir, ec)) continue;  // no copies there
-    } else {
-      fs::create_directories(shard_dir, ec);
-      if (ec) fail(shard_dir.string(), ec.value(), "create stage directory");
+    const std::string shard_name = hex(shard, 2);
+    UniqueFd shard_fd;
+    try {
+      shard_fd = open_private_dir(area_fd_.get(), shard_name, shown(shard_name), access_);
+    } catch (const UnsafePath&) {
+      throw;
+    } catch (const IoError&) {
+      if (read_only_) continue;  // none there: no copies
+      throw;
     }
-    for (fs::directory_iterator it(shard_dir, ec), end; !ec && it != end; it.increment(ec)) {
-      const std::string name = it->path().filename().string();
+    DIR* listing = ::fdopendir(::dup(shard_fd.get()));
+    if (listing == nullptr) fail(shown(shard_name), errno, "list stage directory");
+    struct Lister {
+      DIR* dir;
+      ~Lister() { ::closedir(dir); }
+    } lister{listing};
+    errno = 0;
+    for (const dirent* entry; (entry = ::readdir(listing)) != nullptr; errno = 0) {
+      const std::string name = entry->d_name;
+      if (name == "." || name == "..") continue;
       const size_t dot = name.find('.');
       uint64_t id = 0;
       if (!parse_hex(std::string_view(name).substr(0, dot), id) || id >= size_ ||
           static_cast<int>(id % kShards) != shard) {
         continue;  // not ours
       }
+      const std::string rel = shard_name + "/" + name;
       if (dot != std::string::npos) {
         // "<id>.part": a copy being written, or left by a process that died.
-        if (name.substr(dot) == ".part") remove_unlocked(it->path());
+        if (name.substr(dot) == ".part" && !read_only_) {
+          remove_unlocked(shard_fd.get(), name.c_str(), shown(rel), access_);
+        }
         continue;
       }
       struct stat st;
-      if (::stat(it->path().c_str(), &st) != 0) continue;  // removed by another process meanwhile
+      // Removed by another process meanwhile, or not a file: not a copy.
+      if (::fstatat(shard_fd.get(), name.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0) continue;
+      if (S_ISLNK(st.st_mode)) {
+        throw UnsafePath(
+            shown(rel), ELOOP,
+            "refusing the stage directory: '" + shown(rel) +
+                "' is a symbolic link where a copy belongs, never followed; remove it");
+      }
+      if (!S_ISREG(st.st_mode)) continue;
       bool ok = vouched(id, st);
       if (!ok) {
         // Another process may have published this copy after the index was read: its writer appends
         // the record before it lets go of the lock, so look again while holding the lock.
-        const int fd = ::open(it->path().c_str(), O_RDONLY | O_CLOEXEC);
+        const int fd = open_in(shard_fd.get(), name.c_str(), O_RDONLY, shown(rel), access_);
         if (fd < 0) continue;
         struct Closer {
           int fd;
@@ -211,7 +253,9 @@ StageDirectory::StageDirectory(const fs::path& dir, const Catalog& catalog, uint
         read_index();
         ok = ::fstat(fd, &st) == 0 && vouched(id, st);
         // Partial, stale (its source changed) or never vouched for: never served.
-        if (!ok && still_at(fd, it->path().string())) ::unlink(it->path().c_str());
+        if (!ok && !read_only_ && still_in(fd, shard_fd.get(), name.c_str())) {
+          ::unlinkat(shard_fd.get(), name.c_str(), 0);
+        }
       }
       if (ok) {
         state_[id].store(kStaged, std::memory_order_relaxed);
@@ -221,10 +265,11 @@ StageDirectory::StageDirectory(const fs::path& dir, const Catalog& catalog, uint
         ++found_at_start_;
       }
     }
-    if (ec) fail(shard_dir.string(), ec.value(), "list stage directory");
+    if (errno != 0) fail(shown(shard_name), errno, "list stage directory");
   }
   table_ = read_only_ ? std::make_unique<NodeTable>(size_)
-                      : std::make_unique<NodeTable>(area_ / "node.table", size_, alone);
+                      : std::make_unique<NodeTable>(area_fd_.get(), "node.table",
+                                                    shown("node.table"), size_, alone, access_);
   if (read_only_) {
     // Nobody can have copied or be copying here: the copies found are on disk, for this process.
     for (uint64_t id = 0; id < size_; ++id) {
@@ -239,7 +284,7 @@ StageDirectory::StageDirectory(const fs::path& dir, const Catalog& catalog, uint
       table_->add(charge(sizes_[id].load(std::memory_order_relaxed)));
     }
     if (count_own_files_) table_->add(charge(table_->file_bytes()));
-    ::unlink((index + ".compact").c_str());  // left by a process that died compacting
+    ::unlinkat(area_fd_.get(), "index.log.compact", 0);  // left by a process that died compacting
     // Every copy staged, evicted and staged again left a record: rewrite the index with the live
     // ones once it is mostly dead, so that it stays as bounded as the copies.
     if (index_read_ > kCompactAbove &&
@@ -250,6 +295,7 @@ StageDirectory::StageDirectory(const fs::path& dir, const Catalog& catalog, uint
     ::flock(index_fd_, LOCK_SH);  // others may join now (once the start lock is let go)
     start.release();
   }
+  index_guard.kept = true;
   std::lock_guard lock(index_mutex_);
   started_ = true;
 }
@@ -306,11 +352,11 @@ bool StageDirectory::open_index(const std::string& index) {
   // Each process holds a shared lock on the index for as long as it uses the directory; one that
   // finds nobody else there holds it exclusively until its start-up is done (and may compact).
   while (true) {
-    index_fd_ = ::open(index.c_str(), O_RDWR | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+    index_fd_ = open_in(area_fd_.get(), "index.log", O_RDWR | O_CREAT | O_APPEND, index, access_);
     if (index_fd_ < 0 && (errno == EROFS || errno == EACCES || errno == EPERM)) {
       // A directory this process cannot write: its copies, if the index vouches for them, are
       // still served (read_only()).
-      index_fd_ = ::open(index.c_str(), O_RDONLY | O_CLOEXEC);
+      index_fd_ = open_in(area_fd_.get(), "index.log", O_RDONLY, index, access_);
       read_only_ = index_fd_ >= 0;
     }
     if (index_fd_ < 0) fail(index, errno, "open");
@@ -320,7 +366,7 @@ bool StageDirectory::open_index(const std::string& index) {
         if (errno != EINTR) fail(index, errno, "lock");
       }
     }
-    if (still_at(index_fd_, index)) return alone;
+    if (still_at(index_fd_, "index.log")) return alone;
     ::close(index_fd_);  // replaced by another process's compaction meanwhile: open the new one
   }
 }
@@ -339,10 +385,25 @@ void StageDirectory::compact_index(const std::string& index, const std::vector<i
     const auto* bytes = reinterpret_cast<const std::byte*>(&r);
     live.insert(live.end(), bytes, bytes + sizeof(Record));
   }
-  try {
-    write_file_atomically(index, index + ".compact", live);
-  } catch (const IoError&) {
-    return;  // a full disk, say: the old index still serves
+  {
+    // Made anew (O_EXCL: the start-up removed any left by a dead process), then renamed over the
+    // index; a full disk, say, leaves the old index serving.
+    const int fd = open_in(area_fd_.get(), "index.log.compact", O_WRONLY | O_CREAT | O_EXCL,
+                           index + ".compact", access_);
+    if (fd < 0) return;
+    size_t done = 0;
+    while (done < live.size()) {
+      const ssize_t n = ::write(fd, live.data() + done, live.size() - done);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) break;
+      done += static_cast<size_t>(n);
+    }
+    const bool written = ::close(fd) == 0 && done == live.size();
+    if (!written ||
+        ::renameat(area_fd_.get(), "index.log.compact", area_fd_.get(), "index.log") != 0) {
+      ::unlinkat(area_fd_.get(), "index.log.compact", 0);
+      return;
+    }
   }
   ::close(index_fd_);  // waiters on the old index wake, see it replaced and open the new one
   open_index(index);
@@ -365,6 +426,14 @@ std::string StageDirectory::copy_path(const fs::path& area, uint64_t id) {
 }
 
 std::string StageDirectory::staged_path(uint64_t id) const { return copy_path(area_, id); }
+
+std::string StageDirectory::relative(uint64_t id) const {
+  return hex(id % kShards, 2) + "/" + hex(id, 0);
+}
+
+bool StageDirectory::still_at(int fd, const std::string& relative) const {
+  return still_in(fd, area_fd_.get(), relative.c_str());
+}
 
 bool StageDirectory::try_claim(uint64_t id) noexcept {
   uint8_t expected = kAbsent;
@@ -430,9 +499,14 @@ bool StageDirectory::evict(uint64_t id) noexcept {
   // copy gone from the table waits for the lock before it copies the file anew, so the unlink below
   // never removes that new copy. A file whose lock another process holds is not evicted now. On a
   // disk too full to create the lock file, the eviction goes on without it.
-  const std::string part_path = staged_path(id) + ".part";
-  const int fd = ::open(part_path.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
-  if (fd >= 0 && (::flock(fd, LOCK_EX | LOCK_NB) != 0 || !still_at(fd, part_path))) {
+  const std::string part = relative(id) + ".part";
+  int fd = -1;
+  try {
+    fd = open_in(area_fd_.get(), part.c_str(), O_WRONLY | O_CREAT, shown(part), access_);
+  } catch (const IoError&) {
+    return false;  // not a lock file (a link): nothing is removed through it
+  }
+  if (fd >= 0 && (::flock(fd, LOCK_EX | LOCK_NB) != 0 || !still_at(fd, part))) {
     ::close(fd);
     return false;
   }
@@ -441,7 +515,7 @@ bool StageDirectory::evict(uint64_t id) noexcept {
   const bool removed = table_->remove(id);
   if (removed) remove_copy(id, NodeTable::Removed::kRemoved);
   if (fd >= 0) {
-    ::unlink(part_path.c_str());
+    ::unlinkat(area_fd_.get(), part.c_str(), 0);
     ::close(fd);  // releases the lock
   }
   // Removed here, or by a neighbour already: absent. (A stale "unverified" mark would make stage 1
@@ -457,7 +531,7 @@ void StageDirectory::discard(uint64_t id) noexcept {
 
 void StageDirectory::remove_copy(uint64_t id, NodeTable::Removed removed) noexcept {
   if (removed == NodeTable::Removed::kNot) return;
-  ::unlink(staged_path(id).c_str());
+  ::unlinkat(area_fd_.get(), relative(id).c_str(), 0);
   if (removed == NodeTable::Removed::kRemoved) {
     table_->release(charge(sizes_[id].load(std::memory_order_relaxed)));
   }
@@ -489,11 +563,11 @@ void StageDirectory::append_record(const Record& record) {
 
 bool StageDirectory::adopt(uint64_t id) {
   struct stat st;
-  const std::string path = staged_path(id);
-  if (::stat(path.c_str(), &st) != 0) return false;
+  const std::string name = relative(id);
+  if (::fstatat(area_fd_.get(), name.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0) return false;
   // Another process's copy. Its writer publishes it, then appends its record, then lets go of its
   // lock: waiting for the lock means the record, if any, is there.
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  const int fd = open_in(area_fd_.get(), name.c_str(), O_RDONLY, shown(name), access_);
   if (fd < 0) return false;
   while (::flock(fd, LOCK_SH) != 0 && errno == EINTR) {
   }
@@ -537,8 +611,8 @@ StageDirectory::Outcome StageDirectory::stage(uint64_t id, const Fetch& fetch,
                                               std::vector<std::byte>& buffer,
                                               std::chrono::milliseconds wait) {
   using Clock = std::chrono::steady_clock;
-  const std::string final_path = staged_path(id);
-  const std::string part_path = final_path + ".part";
+  const std::string final_name = relative(id);
+  const std::string part_name = final_name + ".part";
   const Clock::time_point deadline =
       wait == kForever ? Clock::time_point::max() : Clock::now() + wait;
   auto pause = std::chrono::microseconds(200);
@@ -550,15 +624,24 @@ StageDirectory::Outcome StageDirectory::stage(uint64_t id, const Fetch& fetch,
     return Outcome::kDropped;
   }
   while (true) {
-    if (adopt(id)) return Outcome::kAdopted;
-    const int fd = ::open(part_path.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
+    int fd = -1;
+    try {
+      if (adopt(id)) return Outcome::kAdopted;
+      // The lock file that the ranks sharing the area take turns on: made by whichever comes
+      // first (not O_EXCL), in an area no other user can write.
+      fd =
+          open_in(area_fd_.get(), part_name.c_str(), O_WRONLY | O_CREAT, shown(part_name), access_);
+    } catch (...) {
+      give_back_copy(id);
+      throw;
+    }
     if (fd < 0) {
       const int err = errno;
       give_back_copy(id);
-      fail(part_path, err, "create");
+      fail(shown(part_name), err, "create");
     }
-    if (::flock(fd, LOCK_EX | LOCK_NB) == 0 && still_at(fd, part_path)) {
-      return copy_locked(id, fd, part_path, final_path, fetch, buffer);  // closes fd
+    if (::flock(fd, LOCK_EX | LOCK_NB) == 0 && still_at(fd, part_name)) {
+      return copy_locked(id, fd, part_name, final_name, fetch, buffer);  // closes fd
     }
     if (!looked) {
       holder = lock_holder(fd);
@@ -619,19 +702,24 @@ void StageDirectory::mark_stalled(pid_t holder) {
   if (std::find(stalled_.begin(), stalled_.end(), holder) == stalled_.end()) stalled_.push_back(holder);
 }
 
-StageDirectory::Outcome StageDirectory::copy_locked(uint64_t id, int fd, const std::string& part_path,
-                                                    const std::string& final_path, const Fetch& fetch,
+StageDirectory::Outcome StageDirectory::copy_locked(uint64_t id, int fd,
+                                                    const std::string& part_name,
+                                                    const std::string& final_name,
+                                                    const Fetch& fetch,
                                                     std::vector<std::byte>& buffer) {
+  const std::string part_path = shown(part_name);
+  const std::string final_path = shown(final_name);
+  const int area = area_fd_.get();
   struct Closer {
     int fd;
     ~Closer() { ::close(fd); }  // also releases the lock
   } closer{fd};
   auto give_up = [&] {
-    ::unlink(part_path.c_str());
+    ::unlinkat(area, part_name.c_str(), 0);
     give_back_copy(id);
   };
   if (adopt(id)) {  // finished by another process between our first look and the lock
-    ::unlink(part_path.c_str());
+    ::unlinkat(area, part_name.c_str(), 0);
     return Outcome::kAdopted;
   }
 
@@ -665,12 +753,14 @@ StageDirectory::Outcome StageDirectory::copy_locked(uint64_t id, int fd, const s
       if (n < 0) fail(part_path, errno, "write");
       done += static_cast<size_t>(n);
     }
-    if (::rename(part_path.c_str(), final_path.c_str()) != 0) fail(final_path, errno, "rename");
+    if (::renameat(area, part_name.c_str(), area, final_name.c_str()) != 0) {
+      fail(final_path, errno, "rename");
+    }
     append_record(record);  // still holding the lock: a scan in another process leaves it alone
     count_index();  // its 40 bytes may have taken a new block
   } catch (...) {
-    ::unlink(part_path.c_str());
-    ::unlink(final_path.c_str());
+    ::unlinkat(area, part_name.c_str(), 0);
+    ::unlinkat(area, final_name.c_str(), 0);
     give_back_copy(id);
     throw;
   }
@@ -696,11 +786,38 @@ StageDirectory::Outcome StageDirectory::copy_locked(uint64_t id, int fd, const s
   return Outcome::kStaged;
 }
 
+bool StageDirectory::read_copy(uint64_t id, std::vector<std::byte>& buffer) {
+  const std::string name = relative(id);
+  int fd = -1;
+  try {
+    fd = open_in(area_fd_.get(), name.c_str(), O_RDONLY, shown(name), access_);
+  } catch (const IoError&) {
+    return false;
+  }
+  if (fd < 0) return false;
+  struct Closer {
+    int fd;
+    ~Closer() { ::close(fd); }
+  } closer{fd};
+  struct stat st{};
+  if (::fstat(fd, &st) != 0) return false;
+  buffer.resize(static_cast<size_t>(st.st_size));
+  size_t done = 0;
+  while (done < buffer.size()) {
+    const ssize_t n =
+        ::pread(fd, buffer.data() + done, buffer.size() - done, static_cast<off_t>(done));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return false;
+    if (n == 0) break;
+    done += static_cast<size_t>(n);
+  }
+  buffer.resize(done);
+  return true;
+}
+
 bool StageDirectory::verify(uint64_t id, std::vector<std::byte>& buffer) {
   if (!is_staged(id)) return false;
-  try {
-    read_file(staged_path(id), buffer);
-  } catch (const IoError&) {
+  if (!read_copy(id, buffer)) {
     discard(id);
     return false;
   }
@@ -731,14 +848,21 @@ bool StageDirectory::intact(uint64_t id, std::span<const std::byte> bytes) noexc
 }
 
 bool StageDirectory::unchanged(uint64_t id, std::vector<std::byte>& buffer) {
-  const std::string path = staged_path(id);
+  const std::string name = relative(id);
   struct stat before {};
-  if (::stat(path.c_str(), &before) != 0) return false;  // gone: the caller reads the source
+  if (::fstatat(area_fd_.get(), name.c_str(), &before, AT_SYMLINK_NOFOLLOW) != 0) {
+    return false;  // gone: the caller reads the source
+  }
   const uint64_t seen = identity(before);
   if (checked_[id].load(std::memory_order_relaxed) == seen) return true;
   // Read through one descriptor, so that the bytes checked are those of the file whose identity
   // is kept.
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  int fd = -1;
+  try {
+    fd = open_in(area_fd_.get(), name.c_str(), O_RDONLY, shown(name), access_);
+  } catch (const IoError&) {
+    return false;  // not a copy (a link): read the source
+  }
   if (fd < 0) return false;
   struct Closer {
     int fd;

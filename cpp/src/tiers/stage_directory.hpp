@@ -20,6 +20,7 @@
 #include "prestage/catalog.hpp"
 #include "tiers/node_table.hpp"
 #include "util/file_io.hpp"
+#include "util/private_dir.hpp"
 
 namespace prestage::detail {
 
@@ -66,12 +67,18 @@ class StageDirectory {
   enum State : uint8_t { kAbsent = 0, kInFlight = 1, kStaged = 2, kCopying = 3 };
 
   // Creates the directories, reads the index and takes stock of the copies there. Throws IoError.
+  // The area and everything in it are the job's user's (`access`: or also a group's), made with
+  // modes that let no one else in whatever the umask (private_dir.hpp), and reached from here on
+  // only through a descriptor of the area checked once: a file is opened relative to it, never
+  // through a link (O_NOFOLLOW), renamed with renameat. An area another user made or can write,
+  // or a link in it, is refused (UnsafePath, an IoError the loader does not fall back from).
   // `block`: what the node's count (NodeTable::used) charges a copy of n bytes: n rounded up to a
   // multiple of `block`. 1: its bytes (a bound given in bytes of copies). 0: the file system's
   // block (statvfs), as the disk charges it; then the directory's own files (index.log,
   // node.table) are counted too, so that a bound of free space is one of the disk's. Any other
   // value stands for the file system's block in tests, and counts the own files too.
-  StageDirectory(const std::filesystem::path& dir, const Catalog& catalog, uint64_t block = 1);
+  StageDirectory(const std::filesystem::path& dir, const Catalog& catalog, uint64_t block = 1,
+                 const StageAccess& access = {});
   ~StageDirectory();
   StageDirectory(const StageDirectory&) = delete;
   StageDirectory& operator=(const StageDirectory&) = delete;
@@ -222,13 +229,16 @@ class StageDirectory {
 
  private:
   bool adopt(uint64_t id);  // a copy another process finished, with its record
+  // Reads the copy of `id` whole into `buffer`; false if it cannot be opened or read.
+  bool read_copy(uint64_t id, std::vector<std::byte>& buffer);
   // The process holding the lock on the open file `fd`, or 0 if none is found.
   static pid_t lock_holder(int fd);
   bool stalled(pid_t holder);
   void mark_stalled(pid_t holder);
   // stage()'s copy, once it holds the lock on `fd` (its ".part" file, which it closes).
-  Outcome copy_locked(uint64_t id, int fd, const std::string& part_path, const std::string& final_path,
-                      const Fetch& fetch, std::vector<std::byte>& buffer);
+  Outcome copy_locked(uint64_t id, int fd, const std::string& part_name,
+                      const std::string& final_name, const Fetch& fetch,
+                      std::vector<std::byte>& buffer);
   // Reads the records appended to the index since the last call (whole ones: a record being
   // appended is read next time) and calls `found` with each valid one; once started, takes over the
   // absent files among them (see take_over_published()). Needs index_mutex_.
@@ -245,8 +255,16 @@ class StageDirectory {
   bool open_index(const std::string& index);
   void compact_index(const std::string& index, const std::vector<int64_t>& mtimes);
 
+  // A file's copy relative to the area ("<shard>/<id>"), and the full path that messages name.
+  std::string relative(uint64_t id) const;
+  std::string shown(const std::string& relative) const { return (area_ / relative).string(); }
+  // True if `fd` is still the file `relative` names in the area (not unlinked or replaced since).
+  bool still_at(int fd, const std::string& relative) const;
+
   Catalog catalog_;
   std::filesystem::path area_;
+  StageAccess access_;
+  UniqueFd area_fd_;  // the area, opened and checked once: every name in it is resolved from here
   uint64_t size_;
   uint64_t block_;
   bool count_own_files_;

@@ -1,12 +1,13 @@
 #include "util/io_trace.hpp"
 
-#include <cerrno>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <atomic>
+#include <cerrno>
 #include <cstdio>
 #include <cstring>
-
-#include <fcntl.h>
-#include <unistd.h>
 
 #include "prestage/error.hpp"
 
@@ -53,10 +54,27 @@ IoTrace::IoTrace(const std::string& path, const std::string& root, uint64_t file
     }
   }
   header_json += "\", \"files\": " + std::to_string(files) + "}";
-  fd_ = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  // Never through a link (one planted under its name in a shared folder), and never another user's
+  // file: checked before it is emptied. Its records name the data set's files: the job's user's
+  // alone.
+  fd_ = ::open(path.c_str(), O_WRONLY | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
   if (fd_ < 0) {
     const int err = errno;
-    throw IoError(path, err, "cannot create the I/O trace '" + path + "': " + std::strerror(err));
+    throw IoError(path, err,
+                  "cannot create the I/O trace '" + path + "': " + std::strerror(err) +
+                      (err == ELOOP ? " (a symbolic link, never followed)" : ""));
+  }
+  struct stat st{};
+  if (::fstat(fd_, &st) != 0 || !S_ISREG(st.st_mode) || st.st_uid != ::geteuid()) {
+    ::close(fd_);
+    throw IoError(path, EPERM,
+                  "refusing the I/O trace '" + path + "': not a regular file of this user's (uid " +
+                      std::to_string(st.st_uid) + "); name another file");
+  }
+  if (::ftruncate(fd_, 0) != 0) {
+    const int err = errno;
+    ::close(fd_);
+    throw IoError(path, err, "cannot empty the I/O trace '" + path + "': " + std::strerror(err));
   }
   const uint64_t header_bytes = header_json.size();
   if (!write_all(fd_, kMagic, sizeof(kMagic)) || !write_all(fd_, &header_bytes, sizeof(header_bytes)) ||

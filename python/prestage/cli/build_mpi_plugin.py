@@ -82,8 +82,16 @@ def run(args: argparse.Namespace) -> int:
         from prestage import _core
 
         output = Path(cast(str, _core.__file__)).resolve().parent / PLUGIN
-    output = output.resolve()
+    # The folder resolved, not the file's own name: a link planted under it is replaced, not followed.
+    output = output.parent.resolve() / output.name
     output.parent.mkdir(parents=True, exist_ok=True)
+    from prestage._paths import check_folder
+
+    try:
+        check_folder(output.parent)
+    except OSError as error:
+        print(f"prestage build-mpi-plugin: {error}", file=sys.stderr)
+        return 2
     if not os.access(output.parent, os.W_OK):
         print(f"prestage build-mpi-plugin: {output.parent} is not writable; write the plugin elsewhere with "
               f"--output PATH and set PRESTAGE_MPI_PLUGIN=PATH", file=sys.stderr)

@@ -90,8 +90,10 @@ def run(args: argparse.Namespace) -> int:
                 "grid": [{k: v for k, v in s.items() if k != "runs"} for s in grid],
             }
             if args.write is not None:
+                from prestage._paths import write_replacing
+
                 args.write.parent.mkdir(parents=True, exist_ok=True)
-                args.write.write_text(json.dumps(result, indent=1, default=str) + "\n")
+                write_replacing(args.write, (json.dumps(result, indent=1, default=str) + "\n").encode())
                 load_tuned(args.write)  # check that the Loader reads it back
     except KeyboardInterrupt:
         note("prestage tune: interrupted; the emulated PFS is unmounted and temporary files removed")
