@@ -413,7 +413,7 @@ def keywords(options: _core.LoaderOptions) -> Dict[str, Any]:
     out.update(
         shuffle=o.shuffle, seed=o.seed, drop_last=o.drop_last,
         transform=_name(o.transform).replace("_", "-"),
-        stage_dir=o.stage_dir or None,
+        stage_dir=o.stage_dir or None, stage_group=o.stage_group or None,
         cache_bytes=_or_none(o.cache_bytes, _core.LoaderOptions.FIT_FREE_SPACE),
         eviction=_name(o.eviction),
         prefetchers=_or_none(o.prefetchers, 0), readers=_or_none(o.readers, 0),
