@@ -155,7 +155,10 @@ class Loader:
             waits for stage 2 (``stage_patience`` None, as ``options`` shows), so that a home copy
             is made before its sample is read. With the tier on, the loader
             belongs to the process that made it: iterated in a process forked from it (a DataLoader
-            worker), it raises :class:`prestage.Error` at once. See the README, "Beyond one node".
+            worker), it raises :class:`prestage.Error` at once. A loader made in a process forked
+            from one whose loader has iterated raises :class:`prestage.Error` at construction (the
+            threads' pool is copied there without its threads): make it in a process started by
+            ``spawn`` or ``forkserver``. See the README, "Beyond one node".
         peer_timeout: seconds a fetch from a peer may wait for its answer before the source is read
             instead (counted in ``stats()["peer_fallbacks"]``).
         comm: the mpi4py intra-communicator whose ranks are the loader's ranks (``None``:

@@ -758,15 +758,21 @@ FORKED_BEFORE = textwrap.dedent("""
 def two_ranks(make_folder, tmp_path, source: str) -> list:
     """Runs `source` under `mpirun -np 2` with a catalog of 20 images and a stage directory as its
     arguments; each rank prints one JSON line: their values, by rank."""
+    return mpi_ranks(make_folder, tmp_path, source, 2)
+
+
+def mpi_ranks(make_folder, tmp_path, source: str, ranks: int) -> list:
+    """Runs `source` under `mpirun -np RANKS` with a catalog of 20 images and a stage directory as
+    its arguments; each rank prints one JSON line: their values, by rank."""
     cat = prestage.Catalog.from_folder(make_folder(2, 10))
     catalog = tmp_path / "set.catalog"
     cat.save(catalog)
     script = tmp_path / "ranks.py"
     script.write_text(source)
     env = dict(os.environ, OMPI_MCA_btl_vader_single_copy_mechanism="none")
-    r = subprocess.run([MPIRUN, "--oversubscribe", "--allow-run-as-root", "-np", "2", sys.executable,
-                        str(script), str(catalog), str(tmp_path / "stage")], env=env,
-                       capture_output=True, text=True, timeout=240)
+    r = subprocess.run([MPIRUN, "--oversubscribe", "--allow-run-as-root", "-np", str(ranks),
+                        sys.executable, str(script), str(catalog), str(tmp_path / "stage")], env=env,
+                       capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stdout + r.stderr
     # One JSON object per rank; mpirun may join two ranks' lines into one.
     decoder, text, out = json.JSONDecoder(), r.stdout.strip(), []
@@ -774,7 +780,7 @@ def two_ranks(make_folder, tmp_path, source: str) -> list:
         value, end = decoder.raw_decode(text)
         out.append(value)
         text = text[end:].lstrip()
-    assert len(out) == 2, r.stdout + r.stderr
+    assert len(out) == ranks, r.stdout + r.stderr
     return out
 
 
@@ -786,6 +792,96 @@ def test_a_process_forked_before_the_loader_started_refuses_it_at_once(make_fold
             assert said.startswith("Error: ") and "forked" in said and "new loader" in said, (how, said, seconds)
             assert exit_code == 0, (how, out[how])
         assert out["parent"] == [10, True]  # rank's half of 20 samples; its tier still on
+
+
+# A rank of 2 nodes of 2 ranks forks children as a DataLoader's workers start, by os.fork, then by
+# multiprocessing's fork, each making a loader of its own with the rank's options and a stage directory
+# of its own. Before the rank's loader has run, the child's loader is a plain loader (the peer tier off:
+# MPI is the parent's; peer_tier_why says so) that runs an epoch of the rank's plan. Once the rank's
+# loader has run, its threads' pool (oneTBB) is in the child without its threads: the child's loader is
+# refused at construction with prestage.Error, never left to wait for threads that do not exist.
+FORKED_NEW = textwrap.dedent("""
+    import json, multiprocessing, os, select, sys, time
+    rank = int(os.environ["OMPI_COMM_WORLD_RANK"])
+    os.environ["PRESTAGE_NODE"] = str(rank // 2)
+    import prestage
+    cat = prestage.Catalog.load(sys.argv[1])
+    base = sys.argv[2]
+    options = dict(batch_size=5, decode="raw", rank=rank, world_size=4, seed=3, peers=True)
+
+    def child(w, name):
+        start = time.monotonic()
+        try:
+            with prestage.Loader(cat, stage_dir=f"{base}/child-{rank}-{name}", **options) as own:
+                s = own.stats()
+                said = ["epoch", [[int(i) for i in b.indices] for b in own], s["peer_tier"],
+                        s["peer_tier_why"]]
+        except prestage.Error as e:
+            said = ["refused", type(e).__name__, str(e)]
+        os.write(w, json.dumps(said + [time.monotonic() - start]).encode())
+
+    def forked(name, kind):
+        r, w = os.pipe()
+        if kind == "os.fork":
+            pid = os.fork()
+            if pid == 0:
+                os.close(r)
+                child(w, name)
+                sys.exit(0)  # the interpreter's exit hooks run: the loaders', the MPI plugin's
+        else:
+            process = multiprocessing.get_context("fork").Process(target=child, args=(w, name))
+            process.start()
+        os.close(w)
+        # Bounded, so that a child that hangs fails the test instead of stalling it.
+        ready, _, _ = select.select([r], [], [], 60)
+        said = json.loads(os.read(r, 1 << 20).decode()) if ready else ["no answer in 60 s"]
+        if kind == "os.fork":
+            if not ready:
+                os.kill(pid, 9)
+            status = os.waitpid(pid, 0)[1]
+            code = os.WEXITSTATUS(status) if os.WIFEXITED(status) else -os.WTERMSIG(status)
+        else:
+            process.join(60)
+            if process.exitcode is None:
+                process.kill()
+                process.join()
+            code = process.exitcode
+        return said + [code]
+
+    out = {"rank": rank}
+    with prestage.Loader(cat, stage_dir=f"{base}/node{rank // 2}", **options) as loader:
+        for kind in ("os.fork", "multiprocessing"):
+            out["before " + kind] = forked("before-" + kind, kind)
+        out["parent"] = [[int(i) for i in b.indices] for b in loader]
+        for kind in ("os.fork", "multiprocessing"):
+            out["after " + kind] = forked("after-" + kind, kind)
+        out["peer_tier"] = loader.stats()["peer_tier"]
+        # Each rank answers the others' fetches until all have their batches.
+        open(f"{base}/done-{rank}", "w").close()
+        while not all(os.path.exists(f"{base}/done-{r}") for r in range(4)):
+            time.sleep(0.005)
+    print(json.dumps(out))
+""")
+
+
+def test_a_process_forked_from_a_rank_makes_its_own_loader_or_is_refused_at_once(make_folder, tmp_path):
+    outs = mpi_ranks(make_folder, tmp_path, FORKED_NEW, WORLD)
+    assert sorted(out["rank"] for out in outs) == list(range(WORLD))
+    for out in outs:
+        rank = out["rank"]
+        plan = [[int(i) for i in b] for b in epoch_batches(20, 5, 3, 0, rank=rank, world_size=WORLD)]
+        assert out["parent"] == plan and out["peer_tier"] is True
+        for kind in ("os.fork", "multiprocessing"):
+            said = out["before " + kind]
+            assert said[0] == "epoch", (rank, kind, said)
+            batches, on, why, seconds, code = said[1:]
+            assert batches == plan and on is False and "forked" in why, (rank, kind, said)
+            assert seconds < 30 and code == 0, (rank, kind, said)
+            said = out["after " + kind]
+            assert said[0] == "refused", (rank, kind, said)
+            name, message, seconds, code = said[1:]
+            assert name == "Error" and "forked" in message and "spawn" in message, (rank, kind, said)
+            assert seconds < 5 and code == 0, (rank, kind, said)
 
 
 # What the loader is given as comm= under mpirun, by mpi4py's own objects: each non-communicator
