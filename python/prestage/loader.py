@@ -433,9 +433,12 @@ class Loader:
     def stats(self, epochs: Union[None, int, str, Iterable[int]] = None) -> dict:
         """Per-stage counters and the consumer's stall time (seconds the caller waited, the wait under
         way included); with ``on_error="skip"``, ``skipped`` and ``skipped_samples``; the peer tier's
-        ``peer_tier``, ``peer_tier_why`` (why it is off), ``peer_reads``, ``peer_bytes``,
-        ``peer_fallbacks``, ``peer_corrupt``, ``beyond_budget``, ``peer_served``,
-        ``peer_served_bytes``, ``peers_down`` (peers that did not answer within ``peer_timeout``)
+        ``peer_tier``, ``peer_tier_why`` (why it is off), ``peer_reads``, ``peer_bytes`` (fetched
+        from peers and used), ``peer_probes``, ``peer_probe_bytes`` (fetched only to measure a
+        link), ``peer_fallbacks``, ``peer_corrupt``, ``beyond_budget``, ``peer_served``,
+        ``peer_served_bytes`` (answers sent, to reads and probes: over a job, the ranks'
+        ``peer_reads`` + ``peer_probes`` + ``peer_corrupt``, and answers that reached a rank no
+        longer waiting for them), ``peers_down`` (peers that did not answer within ``peer_timeout``)
         and ``peers_closed`` (peers that said goodbye): both read from the source at once from
         then on; ``peer_reads_to_pfs`` (reads of a sample with a home copy that the source model
         sent to the PFS, expected to finish there first), ``peer_home_first`` (the node's stage

@@ -161,6 +161,7 @@ constexpr auto kStatsFields = std::make_tuple(
     field("stage_bytes_peak", &Stats::stage_bytes_peak), field("epochs", &Stats::epochs),
     field("peer_tier", &Stats::peer_tier), field("peer_tier_why", &Stats::peer_tier_why),
     field("peer_reads", &Stats::peer_reads), field("peer_bytes", &Stats::peer_bytes),
+    field("peer_probes", &Stats::peer_probes), field("peer_probe_bytes", &Stats::peer_probe_bytes),
     field("peer_fallbacks", &Stats::peer_fallbacks), field("peer_corrupt", &Stats::peer_corrupt),
     field("beyond_budget", &Stats::beyond_budget), field("peer_served", &Stats::peer_served),
     field("peer_served_bytes", &Stats::peer_served_bytes), field("peers_down", &Stats::peers_down),

@@ -453,6 +453,25 @@ def test_a_record_read_from_a_peer_moves_the_record_not_its_shard(make_folder, w
     assert taken <= served <= taken + late * shard, (served, taken, late)
 
 
+def test_a_jobs_answers_served_are_the_answers_its_ranks_used_probed_or_found_corrupt(job):
+    # Every answer a rank sends with bytes is counted by its asker: used (peer_reads, peer_bytes),
+    # fetched only to measure the link (peer_probes, peer_probe_bytes: the link is new, so each rank
+    # probes it), or failed its check (peer_corrupt, none here); but for answers that reach a rank
+    # no longer waiting for them, here only those of its read-ahead into epoch 2 when it closes.
+    # The ranks stop reading before they close (their look-ahead is full), so that is none.
+    run, cat, emulator, backing = job
+    ranks = run(peers=True, epochs=2)
+
+    def total(key):
+        return sum(r["stats"][key] for r in ranks)
+
+    print(json.dumps({k: total(k) for k in ("peer_served", "peer_served_bytes", "peer_reads", "peer_bytes",
+                                             "peer_probes", "peer_probe_bytes", "peer_corrupt")}))
+    assert total("peer_corrupt") == 0 and total("peer_probes") >= WORLD and total("peer_reads") > 0
+    assert total("peer_served") == total("peer_reads") + total("peer_probes")
+    assert total("peer_served_bytes") == total("peer_bytes") + total("peer_probe_bytes")
+
+
 def test_a_peer_link_slower_than_the_pfs_leaves_the_reads_to_the_pfs(job):
     run, cat, emulator, backing = job
     plain = run(peers=False)

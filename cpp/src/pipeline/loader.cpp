@@ -740,6 +740,8 @@ Stats Loader::Impl::stats() const {
     const detail::PeerCounts p = shared->peers->counts();
     s.peer_reads = p.reads;
     s.peer_bytes = p.bytes;
+    s.peer_probes = p.probes;
+    s.peer_probe_bytes = p.probe_bytes;
     s.peer_fallbacks = p.fallbacks;
     s.peer_corrupt = p.corrupt;
     s.beyond_budget = p.beyond_budget;
