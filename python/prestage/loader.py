@@ -161,6 +161,12 @@ class Loader:
             ``spawn`` or ``forkserver``. See the README, "Beyond one node".
         peer_timeout: seconds a fetch from a peer may wait for its answer before the source is read
             instead (counted in ``stats()["peer_fallbacks"]``).
+        pfs_reads: with the tier on, what a read of a sample whose home copy another node holds
+            goes for. ``"fastest"`` (the default: a job is never slower for the tier): that copy
+            or the PFS, whichever is expected to finish first (a fast PFS is read again).
+            ``"fewest"`` (a PFS shared by many jobs): that copy whenever a node holds it, waiting
+            for the link rather than reading the PFS, the nodes keeping their home copies first:
+            each file read from the PFS once per job where the nodes' caches hold the set.
         comm: the mpi4py intra-communicator whose ranks are the loader's ranks (``None``:
             ``MPI_COMM_WORLD``); prestage duplicates it. Any other object (a datatype, a group, a
             request, ``COMM_NULL``, an inter-communicator) is a :class:`prestage.ConfigError`.

@@ -226,6 +226,9 @@ void register_loader(py::module_& m) {
   py::enum_<DecodeDevice>(m, "DecodeDevice")
       .value("cpu", DecodeDevice::kCpu)
       .value("cuda", DecodeDevice::kCuda);
+  py::enum_<PfsReads>(m, "PfsReads")
+      .value("fastest", PfsReads::kFastest)
+      .value("fewest", PfsReads::kFewest);
   py::enum_<GpuCrop>(m, "GpuCrop")
       .value("auto", GpuCrop::kAuto)
       .value("resize", GpuCrop::kResize)
@@ -293,6 +296,7 @@ prestage.options for how the Python arguments become these fields). validate() i
       .def_readwrite("stage_patience_ms", &LoaderOptions::stage_patience_ms)
       .def_readwrite("peers", &LoaderOptions::peers)
       .def_readwrite("peer_timeout_ms", &LoaderOptions::peer_timeout_ms)
+      .def_readwrite("pfs_reads", &LoaderOptions::pfs_reads)
       .def_readwrite("peer_comm_fortran", &LoaderOptions::peer_comm_fortran)
       .def_readwrite("on_error", &LoaderOptions::on_error)
       .def_readwrite("transform", &LoaderOptions::transform)

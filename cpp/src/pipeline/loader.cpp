@@ -359,7 +359,8 @@ Loader::Impl::Impl(Catalog catalog_in, LoaderOptions options_in)
                                                     shared->stage_dir.get(), home_budget, peer_options);
     if (shared->peers->on()) {
       peer_home = ::getpid();
-      shared->tiers->set_peers(shared->peers.get());
+      const bool fewest = o.pfs_reads == PfsReads::kFewest;
+      shared->tiers->set_peers(shared->peers.get(), fewest);
       detail::Peers* peers = shared->peers.get();
       if (shared->cache) {
         shared->cache->set_on_declined([peers](uint64_t f) { peers->not_coming(f); });
@@ -367,7 +368,9 @@ Loader::Impl::Impl(Catalog catalog_in, LoaderOptions options_in)
         using Layout = detail::StageCache::HomeLayout;
         using Links = detail::SourceModel::Links;
         shared->cache->set_home_first([peers](uint64_t f) { return peers->home_here(f); },
-                                      [tiers] {
+                                      [tiers, fewest] {
+                                        // Fewest PFS reads: a home copy kept saves one.
+                                        if (fewest) return Layout::kHomeFirst;
                                         const Links links = tiers->links();
                                         return links == Links::kFaster    ? Layout::kHomeFirst
                                                : links == Links::kUnknown ? Layout::kUndecided
