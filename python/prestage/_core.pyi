@@ -132,6 +132,10 @@ class DecodeDevice(_Enum):
     cpu: ClassVar[DecodeDevice]
     cuda: ClassVar[DecodeDevice]
 
+class PfsReads(_Enum):
+    fastest: ClassVar[PfsReads]
+    fewest: ClassVar[PfsReads]
+
 class GpuCrop(_Enum):
     auto: ClassVar[GpuCrop]
     resize: ClassVar[GpuCrop]
@@ -171,6 +175,7 @@ class LoaderOptions:
     stage_patience_ms: int
     peers: bool
     peer_timeout_ms: int
+    pfs_reads: PfsReads
     peer_comm_fortran: int
     on_error: OnError
     transform: Transform

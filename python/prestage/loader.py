@@ -161,9 +161,18 @@ class Loader:
             waits for stage 2 (``stage_patience`` None, as ``options`` shows), so that a home copy
             is made before its sample is read. With the tier on, the loader
             belongs to the process that made it: iterated in a process forked from it (a DataLoader
-            worker), it raises :class:`prestage.Error` at once. See the README, "Beyond one node".
+            worker), it raises :class:`prestage.Error` at once. A loader made in a process forked
+            from one whose loader has iterated raises :class:`prestage.Error` at construction (the
+            threads' pool is copied there without its threads): make it in a process started by
+            ``spawn`` or ``forkserver``. See the README, "Beyond one node".
         peer_timeout: seconds a fetch from a peer may wait for its answer before the source is read
             instead (counted in ``stats()["peer_fallbacks"]``).
+        pfs_reads: with the tier on, what a read of a sample whose home copy another node holds
+            goes for. ``"fastest"`` (the default: a job is never slower for the tier): that copy
+            or the PFS, whichever is expected to finish first (a fast PFS is read again).
+            ``"fewest"`` (a PFS shared by many jobs): that copy whenever a node holds it, waiting
+            for the link rather than reading the PFS, the nodes keeping their home copies first:
+            each file read from the PFS once per job where the nodes' caches hold the set.
         comm: the mpi4py intra-communicator whose ranks are the loader's ranks (``None``:
             ``MPI_COMM_WORLD``); prestage duplicates it. Any other object (a datatype, a group, a
             request, ``COMM_NULL``, an inter-communicator) is a :class:`prestage.ConfigError`.
@@ -436,9 +445,12 @@ class Loader:
     def stats(self, epochs: Union[None, int, str, Iterable[int]] = None) -> dict:
         """Per-stage counters and the consumer's stall time (seconds the caller waited, the wait under
         way included); with ``on_error="skip"``, ``skipped`` and ``skipped_samples``; the peer tier's
-        ``peer_tier``, ``peer_tier_why`` (why it is off), ``peer_reads``, ``peer_bytes``,
-        ``peer_fallbacks``, ``peer_corrupt``, ``beyond_budget``, ``peer_served``,
-        ``peer_served_bytes``, ``peers_down`` (peers that did not answer within ``peer_timeout``)
+        ``peer_tier``, ``peer_tier_why`` (why it is off), ``peer_reads``, ``peer_bytes`` (fetched
+        from peers and used), ``peer_probes``, ``peer_probe_bytes`` (fetched only to measure a
+        link), ``peer_fallbacks``, ``peer_corrupt``, ``beyond_budget``, ``peer_served``,
+        ``peer_served_bytes`` (answers sent, to reads and probes: over a job, the ranks'
+        ``peer_reads`` + ``peer_probes`` + ``peer_corrupt``, and answers that reached a rank no
+        longer waiting for them), ``peers_down`` (peers that did not answer within ``peer_timeout``)
         and ``peers_closed`` (peers that said goodbye): both read from the source at once from
         then on; ``peer_reads_to_pfs`` (reads of a sample with a home copy that the source model
         sent to the PFS, expected to finish there first), ``peer_home_first`` (the node's stage

@@ -63,6 +63,7 @@ class CommonOptions(TypedDict, total=False):
     trace: Union[str, os.PathLike[str], None]
     peers: bool
     peer_timeout: float
+    pfs_reads: Literal["fastest", "fewest"]
     comm: Any
 
 
@@ -328,6 +329,7 @@ _CONVERT: Dict[str, Callable[[_core.LoaderOptions, str, Any], None]] = {
     "trace": _text("trace"),
     "peers": _flag,
     "peer_timeout": _peer_timeout,
+    "pfs_reads": _enum(_core.PfsReads),
     "comm": _comm,
 }
 
@@ -430,7 +432,8 @@ def keywords(options: _core.LoaderOptions) -> Dict[str, Any]:
         decode_device=_name(o.decode_device),
         gpu_cpu_share=_or_none(o.gpu_cpu_share, _core.LoaderOptions.AUTO_SHARE),
         gpu_crop=_name(o.gpu_crop), trace=o.trace or None, peers=o.peers,
-        peer_timeout=o.peer_timeout_ms / 1000, peer_comm=o.peer_comm_fortran != -1,
+        peer_timeout=o.peer_timeout_ms / 1000, pfs_reads=_name(o.pfs_reads),
+        peer_comm=o.peer_comm_fortran != -1,
     )
     return out
 

@@ -161,6 +161,7 @@ constexpr auto kStatsFields = std::make_tuple(
     field("stage_bytes_peak", &Stats::stage_bytes_peak), field("epochs", &Stats::epochs),
     field("peer_tier", &Stats::peer_tier), field("peer_tier_why", &Stats::peer_tier_why),
     field("peer_reads", &Stats::peer_reads), field("peer_bytes", &Stats::peer_bytes),
+    field("peer_probes", &Stats::peer_probes), field("peer_probe_bytes", &Stats::peer_probe_bytes),
     field("peer_fallbacks", &Stats::peer_fallbacks), field("peer_corrupt", &Stats::peer_corrupt),
     field("beyond_budget", &Stats::beyond_budget), field("peer_served", &Stats::peer_served),
     field("peer_served_bytes", &Stats::peer_served_bytes), field("peers_down", &Stats::peers_down),
@@ -225,6 +226,9 @@ void register_loader(py::module_& m) {
   py::enum_<DecodeDevice>(m, "DecodeDevice")
       .value("cpu", DecodeDevice::kCpu)
       .value("cuda", DecodeDevice::kCuda);
+  py::enum_<PfsReads>(m, "PfsReads")
+      .value("fastest", PfsReads::kFastest)
+      .value("fewest", PfsReads::kFewest);
   py::enum_<GpuCrop>(m, "GpuCrop")
       .value("auto", GpuCrop::kAuto)
       .value("resize", GpuCrop::kResize)
@@ -293,6 +297,7 @@ prestage.options for how the Python arguments become these fields). validate() i
       .def_readwrite("stage_patience_ms", &LoaderOptions::stage_patience_ms)
       .def_readwrite("peers", &LoaderOptions::peers)
       .def_readwrite("peer_timeout_ms", &LoaderOptions::peer_timeout_ms)
+      .def_readwrite("pfs_reads", &LoaderOptions::pfs_reads)
       .def_readwrite("peer_comm_fortran", &LoaderOptions::peer_comm_fortran)
       .def_readwrite("on_error", &LoaderOptions::on_error)
       .def_readwrite("transform", &LoaderOptions::transform)

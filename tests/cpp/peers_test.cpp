@@ -450,6 +450,25 @@ TEST_CASE("peers: a request names the sample's range, and the owner sends exactl
   CHECK(job.stage[1]->corrupt() == 0);  // the copy itself is sound
 }
 
+TEST_CASE("peers: each answer the owner serves is counted by its asker, as a read or as a probe") {
+  Job job;
+  const uint64_t size = job.source.size();
+  std::vector<std::byte> out;
+  REQUIRE(job.peers[0]->fetch(job.range(0, Catalog::kWholeFile), out) == Peers::Fetched::kPeer);
+  REQUIRE(job.peers[0]->fetch(job.range(100, 777), out, nullptr, Peers::Count::kProbe) ==
+          Peers::Fetched::kPeer);
+  REQUIRE(job.peers[0]->fetch(job.range(0, 10), out, nullptr, Peers::Count::kProbe) ==
+          Peers::Fetched::kPeer);
+  const auto asker = job.peers[0]->counts();
+  const auto owner = job.peers[1]->counts();
+  CHECK(asker.reads == 1);
+  CHECK(asker.bytes == size);
+  CHECK(asker.probes == 2);
+  CHECK(asker.probe_bytes == 787);
+  CHECK(owner.served == asker.reads + asker.probes);
+  CHECK(owner.served_bytes == asker.bytes + asker.probe_bytes);
+}
+
 TEST_CASE(
     "peers: a reply that fails its checks, or an owner's copy changed on its SSD, is a "
     "counted fallback to the source") {

@@ -247,6 +247,37 @@ def test_a_loader_used_after_fork_refuses_clearly(folder):
     loader.close()
 
 
+def test_a_loader_made_after_fork_from_a_process_whose_loader_ran_is_refused_at_once(folder, tmp_path):
+    # The parent's loader has run: oneTBB's state is in the child without its threads. A loader made
+    # there (a DataLoader worker making its own) is refused at construction, saying what to do,
+    # instead of waiting for ever at its first batch.
+    import select
+
+    cat = prestage.Catalog.from_folder(folder)
+    with prestage.Loader(cat, batch_size=2) as loader:
+        next(iter(loader))
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            os.close(r)
+            said = "served"
+            try:
+                with prestage.Loader(cat, batch_size=2, stage_dir=tmp_path / "child") as own:
+                    next(iter(own))
+            except prestage.Error as e:
+                said = f"{type(e).__name__}: {e}"
+            os.write(w, said.encode())
+            os._exit(0)
+        os.close(w)
+        ready, _, _ = select.select([r], [], [], 30)
+        said = os.read(r, 4096).decode() if ready else "no answer in 30 s"
+        if not ready:
+            os.kill(pid, signal.SIGKILL)
+        _, status = os.waitpid(pid, 0)
+    assert said.startswith("Error: ") and "forked" in said and "spawn" in said, said
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
+
+
 def test_a_stalled_read_times_out_instead_of_hanging(folder, tmp_path):
     import errno
 

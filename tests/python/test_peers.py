@@ -415,6 +415,72 @@ def test_every_format_reads_each_file_from_the_pfs_once_and_reaches_the_peers(
         assert sum(r["stats"]["peer_reads"] for r in mine) <= len(opened), node
 
 
+@pytest.mark.parametrize("kind", ["npy", "npz", "npy rows", "hdf5 rows", "tfrecord", "jpeg"])
+def test_fewest_pfs_reads_open_each_file_on_a_fast_pfs_once_for_every_format(
+        kind, make_folder, write_tfrecord, pfs, tmp_path):
+    # A PFS far faster than the links (0.2 ms per operation): with pfs_reads="fastest" the tier reads
+    # it again rather than wait for a link. With "fewest" a read of another node's home copy waits
+    # for the link, no link is probed, and each file is opened on the PFS once over 3 epochs, but
+    # for the reads past the end and the dtype probes of arrays of one sample per file (see
+    # test_every_format_reads_each_file_from_the_pfs_once_and_reaches_the_peers).
+    backing = tmp_path / "set"
+    build, options = format_set(kind, backing, make_folder, write_tfrecord)
+    emulator = pfs(backing, latency_ms=0.2)
+    cat = build(emulator.mountpoint)
+    (tmp_path / "plain").mkdir()
+    plain = mpi_jobs(tmp_path / "plain", cat, backing, options)(peers=False)
+    run = mpi_jobs(tmp_path, cat, backing, dict(options, pfs_reads="fewest"))
+    before = emulator.stats()["paths"]
+    ranks = run(peers=True)
+    after = emulator.stats()["paths"]
+    assert [r["batches"] for r in ranks] == [r["batches"] for r in plain]  # byte for byte
+    files = {p for p in after if (backing / p).is_file()}
+    opened = {p: after[p]["opens"] - before.get(p, {"opens": 0})["opens"] for p in files}
+    past_the_end = sum(e["source_reads"] for r in ranks for e in r["stats"]["epochs"] if e["epoch"] >= 3)
+    probes = {cat.path(j * len(cat) // 5) for j in range(5)} if kind in ("npy", "npz") else set()
+    opens_per_read = 1 if kind == "jpeg" else 2
+    extra = {p: n - 1 for p, n in opened.items() if n > 1}
+    print(json.dumps(dict(kind=kind, files=len(files), pfs_opens=sum(opened.values()),
+                          past_the_end=past_the_end,
+                          peer_reads=sum(r["stats"]["peer_reads"] for r in ranks))))
+    assert all(n >= 1 for n in opened.values())
+    assert sum(n for p, n in extra.items() if p not in probes) <= opens_per_read * past_the_end, extra
+    assert sum(r["stats"]["peer_reads"] for r in ranks) > 0
+    for r in ranks:
+        s = r["stats"]
+        assert s["sources"] == [] and s["peer_reads_to_pfs"] == 0 and s["peer_probes"] == 0
+        assert s["peer_fallbacks"] == 0
+
+
+def test_fewest_pfs_reads_keep_home_copies_first_on_a_bounded_node(make_folder, pfs, tmp_path):
+    # 60% of the set per node over a fast PFS (0.2 ms per operation): each node keeps its home
+    # copies ahead of the other node's files (peer_home_first from the start, whatever the links),
+    # so every file with a home copy is opened on the PFS once over 3 epochs, but for the reads past
+    # the end; a file beyond its owner's budget (none if the split of owners fits) is read each use.
+    backing = make_folder(4, 30, size=(24, 32))
+    emulator = pfs(backing, latency_ms=0.2)
+    cat = prestage.Catalog.from_folder(emulator.mountpoint)
+    set_bytes = sum((backing / cat.path(i)).stat().st_size for i in range(len(cat)))
+    budget = set_bytes * 6 // 10
+    owner, home = ownership(cat, backing, budget)
+    run = mpi_jobs(tmp_path, cat, backing, dict(decode="raw", pfs_reads="fewest"))
+    before = emulator.stats()["paths"]
+    ranks = run(peers=True, epochs=3, cache_bytes=budget)
+    after = emulator.stats()["paths"]
+    opened = {p: after[p]["opens"] - before.get(p, {"opens": 0})["opens"] for p in after
+              if (backing / p).is_file()}
+    past_the_end = sum(e["source_reads"] for r in ranks for e in r["stats"]["epochs"] if e["epoch"] >= 3)
+    homed = {cat.path(i) for i in home}
+    extra = {p: n - 1 for p, n in opened.items() if n > 1 and p in homed}
+    assert len(homed) >= len(cat) * 9 // 10
+    assert all(opened[p] >= 1 for p in homed)
+    assert sum(extra.values()) <= past_the_end, (extra, past_the_end)
+    for r in ranks:
+        s = r["stats"]
+        assert r["wrong"] == [] and s["peer_home_first"] is True and s["peer_probes"] == 0
+    assert sum(r["stats"]["peer_reads"] for r in ranks) > 0
+
+
 def test_a_record_read_from_a_peer_moves_the_record_not_its_shard(make_folder, write_tfrecord, pfs,
                                                                     tmp_path):
     # Node 0 keeps every shard; node 1 has room for none, so it reads a record at a time (stage 2's
@@ -451,6 +517,25 @@ def test_a_record_read_from_a_peer_moves_the_record_not_its_shard(make_folder, w
     # And node 0 sent what node 1 took, but for answers that came after an asker had closed: a
     # record's bytes each, not its shard.
     assert taken <= served <= taken + late * shard, (served, taken, late)
+
+
+def test_a_jobs_answers_served_are_the_answers_its_ranks_used_probed_or_found_corrupt(job):
+    # Every answer a rank sends with bytes is counted by its asker: used (peer_reads, peer_bytes),
+    # fetched only to measure the link (peer_probes, peer_probe_bytes: the link is new, so each rank
+    # probes it), or failed its check (peer_corrupt, none here); but for answers that reach a rank
+    # no longer waiting for them, here only those of its read-ahead into epoch 2 when it closes.
+    # The ranks stop reading before they close (their look-ahead is full), so that is none.
+    run, cat, emulator, backing = job
+    ranks = run(peers=True, epochs=2)
+
+    def total(key):
+        return sum(r["stats"][key] for r in ranks)
+
+    print(json.dumps({k: total(k) for k in ("peer_served", "peer_served_bytes", "peer_reads", "peer_bytes",
+                                             "peer_probes", "peer_probe_bytes", "peer_corrupt")}))
+    assert total("peer_corrupt") == 0 and total("peer_probes") >= WORLD and total("peer_reads") > 0
+    assert total("peer_served") == total("peer_reads") + total("peer_probes")
+    assert total("peer_served_bytes") == total("peer_bytes") + total("peer_probe_bytes")
 
 
 def test_a_peer_link_slower_than_the_pfs_leaves_the_reads_to_the_pfs(job):
@@ -758,15 +843,21 @@ FORKED_BEFORE = textwrap.dedent("""
 def two_ranks(make_folder, tmp_path, source: str) -> list:
     """Runs `source` under `mpirun -np 2` with a catalog of 20 images and a stage directory as its
     arguments; each rank prints one JSON line: their values, by rank."""
+    return mpi_ranks(make_folder, tmp_path, source, 2)
+
+
+def mpi_ranks(make_folder, tmp_path, source: str, ranks: int) -> list:
+    """Runs `source` under `mpirun -np RANKS` with a catalog of 20 images and a stage directory as
+    its arguments; each rank prints one JSON line: their values, by rank."""
     cat = prestage.Catalog.from_folder(make_folder(2, 10))
     catalog = tmp_path / "set.catalog"
     cat.save(catalog)
     script = tmp_path / "ranks.py"
     script.write_text(source)
     env = dict(os.environ, OMPI_MCA_btl_vader_single_copy_mechanism="none")
-    r = subprocess.run([MPIRUN, "--oversubscribe", "--allow-run-as-root", "-np", "2", sys.executable,
-                        str(script), str(catalog), str(tmp_path / "stage")], env=env,
-                       capture_output=True, text=True, timeout=240)
+    r = subprocess.run([MPIRUN, "--oversubscribe", "--allow-run-as-root", "-np", str(ranks),
+                        sys.executable, str(script), str(catalog), str(tmp_path / "stage")], env=env,
+                       capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stdout + r.stderr
     # One JSON object per rank; mpirun may join two ranks' lines into one.
     decoder, text, out = json.JSONDecoder(), r.stdout.strip(), []
@@ -774,7 +865,7 @@ def two_ranks(make_folder, tmp_path, source: str) -> list:
         value, end = decoder.raw_decode(text)
         out.append(value)
         text = text[end:].lstrip()
-    assert len(out) == 2, r.stdout + r.stderr
+    assert len(out) == ranks, r.stdout + r.stderr
     return out
 
 
@@ -786,6 +877,96 @@ def test_a_process_forked_before_the_loader_started_refuses_it_at_once(make_fold
             assert said.startswith("Error: ") and "forked" in said and "new loader" in said, (how, said, seconds)
             assert exit_code == 0, (how, out[how])
         assert out["parent"] == [10, True]  # rank's half of 20 samples; its tier still on
+
+
+# A rank of 2 nodes of 2 ranks forks children as a DataLoader's workers start, by os.fork, then by
+# multiprocessing's fork, each making a loader of its own with the rank's options and a stage directory
+# of its own. Before the rank's loader has run, the child's loader is a plain loader (the peer tier off:
+# MPI is the parent's; peer_tier_why says so) that runs an epoch of the rank's plan. Once the rank's
+# loader has run, its threads' pool (oneTBB) is in the child without its threads: the child's loader is
+# refused at construction with prestage.Error, never left to wait for threads that do not exist.
+FORKED_NEW = textwrap.dedent("""
+    import json, multiprocessing, os, select, sys, time
+    rank = int(os.environ["OMPI_COMM_WORLD_RANK"])
+    os.environ["PRESTAGE_NODE"] = str(rank // 2)
+    import prestage
+    cat = prestage.Catalog.load(sys.argv[1])
+    base = sys.argv[2]
+    options = dict(batch_size=5, decode="raw", rank=rank, world_size=4, seed=3, peers=True)
+
+    def child(w, name):
+        start = time.monotonic()
+        try:
+            with prestage.Loader(cat, stage_dir=f"{base}/child-{rank}-{name}", **options) as own:
+                s = own.stats()
+                said = ["epoch", [[int(i) for i in b.indices] for b in own], s["peer_tier"],
+                        s["peer_tier_why"]]
+        except prestage.Error as e:
+            said = ["refused", type(e).__name__, str(e)]
+        os.write(w, json.dumps(said + [time.monotonic() - start]).encode())
+
+    def forked(name, kind):
+        r, w = os.pipe()
+        if kind == "os.fork":
+            pid = os.fork()
+            if pid == 0:
+                os.close(r)
+                child(w, name)
+                sys.exit(0)  # the interpreter's exit hooks run: the loaders', the MPI plugin's
+        else:
+            process = multiprocessing.get_context("fork").Process(target=child, args=(w, name))
+            process.start()
+        os.close(w)
+        # Bounded, so that a child that hangs fails the test instead of stalling it.
+        ready, _, _ = select.select([r], [], [], 60)
+        said = json.loads(os.read(r, 1 << 20).decode()) if ready else ["no answer in 60 s"]
+        if kind == "os.fork":
+            if not ready:
+                os.kill(pid, 9)
+            status = os.waitpid(pid, 0)[1]
+            code = os.WEXITSTATUS(status) if os.WIFEXITED(status) else -os.WTERMSIG(status)
+        else:
+            process.join(60)
+            if process.exitcode is None:
+                process.kill()
+                process.join()
+            code = process.exitcode
+        return said + [code]
+
+    out = {"rank": rank}
+    with prestage.Loader(cat, stage_dir=f"{base}/node{rank // 2}", **options) as loader:
+        for kind in ("os.fork", "multiprocessing"):
+            out["before " + kind] = forked("before-" + kind, kind)
+        out["parent"] = [[int(i) for i in b.indices] for b in loader]
+        for kind in ("os.fork", "multiprocessing"):
+            out["after " + kind] = forked("after-" + kind, kind)
+        out["peer_tier"] = loader.stats()["peer_tier"]
+        # Each rank answers the others' fetches until all have their batches.
+        open(f"{base}/done-{rank}", "w").close()
+        while not all(os.path.exists(f"{base}/done-{r}") for r in range(4)):
+            time.sleep(0.005)
+    print(json.dumps(out))
+""")
+
+
+def test_a_process_forked_from_a_rank_makes_its_own_loader_or_is_refused_at_once(make_folder, tmp_path):
+    outs = mpi_ranks(make_folder, tmp_path, FORKED_NEW, WORLD)
+    assert sorted(out["rank"] for out in outs) == list(range(WORLD))
+    for out in outs:
+        rank = out["rank"]
+        plan = [[int(i) for i in b] for b in epoch_batches(20, 5, 3, 0, rank=rank, world_size=WORLD)]
+        assert out["parent"] == plan and out["peer_tier"] is True
+        for kind in ("os.fork", "multiprocessing"):
+            said = out["before " + kind]
+            assert said[0] == "epoch", (rank, kind, said)
+            batches, on, why, seconds, code = said[1:]
+            assert batches == plan and on is False and "forked" in why, (rank, kind, said)
+            assert seconds < 30 and code == 0, (rank, kind, said)
+            said = out["after " + kind]
+            assert said[0] == "refused", (rank, kind, said)
+            name, message, seconds, code = said[1:]
+            assert name == "Error" and "forked" in message and "spawn" in message, (rank, kind, said)
+            assert seconds < 5 and code == 0, (rank, kind, said)
 
 
 # What the loader is given as comm= under mpirun, by mpi4py's own objects: each non-communicator
@@ -852,8 +1033,11 @@ def test_peer_options_are_checked():
     options = to_core(cat, 1, None, {"peers": True, "peer_timeout": 0.25, "comm": Comm()})
     assert (options.peers, options.peer_timeout_ms, options.peer_comm_fortran) == (True, 250, 5)
     assert to_core(cat, 1, None, {}).peer_comm_fortran == -1
+    assert to_core(cat, 1, None, {}).pfs_reads == prestage._core.PfsReads.fastest
+    assert to_core(cat, 1, None, {"pfs_reads": "fewest"}).pfs_reads == prestage._core.PfsReads.fewest
     for bad in ({"peer_timeout": 0}, {"peer_timeout": -1}, {"peer_timeout": True},
-                {"comm": object()}, {"comm": Handle()}, {"comm": Intercomm()}, {"comm": NullComm()}):
+                {"comm": object()}, {"comm": Handle()}, {"comm": Intercomm()}, {"comm": NullComm()},
+                {"pfs_reads": "least"}, {"pfs_reads": None}):
         with pytest.raises(prestage.ConfigError, match=next(iter(bad))):
             to_core(cat, 1, None, bad)
 

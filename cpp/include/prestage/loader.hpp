@@ -31,7 +31,9 @@ class Loader {
   // start_epoch(), in the calling process. From then on, the loader belongs to that process (with
   // the peer tier on, from construction: its MPI transport runs there): in a process forked from
   // it, start_epoch(), next() and next_for() throw Error at once, and close() leaves the parent's
-  // threads and state alone.
+  // threads and state alone. In a process forked from one where a loader has started its threads,
+  // no loader runs (their pool, oneTBB, is copied there without its threads): the constructor, and
+  // start_epoch() of a loader copied into it, throw Error.
   Loader(Catalog catalog, LoaderOptions options);
   ~Loader();  // stops and joins every thread
   Loader(const Loader&) = delete;

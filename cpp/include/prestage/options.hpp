@@ -85,6 +85,17 @@ enum class GpuCrop {
             // the engine cannot take with their region go to the CUDA backend, as kResize.
 };
 
+// With the peer tier on: what a read of a sample whose home copy another node holds goes for.
+enum class PfsReads {
+  // The job's time: that copy or the source, whichever the tier expects to finish the read first
+  // (links learned by probes); with a PFS faster than the links a file is read there again.
+  kFastest,
+  // The PFS's load: that copy whenever a node holds it (waiting for the link rather than reading
+  // the source; no probe), and the nodes' stage directories keep their home copies ahead of other
+  // files: a file is read from the PFS once per job where the nodes' caches hold it.
+  kFewest,
+};
+
 struct ImageSize {
   uint32_t height = 0;
   uint32_t width = 0;
@@ -228,6 +239,9 @@ struct LoaderOptions {
   bool peers = false;
   // How long a fetch waits for its peer's answer before it reads the source instead.
   uint64_t peer_timeout_ms = 1000;
+  // The job's time (kFastest, a job never slower for the tier) or the PFS's load (kFewest): see
+  // PfsReads and the README, "Beyond one node".
+  PfsReads pfs_reads = PfsReads::kFastest;
   // The communicator whose ranks are the loader's ranks: the address of an MPI_Comm (C++; it must
   // live until the loader starts), else a Fortran handle (mpi4py: comm.py2f()), else MPI_COMM_WORLD.
   const void* peer_comm = nullptr;

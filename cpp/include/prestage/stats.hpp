@@ -209,14 +209,20 @@ struct Stats {
   // bytes_from_stage, from the source source_bytes; from peers:
   bool peer_tier = false;
   std::string peer_tier_why;
-  uint64_t peer_reads = 0;      // samples fetched from another node's home copy
+  uint64_t peer_reads = 0;      // samples fetched from another node's home copy, used here
   uint64_t peer_bytes = 0;
+  uint64_t peer_probes = 0;     // answers with bytes fetched from another node only to measure its
+  uint64_t peer_probe_bytes = 0;  // link (the source model's probes): their bytes are dropped
   uint64_t peer_fallbacks = 0;  // fetches that ended in a read of the source: no answer within
                                 // peer_timeout, no copy, or a reply that failed its check
   uint64_t peer_corrupt = 0;    // of those, replies whose size or CRC-32C did not match
   uint64_t beyond_budget = 0;   // uses of samples beyond their owner node's home budget (read from
                                 // the source each time)
-  uint64_t peer_served = 0;     // requests of other ranks this rank answered with bytes
+  // Requests of other ranks this rank answered with bytes: their reads and probes alike. A job's
+  // peer_served is the sum of its ranks' peer_reads, peer_probes and peer_corrupt, plus answers
+  // that reached a rank no longer waiting for them (past peer_timeout, or its loader closed); its
+  // peer_served_bytes the sum of peer_bytes and peer_probe_bytes plus those answers' bytes.
+  uint64_t peer_served = 0;
   uint64_t peer_served_bytes = 0;
   uint64_t peers_down = 0;    // peers marked down (no answer within peer_timeout: stalled, dead):
                               // their files are read from the source at once from then on

@@ -79,6 +79,27 @@ Shared::Shared(Catalog catalog_in, const LoaderOptions& options_in, uint64_t rea
 
 namespace {
 
+// The process in which a loader first started its threads (0: none yet). oneTBB's worker threads
+// are not copied into a process forked from it, but its scheduler's state is: a pipeline started
+// there would wait for ever for workers that do not exist (and might find a lock that one of them
+// held at the fork). So no loader runs in such a process: it is refused at construction, and at
+// the start of a loader copied into it (threads_can_start).
+std::atomic<pid_t> g_threads_started_in{0};
+
+// Throws prestage::Error, saying what to do instead, in a process forked from one whose loader
+// started its threads.
+void threads_can_start() {
+  const pid_t parent = g_threads_started_in.load(std::memory_order_acquire);
+  if (parent == 0 || parent == ::getpid()) return;
+  throw Error("this process (" + std::to_string(::getpid()) + ") was forked from process " +
+              std::to_string(parent) +
+              " after a loader started its threads there; their pool (oneTBB) is copied into a "
+              "forked process without its threads, so no loader can run here: make this loader in "
+              "a process started by spawn or forkserver (multiprocessing.get_context(\"spawn\"), a "
+              "DataLoader's multiprocessing_context=\"spawn\"), or fork before a loader of the "
+              "parent iterates");
+}
+
 // oneTBB starts at most (cores - 1) worker threads unless told otherwise; stage 3 needs `readers`
 // workers of its own whatever the core count. Only raised, never lowered, for the process's life.
 void allow_workers(size_t workers) {
@@ -245,6 +266,7 @@ class Loader::Impl {
 Loader::Impl::Impl(Catalog catalog_in, LoaderOptions options_in)
     : catalog(std::move(catalog_in)), options(std::move(options_in)) {
   options.validate();
+  detail::threads_can_start();
   // Values the user gave are never tuned.
   const std::array<bool, detail::kKnobs> pinned{options.readers != LoaderOptions::kAuto,
                                                 options.prefetchers != LoaderOptions::kAuto,
@@ -344,7 +366,8 @@ Loader::Impl::Impl(Catalog catalog_in, LoaderOptions options_in)
                                                     shared->stage_dir.get(), home_budget, peer_options);
     if (shared->peers->on()) {
       peer_home = ::getpid();
-      shared->tiers->set_peers(shared->peers.get());
+      const bool fewest = o.pfs_reads == PfsReads::kFewest;
+      shared->tiers->set_peers(shared->peers.get(), fewest);
       detail::Peers* peers = shared->peers.get();
       if (shared->cache) {
         shared->cache->set_on_declined([peers](uint64_t f) { peers->not_coming(f); });
@@ -352,7 +375,9 @@ Loader::Impl::Impl(Catalog catalog_in, LoaderOptions options_in)
         using Layout = detail::StageCache::HomeLayout;
         using Links = detail::SourceModel::Links;
         shared->cache->set_home_first([peers](uint64_t f) { return peers->home_here(f); },
-                                      [tiers] {
+                                      [tiers, fewest] {
+                                        // Fewest PFS reads: a home copy kept saves one.
+                                        if (fewest) return Layout::kHomeFirst;
                                         const Links links = tiers->links();
                                         return links == Links::kFaster    ? Layout::kHomeFirst
                                                : links == Links::kUnknown ? Layout::kUndecided
@@ -526,6 +551,8 @@ void Loader::Impl::restart(uint64_t e, uint64_t b) {
     if (shared->peers) shared->peers->start_epoch(wanted.first);
     if (owner.load(std::memory_order_relaxed) == 0) {
       // Threads start here, lazily, in the process that iterates.
+      detail::threads_can_start();
+      detail::g_threads_started_in.store(::getpid(), std::memory_order_release);
       owner.store(::getpid(), std::memory_order_release);
       started = Clock::now();
       detail::allow_workers(shared->readers_max);
@@ -723,6 +750,8 @@ Stats Loader::Impl::stats() const {
     const detail::PeerCounts p = shared->peers->counts();
     s.peer_reads = p.reads;
     s.peer_bytes = p.bytes;
+    s.peer_probes = p.probes;
+    s.peer_probe_bytes = p.probe_bytes;
     s.peer_fallbacks = p.fallbacks;
     s.peer_corrupt = p.corrupt;
     s.beyond_budget = p.beyond_budget;

@@ -303,6 +303,11 @@ Peers::Fetched Peers::fetch(const Catalog::Locator& loc, std::vector<std::byte>&
   const bool answered =
       transport_->request(owner, range, options_.timeout, bytes, check, &end, &waited);
   if (answered) emulate_link(bytes.size());
+  if (answered && !counted) {
+    // A probe's answer is counted whatever its checks find: its owner counted it served.
+    probes_.fetch_add(1, std::memory_order_relaxed);
+    probe_bytes_.fetch_add(bytes.size(), std::memory_order_relaxed);
+  }
   if (!answered) {
     if (end == RequestEnd::kGone) gone_[owner].store(1, std::memory_order_relaxed);
     if ((end == RequestEnd::kNoAnswer || end == RequestEnd::kGone) &&
@@ -436,6 +441,8 @@ PeerCounts Peers::counts() const {
   PeerCounts c;
   c.reads = reads_.load(std::memory_order_relaxed);
   c.bytes = bytes_.load(std::memory_order_relaxed);
+  c.probes = probes_.load(std::memory_order_relaxed);
+  c.probe_bytes = probe_bytes_.load(std::memory_order_relaxed);
   c.fallbacks = fallbacks_.load(std::memory_order_relaxed);
   c.corrupt = corrupt_.load(std::memory_order_relaxed);
   c.beyond_budget = beyond_.load(std::memory_order_relaxed);

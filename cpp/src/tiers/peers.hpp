@@ -79,11 +79,15 @@ struct PeerOptions {
 };
 
 struct PeerCounts {
-  uint64_t reads = 0, bytes = 0;  // samples and bytes fetched from peers
+  uint64_t reads = 0, bytes = 0;  // samples and bytes fetched from peers, used by this rank
+  uint64_t probes = 0, probe_bytes = 0;  // answers with bytes fetched only to measure a link
   uint64_t fallbacks = 0;         // fetches that ended in a read of the source
   uint64_t corrupt = 0;           // of those, replies whose sizes or CRC did not match
   uint64_t beyond_budget = 0;     // uses of samples beyond their owner node's home budget
-  uint64_t served = 0, served_bytes = 0;  // answers this rank gave with bytes (the ranges asked)
+  // Answers this rank sent with bytes (the ranges asked), to reads and probes alike. Over a job,
+  // the served answers are the askers' reads + probes + corrupt, and those that reached an asker
+  // no longer waiting (past its timeout, or its loader closed), which it drops uncounted.
+  uint64_t served = 0, served_bytes = 0;
   uint64_t down = 0;    // peers marked down: no answer within the timeout (stalled, dead)
   uint64_t closed = 0;  // peers that said goodbye (closed their loader: skipped from then on too)
 };
@@ -190,8 +194,8 @@ class Peers {
   double link_latency_s_ = 0, link_bytes_per_s_ = 0;  // PRESTAGE_PEER_LINK; 0: not emulated
   std::mutex link_mutex_;
   std::chrono::steady_clock::time_point link_free_;  // guarded by link_mutex_
-  std::atomic<uint64_t> reads_{0}, bytes_{0}, fallbacks_{0}, corrupt_{0}, beyond_{0}, served_{0},
-      served_bytes_{0}, down_count_{0}, closed_count_{0};
+  std::atomic<uint64_t> reads_{0}, bytes_{0}, probes_{0}, probe_bytes_{0}, fallbacks_{0}, corrupt_{0},
+      beyond_{0}, served_{0}, served_bytes_{0}, down_count_{0}, closed_count_{0};
 };
 
 }  // namespace prestage::detail

@@ -170,11 +170,13 @@ void Tiers::stop_probes() {
   if (prober_ != nullptr) prober_->stop();
 }
 
-void Tiers::set_peers(Peers* peers) {
+void Tiers::set_peers(Peers* peers, bool home_copy_always) {
   prober_.reset();
   peers_ = peers;
   quiet_.store(false, std::memory_order_relaxed);  // a transport starts not quiet
-  model_.reset(peers != nullptr && peers->on() ? new SourceModel(peers->ranks()) : nullptr);
+  model_.reset(peers != nullptr && peers->on() && !home_copy_always
+                   ? new SourceModel(peers->ranks())
+                   : nullptr);
   if (model_ == nullptr) return;
   prober_ = std::make_unique<Prober>(*this, *peers_, *model_);
   uint64_t known = 0, total = 0;
@@ -344,11 +346,12 @@ Tier Tiers::fetch_home(const Catalog::Locator& loc, uint64_t sample_bytes,
   if (model_ != nullptr) probe_links_early();
   Peers::Fetched fetched = Peers::Fetched::kNone;
   uint64_t owner = 0;
-  const Peers::Fetched home = model_ != nullptr ? peers_->home(loc, owner) : Peers::Fetched::kNone;
+  const Peers::Fetched home = peers_->home(loc, owner);
   if (where == Home::kOtherNode && home != Peers::Fetched::kPeer) return Tier::kSource;
   // A rank marked down is skipped (fetch() reads nothing from it, and counts it) whatever the link
-  // to its node is worth: the model's estimates are per node, a rank's death is not.
-  if (home == Peers::Fetched::kNone || peers_->down(owner)) {
+  // to its node is worth: the model's estimates are per node, a rank's death is not. Without a
+  // model (fewest PFS reads) a home copy is always asked for.
+  if (home == Peers::Fetched::kNone || peers_->down(owner) || model_ == nullptr) {
     fetched = peers_->fetch(loc, buffer);  // counts what it must (beyond budget, a peer down)
   } else {
     // A read moves the sample's bytes from each: a peer sends only them (a range of its copy).

@@ -128,7 +128,9 @@ class Tiers {
   // and each read of a sample with a home copy goes to that copy or to the source, whichever the
   // model expects to finish first (source_model()). The model's probes of a source are made off
   // the reads' path, one at a time, on a thread the first one starts: a read never waits on one.
-  void set_peers(Peers* peers);
+  // With `home_copy_always` (LoaderOptions::pfs_reads kFewest), every such read goes to the home
+  // copy: no model, no probe (source_model() null), the source read only where no copy is.
+  void set_peers(Peers* peers, bool home_copy_always = false);
   // Waits for the source model's probe under way, if any, and starts none from then on: its
   // figures are whole. Called once the peer tier has stopped (which ends its wait on a peer).
   void stop_probes();
