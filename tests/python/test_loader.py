@@ -432,7 +432,8 @@ def test_stats_keys_are_the_documented_ones(folder):
         "skipped_samples", "pinned", "pinned_why", "cache_bytes", "stage_bytes", "stage_bytes_peak",
         "epochs", "peer_tier", "peer_tier_why", "peer_reads", "peer_bytes", "peer_fallbacks",
         "peer_corrupt", "beyond_budget", "peer_served", "peer_served_bytes", "peers_down",
-        "peers_closed", "peer_reads_to_pfs", "peer_home_first", "sources", "gpu_decode"}
+        "peers_closed", "peer_reads_to_pfs", "peer_home_first", "peer_probes", "peer_probe_bytes",
+        "sources", "gpu_decode"}
     assert set(s["gpu_decode"]) == {"on", "why", "batches", "hardware", "gpu", "cpu_share",
                                     "cpu_unsupported", "cpu_gpu_failed", "cpu_replacements",
                                     "buffer_growths", "decoders", "share", "share_auto",
