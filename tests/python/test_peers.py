@@ -289,7 +289,12 @@ def test_each_file_is_read_from_the_pfs_once_and_peers_serve_what_the_plan_predi
         sources = {row["name"]: row for row in s["sources"]}
         peers = [row for name, row in sources.items() if name.startswith("node ")]
         assert s["peer_reads_to_pfs"] == 0 or sum(row["probes"] for row in peers) >= 1, s["sources"]
-        assert sum(row["reads"] - row["probes"] for row in peers) == s["peer_reads"]
+        # A link read under way when its peer closed at the job's end is counted by the model (a
+        # read sent, SourceModel::done) and is no peer read (none was served): one at most per
+        # thread that reads (stage 2's 3, stage 3's readers) per peer closed.
+        in_flight = s["peers_closed"] * (3 + s["tuning"]["readers"])
+        link_reads = sum(row["reads"] - row["probes"] for row in peers)
+        assert s["peer_reads"] <= link_reads <= s["peer_reads"] + in_flight, (link_reads, s["peer_reads"])
         assert sources["pfs"]["samples"] > 0 and sources["pfs"]["mbs"] > 0
     # Ending: a rank that closes says goodbye, so no close waits on a peer that has closed (the
     # read-ahead of the next epoch asks peers too): far below the 60 s peer_timeout.
