@@ -562,14 +562,14 @@ Slot* Pipeline::pop(std::chrono::milliseconds timeout) {
   const auto deadline = Clock::now() + timeout;
   const auto ready = [&] { return !impl.ready.empty() || impl.failure || impl.interrupted; };
   std::unique_lock lock(impl.ready_mutex);
-  const uint64_t patience_ms = impl.shared.options.stage_patience_ms;
-  if (!ready() && patience_ms != LoaderOptions::kWaitForStaging) {
+  const std::optional<std::chrono::milliseconds> patience = impl.shared.patience;
+  if (!ready() && patience) {
     const uint64_t wanted = impl.delivered;
     if (impl.waited_seq != wanted) {
       impl.waited_seq = wanted;
       impl.waited_since = Clock::now();
     }
-    const auto patience_ends = impl.waited_since + std::chrono::milliseconds(patience_ms);
+    const auto patience_ends = impl.waited_since + *patience;
     if (patience_ends < deadline && !impl.ready_cv.wait_until(lock, patience_ends, ready)) {
       lock.unlock();
       impl.expedite(wanted);
