@@ -8,6 +8,10 @@ import numpy as np
 import numpy.typing as npt
 
 __version__: str
+TIERS: Tuple[str, ...]
+TRACE_KINDS: Tuple[str, ...]
+TRACE_TUNE_KIND: int
+KNOBS: Tuple[str, ...]
 
 _Path = Union[str, PathLike[str]]
 
