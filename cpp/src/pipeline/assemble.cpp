@@ -50,8 +50,8 @@ size_t checked_mul(size_t a, size_t b, const char* what) {
 }
 
 // LoaderOptions::kFitFreeSpace: no bound (0) if the data set fits in 90% of the stage directory's
-// room (its file system's free space and what the directory takes already: copies and its own files),
-// else that 90%. The directory counts what the disk charges (`dir` was made with the file system's
+// room (its file system's free space and what the directory takes already: copies and its own
+// files), else that 90%. The directory counts what the disk charges (`dir` was made with the file system's
 // block): each copy in whole blocks, copies being written, and its index as it grows.
 uint64_t fit_free_space(StageDirectory& dir, const Catalog& catalog) {
   struct statvfs fs;

@@ -1,5 +1,6 @@
 // Loader::Impl: the loader's lifecycle (loader.cpp), its figures (loader_stats.cpp) and its
-// self-tuning's actuator (loader_tuning.cpp). Its parts are built in assemble.cpp and peer_wiring.cpp.
+// self-tuning's actuator (loader_tuning.cpp). Its parts are built in assemble.cpp and
+// peer_wiring.cpp.
 #pragma once
 
 #include <sys/types.h>
