@@ -18,6 +18,7 @@
 #include "formats/hdf5.hpp"
 #include "formats/npz.hpp"
 #include "formats/tfrecord.hpp"
+#include "formats/webdataset.hpp"
 #include "prestage/error.hpp"
 #include "util/file_io.hpp"
 
@@ -910,6 +911,69 @@ Catalog Catalog::from_tfrecord(const std::vector<fs::path>& files, const std::st
   data->damage = std::move(damage);
   return Catalog(data);
 }
+Catalog Catalog::from_webdataset(const std::vector<std::string>& shards, const std::string& data,
+                                 const std::string& label, Missing missing, OnError on_error) {
+  detail::WdsFields fields;
+  for (size_t start = 0; start <= data.size();) {
+    size_t end = data.find(';', start);
+    if (end == std::string::npos) end = data.size();
+    std::string ext = data.substr(start, end - start);
+    std::transform(ext.begin(), ext.end(), ext.begin(), [](unsigned char c) { return std::tolower(c); });
+    if (!ext.empty() && ext.front() == '.') ext.erase(0, 1);
+    if (!ext.empty()) fields.data.push_back(ext);
+    start = end + 1;
+  }
+  if (fields.data.empty()) {
+    throw ConfigError("from_webdataset: no data extension given (e.g. \"jpg;jpeg\")");
+  }
+  if (label.starts_with("json:")) {
+    fields.label_ext = "json";
+    fields.label_key = label.substr(5);
+    if (fields.label_key.empty()) throw ConfigError("from_webdataset: label \"json:\" names no key");
+  } else {
+    fields.label_ext = label;
+    std::transform(fields.label_ext.begin(), fields.label_ext.end(), fields.label_ext.begin(),
+                   [](unsigned char c) { return std::tolower(c); });
+    if (!fields.label_ext.empty() && fields.label_ext.front() == '.') fields.label_ext.erase(0, 1);
+  }
+  switch (missing) {
+    case Missing::kError: fields.missing = detail::WdsFields::Missing::kError; break;
+    case Missing::kSkip: fields.missing = detail::WdsFields::Missing::kSkip; break;
+    case Missing::kEmpty: fields.missing = detail::WdsFields::Missing::kEmpty; break;
+    default: throw ConfigError("from_webdataset: unknown missing-field policy");
+  }
+  auto [root, relative] = common_root(detail::expand_shards(shards));
+  const bool skip = on_error == OnError::kSkip;
+  std::vector<Locator> locators;
+  std::vector<int64_t> labels;
+  std::vector<uint64_t> sizes;
+  std::vector<Damage> damage;
+  for (size_t f = 0; f < relative.size(); ++f) {
+    const std::string path = (root / relative[f]).string();
+    const auto on_damage = [&](const detail::WdsDamage& d) {
+      damage.push_back(Damage{f, d.offset, d.rest_of_file, d.reason});
+    };
+    sizes.push_back(detail::scan_webdataset(
+        path, path, fields,
+        [&](const detail::WdsSample& s) {
+          locators.push_back(Locator{f, s.offset, s.length});
+          labels.push_back(s.label);
+        },
+        skip ? std::function<void(const detail::WdsDamage&)>(on_damage) : nullptr));
+  }
+  if (locators.empty()) {
+    std::string first;
+    if (!damage.empty()) {
+      first = " (first damage: '" + (root / relative[damage[0].file]).string() + "' at byte " +
+              std::to_string(damage[0].offset) + ": " + damage[0].reason + ")";
+    }
+    throw ConfigError("from_webdataset: the shards hold no sample with the fields asked for" + first);
+  }
+  auto catalog = make_data(root, relative, labels, {}, locators, sizes);
+  catalog->damage = std::move(damage);
+  return Catalog(catalog);
+}
+
 uint64_t Catalog::fingerprint() const noexcept { return data_->fingerprint; }
 
 }  // namespace prestage
