@@ -313,6 +313,58 @@ raised either way. Save the catalog to scan the shards only once.
 ...                                         "label": "json:label"}, on_error="skip")
 >>> cat = prestage.Catalog.from_webdataset(shards, fields={"data": "npy", "label": None})
 )doc")
+      .def_static(
+          "from_mds",
+          [](const std::filesystem::path& dir,
+             const std::map<std::string, std::optional<std::string>>& fields,
+             const std::string& on_error) {
+            std::string data = "image", label = "label";
+            bool have_data = false;
+            for (const auto& [key, value] : fields) {
+              if (key == "image" || key == "data") {
+                if (have_data || !value) {
+                  throw ConfigError("from_mds: fields needs one 'image' or 'data' entry");
+                }
+                data = *value;
+                have_data = true;
+              } else if (key == "label") {
+                label = value.value_or("");
+              } else {
+                throw ConfigError("from_mds: fields takes the keys 'image' or 'data', and 'label', "
+                                  "got '" + key + "'");
+              }
+            }
+            const auto policy = error_policy(on_error);
+            std::optional<Catalog> catalog;
+            {
+              py::gil_scoped_release release;
+              catalog.emplace(Catalog::from_mds(dir, data, label, policy));
+            }
+            warn_damage(*catalog, "from_mds", "sample");
+            return *catalog;
+          },
+          py::arg("dir"),
+          py::arg("fields") =
+              std::map<std::string, std::optional<std::string>>{{"image", "image"},
+                                                                 {"label", "label"}},
+          py::kw_only(), py::arg("on_error") = "raise", R"doc(
+Samples are the samples of a MosaicML Streaming MDS set (the folder `dir` of MDSWriter's index.json,
+version 2, and its shards), in order. One read of each shard's offset table and of each sample's
+column sizes locates one column of every sample as a byte range of its shard (nothing is unpacked;
+a shard is staged whole). `fields`: {"image": the column to decode ("data" may stand for it): a
+`jpeg` column for decode="jpeg"; `bytes`, `png`, `str` columns as they are, an `ndarray` column's
+values and a `pil` column's pixels for decode="raw"; "label": an integer column (int, int8..int64,
+uint8..uint64, str_int) or None (labels -1)}. Uncompressed shards only: a compressed shard is read
+if its decompressed copy (index.json's raw_data, as Streaming's cache keeps it) is beside it, else
+prestage.ConfigError says so.
+
+Damage (a shard whose sample count disagrees with index.json, offsets out of order or past the end
+of the shard, column sizes that do not add up): on_error="raise" raises prestage.DecodeError
+naming the shard and the sample; on_error="skip" keeps every good sample, warns once and lists the
+rest in `damage`.
+
+>>> cat = prestage.Catalog.from_mds("/pfs/imagenet-mds", fields={"image": "jpg", "label": "cls"})
+)doc")
       .def_property_readonly(
           "kind",
           [](const Catalog& c) {

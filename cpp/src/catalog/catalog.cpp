@@ -16,6 +16,7 @@
 
 #include "formats/array.hpp"
 #include "formats/hdf5.hpp"
+#include "formats/mds.hpp"
 #include "formats/npz.hpp"
 #include "formats/tfrecord.hpp"
 #include "formats/webdataset.hpp"
@@ -970,6 +971,38 @@ Catalog Catalog::from_webdataset(const std::vector<std::string>& shards, const s
     throw ConfigError("from_webdataset: the shards hold no sample with the fields asked for" + first);
   }
   auto catalog = make_data(root, relative, labels, {}, locators, sizes);
+  catalog->damage = std::move(damage);
+  return Catalog(catalog);
+}
+
+Catalog Catalog::from_mds(const fs::path& dir, const std::string& data, const std::string& label,
+                          OnError on_error) {
+  if (data.empty()) throw ConfigError("from_mds: the data column name is empty");
+  std::vector<Locator> locators;
+  std::vector<int64_t> labels;
+  std::vector<Damage> damage;
+  const auto on_damage = [&](const detail::MdsDamage& d) {
+    damage.push_back(Damage{d.shard, d.offset, d.rest_of_file, d.reason});
+  };
+  const auto shards = detail::scan_mds(
+      dir, data, label,
+      [&](const detail::MdsSample& s) {
+        locators.push_back(Locator{s.shard, s.offset, s.length});
+        labels.push_back(s.label);
+      },
+      on_error == OnError::kSkip ? std::function<void(const detail::MdsDamage&)>(on_damage)
+                                 : nullptr);
+  if (locators.empty()) {
+    throw ConfigError("from_mds: '" + dir.string() + "' holds no usable sample" +
+                      (damage.empty() ? std::string() : " (first damage: " + damage[0].reason + ")"));
+  }
+  std::vector<std::string> files;
+  std::vector<uint64_t> sizes;
+  for (const auto& s : shards) {
+    files.push_back(s.file);
+    sizes.push_back(s.size);
+  }
+  auto catalog = make_data(dir, files, labels, {}, locators, sizes);
   catalog->damage = std::move(damage);
   return Catalog(catalog);
 }

@@ -80,6 +80,16 @@ bool checksum_ok(std::span<const std::byte> h) {
          static_cast<int64_t>(*stored) == signed_sum;
 }
 
+// A header whose checksum fails but that still looks like one: ustar magic and a printable name.
+bool looks_like_header(std::span<const std::byte> h) {
+  const std::string_view name = field(h, 0, 100);
+  return field(h, 257, 5) == "ustar" && !name.empty() &&
+         std::all_of(name.begin(), name.end(), [](char c) {
+           const auto u = static_cast<unsigned char>(c);
+           return u >= 0x20 && u != 0x7f;
+         });
+}
+
 struct Pax {
   std::optional<std::string> path;
   std::optional<uint64_t> size;
@@ -137,44 +147,59 @@ void scan_tar(ForwardReader& in, const std::function<void(const TarMember&)>& me
   Pax pax;
   std::optional<std::string> long_name;
   std::optional<uint64_t> first_header;
-  bool lost = false;  // its pax or long name was malformed: the member is lost with it
+  // Its pax or long name was malformed (at `lost_at`, why): the member is lost with it, and the
+  // damage is told when its header names it.
+  std::optional<uint64_t> lost_at;
+  std::string lost_why;
   auto clear = [&] {
     pax = Pax{};
     long_name.reset();
     first_header.reset();
-    lost = false;
+    lost_at.reset();
   };
   uint64_t pos = 0;
+  // Whether `pos` was reached by a header's own size (a good header's, or the start), not by
+  // the size of a member's data, which may lie.
+  bool vouched = true;
   // Damage at `at`: the scan goes on at the next block that is a good header, if any. Returns
   // whether it does.
-  auto resync = [&](uint64_t at, std::string name, std::string reason) {
+  auto resync = [&](uint64_t at, std::string name, std::string reason, bool suspect) {
     clear();
     for (uint64_t b = at + kBlock; b + kBlock <= size; b += kBlock) {
       const auto h = in.bytes(b, kBlock);
       if (!all_zero(h) && checksum_ok(h)) {
-        damaged(TarDamage{at, std::move(name), std::move(reason), false, b});
+        damaged(TarDamage{at, std::move(name), std::move(reason), false, b, suspect});
         pos = b;
+        vouched = true;
         return true;
       }
     }
-    damaged(TarDamage{at, std::move(name), std::move(reason), true, 0});
+    damaged(TarDamage{at, std::move(name), std::move(reason), true, 0, suspect});
     return false;
   };
-  auto end_damage = [&](uint64_t at, std::string name, std::string reason) {
-    damaged(TarDamage{at, std::move(name), std::move(reason), true, 0});
+  auto end_damage = [&](uint64_t at, std::string name, std::string reason, bool suspect) {
+    damaged(TarDamage{at, std::move(name), std::move(reason), true, 0, suspect});
   };
   while (pos < size) {
     if (size - pos < kBlock) {
       end_damage(pos, "", "truncated header (the file ends " + std::to_string(size - pos) +
-                              " bytes into it)");
+                              " bytes into it)", !vouched);
       return;
     }
     const auto h = in.bytes(pos, kBlock);
-    if (all_zero(h)) return;  // the end-of-archive marker
+    if (all_zero(h)) {  // the end-of-archive marker
+      if (lost_at) end_damage(*lost_at, "", lost_why + " (and no member follows it)", false);
+      return;
+    }
     if (!checksum_ok(h)) {
-      if (!resync(pos, std::string(field(h, 0, 100)), "bad header checksum")) return;
+      const bool like = looks_like_header(h);
+      if (!resync(pos, like ? std::string(field(h, 0, 100)) : std::string(), "bad header checksum",
+                  !vouched && !like)) {
+        return;
+      }
       continue;
     }
+    vouched = true;
     const char type = static_cast<char>(h[156]);
     std::string name(field(h, 0, 100));
     if (field(h, 257, 6) == "ustar" && h[262] == std::byte{0}) {  // POSIX ustar: a name prefix
@@ -183,7 +208,7 @@ void scan_tar(ForwardReader& in, const std::function<void(const TarMember&)>& me
     }
     const auto header_size = number(h, 124, 12);
     if (!header_size) {
-      if (!resync(pos, name, "bad size field in the header")) return;
+      if (!resync(pos, name, "bad size field in the header", false)) return;
       continue;
     }
     const uint64_t data = pos + kBlock;
@@ -196,7 +221,8 @@ void scan_tar(ForwardReader& in, const std::function<void(const TarMember&)>& me
         if (*header_size != 0 && *header_size != *said) {
           if (!resync(pos, name, "its pax size (" + std::to_string(*said) +
                                      ") disagrees with its header's (" +
-                                     std::to_string(*header_size) + ")")) {
+                                     std::to_string(*header_size) + ")",
+                  false)) {
             return;
           }
           continue;
@@ -213,15 +239,18 @@ void scan_tar(ForwardReader& in, const std::function<void(const TarMember&)>& me
     }
     const bool has_data = !(type >= '1' && type <= '6');
     if (has_data && data_size > size - data) {
-      end_damage(pos, name, "member of " + std::to_string(data_size) + " bytes runs past the end " +
-                                "of the file (" + std::to_string(size) + " bytes): truncated?");
+      end_damage(pos, name,
+                 "member of " + std::to_string(data_size) + " bytes runs past the end of the file (" +
+                     std::to_string(size) + " bytes): truncated?",
+                 false);
       return;
     }
     const uint64_t next = has_data ? data + round_up(data_size) : data;
     if (meta) {
       if (!first_header) first_header = pos;
       if (type != 'K' && data_size > kMaxMeta) {
-        if (!resync(pos, name, "a metadata header of " + std::to_string(data_size) + " bytes")) {
+        if (!resync(pos, name, "a metadata header of " + std::to_string(data_size) + " bytes",
+                    false)) {
           return;
         }
         continue;
@@ -230,9 +259,9 @@ void scan_tar(ForwardReader& in, const std::function<void(const TarMember&)>& me
       if (type == 'x' || type == 'g') {
         Pax& into = type == 'x' ? pax : global;
         const std::string why = parse_pax(bytes, into);
-        if (!why.empty()) {
-          damaged(TarDamage{pos, into.path.value_or(""), why, false, next});
-          lost = true;
+        if (!why.empty() && !lost_at) {
+          lost_at = pos;
+          lost_why = why;
         }
       } else if (type == 'L') {
         const std::string_view s(reinterpret_cast<const char*>(bytes.data()), bytes.size());
@@ -241,18 +270,22 @@ void scan_tar(ForwardReader& in, const std::function<void(const TarMember&)>& me
       pos = next;
       continue;
     }
-    if (type == 'S' || type == 'M' || pax.sparse) {
+    if (lost_at) {
+      damaged(TarDamage{*lost_at, name, lost_why, false, next, false});
+    } else if (type == 'S' || type == 'M' || pax.sparse) {
       damaged(TarDamage{pos, name,
                         type == 'M' ? "a multi-volume member (its data is not all in this file)"
                                     : "a sparse member (its data is not one byte range)",
-                        false, next});
-    } else if ((type == '0' || type == '\0' || type == '7') && !lost &&
+                        false, next, false});
+    } else if ((type == '0' || type == '\0' || type == '7') &&
                !(type == '\0' && name.ends_with('/'))) {
       member(TarMember{name, first_header.value_or(pos), data, data_size});
     }
     clear();
+    if (next != data) vouched = false;
     pos = next;
   }
+  if (lost_at) end_damage(*lost_at, "", lost_why + " (and no member follows it)", false);
 }
 
 }  // namespace prestage::detail

@@ -41,15 +41,19 @@ struct TarMember {
 };
 
 // Something wrong in the archive at byte `offset` (of a header). `name`: the member it concerns,
-// when it can be told ("" otherwise). `rest_of_file`: nothing after it can be located (the file
-// ends inside it); otherwise the scan went on at the next header it found (`resumed`: its byte),
-// and the members between were lost with it.
+// when it can be told ("" otherwise; a header whose checksum fails names it only if it still looks
+// like a ustar header with a printable name). `rest_of_file`: nothing after it can be located (the
+// file ends inside it); otherwise the scan went on at the next header it found (`resumed`: its
+// byte), and the members between were lost with it. `previous_suspect`: the damage may be the
+// previous member's doing (a bad header right after its data, which does not look like a header:
+// that member's size may be what lies).
 struct TarDamage {
   uint64_t offset = 0;
   std::string name;
   std::string reason;
   bool rest_of_file = false;
   uint64_t resumed = 0;
+  bool previous_suspect = false;
 };
 
 // Calls `member` for each regular member of the archive read by `in`, in order, and `damaged` for

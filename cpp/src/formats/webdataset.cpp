@@ -9,6 +9,7 @@
 #include <unordered_map>
 #include <utility>
 
+#include "formats/json.hpp"
 #include "prestage/error.hpp"
 
 namespace prestage::detail {
@@ -121,113 +122,6 @@ std::optional<int64_t> parse_int(std::string_view s) {
   return v;
 }
 
-// A small JSON reader: enough to find one top-level key of an object and to step over any value.
-class Json {
- public:
-  explicit Json(std::string_view s) : s_(s) {}
-
-  std::optional<int64_t> integer_at(std::string_view key) {
-    std::optional<int64_t> found;
-    blanks();
-    if (!take('{')) return std::nullopt;
-    blanks();
-    if (take('}')) return end() ? found : std::nullopt;
-    while (true) {
-      std::string name;
-      blanks();
-      if (!string(&name)) return std::nullopt;
-      blanks();
-      if (!take(':')) return std::nullopt;
-      blanks();
-      if (name == key) {  // the last of duplicate keys wins, as in Python's json
-        const size_t start = p_;
-        if (!value(0)) return std::nullopt;
-        found = parse_int(s_.substr(start, p_ - start));
-      } else if (!value(0)) {
-        return std::nullopt;
-      }
-      blanks();
-      if (take('}')) return end() ? found : std::nullopt;
-      if (!take(',')) return std::nullopt;
-    }
-  }
-
- private:
-  static constexpr int kMaxDepth = 256;
-  bool end() {
-    blanks();
-    return p_ == s_.size();
-  }
-  void blanks() {
-    while (p_ < s_.size() && (s_[p_] == ' ' || s_[p_] == '\t' || s_[p_] == '\n' || s_[p_] == '\r')) ++p_;
-  }
-  bool take(char c) {
-    if (p_ < s_.size() && s_[p_] == c) return ++p_, true;
-    return false;
-  }
-  bool string(std::string* out) {
-    if (!take('"')) return false;
-    while (p_ < s_.size()) {
-      const char c = s_[p_++];
-      if (c == '"') return true;
-      if (c == '\\') {
-        if (p_ >= s_.size()) return false;
-        const char e = s_[p_++];
-        if (out) {
-          // \uXXXX is kept as written: such a key never equals a plain one asked for.
-          const char* plain = "\"\\/bfnrt";
-          const char* real = "\"\\/\b\f\n\r\t";
-          const char* at = std::strchr(plain, e);
-          if (at && e != '\0') {
-            out->push_back(real[at - plain]);
-          } else {
-            out->push_back('\\');
-            out->push_back(e);
-          }
-        }
-      } else if (out) {
-        out->push_back(c);
-      }
-    }
-    return false;
-  }
-  bool value(int depth) {
-    if (depth > kMaxDepth || p_ >= s_.size()) return false;
-    const char c = s_[p_];
-    if (c == '"') return string(nullptr);
-    if (c == '{' || c == '[') {
-      const char close = c == '{' ? '}' : ']';
-      ++p_;
-      blanks();
-      if (take(close)) return true;
-      while (true) {
-        blanks();
-        if (c == '{') {
-          if (!string(nullptr)) return false;
-          blanks();
-          if (!take(':')) return false;
-          blanks();
-        }
-        if (!value(depth + 1)) return false;
-        blanks();
-        if (take(close)) return true;
-        if (!take(',')) return false;
-      }
-    }
-    const size_t start = p_;
-    while (p_ < s_.size() && !is_blank(s_[p_]) && s_[p_] != ',' && s_[p_] != '}' && s_[p_] != ']') ++p_;
-    const std::string_view word = s_.substr(start, p_ - start);
-    if (word == "true" || word == "false" || word == "null") return true;
-    if (word.empty()) return false;
-    double ignored;
-    const auto [end, ec] = std::from_chars(word.data(), word.data() + word.size(), ignored);
-    return ec == std::errc() && end == word.data() + word.size();
-  }
-
-  std::string_view s_;
-  size_t p_ = 0;
-};
-
 std::string_view as_text(std::span<const std::byte> bytes) {
   return {reinterpret_cast<const char*>(bytes.data()), bytes.size()};
 }
@@ -295,7 +189,9 @@ std::optional<int64_t> decimal_label(std::span<const std::byte> bytes) {
 }
 
 std::optional<int64_t> json_label(std::span<const std::byte> bytes, std::string_view key) {
-  return Json(as_text(bytes)).integer_at(key);
+  const auto json = parse_json(as_text(bytes));
+  const JsonValue* value = json ? json->find(key) : nullptr;
+  return value ? value->integer() : std::nullopt;
 }
 
 namespace {
@@ -332,11 +228,16 @@ uint64_t scan_webdataset(const FileRef& file, const std::string& path, const Wds
   std::unordered_map<std::string, size_t> key_runs;  // runs of each key (more than one: interleaved)
   bool open = false;       // the last run may still grow
   bool after_damage = false;
+  std::optional<std::string> dropping;
   scan_tar(
       in,
       [&](const TarMember& m) {
         const auto split = split_key(m.name);
         if (!split || is_meta(m.name, split->key)) return;
+        if (dropping) {  // the rest of a sample lost to damage
+          if (split->key == *dropping) return;
+          dropping.reset();
+        }
         if (!open || runs.back().key != split->key) {
           Run run;
           run.key = std::string(split->key);
@@ -380,8 +281,12 @@ uint64_t scan_webdataset(const FileRef& file, const std::string& path, const Wds
       },
       [&](const TarDamage& d) {
         std::string reason = d.name.empty() ? d.reason : "member '" + d.name + "': " + d.reason;
-        if (open && !runs.back().lost) {
+        // The sample being read is lost if the damage may be its doing (its last member's size
+        // may lie) or may have taken some of its members.
+        const auto split = split_key(d.name);
+        if (open && (d.previous_suspect || !split || split->key == runs.back().key)) {
           runs.back().lost = true;
+          dropping = runs.back().key;
           reason += " (sample '" + runs.back().key + "' is lost with it)";
         }
         if (!d.rest_of_file) {
