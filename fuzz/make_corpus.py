@@ -13,6 +13,7 @@ running it again rewrites the same files.
 import io
 import shutil
 import struct
+import tarfile
 import zipfile
 from pathlib import Path
 
@@ -388,7 +389,37 @@ def seeds():
         "tfrecord-jpeg": b"\x06" + example({"x": feature_bytes(jpegs["gray"])}),
         "npz-member-x": b"\x07" + npz_x,
     }
+    s["tar"] = tar_seeds()
     return s
+
+
+def tar_shard(members, fmt=tarfile.PAX_FORMAT, mtime=1.5) -> bytes:
+    """A tar of (name, data) members as Python's tarfile writes it: a float mtime gives a pax header
+    before each member (as webdataset's TarWriter), GNU_FORMAT long-name (`L`) headers."""
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w", format=fmt) as tar:
+        for name, data in members:
+            info = tarfile.TarInfo(name)
+            info.size, info.mtime = len(data), mtime
+            tar.addfile(info, io.BytesIO(data))
+    return out.getvalue()
+
+
+def tar_seeds() -> dict:
+    two = [("a.jpg", b"\xff\xd8jpeg"), ("a.cls", b"3"), ("a.json", b'{"label": 4}'),
+           ("b.bin", b"\x00\x01"), ("b.cls", b" 7\n"), ("b.json", b'{"label": -1, "x": [1, {"y": 2}]}')]
+    long_name = "d" * 120 + "/sample.jpg"
+    return {
+        "pax": b"\x00" + tar_shard(two),
+        "pax-fixed": b"\x01" + tar_shard(two),
+        "gnu-long-names": b"\x00" + tar_shard([(long_name, b"jpeg"), (long_name[:-3] + "cls", b"1")],
+                                              tarfile.GNU_FORMAT, 0),
+        "ustar-prefix": b"\x00" + tar_shard([("p" * 90 + "/" + "q" * 60 + ".jpg", b"x")],
+                                            tarfile.USTAR_FORMAT, 0),
+        "interleaved": b"\x01" + tar_shard([("a.jpg", b"1"), ("b.jpg", b"2"), ("a.cls", b"0")], mtime=0),
+        "meta-and-dirs": b"\x01" + tar_shard([("__index__", b"{}"), ("c.jpg", b"3"), ("c.cls", b"2")]),
+        "empty": b"\x00",
+    }
 
 
 def main():

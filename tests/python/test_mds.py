@@ -1,5 +1,5 @@
 """MosaicML Streaming MDS sets (Catalog.from_mds). MosaicML's own package pulls in a CUDA build of torch,
-transformers and several cloud SDKs, so the sets here are written by `write_mds` below, which follows
+transformers and several cloud SDKs, so the sets here are written by conftest's `write_mds`, which follows
 MDSWriter byte for byte (streaming/base/format/mds/writer.py: columns sorted by name, a u32 size per
 variable-size column, then the columns; a shard is u32 n, u32 offsets[n+1] from the file's start, the
 JSON config, the samples; encodings.py for each column's bytes). Where `streaming` imports, the last test
@@ -16,71 +16,6 @@ import pytest
 from PIL import Image
 
 import prestage
-
-SIZES = {"int": 8, "int8": 1, "int16": 2, "int32": 4, "int64": 8, "uint8": 1, "uint16": 2, "uint32": 4,
-         "uint64": 8}
-
-
-def _encode(encoding: str, value) -> bytes:
-    base = encoding.split(":")[0]
-    if base in ("jpeg", "png", "bytes"):
-        return value
-    if base in ("str", "str_int"):
-        return str(value).encode()
-    if base == "int":
-        return np.int64(value).tobytes()
-    if base in SIZES:
-        return np.dtype(base).type(value).tobytes()
-    if base == "ndarray":  # "ndarray:dtype:shape": the values alone
-        return np.ascontiguousarray(value).tobytes()
-    if base == "pil":
-        mode = value.mode.encode()
-        return np.array([value.size[0], value.size[1], len(mode)], np.uint32).tobytes() + mode + value.tobytes()
-    raise ValueError(encoding)
-
-
-def _size(encoding: str):
-    base, *args = encoding.split(":")
-    if base in SIZES:
-        return SIZES[base]
-    if base == "ndarray" and len(args) == 2:
-        return int(np.prod([int(x) for x in args[1].split(",")])) * np.dtype(args[0]).itemsize
-    return None
-
-
-def write_mds(out: Path, columns: dict, samples: list, per_shard: int = 4) -> Path:
-    """An MDS set as MDSWriter(columns=columns, out=out, compression=None) writes it."""
-    out.mkdir(parents=True, exist_ok=True)
-    names = sorted(columns)
-    encodings = [columns[n] for n in names]
-    sizes = [_size(e) for e in encodings]
-    shards = []
-    for s, start in enumerate(range(0, len(samples), per_shard)):
-        config = {"column_encodings": encodings, "column_names": names, "column_sizes": sizes,
-                  "compression": None, "format": "mds", "hashes": [], "size_limit": 1 << 26, "version": 2}
-        config_data = json.dumps(config, sort_keys=True).encode()
-        encoded = []
-        for sample in samples[start:start + per_shard]:
-            head, body = [], []
-            for name, encoding, size in zip(names, encodings, sizes):
-                datum = _encode(encoding, sample[name])
-                if size is None:
-                    head.append(len(datum))
-                else:
-                    assert len(datum) == size
-                body.append(datum)
-            encoded.append(np.array(head, np.uint32).tobytes() + b"".join(body))
-        n = np.uint32(len(encoded))
-        offsets = np.array([0] + [len(e) for e in encoded]).cumsum().astype(np.uint32)
-        offsets += len(n.tobytes()) + len(offsets.tobytes()) + len(config_data)
-        data = n.tobytes() + offsets.tobytes() + config_data + b"".join(encoded)
-        basename = f"shard.{s:05d}.mds"
-        (out / basename).write_bytes(data)
-        shards.append(dict(config, raw_data={"basename": basename, "bytes": len(data), "hashes": {}},
-                           samples=len(encoded), zip_data=None))
-    (out / "index.json").write_text(json.dumps({"shards": shards, "version": 2}, sort_keys=True))
-    return out
-
 
 def _jpeg(i: int) -> bytes:
     rng = np.random.default_rng(i)
@@ -108,9 +43,9 @@ def _range(cat, i):
         return f.read(length)
 
 
-def test_columns_are_byte_ranges_of_the_shards(tmp_path):
+def test_columns_are_byte_ranges_of_the_shards(tmp_path, mds_writer):
     samples = _samples()
-    root = write_mds(tmp_path / "set", COLUMNS, samples)
+    root = mds_writer(tmp_path / "set", COLUMNS, samples)
     cat = prestage.Catalog.from_mds(root)
     assert len(cat) == 10 and cat.num_files == 3 and cat.damage == []
     for i, sample in enumerate(samples):
@@ -126,9 +61,9 @@ def test_columns_are_byte_ranges_of_the_shards(tmp_path):
             assert (_range(other, i), other.label(i)) == expect(sample)
 
 
-def test_loader_decodes_jpeg_and_raw_columns(tmp_path):
+def test_loader_decodes_jpeg_and_raw_columns(tmp_path, mds_writer):
     samples = _samples()
-    root = write_mds(tmp_path / "set", COLUMNS, samples)
+    root = mds_writer(tmp_path / "set", COLUMNS, samples)
     cat = prestage.Catalog.from_mds(root)
     cat.save(tmp_path / "mds.catalog")
     labels = []
@@ -148,8 +83,8 @@ def test_loader_decodes_jpeg_and_raw_columns(tmp_path):
                 np.testing.assert_array_equal(batch.arrays[k], samples[label]["arr"])
 
 
-def test_bad_fields_and_compressed_shards_are_config_errors(tmp_path):
-    root = write_mds(tmp_path / "set", COLUMNS, _samples(4))
+def test_bad_fields_and_compressed_shards_are_config_errors(tmp_path, mds_writer):
+    root = mds_writer(tmp_path / "set", COLUMNS, _samples(4))
     with pytest.raises(prestage.ConfigError, match=r"no column 'jpg' \(it has: arr \(ndarray:float32:2,3\)"):
         prestage.Catalog.from_mds(root, fields={"image": "jpg", "label": "label"})
     with pytest.raises(prestage.ConfigError, match="label column 'caption' has encoding 'str'"):
@@ -195,9 +130,9 @@ def _sizes_lie(shard: Path) -> set:
 
 
 @pytest.mark.parametrize("damage", [_out_of_order, _past_the_end, _sizes_lie])
-def test_hostile_offset_tables_raise_naming_the_shard_or_keep_every_good_sample(tmp_path, damage):
+def test_hostile_offset_tables_raise_naming_the_shard_or_keep_every_good_sample(tmp_path, mds_writer, damage):
     samples = _samples(8)
-    root = write_mds(tmp_path / "set", COLUMNS, samples)
+    root = mds_writer(tmp_path / "set", COLUMNS, samples)
     bad = damage(root / "shard.00001.mds")  # samples 4..7
     with pytest.raises(prestage.DecodeError, match=r"shard.00001.mds.*sample \d"):
         prestage.Catalog.from_mds(root)

@@ -137,7 +137,8 @@ class Parser {
         if (!string(key) || !take(':')) return false;
         JsonValue item;
         if (!value(item, depth + 1)) return false;
-        v.members.emplace_back(std::move(key), std::move(item));
+        v.keys.push_back(std::move(key));
+        v.items.push_back(std::move(item));
       } while (take(','));
       return take('}');
     }
@@ -171,8 +172,8 @@ class Parser {
 
 const JsonValue* JsonValue::find(std::string_view key) const {
   if (type != Type::kObject) return nullptr;
-  for (auto it = members.rbegin(); it != members.rend(); ++it) {
-    if (it->first == key) return &it->second;
+  for (size_t i = keys.size(); i-- > 0;) {
+    if (keys[i] == key) return &items[i];
   }
   return nullptr;
 }

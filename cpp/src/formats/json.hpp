@@ -7,7 +7,6 @@
 #include <optional>
 #include <string>
 #include <string_view>
-#include <utility>
 #include <vector>
 
 namespace prestage::detail {
@@ -17,8 +16,8 @@ struct JsonValue {
   Type type = Type::kNull;
   bool boolean = false;
   std::string text;  // kString: the string (escapes decoded); kNumber: the number as written
-  std::vector<JsonValue> items;                             // kArray
-  std::vector<std::pair<std::string, JsonValue>> members;  // kObject, in order
+  std::vector<JsonValue> items;  // kArray: the items; kObject: the members' values, in order
+  std::vector<std::string> keys;  // kObject: the members' keys, beside `items`
 
   // kObject: the value of `key` (the last one, as Python's json), or null if absent or not an object.
   const JsonValue* find(std::string_view key) const;
