@@ -415,9 +415,10 @@ rest in `damage`.
             return out;
           },
           R"doc(
-What from_tfrecord(..., on_error="skip") left out, in file and byte order: a list of
-{"path", "offset" (byte of the damaged record), "rest_of_file" (True: nothing after it in that
-file could be read), "reason"}. Empty for any other catalog; saved with it.
+What from_tfrecord, from_webdataset or from_mds (with on_error="skip") left out, in file and byte
+order: a list of {"path", "offset" (byte of the damaged record, tar member or MDS sample),
+"rest_of_file" (True: nothing after it in that file could be read), "reason"}. Empty for any other
+catalog; saved with it.
 
 >>> [(d["path"], d["offset"]) for d in cat.damage]
 )doc")

@@ -9,11 +9,14 @@
 
 namespace prestage::detail {
 
-ForwardReader::ForwardReader(const FileRef& file) : file_(file), size_(file_.size()) {}
+ForwardReader::ForwardReader(const FileRef& file)
+    : path_(file.path()), file_(file), size_(file_.size()) {}
 
 std::span<const std::byte> ForwardReader::bytes(uint64_t offset, uint64_t length) {
   if (offset > size_ || length > size_ - offset) {
-    throw IoError("", EIO, "tar: a read past the end of the file (internal)");
+    throw IoError(path_, EIO, "'" + path_ + "': a read of " + std::to_string(length) + " bytes at byte " +
+                                  std::to_string(offset) + " runs past its end (" +
+                                  std::to_string(size_) + " bytes)");
   }
   if (offset < start_ || offset + length > start_ + window_.size()) {
     start_ = offset;

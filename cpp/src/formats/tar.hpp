@@ -27,6 +27,7 @@ class ForwardReader {
   std::span<const std::byte> bytes(uint64_t offset, uint64_t length);
 
  private:
+  std::string path_;
   OpenFile file_;
   uint64_t size_ = 0;
   uint64_t start_ = 0;  // the window's first byte in the file
