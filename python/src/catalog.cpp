@@ -280,7 +280,7 @@ truncation loses the rest of that file (nothing after it can be located). Read e
           py::arg("shards"),
           py::arg("fields") =
               std::map<std::string, std::optional<std::string>>{{"image", "jpg;jpeg"},
-                                                                 {"label", "cls"}},
+                                                                {"label", "cls"}},
           py::kw_only(), py::arg("missing") = "error", py::arg("on_error") = "raise", R"doc(
 Samples are the samples of WebDataset tar shards, in order. `shards`: a path, a glob ("*?[",
 sorted) or a brace pattern ("train-{000000..000123}.tar", "{a,b}"), or a list of them. One pass
@@ -330,8 +330,10 @@ raised either way. Save the catalog to scan the shards only once.
               } else if (key == "label") {
                 label = value.value_or("");
               } else {
-                throw ConfigError("from_mds: fields takes the keys 'image' or 'data', and 'label', "
-                                  "got '" + key + "'");
+                throw ConfigError(
+                    "from_mds: fields takes the keys 'image' or 'data', and 'label', "
+                    "got '" +
+                    key + "'");
               }
             }
             const auto policy = error_policy(on_error);
@@ -344,9 +346,8 @@ raised either way. Save the catalog to scan the shards only once.
             return *catalog;
           },
           py::arg("dir"),
-          py::arg("fields") =
-              std::map<std::string, std::optional<std::string>>{{"image", "image"},
-                                                                 {"label", "label"}},
+          py::arg("fields") = std::map<std::string, std::optional<std::string>>{{"image", "image"},
+                                                                                {"label", "label"}},
           py::kw_only(), py::arg("on_error") = "raise", R"doc(
 Samples are the samples of a MosaicML Streaming MDS set (the folder `dir` of MDSWriter's index.json,
 version 2, and its shards), in order. One read of each shard's offset table and of each sample's

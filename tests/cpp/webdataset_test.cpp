@@ -74,7 +74,8 @@ std::string file(const std::string& name, const std::string& data, char type = '
 }
 
 void write(const std::filesystem::path& path, const std::string& bytes) {
-  std::ofstream(path, std::ios::binary).write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  std::ofstream(path, std::ios::binary)
+      .write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
 }
 
 std::vector<TarMember> members(const std::filesystem::path& path, std::vector<TarDamage>* damage) {
@@ -138,7 +139,8 @@ TEST_CASE("webdataset: ustar prefixes, GNU long names and base-256 sizes") {
   Header big{"k2.bin", 5, '0', "", true};
   const std::string tar = member(prefixed, "abc") + file("././@LongLink", long_name + '\0', 'L') +
                           file(long_name.substr(0, 99), "hello") + member(big, "12345") +
-                          file("adir/", "", '5') + file("k3.lnk", "", '2') + std::string(1024, '\0');
+                          file("adir/", "", '5') + file("k3.lnk", "", '2') +
+                          std::string(1024, '\0');
   write(dir.path() / "a.tar", tar);
   const auto found = members(dir.path() / "a.tar", nullptr);
   REQUIRE(found.size() == 3);

@@ -168,20 +168,21 @@ class Catalog {
   // Samples are the samples of a MosaicML Streaming MDS set in folder `dir`, in the order of its
   // index.json (version 2): one read of each shard's offset table, and of each sample's column
   // sizes, locates column `data` of every sample as a byte range of its shard (read as it is: a
-  // shard is staged whole): the JPEG of a `jpeg` column, the bytes of `bytes`/`png`/`str`, the values
-  // of an `ndarray` column (decode raw), the pixels of a `pil` one (decode raw, uint8). `label`: an
-  // integer column (int, int8..int64, uint8..uint64, str_int), or "" (labels -1). Uncompressed
-  // shards only: a compressed shard is read if its decompressed copy (index.json's raw_data) is
-  // beside it, else a ConfigError says so. ConfigError for an index that is not an MDS index or
-  // lacks a column (naming those it has). Damage (a shard whose sample count disagrees with the
-  // index, offsets out of order or past the end of the shard, column sizes that do not add up):
-  // with OnError::kRaise a DecodeError naming the shard and the sample; with OnError::kSkip the
-  // catalog keeps every good sample and lists the rest in damage(). IoError either way.
+  // shard is staged whole): the JPEG of a `jpeg` column, the bytes of `bytes`/`png`/`str`, the
+  // values of an `ndarray` column (decode raw), the pixels of a `pil` one (decode raw, uint8).
+  // `label`: an integer column (int, int8..int64, uint8..uint64, str_int), or "" (labels -1).
+  // Uncompressed shards only: a compressed shard is read if its decompressed copy (index.json's
+  // raw_data) is beside it, else a ConfigError says so. ConfigError for an index that is not an MDS
+  // index or lacks a column (naming those it has). Damage (a shard whose sample count disagrees
+  // with the index, offsets out of order or past the end of the shard, column sizes that do not add
+  // up): with OnError::kRaise a DecodeError naming the shard and the sample; with OnError::kSkip
+  // the catalog keeps every good sample and lists the rest in damage(). IoError either way.
   static Catalog from_mds(const std::filesystem::path& dir, const std::string& data = "image",
                           const std::string& label = "label", OnError on_error = OnError::kRaise);
 
-  // What from_tfrecord, from_webdataset or from_mds (with OnError::kSkip) found damaged and left out of the
-  // catalog, in file and byte order; empty for any other catalog. Saved with the catalog.
+  // What from_tfrecord, from_webdataset or from_mds (with OnError::kSkip) found damaged and left
+  // out of the catalog, in file and byte order; empty for any other catalog. Saved with the
+  // catalog.
   struct Damage {
     uint64_t file = 0;          // index into the catalog's files
     uint64_t offset = 0;        // byte of the file where the damaged record (or tar member) starts

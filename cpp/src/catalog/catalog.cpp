@@ -1,16 +1,16 @@
 #include "prestage/catalog.hpp"
 
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <atomic>
 #include <bit>
-#include <charconv>
 #include <cerrno>
+#include <charconv>
 #include <cstring>
 #include <fstream>
 #include <system_error>
-
-#include <sys/stat.h>
-#include <unistd.h>
 #include <tuple>
 #include <utility>
 
@@ -919,7 +919,8 @@ Catalog Catalog::from_webdataset(const std::vector<std::string>& shards, const s
     size_t end = data.find(';', start);
     if (end == std::string::npos) end = data.size();
     std::string ext = data.substr(start, end - start);
-    std::transform(ext.begin(), ext.end(), ext.begin(), [](unsigned char c) { return std::tolower(c); });
+    std::transform(ext.begin(), ext.end(), ext.begin(),
+                   [](unsigned char c) { return std::tolower(c); });
     if (!ext.empty() && ext.front() == '.') ext.erase(0, 1);
     if (!ext.empty()) fields.data.push_back(ext);
     start = end + 1;
@@ -930,7 +931,8 @@ Catalog Catalog::from_webdataset(const std::vector<std::string>& shards, const s
   if (label.starts_with("json:")) {
     fields.label_ext = "json";
     fields.label_key = label.substr(5);
-    if (fields.label_key.empty()) throw ConfigError("from_webdataset: label \"json:\" names no key");
+    if (fields.label_key.empty())
+      throw ConfigError("from_webdataset: label \"json:\" names no key");
   } else {
     fields.label_ext = label;
     std::transform(fields.label_ext.begin(), fields.label_ext.end(), fields.label_ext.begin(),
@@ -938,10 +940,17 @@ Catalog Catalog::from_webdataset(const std::vector<std::string>& shards, const s
     if (!fields.label_ext.empty() && fields.label_ext.front() == '.') fields.label_ext.erase(0, 1);
   }
   switch (missing) {
-    case Missing::kError: fields.missing = detail::WdsFields::Missing::kError; break;
-    case Missing::kSkip: fields.missing = detail::WdsFields::Missing::kSkip; break;
-    case Missing::kEmpty: fields.missing = detail::WdsFields::Missing::kEmpty; break;
-    default: throw ConfigError("from_webdataset: unknown missing-field policy");
+    case Missing::kError:
+      fields.missing = detail::WdsFields::Missing::kError;
+      break;
+    case Missing::kSkip:
+      fields.missing = detail::WdsFields::Missing::kSkip;
+      break;
+    case Missing::kEmpty:
+      fields.missing = detail::WdsFields::Missing::kEmpty;
+      break;
+    default:
+      throw ConfigError("from_webdataset: unknown missing-field policy");
   }
   auto [root, relative] = common_root(detail::expand_shards(shards));
   const bool skip = on_error == OnError::kSkip;
@@ -968,7 +977,8 @@ Catalog Catalog::from_webdataset(const std::vector<std::string>& shards, const s
       first = " (first damage: '" + (root / relative[damage[0].file]).string() + "' at byte " +
               std::to_string(damage[0].offset) + ": " + damage[0].reason + ")";
     }
-    throw ConfigError("from_webdataset: the shards hold no sample with the fields asked for" + first);
+    throw ConfigError("from_webdataset: the shards hold no sample with the fields asked for" +
+                      first);
   }
   auto catalog = make_data(root, relative, labels, {}, locators, sizes);
   catalog->damage = std::move(damage);
@@ -993,8 +1003,9 @@ Catalog Catalog::from_mds(const fs::path& dir, const std::string& data, const st
       on_error == OnError::kSkip ? std::function<void(const detail::MdsDamage&)>(on_damage)
                                  : nullptr);
   if (locators.empty()) {
-    throw ConfigError("from_mds: '" + dir.string() + "' holds no usable sample" +
-                      (damage.empty() ? std::string() : " (first damage: " + damage[0].reason + ")"));
+    throw ConfigError(
+        "from_mds: '" + dir.string() + "' holds no usable sample" +
+        (damage.empty() ? std::string() : " (first damage: " + damage[0].reason + ")"));
   }
   std::vector<std::string> files;
   std::vector<uint64_t> sizes;

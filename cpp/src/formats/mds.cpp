@@ -26,9 +26,10 @@ std::string base_encoding(const std::string& encoding) {
 // An integer label column: its size in bytes (0: decimal text) and whether it is signed.
 std::optional<std::pair<size_t, bool>> label_encoding(const std::string& encoding) {
   static const std::pair<const char*, std::pair<size_t, bool>> kTable[] = {
-      {"int", {8, true}},     {"int8", {1, true}},    {"int16", {2, true}},  {"int32", {4, true}},
-      {"int64", {8, true}},   {"uint8", {1, false}},  {"uint16", {2, false}}, {"uint32", {4, false}},
-      {"uint64", {8, false}}, {"str_int", {0, true}},
+      {"int", {8, true}},     {"int8", {1, true}},    {"int16", {2, true}},
+      {"int32", {4, true}},   {"int64", {8, true}},   {"uint8", {1, false}},
+      {"uint16", {2, false}}, {"uint32", {4, false}}, {"uint64", {8, false}},
+      {"str_int", {0, true}},
   };
   for (const auto& [name, what] : kTable) {
     if (encoding == name) return what;
@@ -39,10 +40,11 @@ std::optional<std::pair<size_t, bool>> label_encoding(const std::string& encodin
 // The bytes before an `ndarray` column's values: a dtype byte where the encoding gives none, a
 // shape where it gives none (a byte of ndim << 2 | log2 of the shape's item size, then the shape).
 // None if the column is too short for them.
-std::optional<uint64_t> ndarray_header(const std::string& encoding, std::span<const std::byte> head) {
+std::optional<uint64_t> ndarray_header(const std::string& encoding,
+                                       std::span<const std::byte> head) {
   const size_t colons = static_cast<size_t>(std::count(encoding.begin(), encoding.end(), ':'));
   uint64_t n = colons >= 1 ? 0 : 1;  // "ndarray:dtype" gives the dtype
-  if (colons >= 2) return n;          // "ndarray:dtype:shape" gives both
+  if (colons >= 2) return n;         // "ndarray:dtype:shape" gives both
   if (head.size() <= n) return std::nullopt;
   const auto byte = std::to_integer<uint64_t>(head[n]);
   return n + 1 + (byte >> 2) * (uint64_t{1} << (byte & 3));
@@ -52,8 +54,8 @@ const JsonValue& member(const JsonValue& v, const char* key, JsonValue::Type typ
                         const std::string& index) {
   const JsonValue* found = v.find(key);
   if (!found || !found->is(type)) {
-    throw ConfigError("'" + index + "': a shard entry lacks '" + key + "' (or it is of another type): " +
-                      "not a MosaicML MDS index");
+    throw ConfigError("'" + index + "': a shard entry lacks '" + key +
+                      "' (or it is of another type): " + "not a MosaicML MDS index");
   }
   return *found;
 }
@@ -87,12 +89,14 @@ std::vector<MdsShard> scan_mds(const std::filesystem::path& dir, const std::stri
                         (format ? format->text : "") + "', not 'mds'");
     }
     const auto& names = member(entry, "column_names", JsonValue::Type::kArray, index_path).items;
-    const auto& encodings = member(entry, "column_encodings", JsonValue::Type::kArray, index_path).items;
+    const auto& encodings =
+        member(entry, "column_encodings", JsonValue::Type::kArray, index_path).items;
     const auto& sizes = member(entry, "column_sizes", JsonValue::Type::kArray, index_path).items;
     const auto samples = member(entry, "samples", JsonValue::Type::kNumber, index_path).integer();
     const auto& raw = member(entry, "raw_data", JsonValue::Type::kObject, index_path);
     const std::string basename = member(raw, "basename", JsonValue::Type::kString, index_path).text;
-    if (names.size() != encodings.size() || names.size() != sizes.size() || !samples || *samples < 0) {
+    if (names.size() != encodings.size() || names.size() != sizes.size() || !samples ||
+        *samples < 0) {
       throw ConfigError("'" + index_path + "': shard '" + basename + "' has column tables of " +
                         "different lengths or a bad sample count");
     }
@@ -116,8 +120,8 @@ std::vector<MdsShard> scan_mds(const std::filesystem::path& dir, const std::stri
         for (size_t c = 0; c < columns.size(); ++c) {
           have += (c ? ", " : "") + columns[c] + " (" + kinds[c] + ")";
         }
-        throw ConfigError("MDS set '" + dir.string() + "' has no column '" + name + "' (it has: " +
-                          have + ")");
+        throw ConfigError("MDS set '" + dir.string() + "' has no column '" + name +
+                          "' (it has: " + have + ")");
       }
       return static_cast<size_t>(at - columns.begin());
     };
@@ -136,7 +140,8 @@ std::vector<MdsShard> scan_mds(const std::filesystem::path& dir, const std::stri
     }
     if (basename.empty() || basename.front() == '/' || basename == ".." ||
         basename.starts_with("../") || basename.find("/../") != std::string::npos) {
-      throw ConfigError("'" + index_path + "': shard '" + basename + "' lies outside the set's folder");
+      throw ConfigError("'" + index_path + "': shard '" + basename +
+                        "' lies outside the set's folder");
     }
     const JsonValue* compression = entry.find("compression");
     const std::string path = (dir / basename).string();
@@ -162,19 +167,23 @@ std::vector<MdsShard> scan_mds(const std::filesystem::path& dir, const std::stri
     const uint64_t size = in.size();
     out.push_back(MdsShard{basename, size});
     if (size < 4) {
-      damage(0, "the file holds " + std::to_string(size) + " bytes, too few for its sample count", true);
+      damage(0, "the file holds " + std::to_string(size) + " bytes, too few for its sample count",
+             true);
       continue;
     }
     const uint64_t n = load_le(in.bytes(0, 4), 4);
     if (n != static_cast<uint64_t>(*samples)) {
-      damage(0, "holds " + std::to_string(n) + " samples, the index says " +
-                    std::to_string(*samples), true);
+      damage(0,
+             "holds " + std::to_string(n) + " samples, the index says " + std::to_string(*samples),
+             true);
       continue;
     }
     const uint64_t table_end = 4 + 4 * (n + 1);
     if (table_end > size) {
-      damage(4, "its offset table of " + std::to_string(n + 1) + " entries runs past the end of " +
-                    "the file (" + std::to_string(size) + " bytes)", true);
+      damage(4,
+             "its offset table of " + std::to_string(n + 1) + " entries runs past the end of " +
+                 "the file (" + std::to_string(size) + " bytes)",
+             true);
       continue;
     }
     std::vector<uint64_t> offsets(n + 1);
@@ -188,14 +197,18 @@ std::vector<MdsShard> scan_mds(const std::filesystem::path& dir, const std::stri
       const uint64_t begin = offsets[i], end = offsets[i + 1];
       const std::string name = "sample " + std::to_string(i);
       if (begin < table_end || begin > end || end > size) {
-        damage(4 + 4 * i, name + ": its offsets [" + std::to_string(begin) + ", " +
-                              std::to_string(end) + ") are out of order or past the end of the " +
-                              "shard (" + std::to_string(size) + " bytes)", false);
+        damage(4 + 4 * i,
+               name + ": its offsets [" + std::to_string(begin) + ", " + std::to_string(end) +
+                   ") are out of order or past the end of the " + "shard (" + std::to_string(size) +
+                   " bytes)",
+               false);
         continue;
       }
       if (4 * variable > end - begin) {
-        damage(begin, name + ": " + std::to_string(end - begin) + " bytes, too few for its " +
-                          "column sizes", false);
+        damage(
+            begin,
+            name + ": " + std::to_string(end - begin) + " bytes, too few for its " + "column sizes",
+            false);
         continue;
       }
       std::vector<uint64_t> column_offset(columns.size()), column_size(columns.size());
@@ -209,8 +222,10 @@ std::vector<MdsShard> scan_mds(const std::filesystem::path& dir, const std::stri
           at = bytes > end - std::min(at, end) ? end + 1 : at + bytes;
         }
         if (at != end) {
-          damage(begin, name + ": its column sizes do not add up to its " +
-                            std::to_string(end - begin) + " bytes", false);
+          damage(begin,
+                 name + ": its column sizes do not add up to its " + std::to_string(end - begin) +
+                     " bytes",
+                 false);
           continue;
         }
       }
@@ -225,8 +240,10 @@ std::vector<MdsShard> scan_mds(const std::filesystem::path& dir, const std::stri
           skip = ndarray_header(kinds[data_col], head);
         }
         if (!skip || *skip > out_sample.length) {
-          damage(out_sample.offset, name + ": its " + data_kind + " column '" + data_column +
-                                        "' is too short for its header", false);
+          damage(out_sample.offset,
+                 name + ": its " + data_kind + " column '" + data_column +
+                     "' is too short for its header",
+                 false);
           continue;
         }
         out_sample.offset += *skip;
@@ -239,8 +256,9 @@ std::vector<MdsShard> scan_mds(const std::filesystem::path& dir, const std::stri
           const auto value = parse_json(t);
           const auto v = value ? value->integer() : std::nullopt;
           if (!v) {
-            damage(column_offset[*label_col], name + ": label '" + std::string(t.substr(0, 32)) +
-                                                  "' is not an integer", false);
+            damage(column_offset[*label_col],
+                   name + ": label '" + std::string(t.substr(0, 32)) + "' is not an integer",
+                   false);
             continue;
           }
           out_sample.label = *v;
@@ -249,8 +267,8 @@ std::vector<MdsShard> scan_mds(const std::filesystem::path& dir, const std::stri
           uint64_t v = load_le(bytes, w);
           if (label_kind->second && w < 8 && (v >> (8 * w - 1)) != 0) v |= ~uint64_t{0} << (8 * w);
           if (!label_kind->second && w == 8 && v > uint64_t{INT64_MAX}) {
-            damage(column_offset[*label_col], name + ": label " + std::to_string(v) +
-                                                  " is past the int64 labels", false);
+            damage(column_offset[*label_col],
+                   name + ": label " + std::to_string(v) + " is past the int64 labels", false);
             continue;
           }
           out_sample.label = static_cast<int64_t>(v);

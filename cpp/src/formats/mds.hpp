@@ -1,7 +1,8 @@
-// MosaicML Streaming's MDS sets, for the catalog: index.json (version 2) and each shard's offset table
-// (u32 n, u32 offsets[n+1], absolute), then each sample's column sizes (a u32 per variable-size column,
-// in column order, then the columns in that order), so that one column of a sample is a byte range of
-// its shard. Uncompressed shards only: a compressed one is read by range only once it is decompressed.
+// MosaicML Streaming's MDS sets, for the catalog: index.json (version 2) and each shard's offset
+// table (u32 n, u32 offsets[n+1], absolute), then each sample's column sizes (a u32 per
+// variable-size column, in column order, then the columns in that order), so that one column of a
+// sample is a byte range of its shard. Uncompressed shards only: a compressed one is read by range
+// only once it is decompressed.
 #pragma once
 
 #include <cstdint>

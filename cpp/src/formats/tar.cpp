@@ -14,9 +14,10 @@ ForwardReader::ForwardReader(const FileRef& file)
 
 std::span<const std::byte> ForwardReader::bytes(uint64_t offset, uint64_t length) {
   if (offset > size_ || length > size_ - offset) {
-    throw IoError(path_, EIO, "'" + path_ + "': a read of " + std::to_string(length) + " bytes at byte " +
-                                  std::to_string(offset) + " runs past its end (" +
-                                  std::to_string(size_) + " bytes)");
+    throw IoError(path_, EIO,
+                  "'" + path_ + "': a read of " + std::to_string(length) + " bytes at byte " +
+                      std::to_string(offset) + " runs past its end (" + std::to_string(size_) +
+                      " bytes)");
   }
   if (offset < start_ || offset + length > start_ + window_.size()) {
     start_ = offset;
@@ -110,7 +111,8 @@ std::string parse_pax(std::span<const std::byte> data, Pax& pax) {
     while (q < s.size() && s[q] >= '0' && s[q] <= '9' && len < kMaxMeta) {
       len = len * 10 + static_cast<uint64_t>(s[q++] - '0');
     }
-    if (q == p || q >= s.size() || s[q] != ' ') return "a pax record does not start with its length";
+    if (q == p || q >= s.size() || s[q] != ' ')
+      return "a pax record does not start with its length";
     if (len > s.size() - p || len < q - p + 3) {
       return "a pax record's length (" + std::to_string(len) + ") runs past its header's data";
     }
@@ -185,8 +187,10 @@ void scan_tar(ForwardReader& in, const std::function<void(const TarMember&)>& me
   };
   while (pos < size) {
     if (size - pos < kBlock) {
-      end_damage(pos, "", "truncated header (the file ends " + std::to_string(size - pos) +
-                              " bytes into it)", !vouched);
+      end_damage(
+          pos, "",
+          "truncated header (the file ends " + std::to_string(size - pos) + " bytes into it)",
+          !vouched);
       return;
     }
     const auto h = in.bytes(pos, kBlock);
@@ -222,10 +226,10 @@ void scan_tar(ForwardReader& in, const std::function<void(const TarMember&)>& me
       const auto& said = pax.size ? pax.size : global.size;
       if (said) {
         if (*header_size != 0 && *header_size != *said) {
-          if (!resync(pos, name, "its pax size (" + std::to_string(*said) +
-                                     ") disagrees with its header's (" +
-                                     std::to_string(*header_size) + ")",
-                  false)) {
+          if (!resync(pos, name,
+                      "its pax size (" + std::to_string(*said) + ") disagrees with its header's (" +
+                          std::to_string(*header_size) + ")",
+                      false)) {
             return;
           }
           continue;
@@ -243,8 +247,9 @@ void scan_tar(ForwardReader& in, const std::function<void(const TarMember&)>& me
     const bool has_data = !(type >= '1' && type <= '6');
     if (has_data && data_size > size - data) {
       end_damage(pos, name,
-                 "member of " + std::to_string(data_size) + " bytes runs past the end of the file (" +
-                     std::to_string(size) + " bytes): truncated?",
+                 "member of " + std::to_string(data_size) +
+                     " bytes runs past the end of the file (" + std::to_string(size) +
+                     " bytes): truncated?",
                  false);
       return;
     }

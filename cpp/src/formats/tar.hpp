@@ -23,7 +23,8 @@ class ForwardReader {
   static constexpr uint64_t kWindow = uint64_t{1} << 20;
   explicit ForwardReader(const FileRef& file);
   uint64_t size() const noexcept { return size_; }
-  // `length` bytes at `offset` (within size()), valid until the next call. IoError if the read fails.
+  // `length` bytes at `offset` (within size()), valid until the next call. IoError if the read
+  // fails.
   std::span<const std::byte> bytes(uint64_t offset, uint64_t length);
 
  private:

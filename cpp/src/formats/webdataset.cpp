@@ -49,7 +49,8 @@ std::vector<std::string_view> top_level_parts(std::string_view inner) {
 
 bool all_digits(std::string_view s) {
   if (!s.empty() && s.front() == '-') s.remove_prefix(1);
-  return !s.empty() && std::all_of(s.begin(), s.end(), [](unsigned char c) { return std::isdigit(c); });
+  return !s.empty() &&
+         std::all_of(s.begin(), s.end(), [](unsigned char c) { return std::isdigit(c); });
 }
 
 // `{a..b}` of integers: the names, zero-padded as braceexpand pads them. Empty if not a range.
@@ -68,8 +69,9 @@ std::vector<std::string> integer_range(std::string_view inner, std::string_view 
   const size_t width = padded(a) || padded(b) ? std::max(a.size(), b.size()) : 0;
   const uint64_t count = static_cast<uint64_t>(from <= to ? to - from : from - to) + 1;
   if (count > kMaxNames) {
-    throw ConfigError("shard pattern '" + std::string(pattern) + "': the range {" + std::string(inner) +
-                      "} names more than " + std::to_string(kMaxNames) + " shards");
+    throw ConfigError("shard pattern '" + std::string(pattern) + "': the range {" +
+                      std::string(inner) + "} names more than " + std::to_string(kMaxNames) +
+                      " shards");
   }
   std::vector<std::string> out;
   out.reserve(count);
@@ -112,7 +114,9 @@ void expand_into(std::string_view s, std::string_view pattern, std::vector<std::
   }
 }
 
-bool is_blank(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\v' || c == '\f'; }
+bool is_blank(char c) {
+  return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\v' || c == '\f';
+}
 
 std::optional<int64_t> parse_int(std::string_view s) {
   if (!s.empty() && s.front() == '+') s.remove_prefix(1);
@@ -162,7 +166,8 @@ std::optional<KeyExt> split_key(std::string_view name) {
   const size_t dot = name.find('.', base);
   if (dot == std::string_view::npos || dot == base) return std::nullopt;
   std::string ext(name.substr(dot + 1));
-  std::transform(ext.begin(), ext.end(), ext.begin(), [](unsigned char c) { return std::tolower(c); });
+  std::transform(ext.begin(), ext.end(), ext.begin(),
+                 [](unsigned char c) { return std::tolower(c); });
   return KeyExt{name.substr(0, dot), std::move(ext)};
 }
 
@@ -203,8 +208,8 @@ struct Run {
   std::vector<std::string> exts;
   std::vector<std::optional<std::pair<uint64_t, uint64_t>>> data;  // per alternative
   std::optional<int64_t> label;
-  std::string problem;      // a duplicate extension or a bad label: the sample is damage
-  bool lost = false;        // tar damage while it was read
+  std::string problem;  // a duplicate extension or a bad label: the sample is damage
+  bool lost = false;    // tar damage while it was read
   bool after_damage = false;
 };
 
@@ -220,13 +225,15 @@ uint64_t scan_webdataset(const FileRef& file, const std::string& path, const Wds
                          const std::function<void(const WdsSample&)>& sample,
                          const std::function<void(const WdsDamage&)>& damaged) {
   const auto damage = [&](uint64_t offset, const std::string& reason, bool rest_of_file) {
-    if (!damaged) throw DecodeError(path, "WebDataset shard: " + reason + " at byte " + std::to_string(offset));
+    if (!damaged)
+      throw DecodeError(path, "WebDataset shard: " + reason + " at byte " + std::to_string(offset));
     damaged(WdsDamage{offset, reason, rest_of_file});
   };
   ForwardReader in(file);
   std::vector<Run> runs;
-  std::unordered_map<std::string, size_t> key_runs;  // runs of each key (more than one: interleaved)
-  bool open = false;       // the last run may still grow
+  std::unordered_map<std::string, size_t>
+      key_runs;       // runs of each key (more than one: interleaved)
+  bool open = false;  // the last run may still grow
   bool after_damage = false;
   std::optional<std::string> dropping;
   scan_tar(
@@ -245,8 +252,10 @@ uint64_t scan_webdataset(const FileRef& file, const std::string& path, const Wds
           run.data.resize(fields.data.size());
           run.after_damage = std::exchange(after_damage, false);
           if (++key_runs[run.key] > 1 && !damaged) {
-            damage(m.header, "key '" + run.key + "' comes back after other keys (member '" + m.name +
-                                 "'): its members are not adjacent (interleaved keys)", false);
+            damage(m.header,
+                   "key '" + run.key + "' comes back after other keys (member '" + m.name +
+                       "'): its members are not adjacent (interleaved keys)",
+                   false);
           }
           runs.push_back(std::move(run));
           open = true;
@@ -266,16 +275,19 @@ uint64_t scan_webdataset(const FileRef& file, const std::string& path, const Wds
         }
         if (!fields.label_ext.empty() && ext == fields.label_ext && run.problem.empty()) {
           if (m.size > kMaxLabelBytes) {
-            run.problem = "label member '" + m.name + "' holds " + std::to_string(m.size) + " bytes";
+            run.problem =
+                "label member '" + m.name + "' holds " + std::to_string(m.size) + " bytes";
             return;
           }
           const auto text = in.bytes(m.offset, m.size);
-          run.label = fields.label_key.empty() ? decimal_label(text) : json_label(text, fields.label_key);
+          run.label =
+              fields.label_key.empty() ? decimal_label(text) : json_label(text, fields.label_key);
           if (!run.label) {
             run.problem = fields.label_key.empty()
                               ? "label member '" + m.name + "' is not a decimal integer"
-                              : "label member '" + m.name + "' is not a JSON object with an integer '" +
-                                    fields.label_key + "'";
+                              : "label member '" + m.name +
+                                    "' is not a JSON object with an integer '" + fields.label_key +
+                                    "'";
           }
         }
       },
@@ -299,8 +311,9 @@ uint64_t scan_webdataset(const FileRef& file, const std::string& path, const Wds
   for (const Run& run : runs) {
     if (run.lost) continue;
     if (key_runs[run.key] > 1) {
-      damage(run.start, "key '" + run.key + "' is in " + std::to_string(key_runs[run.key]) +
-                            " runs of members that are not adjacent (interleaved keys): each left out",
+      damage(run.start,
+             "key '" + run.key + "' is in " + std::to_string(key_runs[run.key]) +
+                 " runs of members that are not adjacent (interleaved keys): each left out",
              false);
       continue;
     }
@@ -309,14 +322,15 @@ uint64_t scan_webdataset(const FileRef& file, const std::string& path, const Wds
       continue;
     }
     WdsSample out;
-    const auto data = std::find_if(run.data.begin(), run.data.end(), [](const auto& d) { return d.has_value(); });
+    const auto data =
+        std::find_if(run.data.begin(), run.data.end(), [](const auto& d) { return d.has_value(); });
     bool missing_data = !fields.data.empty() && data == run.data.end();
     const bool missing_label = !fields.label_ext.empty() && !run.label;
     if (missing_data || missing_label) {
-      const std::string what =
-          missing_data ? "no member of extension " + list(fields.data, " or ")
-                       : "no label member '" + fields.label_ext + "'";
-      const std::string reason = "sample '" + run.key + "' has " + what + " (it has: " + list(run.exts, ", ") + ")";
+      const std::string what = missing_data ? "no member of extension " + list(fields.data, " or ")
+                                            : "no label member '" + fields.label_ext + "'";
+      const std::string reason =
+          "sample '" + run.key + "' has " + what + " (it has: " + list(run.exts, ", ") + ")";
       if (run.after_damage) {
         damage(run.start, reason + "; it follows damage, which may have taken the rest", false);
         continue;

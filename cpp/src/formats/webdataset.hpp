@@ -1,6 +1,6 @@
-// WebDataset shards, for the catalog: shard names (paths, globs, brace ranges), the split of a member
-// name into key and extension, and the grouping of a shard's members into samples, with the fields
-// a catalog takes from each (an image or other data member's byte range, a label).
+// WebDataset shards, for the catalog: shard names (paths, globs, brace ranges), the split of a
+// member name into key and extension, and the grouping of a shard's members into samples, with the
+// fields a catalog takes from each (an image or other data member's byte range, a label).
 #pragma once
 
 #include <cstdint>
@@ -21,13 +21,13 @@ namespace prestage::detail {
 // combined, in order. ConfigError for an unbalanced brace or a range of more than 10 million names.
 std::vector<std::string> expand_braces(std::string_view pattern);
 
-// Each pattern brace-expanded, then each name with a glob character (`*?[`) matched against the file
-// system (sorted; ConfigError naming it if nothing matches); other names are kept as they are.
+// Each pattern brace-expanded, then each name with a glob character (`*?[`) matched against the
+// file system (sorted; ConfigError naming it if nothing matches); other names are kept as they are.
 std::vector<std::filesystem::path> expand_shards(const std::vector<std::string>& patterns);
 
-// WebDataset's split of a member name (webdataset's base_plus_ext): the key runs up to the first dot
-// after the last '/', the rest is the extension, lower-cased. None if the base name has no dot or
-// starts with one (a hidden file: webdataset and DALI pass it over).
+// WebDataset's split of a member name (webdataset's base_plus_ext): the key runs up to the first
+// dot after the last '/', the rest is the extension, lower-cased. None if the base name has no dot
+// or starts with one (a hidden file: webdataset and DALI pass it over).
 struct KeyExt {
   std::string_view key;
   std::string ext;
