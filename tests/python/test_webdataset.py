@@ -93,6 +93,8 @@ def test_shardwriter_shards_read_back_equal_to_webdataset(shards):
     for i, sample in enumerate(reference):
         assert _range(cat, i) == sample["jpg"]
         assert cat.label(i) == int(sample["cls"])
+    unlabelled = prestage.Catalog.from_webdataset(pattern, fields={"image": "jpg", "label": None})
+    assert [unlabelled.label(i) for i in range(len(unlabelled))] == [-1] * 23
     by_json = prestage.Catalog.from_webdataset(pattern, fields={"data": "npy", "label": "json:label"})
     for i, sample in enumerate(reference):
         assert _range(by_json, i) == sample["npy"]
