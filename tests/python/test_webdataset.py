@@ -109,6 +109,8 @@ def test_shard_names_are_globs_lists_and_brace_patterns(shards, tmp_path):
         cat = prestage.Catalog.from_webdataset(given)
         assert len(cat) == 23
         assert [cat.label(i) for i in range(0, 23, 7)] == expect
+    with pytest.raises(prestage.ConfigError, match="is named twice"):
+        prestage.Catalog.from_webdataset([files[0], str(tmp_path / "train-00000{0,1}.tar")])
     with pytest.raises(prestage.ConfigError, match="no shard matches"):
         prestage.Catalog.from_webdataset(str(tmp_path / "nothing-*.tar"))
     with pytest.raises(prestage.IoError):

@@ -912,6 +912,21 @@ Catalog Catalog::from_tfrecord(const std::vector<fs::path>& files, const std::st
   data->damage = std::move(damage);
   return Catalog(data);
 }
+namespace {
+
+// A shard named twice would be two files of one name (two copies of it staged, its samples twice).
+void refuse_duplicates(const char* from, const fs::path& root, const std::vector<std::string>& files) {
+  std::vector<std::string> sorted = files;
+  std::sort(sorted.begin(), sorted.end());
+  const auto twice = std::adjacent_find(sorted.begin(), sorted.end());
+  if (twice != sorted.end()) {
+    throw ConfigError(std::string(from) + ": shard '" + (root / *twice).string() +
+                      "' is named twice");
+  }
+}
+
+}  // namespace
+
 Catalog Catalog::from_webdataset(const std::vector<std::string>& shards, const std::string& data,
                                  const std::string& label, Missing missing, OnError on_error) {
   detail::WdsFields fields;
@@ -953,6 +968,7 @@ Catalog Catalog::from_webdataset(const std::vector<std::string>& shards, const s
       throw ConfigError("from_webdataset: unknown missing-field policy");
   }
   auto [root, relative] = common_root(detail::expand_shards(shards));
+  refuse_duplicates("from_webdataset", root, relative);
   const bool skip = on_error == OnError::kSkip;
   std::vector<Locator> locators;
   std::vector<int64_t> labels;
@@ -1013,6 +1029,7 @@ Catalog Catalog::from_mds(const fs::path& dir, const std::string& data, const st
     files.push_back(s.file);
     sizes.push_back(s.size);
   }
+  refuse_duplicates("from_mds", dir, files);
   auto catalog = make_data(dir, files, labels, {}, locators, sizes);
   catalog->damage = std::move(damage);
   return Catalog(catalog);
