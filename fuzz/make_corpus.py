@@ -390,6 +390,7 @@ def seeds():
         "npz-member-x": b"\x07" + npz_x,
     }
     s["tar"] = tar_seeds()
+    s["mds"] = mds_seeds()
     return s
 
 
@@ -420,6 +421,29 @@ def tar_seeds() -> dict:
         "meta-and-dirs": b"\x01" + tar_shard([("__index__", b"{}"), ("c.jpg", b"3"), ("c.cls", b"2")]),
         "empty": b"\x00",
     }
+
+
+def mds_seeds() -> dict:
+    """MDS (as MDSWriter writes it): a shard of columns arr (ndarray, dtype and shape in the sample),
+    image (jpeg), label (int), pix (pil), tid (str_int); and an index.json naming them."""
+    arr = bytes([34, 1 << 2 | 0, 2]) + bytes(8)
+    image = b"\xff\xd8jpeg"
+    pix = struct.pack("<III", 1, 1, 1) + b"L" + b"\x05"
+    tid = b"-3"
+    sample = struct.pack("<IIII", len(arr), len(image), len(pix), len(tid))
+    sample += arr + image + struct.pack("<q", 7) + pix + tid
+    samples = [sample, sample]
+    table = 4 + 4 * (len(samples) + 1)
+    offsets = [table]
+    for one in samples:
+        offsets.append(offsets[-1] + len(one))
+    shard = struct.pack(f"<{len(offsets) + 1}I", len(samples), *offsets) + b"".join(samples)
+    index = ('{"shards": [{"column_encodings": ["ndarray", "jpeg", "int", "pil", "str_int"], '
+             '"column_names": ["arr", "image", "label", "pix", "tid"], '
+             '"column_sizes": [null, null, 8, null, null], "compression": null, "format": "mds", '
+             '"hashes": [], "raw_data": {"basename": "shard.00000.mds", "bytes": 0, "hashes": {}}, '
+             '"samples": 1, "size_limit": 67108864, "version": 2, "zip_data": null}], "version": 2}')
+    return {"shard": b"\x00" + shard, "index": b"\x01" + index.encode(), "empty": b"\x00"}
 
 
 def main():
