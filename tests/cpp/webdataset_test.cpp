@@ -217,3 +217,13 @@ TEST_CASE("webdataset: a missing field is an error, skipped, or empty") {
   CHECK(with_errors.size() == 1);
   CHECK(with_errors.damage().size() == 2);
 }
+
+TEST_CASE("webdataset: a compressed shard is refused; a member named like a magic is not") {
+  TempDir dir;
+  write(dir.path() / "z.tar", std::string("\x1f\x8b\x08\x00", 4) + std::string(600, 'x'));
+  CHECK_THROWS_AS(Catalog::from_webdataset({(dir.path() / "z.tar").string()}), ConfigError);
+  write(dir.path() / "b.tar", file("BZh91.jpg", "1") + file("BZh91.cls", "4"));
+  const auto catalog = Catalog::from_webdataset({(dir.path() / "b.tar").string()});
+  REQUIRE(catalog.size() == 1);
+  CHECK(catalog.label(0) == 4);
+}

@@ -403,3 +403,12 @@ def test_staged_sampler_hands_users_decoders_each_members_bytes(shards, tmp_path
                 assert data == reference[label]["jpg"]
                 seen.append(label)
     assert sorted(seen) == sorted(list(range(12)) * 2)
+
+
+def test_a_compressed_shard_is_refused_saying_so(tmp_path):
+    with wds.TarWriter(str(tmp_path / "c.tar.gz")) as sink:  # gzip, as webdataset writes ".gz" names
+        sink.write({"__key__": "a", "jpg": _jpeg(0), "cls": b"0"})
+    assert (tmp_path / "c.tar.gz").read_bytes()[:2] == b"\x1f\x8b"
+    for on_error in ("raise", "skip"):
+        with pytest.raises(prestage.ConfigError, match=r"c\.tar\.gz' is a compressed tar \(gzip\)"):
+            prestage.Catalog.from_webdataset(tmp_path / "c.tar.gz", on_error=on_error)

@@ -144,6 +144,10 @@ std::string parse_pax(std::span<const std::byte> data, Pax& pax) {
 
 }  // namespace
 
+bool tar_header_ok(std::span<const std::byte> block) {
+  return block.size() == kBlock && !all_zero(block) && checksum_ok(block);
+}
+
 void scan_tar(ForwardReader& in, const std::function<void(const TarMember&)>& member,
               const std::function<void(const TarDamage&)>& damaged) {
   const uint64_t size = in.size();

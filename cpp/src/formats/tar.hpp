@@ -35,6 +35,9 @@ class ForwardReader {
   std::vector<std::byte> window_;
 };
 
+// Whether `block` (512 bytes) is a tar header whose checksum holds.
+bool tar_header_ok(std::span<const std::byte> block);
+
 struct TarMember {
   std::string name;     // the pax path, else the GNU long name, else ustar prefix + "/" + name
   uint64_t header = 0;  // the first byte of its first header (a pax or long-name header, if any)

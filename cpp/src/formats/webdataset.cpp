@@ -219,6 +219,19 @@ std::string list(const std::vector<std::string>& exts, const char* sep) {
   return out.empty() ? "none" : out;
 }
 
+// The codec of a compressed stream, by its magic bytes; null for anything else.
+const char* compression(std::span<const std::byte> head) {
+  const std::string_view s(reinterpret_cast<const char*>(head.data()), head.size());
+  if (s.starts_with("\x1f\x8b")) return "gzip";
+  if (s.starts_with("\x28\xb5\x2f\xfd")) return "zstd";
+  if (s.starts_with("BZh")) return "bzip2";
+  if (s.starts_with(std::string_view("\xfd"
+                                     "7zXZ\0",
+                                     6)))
+    return "xz";
+  return nullptr;
+}
+
 }  // namespace
 
 uint64_t scan_webdataset(const FileRef& file, const std::string& path, const WdsFields& fields,
@@ -230,6 +243,14 @@ uint64_t scan_webdataset(const FileRef& file, const std::string& path, const Wds
     damaged(WdsDamage{offset, reason, rest_of_file});
   };
   ForwardReader in(file);
+  const auto head = in.bytes(0, std::min<uint64_t>(in.size(), 512));
+  const char* codec = tar_header_ok(head) ? nullptr : compression(head);
+  if (codec) {
+    throw ConfigError("'" + path + "' is a compressed tar (" + codec +
+                      "): prestage reads a shard's members by byte range, which a compressed "
+                      "stream does not allow; decompress it (a plain .tar, its members "
+                      "compressed one by one if need be, as webdataset advises)");
+  }
   std::vector<Run> runs;
   std::unordered_map<std::string, size_t>
       key_runs;       // runs of each key (more than one: interleaved)

@@ -77,7 +77,8 @@ struct WdsDamage {
 // the scan goes on. Damage in the tar loses the sample being read when it is found (its last
 // member's size may be the lie), and a sample found right after it that lacks a field is damage
 // too (the part of it before may be what was lost), whatever `fields.missing` says. An IoError
-// reading the shard is raised either way. Returns the shard's size.
+// reading the shard is raised either way, and so is a ConfigError for a compressed shard (gzip,
+// zstd, bzip2, xz: its members have no byte range). Returns the shard's size.
 uint64_t scan_webdataset(const FileRef& file, const std::string& path, const WdsFields& fields,
                          const std::function<void(const WdsSample&)>& sample,
                          const std::function<void(const WdsDamage&)>& damaged);
