@@ -375,13 +375,12 @@ Loader::Impl::Impl(Catalog catalog_in, LoaderOptions options_in)
         using Layout = detail::StageCache::HomeLayout;
         using Links = detail::SourceModel::Links;
         shared->cache->set_home_first([peers](uint64_t f) { return peers->home_here(f); },
-                                      [tiers, fewest] {
+                                      [tiers] {
                                         // Fewest PFS reads: a home copy kept saves one.
-                                        if (fewest) return Layout::kHomeFirst;
-                                        const Links links = tiers->links();
-                                        return links == Links::kFaster    ? Layout::kHomeFirst
-                                               : links == Links::kUnknown ? Layout::kUndecided
-                                                                          : Layout::kOwnFirst;
+                                        if (tiers->home_first()) return Layout::kHomeFirst;
+                                        return tiers->links() == Links::kUnknown
+                                                   ? Layout::kUndecided
+                                                   : Layout::kOwnFirst;
                                       });
       }
       // A home copy is made by stage 2 in the start epoch: stage 3 waits for it rather than reading

@@ -184,11 +184,17 @@ uint64_t StageCache::rank_of(uint64_t file, uint64_t key) const {
   return home_here_(file) ? within : kOtherNodes | within;
 }
 
-void StageCache::update_home_first() {
+void StageCache::update_home_first(uint64_t epoch) {
   const HomeLayout layout = layout_ && capacity_ != 0 && eviction_ == Eviction::kClairvoyant
                                 ? layout_()
                                 : HomeLayout::kOwnFirst;
-  keep_home_room_ = layout != HomeLayout::kOwnFirst;
+  // Undecided, the start epoch's files are ranked and admitted exactly as with the tier off: room
+  // kept for home copies then declined the node's own uses of other nodes' files (a row or record
+  // file read a sample at a time from the PFS instead of copied once), which the job without the
+  // tier copies once, where the links turn out slower than the PFS. Only a read ahead past the
+  // start epoch keeps the home copies' room.
+  keep_home_room_ = layout == HomeLayout::kHomeFirst ||
+                    (layout == HomeLayout::kUndecided && epoch > start_epoch_);
   const bool now = layout == HomeLayout::kHomeFirst;
   if (now == home_first_now_.load(std::memory_order_relaxed)) return;
   std::vector<uint64_t> files;
@@ -229,6 +235,7 @@ void StageCache::untrack(uint64_t file) {
 
 void StageCache::restart(uint64_t epoch, uint64_t batch) {
   started_ = true;
+  if (start_epoch_ == kNever) start_epoch_ = epoch;
   batch_seq_ = 0;
   std::fill(last_batch_.begin(), last_batch_.end(), 0);
   let_go_all();
@@ -332,7 +339,7 @@ void StageCache::admit(uint64_t epoch, uint64_t batch, const uint64_t* samples, 
                        Admission& stats) {
   if (!started_) restart(epoch, batch);
   ++batch_seq_;
-  update_home_first();
+  update_home_first(epoch);
   home_missing_ = kNever;
   if (capacity_ != 0) {
     if (epoch != epoch_) enter_epoch(epoch, batch * plan_.batch_size);
