@@ -186,7 +186,7 @@ def main() -> None:
           + (f"PFS emulator at {args.pfs_ms:g} ms per operation" if emulator else "a local folder")
           + f"; medians of {args.runs} jobs; PFS MB per epoch (peer MB in brackets)\n")
     print("| aggregate cache | peers | " + " | ".join(f"epoch {e}" for e in range(args.epochs)) +
-          " | PFS total | emulator's count | with / without | epochs s | with / without | job s |")
+          " | PFS total (range) | emulator's count | with / without | epochs s | with / without | job s |")
     print("|---|---|" + "---|" * args.epochs + "---|---|---|---|---|---|")
     out = {}
     for share in args.shares:
@@ -205,8 +205,9 @@ def main() -> None:
             pfs = emulated if emulated is not None else total
             base_pfs = base[2] if base[2] is not None else base[1]
             cells = [f"{b / mb:.3f}" + (f" ({q / mb:.3f})" if peers else "") for b, q in per_epoch]
+            totals = [sum(b for b, _ in run["epochs"]) / mb for run in runs]
             print(f"| {share}% | {mode if peers else 'no'} | " + " | ".join(cells) +
-                  f" | {total / mb:.3f} | " + (f"{emulated:,.0f} B" if emulated is not None else "-") +
+                  f" | {total / mb:.3f} ({min(totals):.3f}-{max(totals):.3f}) | " + (f"{emulated:,.0f} B" if emulated is not None else "-") +
                   f" | {pfs / base_pfs:.3f} | {epochs_s:.2f} | {epochs_s / base[3]:.3f} | {job_s:.1f} |")
             out[f"{share}-{mode if peers else 'no-peers'}"] = runs
     if args.json:

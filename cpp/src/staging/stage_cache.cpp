@@ -25,6 +25,7 @@ StageCache::StageCache(const Catalog& catalog, const PlanOptions& plan, StageDir
       charged_(catalog.num_files(), 0),
       pins_(window_),
       far_(far_epochs_) {
+  one_sample_per_file_ = catalog.num_files() == catalog.size();
   const uint64_t batches = batches_per_epoch(plan_);
   per_epoch_ = batches * plan_.batch_size;  // positions are batch * batch_size + k: may skip a few
   stride_ = per_epoch_ + 1;
@@ -188,13 +189,13 @@ void StageCache::update_home_first(uint64_t epoch) {
   const HomeLayout layout = layout_ && capacity_ != 0 && eviction_ == Eviction::kClairvoyant
                                 ? layout_()
                                 : HomeLayout::kOwnFirst;
-  // Undecided, the start epoch's files are ranked and admitted exactly as with the tier off: room
-  // kept for home copies then declined the node's own uses of other nodes' files (a row or record
-  // file read a sample at a time from the PFS instead of copied once), which the job without the
-  // tier copies once, where the links turn out slower than the PFS. Only a read ahead past the
-  // start epoch keeps the home copies' room.
-  keep_home_room_ = layout == HomeLayout::kHomeFirst ||
-                    (layout == HomeLayout::kUndecided && epoch > start_epoch_);
+  // Undecided, in the start epoch files of several samples are admitted exactly as with the tier
+  // off: room kept for home copies then declined the node's own uses of another node's row or
+  // record file, which were read from the PFS a sample at a time where the job without the tier
+  // copies the file once (where the links turn out slower than the PFS). A sample that is its
+  // file is read once either way in that epoch, and keeps declining for the home copies' room.
+  keep_home_room_ = layout != HomeLayout::kOwnFirst;
+  whole_files_only_ = layout == HomeLayout::kUndecided && epoch == start_epoch_;
   const bool now = layout == HomeLayout::kHomeFirst;
   if (now == home_first_now_.load(std::memory_order_relaxed)) return;
   std::vector<uint64_t> files;
@@ -390,7 +391,8 @@ void StageCache::admit(uint64_t epoch, uint64_t batch, const uint64_t* samples, 
     // Room for it in the node's bound, reserved before it is claimed: home first (or undecided),
     // for another node's file, beyond the room of the node's home copies still to come.
     const uint64_t rank = rank_of(file, key);
-    const uint64_t kept_for_home = capacity_ != 0 && keep_home_room_ && !home_here_(file)
+    const bool keep_room = keep_home_room_ && (!whole_files_only_ || one_sample_per_file_);
+    const uint64_t kept_for_home = capacity_ != 0 && keep_room && !home_here_(file)
                                        ? std::min(home_missing(), capacity_)
                                        : 0;
     const uint64_t bound = capacity_ - kept_for_home;

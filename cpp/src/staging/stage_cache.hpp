@@ -79,12 +79,12 @@ class StageCache {
   //    another node's file, and another node's file enters only room beyond that of the node's
   //    home copies not on the node (not made yet, or gone), or the room of such files used later;
   //    within each kind, Belady's order as without it.
-  //  - kUndecided (the links not yet learned): ranked as with the tier off; past the start epoch
-  //    (the first restart()'s), the room of the home copies not made yet is also kept for them,
-  //    so that no read ahead into the next epoch takes it before the layout is known (a home copy
-  //    made and gone since is not waited for). Within the start epoch nothing is kept: the node's
-  //    own uses are admitted as with the tier off (room kept there declined other nodes' files that
-  //    the job without the tier copies once, and read them from the PFS at each use).
+  //  - kUndecided (the links not yet learned): ranked as with the tier off, but the room of the
+  //    home copies not made yet is kept for them, so that no read ahead into the next epoch takes
+  //    it before the layout is known (a home copy made and gone since is not waited for); in the
+  //    start epoch (the first restart()'s), only where every sample is a file of its own: files of
+  //    several samples (rows, records) are admitted there as with the tier off (declined, their
+  //    samples were each read from the PFS where the job without the tier copies a file once).
   // Asked at each admit(); a change ranks the files tracked again. Clairvoyant eviction and a bound
   // only (LRU keeps its order). Set before the first admit().
   enum class HomeLayout : uint8_t { kOwnFirst, kHomeFirst, kUndecided };
@@ -171,7 +171,9 @@ class StageCache {
   std::function<void(uint64_t)> on_declined_;  // see set_on_declined()
   std::function<bool(uint64_t)> home_here_;    // see set_home_first()
   std::function<HomeLayout()> layout_;
-  bool keep_home_room_ = false;  // kHomeFirst, or kUndecided past the start epoch, at the last admit()
+  bool keep_home_room_ = false;    // kHomeFirst or kUndecided at the last admit()
+  bool whole_files_only_ = false;  // kUndecided in the start epoch: one sample per file only
+  bool one_sample_per_file_ = false;  // the catalog's samples are each a file of its own
   std::atomic<bool> home_first_now_{false};  // written by admit() alone
   // Home first, a file that is not this node's home copy ranks after every one that is: its rank
   // in tracked_ carries this bit (positions fit below it; kNotSoon is the last of its kind).
