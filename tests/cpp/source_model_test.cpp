@@ -281,6 +281,9 @@ TEST_CASE(
   CHECK(model.links_against_pfs(100'000) == Links::kUnknown);  // the PFS not learned
   learn(model, SourceModel::kPfs, 0.010, 50.0 * kMB);
   CHECK(model.links_against_pfs(100'000) == Links::kFaster);
+  // 1.5 ms against 12 ms for 100 kB: faster by 8x, not by 10x (a margin a layout may ask for).
+  CHECK(model.links_against_pfs(100'000, 7.0) == Links::kFaster);
+  CHECK(model.links_against_pfs(100'000, 10.0) == Links::kSlower);
   learn(model, node4, 0.030, 4.0 * kMB);
   CHECK(model.links_against_pfs(100'000) == Links::kMixed);
   model.set_down(node2);  // a link down no longer counts

@@ -26,13 +26,11 @@ PeerWiring wire_peers(Shared& shared) {
     using Layout = StageCache::HomeLayout;
     using Links = SourceModel::Links;
     shared.cache->set_home_first([peers](uint64_t f) { return peers->home_here(f); },
-                                 [tiers, fewest] {
+                                 [tiers] {
                                    // Fewest PFS reads: a home copy kept saves one.
-                                   if (fewest) return Layout::kHomeFirst;
-                                   const Links links = tiers->links();
-                                   return links == Links::kFaster    ? Layout::kHomeFirst
-                                          : links == Links::kUnknown ? Layout::kUndecided
-                                                                     : Layout::kOwnFirst;
+                                   if (tiers->home_first()) return Layout::kHomeFirst;
+                                   return tiers->links() == Links::kUnknown ? Layout::kUndecided
+                                                                            : Layout::kOwnFirst;
                                  });
   }
   return {::getpid(), true};

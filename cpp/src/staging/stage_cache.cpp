@@ -25,6 +25,7 @@ StageCache::StageCache(const Catalog& catalog, const PlanOptions& plan, StageDir
       charged_(catalog.num_files(), 0),
       pins_(window_),
       far_(far_epochs_) {
+  one_sample_per_file_ = catalog.num_files() == catalog.size();
   const uint64_t batches = batches_per_epoch(plan_);
   per_epoch_ = batches * plan_.batch_size;  // positions are batch * batch_size + k: may skip a few
   stride_ = per_epoch_ + 1;
@@ -184,11 +185,17 @@ uint64_t StageCache::rank_of(uint64_t file, uint64_t key) const {
   return home_here_(file) ? within : kOtherNodes | within;
 }
 
-void StageCache::update_home_first() {
+void StageCache::update_home_first(uint64_t epoch) {
   const HomeLayout layout = layout_ && capacity_ != 0 && eviction_ == Eviction::kClairvoyant
                                 ? layout_()
                                 : HomeLayout::kOwnFirst;
+  // Undecided, in the start epoch files of several samples are admitted exactly as with the tier
+  // off: room kept for home copies then declined the node's own uses of another node's row or
+  // record file, which were read from the PFS a sample at a time where the job without the tier
+  // copies the file once (where the links turn out slower than the PFS). A sample that is its
+  // file is read once either way in that epoch, and keeps declining for the home copies' room.
   keep_home_room_ = layout != HomeLayout::kOwnFirst;
+  whole_files_only_ = layout == HomeLayout::kUndecided && epoch == start_epoch_;
   const bool now = layout == HomeLayout::kHomeFirst;
   if (now == home_first_now_.load(std::memory_order_relaxed)) return;
   std::vector<uint64_t> files;
@@ -229,6 +236,7 @@ void StageCache::untrack(uint64_t file) {
 
 void StageCache::restart(uint64_t epoch, uint64_t batch) {
   started_ = true;
+  if (start_epoch_ == kNever) start_epoch_ = epoch;
   batch_seq_ = 0;
   std::fill(last_batch_.begin(), last_batch_.end(), 0);
   let_go_all();
@@ -332,7 +340,7 @@ void StageCache::admit(uint64_t epoch, uint64_t batch, const uint64_t* samples, 
                        Admission& stats) {
   if (!started_) restart(epoch, batch);
   ++batch_seq_;
-  update_home_first();
+  update_home_first(epoch);
   home_missing_ = kNever;
   if (capacity_ != 0) {
     if (epoch != epoch_) enter_epoch(epoch, batch * plan_.batch_size);
@@ -383,7 +391,8 @@ void StageCache::admit(uint64_t epoch, uint64_t batch, const uint64_t* samples, 
     // Room for it in the node's bound, reserved before it is claimed: home first (or undecided),
     // for another node's file, beyond the room of the node's home copies still to come.
     const uint64_t rank = rank_of(file, key);
-    const uint64_t kept_for_home = capacity_ != 0 && keep_home_room_ && !home_here_(file)
+    const bool keep_room = keep_home_room_ && (!whole_files_only_ || one_sample_per_file_);
+    const uint64_t kept_for_home = capacity_ != 0 && keep_room && !home_here_(file)
                                        ? std::min(home_missing(), capacity_)
                                        : 0;
     const uint64_t bound = capacity_ - kept_for_home;

@@ -81,7 +81,10 @@ class StageCache {
   //    within each kind, Belady's order as without it.
   //  - kUndecided (the links not yet learned): ranked as with the tier off, but the room of the
   //    home copies not made yet is kept for them, so that no read ahead into the next epoch takes
-  //    it before the layout is known (a home copy made and gone since is not waited for).
+  //    it before the layout is known (a home copy made and gone since is not waited for); in the
+  //    start epoch (the first restart()'s), only where every sample is a file of its own: files of
+  //    several samples (rows, records) are admitted there as with the tier off (declined, their
+  //    samples were each read from the PFS where the job without the tier copies a file once).
   // Asked at each admit(); a change ranks the files tracked again. Clairvoyant eviction and a bound
   // only (LRU keeps its order). Set before the first admit().
   enum class HomeLayout : uint8_t { kOwnFirst, kHomeFirst, kUndecided };
@@ -151,6 +154,7 @@ class StageCache {
   uint64_t stride_;     // per_epoch_ + 1: see position()
   uint64_t far_epochs_;
   uint64_t epoch_ = kNever;  // of the last admit() or restart()
+  uint64_t start_epoch_ = kNever;  // of the first restart(): the peer tier's start epoch
   bool started_ = false;     // restart() has run
 
   uint64_t batch_seq_ = 0;       // batches planned since restart()
@@ -167,15 +171,17 @@ class StageCache {
   std::function<void(uint64_t)> on_declined_;  // see set_on_declined()
   std::function<bool(uint64_t)> home_here_;    // see set_home_first()
   std::function<HomeLayout()> layout_;
-  bool keep_home_room_ = false;              // kHomeFirst or kUndecided at the last admit()
+  bool keep_home_room_ = false;    // kHomeFirst or kUndecided at the last admit()
+  bool whole_files_only_ = false;  // kUndecided in the start epoch: one sample per file only
+  bool one_sample_per_file_ = false;  // the catalog's samples are each a file of its own
   std::atomic<bool> home_first_now_{false};  // written by admit() alone
   // Home first, a file that is not this node's home copy ranks after every one that is: its rank
   // in tracked_ carries this bit (positions fit below it; kNotSoon is the last of its kind).
   static constexpr uint64_t kOtherNodes = uint64_t{1} << 63;
   // A file's rank in tracked_: its key, home first with kOtherNodes for another node's file.
   uint64_t rank_of(uint64_t file, uint64_t key) const;
-  // Asks layout(); on a change of ranking, ranks the files tracked again.
-  void update_home_first();
+  // Asks layout() at an admit() in `epoch`; on a change of ranking, ranks the files tracked again.
+  void update_home_first(uint64_t epoch);
   // Home first: the bytes of the node's home copies not in the directory (neither staged nor on
   // their way); undecided, of those never made. Looked up once per admit() that needs it (kNever:
   // not yet), then followed by home_moved().

@@ -193,7 +193,7 @@ bool SourceModel::learned(size_t source) const {
   return e.samples >= params_.min_samples && e.bytes_per_s() > 0;
 }
 
-SourceModel::Links SourceModel::links_against_pfs(uint64_t bytes) const {
+SourceModel::Links SourceModel::links_against_pfs(uint64_t bytes, double by) const {
   std::lock_guard lock(mutex_);
   const auto learned = [&](const SourceEstimate& e) {
     return e.samples >= params_.min_samples && e.bytes_per_s() > 0;
@@ -207,7 +207,7 @@ SourceModel::Links SourceModel::links_against_pfs(uint64_t bytes) const {
   for (size_t s = kPeer0; s < est_.size(); ++s) {
     const SourceEstimate& e = est_[s];
     if (e.down || !learned(e)) continue;
-    (seconds(e) < pfs ? faster : slower) += 1;
+    (seconds(e) * by < pfs ? faster : slower) += 1;
   }
   if (faster + slower == 0) return Links::kUnknown;
   return slower == 0 ? Links::kFaster : faster == 0 ? Links::kSlower : Links::kMixed;

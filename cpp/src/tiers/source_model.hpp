@@ -108,9 +108,10 @@ class SourceModel {
   // kUnknown until the PFS and a link have each been learned (min_samples reads), kFaster where
   // every link learned and not down is expected to finish it first, kSlower where none is, else
   // kMixed. The links of a job are alike (and each link is the same both ways), so a node tells
-  // from it what the other nodes will ask it for.
+  // from it what the other nodes will ask it for. With `by` > 1 a link counts as faster only where
+  // it is expected to take at most 1/by of the PFS's time (kSlower still means none is faster).
   enum class Links : uint8_t { kUnknown, kFaster, kSlower, kMixed };
-  Links links_against_pfs(uint64_t bytes) const;
+  Links links_against_pfs(uint64_t bytes, double by = 1.0) const;
   // Whether `source` has been learned: min_samples reads observed, and a bandwidth.
   bool learned(size_t source) const;
 

@@ -212,6 +212,15 @@ SourceModel::Links Tiers::links() const {
                            : SourceModel::Links::kUnknown;
 }
 
+bool Tiers::home_first() const {
+  if (peers_ == nullptr) return false;
+  if (model_ == nullptr) return true;  // home_copy_always
+  const double by = home_first_.load(std::memory_order_relaxed) ? 1.0 : kHomeFirstBy;
+  const bool now = model_->links_against_pfs(mean_sample_bytes_, by) == SourceModel::Links::kFaster;
+  home_first_.store(now, std::memory_order_relaxed);
+  return now;
+}
+
 void Tiers::update_quiet() {
   std::lock_guard lock(quiet_mutex_);
   const bool quiet = links() == SourceModel::Links::kSlower;
@@ -359,12 +368,17 @@ Tier Tiers::fetch_home(const Catalog::Locator& loc, uint64_t sample_bytes,
                                                       : SourceModel::kStage;
     const std::array<size_t, 2> sources{near, SourceModel::kPfs};
     const std::array<uint64_t, 2> bytes{sample_bytes, sample_bytes};
-    const SourceModel::Choice choice = model_->choose(sources, bytes, !prober_->busy());
+    // While the links are faster, a home copy on another node is read there, and learned from
+    // (see home_first()).
+    const bool to_home = home == Peers::Fetched::kPeer &&
+                         model_->links_against_pfs(mean_sample_bytes_) == SourceModel::Links::kFaster;
+    const SourceModel::Choice choice =
+        to_home ? SourceModel::Choice{near} : model_->choose(sources, bytes, !prober_->busy());
     if (choice.probe != SourceModel::kNoProbe && !peers_->closing()) {
       prober_->start(loc, choice.probe, choice.probe_bytes);
     }
     if (choice.read == near) {
-      TimedRead timed(model_.get(), near, sample_bytes, true);
+      TimedRead timed(model_.get(), near, sample_bytes, !to_home);
       std::chrono::microseconds waited{0};
       fetched = peers_->fetch(loc, buffer, &waited);
       timed.end(fetched != Peers::Fetched::kNone, waited);

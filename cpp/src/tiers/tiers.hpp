@@ -145,6 +145,18 @@ class Tiers {
   // are alike, read the source and only probe this one. The view is looked at where it can turn:
   // after each probe of a link is learned from, and while quiet after each read of a link.
   SourceModel::Links links() const;
+  // Whether the node's stage directory keeps its home copies first (StageCache::set_home_first):
+  // always with home_copy_always; with the model, from when every link is expected to read the
+  // set's mean sample in at most 1/kHomeFirstBy of the PFS's time until one is no longer expected
+  // faster than the PFS. A node gives up some of its own hits for its home copies only where the
+  // other nodes then read those copies instead of the PFS: while the links are faster at all
+  // (links() kFaster), every read of another node's home copy goes to that copy, not to whichever
+  // source the model expects to finish first; the margin keeps a node whose view of the links
+  // differs a little from the others' (each learns its own) from keeping home copies the others
+  // would not read. Links faster by less leave the layout own first, as with the tier off, so the
+  // tier never reads the PFS more than the same job without it. Called by stage 1 (one thread).
+  static constexpr double kHomeFirstBy = 2.0;
+  bool home_first() const;
 
   // A sample's size from the catalog (its byte range, or its whole file's recorded size), or
   // Catalog::kUnknownSize.
@@ -247,6 +259,7 @@ class Tiers {
   std::unique_ptr<SourceModel> model_;  // with peers_ on
   std::mutex quiet_mutex_;              // a look at links() and the quiet it sets, one at a time
   std::atomic<bool> quiet_{false};      // as last set (written under quiet_mutex_)
+  mutable std::atomic<bool> home_first_{false};  // see home_first()
   std::unique_ptr<Prober> prober_;      // with model_; declared after it: stopped first
   uint64_t max_read_bytes_;
   uint64_t mean_sample_bytes_ = 0;    // of the samples whose size the catalog records (set_peers)
