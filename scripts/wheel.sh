@@ -63,6 +63,14 @@ zig() {
     chmod +x "$zbin/zcc" "$zbin/zcxx"
   fi
   export PRESTAGE_ZIG_BIN=$zbin
+  # __builtin_cpu_supports (util/crc32c.cpp, decode/resize.cpp) reads __cpu_model, which GCC's
+  # libgcc and LLVM's compiler-rt define (the same layout, set by a constructor) and Zig's
+  # compiler-rt does not: GCC's object is linked in (the GCC Runtime Library Exception allows it; it
+  # needs nothing from the system), hidden like the rest.
+  cpuinfo=$tools/cpuinfo.o
+  if [ ! -f "$cpuinfo" ]; then
+    (cd "$tools" && ar x "$(gcc -print-libgcc-file-name)" cpuinfo.o)
+  fi
 }
 
 # deps: prints the prefix of the libraries built with Zig from Debian's source packages of this
@@ -125,8 +133,9 @@ deps() {
   log "libjpeg-turbo $(version "$jsrc"): static, with its SIMD code (nasm)"
   command -v nasm >/dev/null || command -v yasm >/dev/null ||
     { echo "libjpeg-turbo's SIMD code needs nasm or yasm (apt-get install nasm)" >&2; exit 1; }
+  # Its install directories are its own (a relative LIBDIR is taken from the working directory).
   cmake_static "$jsrc" libjpeg-turbo -DENABLE_SHARED=OFF -DENABLE_STATIC=ON -DWITH_TURBOJPEG=ON \
-    -DREQUIRE_SIMD=ON
+    -DREQUIRE_SIMD=ON -DCMAKE_INSTALL_LIBDIR="$prefix/lib"
   log "oneTBB $(version "$tsrc"): static"
   cmake_static "$tsrc" onetbb -DTBB_TEST=OFF -DTBB_EXAMPLES=OFF -DTBBMALLOC_BUILD=OFF -DTBB_STRICT=OFF
   log "HDF5 $(version "$hsrc"): static C library, no network drivers, tools or tests"
@@ -210,13 +219,17 @@ for py in "${interpreters[@]}"; do
   # Everything from $prefix (find_package would otherwise take the system's oneTBB, libjpeg-turbo,
   # zstd or /usr/bin/h5cc's HDF5); no optional programs or plugins; the extension exports PyInit__core
   # alone (packaging/extension.map). pybind11's link-time optimisation is left off: Zig's linker and
-  # clang's thin LTO objects are not a combination this build relies on.
-  CMAKE_ARGS="-DCMAKE_TOOLCHAIN_FILE=$root/packaging/zig-toolchain.cmake -DCMAKE_PREFIX_PATH=$prefix \
+  # clang's thin LTO objects are not a combination this build relies on. -mcrc32: Zig's clang (LLVM
+  # 19) does not count the crc32 feature as part of the sse4.2 that util/crc32c.cpp's functions are
+  # compiled for (GCC and newer clang do); the instruction is still used only in those functions,
+  # which run only where the CPU has it.
+  CMAKE_ARGS="-DCMAKE_TOOLCHAIN_FILE=$root/packaging/zig-toolchain.cmake \
 -DTBB_DIR=$prefix/lib/cmake/TBB -Dlibjpeg-turbo_DIR=$prefix/lib/cmake/libjpeg-turbo \
 -Dzstd_DIR=$prefix/lib/cmake/zstd -DZLIB_ROOT=$prefix -DZLIB_USE_STATIC_LIBS=ON \
 -DHDF5_ROOT=$prefix -DHDF5_USE_STATIC_LIBRARIES=ON -DHDF5_C_COMPILER_EXECUTABLE=$prefix/bin/h5cc \
 -DPRESTAGE_BUILD_PFS_EMULATOR=OFF -DPRESTAGE_BUILD_MPI=OFF -DCMAKE_INTERPROCEDURAL_OPTIMIZATION=OFF \
--DCMAKE_MODULE_LINKER_FLAGS=-Wl,--version-script=$root/packaging/extension.map" \
+-DCMAKE_CXX_FLAGS=-mcrc32 \
+-DCMAKE_MODULE_LINKER_FLAGS='-Wl,--version-script=$root/packaging/extension.map $cpuinfo'" \
   CMAKE_BUILD_PARALLEL_LEVEL=$JOBS \
     "$venv/bin/python" -m pip wheel -q --no-deps --no-build-isolation -w "$tmp/$tag" \
       -C build-dir="$root/build/wheel/$(basename "$prefix")/{wheel_tag}" "$root"
