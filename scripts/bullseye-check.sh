@@ -111,7 +111,9 @@ for wheel in "${wheels[@]}"; do
     r=$(bullseye_root)
     log "$name: Debian 11 (bullseye)"
     mkdir -p "$work/share/wheels39"
+    # The tags a glibc 2.31 system takes, named one by one (pip download does not widen a --platform).
     python3 -m pip download -q --dest "$work/share/wheels39" --only-binary=:all: --python-version 3.9 \
+      --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux_2_28_x86_64 \
       --platform manylinux_2_31_x86_64 numpy h5py
     rm -rf --one-file-system "$work/root"
     cp -a "$r" "$work/root"
