@@ -85,7 +85,7 @@ def main() -> int:
         images, indices = rrc_epoch(Path(args[2]))
         np.savez(args[1], images=images, indices=indices)
         print(f"reference epoch: {images.shape} into {args[1]}")
-        return 0
+        sys.exit(0)
     if args[:1] == ["--reference"]:
         reference = Path(args[1])
         args = args[2:]
