@@ -13,7 +13,9 @@ process: `Loader(catalog, batch_size=64, image_size=(224, 224), transform="rando
 readers=2)`, uint8, the time from the first batch asked for to the last one. Also, in each round, the
 wheel with `JSIMD_FORCENONE=1` (libjpeg-turbo's switch that turns its SIMD code off at run time): if
 the wheel's libjpeg-turbo had no SIMD code, the two would run at the same speed. Prints each round's
-figures, then the medians and the ratios wheel / development build (per round too).
+figures, then the medians and the ratios wheel / development build (per round too), both of images per
+second of wall time and of images per CPU-second of the epoch's process (all its threads): on a machine
+shared with other jobs the second is what each would do on dedicated cores.
 """
 
 from __future__ import annotations
@@ -28,23 +30,25 @@ import tempfile
 from pathlib import Path
 
 EPOCH = r"""
-import json, sys, time
+import json, resource, sys, time
 import prestage
 catalog = prestage.Catalog.from_folder(sys.argv[1])
 with prestage.Loader(catalog, batch_size=64, image_size=(224, 224), transform="random-resized-crop",
                      readers=2, seed=int(sys.argv[2])) as loader:
-    t = time.perf_counter()
+    t, u = time.perf_counter(), resource.getrusage(resource.RUSAGE_SELF)
     n = sum(len(b.labels) for b in loader)
-    s = time.perf_counter() - t
-print(json.dumps({"images": n, "seconds": s, "file": prestage.__file__}))
+    s, v = time.perf_counter() - t, resource.getrusage(resource.RUSAGE_SELF)
+cpu = v.ru_utime + v.ru_stime - u.ru_utime - u.ru_stime
+print(json.dumps({"images": n, "seconds": s, "cpu": cpu, "file": prestage.__file__}))
 """
 
 
-def epoch(python: str, images: Path, seed: int, env: dict) -> float:
+def epoch(python: str, images: Path, seed: int, env: dict) -> tuple:
+    """(images per second of wall time, images per CPU-second of the process, all its threads)."""
     r = subprocess.run([python, "-c", EPOCH, str(images), str(seed)], capture_output=True, text=True,
                        env=env, check=True)
     out = json.loads(r.stdout.strip().splitlines()[-1])
-    return out["images"] / out["seconds"]
+    return out["images"] / out["seconds"], out["images"] / out["cpu"]
 
 
 def main() -> int:
@@ -72,17 +76,19 @@ def main() -> int:
             first, second = (args.dev, args.wheel) if r % 2 == 0 else (args.wheel, args.dev)
             rates = {first: epoch(first, images, seed, env), second: epoch(second, images, seed, env)}
             nosimd = epoch(args.wheel, images, seed, dict(env, JSIMD_FORCENONE="1"))
-            row = (rates[args.dev], rates[args.wheel], nosimd)
+            row = rates[args.dev] + rates[args.wheel] + nosimd
             rows.append(row)
-            print(f"round {r + 1}: development {row[0]:7.1f}  wheel {row[1]:7.1f}  wheel without SIMD "
-                  f"{row[2]:7.1f} images/s  (wheel / development {row[1] / row[0]:.3f})", flush=True)
-        dev, wheel, nosimd = (statistics.median(c) for c in zip(*rows))
-        ratios = sorted(w / d for d, w, _ in rows)
-        print(f"medians of {args.rounds}: development {dev:.1f}, wheel {wheel:.1f}, wheel without SIMD "
-              f"{nosimd:.1f} images/s")
-        print(f"wheel / development: {wheel / dev:.3f} (per round {ratios[0]:.3f}-{ratios[-1]:.3f}, "
-              f"median {statistics.median(ratios):.3f})")
-        print(f"wheel without SIMD / wheel: {nosimd / wheel:.3f}")
+            print(f"round {r + 1}: images/s development {row[0]:6.1f}  wheel {row[2]:6.1f}  wheel without "
+                  f"SIMD {row[4]:6.1f} (wheel / development {row[2] / row[0]:.3f}); per CPU-second "
+                  f"{row[1]:6.1f} {row[3]:6.1f} {row[5]:6.1f} ({row[3] / row[1]:.3f})", flush=True)
+        med = [statistics.median(c) for c in zip(*rows)]
+        for name, k in (("images/s (wall)", 0), ("images per CPU-second", 1)):
+            ratios = sorted(row[2 + k] / row[k] for row in rows)
+            print(f"{name}, medians of {args.rounds}: development {med[k]:.1f}, wheel {med[2 + k]:.1f}, "
+                  f"wheel without SIMD {med[4 + k]:.1f}")
+            print(f"  wheel / development: {med[2 + k] / med[k]:.3f} (per round {ratios[0]:.3f}-{ratios[-1]:.3f}, "
+                  f"median {statistics.median(ratios):.3f}); wheel without SIMD / wheel: "
+                  f"{med[4 + k] / med[2 + k]:.3f}")
     return 0
 
 
