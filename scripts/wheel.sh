@@ -24,10 +24,13 @@
 # (packaging/extension.map) exports PyInit__core alone: the C++ runtime, its exceptions and every
 # library inside stay private to it, so that another copy of any of them in the process (PyTorch's
 # libstdc++, TensorFlow's, h5py's HDF5) is left alone. C++ exceptions are thrown and caught inside the
-# extension; only Python exceptions leave it. The dependencies take about 12 minutes on 2 cores, once.
+# extension; only Python exceptions leave it. The dependencies take about 7 CPU-minutes, once (10 to 15
+# minutes on 2 shared cores).
 #
 # The wheel therefore bundles no library (no prestage.libs/). auditwheel repair checks the extension's
-# symbol versions against the manylinux_2_28 policy and fails if any is newer; the tag is not renamed.
+# symbol versions against the manylinux_2_28 policy and fails if any is newer; the tag is not renamed:
+# auditwheel names the oldest policy the symbols allow as well (manylinux_2_27: powf@GLIBC_2.27 is the
+# newest), so the files are prestage-...-manylinux_2_27_x86_64.manylinux_2_28_x86_64.whl.
 #
 # Not in the wheel: prestage-pfs (needs libfuse3) and the MPI plugin (built against the site's MPI:
 # `prestage build-mpi-plugin`). No CUDA library either: the CUDA runtime is found at run time.
