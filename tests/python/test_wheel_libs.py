@@ -1,6 +1,8 @@
 """scripts/wheel_libs.py, the portable wheel's ELF check, on small wheels made here with this machine's
 compiler: one that passes, and one for each way a wheel can miss manylinux_2_28 (a glibc symbol newer
-than 2.28, GCC's C++ runtime needed, a symbol besides PyInit_* exported, a bundled library)."""
+than 2.28, GCC's C++ runtime needed, a symbol besides PyInit_* exported, a bundled library) or carry
+what it must not (a CUDA library). The checks of the earlier, auditwheel-bundled wheel (which
+libraries prestage.libs/ held) went with it: the portable wheel bundles none."""
 
 from __future__ import annotations
 
@@ -26,7 +28,8 @@ EXTRA = ENTRY + "int H5open(void) { return 1; }\n"
 CXX = '#include <string>\nextern "C" int PyInit__core() { return (int)std::to_string(7).size(); }\n'
 
 
-def wheel(tmp: Path, source: str, lang: str = "c", bundled: bool = False, hidden: bool = True) -> Path:
+def wheel(tmp: Path, source: str, lang: str = "c", bundled: bool = False, hidden: bool = True,
+          cuda: bool = False) -> Path:
     src = tmp / ("m.c" if lang == "c" else "m.cpp")
     src.write_text(source)
     so = tmp / "_core.so"
@@ -40,6 +43,8 @@ def wheel(tmp: Path, source: str, lang: str = "c", bundled: bool = False, hidden
         z.write(so, "prestage/_core.cpython-311-x86_64-linux-gnu.so")
         if bundled:
             z.write(so, "prestage.libs/libtbb-0a1b2c3d.so.12")
+        if cuda:
+            z.write(so, "prestage/libcudart.so.12")
     return path
 
 
@@ -79,3 +84,9 @@ def test_a_bundled_library_fails(tmp_path: Path) -> None:
     r = check(wheel(tmp_path, ENTRY, bundled=True))
     assert r.returncode == 1
     assert "prestage.libs/libtbb-0a1b2c3d.so.12: a bundled library" in r.stderr
+
+
+def test_a_cuda_library_in_the_wheel_fails(tmp_path: Path) -> None:
+    r = check(wheel(tmp_path, ENTRY, cuda=True))
+    assert r.returncode == 1
+    assert "prestage/libcudart.so.12: a CUDA library in the wheel" in r.stderr
