@@ -13,6 +13,7 @@ running it again rewrites the same files.
 import io
 import shutil
 import struct
+import tarfile
 import zipfile
 from pathlib import Path
 
@@ -388,7 +389,61 @@ def seeds():
         "tfrecord-jpeg": b"\x06" + example({"x": feature_bytes(jpegs["gray"])}),
         "npz-member-x": b"\x07" + npz_x,
     }
+    s["tar"] = tar_seeds()
+    s["mds"] = mds_seeds()
     return s
+
+
+def tar_shard(members, fmt=tarfile.PAX_FORMAT, mtime=1.5) -> bytes:
+    """A tar of (name, data) members as Python's tarfile writes it: a float mtime gives a pax header
+    before each member (as webdataset's TarWriter), GNU_FORMAT long-name (`L`) headers."""
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w", format=fmt) as tar:
+        for name, data in members:
+            info = tarfile.TarInfo(name)
+            info.size, info.mtime = len(data), mtime
+            tar.addfile(info, io.BytesIO(data))
+    return out.getvalue()
+
+
+def tar_seeds() -> dict:
+    two = [("a.jpg", b"\xff\xd8jpeg"), ("a.cls", b"3"), ("a.json", b'{"label": 4}'),
+           ("b.bin", b"\x00\x01"), ("b.cls", b" 7\n"), ("b.json", b'{"label": -1, "x": [1, {"y": 2}]}')]
+    long_name = "d" * 120 + "/sample.jpg"
+    return {
+        "pax": b"\x00" + tar_shard(two),
+        "pax-fixed": b"\x01" + tar_shard(two),
+        "gnu-long-names": b"\x00" + tar_shard([(long_name, b"jpeg"), (long_name[:-3] + "cls", b"1")],
+                                              tarfile.GNU_FORMAT, 0),
+        "ustar-prefix": b"\x00" + tar_shard([("p" * 90 + "/" + "q" * 60 + ".jpg", b"x")],
+                                            tarfile.USTAR_FORMAT, 0),
+        "interleaved": b"\x01" + tar_shard([("a.jpg", b"1"), ("b.jpg", b"2"), ("a.cls", b"0")], mtime=0),
+        "meta-and-dirs": b"\x01" + tar_shard([("__index__", b"{}"), ("c.jpg", b"3"), ("c.cls", b"2")]),
+        "empty": b"\x00",
+    }
+
+
+def mds_seeds() -> dict:
+    """MDS (as MDSWriter writes it): a shard of columns arr (ndarray, dtype and shape in the sample),
+    image (jpeg), label (int), pix (pil), tid (str_int); and an index.json naming them."""
+    arr = bytes([34, 1 << 2 | 0, 2]) + bytes(8)
+    image = b"\xff\xd8jpeg"
+    pix = struct.pack("<III", 1, 1, 1) + b"L" + b"\x05"
+    tid = b"-3"
+    sample = struct.pack("<IIII", len(arr), len(image), len(pix), len(tid))
+    sample += arr + image + struct.pack("<q", 7) + pix + tid
+    samples = [sample, sample]
+    table = 4 + 4 * (len(samples) + 1)
+    offsets = [table]
+    for one in samples:
+        offsets.append(offsets[-1] + len(one))
+    shard = struct.pack(f"<{len(offsets) + 1}I", len(samples), *offsets) + b"".join(samples)
+    index = ('{"shards": [{"column_encodings": ["ndarray", "jpeg", "int", "pil", "str_int"], '
+             '"column_names": ["arr", "image", "label", "pix", "tid"], '
+             '"column_sizes": [null, null, 8, null, null], "compression": null, "format": "mds", '
+             '"hashes": [], "raw_data": {"basename": "shard.00000.mds", "bytes": 0, "hashes": {}}, '
+             '"samples": 1, "size_limit": 67108864, "version": 2, "zip_data": null}], "version": 2}')
+    return {"shard": b"\x00" + shard, "index": b"\x01" + index.encode(), "empty": b"\x00"}
 
 
 def main():

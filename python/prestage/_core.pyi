@@ -8,6 +8,10 @@ import numpy as np
 import numpy.typing as npt
 
 __version__: str
+TIERS: Tuple[str, ...]
+TRACE_KINDS: Tuple[str, ...]
+TRACE_TUNE_KIND: int
+KNOBS: Tuple[str, ...]
 
 _Path = Union[str, PathLike[str]]
 
@@ -35,6 +39,13 @@ class Catalog:
     @staticmethod
     def from_tfrecord(paths: Union[_Path, Sequence[_Path]], features: Dict[str, str], *,
                       on_error: str = "raise") -> Catalog: ...
+    @staticmethod
+    def from_webdataset(shards: Union[_Path, Sequence[_Path]],
+                        fields: Dict[str, Optional[str]] = ..., *, missing: str = "error",
+                        on_error: str = "raise") -> Catalog: ...
+    @staticmethod
+    def from_mds(dir: _Path, fields: Dict[str, Optional[str]] = ..., *,
+                 on_error: str = "raise") -> Catalog: ...
     @staticmethod
     def load(path: _Path) -> Catalog: ...
     def save(self, path: _Path) -> None: ...

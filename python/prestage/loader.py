@@ -158,7 +158,7 @@ class Loader:
             stage directory is run as with the tier off). Launch with ``mpirun`` or ``srun``; every
             rank creates its loader together. When the MPI world does not match ``world_size`` or the plugin is missing, the
             tier is off and ``stats()["peer_tier_why"]`` says why. With the tier on, stage 3 always
-            waits for stage 2 (``stage_patience`` None, as ``options`` shows), so that a home copy
+            waits for stage 2 (``stats()["stage_patience"]`` None, whatever the option), so that a home copy
             is made before its sample is read. With the tier on, the loader
             belongs to the process that made it: iterated in a process forked from it (a DataLoader
             worker), it raises :class:`prestage.Error` at once. A loader made in a process forked

@@ -48,8 +48,8 @@ from prestage.loader import Loader, as_catalog
 
 __all__ = ["StagedDataset", "StagedSample", "StagedSampler", "TIER_SOURCE", "TIER_STAGE", "catalog_of"]
 
-TIER_STAGE = 1   # the stage directory (local SSD)
-TIER_SOURCE = 3  # the source (the PFS)
+TIER_STAGE = _core.TIERS.index("stage")    # the stage directory (local SSD), as traces number it
+TIER_SOURCE = _core.TIERS.index("source")  # the source (the PFS)
 
 _COUNTER_SLOTS = 256   # worker slots of the counter file: slot 0 is the main process
 _COUNTERS = ("staged", "source", "gone", "bytes")

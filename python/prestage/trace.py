@@ -22,18 +22,22 @@ from typing import Any, Dict, List, Optional, Tuple, Union
 
 import numpy as np
 
+from prestage import _core
+
 __all__ = ["KINDS", "KNOBS", "NO_SAMPLE", "RECORD", "TIERS", "TUNE_KIND", "plot", "read", "summary"]
 
 MAGIC = b"PSTGTRC1"
-#: The tiers, in the order the loader tries them.
-TIERS = ("memory", "stage", "peer", "source")
-#: What a read was for: stage 3's read of a sample, stage 2's copy of a file, stage 2's read-ahead.
-KINDS = ("read", "copy", "read-ahead")
+# The numbers a record holds, named as the C++ core names them.
+#: The tiers, in the order the loader tries them: ``memory``, ``stage``, ``peer``, ``source``.
+TIERS: Tuple[str, ...] = tuple(_core.TIERS)
+#: What a read was for: stage 3's ``read`` of a sample, stage 2's ``copy`` of a file, stage 2's
+#: ``read-ahead``.
+KINDS: Tuple[str, ...] = tuple(_core.TRACE_KINDS)
 NO_SAMPLE = np.iinfo(np.uint64).max
 #: The kind of a self-tuning record (no read): sample is the knob, offset the old value, size the new.
-TUNE_KIND = 3
-#: The self-tuning's knobs, by number (cpp/src/pipeline/tuner.hpp).
-KNOBS = ("readers", "reads_in_flight", "lookahead")
+TUNE_KIND: int = _core.TRACE_TUNE_KIND
+#: The self-tuning's knobs, by number: ``readers``, ``reads_in_flight``, ``lookahead``.
+KNOBS: Tuple[str, ...] = tuple(_core.KNOBS)
 #: One record as the C++ core writes it (cpp/src/util/io_trace.hpp), little-endian, 56 bytes.
 RECORD = np.dtype([("sample", "<u8"), ("file", "<u8"), ("offset", "<u8"), ("size", "<u8"),
                    ("start_ns", "<i8"), ("end_ns", "<i8"), ("thread", "<u4"), ("tier", "u1"),

@@ -36,8 +36,9 @@ OnError error_policy(const std::string& name) {
 }
 
 // One RuntimeWarning (through Python's warnings, so filters apply) summing up what from_tfrecord
-// left out. Needs the GIL.
-void warn_damage(const Catalog& catalog) {
+// (records) or from_webdataset (samples) left out. Needs the GIL.
+void warn_damage(const Catalog& catalog, const std::string& from = "from_tfrecord",
+                 const std::string& what = "record") {
   const auto& damage = catalog.damage();
   if (damage.empty()) return;
   size_t files = 0;
@@ -46,13 +47,27 @@ void warn_damage(const Catalog& catalog) {
   }
   const auto& first = damage.front();
   const std::string message =
-      "from_tfrecord: " + std::to_string(damage.size()) + " damaged record" +
+      from + ": " + std::to_string(damage.size()) + " damaged " + what +
       (damage.size() == 1 ? "" : "s") + " in " + std::to_string(files) + " file" +
       (files == 1 ? "" : "s") + " left out of the catalog (on_error='skip'); the first: '" +
       catalog.file_source_path(first.file).string() + "' at byte " + std::to_string(first.offset) +
       ": " + first.reason + (first.rest_of_file ? " (the rest of the file is lost)" : "") +
       ". Catalog.damage lists them all.";
   if (PyErr_WarnEx(PyExc_RuntimeWarning, message.c_str(), 1) != 0) throw py::error_already_set();
+}
+
+Catalog::Missing missing_policy(const std::string& name) {
+  if (name == "error") return Catalog::Missing::kError;
+  if (name == "skip") return Catalog::Missing::kSkip;
+  if (name == "empty") return Catalog::Missing::kEmpty;
+  throw ConfigError("missing must be 'error', 'skip' or 'empty', got '" + name + "'");
+}
+
+// One pattern (str or os.PathLike) or a sequence of them, as text.
+std::vector<std::string> pattern_list(py::handle patterns) {
+  std::vector<std::string> out;
+  for (const auto& p : path_list(patterns)) out.push_back(p.string());
+  return out;
 }
 
 const char* symlinks_name(Catalog::Symlinks s) {
@@ -229,6 +244,128 @@ truncation loses the rest of that file (nothing after it can be located). Read e
 >>> cat = prestage.Catalog.from_tfrecord(files, features={"data": "image", "label": "size"})
 >>> cat.damage   # [{"path": ..., "offset": ..., "rest_of_file": ..., "reason": ...}, ...]
 )doc")
+      .def_static(
+          "from_webdataset",
+          [](py::handle shards, const std::map<std::string, std::optional<std::string>>& fields,
+             const std::string& missing, const std::string& on_error) {
+            std::string data = "jpg;jpeg", label = "cls";
+            bool have_data = false;
+            for (const auto& [key, value] : fields) {
+              if (key == "image" || key == "data") {
+                if (have_data || !value) {
+                  throw ConfigError("from_webdataset: fields needs one 'image' or 'data' entry");
+                }
+                data = *value;
+                have_data = true;
+              } else if (key == "label") {
+                label = value.value_or("");
+              } else {
+                throw ConfigError(
+                    "from_webdataset: fields takes the keys 'image' or 'data', and 'label', got '" +
+                    key + "'");
+              }
+            }
+            const auto patterns = pattern_list(shards);
+            const auto missing_policy_ = missing_policy(missing);
+            const auto policy = error_policy(on_error);
+            std::optional<Catalog> catalog;
+            {
+              py::gil_scoped_release release;
+              catalog.emplace(
+                  Catalog::from_webdataset(patterns, data, label, missing_policy_, policy));
+            }
+            warn_damage(*catalog, "from_webdataset", "sample");
+            return *catalog;
+          },
+          py::arg("shards"),
+          py::arg("fields") =
+              std::map<std::string, std::optional<std::string>>{{"image", "jpg;jpeg"},
+                                                                {"label", "cls"}},
+          py::kw_only(), py::arg("missing") = "error", py::arg("on_error") = "raise", R"doc(
+Samples are the samples of WebDataset tar shards, in order. `shards`: a path, a glob ("*?[",
+sorted) or a brace pattern ("train-{000000..000123}.tar", "{a,b}"), or a list of them. One pass
+over each shard's headers (ustar, GNU long names and base-256 sizes, pax as Python's tarfile and
+webdataset's TarWriter write them) groups its regular members into samples, as webdataset does:
+runs of adjacent members whose names share a key (the name up to the first dot after the last
+"/"; the rest, lower-cased, is the extension); "__*__" metadata is passed over. Every field is a
+byte range of the shard: nothing is unpacked, and a shard is staged whole.
+
+`fields`: {"image": extensions of the member to decode, alternatives separated by ";" as DALI's
+ext (default "jpg;jpeg"; "data" may stand for "image", e.g. "npy" for decode="npy", or any
+extension for decode="raw"), "label": the extension of a member holding the label as decimal text
+("cls", the default), or "json:KEY" for the integer at KEY of the sample's ".json" object, or None
+(labels -1)}. `missing`: what a sample lacking a field becomes, as DALI's
+missing_component_behavior: "error" (damage, see on_error), "skip" (left out silently) or "empty"
+(a data member of 0 bytes: decode="raw" gives an empty array, other decoders a DecodeError at its
+batch; a label of -1).
+
+Damage (a header with a bad checksum, a malformed pax record or one that disagrees with its header,
+a member past the end of the shard, a key whose members are not adjacent, an extension twice in a
+sample, a label that does not parse, a missing field with missing="error"): on_error="raise" (the
+default) raises prestage.DecodeError naming the shard, the member or key and the byte;
+on_error="skip" keeps every good sample, warns once (RuntimeWarning) and lists what it left out in
+`damage`. After a bad header the scan goes on at the next good one (the sample being read when it
+was found is lost with it); a truncated shard loses its end. Read errors (prestage.IoError) are
+raised either way. Save the catalog to scan the shards only once.
+
+>>> cat = prestage.Catalog.from_webdataset("/pfs/laion/train-{000000..000123}.tar")
+>>> cat = prestage.Catalog.from_webdataset("shards/*.tar", fields={"image": "jpg;jpeg",
+...                                         "label": "json:label"}, on_error="skip")
+>>> cat = prestage.Catalog.from_webdataset(shards, fields={"data": "npy", "label": None})
+)doc")
+      .def_static(
+          "from_mds",
+          [](const std::filesystem::path& dir,
+             const std::map<std::string, std::optional<std::string>>& fields,
+             const std::string& on_error) {
+            std::string data = "image", label = "label";
+            bool have_data = false;
+            for (const auto& [key, value] : fields) {
+              if (key == "image" || key == "data") {
+                if (have_data || !value) {
+                  throw ConfigError("from_mds: fields needs one 'image' or 'data' entry");
+                }
+                data = *value;
+                have_data = true;
+              } else if (key == "label") {
+                label = value.value_or("");
+              } else {
+                throw ConfigError(
+                    "from_mds: fields takes the keys 'image' or 'data', and 'label', "
+                    "got '" +
+                    key + "'");
+              }
+            }
+            const auto policy = error_policy(on_error);
+            std::optional<Catalog> catalog;
+            {
+              py::gil_scoped_release release;
+              catalog.emplace(Catalog::from_mds(dir, data, label, policy));
+            }
+            warn_damage(*catalog, "from_mds", "sample");
+            return *catalog;
+          },
+          py::arg("dir"),
+          py::arg("fields") = std::map<std::string, std::optional<std::string>>{{"image", "image"},
+                                                                                {"label", "label"}},
+          py::kw_only(), py::arg("on_error") = "raise", R"doc(
+Samples are the samples of a MosaicML Streaming MDS set (the folder `dir` of MDSWriter's index.json,
+version 2, and its shards), in order. One read of each shard's offset table and of each sample's
+column sizes locates one column of every sample as a byte range of its shard (nothing is unpacked;
+a shard is staged whole). `fields`: {"image": the column to decode ("data" may stand for it): a
+`jpeg` column for decode="jpeg"; `bytes`, `png`, `str` columns as they are, an `ndarray` column's
+values and a `pil` column's pixels for decode="raw"; "label": an integer column (int, int8..int64,
+uint8..uint64, str_int) or None (labels -1)}. Uncompressed shards only: a compressed shard is read
+if its decompressed copy (index.json's raw_data, as Streaming's cache keeps it) is beside it, else
+prestage.ConfigError says so.
+
+Damage (a shard whose sample count disagrees with index.json, offsets out of order or past the end
+of the shard, column sizes that do not add up): on_error="raise" raises prestage.DecodeError
+naming the shard and the sample; on_error="skip" keeps every good sample, warns once and lists the
+rest in `damage`.
+
+>>> cat = prestage.Catalog.from_mds("/pfs/imagenet-mds", fields={"image": "jpg", "label": "cls"})
+)doc")
       .def_property_readonly(
           "kind",
           [](const Catalog& c) {
@@ -279,9 +416,10 @@ truncation loses the rest of that file (nothing after it can be located). Read e
             return out;
           },
           R"doc(
-What from_tfrecord(..., on_error="skip") left out, in file and byte order: a list of
-{"path", "offset" (byte of the damaged record), "rest_of_file" (True: nothing after it in that
-file could be read), "reason"}. Empty for any other catalog; saved with it.
+What from_tfrecord, from_webdataset or from_mds (with on_error="skip") left out, in file and byte
+order: a list of {"path", "offset" (byte of the damaged record, tar member or MDS sample),
+"rest_of_file" (True: nothing after it in that file could be read), "reason"}. Empty for any other
+catalog; saved with it.
 
 >>> [(d["path"], d["offset"]) for d in cat.damage]
 )doc")

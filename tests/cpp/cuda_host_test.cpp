@@ -18,6 +18,7 @@
 #include <thread>
 #include <vector>
 
+#include "util/cuda_open.hpp"
 #include "memory/batch_ring.hpp"
 #include "memory/cuda_host.hpp"
 #include "prestage/prestage.hpp"
@@ -139,7 +140,7 @@ TEST_CASE("cuda host: the search opens the first candidate that exists, in order
 
 TEST_CASE("cuda host: the default search covers the loader's path, NVIDIA's wheels, CUDA_HOME") {
   const std::vector<std::string> names =
-      CudaHost::default_search("/site/prestage", "/opt/cuda-12.4");
+      prestage::detail::cuda_search("cudart", "/site/prestage", "/opt/cuda-12.4");
   const auto position = [&](const std::string& name) {
     const auto it = std::find(names.begin(), names.end(), name);
     REQUIRE_MESSAGE(it != names.end(), name);
@@ -153,7 +154,7 @@ TEST_CASE("cuda host: the default search covers the loader's path, NVIDIA's whee
   CHECK(position("/opt/cuda-12.4/lib64/libcudart.so.12") <
         position("/usr/local/cuda/lib64/libcudart.so.12"));
   // Without a package directory or CUDA_HOME, neither kind of path appears.
-  for (const std::string& name : CudaHost::default_search("", "")) {
+  for (const std::string& name : prestage::detail::cuda_search("cudart", "", "")) {
     CHECK(name.find("nvidia") == std::string::npos);
     CHECK(name.find("/opt/") == std::string::npos);
   }

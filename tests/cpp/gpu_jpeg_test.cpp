@@ -21,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "util/cuda_open.hpp"
 #include "decode/gpu_jpeg.hpp"
 #include "decode/gpu_libs.hpp"
 #include "decode/jpeg.hpp"
@@ -186,7 +187,7 @@ TEST_CASE("gpu libs: the default search: sonames, NVIDIA's wheels, torchvision's
   std::filesystem::create_directories(site / "torchvision.libs");
   prestage::test::write_file(site / "torchvision.libs" / "libnvjpeg.1a2b3c4d.so.12", {0});
   const auto nvjpeg =
-      gpu::Libraries::default_search("nvjpeg", (site / "prestage").string(), "/opt/cuda");
+      prestage::detail::cuda_search("nvjpeg", (site / "prestage").string(), "/opt/cuda");
   const auto has = [&](const std::vector<std::string>& list, const std::string& name) {
     return std::find(list.begin(), list.end(), name) != list.end();
   };
@@ -198,7 +199,7 @@ TEST_CASE("gpu libs: the default search: sonames, NVIDIA's wheels, torchvision's
   CHECK(has(nvjpeg, (site / "torchvision.libs" / "libnvjpeg.1a2b3c4d.so.12").string()));
   CHECK(has(nvjpeg, "/opt/cuda/lib64/libnvjpeg.so.12"));
   CHECK(has(nvjpeg, "/usr/local/cuda/lib64/libnvjpeg.so.13"));
-  const auto npp = gpu::Libraries::default_search("nppig", (site / "prestage").string(), "");
+  const auto npp = prestage::detail::cuda_search("nppig", (site / "prestage").string(), "");
   CHECK(has(npp, "libnppig.so.12"));
   CHECK(has(npp, (site / "nvidia" / "npp" / "lib" / "libnppig.so.12").string()));
 }

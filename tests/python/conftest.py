@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import signal
 import subprocess
@@ -301,3 +302,76 @@ def tmpfs(tmp_path):
     yield mount
     for point in mounts:
         subprocess.run(["umount", "-l", str(point)], capture_output=True)
+
+
+# ------------------------------------------------------------------------------ MosaicML MDS sets
+
+SIZES = {"int": 8, "int8": 1, "int16": 2, "int32": 4, "int64": 8, "uint8": 1, "uint16": 2, "uint32": 4,
+         "uint64": 8}
+
+
+def _encode(encoding: str, value) -> bytes:
+    base = encoding.split(":")[0]
+    if base in ("jpeg", "png", "bytes"):
+        return value
+    if base in ("str", "str_int"):
+        return str(value).encode()
+    if base == "int":
+        return np.int64(value).tobytes()
+    if base in SIZES:
+        return np.dtype(base).type(value).tobytes()
+    if base == "ndarray":  # "ndarray:dtype:shape": the values alone
+        return np.ascontiguousarray(value).tobytes()
+    if base == "pil":
+        mode = value.mode.encode()
+        return np.array([value.size[0], value.size[1], len(mode)], np.uint32).tobytes() + mode + value.tobytes()
+    raise ValueError(encoding)
+
+
+def _size(encoding: str):
+    base, *args = encoding.split(":")
+    if base in SIZES:
+        return SIZES[base]
+    if base == "ndarray" and len(args) == 2:
+        return int(np.prod([int(x) for x in args[1].split(",")])) * np.dtype(args[0]).itemsize
+    return None
+
+
+def write_mds(out: Path, columns: dict, samples: list, per_shard: int = 4) -> Path:
+    """An MDS set as MDSWriter(columns=columns, out=out, compression=None) writes it."""
+    out.mkdir(parents=True, exist_ok=True)
+    names = sorted(columns)
+    encodings = [columns[n] for n in names]
+    sizes = [_size(e) for e in encodings]
+    shards = []
+    for s, start in enumerate(range(0, len(samples), per_shard)):
+        config = {"column_encodings": encodings, "column_names": names, "column_sizes": sizes,
+                  "compression": None, "format": "mds", "hashes": [], "size_limit": 1 << 26, "version": 2}
+        config_data = json.dumps(config, sort_keys=True).encode()
+        encoded = []
+        for sample in samples[start:start + per_shard]:
+            head, body = [], []
+            for name, encoding, size in zip(names, encodings, sizes):
+                datum = _encode(encoding, sample[name])
+                if size is None:
+                    head.append(len(datum))
+                else:
+                    assert len(datum) == size
+                body.append(datum)
+            encoded.append(np.array(head, np.uint32).tobytes() + b"".join(body))
+        n = np.uint32(len(encoded))
+        offsets = np.array([0] + [len(e) for e in encoded]).cumsum().astype(np.uint32)
+        offsets += len(n.tobytes()) + len(offsets.tobytes()) + len(config_data)
+        data = n.tobytes() + offsets.tobytes() + config_data + b"".join(encoded)
+        basename = f"shard.{s:05d}.mds"
+        (out / basename).write_bytes(data)
+        shards.append(dict(config, raw_data={"basename": basename, "bytes": len(data), "hashes": {}},
+                           samples=len(encoded), zip_data=None))
+    (out / "index.json").write_text(json.dumps({"shards": shards, "version": 2}, sort_keys=True))
+    return out
+
+
+@pytest.fixture
+def mds_writer() -> Callable[..., Path]:
+    """write_mds(out, columns, samples, per_shard=4) -> out: an MDS set as MDSWriter writes it."""
+    return write_mds

@@ -164,3 +164,28 @@ def test_hdf5_catalogs_and_loaders_print_no_hdf5_diagnostics_at_exit(tmp_path):
                              capture_output=True, text=True, timeout=120)
         assert run.returncode == 0 and run.stdout.split() == ["30"], run.stdout + run.stderr
         assert "HDF5-DIAG" not in run.stderr and "HDF5" not in run.stderr, (how, run.stderr)
+
+
+def test_webdataset_and_mds_shards_are_scanned_once_and_saved(tmp_path, encode_jpeg, mds_writer, capsys):
+    wds = pytest.importorskip("webdataset")
+    images = [np.full((8, 10, 3), 20 * i, np.uint8) for i in range(6)]
+    with wds.ShardWriter(str(tmp_path / "train-%06d.tar"), maxcount=3, verbose=0) as sink:
+        for i, image in enumerate(images):
+            sink.write({"__key__": f"k{i}", "jpg": encode_jpeg(image), "cls": str(i % 2).encode()})
+    pattern = tmp_path / "train-{000000..000001}.tar"
+    rc, out, err = _run(capsys, pattern, tmp_path / "wds.catalog", "--webdataset")
+    assert rc == 0, err
+    assert "2 files, 6 samples" in out
+    saved = prestage.Catalog.load(tmp_path / "wds.catalog")
+    assert [saved.label(i) for i in range(6)] == [0, 1, 0, 1, 0, 1]
+
+    mds_writer(tmp_path / "mds", {"jpg": "jpeg", "cls": "int"},
+               [{"jpg": encode_jpeg(image), "cls": 5 + i} for i, image in enumerate(images)])
+    rc, out, err = _run(capsys, tmp_path / "mds", tmp_path / "mds.catalog", "--mds", "--image", "jpg",
+                        "--labels", "cls", "--json")
+    assert rc == 0, err
+    assert json.loads(out)["samples"] == 6 and json.loads(out)["damaged"] == 0
+    assert prestage.Catalog.load(tmp_path / "mds.catalog").label(5) == 10
+
+    rc, out, err = _run(capsys, tmp_path / "nothing-*.tar", tmp_path / "x.catalog", "--webdataset")
+    assert rc == 2 and "no shard matches" in err

@@ -417,6 +417,28 @@ def test_image_size_is_the_size_of_the_images_delivered(make_folder):
         assert loader.image_size is None
 
 
+def test_options_are_what_was_given_plus_the_machine_sizing(folder, tmp_path):
+    """Loader.options: every option as the user gave it; only the thread options left to the loader
+    are filled in (by the machine sizing). What stage 3 waits for stage 2 is in stats()."""
+    cat = prestage.Catalog.from_folder(folder)
+    defaults = prestage._core.LoaderOptions().to_dict()
+    given = {"batch_size": 4, "image_size": (16, 16), "seed": 7, "depth": 3,
+             "stage_dir": str(tmp_path / "stage"), "stage_patience": 0.2, "readers": 2}
+    for patience in (0.2, None):
+        given["stage_patience"] = patience
+        with prestage.Loader(cat, **given) as loader:
+            epoch(loader)
+            got = loader.options.to_dict()
+            assert loader.stats()["stage_patience"] == patience
+        for key, value in got.items():
+            if key in given:
+                assert value == given[key], key
+            elif key in ("prefetchers", "lookahead"):  # left to the loader: sized to the machine
+                assert value is not None and value >= 1, key
+            else:
+                assert value == defaults[key], key
+
+
 def test_stats_keys_are_the_documented_ones(folder):
     cat = prestage.Catalog.from_folder(folder)
     cat.source_path(3).write_bytes(b"not a jpeg")
@@ -425,7 +447,7 @@ def test_stats_keys_are_the_documented_ones(folder):
         s = loader.stats(epochs="all")
     assert set(s) == {
         "wall_s", "batches", "samples", "consumer_stall_s", "plan", "stage", "decode", "threads_why",
-        "usable_cpus", "local_ranks", "tuning", "memory", "staged_files", "adopted_files", "already_staged", "stage_failures",
+        "usable_cpus", "local_ranks", "stage_patience", "tuning", "memory", "staged_files", "adopted_files", "already_staged", "stage_failures",
         "stage_corrupt", "stage_expedited", "read_ahead",
         "read_ahead_bytes", "stage_dir_disabled", "stage_dir_error", "hits", "misses", "misses_read_ahead",
         "missed_bytes", "bytes_from_source", "bytes_from_stage", "source_reads", "source_bytes", "skipped",

@@ -111,6 +111,24 @@ with tf.io.TFRecordWriter(files[0]) as w:
             "size": tf.train.Feature(int64_list=tf.train.Int64List(value=[H * W]))})).SerializeToString())
 '''
 
+SHARDS = f'''
+import io, os, sys
+import numpy as np, webdataset as wds
+from PIL import Image
+sys.path.insert(0, {str(ROOT / "tests" / "python")!r})
+from conftest import write_mds
+def jpeg(i):
+    out = io.BytesIO()
+    Image.fromarray(np.full((40, 60, 3), 3 * i, np.uint8)).save(out, format="JPEG")
+    return out.getvalue()
+os.makedirs("laion", exist_ok=True)
+with wds.ShardWriter("laion/train-%06d.tar", maxcount=4, verbose=0) as sink:
+    for i in range(12):
+        sink.write({{"__key__": f"k{{i:04d}}", "jpg": jpeg(i), "cls": str(i % 3).encode()}})
+write_mds(__import__("pathlib").Path("imagenet-mds"), {{"jpg": "jpeg", "cls": "int"}},
+          [{{"jpg": jpeg(i), "cls": i % 3}} for i in range(10)])
+'''
+
 RULES: Dict[str, Rule] = {
     # README.md
     "scripts/dev.sh demo": Rule(skip="installs system packages (apt, as root) and builds: CI runs "
@@ -128,6 +146,10 @@ RULES: Dict[str, Rule] = {
         # about 2.4 KB however many epochs ran (it grew by an epoch's figures per epoch).
         expect=(r"'epochs': \[\{'epoch': 0, [^\]]*\}\]", r"'epochs': \[\{'epoch': 1, [^\]]*\}\]"),
         max_line=4000),
+    'catalog = prestage.Catalog.from_webdataset("/pfs/laion/train-{000000..000123}.tar",': Rule(
+        prelude=SHARDS, subs=(("/pfs/laion", "laion"), ("{000000..000123}", "{000000..000002}"),
+                              ("/pfs/imagenet-mds", "imagenet-mds"), ("batch_size=256", "batch_size=4")),
+        expect=(r"^12 WebDataset samples; 10 MDS samples$",)),
     'cat = prestage.Catalog.from_tfrecord(files, features={"data": "image", "label": "size"})': Rule(
         needs=("tf",), prelude=DLIO),
     'loader = prestage.torch.Loader("train.catalog", batch_size=64, decode="npy")': Rule(

@@ -132,11 +132,60 @@ class Catalog {
                                const std::string& label_feature = "",
                                OnError on_error = OnError::kRaise);
 
-  // What from_tfrecord(..., OnError::kSkip) found damaged and left out of the catalog, in file and
-  // byte order; empty for any other catalog. Saved with the catalog.
+  // What a WebDataset sample lacking a field becomes (DALI's missing_component_behavior).
+  enum class Missing : uint8_t {
+    kError,  // damage: a DecodeError, or left out and listed in damage() with OnError::kSkip
+    kSkip,   // left out, silently
+    kEmpty,  // kept: a missing data member is a sample of 0 bytes, a missing label is -1
+  };
+
+  // Samples are the samples of WebDataset tar `shards`, in order: each shard is a path, a glob
+  // (`*?[`, sorted) or a brace pattern (`train-{000000..000123}.tar`, `{a,b}`). One pass over each
+  // shard's headers (ustar, GNU and pax) groups its regular members into samples: runs of adjacent
+  // members whose names share a key (the name up to the first dot after the last '/'; the rest is
+  // the extension, lower-cased); names without one, and `__*__` metadata, are passed over. A
+  // sample is the byte range of its data member, the first of the `data` extensions (alternatives
+  // separated by ';', as DALI's ext) that it has, read from the shard as it is: a shard is staged
+  // whole. `label`: the extension of a member holding the label as decimal text ("cls"), or
+  // "json:KEY" for the integer at KEY of a JSON object in its ".json" member, or "" (labels -1).
+  // A missing field is handled as `missing` says.
+  //
+  // Damage (a header with a bad checksum or bad fields, a pax record that is malformed or
+  // disagrees with its header, a member running past the end of the shard, a key whose members are
+  // not adjacent, an extension twice in one sample, a label that does not parse, a missing field
+  // with Missing::kError): with OnError::kRaise, a DecodeError naming the shard, the member or key
+  // and the byte. With OnError::kSkip, the catalog keeps every good sample and lists what it left
+  // out in damage(): after a bad header the scan goes on at the next good one (the sample being
+  // read is lost with it, as what follows a lying size); a truncated shard loses its end. An
+  // IoError reading a shard is raised either way. Paths are opened as given (links followed);
+  // the root is their common folder.
+  static Catalog from_webdataset(const std::vector<std::string>& shards,
+                                 const std::string& data = "jpg;jpeg",
+                                 const std::string& label = "cls",
+                                 Missing missing = Missing::kError,
+                                 OnError on_error = OnError::kRaise);
+
+  // Samples are the samples of a MosaicML Streaming MDS set in folder `dir`, in the order of its
+  // index.json (version 2): one read of each shard's offset table, and of each sample's column
+  // sizes, locates column `data` of every sample as a byte range of its shard (read as it is: a
+  // shard is staged whole): the JPEG of a `jpeg` column, the bytes of `bytes`/`png`/`str`, the
+  // values of an `ndarray` column (decode raw), the pixels of a `pil` one (decode raw, uint8).
+  // `label`: an integer column (int, int8..int64, uint8..uint64, str_int), or "" (labels -1).
+  // Uncompressed shards only: a compressed shard is read if its decompressed copy (index.json's
+  // raw_data) is beside it, else a ConfigError says so. ConfigError for an index that is not an MDS
+  // index or lacks a column (naming those it has). Damage (a shard whose sample count disagrees
+  // with the index, offsets out of order or past the end of the shard, column sizes that do not add
+  // up): with OnError::kRaise a DecodeError naming the shard and the sample; with OnError::kSkip
+  // the catalog keeps every good sample and lists the rest in damage(). IoError either way.
+  static Catalog from_mds(const std::filesystem::path& dir, const std::string& data = "image",
+                          const std::string& label = "label", OnError on_error = OnError::kRaise);
+
+  // What from_tfrecord, from_webdataset or from_mds (with OnError::kSkip) found damaged and left
+  // out of the catalog, in file and byte order; empty for any other catalog. Saved with the
+  // catalog.
   struct Damage {
     uint64_t file = 0;          // index into the catalog's files
-    uint64_t offset = 0;        // byte of the file where the damaged record starts
+    uint64_t offset = 0;        // byte of the file where the damaged record (or tar member) starts
     bool rest_of_file = false;  // true: no record from `offset` to the file's end could be read
     std::string reason;
   };

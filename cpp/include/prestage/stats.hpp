@@ -3,6 +3,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -84,6 +85,10 @@ struct Stats {
   std::string threads_why;
   uint64_t usable_cpus = 0;
   uint64_t local_ranks = 0;
+  // How long the consumer's next batch waits for stage 2's copies before stage 3 takes it: the
+  // option stage_patience, or none where it waits for them (stage_patience kWaitForStaging, or the
+  // peer tier on: a home copy is made before its sample is read).
+  std::optional<double> stage_patience_s;
   // Online self-tuning (LoaderOptions::autotune): the values in use now, the steps it kept and
   // undid, when it last kept one (seconds of the run: the settle time), and its latest decisions
   // (one line each, the newest last; at most kMaxTuningListed).

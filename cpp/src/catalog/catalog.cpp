@@ -1,23 +1,25 @@
 #include "prestage/catalog.hpp"
 
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <atomic>
 #include <bit>
-#include <charconv>
 #include <cerrno>
+#include <charconv>
 #include <cstring>
 #include <fstream>
 #include <system_error>
-
-#include <sys/stat.h>
-#include <unistd.h>
 #include <tuple>
 #include <utility>
 
 #include "formats/array.hpp"
 #include "formats/hdf5.hpp"
+#include "formats/mds.hpp"
 #include "formats/npz.hpp"
 #include "formats/tfrecord.hpp"
+#include "formats/webdataset.hpp"
 #include "prestage/error.hpp"
 #include "util/file_io.hpp"
 
@@ -910,6 +912,129 @@ Catalog Catalog::from_tfrecord(const std::vector<fs::path>& files, const std::st
   data->damage = std::move(damage);
   return Catalog(data);
 }
+namespace {
+
+// A shard named twice would be two files of one name (two copies of it staged, its samples twice).
+void refuse_duplicates(const char* from, const fs::path& root, const std::vector<std::string>& files) {
+  std::vector<std::string> sorted = files;
+  std::sort(sorted.begin(), sorted.end());
+  const auto twice = std::adjacent_find(sorted.begin(), sorted.end());
+  if (twice != sorted.end()) {
+    throw ConfigError(std::string(from) + ": shard '" + (root / *twice).string() +
+                      "' is named twice");
+  }
+}
+
+}  // namespace
+
+Catalog Catalog::from_webdataset(const std::vector<std::string>& shards, const std::string& data,
+                                 const std::string& label, Missing missing, OnError on_error) {
+  detail::WdsFields fields;
+  for (size_t start = 0; start <= data.size();) {
+    size_t end = data.find(';', start);
+    if (end == std::string::npos) end = data.size();
+    std::string ext = data.substr(start, end - start);
+    std::transform(ext.begin(), ext.end(), ext.begin(),
+                   [](unsigned char c) { return std::tolower(c); });
+    if (!ext.empty() && ext.front() == '.') ext.erase(0, 1);
+    if (!ext.empty()) fields.data.push_back(ext);
+    start = end + 1;
+  }
+  if (fields.data.empty()) {
+    throw ConfigError("from_webdataset: no data extension given (e.g. \"jpg;jpeg\")");
+  }
+  if (label.starts_with("json:")) {
+    fields.label_ext = "json";
+    fields.label_key = label.substr(5);
+    if (fields.label_key.empty())
+      throw ConfigError("from_webdataset: label \"json:\" names no key");
+  } else {
+    fields.label_ext = label;
+    std::transform(fields.label_ext.begin(), fields.label_ext.end(), fields.label_ext.begin(),
+                   [](unsigned char c) { return std::tolower(c); });
+    if (!fields.label_ext.empty() && fields.label_ext.front() == '.') fields.label_ext.erase(0, 1);
+  }
+  switch (missing) {
+    case Missing::kError:
+      fields.missing = detail::WdsFields::Missing::kError;
+      break;
+    case Missing::kSkip:
+      fields.missing = detail::WdsFields::Missing::kSkip;
+      break;
+    case Missing::kEmpty:
+      fields.missing = detail::WdsFields::Missing::kEmpty;
+      break;
+    default:
+      throw ConfigError("from_webdataset: unknown missing-field policy");
+  }
+  auto [root, relative] = common_root(detail::expand_shards(shards));
+  refuse_duplicates("from_webdataset", root, relative);
+  const bool skip = on_error == OnError::kSkip;
+  std::vector<Locator> locators;
+  std::vector<int64_t> labels;
+  std::vector<uint64_t> sizes;
+  std::vector<Damage> damage;
+  for (size_t f = 0; f < relative.size(); ++f) {
+    const std::string path = (root / relative[f]).string();
+    const auto on_damage = [&](const detail::WdsDamage& d) {
+      damage.push_back(Damage{f, d.offset, d.rest_of_file, d.reason});
+    };
+    sizes.push_back(detail::scan_webdataset(
+        path, path, fields,
+        [&](const detail::WdsSample& s) {
+          locators.push_back(Locator{f, s.offset, s.length});
+          labels.push_back(s.label);
+        },
+        skip ? std::function<void(const detail::WdsDamage&)>(on_damage) : nullptr));
+  }
+  if (locators.empty()) {
+    std::string first;
+    if (!damage.empty()) {
+      first = " (first damage: '" + (root / relative[damage[0].file]).string() + "' at byte " +
+              std::to_string(damage[0].offset) + ": " + damage[0].reason + ")";
+    }
+    throw ConfigError("from_webdataset: the shards hold no sample with the fields asked for" +
+                      first);
+  }
+  auto catalog = make_data(root, relative, labels, {}, locators, sizes);
+  catalog->damage = std::move(damage);
+  return Catalog(catalog);
+}
+
+Catalog Catalog::from_mds(const fs::path& dir, const std::string& data, const std::string& label,
+                          OnError on_error) {
+  if (data.empty()) throw ConfigError("from_mds: the data column name is empty");
+  std::vector<Locator> locators;
+  std::vector<int64_t> labels;
+  std::vector<Damage> damage;
+  const auto on_damage = [&](const detail::MdsDamage& d) {
+    damage.push_back(Damage{d.shard, d.offset, d.rest_of_file, d.reason});
+  };
+  const auto shards = detail::scan_mds(
+      dir, data, label,
+      [&](const detail::MdsSample& s) {
+        locators.push_back(Locator{s.shard, s.offset, s.length});
+        labels.push_back(s.label);
+      },
+      on_error == OnError::kSkip ? std::function<void(const detail::MdsDamage&)>(on_damage)
+                                 : nullptr);
+  if (locators.empty()) {
+    throw ConfigError(
+        "from_mds: '" + dir.string() + "' holds no usable sample" +
+        (damage.empty() ? std::string() : " (first damage: " + damage[0].reason + ")"));
+  }
+  std::vector<std::string> files;
+  std::vector<uint64_t> sizes;
+  for (const auto& s : shards) {
+    files.push_back(s.file);
+    sizes.push_back(s.size);
+  }
+  refuse_duplicates("from_mds", dir, files);
+  auto catalog = make_data(dir, files, labels, {}, locators, sizes);
+  catalog->damage = std::move(damage);
+  return Catalog(catalog);
+}
+
 uint64_t Catalog::fingerprint() const noexcept { return data_->fingerprint; }
 
 }  // namespace prestage

@@ -2,12 +2,10 @@
 
 #include <dlfcn.h>
 
-#include <algorithm>
-#include <cstdlib>
-#include <filesystem>
 #include <string>
-#include <system_error>
-#include <vector>
+#include <utility>
+
+#include "util/cuda_open.hpp"
 
 namespace prestage::detail::gpu {
 
@@ -16,8 +14,6 @@ namespace {
 enum Which { kCudart = 0, kNvjpeg = 1, kNpp = 2 };
 constexpr const char* kLibrary[] = {"cudart", "nvjpeg", "nppig"};
 constexpr const char* kVariable[] = {"PRESTAGE_CUDART", "PRESTAGE_NVJPEG", "PRESTAGE_NPP"};
-// The directory of each library in NVIDIA's per-component wheels (CUDA 12: nvidia/<dir>/lib).
-constexpr const char* kWheelDir[] = {"cuda_runtime", "nvjpeg", "npp"};
 
 template <typename Function>
 void bind(void* library, const char* name, Function& out, std::string& missing) {
@@ -30,92 +26,20 @@ void bind_optional(void* library, const char* name, Function& out) {
   out = reinterpret_cast<Function>(::dlsym(library, name));
 }
 
-std::string this_directory() {
-  Dl_info info;
-  if (::dladdr(reinterpret_cast<void*>(&Libraries::instance), &info) != 0 &&
-      info.dli_fname != nullptr) {
-    return std::filesystem::path(info.dli_fname).parent_path().string();
-  }
-  return {};
-}
-
 }  // namespace
 
-std::vector<std::string> Libraries::default_search(const std::string& library,
-                                                   const std::string& package_dir,
-                                                   const std::string& cuda_home) {
-  const std::string base = "lib" + library + ".so";
-  // The unversioned name exists only with a toolkit's development files; a driver-only machine or
-  // PyTorch's wheels have versioned ones.
-  std::vector<std::string> names = {base, base + ".13", base + ".12", base + ".11"};
-  const int which = library == "cudart" ? kCudart : library == "nvjpeg" ? kNvjpeg : kNpp;
-  if (!package_dir.empty()) {
-    const std::filesystem::path site = std::filesystem::path(package_dir).parent_path();
-    names.push_back((site / "nvidia" / "cu13" / "lib" / (base + ".13")).string());
-    names.push_back((site / "nvidia" / kWheelDir[which] / "lib" / (base + ".12")).string());
-    if (which == kNvjpeg) {
-      // torchvision's wheel carries its own copy under a hashed name (libnvjpeg.<hash>.so.12).
-      std::error_code error;
-      std::vector<std::string> found;
-      for (const auto& entry :
-           std::filesystem::directory_iterator(site / "torchvision.libs", error)) {
-        const std::string name = entry.path().filename().string();
-        if (name.rfind("libnvjpeg", 0) == 0 && name.find(".so") != std::string::npos) {
-          found.push_back(entry.path().string());
-        }
-      }
-      std::sort(found.begin(), found.end());
-      names.insert(names.end(), found.begin(), found.end());
-    }
-  }
-  std::vector<std::string> dirs;
-  if (!cuda_home.empty()) dirs.push_back(cuda_home + "/lib64");
-  dirs.emplace_back("/usr/local/cuda/lib64");
-  for (const std::string& dir : dirs) {
-    for (const char* version : {".13", ".12"}) names.push_back(dir + "/" + base + version);
-  }
-  return names;
-}
-
 Libraries::Libraries(const std::string& cudart, const std::string& nvjpeg, const std::string& npp) {
-  const std::string here = this_directory();
-  const char* cuda_home_env = std::getenv("CUDA_HOME");
-  const std::string cuda_home = cuda_home_env != nullptr ? cuda_home_env : "";
   const std::string* specs[] = {&cudart, &nvjpeg, &npp};
   for (int which = 0; which < 3; ++which) {
-    if (!open(which, *specs[which], here, cuda_home)) return;
+    CudaLibrary library = open_cuda_library(kLibrary[which], *specs[which], kVariable[which]);
+    if (library.handle == nullptr) {
+      why_ = "no GPU decoding: " + library.why;
+      return;
+    }
+    handles_[which] = library.handle;
+    opened_[which] = std::move(library.name);
   }
   bind_all();
-}
-
-bool Libraries::open(int which, const std::string& spec, const std::string& package_dir,
-                     const std::string& cuda_home) {
-  if (spec == "none") {
-    why_ = std::string("GPU decoding needs lib") + kLibrary[which] + ", turned off (" +
-           kVariable[which] + "=none)";
-    return false;
-  }
-  const std::vector<std::string> candidates =
-      spec.empty() ? default_search(kLibrary[which], package_dir, cuda_home)
-                   : std::vector<std::string>{spec};
-  for (const std::string& name : candidates) {
-    handles_[which] = ::dlopen(name.c_str(), RTLD_NOW | RTLD_LOCAL);
-    if (handles_[which] != nullptr) {
-      opened_[which] = name;
-      return true;
-    }
-  }
-  if (!spec.empty()) {
-    const char* error = ::dlerror();
-    why_ = std::string(kVariable[which]) + "=" + spec +
-           " cannot be opened: " + (error != nullptr ? error : "unknown error");
-    return false;
-  }
-  why_ = std::string("no lib") + kLibrary[which] + " found for GPU decoding (tried";
-  for (size_t i = 0; i < candidates.size(); ++i) why_ += (i == 0 ? " " : ", ") + candidates[i];
-  why_ += std::string("; a bare name is searched on LD_LIBRARY_PATH and the ld.so cache); ") +
-          kVariable[which] + "=/path/to/lib" + kLibrary[which] + ".so.N names one";
-  return false;
 }
 
 void Libraries::bind_all() {

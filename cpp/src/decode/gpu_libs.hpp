@@ -6,7 +6,7 @@
 //
 // Which libraries: PRESTAGE_CUDART (as memory/cuda_host.hpp), PRESTAGE_NVJPEG (libnvjpeg) and
 // PRESTAGE_NPP (libnppig; it loads its libnppc itself) each name one to open, a path or a soname;
-// unset or empty, default_search() says where each is looked for.
+// unset or empty, util/cuda_open.hpp's cuda_search() says where each is looked for.
 #pragma once
 
 #include <cstddef>
@@ -100,16 +100,6 @@ class Libraries {
   // first use, once, thread-safe; never destroyed.
   static const Libraries& instance();
 
-  // Where `library` ("cudart", "nvjpeg", "nppig") is looked for when its variable is unset, in
-  // order: lib<name>.so, .so.13, .so.12 (and .so.11) where the dynamic loader looks; the NVIDIA
-  // wheels beside this package (`package_dir`/../nvidia/cu13/lib, nvidia/<component>/lib: PyTorch's
-  // dependencies, nvidia-nvjpeg-cu12, nvidia-npp-cu12); the copy torchvision's wheel carries
-  // (`package_dir`/../torchvision.libs/lib<name>*.so*, hashed names, nvjpeg only); then
-  // `cuda_home`/lib64 and /usr/local/cuda/lib64.
-  static std::vector<std::string> default_search(const std::string& library,
-                                                 const std::string& package_dir,
-                                                 const std::string& cuda_home);
-
   bool available() const noexcept { return available_; }
   // available(): the libraries opened; else why not (one sentence naming where it looked).
   const std::string& why() const noexcept { return why_; }
@@ -191,8 +181,6 @@ class Libraries {
                                           int interpolation, NppStreamContext) = nullptr;
 
  private:
-  bool open(int which, const std::string& spec, const std::string& package_dir,
-            const std::string& cuda_home);
   void bind_all();
 
   void* handles_[3] = {nullptr, nullptr, nullptr};  // dlopen handles, closed by the destructor

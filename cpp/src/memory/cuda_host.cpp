@@ -3,7 +3,6 @@
 #include <dlfcn.h>
 
 #include <cstdlib>
-#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -24,70 +23,19 @@ bool bind(void* library, const char* name, Function& out, std::string& missing) 
 
 }  // namespace
 
-CudaHost::CudaHost(const std::string& spec) {
-  if (spec == "none") {
-    why_ = "CUDA registration turned off (PRESTAGE_CUDART=none)";
+CudaHost::CudaHost(const std::string& spec)
+    : CudaHost(open_cuda_library("cudart", spec, "PRESTAGE_CUDART")) {}
+
+CudaHost::CudaHost(const std::vector<std::string>& candidates)
+    : CudaHost(open_first_of("cudart", candidates, "PRESTAGE_CUDART")) {}
+
+CudaHost::CudaHost(CudaLibrary runtime) {
+  if (runtime.handle == nullptr) {
+    why_ = "no CUDA registration: " + runtime.why;
     return;
   }
-  if (spec.empty()) {
-    std::string here;
-    Dl_info info;
-    if (::dladdr(reinterpret_cast<void*>(&CudaHost::instance), &info) != 0 &&
-        info.dli_fname != nullptr) {
-      here = std::filesystem::path(info.dli_fname).parent_path().string();
-    }
-    const char* cuda_home = std::getenv("CUDA_HOME");
-    open_first(default_search(here, cuda_home != nullptr ? cuda_home : ""));
-    return;
-  }
-  library_ = ::dlopen(spec.c_str(), RTLD_NOW | RTLD_LOCAL);
-  if (library_ == nullptr) {
-    const char* error = ::dlerror();
-    why_ = "PRESTAGE_CUDART=" + spec + " cannot be opened: " + (error ? error : "unknown error");
-    return;
-  }
-  bind_all(spec);
-}
-
-CudaHost::CudaHost(const std::vector<std::string>& candidates) { open_first(candidates); }
-
-void CudaHost::open_first(const std::vector<std::string>& candidates) {
-  for (const std::string& name : candidates) {
-    library_ = ::dlopen(name.c_str(), RTLD_NOW | RTLD_LOCAL);
-    if (library_ != nullptr) {
-      bind_all(name);
-      return;
-    }
-  }
-  why_ = "no CUDA runtime found (tried";
-  for (size_t i = 0; i < candidates.size(); ++i) why_ += (i == 0 ? " " : ", ") + candidates[i];
-  why_ += "; a bare name is searched on LD_LIBRARY_PATH and the ld.so cache); "
-          "PRESTAGE_CUDART=/path/to/libcudart.so.N names one";
-}
-
-std::vector<std::string> CudaHost::default_search(const std::string& package_dir,
-                                                  const std::string& cuda_home) {
-  // The unversioned name exists only with a toolkit's development files; a driver-only machine (or
-  // PyTorch's wheels) has a versioned one.
-  std::vector<std::string> names = {"libcudart.so", "libcudart.so.13", "libcudart.so.12",
-                                    "libcudart.so.11"};
-  if (!package_dir.empty()) {
-    // pip's NVIDIA runtime wheels, in the site-packages that holds this package.
-    const std::filesystem::path nvidia =
-        std::filesystem::path(package_dir).parent_path() / "nvidia";
-    names.push_back((nvidia / "cu13" / "lib" / "libcudart.so.13").string());
-    names.push_back((nvidia / "cuda_runtime" / "lib" / "libcudart.so.12").string());
-    names.push_back((nvidia / "cuda_runtime" / "lib" / "libcudart.so.11.0").string());
-  }
-  std::vector<std::string> dirs;
-  if (!cuda_home.empty()) dirs.push_back(cuda_home + "/lib64");
-  dirs.emplace_back("/usr/local/cuda/lib64");
-  for (const std::string& dir : dirs) {
-    for (const char* so : {"libcudart.so.13", "libcudart.so.12", "libcudart.so.11.0"}) {
-      names.push_back(dir + "/" + so);
-    }
-  }
-  return names;
+  library_ = runtime.handle;
+  bind_all(runtime.name);
 }
 
 void CudaHost::bind_all(const std::string& opened) {

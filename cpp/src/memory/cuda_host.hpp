@@ -1,17 +1,18 @@
-// Registration of host memory with the CUDA driver (cudaHostRegister), through the CUDA runtime library
-// opened at run time: prestage has no build-time CUDA dependency, and this is the only file pair that
-// names CUDA symbols.
+// Registration of host memory with the CUDA driver (cudaHostRegister), through the CUDA runtime
+// library opened at run time: prestage has no build-time CUDA dependency.
 //
-// Which library: the environment variable PRESTAGE_CUDART, read once, names one to open (a path or a
-// soname); PRESTAGE_CUDART=none turns registration off; unset or empty, default_search() says
-// where to look. A device must be present (cudaGetDeviceCount >= 1). Nothing of CUDA is linked or
-// shipped: a wheel finds the runtime the site brings (a toolkit, a driver-only install, PyTorch's
-// nvidia-* wheels).
+// Which library: the environment variable PRESTAGE_CUDART, read once, names one to open (a path or
+// a soname); PRESTAGE_CUDART=none turns registration off; unset or empty, util/cuda_open.hpp's
+// cuda_search() says where to look. A device must be present (cudaGetDeviceCount >= 1). Nothing of
+// CUDA is linked or shipped: a wheel finds the runtime the site brings (a toolkit, a driver-only
+// install, PyTorch's nvidia-* wheels).
 #pragma once
 
 #include <cstddef>
 #include <string>
 #include <vector>
+
+#include "util/cuda_open.hpp"
 
 namespace prestage::detail {
 
@@ -29,16 +30,6 @@ class CudaHost {
   // The process's runtime, as PRESTAGE_CUDART says: loaded on first use, once, thread-safe; never
   // destroyed (buffers may be unregistered during exit).
   static const CudaHost& instance();
-
-  // Where the runtime is looked for when PRESTAGE_CUDART is unset, in order: libcudart.so, .13, .12
-  // and .11 where the dynamic loader looks (LD_LIBRARY_PATH, the ld.so cache; a runtime the
-  // process already loaded, as PyTorch does, is found by its soname); then the NVIDIA runtime
-  // wheels installed beside this package (`package_dir`/../nvidia/cu13/lib,
-  // nvidia/cuda_runtime/lib: PyTorch's dependencies), then `cuda_home`/lib64 (CUDA_HOME, when
-  // set) and /usr/local/cuda/lib64.
-  // `package_dir` is the directory of the object holding this code ("" to skip those).
-  static std::vector<std::string> default_search(const std::string& package_dir,
-                                                 const std::string& cuda_home);
 
   // A runtime was loaded and it sees at least one device.
   bool available() const noexcept { return available_; }
@@ -59,7 +50,7 @@ class CudaHost {
   // All members are const after construction: any thread may call them at once.
 
  private:
-  void open_first(const std::vector<std::string>& candidates);
+  explicit CudaHost(CudaLibrary runtime);  // takes its handle
   void bind_all(const std::string& opened);
   std::string failure(const char* call, int code) const;
 

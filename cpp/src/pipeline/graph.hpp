@@ -92,6 +92,10 @@ struct Shared {
   void set_readers(uint64_t readers) {
     decoder->set_concurrency(readers >= readers_max ? Gate::kOpen : readers);
   }
+  // How long the consumer's next batch waits for stage 2's copies before stage 3 takes it
+  // (options.stage_patience); none: it waits for them (kWaitForStaging, or the peer tier on).
+  // Set once, before any thread starts.
+  std::optional<std::chrono::milliseconds> patience;
   std::atomic<uint64_t> lookahead;  // batches stage 2 may work ahead now (the self-tuning's)
   tbb::task_arena arena;  // `readers_max` threads: stage 3 runs here
   std::optional<ArenaIoTimeout> arena_io_timeout;  // while the arena runs

@@ -1,7 +1,8 @@
 // Stage 2: deals with the files of upcoming batches before stage 3 needs them, on `prefetchers`
-// threads of its own (blocking reads must not hold a TBB worker): copies them from the source (the
-// PFS) to the stage directory, checks the copies an earlier run left there against their CRC, and
-// reads into memory the samples that are not to be staged (StageTask::read_ahead).
+// threads of its own (blocking reads must not hold a TBB worker): copies them to the stage directory
+// through the tiers (from a peer node's copy where the peer tier has one, else from the source, the
+// PFS), checks the copies an earlier run left there against their CRC, and reads into memory the
+// samples that are not to be staged (StageTask::read_ahead).
 #pragma once
 
 #include <atomic>

@@ -41,6 +41,9 @@ class Peers;
 // In the order they are tried.
 enum class Tier : uint8_t { kMemory = 0, kStage = 1, kPeer = 2, kSource = 3 };
 inline constexpr size_t kTierCount = 4;
+// By number, as the trace records them and Python names them (prestage.trace.TIERS).
+inline constexpr std::array<const char*, kTierCount> kTierNames{"memory", "stage", "peer",
+                                                                "source"};
 
 // A sample as the tier that serves it holds it: bytes in memory, or a file to read it from.
 struct SampleAt {

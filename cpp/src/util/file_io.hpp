@@ -77,7 +77,7 @@ class IoTimeoutScope {
   const std::atomic<bool>* previous_cancel_;
 };
 
-// A read that finds fewer bytes than it expects is an IoError (EIO, the errno of a read that finds
+// Short reads, for every read below: a read that finds fewer bytes than it expects is an IoError (EIO, the errno of a read that finds
 // the data gone) whose message gives both sizes and says that the file changed: a range past the
 // end of the file (read_range, OpenFile::read, read_located of a range), a file of another size
 // than expected (read_file_exact), a file that became shorter while it was read (all of them).

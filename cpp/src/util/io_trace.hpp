@@ -26,6 +26,8 @@ enum class TraceKind : uint8_t {
   kReadAhead = 2,  // stage 2: a sample's bytes from the source, into memory
   kTune = 3,       // no read: the self-tuning changed a value (sample: which, offset: from, size: to)
 };
+// The kinds of read by number (prestage.trace.KINDS); kTune follows them.
+inline constexpr const char* kTraceKindNames[] = {"read", "copy", "read-ahead"};
 
 struct TraceRecord {
   uint64_t sample;    // kNoSample for a whole-file copy

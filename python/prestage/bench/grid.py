@@ -9,13 +9,14 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import itertools
+import os
 import statistics
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence
 
 from prestage.bench.modes import Setup, run_mode
 from prestage.cli.progress import progress
 
-__all__ = ["Job", "counts", "run_jobs", "summarize", "pipelined_jobs", "best"]
+__all__ = ["Job", "counts", "default_readers", "add_grid_options", "run_jobs", "summarize", "pipelined_jobs", "best"]
 
 #: The figures a summary gives the median of (over a point's repeats).
 MEDIAN_KEYS = ("seconds", "images_per_s", "mb_per_s", "stall_s", "epoch_s", "copy_s", "other_cpu_s",
@@ -31,6 +32,27 @@ def counts(text: str) -> List[int]:
     if not values or values[0] < 1:
         raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
     return values
+
+
+def default_readers() -> List[int]:
+    """Stage 3 thread counts a grid tries by default: 1, the powers of two below the core count,
+    and the core count."""
+    cores = os.cpu_count() or 1
+    return sorted({1, cores} | {2 ** k for k in range(1, cores.bit_length()) if 2 ** k < cores})
+
+
+def add_grid_options(g: "argparse._ArgumentGroup", prefix: str, lookahead: List[int]) -> None:
+    """The grid's axes as options of ``g``: ``--{prefix}prefetchers``, ``--{prefix}readers`` and
+    ``--{prefix}lookahead`` (``prestage bench --grid-...``, ``prestage tune --...``)."""
+    readers = default_readers()
+    g.add_argument(f"--{prefix}prefetchers", type=counts, default=[1, 2, 4, 8, 16, 32], metavar="LIST",
+                   help="stage 2 (copy) threads to try, comma-separated (default 1,2,4,8,16,32)")
+    g.add_argument(f"--{prefix}readers", type=counts, default=readers, metavar="LIST",
+                   help="stage 3 (decode) threads to try (default: 1, powers of two and the number "
+                        f"of cores: {','.join(map(str, readers))} here)")
+    g.add_argument(f"--{prefix}lookahead", type=counts, default=lookahead, metavar="LIST",
+                   help="batches stage 2 may work on ahead of stage 3, to try (default "
+                        f"{','.join(map(str, lookahead))})")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -49,7 +49,7 @@ from typing import Any, Callable, Dict, List, Optional
 
 from prestage.bench import report
 from prestage.bench.cache_study import EVICTIONS, format_cache_study, parse_size, run_cache_study
-from prestage.bench.grid import Job, counts, run_jobs, summarize
+from prestage.bench.grid import Job, add_grid_options, run_jobs, summarize
 from prestage.bench.modes import MODES, run_mode
 from prestage.bench.session import (add_data_options, add_emulator_options, machine, note, positive,
                                     session)
@@ -62,16 +62,6 @@ def _modes(text: str) -> List[str]:
     if unknown or not names:
         raise argparse.ArgumentTypeError(f"modes are {', '.join(MODES)}; got {text!r}")
     return [m for m in MODES if m in names]  # the paper's order, whatever the order given
-
-
-def _default_readers() -> List[int]:
-    cores = os.cpu_count() or 1
-    values = {1, cores}
-    v = 2
-    while v < cores:
-        values.add(v)
-        v *= 2
-    return sorted(values)
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -104,13 +94,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     g = p.add_argument_group("grid")
     g.add_argument("--grid", action="store_true",
                    help="run the grid first and take its best pipelined point for the full runs")
-    g.add_argument("--grid-prefetchers", type=counts, default=[1, 2, 4, 8, 16, 32], metavar="LIST",
-                   help="stage 2 threads to try, comma-separated (default 1,2,4,8,16,32)")
-    g.add_argument("--grid-readers", type=counts, default=_default_readers(), metavar="LIST",
-                   help="stage 3 threads (and baseline workers) to try (default: 1, powers of two "
-                        "and the number of cores: %s here)" % ",".join(map(str, _default_readers())))
-    g.add_argument("--grid-lookahead", type=counts, default=[2, 8], metavar="LIST",
-                   help="lookahead values to try, in batches (default 2,8)")
+    add_grid_options(g, "grid-", lookahead=[2, 8])
     g.add_argument("--grid-batches", type=positive, default=30, metavar="N",
                    help="batches read at each grid point (default 30)")
     g.add_argument("--grid-repeat", type=positive, default=None, metavar="N",

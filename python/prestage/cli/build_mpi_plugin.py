@@ -64,7 +64,6 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                              "where the loader finds it without PRESTAGE_MPI_PLUGIN)")
     parser.add_argument("extra", nargs="*", metavar="FLAG",
                         help="further compiler flags, after --, e.g. -- -march=native")
-    parser.set_defaults(func=run)
     return cast(argparse.ArgumentParser, parser)
 
 

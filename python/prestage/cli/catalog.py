@@ -18,6 +18,15 @@ of the array in each ``.npy`` or ``.npz`` file under SOURCE (``Catalog.from_arra
 are taken in the walk's order, and their headers (and labels) are read once, here:
 
   prestage catalog /pfs/dlio/train train.catalog --axis -1 --member x --labels y
+
+Shards: with ``--webdataset`` SOURCE is a WebDataset shard pattern (a path, a glob or a brace range,
+``Catalog.from_webdataset``; ``--image`` the extensions to take, default ``jpg;jpeg``, ``--labels``
+the label's extension or ``json:KEY``, default ``cls``); with ``--mds`` SOURCE is a MosaicML MDS
+folder (``Catalog.from_mds``; ``--image`` and ``--labels`` name columns, default ``image`` and
+``label``). Their headers are scanned once, here; ``--on-error skip`` keeps every good sample of a
+damaged shard and reports what it left out:
+
+  prestage catalog "/pfs/laion/train-{000000..000123}.tar" laion.catalog --webdataset
 """
 
 from __future__ import annotations
@@ -56,6 +65,13 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="HDF5 files (.h5, .hdf5): the dataset to slice")
     p.add_argument("--labels", default=None, metavar="NAME",
                    help="the .npz member or HDF5 dataset beside the data with one integer label per sample")
+    p.add_argument("--webdataset", action="store_true",
+                   help="SOURCE is a WebDataset shard pattern (path, glob, brace range)")
+    p.add_argument("--mds", action="store_true", help="SOURCE is a MosaicML MDS folder (index.json)")
+    p.add_argument("--image", default=None, metavar="NAME",
+                   help="--webdataset: the extensions to take ('jpg;jpeg'); --mds: the column ('image')")
+    p.add_argument("--on-error", choices=("raise", "skip"), default="raise",
+                   help="--webdataset, --mds: what a damaged shard does (see Catalog.from_webdataset)")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     return p
@@ -84,6 +100,24 @@ def slices(walked: Any, args: argparse.Namespace) -> Any:
         build = lambda: prestage.Catalog.from_arrays(files, axis=axis, member=args.member,  # noqa: E731
                                                      labels=args.labels)
     return _with_bar(f"reading the headers of {len(files)} files", not args.quiet, build)
+
+
+def shards(args: argparse.Namespace) -> Any:
+    """The catalog of WebDataset shards or of an MDS set (see the module's doc)."""
+    import prestage
+
+    if args.webdataset and args.mds:
+        raise ValueError("--webdataset and --mds name two formats: give one")
+    if any(v is not None for v in (args.axis, args.member, args.dataset)):
+        raise ValueError("--axis, --member and --dataset slice arrays; shards take --image and --labels")
+    source = str(args.source)
+    if args.webdataset:
+        fields = {"image": args.image or "jpg;jpeg", "label": args.labels or "cls"}
+        build = lambda: prestage.Catalog.from_webdataset(source, fields, on_error=args.on_error)  # noqa: E731
+    else:
+        fields = {"image": args.image or "image", "label": args.labels or "label"}
+        build = lambda: prestage.Catalog.from_mds(source, fields, on_error=args.on_error)  # noqa: E731
+    return _with_bar(f"scanning {source}", not args.quiet, build)
 
 
 def _with_bar(desc: str, show_progress: bool, build: Callable[[], Any]) -> Any:
@@ -169,6 +203,8 @@ def format_report(r: Dict[str, Any], out: Path) -> str:
         lines.append("    " + ", ".join(f"{name} {n}" for name, n in shown))
     if r["unlabelled"]:
         lines.append(f"  {r['unlabelled']} samples without a class (label -1)")
+    if r.get("damaged"):
+        lines.append(f"  {r['damaged']} damaged samples left out (Catalog.damage lists them)")
     if r["sizes_unknown"]:
         lines.append(f"  {r['sizes_unknown']} files of unknown size")
     if r.get("dtype"):
@@ -187,6 +223,14 @@ def run(args: argparse.Namespace) -> int:
     import prestage
 
     try:
+        if args.webdataset or args.mds:
+            catalog = shards(args)
+            args.out.parent.mkdir(parents=True, exist_ok=True)
+            catalog.save(args.out)
+            result = report(catalog)
+            result["damaged"] = len(catalog.damage)
+            print(json.dumps(result, indent=1) if args.json else format_report(result, args.out))
+            return 0
         if not args.source.is_dir():
             raise ValueError(f"{args.source} is not a directory")
         extensions = None if args.extensions is None else [e for e in args.extensions.split(",") if e]

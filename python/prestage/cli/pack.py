@@ -49,7 +49,6 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument("--overwrite", action="store_true",
                         help="replace a pack made with other parameters in OUT")
     parser.add_argument("--quiet", action="store_true", help="no progress bar and no summary line")
-    parser.set_defaults(func=run)
     return cast(argparse.ArgumentParser, parser)
 
 

@@ -61,7 +61,6 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="replace a set made with other parameters, or an interrupted one, in OUT",
     )
     parser.add_argument("--quiet", action="store_true", help="no progress bar and no summary line")
-    parser.set_defaults(func=run)
     return cast(argparse.ArgumentParser, parser)
 
 

@@ -25,7 +25,6 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument("--out", default=None, metavar="DIR",
                         help="folder for the figures (default: FILE's name without its suffix + '-figures')")
     parser.add_argument("--no-plots", action="store_true", help="print the summary only")
-    parser.set_defaults(func=run)
     return cast(argparse.ArgumentParser, parser)
 
 

@@ -21,18 +21,12 @@ from pathlib import Path
 from typing import Any, Dict
 
 from prestage.bench import report
-from prestage.bench.grid import counts, pipelined_jobs, run_jobs
+from prestage.bench.grid import add_grid_options, pipelined_jobs, run_jobs
 from prestage.bench.session import add_data_options, add_emulator_options, machine, note, positive, session
 from prestage.cli import summary
 from prestage.options import load_tuned
 
 DEFAULT_BATCHES = 20
-
-
-def _default_readers() -> str:
-    cores = os.cpu_count() or 1
-    values = sorted({1, cores} | {v for v in (2, 4, 8, 16, 32, 64) if v < cores})
-    return ",".join(map(str, values))
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -44,13 +38,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     add_data_options(p, default_batches=DEFAULT_BATCHES)
     g = p.add_argument_group("grid")
-    g.add_argument("--prefetchers", type=counts, default=[1, 2, 4, 8, 16, 32], metavar="LIST",
-                   help="stage 2 (copy) threads to try, comma-separated (default 1,2,4,8,16,32)")
-    g.add_argument("--readers", type=counts, default=counts(_default_readers()), metavar="LIST",
-                   help="stage 3 (decode) threads to try (default: 1, powers of two and the number "
-                        f"of cores: {_default_readers()} here)")
-    g.add_argument("--lookahead", type=counts, default=[2, 4, 8], metavar="LIST",
-                   help="batches stage 2 may work on ahead of stage 3, to try (default 2,4,8)")
+    add_grid_options(g, "", lookahead=[2, 4, 8])
     g.add_argument("--repeat", type=positive, default=1, metavar="N",
                    help="runs of each point; the median counts (default 1)")
     g.add_argument("--top", type=positive, default=10, metavar="N",
