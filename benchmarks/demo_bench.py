@@ -59,7 +59,8 @@ def main() -> None:
     def prestage_run():
         stage = Path(tempfile.mkdtemp(dir=args.data))
         try:
-            # The figures in RESULTS.md were taken with these (the demo now sizes them itself).
+            # The figures in notes/decoding.md, "The spine", were taken with these (the demo now sizes
+            # them itself).
             return demo.run_demo(source, stage, readers=2, prefetchers=8, lookahead=4,
                                  show_progress=False)
         finally:

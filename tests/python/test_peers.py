@@ -382,7 +382,8 @@ def test_every_format_reads_each_file_from_the_pfs_once_and_reaches_the_peers(
     served = sum(r["stats"]["peer_served_bytes"] for r in ranks)
     taken = sum(r["stats"]["peer_bytes"] for r in ranks)
     late = sum(r["stats"]["peer_served"] for r in ranks) - sum(r["stats"]["peer_reads"] for r in ranks)
-    # The figures benchmarks/RESULTS.md quotes (shown with pytest -s).
+    # The figures benchmarks/notes/peer-tier.md quotes in "A peer sends the sample's byte range, not
+    # its file" (shown with pytest -s).
     print(json.dumps(dict(kind=kind, files=len(files), pfs_opens=sum(opened.values()),
                           opens_of_probes_or_past_the_end=sum(extra.values()),
                           pfs_bytes=sum(after[p]["bytes"] - before.get(p, {"bytes": 0})["bytes"]
@@ -495,7 +496,8 @@ def test_the_tier_reads_the_pfs_no_more_than_the_same_job_without_it_for_every_f
     slower, fastest, fastest_past, fastest_seen = job("fastest", True, {"PRESTAGE_PEER_LINK": "200,1"},
                                                      pfs_reads="fastest")
     homed, fewest, fewest_past, fewest_seen = job("fewest", True, pfs_reads="fewest")
-    # The figures benchmarks/RESULTS.md quotes (shown with pytest -s).
+    # The figures benchmarks/notes/peer-tier.md quotes in "The peer tier reads the PFS no more than
+    # the same job without it" (shown with pytest -s).
     print(json.dumps(dict(kind=kind, set_bytes=set_bytes, without=without, fastest=fastest,
                           fewest=fewest, past_the_end=[plain_past, fastest_past, fewest_past],
                           emulator=[plain_seen, fastest_seen, fewest_seen])))
@@ -566,7 +568,8 @@ def test_a_record_read_from_a_peer_moves_the_record_not_its_shard(make_folder, w
     reads = total(node1, "peer_reads")
     served, taken = total(node0, "peer_served_bytes"), total(node1, "peer_bytes")
     late = total(node0, "peer_served") - reads
-    # The figures benchmarks/RESULTS.md quotes (shown with pytest -s).
+    # The figures benchmarks/notes/peer-tier.md quotes in "A peer sends the sample's byte range, not
+    # its file" (shown with pytest -s).
     print(json.dumps(dict(records_from_peers=reads, bytes_taken=taken, bytes_served=served,
                           node1_pfs_bytes=total(node1, "source_bytes"),
                           node1_pfs_bytes_without_peers=total(plain[RANKS_PER_NODE:], "source_bytes"))))

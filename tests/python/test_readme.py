@@ -352,12 +352,46 @@ def test_block_runs_as_written(block: Block, command: Optional[str], work: Dict[
         assert max(map(len, out.splitlines())) <= rule.max_line, f"{block.id}: a line of output is longer"
 
 
-def test_every_results_section_the_readme_names_exists():
-    """`benchmarks/RESULTS.md`, "Title": the section is there (its heading starts with the title)."""
-    headings = [re.sub(r"^#+\s*", "", h) for h in
-                (ROOT / "benchmarks" / "RESULTS.md").read_text().splitlines() if h.startswith("#")]
-    text = " ".join((ROOT / "README.md").read_text().split())
-    named = re.findall(r'RESULTS\.md`?, "([^"]+)"', text)
-    assert named
-    missing = [n for n in named if not any(h.startswith(n) for h in headings)]
-    assert not missing, f"README.md names RESULTS.md sections that do not exist: {missing}"
+def headings(path: Path) -> List[str]:
+    """The titles of a Markdown file's headings, those inside code blocks left out."""
+    out, fenced = [], False
+    for line in path.read_text().splitlines():
+        if line.startswith("```"):
+            fenced = not fenced
+        elif not fenced and line.startswith("#"):
+            out.append(re.sub(r"^#+\s*", "", line))
+    return out
+
+
+def named_benchmark_sections(text: str) -> List[Tuple[str, str]]:
+    """(file, title) for each `benchmarks/FILE.md`, "Title" in the text."""
+    return re.findall(r'`?benchmarks/([\w./-]+\.md)`?, "([^"]+)"', " ".join(text.split()))
+
+
+def missing_benchmark_sections(text: str) -> List[str]:
+    """The named sections whose file under benchmarks/ has no heading starting with the title."""
+    missing = []
+    for file, title in named_benchmark_sections(text):
+        path = ROOT / "benchmarks" / file
+        if not path.is_file():
+            missing.append(f"benchmarks/{file} (no such file)")
+        elif not any(h.startswith(title) for h in headings(path)):
+            missing.append(f'benchmarks/{file}, "{title}"')
+    return missing
+
+
+@pytest.mark.parametrize("doc", ["README.md", "RELIABILITY.md"])
+def test_every_benchmark_section_a_document_names_exists(doc: str) -> None:
+    """`benchmarks/FILE.md`, "Title": the section is there, in the file named (its heading starts with
+    the title): the results page or a file of lab notes."""
+    text = (ROOT / doc).read_text()
+    assert named_benchmark_sections(text)
+    missing = missing_benchmark_sections(text)
+    assert not missing, f"{doc} names benchmark sections that do not exist: {missing}"
+
+
+def test_a_benchmark_section_that_is_not_there_is_named() -> None:
+    text = ('(`benchmarks/notes/peer-tier.md`, "The peer tier at scale") and (`benchmarks/RESULTS.md`,\n'
+            '"The peer tier at scale"), (`benchmarks/notes/gone.md`, "Anything")')
+    assert missing_benchmark_sections(text) == ['benchmarks/RESULTS.md, "The peer tier at scale"',
+                                                "benchmarks/notes/gone.md (no such file)"]
