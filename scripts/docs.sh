@@ -5,8 +5,9 @@
 #
 # The pages are the README's sections (scripts/docs_pages.py cuts them by heading), the API reference
 # generated from the package's docstrings and type stubs (mkdocstrings; nothing is imported or
-# built), and benchmarks/RESULTS.md. MkDocs and its plug-ins live in their own environment in the
-# cache (PRESTAGE_DOCS_CACHE, default ~/.cache/prestage-docs), outside the repository.
+# built), and benchmarks/RESULTS.md with the lab notes of benchmarks/notes/. MkDocs and its
+# plug-ins live in their own environment in the cache (PRESTAGE_DOCS_CACHE, default
+# ~/.cache/prestage-docs), outside the repository.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 [ $# -eq 1 ] || { echo "usage: $0 OUTDIR" >&2; exit 2; }

@@ -1,4 +1,4 @@
-"""Writes the documentation site's pages from README.md and benchmarks/RESULTS.md (scripts/docs.sh).
+"""Writes the documentation site's pages from README.md and benchmarks/ (scripts/docs.sh).
 
     python scripts/docs_pages.py OUTDIR
 
@@ -10,7 +10,10 @@ page, and every rule must match a section: a README heading renamed without this
 build. The page's first section heading becomes its title (level 1), the others move up one level.
 
 Also writes the site's other pages from docs/ (the API reference, whose ``:::`` lines mkdocstrings
-fills in from the docstrings) and docs/mkdocs.yml with its navigation.
+fills in from the docstrings), the benchmark results (benchmarks/RESULTS.md as results.md, the lab
+notes of benchmarks/notes/ as notes/*.md, titled by their first heading, and the plots they show),
+and docs/mkdocs.yml with its navigation. The results and notes keep their relative links: a link or
+image that does not resolve on the site fails the strict build.
 """
 
 from __future__ import annotations
@@ -64,6 +67,27 @@ def page_of(title: str, level: int, parent: str) -> str:
     raise SystemExit(f"docs_pages: README section '{title}' is on no page (scripts/docs_pages.py, PAGES)")
 
 
+def benchmark_pages(docs: Path) -> List[Tuple[str, str]]:
+    """Writes benchmarks/RESULTS.md as results.md, each benchmarks/notes/*.md as notes/NAME.md and
+    the plots as plots/*.png, so that their relative links hold (the notes' ``../RESULTS.md`` becomes
+    ``../results.md``); returns (file, title) of the notes, in name order."""
+    bench = ROOT / "benchmarks"
+    (docs / "results.md").write_text((bench / "RESULTS.md").read_text())
+    (docs / "notes").mkdir()
+    notes = []
+    for page in sorted((bench / "notes").glob("*.md")):
+        text = page.read_text()
+        first = text.splitlines()[0] if text else ""
+        if not first.startswith("# "):
+            raise SystemExit(f"docs_pages: {page.relative_to(ROOT)} does not start with a title ('# ...')")
+        (docs / "notes" / page.name).write_text(text.replace("](../RESULTS.md", "](../results.md"))
+        notes.append((f"notes/{page.name}", re.sub(r"^Lab notes:\s*", "", first[2:].strip())))
+    (docs / "plots").mkdir()
+    for plot in sorted((bench / "plots").glob("*.png")):
+        shutil.copy(plot, docs / "plots" / plot.name)
+    return notes
+
+
 def main(out: Path) -> int:
     readme = (ROOT / "README.md").read_text()
     pages: Dict[str, List[str]] = {file: [] for file, _, _ in PAGES}
@@ -96,14 +120,14 @@ def main(out: Path) -> int:
     # The site's own pages (the API reference) and the benchmark results as they are.
     for page in sorted((ROOT / "docs").glob("*.md")):
         shutil.copy(page, docs / page.name)
-    results = (ROOT / "benchmarks" / "RESULTS.md").read_text()
-    (docs / "results.md").write_text(results)
+    notes = benchmark_pages(docs)
     nav = [f"  - {title}: {file}" for file, title, _ in PAGES]
-    nav += ["  - API reference: api.md", "  - Benchmark results: results.md"]
+    nav += ["  - API reference: api.md", "  - Benchmark results: results.md", "  - Lab notes:"]
+    nav += [f"    - {title}: {file}" for file, title in notes]
     config = (ROOT / "docs" / "mkdocs.yml").read_text().replace("@NAV@", "\n".join(nav))
     config = config.replace("@PACKAGE@", str(ROOT / "python"))
     (out / "mkdocs.yml").write_text(config)
-    print(f"docs_pages: {len(pages) + 2} pages into {docs}")
+    print(f"docs_pages: {len(pages) + 2 + len(notes)} pages into {docs}")
     return 0
 
 
