@@ -26,5 +26,6 @@ fi
 src=$(mktemp -d)
 trap 'rm -rf "$src"' EXIT
 "$venv/bin/python" "$root/scripts/docs_pages.py" "$src"
-"$venv/bin/mkdocs" build --strict --clean -q -f "$src/mkdocs.yml" -d "$out"
+# Not -q: with it, mkdocs 1.6 no longer fails a strict build on a warning.
+"$venv/bin/mkdocs" build --strict --clean -f "$src/mkdocs.yml" -d "$out"
 echo "documentation: $out/index.html"

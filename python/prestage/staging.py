@@ -260,9 +260,9 @@ class StagedSampler:
             ``state_dict`` and for how long staged copies are kept after being handed out.
         rank, world_size: this process's place (default: ``prestage.torch.distributed_rank()``'s
             sources: ``torch.distributed``, then ``RANK``/``WORLD_SIZE``, else 0 of 1).
-        Other options as ``prestage.Loader``'s: ``seed``, ``shuffle``, ``drop_last``, ``cache_bytes``,
-        ``eviction``, ``prefetchers``, ``lookahead``, ``stage_patience``, ``io_timeout``, ``trace``,
-        ``tuned``.
+        options: the others, as ``prestage.Loader``'s: ``seed``, ``shuffle``, ``drop_last``,
+            ``cache_bytes``, ``eviction``, ``prefetchers``, ``lookahead``, ``stage_patience``,
+            ``io_timeout``, ``trace``, ``tuned``.
     """
 
     def __init__(self, catalog: Union[_core.Catalog, str, "os.PathLike[str]"], batch_size: int, *,
