@@ -73,6 +73,30 @@ std::vector<std::string> pattern_list(py::handle patterns) {
 const char* symlinks_name(Catalog::Symlinks s) {
   return s == Catalog::Symlinks::kInside ? "inside" : "follow";
 }
+
+// The `fields` of from_webdataset and from_mds: {"image" or "data": what feeds the images or
+// arrays, "label": what feeds the labels (None: no labels)}, each defaulted where left out.
+std::pair<std::string, std::string> data_and_label(
+    const std::string& who, const std::map<std::string, std::optional<std::string>>& fields,
+    std::string data, std::string label) {
+  bool have_data = false;
+  for (const auto& [key, value] : fields) {
+    if (key == "image" || key == "data") {
+      if (have_data || !value) {
+        throw ConfigError(who + ": fields needs one 'image' or 'data' entry");
+      }
+      data = *value;
+      have_data = true;
+    } else if (key == "label") {
+      label = value.value_or("");
+    } else {
+      throw ConfigError(who + ": fields takes the keys 'image' or 'data', and 'label', got '" +
+                        key + "'");
+    }
+  }
+  return {data, label};
+}
+
 }  // namespace
 
 void register_catalog(py::module_& m) {
@@ -248,23 +272,7 @@ truncation loses the rest of that file (nothing after it can be located). Read e
           "from_webdataset",
           [](py::handle shards, const std::map<std::string, std::optional<std::string>>& fields,
              const std::string& missing, const std::string& on_error) {
-            std::string data = "jpg;jpeg", label = "cls";
-            bool have_data = false;
-            for (const auto& [key, value] : fields) {
-              if (key == "image" || key == "data") {
-                if (have_data || !value) {
-                  throw ConfigError("from_webdataset: fields needs one 'image' or 'data' entry");
-                }
-                data = *value;
-                have_data = true;
-              } else if (key == "label") {
-                label = value.value_or("");
-              } else {
-                throw ConfigError(
-                    "from_webdataset: fields takes the keys 'image' or 'data', and 'label', got '" +
-                    key + "'");
-              }
-            }
+            const auto [data, label] = data_and_label("from_webdataset", fields, "jpg;jpeg", "cls");
             const auto patterns = pattern_list(shards);
             const auto missing_policy_ = missing_policy(missing);
             const auto policy = error_policy(on_error);
@@ -318,24 +326,7 @@ raised either way. Save the catalog to scan the shards only once.
           [](const std::filesystem::path& dir,
              const std::map<std::string, std::optional<std::string>>& fields,
              const std::string& on_error) {
-            std::string data = "image", label = "label";
-            bool have_data = false;
-            for (const auto& [key, value] : fields) {
-              if (key == "image" || key == "data") {
-                if (have_data || !value) {
-                  throw ConfigError("from_mds: fields needs one 'image' or 'data' entry");
-                }
-                data = *value;
-                have_data = true;
-              } else if (key == "label") {
-                label = value.value_or("");
-              } else {
-                throw ConfigError(
-                    "from_mds: fields takes the keys 'image' or 'data', and 'label', "
-                    "got '" +
-                    key + "'");
-              }
-            }
+            const auto [data, label] = data_and_label("from_mds", fields, "image", "label");
             const auto policy = error_policy(on_error);
             std::optional<Catalog> catalog;
             {

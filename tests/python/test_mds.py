@@ -89,6 +89,10 @@ def test_bad_fields_and_compressed_shards_are_config_errors(tmp_path, mds_writer
         prestage.Catalog.from_mds(root, fields={"image": "jpg", "label": "label"})
     with pytest.raises(prestage.ConfigError, match="label column 'caption' has encoding 'str'"):
         prestage.Catalog.from_mds(root, fields={"image": "image", "label": "caption"})
+    with pytest.raises(prestage.ConfigError, match="from_mds: fields takes the keys"):
+        prestage.Catalog.from_mds(root, fields={"image": "image", "caption": "caption"})
+    with pytest.raises(prestage.ConfigError, match="from_mds: fields needs one 'image' or 'data'"):
+        prestage.Catalog.from_mds(root, fields={"image": None})
     index = json.loads((root / "index.json").read_text())
     index["shards"][0].update(compression="zstd", zip_data={"basename": "shard.00000.mds.zstd"})
     (root / "index.json").write_text(json.dumps(index))

@@ -221,6 +221,8 @@ def test_missing_fields_error_skip_or_empty(tmp_path):
         prestage.Catalog.from_webdataset(shard, missing="maybe")
     with pytest.raises(prestage.ConfigError, match="fields takes"):
         prestage.Catalog.from_webdataset(shard, fields={"image": "jpg", "caption": "txt"})
+    with pytest.raises(prestage.ConfigError, match="from_webdataset: fields needs one 'image' or 'data'"):
+        prestage.Catalog.from_webdataset(shard, fields={"image": "jpg", "data": "npy"})
 
 
 # ------------------------------------------------------------------------------------ hostile shards
