@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "decode/registry.hpp"
+#include "util/byte_source.hpp"
 #include "fuzz_util.hpp"
 #include "prestage/error.hpp"
 
@@ -25,7 +26,7 @@ using prestage::DecodeMode;
 using prestage::detail::ArrayProbe;
 using prestage::detail::Codec;
 using prestage::detail::SampleDecoder;
-using prestage::detail::SampleLocation;
+using prestage::detail::FileSource;
 using prestage::fuzz::harness_check;
 
 constexpr uint64_t kMaxBytes = uint64_t{1} << 22;   // max_sample_bytes
@@ -84,7 +85,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const Catalog::Locator locator{0, 0,
                                  codec.kind == Catalog::Kind::kTfrecord ? sample.size()
                                                                         : Catalog::kWholeFile};
-  const SampleLocation where{file, path, locator};
+  const FileSource where = FileSource::sample(file, locator, Catalog::kUnknownSize, path);
 
   if (codec.mode == DecodeMode::kJpeg) {
     try {
@@ -98,10 +99,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
   try {
     ArrayProbe probe;
-    decoder.probe(where, probe);
+    decoder.probe(where, locator, probe);
     harness_check(probe.info.bytes <= kMaxBytes, "probe: sample over max_sample_bytes");
     out.resize(static_cast<size_t>(probe.info.bytes));
-    decoder.fill(where, probe, out);
+    decoder.fill(where, locator, probe, out);
   } catch (const prestage::Error&) {
   }
   return 0;

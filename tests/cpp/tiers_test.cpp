@@ -132,8 +132,8 @@ TEST_CASE("tiers: serve starts at the tier a first look chose and counts only wh
   TierScratch scratch;
   TierTally tally;
   std::string file;
-  const auto look = [&](const prestage::detail::SampleAt& sample) -> uint64_t {
-    file = *sample.file;
+  const auto look = [&](const prestage::detail::ByteSource& sample) -> uint64_t {
+    file = sample.file()->path();
     return 6;
   };
   CHECK(tiers.serve(1, Tier::kStage, std::nullopt, scratch, nullptr, Access::kLook, look) == Tier::kStage);
@@ -144,8 +144,8 @@ TEST_CASE("tiers: serve starts at the tier a first look chose and counts only wh
   CHECK(tiers.served().reads[at(Tier::kSource)] == 1);
   // An error other than a vanished copy is the sample's: it is not hidden by the next tier.
   CHECK_THROWS_AS(tiers.serve(1, Tier::kStage, std::nullopt, scratch, &tally, Access::kLook,
-                              [](const prestage::detail::SampleAt& s) -> uint64_t {
-                                throw prestage::DecodeError(*s.path, "bad");
+                              [](const prestage::detail::ByteSource& s) -> uint64_t {
+                                throw prestage::DecodeError(s.path(), "bad");
                               }),
                   prestage::DecodeError);
 }
@@ -230,8 +230,8 @@ TEST_CASE("tiers: a staged copy changed after it was written is never served, re
   // Read in part (as a codec reads a header): its identity changed, so its bytes are checked whole
   // first, and fail.
   std::string served_from;
-  const auto part = [&](const prestage::detail::SampleAt& at) -> uint64_t {
-    served_from = *at.file;
+  const auto part = [&](const prestage::detail::ByteSource& at) -> uint64_t {
+    served_from = at.file()->path();
     return 10;
   };
   CHECK(tiers.serve(2, Tier::kStage, std::nullopt, scratch, &tally, Access::kFile, part) == Tier::kSource);
@@ -252,7 +252,7 @@ TEST_CASE("tiers: a copy read in part is checked whole until it has settled, the
   stage_file(stage, set.catalog, 2);
   Tiers tiers(set.catalog, &stage, 1 << 20);
   TierScratch scratch;
-  const auto part = [](const prestage::detail::SampleAt&) -> uint64_t { return 10; };
+  const auto part = [](const prestage::detail::ByteSource&) -> uint64_t { return 10; };
   // Younger than the file times' tick: a write in it would not show, so each read checks it whole.
   for (int i = 0; i < 2; ++i) {
     scratch.check.clear();
@@ -282,6 +282,6 @@ TEST_CASE("tiers: a use that reads a whole staged copy must check it") {
   Tiers tiers(set.catalog, &stage, 1 << 20);
   TierScratch scratch;
   CHECK_THROWS_AS(tiers.serve(1, Tier::kStage, std::nullopt, scratch, nullptr, Access::kBytes,
-                              [](const prestage::detail::SampleAt&) -> uint64_t { return 6; }),
+                              [](const prestage::detail::ByteSource&) -> uint64_t { return 6; }),
                   std::logic_error);
 }

@@ -44,12 +44,6 @@ std::string message(const std::exception_ptr& error) {
   }
 }
 
-// Where the tiers' `at` has the sample: its copy to open, or its bytes in memory.
-SampleLocation location(const SampleAt& at) {
-  if (at.in_memory()) return SampleLocation{FileRef(*at.path), *at.path, at.locator, at.bytes, true};
-  return SampleLocation{at.open(), *at.path, at.locator, {}, false};
-}
-
 // The error of the lowest-numbered failed sample of a batch, whatever the thread timing.
 class FirstError {
  public:
@@ -304,14 +298,15 @@ class BatchDecoder::Run {
     // for step 3 and counted here; a copy on disk is opened again by step 3, which counts it.
     s_.in_memory[i] = 0;
     r.paths.fetch_into = &s_.bytes[i];
+    const Catalog::Locator loc = d_.tiers_.catalog().locator(id);
     try {
       s_.tiers[i] = d_.tiers_.serve(id, Tier::kMemory, held(i, id), r.paths, b_.tally, Access::kFile,
-                                    [&](const SampleAt& at) -> uint64_t {
-                                      r.codec(codec).probe(location(at), s_.probes[i]);
-                                      if (!at.in_memory()) return 0;
+                                    [&](const ByteSource& at) -> uint64_t {
+                                      r.codec(codec).probe(at, loc, s_.probes[i]);
+                                      if (at.file() != nullptr) return 0;
                                       s_.in_memory[i] = 1;
-                                      s_.memory[i] = at.bytes;
-                                      return at.bytes.size();
+                                      s_.memory[i] = at.memory();
+                                      return at.size();
                                     });
     } catch (...) {
       r.paths.fetch_into = nullptr;
@@ -342,12 +337,12 @@ class BatchDecoder::Run {
       // Step 1 took its bytes from memory (and counted the read).
       const Catalog::Locator loc = d_.tiers_.catalog().locator(id);
       const std::string& path = d_.tiers_.source_path(loc.file, r.paths.source);
-      r.codec(codec).fill(SampleLocation{FileRef(path), path, loc, s_.memory[i], true}, s_.probes[i],
-                          out);
+      r.codec(codec).fill(MemorySource(s_.memory[i], path), loc, s_.probes[i], out);
     } else {
+      const Catalog::Locator loc = d_.tiers_.catalog().locator(id);
       d_.tiers_.serve(id, s_.tiers[i], std::nullopt, r.paths, b_.tally, Access::kFile,
-                      [&](const SampleAt& at) -> uint64_t {
-        r.codec(codec).fill(location(at), s_.probes[i], out);
+                      [&](const ByteSource& at) -> uint64_t {
+        r.codec(codec).fill(at, loc, s_.probes[i], out);
         return out.size();
       });
     }
@@ -764,8 +759,8 @@ const std::string* BatchDecoder::data_set_dtype(const std::atomic<bool>& stoppin
     const uint64_t id = j * n / k;
     try {
       tiers_.serve(id, Tier::kStage, std::nullopt, paths, nullptr, Access::kFile,
-                   [&](const SampleAt& at) -> uint64_t {
-        decoder.probe(location(at), probe);
+                   [&](const ByteSource& at) -> uint64_t {
+        decoder.probe(at, catalog.locator(id), probe);
         return 0;
       });
       found.push_back(probe.info.dtype);

@@ -115,41 +115,24 @@ void Codec::raw_array(uint64_t bytes, std::string_view stored, ArrayInfo& info,
 
 SampleDecoder::SampleDecoder(const Codec& codec) : jpeg(codec.max_pixels), codec_(codec) {}
 
-const ByteSource& SampleDecoder::payload(const SampleLocation& where) {
-  const Catalog::Locator& loc = where.locator;
+const ByteSource& SampleDecoder::payload(const ByteSource& sample, const Catalog::Locator& loc) {
   payload_dtype_ = "|u1";
-  if (where.in_memory && codec_.kind != Catalog::Kind::kTfrecord) {
-    memory_source_.emplace(where.bytes, where.path);
-    return *memory_source_;
+  if (codec_.kind != Catalog::Kind::kTfrecord) return sample;
+  const std::string& path = sample.path();
+  if (sample.size() > codec_.max_bytes + kFramingBytes) {
+    throw DecodeError(path, "TFRecord record of " + std::to_string(sample.size()) +
+                                " bytes exceeds max_sample_bytes");
   }
-  if (codec_.kind != Catalog::Kind::kTfrecord) {
-    // A whole file (a slice's file too: the locator's offset is the slice's index) or a range.
-    const bool whole = loc.length == Catalog::kWholeFile;
-    file_source_.emplace(where.file, whole ? 0 : loc.offset, loc.length, where.path);
-    return *file_source_;
-  }
-  const uint64_t length = loc.length;
-  if (length > codec_.max_bytes + kFramingBytes) {
-    throw DecodeError(where.path, "TFRecord record of " + std::to_string(length) +
-                                      " bytes exceeds max_sample_bytes");
-  }
-  std::span<const std::byte> framed = where.bytes;
-  if (!where.in_memory) {
-    if (record_.size() < length) record_.resize(length);
-    const std::span<std::byte> record(record_.data(), length);
-    read_range(where.file, loc.offset, record);
-    framed = record;
-  }
-  const auto data = unframe_record(framed, where.path);
+  const auto data = unframe_record(sample.all(record_), path);
   std::span<const std::byte> value;
   if (codec_.mode == DecodeMode::kRaw
           ? !example_values(data, codec_.field, codec_.max_bytes, values_, value, payload_dtype_,
-                            where.path)
-          : !example_bytes(data, codec_.field, value, where.path)) {
-    throw DecodeError(where.path, "TFRecord record at byte " + std::to_string(loc.offset) +
-                                      " has no feature '" + codec_.field + "'");
+                            path)
+          : !example_bytes(data, codec_.field, value, path)) {
+    throw DecodeError(path, "TFRecord record at byte " + std::to_string(loc.offset) +
+                                " has no feature '" + codec_.field + "'");
   }
-  memory_source_.emplace(value, where.path);
+  memory_source_.emplace(value, path);
   return *memory_source_;
 }
 
@@ -175,14 +158,16 @@ std::span<const std::byte> SampleDecoder::image_payload(std::span<const std::byt
   return bytes;
 }
 
-void SampleDecoder::probe(const SampleLocation& where, ArrayProbe& probe) {
+void SampleDecoder::probe(const ByteSource& sample, const Catalog::Locator& loc,
+                          ArrayProbe& probe) {
+  const std::string& path = sample.path();
   if (codec_.kind == Catalog::Kind::kHdf5) {
     const Hdf5Dataset d =
-        where.in_memory
-            ? hdf5::describe(where.bytes, codec_.field, codec_.axis, codec_.max_bytes, where.path)
-            : hdf5::describe(where.file, codec_.field, codec_.axis, codec_.max_bytes, where.path);
-    if (where.locator.offset >= d.rows) {
-      throw DecodeError(where.path, "slice " + std::to_string(where.locator.offset) +
+        sample.file() == nullptr
+            ? hdf5::describe(sample.memory(), codec_.field, codec_.axis, codec_.max_bytes, path)
+            : hdf5::describe(*sample.file(), codec_.field, codec_.axis, codec_.max_bytes, path);
+    if (loc.offset >= d.rows) {
+      throw DecodeError(path, "slice " + std::to_string(loc.offset) +
                                         " is past the " + std::to_string(d.rows) +
                                         " along axis " + std::to_string(d.axis) + " of '" +
                                         codec_.field + "'");
@@ -192,14 +177,14 @@ void SampleDecoder::probe(const SampleLocation& where, ArrayProbe& probe) {
     return;
   }
   if (codec_.kind == Catalog::Kind::kArrays) {
-    probe_slice(where, probe);
+    probe_slice(sample, loc, probe);
     return;
   }
-  const ByteSource& source = payload(where);
+  const ByteSource& source = payload(sample, loc);
   if (codec_.mode == DecodeMode::kRaw) {
     if (source.size() > codec_.max_bytes)
-      throw DecodeError(where.path, "sample exceeds max_sample_bytes");
-    codec_.raw_array(source.size(), payload_dtype_, probe.info, where.path);
+      throw DecodeError(path, "sample exceeds max_sample_bytes");
+    codec_.raw_array(source.size(), payload_dtype_, probe.info, path);
     probe.kind = ArrayProbe::Kind::kBytes;
     return;
   }
@@ -210,8 +195,8 @@ void SampleDecoder::probe(const SampleLocation& where, ArrayProbe& probe) {
     const auto packed = read_span(source, 0, source.size(), packed_);
     if (npz) {
       // A zip archive needs random access: decompress all of it (again in fill()).
-      const auto archive = zstd_.decompress(packed, unpacked_, codec_.max_bytes, where.path);
-      const MemorySource inner(archive, where.path);
+      const auto archive = zstd_.decompress(packed, unpacked_, codec_.max_bytes, path);
+      const MemorySource inner(archive, path);
       probe.member = npz_.probe(inner, codec_.array_name, probe.info, codec_.max_bytes);
       probe.kind = ArrayProbe::Kind::kZstdNpz;
       return;
@@ -221,27 +206,27 @@ void SampleDecoder::probe(const SampleLocation& where, ArrayProbe& probe) {
     while (true) {
       if (scratch_.size() < want) scratch_.resize(want);
       const size_t got =
-          zstd_.decompress_prefix(packed, std::span(scratch_.data(), want), where.path);
+          zstd_.decompress_prefix(packed, std::span(scratch_.data(), want), path);
       uint64_t needed = 0;
       const uint64_t offset = parse_npy_header(std::span(scratch_.data(), got), probe.info,
-                                               codec_.max_bytes, where.path, &needed);
+                                               codec_.max_bytes, path, &needed);
       if (offset != 0) {
         probe.data_offset = offset;
         probe.kind = ArrayProbe::Kind::kZstdNpy;
         return;
       }
-      if (got < want) throw DecodeError(where.path, "truncated .npy header in zstd frame");
+      if (got < want) throw DecodeError(path, "truncated .npy header in zstd frame");
       want = static_cast<size_t>(needed);
     }
   }
   if (npz) {
-    if (!is_zip(head)) throw DecodeError(where.path, "not a .npz file (no zip header)");
+    if (!is_zip(head)) throw DecodeError(path, "not a .npz file (no zip header)");
     probe.member = npz_.probe(source, codec_.array_name, probe.info, codec_.max_bytes);
     probe.kind = ArrayProbe::Kind::kNpz;
     return;
   }
   if (!is_npy(head)) {
-    throw DecodeError(where.path, is_zip(head)
+    throw DecodeError(path, is_zip(head)
                                       ? "a .npz archive, not a .npy file (use decode='npz')"
                                       : "not a .npy file (bad magic)");
   }
@@ -249,8 +234,10 @@ void SampleDecoder::probe(const SampleLocation& where, ArrayProbe& probe) {
   probe.kind = ArrayProbe::Kind::kNpy;
 }
 
-void SampleDecoder::probe_slice(const SampleLocation& where, ArrayProbe& probe) {
-  const ByteSource& source = payload(where);
+void SampleDecoder::probe_slice(const ByteSource& sample, const Catalog::Locator& loc,
+                                ArrayProbe& probe) {
+  const std::string& path = sample.path();
+  const ByteSource& source = payload(sample, loc);
   ArrayInfo& whole = probe.whole;
   // The whole array is bounded by the file that holds it, not by max_sample_bytes: only the slice
   // is decoded (but a deflated member is inflated whole).
@@ -263,7 +250,7 @@ void SampleDecoder::probe_slice(const SampleLocation& where, ArrayProbe& probe) 
     if (probe.member.deflated) {
       probe.kind = ArrayProbe::Kind::kDeflatedSlice;
       if (whole.bytes > codec_.max_bytes) {
-        throw DecodeError(where.path,
+        throw DecodeError(path,
                           "a deflated member is inflated whole to take a slice, and its " +
                               std::to_string(whole.bytes) + " bytes exceed max_sample_bytes (" +
                               std::to_string(codec_.max_bytes) + ")");
@@ -272,35 +259,34 @@ void SampleDecoder::probe_slice(const SampleLocation& where, ArrayProbe& probe) 
   }
   const auto axis = resolve_axis(codec_.axis, whole.ndim);
   if (!axis) {
-    throw DecodeError(where.path, "its array has " + std::to_string(whole.ndim) +
+    throw DecodeError(path, "its array has " + std::to_string(whole.ndim) +
                                       " dimensions: no axis " + std::to_string(codec_.axis));
   }
-  if (where.locator.offset >= whole.shape[*axis]) {
-    throw DecodeError(where.path, "slice " + std::to_string(where.locator.offset) +
+  if (loc.offset >= whole.shape[*axis]) {
+    throw DecodeError(path, "slice " + std::to_string(loc.offset) +
                                       " is past the " + std::to_string(whole.shape[*axis]) +
                                       " along axis " + std::to_string(*axis));
   }
   probe.axis = *axis;
-  probe.index = where.locator.offset;
-  probe.info = slice_info(whole, *axis, codec_.max_bytes, where.path);
+  probe.index = loc.offset;
+  probe.info = slice_info(whole, *axis, codec_.max_bytes, path);
 }
 
-void SampleDecoder::fill(const SampleLocation& where, const ArrayProbe& probe,
-                         std::span<std::byte> out) {
+void SampleDecoder::fill(const ByteSource& sample, const Catalog::Locator& loc,
+                         const ArrayProbe& probe, std::span<std::byte> out) {
+  const std::string& path = sample.path();
   if (probe.kind == ArrayProbe::Kind::kHdf5) {
-    if (where.in_memory) {
-      hdf5::read_row(where.bytes, codec_.field, codec_.axis, where.locator.offset, probe.info, out,
-                     where.path);
+    if (sample.file() == nullptr) {
+      hdf5::read_row(sample.memory(), codec_.field, codec_.axis, loc.offset, probe.info, out, path);
     } else {
-      hdf5::read_row(where.file, codec_.field, codec_.axis, where.locator.offset, probe.info, out,
-                     where.path);
+      hdf5::read_row(*sample.file(), codec_.field, codec_.axis, loc.offset, probe.info, out, path);
     }
     return;
   }
-  const ByteSource& source = payload(where);
+  const ByteSource& source = payload(sample, loc);
   switch (probe.kind) {
     case ArrayProbe::Kind::kBytes:
-      if (source.size() != out.size()) throw DecodeError(where.path, "the sample changed size");
+      if (source.size() != out.size()) throw DecodeError(path, "the sample changed size");
       source.read(0, out);
       return;
     case ArrayProbe::Kind::kNpy:
@@ -312,19 +298,19 @@ void SampleDecoder::fill(const SampleLocation& where, const ArrayProbe& probe,
     case ArrayProbe::Kind::kZstdNpy: {
       const auto packed = read_span(source, 0, source.size(), packed_);
       if (!probe.info.fortran || probe.info.ndim <= 1) {
-        zstd_.decompress_into(packed, probe.data_offset, out, where.path);
+        zstd_.decompress_into(packed, probe.data_offset, out, path);
         return;
       }
       if (unpacked_.size() < probe.info.bytes) unpacked_.resize(probe.info.bytes);
       zstd_.decompress_into(packed, probe.data_offset,
-                            std::span(unpacked_.data(), probe.info.bytes), where.path);
+                            std::span(unpacked_.data(), probe.info.bytes), path);
       fortran_to_c(unpacked_.data(), out.data(), probe.info);
       return;
     }
     case ArrayProbe::Kind::kZstdNpz: {
       const auto packed = read_span(source, 0, source.size(), packed_);
-      const auto archive = zstd_.decompress(packed, unpacked_, codec_.max_bytes, where.path);
-      const MemorySource inner(archive, where.path);
+      const auto archive = zstd_.decompress(packed, unpacked_, codec_.max_bytes, path);
+      const MemorySource inner(archive, path);
       npz_.decode(inner, probe.member, probe.info, out);
       return;
     }
@@ -337,7 +323,7 @@ void SampleDecoder::fill(const SampleLocation& where, const ArrayProbe& probe,
       npz_.decode(source, probe.member, probe.whole, all);  // in C order, CRC checked
       ArrayInfo c_order = probe.whole;
       c_order.fortran = false;
-      read_slice(MemorySource(all, where.path), 0, c_order, probe.axis, probe.index, out, scratch_);
+      read_slice(MemorySource(all, path), 0, c_order, probe.axis, probe.index, out, scratch_);
       return;
     }
     case ArrayProbe::Kind::kHdf5:

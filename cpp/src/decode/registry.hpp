@@ -49,17 +49,6 @@ struct Codec {
   }
 };
 
-// Where one sample is read from: the copy to read (staged or source), or its bytes in memory (as
-// the tiers delivered them: the locator's range of the file, or the whole file for a sample of the
-// whole file or a slice of it), and the name errors give.
-struct SampleLocation {
-  FileRef file;
-  const std::string& path;
-  Catalog::Locator locator;
-  std::span<const std::byte> bytes;  // with `in_memory`: the sample's bytes; `file` is not read
-  bool in_memory = false;
-};
-
 // What probe() found, kept until fill().
 struct ArrayProbe {
   enum class Kind : uint8_t {
@@ -96,16 +85,19 @@ class SampleDecoder {
                                            const std::string& path,
                                            std::vector<std::byte>& unpacked);
 
-  void probe(const SampleLocation& where, ArrayProbe& probe);
-  void fill(const SampleLocation& where, const ArrayProbe& probe, std::span<std::byte> out);
+  // `sample`: the sample's bytes as the tiers serve them (its byte range, or its whole file for a
+  // sample of the whole file or a slice of it); `loc`: where the catalog puts it (a slice's index).
+  void probe(const ByteSource& sample, const Catalog::Locator& loc, ArrayProbe& probe);
+  void fill(const ByteSource& sample, const Catalog::Locator& loc, const ArrayProbe& probe,
+            std::span<std::byte> out);
 
   JpegDecoder jpeg;
 
  private:
-  // The sample's payload as a byte source: the file range, or the TFRecord feature in memory
+  // The sample's payload as a byte source: `sample` itself, or the TFRecord feature in memory
   // (kRaw: a float_list's or int64_list's values too, their type left in payload_dtype_).
-  const ByteSource& payload(const SampleLocation& where);
-  void probe_slice(const SampleLocation& where, ArrayProbe& probe);
+  const ByteSource& payload(const ByteSource& sample, const Catalog::Locator& loc);
+  void probe_slice(const ByteSource& sample, const Catalog::Locator& loc, ArrayProbe& probe);
 
   const Codec& codec_;
   ZstdDecoder zstd_;
@@ -116,7 +108,6 @@ class SampleDecoder {
   std::vector<std::byte> scratch_;
   std::vector<std::byte> values_;    // a TFRecord feature's float or int64 values
   std::string_view payload_dtype_ = "|u1";
-  std::optional<FileSource> file_source_;
   std::optional<MemorySource> memory_source_;
 };
 

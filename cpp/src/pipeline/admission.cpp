@@ -23,7 +23,7 @@ void Admitter::admit(uint64_t epoch, uint64_t index, const uint64_t* ids, size_t
       out.declined.clear();
       for (size_t k = 0; k < count; ++k) {
         const uint64_t file = shared_.catalog.locator(ids[k]).file;
-        if (!shared_.stage_dir->is_staged(file) || shared_.stage_dir->unverified(file)) {
+        if (!shared_.stage_dir->servable(file)) {
           out.declined.push_back(k);
         }
       }

@@ -117,6 +117,9 @@ class StageDirectory {
   bool unverified(uint64_t id) const noexcept {
     return unverified_[id].load(std::memory_order_acquire) != 0;
   }
+  // A copy this process may serve: staged, and checked against its record if an earlier run left
+  // it (stage 2 checks those: verify()).
+  bool servable(uint64_t id) const noexcept { return is_staged(id) && !unverified(id); }
 
   // Takes over the copies that other processes sharing the directory have published since the last
   // look (the records appended to the index meanwhile): each absent file among them is staged from

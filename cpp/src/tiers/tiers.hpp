@@ -7,7 +7,7 @@
 //    source (the PFS);
 //  - stage 2's read-ahead (fetch_sample()): the sample's home copy through the peer tier
 //    (tiers/peers.hpp: from the owner node over MPI, or from this node's stage directory), or the
-//    source: whichever the source model (tiers/source_model.hpp) expects to finish the read first;
+//    source: whichever the router (tiers/router.hpp) expects to finish the read first;
 //  - stage 2's copies (fetch_file()): a home copy on another node through the peer tier, or the
 //    source, chosen as for the read-ahead.
 // Stages 2 and 3 read samples through this unit alone (but for stage 2's check of an earlier run's
@@ -20,7 +20,6 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <span>
 #include <stdexcept>
@@ -29,14 +28,15 @@
 
 #include "prestage/catalog.hpp"
 #include "prestage/error.hpp"
+#include "tiers/router.hpp"
 #include "tiers/source_model.hpp"
 #include "tiers/stage_directory.hpp"
+#include "util/byte_source.hpp"
 #include "util/file_io.hpp"
 #include "util/io_trace.hpp"
 
 namespace prestage::detail {
 
-class Peers;
 
 // In the order they are tried.
 enum class Tier : uint8_t { kMemory = 0, kStage = 1, kPeer = 2, kSource = 3 };
@@ -45,37 +45,35 @@ inline constexpr size_t kTierCount = 4;
 inline constexpr std::array<const char*, kTierCount> kTierNames{"memory", "stage", "peer",
                                                                 "source"};
 
-// A sample as the tier that serves it holds it: bytes in memory, or a file to read it from.
-struct SampleAt {
-  Tier tier = Tier::kSource;
-  std::span<const std::byte> bytes;  // kMemory: the whole sample
-  const std::string* file = nullptr;  // the file tiers: the copy to read (staged or source)
-  const std::string* path = nullptr;  // the sample's source path: what errors name
-  const std::string* root = nullptr;  // set: `file` is a source file confined to this root
-  Catalog::Locator locator;           // where the sample lies in `file`
+// A whole staged copy as a use that reads its bytes whole (Access::kBytes) sees it: all() checks
+// them against the copy's record once read; a copy that fails is removed and counted
+// (StageDirectory::intact()), and CorruptCopy thrown: the read goes to the next tier.
+class CheckedCopy final : public ByteSource {
+ public:
+  CheckedCopy(const FileSource& copy, StageDirectory& stage, uint64_t file)
+      : copy_(copy), stage_(stage), file_(file) {}
+  uint64_t size() const override { return copy_.size(); }
+  void read(uint64_t offset, std::span<std::byte> out) const override { copy_.read(offset, out); }
+  std::span<const std::byte> all(std::vector<std::byte>& buffer) const override;
+  const FileRef* file() const override { return copy_.file(); }
+  const std::string& path() const override { return copy_.path(); }
+  bool checked() const noexcept { return checked_; }
 
-  bool in_memory() const noexcept { return file == nullptr; }
-  // `file` as it must be opened (the catalog's symlink policy applies to source files only).
-  FileRef open() const { return root != nullptr ? FileRef(*file, *root) : FileRef(*file); }
-
-  // A use that reads the sample's bytes (Access::kBytes) passes them here once read: a staged
-  // copy read whole is checked against its record; a copy that fails is removed and the read
-  // goes to the next tier (StageDirectory::intact()).
-  void check(std::span<const std::byte> read) const;
-
-  StageDirectory* stage = nullptr;  // set: `file` is a whole staged copy, to check()
-  uint64_t file_id = 0;
-  mutable bool checked = false;
+ private:
+  const FileSource& copy_;
+  StageDirectory& stage_;
+  uint64_t file_;
+  mutable bool checked_ = false;
 };
 
 // What a use of a sample (Tiers::serve) does with it, which says how a staged copy is checked.
 enum class Access : uint8_t {
   kLook,   // reads nothing of its bytes (a size from the catalog or the file's length)
-  kBytes,  // reads them whole, and passes them to SampleAt::check()
+  kBytes,  // reads them whole, with ByteSource::all() (which checks a whole staged copy)
   kFile,   // reads parts of the file itself (a codec's header and data)
 };
 
-// Thrown by SampleAt::check() for a copy that failed: serve() reads the next tier.
+// Thrown by CheckedCopy::all() for a copy that failed: serve() reads the next tier.
 struct CorruptCopy {};
 
 // Per-thread strings for the paths a lookup builds, so that no read allocates once warm.
@@ -87,6 +85,14 @@ struct TierScratch {
   // when set (a caller that keeps them past the call), else `fetched`.
   std::vector<std::byte> fetched;
   std::vector<std::byte>* fetch_into = nullptr;
+};
+
+// Why a read is made, which says where it is counted (Tiers::count).
+enum class Purpose : uint8_t {
+  kDecode,     // stage 3, and a first look at a sample: served(), a trace record of kind kRead
+  kLocate,     // decode=locate's look at where a sample is: served(), no trace record (no read)
+  kReadAhead,  // stage 2's read of a sample into memory: fetched(), kReadAhead
+  kCopy,       // stage 2's read of a whole file to stage: fetched(), kCopy
 };
 
 struct TierCounts {
@@ -126,37 +132,19 @@ class Tiers {
 
   const Catalog& catalog() const noexcept { return catalog_; }
   StageDirectory* stage_directory() const noexcept { return stage_; }
-  // The peer tier, tried by fetch_sample() before the source (null: none). Set before any read;
-  // it must outlive the reads. With the tier on, the reads of stage 2 are timed and learned from,
-  // and each read of a sample with a home copy goes to that copy or to the source, whichever the
-  // model expects to finish first (source_model()). The model's probes of a source are made off
-  // the reads' path, one at a time, on a thread the first one starts: a read never waits on one.
-  // With `home_copy_always` (LoaderOptions::pfs_reads kFewest), every such read goes to the home
-  // copy: no model, no probe (source_model() null), the source read only where no copy is.
+  // The peer tier, tried by fetch_sample() before the source (null: none), through a Router
+  // (tiers/router.hpp) that chooses between a home copy and the source for every read below the
+  // stage directory. Set before any read; it must outlive the reads.
   void set_peers(Peers* peers, bool home_copy_always = false);
-  // Waits for the source model's probe under way, if any, and starts none from then on: its
-  // figures are whole. Called once the peer tier has stopped (which ends its wait on a peer).
-  void stop_probes();
-  // The estimates per source and the reads each served (null: the peer tier is off).
-  const SourceModel* source_model() const noexcept { return model_.get(); }
-  // How the other nodes' links compare with the PFS for a read of the set's mean sample, as the
-  // model sees them now (SourceModel::links_against_pfs); kUnknown with the peer tier off. While it
-  // is kSlower the peer tier's transport is quiet (Peers::set_quiet): the other nodes, whose links
-  // are alike, read the source and only probe this one. The view is looked at where it can turn:
-  // after each probe of a link is learned from, and while quiet after each read of a link.
-  SourceModel::Links links() const;
-  // Whether the node's stage directory keeps its home copies first (StageCache::set_home_first):
-  // always with home_copy_always; with the model, from when every link is expected to read the
-  // set's mean sample in at most 1/kHomeFirstBy of the PFS's time until one is no longer expected
-  // faster than the PFS. A node gives up some of its own hits for its home copies only where the
-  // other nodes then read those copies instead of the PFS: while the links are faster at all
-  // (links() kFaster), every read of another node's home copy goes to that copy, not to whichever
-  // source the model expects to finish first; the margin keeps a node whose view of the links
-  // differs a little from the others' (each learns its own) from keeping home copies the others
-  // would not read. Links faster by less leave the layout own first, as with the tier off, so the
-  // tier never reads the PFS more than the same job without it. Called by stage 1 (one thread).
-  static constexpr double kHomeFirstBy = 2.0;
-  bool home_first() const;
+  // The router's (null: the peer tier is off).
+  void stop_probes() {
+    if (router_ != nullptr) router_->stop_probes();
+  }
+  const SourceModel* source_model() const noexcept { return model(); }
+  SourceModel::Links links() const {
+    return router_ != nullptr ? router_->links() : SourceModel::Links::kUnknown;
+  }
+  bool home_first() const { return router_ != nullptr && router_->home_first(); }
 
   // A sample's size from the catalog (its byte range, or its whole file's recorded size), or
   // Catalog::kUnknownSize.
@@ -164,16 +152,18 @@ class Tiers {
   // Throws DecodeError naming the sample if `size` (known) exceeds the size limit.
   void check_size(uint64_t id, uint64_t size) const;
 
-  // Stage 3. Calls `use(at)` with sample `id` as the first tier from `from` on that has it: `held`
+  // Stage 3. Calls `use(bytes)` with sample `id`'s bytes (a ByteSource: the sample's byte range,
+  // or its whole file for a sample of the whole file or a slice of it) from the first tier from
+  // `from` on that has it: `held`
   // (the bytes stage 2 read ahead for it, or null), the stage directory's copy (not one left by an
   // earlier run that stage 2 has not yet checked against its record), its home copy through the
   // peer tier (with the tier on, a `tally` and an `access` that reads: into memory, as fetch_sample() reads
-  // it: a peer sends the sample's byte range, a slice's whole file; `at.tier` is kPeer, or
+  // it: a peer sends the sample's byte range, a slice's whole file; served by kPeer, or by
   // kStage for a home copy of this node that a neighbour had not yet published), the source.
   // `use` returns the bytes it took; an IoError it throws while the stage directory serves means the
   // copy vanished (the directory was cleaned or lost), and the next tier serves. `access` says what
   // `use` reads, and so how a staged copy is checked before it is trusted (never a wrong byte):
-  // kBytes of a whole copy by its CRC-32C (use calls at.check()), kFile and kBytes of part of a copy
+  // kBytes of a whole copy by its CRC-32C (use calls bytes.all()), kFile and kBytes of part of a copy
   // by StageDirectory::unchanged(); a copy that fails is removed and counted, and the source serves.
   // With a `tally`, the read is counted in the tier that served, there and in served() (a first
   // look at a sample's size or header passes null, and its read the batch's tally), and the I/O
@@ -234,36 +224,22 @@ class Tiers {
     }
   }
   void refuse_if_stalled(uint64_t file, const std::string& path);
-  // Sample `loc`'s bytes (`sample_bytes` of them, 0: unknown) from its home copy through the peer
-  // tier into `buffer`, or from wherever the source model expects the read to finish first:
-  // kPeer, kStage (this node's home copy, published late), or kSource (none fetched: the caller
-  // reads the source; `pfs_chosen` says the model chose it over a home copy and queued the read).
-  // kOtherNode: only a home copy on another node is asked for (stage 2's copies: this node's own
-  // home copy is the one being made), and nothing is counted for a file without one.
-  enum class Home : uint8_t { kAny, kOtherNode };
+  // The one place a read is counted: by the tier that served it, in the run's figures for its
+  // purpose (served() or fetched()), in the batch's `tally` (null: none), and as one record of the
+  // I/O trace. `sample`: IoTrace::kNoSample for a whole file; `start_ns`: the trace's clock when
+  // the read began.
+  void count(Purpose purpose, Tier tier, uint64_t sample, uint64_t file, uint64_t offset,
+             uint64_t bytes, int64_t start_ns, TierTally* tally);
+  // The router's fetch_home() (tiers/router.hpp) as the tier that served: kPeer, kStage (this
+  // node's home copy, published late) or kSource (none fetched; with the peer tier off, always).
   Tier fetch_home(const Catalog::Locator& loc, uint64_t sample_bytes, std::vector<std::byte>& buffer,
-                  bool& pfs_chosen, Home where = Home::kAny);
-  // The model's queued read of the source (fetch_home's pfs_chosen) ended unlearned from.
-  void pfs_unqueued(uint64_t bytes);
-  // While the model knows no link, probes one with a sample another node stages first
-  // (Peers::early_probe), a few times at most: so that the node's stage directory knows its layout
-  // (StageCache::set_home_first) before the first reads of other nodes' copies are planned.
-  void probe_links_early();
-  // Sets the transport quiet where links() is kSlower, and not quiet elsewhere, if that changed.
-  void update_quiet();
-  class Prober;
+                  bool& pfs_chosen, Router::Home where = Router::Home::kAny);
+  SourceModel* model() const noexcept { return router_ != nullptr ? router_->model() : nullptr; }
 
   const Catalog& catalog_;
   StageDirectory* stage_;
-  Peers* peers_ = nullptr;
-  std::unique_ptr<SourceModel> model_;  // with peers_ on
-  std::mutex quiet_mutex_;              // a look at links() and the quiet it sets, one at a time
-  std::atomic<bool> quiet_{false};      // as last set (written under quiet_mutex_)
-  mutable std::atomic<bool> home_first_{false};  // see home_first()
-  std::unique_ptr<Prober> prober_;      // with model_; declared after it: stopped first
+  std::unique_ptr<Router> router_;  // with the peer tier
   uint64_t max_read_bytes_;
-  uint64_t mean_sample_bytes_ = 0;    // of the samples whose size the catalog records (set_peers)
-  std::atomic<int> early_probes_{0};  // left to probe_links_early() (set_peers)
   TierTally served_, fetched_;
   IoTrace* trace_ = nullptr;
   std::unique_ptr<std::atomic<uint8_t>[]> stalled_;  // per file: see stalled_if_timed_out()
@@ -274,52 +250,34 @@ Tier Tiers::serve(uint64_t id, Tier from, std::optional<std::span<const std::byt
                   TierScratch& scratch,
                   TierTally* tally, Access access, const Use& use) {
   const Catalog::Locator loc = catalog_.locator(id);
-  SampleAt at;
-  at.locator = loc;
-  at.path = &source_path(loc.file, scratch.source);
-  const auto run = [&](Tier tier) {
-    const bool counted = tally != nullptr;
-    const bool in_memory = at.in_memory();
-    const int64_t start = counted && trace_ != nullptr ? trace_->now_ns() : 0;
-    const uint64_t n = use(at);
-    if (counted && (n != 0 || in_memory || access != Access::kFile)) {
-      if (trace_ != nullptr) {
-        trace_->add(id, loc.file, loc.offset, n, start, static_cast<uint8_t>(tier), TraceKind::kRead);
-      }
-      served_.add(tier, n);
-      tally->add(tier, n);
+  const std::string& path = source_path(loc.file, scratch.source);
+  const uint64_t size = sample_size(id);
+  const auto run = [&](Tier tier, const ByteSource& bytes) {
+    const int64_t start = tally != nullptr && trace_ != nullptr ? trace_->now_ns() : 0;
+    const uint64_t n = use(bytes);
+    if (tally != nullptr && (n != 0 || bytes.file() == nullptr || access != Access::kFile)) {
+      count(Purpose::kDecode, tier, id, loc.file, loc.offset, n, start, tally);
     }
     return tier;
   };
-  if (from == Tier::kMemory && held) {
-    at.tier = Tier::kMemory;
-    at.bytes = *held;
-    return run(Tier::kMemory);
-  }
+  if (from == Tier::kMemory && held) return run(Tier::kMemory, MemorySource(*held, path));
   // A copy left by an earlier run is served only once stage 2 has checked it against its record.
-  if (from <= Tier::kStage && stage_ != nullptr && stage_->is_staged(loc.file) &&
-      !stage_->unverified(loc.file)) {
+  if (from <= Tier::kStage && stage_ != nullptr && stage_->servable(loc.file)) {
     const bool whole = access == Access::kBytes && loc.length == Catalog::kWholeFile;
     if (whole || access == Access::kLook || stage_->unchanged(loc.file, scratch.check)) {
       scratch.staged = stage_->staged_path(loc.file);
-      at.tier = Tier::kStage;
-      at.file = &scratch.staged;
-      if (whole) {
-        at.stage = stage_;
-        at.file_id = loc.file;
-      }
+      const FileSource copy = FileSource::sample(FileRef(scratch.staged), loc, size, path);
       try {
-        const Tier tier = run(Tier::kStage);
-        if (whole && !at.checked) throw std::logic_error("tiers: a staged copy was read unchecked");
+        if (!whole) return run(Tier::kStage, copy);
+        const CheckedCopy checked(copy, *stage_, loc.file);
+        const Tier tier = run(Tier::kStage, checked);
+        if (!checked.checked()) throw std::logic_error("tiers: a staged copy was read unchecked");
         return tier;
       } catch (const IoError&) {
         // The copy vanished: the source has the same bytes.
       } catch (const CorruptCopy&) {
-        // Removed and counted by check(): the source has the right bytes.
+        // Removed and counted by CheckedCopy: the source has the right bytes.
       }
-      at = SampleAt{};
-      at.locator = loc;
-      at.path = &scratch.source;
     }
   }
   // A home copy through the peer tier, for a counted read of an epoch's sample (a look at the set
@@ -327,26 +285,18 @@ Tier Tiers::serve(uint64_t id, Tier from, std::optional<std::span<const std::byt
   // reaches it), that reads its bytes (they go to memory: a look at a size needs none of them), of
   // a known size within the size limit (a slice's is its file's: a larger file is read in part
   // from the source, as before).
-  const uint64_t size = sample_size(id);
-  if (from <= Tier::kPeer && peers_ != nullptr && tally != nullptr && access != Access::kLook &&
+  if (from <= Tier::kPeer && router_ != nullptr && tally != nullptr && access != Access::kLook &&
       size != Catalog::kUnknownSize && size <= max_read_bytes_) {
     std::vector<std::byte>& buffer =
         scratch.fetch_into != nullptr ? *scratch.fetch_into : scratch.fetched;
     bool pfs_chosen = false;
     const Tier tier = fetch_home(loc, size, buffer, pfs_chosen);
     // Stage 3's reads of the source are not timed: the model's choice of it is not learned from.
-    if (pfs_chosen) pfs_unqueued(size);
-    if (tier != Tier::kSource) {
-      at.tier = tier;
-      at.bytes = buffer;
-      return run(tier);
-    }
+    if (pfs_chosen) router_->pfs_unqueued(size);
+    if (tier != Tier::kSource) return run(tier, MemorySource(buffer, path));
   }
-  at.tier = Tier::kSource;
-  at.file = at.path;
-  if (catalog_.symlinks() == Catalog::Symlinks::kInside) at.root = &catalog_.root().native();
-  if (access != Access::kLook) refuse_if_stalled(loc.file, *at.path);
-  return run(Tier::kSource);
+  if (access != Access::kLook) refuse_if_stalled(loc.file, path);
+  return run(Tier::kSource, FileSource::sample(source_file(catalog_, path), loc, size, path));
 }
 
 }  // namespace prestage::detail

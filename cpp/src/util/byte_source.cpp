@@ -16,6 +16,38 @@ void MemorySource::read(uint64_t offset, std::span<std::byte> out) const {
   if (!out.empty()) std::memcpy(out.data(), bytes_.data() + offset, out.size());
 }
 
+std::span<const std::byte> ByteSource::all(std::vector<std::byte>& buffer) const {
+  const auto bytes = memory();
+  if (!bytes.empty()) return bytes;
+  buffer.resize(size());
+  read(0, buffer);
+  return buffer;
+}
+
+FileSource FileSource::sample(const FileRef& file, const Catalog::Locator& loc, uint64_t size,
+                              const std::string& path) {
+  if (loc.length != Catalog::kWholeFile) return FileSource(file, loc.offset, loc.length, path);
+  FileSource whole(file, 0, ~uint64_t{0}, path);
+  whole.recorded_ = size;
+  return whole;
+}
+
+std::span<const std::byte> FileSource::all(std::vector<std::byte>& buffer) const {
+  if (open_ || (length_ == ~uint64_t{0} && offset_ != 0)) {
+    buffer.resize(size());
+    read(0, buffer);
+  } else if (length_ != ~uint64_t{0}) {
+    buffer.resize(length_);
+    read_range(file_, offset_, buffer);
+  } else if (recorded_ != Catalog::kUnknownSize) {
+    buffer.resize(recorded_);
+    read_file_exact(file_, buffer);
+  } else {
+    read_file(file_, buffer);
+  }
+  return buffer;
+}
+
 const OpenFile& FileSource::open() const {
   if (!open_) {
     open_.emplace(file_);
