@@ -1,5 +1,6 @@
 #include <map>
 #include <optional>
+#include <tuple>
 #include <string>
 
 #include <pybind11/numpy.h>
@@ -100,14 +101,15 @@ std::pair<std::string, std::string> data_and_label(
 }  // namespace
 
 void register_catalog(py::module_& m) {
-  py::class_<Catalog>(m, "Catalog", R"doc(
+  py::class_<Catalog> catalog(m, "Catalog", R"doc(
 The immutable, indexed list of samples 0..N-1 of a data set: a path relative to the root and a label.
 Symbolic links under the root are followed wherever they lead, as torchvision does, unless the
 catalog is built with symlinks="inside" (see from_folder).
 
 >>> cat = prestage.Catalog.from_folder("/data/imagenet/train")
 >>> len(cat), cat.path(0), cat.label(0)
-)doc")
+)doc");
+  catalog
       .def_static(
           "from_folder",
           [](const std::filesystem::path& root, const std::vector<std::string>& extensions,
@@ -468,6 +470,40 @@ catalog; saved with it.
                     : ", " + std::to_string(c.damage().size()) + " damaged records left out") +
                ">";
       });
+
+  // Catalog.from_hf (python/prestage/hf.py) locates its samples with pyarrow and builds its catalog
+  // here: arrays of one entry per sample, and the damage it found as (file, offset, rest_of_file,
+  // reason) tuples.
+  m.def(
+      "_catalog_from_located",
+      [](const std::filesystem::path& root, const std::vector<std::string>& files,
+         py::array_t<uint64_t, py::array::c_style | py::array::forcecast> file_index,
+         py::array_t<uint64_t, py::array::c_style | py::array::forcecast> offsets,
+         py::array_t<uint64_t, py::array::c_style | py::array::forcecast> lengths,
+         py::array_t<int64_t, py::array::c_style | py::array::forcecast> labels,
+         const std::vector<std::string>& classes,
+         const std::vector<std::tuple<uint64_t, uint64_t, bool, std::string>>& damage) {
+        const auto n = static_cast<size_t>(file_index.size());
+        if (offsets.size() != file_index.size() || lengths.size() != file_index.size() ||
+            labels.size() != file_index.size()) {
+          throw ConfigError("catalog: located samples of unequal lengths");
+        }
+        std::vector<Catalog::Locator> locators(n);
+        const uint64_t* f = file_index.data();
+        const uint64_t* o = offsets.data();
+        const uint64_t* l = lengths.data();
+        for (size_t i = 0; i < n; ++i) locators[i] = Catalog::Locator{f[i], o[i], l[i]};
+        std::vector<int64_t> label_list(labels.data(), labels.data() + n);
+        std::vector<Catalog::Damage> damage_list;
+        for (const auto& [file, offset, rest, reason] : damage) {
+          damage_list.push_back(Catalog::Damage{file, offset, rest, reason});
+        }
+        py::gil_scoped_release release;
+        return Catalog::from_located(root, files, locators, label_list, classes,
+                                     std::move(damage_list));
+      },
+      py::arg("root"), py::arg("files"), py::arg("file_index"), py::arg("offsets"),
+      py::arg("lengths"), py::arg("labels"), py::arg("classes"), py::arg("damage"));
 }
 
 }  // namespace prestage::python

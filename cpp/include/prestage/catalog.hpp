@@ -191,6 +191,18 @@ class Catalog {
   };
   const std::vector<Damage>& damage() const noexcept;
 
+  // Samples that a reader outside this library located as byte ranges of `files` (relative to
+  // `root`): from_ranges, with what that reader found damaged and left out (`damage`, in file and
+  // byte order) kept as from_webdataset keeps it, and each file's size and time recorded (a stat per
+  // file, as from_folder). Catalog.from_hf in Python builds its catalogs so: pyarrow finds the
+  // buffers of Arrow and Parquet files, and the loader reads the ranges.
+  static Catalog from_located(const std::filesystem::path& root,
+                              const std::vector<std::string>& files,
+                              const std::vector<Locator>& locators,
+                              const std::vector<int64_t>& labels,
+                              const std::vector<std::string>& classes,
+                              std::vector<Damage> damage);
+
   Kind kind() const noexcept;
   // kTfrecord: the data feature; kHdf5: the dataset; kArrays: the .npz member; else "".
   const std::string& field() const noexcept;

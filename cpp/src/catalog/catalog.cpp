@@ -1035,6 +1035,26 @@ Catalog Catalog::from_mds(const fs::path& dir, const std::string& data, const st
   return Catalog(catalog);
 }
 
+Catalog Catalog::from_located(const fs::path& root, const std::vector<std::string>& files,
+                              const std::vector<Locator>& locators,
+                              const std::vector<int64_t>& labels,
+                              const std::vector<std::string>& classes, std::vector<Damage> damage) {
+  if (locators.empty()) throw ConfigError("catalog: no sample was located");
+  for (size_t i = 0; i < locators.size(); ++i) {
+    if (locators[i].length == kWholeFile) {
+      throw ConfigError("catalog: located sample " + std::to_string(i) + " has no length");
+    }
+  }
+  for (const auto& d : damage) {
+    if (d.file >= files.size()) throw ConfigError("catalog: damage names a file past the list");
+  }
+  refuse_duplicates("catalog", root, files);
+  auto data = make_data(root, files, labels, classes, locators);
+  data->damage = std::move(damage);
+  record_file_stats(*data);
+  return Catalog(data);
+}
+
 uint64_t Catalog::fingerprint() const noexcept { return data_->fingerprint; }
 
 }  // namespace prestage
