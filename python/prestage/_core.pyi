@@ -42,7 +42,8 @@ class Catalog:
     @staticmethod
     def from_webdataset(shards: Union[_Path, Sequence[_Path]],
                         fields: Dict[str, Optional[str]] = ..., *, missing: str = "error",
-                        on_error: str = "raise") -> Catalog: ...
+                        on_error: str = "raise",
+                        index: Union[_Path, Sequence[_Path], None] = None) -> Catalog: ...
     @staticmethod
     def from_mds(dir: _Path, fields: Dict[str, Optional[str]] = ..., *,
                  on_error: str = "raise") -> Catalog: ...

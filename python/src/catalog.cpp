@@ -273,16 +273,18 @@ truncation loses the rest of that file (nothing after it can be located). Read e
       .def_static(
           "from_webdataset",
           [](py::handle shards, const std::map<std::string, std::optional<std::string>>& fields,
-             const std::string& missing, const std::string& on_error) {
+             const std::string& missing, const std::string& on_error, py::handle index) {
             const auto [data, label] = data_and_label("from_webdataset", fields, "jpg;jpeg", "cls");
             const auto patterns = pattern_list(shards);
             const auto missing_policy_ = missing_policy(missing);
             const auto policy = error_policy(on_error);
+            const auto indexes =
+                index.is_none() ? std::vector<std::filesystem::path>{} : path_list(index);
             std::optional<Catalog> catalog;
             {
               py::gil_scoped_release release;
-              catalog.emplace(
-                  Catalog::from_webdataset(patterns, data, label, missing_policy_, policy));
+              catalog.emplace(Catalog::from_webdataset(patterns, data, label, missing_policy_,
+                                                       policy, indexes));
             }
             warn_damage(*catalog, "from_webdataset", "sample");
             return *catalog;
@@ -291,7 +293,8 @@ truncation loses the rest of that file (nothing after it can be located). Read e
           py::arg("fields") =
               std::map<std::string, std::optional<std::string>>{{"image", "jpg;jpeg"},
                                                                 {"label", "cls"}},
-          py::kw_only(), py::arg("missing") = "error", py::arg("on_error") = "raise", R"doc(
+          py::kw_only(), py::arg("missing") = "error", py::arg("on_error") = "raise",
+          py::arg("index") = py::none(), R"doc(
 Samples are the samples of WebDataset tar shards, in order. `shards`: a path, a glob ("*?[",
 sorted) or a brace pattern ("train-{000000..000123}.tar", "{a,b}"), or a list of them. One pass
 over each shard's headers (ustar, GNU long names and base-256 sizes, pax as Python's tarfile and
@@ -318,10 +321,16 @@ on_error="skip" keeps every good sample, warns once (RuntimeWarning) and lists w
 was found is lost with it); a truncated shard loses its end. Read errors (prestage.IoError) are
 raised either way. Save the catalog to scan the shards only once.
 
+`index`: a DALI index per shard (wds2idx's ``.idx``, v1.1 or v1.2), a path or a list in the order
+of the shards as expanded, read instead of scanning each shard. Each is checked against its shard
+as it is read (its members in order within the shard, each after a tar header of its size, and of
+its name for v1.2): an index that does not describe its shard is prestage.ConfigError naming both.
+
 >>> cat = prestage.Catalog.from_webdataset("/pfs/laion/train-{000000..000123}.tar")
 >>> cat = prestage.Catalog.from_webdataset("shards/*.tar", fields={"image": "jpg;jpeg",
 ...                                         "label": "json:label"}, on_error="skip")
 >>> cat = prestage.Catalog.from_webdataset(shards, fields={"data": "npy", "label": None})
+>>> cat = prestage.Catalog.from_webdataset("train-{0..9}.tar", index=[f"train-{i}.idx" for i in range(10)])
 )doc")
       .def_static(
           "from_mds",

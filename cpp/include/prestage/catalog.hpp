@@ -159,11 +159,18 @@ class Catalog {
   // read is lost with it, as what follows a lying size); a truncated shard loses its end. An
   // IoError reading a shard is raised either way. Paths are opened as given (links followed);
   // the root is their common folder.
+  //
+  // `indexes`: empty (scan every shard), or one DALI index per shard (wds2idx's `.idx`, v1.1 or
+  // v1.2), in the order of the shards as expanded: each shard's samples are taken from its index,
+  // which is checked against the shard (members in order within it, each after a tar header of its
+  // size, and name for v1.2) instead of scanning it; an index that does not describe its shard is a
+  // ConfigError naming both.
   static Catalog from_webdataset(const std::vector<std::string>& shards,
                                  const std::string& data = "jpg;jpeg",
                                  const std::string& label = "cls",
                                  Missing missing = Missing::kError,
-                                 OnError on_error = OnError::kRaise);
+                                 OnError on_error = OnError::kRaise,
+                                 const std::vector<std::filesystem::path>& indexes = {});
 
   // Samples are the samples of a MosaicML Streaming MDS set in folder `dir`, in the order of its
   // index.json (version 2): one read of each shard's offset table, and of each sample's column
