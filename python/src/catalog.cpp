@@ -418,8 +418,9 @@ rest in `damage`.
             return out;
           },
           R"doc(
-What from_tfrecord, from_webdataset or from_mds (with on_error="skip") left out, in file and byte
-order: a list of {"path", "offset" (byte of the damaged record, tar member or MDS sample),
+What from_tfrecord, from_webdataset, from_mds or from_hf (with on_error="skip") left out, in file
+and byte order: a list of {"path", "offset" (byte of the damaged record, tar member, MDS sample,
+Arrow record batch or Parquet page),
 "rest_of_file" (True: nothing after it in that file could be read), "reason"}. Empty for any other
 catalog; saved with it.
 

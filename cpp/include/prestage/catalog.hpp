@@ -187,9 +187,9 @@ class Catalog {
   static Catalog from_mds(const std::filesystem::path& dir, const std::string& data = "image",
                           const std::string& label = "label", OnError on_error = OnError::kRaise);
 
-  // What from_tfrecord, from_webdataset or from_mds (with OnError::kSkip) found damaged and left
-  // out of the catalog, in file and byte order; empty for any other catalog. Saved with the
-  // catalog.
+  // What from_tfrecord, from_webdataset, from_mds or from_located (with OnError::kSkip) found
+  // damaged and left out of the catalog, in file and byte order; empty for any other catalog.
+  // Saved with the catalog.
   struct Damage {
     uint64_t file = 0;          // index into the catalog's files
     uint64_t offset = 0;        // byte of the file where the damaged record (or tar member) starts
