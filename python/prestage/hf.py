@@ -576,7 +576,7 @@ def _locate_parquet(path: str, image: str, label: Optional[str], first_row: int,
                 except _Damage as d:
                     reason = f"{where}: {d.reason}"
                     if not skip:
-                        raise DecodeError_(path, reason) from None
+                        raise _decode_error(path, reason) from None
                     out.damage.append((file, d.offset, g == groups - 1, reason))
                     row += rows
                     continue
@@ -586,7 +586,7 @@ def _locate_parquet(path: str, image: str, label: Optional[str], first_row: int,
                               f"{row + int(np.flatnonzero(missing)[0])}: no image bytes (a null "
                               "image, or one stored by path only)")
                     if not skip:
-                        raise DecodeError_(path, reason)
+                        raise _decode_error(path, reason)
                     for k in np.flatnonzero(missing):
                         out.damage.append((file, start, False,
                                            f"column '{described.path}', row {row + int(k)}: no "
@@ -600,7 +600,7 @@ def _locate_parquet(path: str, image: str, label: Optional[str], first_row: int,
     return row - first_row
 
 
-def DecodeError_(path: str, reason: str) -> DecodeError:  # noqa: N802
+def _decode_error(path: str, reason: str) -> DecodeError:  # noqa: N802
     """prestage.DecodeError as the core raises it: `path` and `reason` set."""
     e = DecodeError(f"{path}: {reason}")
     e.path, e.reason = path, reason
@@ -683,7 +683,7 @@ def from_hf(source: _Source, fields: Optional[Dict[str, Optional[str]]] = None, 
             row += locate(path, image, want_label, row, located, f, skip)
         except _Damage as d:
             if not skip:
-                raise DecodeError_(path, d.reason) from None
+                raise _decode_error(path, d.reason) from None
             located.damage.append((f, d.offset, d.rest_of_file, d.reason))
             row += _rows(path, parquet)
     if not located.offsets or sum(len(o) for o in located.offsets) == 0:

@@ -158,15 +158,17 @@ TEST_CASE("catalog: from_located keeps its ranges, classes and damage, records s
   CHECK(back.file_size(1) == 8);
 }
 
-TEST_CASE("catalog: from_located refuses no samples, a whole-file locator, bad damage, twice a file") {
+TEST_CASE("catalog: from_located refuses no samples, a whole file, bad damage, a file twice") {
   TempDir dir;
   const std::vector<std::string> files{"a.arrow"};
   using L = Catalog::Locator;
   CHECK_THROWS_AS(Catalog::from_located(dir.path(), files, {}, {}, {}, {}), prestage::ConfigError);
-  CHECK_THROWS_AS(Catalog::from_located(dir.path(), files, {L{0, 0, Catalog::kWholeFile}}, {}, {}, {}),
-                  prestage::ConfigError);
-  CHECK_THROWS_AS(Catalog::from_located(dir.path(), files, {L{0, 0, 1}}, {}, {}, {{1, 0, false, ""}}),
-                  prestage::ConfigError);
+  CHECK_THROWS_AS(
+      Catalog::from_located(dir.path(), files, {L{0, 0, Catalog::kWholeFile}}, {}, {}, {}),
+      prestage::ConfigError);
+  CHECK_THROWS_AS(
+      Catalog::from_located(dir.path(), files, {L{0, 0, 1}}, {}, {}, {{1, 0, false, ""}}),
+      prestage::ConfigError);
   CHECK_THROWS_AS(Catalog::from_located(dir.path(), files, {L{1, 0, 1}}, {}, {}, {}),
                   prestage::ConfigError);
   CHECK_THROWS_AS(Catalog::from_located(dir.path(), {"a", "a"}, {L{0, 0, 1}}, {}, {}, {}),

@@ -413,8 +413,9 @@ uint64_t index_webdataset(const FileRef& file, const std::string& path, std::str
   const auto first = head ? words(*head) : std::vector<std::string_view>{};
   const bool v12 = first.size() == 2 && first[0] == "v1.2";
   if (first.size() != 2 || (first[0] != "v1.1" && !v12)) {
-    throw ConfigError("'" + index_path + "' is not a DALI WebDataset index (a first line \"v1.1 N\"" +
-                      " or \"v1.2 N\", as wds2idx writes)");
+    throw ConfigError("'" + index_path +
+                      "' is not a DALI WebDataset index (a first line \"v1.1 N\" or \"v1.2 N\", "
+                      "as wds2idx writes)");
   }
   const auto count = parse_int(first[1]);
   if (!count || *count < 0) throw wrong("the sample count '" + std::string(first[1]) + "'");
@@ -428,7 +429,9 @@ uint64_t index_webdataset(const FileRef& file, const std::string& path, std::str
   while (const auto line = next_line()) {
     const auto w = words(*line);
     if (w.empty()) continue;
-    if (++samples > *count) throw wrong("more samples than its count (" + std::to_string(*count) + ")");
+    if (++samples > *count) {
+      throw wrong("more samples than its count (" + std::to_string(*count) + ")");
+    }
     if (w.size() % group != 0) {
       throw wrong("a line of " + std::to_string(w.size()) + " words, not groups of " +
                   std::to_string(group));
@@ -468,7 +471,9 @@ uint64_t index_webdataset(const FileRef& file, const std::string& path, std::str
       }
       if (v12) {
         const auto split = split_key(name);
-        if (!split || split->ext != ext) throw wrong("member '" + name + "' has no extension '" + ext + "'");
+        if (!split || split->ext != ext) {
+          throw wrong("member '" + name + "' has no extension '" + ext + "'");
+        }
         if (key.empty()) key = std::string(split->key);
         if (split->key != key) throw wrong("member '" + name + "' is not of key '" + key + "'");
       }
@@ -510,7 +515,8 @@ uint64_t index_webdataset(const FileRef& file, const std::string& path, std::str
     if (!problem.empty()) {
       const std::string reason = who + ": " + problem;
       if (!damaged) {
-        throw DecodeError(path, "WebDataset shard: " + reason + " at byte " + std::to_string(start));
+        throw DecodeError(path,
+                          "WebDataset shard: " + reason + " at byte " + std::to_string(start));
       }
       damage.push_back(WdsDamage{start, reason, false});
       continue;
