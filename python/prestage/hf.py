@@ -21,7 +21,6 @@ import os
 import struct
 import warnings
 import zlib
-from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
@@ -405,90 +404,86 @@ def _levels(buf: Any, pos: int, end: int, count: int, bit_width: int) -> np.ndar
 
 def _walk_chunk(buf: Any, start: int, end: int, num_values: int, max_def: int,
                 column: str) -> Tuple[np.ndarray, np.ndarray, int]:
-    """Each value's (offset, length) in one column chunk of uncompressed PLAIN BYTE_ARRAY pages, -1
-    for a null; raises _Damage at the page that does not add up (with the values located before it,
-    in .located)."""
+    """Each value's (offset, length) in one column chunk of uncompressed PLAIN BYTE_ARRAY pages
+    (offset -1 for a null); _Damage at the first page that does not add up, _Unsupported at a page
+    that is not PLAIN."""
     offsets = np.full(num_values, -1, np.int64)
     lengths = np.zeros(num_values, np.int64)
     seen = 0
     pos = start
     bit_width = max_def.bit_length()
     u32 = struct.Struct("<I")
-    try:
-        while seen < num_values:
-            if pos >= end:
-                raise _Damage(pos, f"the column chunk ends after {seen} of its {num_values} values")
-            page = pos
-            reader = _Thrift(buf, pos, end)
-            header = reader.struct()
+    while seen < num_values:
+        if pos >= end:
+            raise _Damage(pos, f"the column chunk ends after {seen} of its {num_values} values")
+        page = pos
+        reader = _Thrift(buf, pos, end)
+        header = reader.struct()
 
-            def field(struct: Any, key: int, default: Optional[int] = None) -> int:
-                value = struct.get(key, default) if isinstance(struct, dict) else None
-                if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-                    raise _Damage(page, f"the page at byte {page} has a malformed header")
-                return value
+        def field(fields: Any, key: int, default: Optional[int] = None) -> int:
+            value = fields.get(key, default) if isinstance(fields, dict) else None
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise _Damage(page, f"the page at byte {page} has a malformed header")
+            return value
 
-            kind, raw_size, size = field(header, 1), field(header, 2), field(header, 3)
-            body, body_end = reader.pos, reader.pos + size
-            if body_end > end:
-                raise _Damage(page, f"the page at byte {page} claims {size} bytes, past the end of "
-                              f"its column chunk at byte {end}")
-            if kind == 2:
-                raise _Unsupported(f"column '{column}' is dictionary-encoded")
-            if kind not in (0, 3):
-                pos = body_end  # an index page
+        kind, raw_size, size = field(header, 1), field(header, 2), field(header, 3)
+        body, body_end = reader.pos, reader.pos + size
+        if body_end > end:
+            raise _Damage(page, f"the page at byte {page} claims {size} bytes, past the end of "
+                          f"its column chunk at byte {end}")
+        if kind == 2:
+            raise _Unsupported(f"column '{column}' is dictionary-encoded")
+        if kind not in (0, 3):
+            pos = body_end  # an index page
+            continue
+        if raw_size != size:
+            raise _Damage(page, f"the page at byte {page} claims {raw_size} bytes "
+                          f"uncompressed and {size} stored, in an uncompressed column")
+        crc = header.get(4)
+        if isinstance(crc, int) and zlib.crc32(buf[body:body_end]) != crc & 0xFFFFFFFF:
+            raise _Damage(page, f"the page at byte {page} fails its CRC")
+        levels_at = values = body
+        if kind == 0:
+            data_header = header.get(5)
+            count, encoding = field(data_header, 1), field(data_header, 2)
+            if max_def:
+                if body + 4 > body_end:
+                    raise _Damage(page, f"the page at byte {page} ends in its levels")
+                levels_size = u32.unpack_from(buf, body)[0]
+                levels_at, values = body + 4, body + 4 + levels_size
+        else:
+            data_header = header.get(8)
+            count, encoding = field(data_header, 1), field(data_header, 4)
+            levels_at = body + field(data_header, 6, 0)
+            values = levels_at + field(data_header, 5, 0)
+        if count > num_values - seen:
+            raise _Damage(page, f"the page at byte {page} claims {count} values, more than "
+                          f"its column chunk has left ({num_values - seen})")
+        if encoding != 0:
+            raise _Unsupported(f"column '{column}' is not PLAIN-encoded (encoding {encoding})")
+        if values > body_end:
+            raise _Damage(page, f"the page at byte {page} has levels past its end")
+        present = (np.ones(count, bool) if not max_def else
+                   _levels(buf, levels_at, values, count, bit_width) == max_def)
+        at = values
+        for k in range(count):
+            if not present[k]:
                 continue
-            if raw_size != size:
-                raise _Damage(page, f"the page at byte {page} claims {raw_size} bytes "
-                              f"uncompressed and {size} stored, in an uncompressed column")
-            crc = header.get(4)
-            if isinstance(crc, int) and zlib.crc32(buf[body:body_end]) != crc & 0xFFFFFFFF:
-                raise _Damage(page, f"the page at byte {page} fails its CRC")
-            levels_at = values = body
-            if kind == 0:
-                data_header = header.get(5)
-                count, encoding = field(data_header, 1), field(data_header, 2)
-                if max_def:
-                    if body + 4 > body_end:
-                        raise _Damage(page, f"the page at byte {page} ends in its levels")
-                    levels_size = u32.unpack_from(buf, body)[0]
-                    levels_at, values = body + 4, body + 4 + levels_size
-            else:
-                data_header = header.get(8)
-                count, encoding = field(data_header, 1), field(data_header, 4)
-                levels_at = body + field(data_header, 6, 0)
-                values = levels_at + field(data_header, 5, 0)
-            if count > num_values - seen:
-                raise _Damage(page, f"the page at byte {page} claims {count} values, more than "
-                              f"its column chunk has left ({num_values - seen})")
-            if encoding != 0:
-                raise _Unsupported(f"column '{column}' is not PLAIN-encoded (encoding {encoding})")
-            if values > body_end:
-                raise _Damage(page, f"the page at byte {page} has levels past its end")
-            present = (np.ones(count, bool) if not max_def else
-                       _levels(buf, levels_at, values, count, bit_width) == max_def)
-            at = values
-            for k in range(count):
-                if not present[k]:
-                    continue
-                if at + 4 > body_end:
-                    raise _Damage(page, f"the page at byte {page} ends before value {seen + k} "
-                                  "(its length lies)")
-                n = u32.unpack_from(buf, at)[0]
-                if at + 4 + n > body_end:
-                    raise _Damage(page, f"value {seen + k} of the page at byte {page} claims {n} "
-                                  f"bytes, past the page's end at byte {body_end} (its length lies)")
-                offsets[seen + k] = at + 4
-                lengths[seen + k] = n
-                at += 4 + n
-            if at != body_end:
-                raise _Damage(page, f"the page at byte {page} claims {size} bytes but its values "
-                              f"end {body_end - at} bytes before (its length lies)")
-            seen += count
-            pos = body_end
-    except _Damage as d:
-        d.located = seen  # type: ignore[attr-defined]
-        raise
+            if at + 4 > body_end:
+                raise _Damage(page, f"the page at byte {page} ends before value {seen + k} "
+                              "(its length lies)")
+            n = u32.unpack_from(buf, at)[0]
+            if at + 4 + n > body_end:
+                raise _Damage(page, f"value {seen + k} of the page at byte {page} claims {n} "
+                              f"bytes, past the page's end at byte {body_end} (its length lies)")
+            offsets[seen + k] = at + 4
+            lengths[seen + k] = n
+            at += 4 + n
+        if at != body_end:
+            raise _Damage(page, f"the page at byte {page} claims {size} bytes but its values "
+                          f"end {body_end - at} bytes before (its length lies)")
+        seen += count
+        pos = body_end
     return offsets, lengths, seen
 
 
