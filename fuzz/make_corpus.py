@@ -299,6 +299,7 @@ def seeds():
         "truncated-fixed": b"\x01" + tfrecord(records[1])[:-3],
         "no-label-fixed": b"\x01" + tfrecord(example({"image": feature_bytes(b"a")})),
         "empty": b"\x00",
+        "dali-index": b"\x02" + dali_index(tar_shard(two)) + b"\x00" + tar_shard(two),
     }
 
     unknown_fields = (field(2, 0, varint(150)) + field(3, 1, bytes(8)) + field(4, 5, bytes(4)) +
@@ -358,6 +359,7 @@ def seeds():
         "bad-record-midway": b"\x00" + index_record(1) + index_record(2, own=False) + index_record(3),
         "later-wins": b"\x00" + index_record(4, size=7) + index_record(4),
         "empty": b"\x00",
+        "dali-index": b"\x02" + dali_index(tar_shard(two)) + b"\x00" + tar_shard(two),
     }
 
     labels = (np.array([3, 1, 2], dtype="<i8"), {})
@@ -406,6 +408,24 @@ def tar_shard(members, fmt=tarfile.PAX_FORMAT, mtime=1.5) -> bytes:
     return out.getvalue()
 
 
+def dali_index(shard: bytes) -> bytes:
+    """The v1.2 index DALI's wds2idx writes for `shard`: per sample (a run of one key), each regular
+    member's extension, data offset, size and name."""
+    samples, last = [], None
+    with tarfile.open(fileobj=io.BytesIO(shard)) as tar:
+        for m in tar:
+            if not m.isreg():
+                continue
+            dot = m.name.find(".", m.name.rfind("/") + 1)
+            part = f"{m.name[dot + 1:]} {m.offset_data} {m.size} {m.name}"
+            if m.name[:dot] != last:
+                samples.append([part])
+                last = m.name[:dot]
+            else:
+                samples[-1].append(part)
+    return (f"v1.2 {len(samples)}\n" + "".join(" ".join(s) + "\n" for s in samples)).encode()
+
+
 def tar_seeds() -> dict:
     two = [("a.jpg", b"\xff\xd8jpeg"), ("a.cls", b"3"), ("a.json", b'{"label": 4}'),
            ("b.bin", b"\x00\x01"), ("b.cls", b" 7\n"), ("b.json", b'{"label": -1, "x": [1, {"y": 2}]}')]
@@ -420,6 +440,7 @@ def tar_seeds() -> dict:
         "interleaved": b"\x01" + tar_shard([("a.jpg", b"1"), ("b.jpg", b"2"), ("a.cls", b"0")], mtime=0),
         "meta-and-dirs": b"\x01" + tar_shard([("__index__", b"{}"), ("c.jpg", b"3"), ("c.cls", b"2")]),
         "empty": b"\x00",
+        "dali-index": b"\x02" + dali_index(tar_shard(two)) + b"\x00" + tar_shard(two),
     }
 
 

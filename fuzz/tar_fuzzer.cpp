@@ -4,11 +4,14 @@
 //
 // Input: one flag byte, then the shard. Flag bit 0 set: every block with the ustar magic gets a
 // correct header checksum before the file is read, so that mutations of sizes, names and types get
-// past the checksum; clear: the bytes are read as they are.
+// past the checksum; clear: the bytes are read as they are. Flag bit 1 set: the bytes up to the
+// first NUL are a DALI index of the shard (wds2idx's .idx text), read by from_webdataset in place
+// of a scan, and the shard follows the NUL.
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -51,7 +54,19 @@ void check_catalog(const Catalog& catalog, uint64_t size) {
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size < 1) return 0;
   static const std::string file = (prestage::fuzz::scratch_dir() / "fuzz.tar").string();
-  std::vector<std::byte> bytes(reinterpret_cast<const std::byte*>(data + 1),
+  static const std::string index_file = (prestage::fuzz::scratch_dir() / "fuzz.idx").string();
+  const uint8_t* shard = data + 1;
+  std::vector<std::filesystem::path> indexes;
+  if (data[0] & 2) {
+    const auto* nul = static_cast<const uint8_t*>(std::memchr(shard, 0, size - 1));
+    if (nul == nullptr) return 0;
+    prestage::fuzz::write_file(index_file,
+                               std::vector<std::byte>(reinterpret_cast<const std::byte*>(shard),
+                                                      reinterpret_cast<const std::byte*>(nul)));
+    indexes.push_back(index_file);
+    shard = nul + 1;
+  }
+  std::vector<std::byte> bytes(reinterpret_cast<const std::byte*>(shard),
                                reinterpret_cast<const std::byte*>(data + size));
   if (data[0] & 1) fix_checksums(bytes);
   prestage::fuzz::write_file(file, bytes);
@@ -78,12 +93,15 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   for (const char* label : {"cls", "json:label"}) {
     for (const auto missing : {Catalog::Missing::kError, Catalog::Missing::kEmpty}) {
       try {
-        check_catalog(Catalog::from_webdataset(shards, "jpg;bin", label, missing), bytes.size());
+        check_catalog(Catalog::from_webdataset(shards, "jpg;bin", label, missing,
+                                               prestage::OnError::kRaise, indexes),
+                      bytes.size());
       } catch (const prestage::Error&) {
       }
       try {
         check_catalog(
-            Catalog::from_webdataset(shards, "jpg;bin", label, missing, prestage::OnError::kSkip),
+            Catalog::from_webdataset(shards, "jpg;bin", label, missing, prestage::OnError::kSkip,
+                                     indexes),
             bytes.size());
       } catch (const prestage::Error&) {
       }

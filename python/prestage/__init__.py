@@ -13,6 +13,10 @@ from prestage import options, pack, plan, state, trace, transforms
 from prestage._core import Batch, Catalog, __version__
 from prestage.errors import ConfigError, DecodeError, Error, IoError
 from prestage.loader import Loader
+from prestage import hf as _hf
+
+# Catalog.from_hf is written in Python (it uses pyarrow, imported only when it is called).
+setattr(Catalog, "from_hf", staticmethod(_hf.from_hf))
 
 __all__ = [
     "Batch",

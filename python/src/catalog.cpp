@@ -1,5 +1,6 @@
 #include <map>
 #include <optional>
+#include <tuple>
 #include <string>
 
 #include <pybind11/numpy.h>
@@ -100,14 +101,15 @@ std::pair<std::string, std::string> data_and_label(
 }  // namespace
 
 void register_catalog(py::module_& m) {
-  py::class_<Catalog>(m, "Catalog", R"doc(
+  py::class_<Catalog> catalog(m, "Catalog", R"doc(
 The immutable, indexed list of samples 0..N-1 of a data set: a path relative to the root and a label.
 Symbolic links under the root are followed wherever they lead, as torchvision does, unless the
 catalog is built with symlinks="inside" (see from_folder).
 
 >>> cat = prestage.Catalog.from_folder("/data/imagenet/train")
 >>> len(cat), cat.path(0), cat.label(0)
-)doc")
+)doc");
+  catalog
       .def_static(
           "from_folder",
           [](const std::filesystem::path& root, const std::vector<std::string>& extensions,
@@ -271,16 +273,18 @@ truncation loses the rest of that file (nothing after it can be located). Read e
       .def_static(
           "from_webdataset",
           [](py::handle shards, const std::map<std::string, std::optional<std::string>>& fields,
-             const std::string& missing, const std::string& on_error) {
+             const std::string& missing, const std::string& on_error, py::handle index) {
             const auto [data, label] = data_and_label("from_webdataset", fields, "jpg;jpeg", "cls");
             const auto patterns = pattern_list(shards);
             const auto missing_policy_ = missing_policy(missing);
             const auto policy = error_policy(on_error);
+            const auto indexes =
+                index.is_none() ? std::vector<std::filesystem::path>{} : path_list(index);
             std::optional<Catalog> catalog;
             {
               py::gil_scoped_release release;
-              catalog.emplace(
-                  Catalog::from_webdataset(patterns, data, label, missing_policy_, policy));
+              catalog.emplace(Catalog::from_webdataset(patterns, data, label, missing_policy_,
+                                                       policy, indexes));
             }
             warn_damage(*catalog, "from_webdataset", "sample");
             return *catalog;
@@ -289,7 +293,8 @@ truncation loses the rest of that file (nothing after it can be located). Read e
           py::arg("fields") =
               std::map<std::string, std::optional<std::string>>{{"image", "jpg;jpeg"},
                                                                 {"label", "cls"}},
-          py::kw_only(), py::arg("missing") = "error", py::arg("on_error") = "raise", R"doc(
+          py::kw_only(), py::arg("missing") = "error", py::arg("on_error") = "raise",
+          py::arg("index") = py::none(), R"doc(
 Samples are the samples of WebDataset tar shards, in order. `shards`: a path, a glob ("*?[",
 sorted) or a brace pattern ("train-{000000..000123}.tar", "{a,b}"), or a list of them. One pass
 over each shard's headers (ustar, GNU long names and base-256 sizes, pax as Python's tarfile and
@@ -316,10 +321,16 @@ on_error="skip" keeps every good sample, warns once (RuntimeWarning) and lists w
 was found is lost with it); a truncated shard loses its end. Read errors (prestage.IoError) are
 raised either way. Save the catalog to scan the shards only once.
 
+`index`: a DALI index per shard (wds2idx's ``.idx``, v1.1 or v1.2), a path or a list in the order
+of the shards as expanded, read instead of scanning each shard. Each is checked against its shard
+as it is read (its members in order within the shard, each after a tar header of its size, and of
+its name for v1.2): an index that does not describe its shard is prestage.ConfigError naming both.
+
 >>> cat = prestage.Catalog.from_webdataset("/pfs/laion/train-{000000..000123}.tar")
 >>> cat = prestage.Catalog.from_webdataset("shards/*.tar", fields={"image": "jpg;jpeg",
 ...                                         "label": "json:label"}, on_error="skip")
 >>> cat = prestage.Catalog.from_webdataset(shards, fields={"data": "npy", "label": None})
+>>> cat = prestage.Catalog.from_webdataset("train-{0..9}.tar", index=[f"train-{i}.idx" for i in range(10)])
 )doc")
       .def_static(
           "from_mds",
@@ -407,8 +418,9 @@ rest in `damage`.
             return out;
           },
           R"doc(
-What from_tfrecord, from_webdataset or from_mds (with on_error="skip") left out, in file and byte
-order: a list of {"path", "offset" (byte of the damaged record, tar member or MDS sample),
+What from_tfrecord, from_webdataset, from_mds or from_hf (with on_error="skip") left out, in file
+and byte order: a list of {"path", "offset" (byte of the damaged record, tar member, MDS sample,
+Arrow record batch or Parquet page),
 "rest_of_file" (True: nothing after it in that file could be read), "reason"}. Empty for any other
 catalog; saved with it.
 
@@ -468,6 +480,40 @@ catalog; saved with it.
                     : ", " + std::to_string(c.damage().size()) + " damaged records left out") +
                ">";
       });
+
+  // Catalog.from_hf (python/prestage/hf.py) locates its samples with pyarrow and builds its catalog
+  // here: arrays of one entry per sample, and the damage it found as (file, offset, rest_of_file,
+  // reason) tuples.
+  m.def(
+      "_catalog_from_located",
+      [](const std::filesystem::path& root, const std::vector<std::string>& files,
+         py::array_t<uint64_t, py::array::c_style | py::array::forcecast> file_index,
+         py::array_t<uint64_t, py::array::c_style | py::array::forcecast> offsets,
+         py::array_t<uint64_t, py::array::c_style | py::array::forcecast> lengths,
+         py::array_t<int64_t, py::array::c_style | py::array::forcecast> labels,
+         const std::vector<std::string>& classes,
+         const std::vector<std::tuple<uint64_t, uint64_t, bool, std::string>>& damage) {
+        const auto n = static_cast<size_t>(file_index.size());
+        if (offsets.size() != file_index.size() || lengths.size() != file_index.size() ||
+            labels.size() != file_index.size()) {
+          throw ConfigError("catalog: located samples of unequal lengths");
+        }
+        std::vector<Catalog::Locator> locators(n);
+        const uint64_t* f = file_index.data();
+        const uint64_t* o = offsets.data();
+        const uint64_t* l = lengths.data();
+        for (size_t i = 0; i < n; ++i) locators[i] = Catalog::Locator{f[i], o[i], l[i]};
+        std::vector<int64_t> label_list(labels.data(), labels.data() + n);
+        std::vector<Catalog::Damage> damage_list;
+        for (const auto& [file, offset, rest, reason] : damage) {
+          damage_list.push_back(Catalog::Damage{file, offset, rest, reason});
+        }
+        py::gil_scoped_release release;
+        return Catalog::from_located(root, files, locators, label_list, classes,
+                                     std::move(damage_list));
+      },
+      py::arg("root"), py::arg("files"), py::arg("file_index"), py::arg("offsets"),
+      py::arg("lengths"), py::arg("labels"), py::arg("classes"), py::arg("damage"));
 }
 
 }  // namespace prestage::python

@@ -131,6 +131,52 @@ TEST_CASE("catalog: save and load give back the same catalog") {
   }
 }
 
+TEST_CASE("catalog: from_located keeps its ranges, classes and damage, records sizes, and saves") {
+  TempDir dir;
+  touch(dir / "part/a.arrow", "0123456789");
+  touch(dir / "part/b.arrow", "abcdefgh");
+  const Catalog cat = Catalog::from_located(
+      dir.path(), {"part/a.arrow", "part/b.arrow"}, {{0, 2, 3}, {1, 0, 4}, {0, 9, 1}}, {1, 0, -1},
+      {"cat", "dog"}, {{1, 4, true, "the rest is cut"}});
+  REQUIRE(cat.size() == 3);
+  CHECK(read_sample(cat, 0) == "234");
+  CHECK(read_sample(cat, 1) == "abcd");
+  CHECK(read_sample(cat, 2) == "9");
+  CHECK(cat.file_size(0) == 10);
+  CHECK(cat.file_size(1) == 8);
+  cat.save(dir / "cat.bin");
+  const Catalog back = Catalog::load(dir / "cat.bin");
+  REQUIRE(back.size() == 3);
+  CHECK(back.classes() == std::vector<std::string>{"cat", "dog"});
+  CHECK(back.label(0) == 1);
+  CHECK(read_sample(back, 1) == "abcd");
+  REQUIRE(back.damage().size() == 1);
+  CHECK(back.damage()[0].file == 1);
+  CHECK(back.damage()[0].offset == 4);
+  CHECK(back.damage()[0].rest_of_file);
+  CHECK(back.damage()[0].reason == "the rest is cut");
+  CHECK(back.file_size(1) == 8);
+}
+
+TEST_CASE("catalog: from_located refuses no samples, a whole file, bad damage, a file twice") {
+  TempDir dir;
+  const std::vector<std::string> files{"a.arrow"};
+  using L = Catalog::Locator;
+  CHECK_THROWS_AS(Catalog::from_located(dir.path(), files, {}, {}, {}, {}), prestage::ConfigError);
+  CHECK_THROWS_AS(
+      Catalog::from_located(dir.path(), files, {L{0, 0, Catalog::kWholeFile}}, {}, {}, {}),
+      prestage::ConfigError);
+  CHECK_THROWS_AS(
+      Catalog::from_located(dir.path(), files, {L{0, 0, 1}}, {}, {}, {{1, 0, false, ""}}),
+      prestage::ConfigError);
+  CHECK_THROWS_AS(Catalog::from_located(dir.path(), files, {L{1, 0, 1}}, {}, {}, {}),
+                  prestage::ConfigError);
+  CHECK_THROWS_AS(Catalog::from_located(dir.path(), {"a", "a"}, {L{0, 0, 1}}, {}, {}, {}),
+                  prestage::ConfigError);
+  CHECK_THROWS_AS(Catalog::from_located(dir.path(), files, {L{0, 0, 1}}, {1, 2}, {}, {}),
+                  prestage::ConfigError);
+}
+
 TEST_CASE("catalog: a truncated, corrupt or missing catalog file is refused") {
   TempDir dir;
   Catalog::from_paths("/r", {"a.jpg", "b.jpg"}, {1, 2}).save(dir / "cat.bin");

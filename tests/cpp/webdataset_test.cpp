@@ -227,3 +227,46 @@ TEST_CASE("webdataset: a compressed shard is refused; a member named like a magi
   REQUIRE(catalog.size() == 1);
   CHECK(catalog.label(0) == 4);
 }
+
+TEST_CASE("webdataset: a DALI index gives a scan's samples, damage and missing fields") {
+  TempDir dir;
+  // Members at 512-byte headers with one block of data each: member k's data at 512 * (2k + 1).
+  const std::string shard = file("a.jpg", "AAAA") + file("a.cls", "1") + file("b.jpg", "BB") +
+                            file("b.cls", "x") + file("c.cls", "3") + file("d.jpg", "D") +
+                            file("d.cls", "4") + std::string(1024, '\0');
+  write(dir / "s.tar", shard);
+  write(dir / "s.idx",
+        "v1.2 4\njpg 512 4 a.jpg cls 1536 1 a.cls\njpg 2560 2 b.jpg cls 3584 1 b.cls\n"
+        "cls 4608 1 c.cls\njpg 5632 1 d.jpg cls 6656 1 d.cls\n");
+  const std::vector<std::string> shards{(dir / "s.tar").string()};
+  const std::vector<std::filesystem::path> index{dir / "s.idx"};
+  for (const auto missing :
+       {Catalog::Missing::kError, Catalog::Missing::kSkip, Catalog::Missing::kEmpty}) {
+    CAPTURE(static_cast<int>(missing));
+    const auto scanned = Catalog::from_webdataset(shards, "jpg", "cls", missing, OnError::kSkip);
+    const auto indexed =
+        Catalog::from_webdataset(shards, "jpg", "cls", missing, OnError::kSkip, index);
+    REQUIRE(indexed.size() == scanned.size());
+    for (size_t i = 0; i < scanned.size(); ++i) {
+      CHECK(indexed.locator(i).offset == scanned.locator(i).offset);
+      CHECK(indexed.locator(i).length == scanned.locator(i).length);
+      CHECK(indexed.label(i) == scanned.label(i));
+    }
+    REQUIRE(indexed.damage().size() == scanned.damage().size());
+    for (size_t i = 0; i < scanned.damage().size(); ++i) {
+      CHECK(indexed.damage()[i].offset == scanned.damage()[i].offset);
+    }
+    CHECK_THROWS_AS(Catalog::from_webdataset(shards, "jpg", "cls", missing, OnError::kRaise, index),
+                    DecodeError);
+  }
+  // v1.1 (no names) reads the same; an index of another layout is refused, whatever on_error says.
+  write(dir / "v11.idx",
+        "v1.1 4\njpg 512 4 cls 1536 1\njpg 2560 2 cls 3584 1\ncls 4608 1\njpg 5632 1 cls 6656 1\n");
+  CHECK(Catalog::from_webdataset(shards, "jpg", "cls", Catalog::Missing::kSkip, OnError::kSkip,
+                                 {dir / "v11.idx"})
+            .size() == 2);
+  write(dir / "bad.idx", "v1.2 1\njpg 1024 4 a.jpg\n");
+  CHECK_THROWS_AS(Catalog::from_webdataset(shards, "jpg", "", Catalog::Missing::kSkip,
+                                           OnError::kSkip, {dir / "bad.idx"}),
+                  ConfigError);
+}

@@ -14,6 +14,7 @@ job), and are skipped with that reason otherwise.
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import os
 import re
 import shlex
@@ -129,6 +130,25 @@ write_mds(__import__("pathlib").Path("imagenet-mds"), {{"jpg": "jpeg", "cls": "i
           [{{"jpg": jpeg(i), "cls": i % 3}} for i in range(10)])
 '''
 
+HF = """
+import io
+import datasets, numpy as np
+from PIL import Image
+datasets.disable_progress_bars()
+def jpeg(i):
+    out = io.BytesIO()
+    Image.fromarray(np.full((40, 60, 3), 3 * i, np.uint8)).save(out, format="JPEG")
+    return out.getvalue()
+features = datasets.Features({"image": datasets.Image(),
+                              "label": datasets.ClassLabel(names=["daisy", "rose"])})
+flowers = datasets.Dataset.from_dict({"image": [{"bytes": jpeg(i), "path": None} for i in range(9)],
+                                      "label": [i % 2 for i in range(9)]}, features=features)
+flowers.save_to_disk("flowers", num_shards=2)
+os.makedirs("flowers-parquet", exist_ok=True)
+flowers.to_parquet("flowers-parquet/train-00000-of-00001.parquet")
+"""
+HAVE_HF = all(importlib.util.find_spec(m) is not None for m in ("datasets", "pyarrow"))
+
 RULES: Dict[str, Rule] = {
     # README.md
     "scripts/dev.sh demo": Rule(skip="installs system packages (apt, as root) and builds: CI runs "
@@ -150,6 +170,11 @@ RULES: Dict[str, Rule] = {
         prelude=SHARDS, subs=(("/pfs/laion", "laion"), ("{000000..000123}", "{000000..000002}"),
                               ("/pfs/imagenet-mds", "imagenet-mds"), ("batch_size=256", "batch_size=4")),
         expect=(r"^12 WebDataset samples; 10 MDS samples$",)),
+    'ds = datasets.load_from_disk("/pfs/flowers")  # a set saved by save_to_disk: Arrow files': Rule(
+        skip=None if HAVE_HF else "needs datasets and pyarrow (the test extras)",
+        prelude="import os\n" + HF,
+        subs=(("/pfs/flowers", "flowers"), ("batch_size=256", "batch_size=4")),
+        expect=(r"^9 Arrow rows; 9 Parquet rows; classes \['daisy', 'rose'\]$",)),
     'cat = prestage.Catalog.from_tfrecord(files, features={"data": "image", "label": "size"})': Rule(
         needs=("tf",), prelude=DLIO),
     'loader = prestage.torch.Loader("train.catalog", batch_size=64, decode="npy")': Rule(

@@ -11,6 +11,7 @@ import io
 import json
 import shutil
 import subprocess
+import tarfile
 import warnings
 from pathlib import Path
 
@@ -414,3 +415,78 @@ def test_a_compressed_shard_is_refused_saying_so(tmp_path):
     for on_error in ("raise", "skip"):
         with pytest.raises(prestage.ConfigError, match=r"c\.tar\.gz' is a compressed tar \(gzip\)"):
             prestage.Catalog.from_webdataset(tmp_path / "c.tar.gz", on_error=on_error)
+
+
+# ------------------------------------------------------------------------------ DALI index import
+
+def _dali_index(shard: Path, version: str) -> str:
+    """The `.idx` DALI's wds2idx writes for `shard` (its tarfile path: each regular member's data
+    offset, size and name, grouped into samples by key as it groups them)."""
+    samples: list = []
+    last = None
+    with tarfile.open(shard) as tar:
+        for member in tar:
+            if not member.isreg():
+                continue
+            slash = member.name.rfind("/") + 1
+            dot = member.name.find(".", slash)
+            base, ext = member.name[:dot], member.name[dot + 1:]
+            parts = (ext, member.offset_data, member.size) + ((member.name,) if version == "v1.2" else ())
+            if base != last:
+                samples.append([parts])
+                last = base
+            else:
+                samples[-1].append(parts)
+    lines = [f"{version} {len(samples)}"] + [" ".join(" ".join(map(str, p)) for p in s) for s in samples]
+    return "\n".join(lines) + "\n"
+
+
+def _catalog_rows(cat) -> list:
+    return [(cat.path(i), cat.locator(i), cat.label(i)) for i in range(len(cat))]
+
+
+@pytest.mark.parametrize("version", ["v1.1", "v1.2"])
+def test_a_dali_index_gives_the_catalog_a_scan_gives(shards, tmp_path, version):
+    pattern = shards(23, 7)
+    tars = sorted(tmp_path.glob("train-*.tar"))
+    indexes = []
+    for tar in tars:
+        indexes.append(tar.with_suffix(".idx"))
+        indexes[-1].write_text(_dali_index(tar, version))
+    for fields in ({"image": "jpg", "label": "cls"}, {"image": "npy;jpg", "label": "json:label"}):
+        scanned = prestage.Catalog.from_webdataset(pattern, fields)
+        indexed = prestage.Catalog.from_webdataset(pattern, fields, index=indexes)
+        assert _catalog_rows(indexed) == _catalog_rows(scanned) and len(indexed) == 23
+    one = prestage.Catalog.from_webdataset(tars[1], index=indexes[1])
+    assert [one.label(i) for i in range(len(one))] == list(range(7, 14))
+
+
+def test_a_wrong_index_is_refused_naming_the_shard(shards, tmp_path):
+    shards(14, 7)
+    tars = sorted(tmp_path.glob("train-*.tar"))
+    for tar in tars:
+        tar.with_suffix(".idx").write_text(_dali_index(tar, "v1.2"))
+    a, b = (t.with_suffix(".idx") for t in tars)
+    # The indexes swapped: names differ (v1.2) where offsets and sizes may agree.
+    with pytest.raises(prestage.ConfigError, match=rf"index '{b}' line 2 does not describe shard '{tars[0]}'"):
+        prestage.Catalog.from_webdataset(tars[0], index=b)
+    bad = tmp_path / "bad.idx"
+    text = a.read_text().splitlines()
+    ext, offset, size, name = text[1].split()[:4]
+    for lie, what in ((text[1].replace(f" {offset} ", f" {int(offset) + 512} ", 1), "tar header"),
+                      (text[1].replace(f" {size} ", f" {int(size) + 1} ", 1), "tar header"),
+                      (text[1].replace(f" {offset} ", " 1000000000 ", 1), "within the shard")):
+        bad.write_text("\n".join([text[0], lie] + text[2:]) + "\n")
+        for on_error in ("raise", "skip"):
+            with pytest.raises(prestage.ConfigError, match=f"shard '{tars[0]}'.*{what}"):
+                prestage.Catalog.from_webdataset(tars[0], index=bad, on_error=on_error)
+    bad.write_text("\n".join(text[:-1]) + "\n")  # a sample short of its count
+    with pytest.raises(prestage.ConfigError, match="lists 6 samples, its count says 7"):
+        prestage.Catalog.from_webdataset(tars[0], index=bad)
+    bad.write_text("v2.0 7\n")
+    with pytest.raises(prestage.ConfigError, match="not a DALI WebDataset index"):
+        prestage.Catalog.from_webdataset(tars[0], index=bad)
+    with pytest.raises(prestage.ConfigError, match="1 indexes for 2 shards"):
+        prestage.Catalog.from_webdataset([str(t) for t in tars], index=a)
+    with pytest.raises(prestage.IoError):
+        prestage.Catalog.from_webdataset(tars[0], index=tmp_path / "missing.idx")

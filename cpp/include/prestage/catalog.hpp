@@ -159,11 +159,18 @@ class Catalog {
   // read is lost with it, as what follows a lying size); a truncated shard loses its end. An
   // IoError reading a shard is raised either way. Paths are opened as given (links followed);
   // the root is their common folder.
+  //
+  // `indexes`: empty (scan every shard), or one DALI index per shard (wds2idx's `.idx`, v1.1 or
+  // v1.2), in the order of the shards as expanded: each shard's samples are taken from its index,
+  // which is checked against the shard (members in order within it, each after a tar header of its
+  // size, and name for v1.2) instead of scanning it; an index that does not describe its shard is a
+  // ConfigError naming both.
   static Catalog from_webdataset(const std::vector<std::string>& shards,
                                  const std::string& data = "jpg;jpeg",
                                  const std::string& label = "cls",
                                  Missing missing = Missing::kError,
-                                 OnError on_error = OnError::kRaise);
+                                 OnError on_error = OnError::kRaise,
+                                 const std::vector<std::filesystem::path>& indexes = {});
 
   // Samples are the samples of a MosaicML Streaming MDS set in folder `dir`, in the order of its
   // index.json (version 2): one read of each shard's offset table, and of each sample's column
@@ -180,9 +187,9 @@ class Catalog {
   static Catalog from_mds(const std::filesystem::path& dir, const std::string& data = "image",
                           const std::string& label = "label", OnError on_error = OnError::kRaise);
 
-  // What from_tfrecord, from_webdataset or from_mds (with OnError::kSkip) found damaged and left
-  // out of the catalog, in file and byte order; empty for any other catalog. Saved with the
-  // catalog.
+  // What from_tfrecord, from_webdataset, from_mds or from_located (with OnError::kSkip) found
+  // damaged and left out of the catalog, in file and byte order; empty for any other catalog.
+  // Saved with the catalog.
   struct Damage {
     uint64_t file = 0;          // index into the catalog's files
     uint64_t offset = 0;        // byte of the file where the damaged record (or tar member) starts
@@ -190,6 +197,18 @@ class Catalog {
     std::string reason;
   };
   const std::vector<Damage>& damage() const noexcept;
+
+  // Samples that a reader outside this library located as byte ranges of `files` (relative to
+  // `root`): from_ranges, with what that reader found damaged and left out (`damage`, in file and
+  // byte order) kept as from_webdataset keeps it, and each file's size and time recorded (a stat per
+  // file, as from_folder). Catalog.from_hf in Python builds its catalogs so: pyarrow finds the
+  // buffers of Arrow and Parquet files, and the loader reads the ranges.
+  static Catalog from_located(const std::filesystem::path& root,
+                              const std::vector<std::string>& files,
+                              const std::vector<Locator>& locators,
+                              const std::vector<int64_t>& labels,
+                              const std::vector<std::string>& classes,
+                              std::vector<Damage> damage);
 
   Kind kind() const noexcept;
   // kTfrecord: the data feature; kHdf5: the dataset; kArrays: the .npz member; else "".

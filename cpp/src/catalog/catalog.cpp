@@ -10,6 +10,7 @@
 #include <charconv>
 #include <cstring>
 #include <fstream>
+#include <iterator>
 #include <system_error>
 #include <tuple>
 #include <utility>
@@ -928,7 +929,8 @@ void refuse_duplicates(const char* from, const fs::path& root, const std::vector
 }  // namespace
 
 Catalog Catalog::from_webdataset(const std::vector<std::string>& shards, const std::string& data,
-                                 const std::string& label, Missing missing, OnError on_error) {
+                                 const std::string& label, Missing missing, OnError on_error,
+                                 const std::vector<fs::path>& indexes) {
   detail::WdsFields fields;
   for (size_t start = 0; start <= data.size();) {
     size_t end = data.find(';', start);
@@ -969,6 +971,10 @@ Catalog Catalog::from_webdataset(const std::vector<std::string>& shards, const s
   }
   auto [root, relative] = common_root(detail::expand_shards(shards));
   refuse_duplicates("from_webdataset", root, relative);
+  if (!indexes.empty() && indexes.size() != relative.size()) {
+    throw ConfigError("from_webdataset: " + std::to_string(indexes.size()) + " indexes for " +
+                      std::to_string(relative.size()) + " shards (one per shard, in their order)");
+  }
   const bool skip = on_error == OnError::kSkip;
   std::vector<Locator> locators;
   std::vector<int64_t> labels;
@@ -979,13 +985,26 @@ Catalog Catalog::from_webdataset(const std::vector<std::string>& shards, const s
     const auto on_damage = [&](const detail::WdsDamage& d) {
       damage.push_back(Damage{f, d.offset, d.rest_of_file, d.reason});
     };
-    sizes.push_back(detail::scan_webdataset(
-        path, path, fields,
-        [&](const detail::WdsSample& s) {
-          locators.push_back(Locator{f, s.offset, s.length});
-          labels.push_back(s.label);
-        },
-        skip ? std::function<void(const detail::WdsDamage&)>(on_damage) : nullptr));
+    const auto on_sample = [&](const detail::WdsSample& s) {
+      locators.push_back(Locator{f, s.offset, s.length});
+      labels.push_back(s.label);
+    };
+    const auto on_damage_or_raise =
+        skip ? std::function<void(const detail::WdsDamage&)>(on_damage) : nullptr;
+    if (indexes.empty()) {
+      sizes.push_back(detail::scan_webdataset(path, path, fields, on_sample, on_damage_or_raise));
+      continue;
+    }
+    const std::string index_path = indexes[f].string();
+    std::ifstream in(indexes[f], std::ios::binary);
+    if (!in) {
+      const int err = errno;
+      throw IoError(index_path, err,
+                    "cannot open WebDataset index '" + index_path + "': " + std::strerror(err));
+    }
+    const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    sizes.push_back(detail::index_webdataset(path, path, text, index_path, fields, on_sample,
+                                             on_damage_or_raise));
   }
   if (locators.empty()) {
     std::string first;
@@ -1033,6 +1052,26 @@ Catalog Catalog::from_mds(const fs::path& dir, const std::string& data, const st
   auto catalog = make_data(dir, files, labels, {}, locators, sizes);
   catalog->damage = std::move(damage);
   return Catalog(catalog);
+}
+
+Catalog Catalog::from_located(const fs::path& root, const std::vector<std::string>& files,
+                              const std::vector<Locator>& locators,
+                              const std::vector<int64_t>& labels,
+                              const std::vector<std::string>& classes, std::vector<Damage> damage) {
+  if (locators.empty()) throw ConfigError("catalog: no sample was located");
+  for (size_t i = 0; i < locators.size(); ++i) {
+    if (locators[i].length == kWholeFile) {
+      throw ConfigError("catalog: located sample " + std::to_string(i) + " has no length");
+    }
+  }
+  for (const auto& d : damage) {
+    if (d.file >= files.size()) throw ConfigError("catalog: damage names a file past the list");
+  }
+  refuse_duplicates("catalog", root, files);
+  auto data = make_data(root, files, labels, classes, locators);
+  data->damage = std::move(damage);
+  record_file_stats(*data);
+  return Catalog(data);
 }
 
 uint64_t Catalog::fingerprint() const noexcept { return data_->fingerprint; }

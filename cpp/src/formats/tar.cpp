@@ -148,6 +148,19 @@ bool tar_header_ok(std::span<const std::byte> block) {
   return block.size() == kBlock && !all_zero(block) && checksum_ok(block);
 }
 
+std::optional<TarHeader> read_tar_header(std::span<const std::byte> block) {
+  if (!tar_header_ok(block)) return std::nullopt;
+  TarHeader out;
+  out.type = static_cast<char>(block[156]);
+  out.size = number(block, 124, 12);
+  out.name = std::string(field(block, 0, 100));
+  if (field(block, 257, 6) == "ustar" && block[262] == std::byte{0}) {
+    const std::string_view prefix = field(block, 345, 155);
+    if (!prefix.empty()) out.name = std::string(prefix) + "/" + out.name;
+  }
+  return out;
+}
+
 void scan_tar(ForwardReader& in, const std::function<void(const TarMember&)>& member,
               const std::function<void(const TarDamage&)>& damaged) {
   const uint64_t size = in.size();

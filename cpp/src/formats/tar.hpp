@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -37,6 +38,17 @@ class ForwardReader {
 
 // Whether `block` (512 bytes) is a tar header whose checksum holds.
 bool tar_header_ok(std::span<const std::byte> block);
+
+// What one header block says of its own member, for a check against an index that names the
+// member: its type flag, its size field (none where it does not parse) and its ustar name (prefix
+// and name; a pax or GNU long name before it is not read). None if `block` is not a tar header
+// whose checksum holds.
+struct TarHeader {
+  char type = 0;
+  std::optional<uint64_t> size;
+  std::string name;
+};
+std::optional<TarHeader> read_tar_header(std::span<const std::byte> block);
 
 struct TarMember {
   std::string name;     // the pax path, else the GNU long name, else ustar prefix + "/" + name

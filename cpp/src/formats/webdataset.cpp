@@ -375,4 +375,165 @@ uint64_t scan_webdataset(const FileRef& file, const std::string& path, const Wds
   return in.size();
 }
 
+namespace {
+
+// The whitespace-separated words of `line`.
+std::vector<std::string_view> words(std::string_view line) {
+  std::vector<std::string_view> out;
+  size_t i = 0;
+  while (i < line.size()) {
+    while (i < line.size() && is_blank(line[i])) ++i;
+    const size_t start = i;
+    while (i < line.size() && !is_blank(line[i])) ++i;
+    if (i > start) out.push_back(line.substr(start, i - start));
+  }
+  return out;
+}
+
+}  // namespace
+
+uint64_t index_webdataset(const FileRef& file, const std::string& path, std::string_view index,
+                          const std::string& index_path, const WdsFields& fields,
+                          const std::function<void(const WdsSample&)>& sample,
+                          const std::function<void(const WdsDamage&)>& damaged) {
+  size_t line_no = 0;
+  const auto wrong = [&](const std::string& why) -> ConfigError {
+    return ConfigError("WebDataset index '" + index_path + "' line " + std::to_string(line_no) +
+                       " does not describe shard '" + path + "': " + why);
+  };
+  const auto next_line = [&]() -> std::optional<std::string_view> {
+    if (index.empty()) return std::nullopt;
+    const size_t end = index.find('\n');
+    std::string_view line = index.substr(0, end);
+    index.remove_prefix(end == std::string_view::npos ? index.size() : end + 1);
+    ++line_no;
+    return line;
+  };
+  const auto head = next_line();
+  const auto first = head ? words(*head) : std::vector<std::string_view>{};
+  const bool v12 = first.size() == 2 && first[0] == "v1.2";
+  if (first.size() != 2 || (first[0] != "v1.1" && !v12)) {
+    throw ConfigError("'" + index_path +
+                      "' is not a DALI WebDataset index (a first line \"v1.1 N\" or \"v1.2 N\", "
+                      "as wds2idx writes)");
+  }
+  const auto count = parse_int(first[1]);
+  if (!count || *count < 0) throw wrong("the sample count '" + std::string(first[1]) + "'");
+  const size_t group = v12 ? 4 : 3;
+  ForwardReader in(file);
+  const uint64_t size = in.size();
+  uint64_t end_of_last = 0;
+  int64_t samples = 0;
+  std::vector<WdsSample> out;
+  std::vector<WdsDamage> damage;
+  while (const auto line = next_line()) {
+    const auto w = words(*line);
+    if (w.empty()) continue;
+    if (++samples > *count) {
+      throw wrong("more samples than its count (" + std::to_string(*count) + ")");
+    }
+    if (w.size() % group != 0) {
+      throw wrong("a line of " + std::to_string(w.size()) + " words, not groups of " +
+                  std::to_string(group));
+    }
+    std::string key;
+    std::vector<std::string> exts;
+    std::optional<std::pair<uint64_t, uint64_t>> data;
+    size_t data_rank = fields.data.size();
+    std::optional<int64_t> label;
+    std::string problem;
+    for (size_t g = 0; g < w.size(); g += group) {
+      std::string ext(w[g]);
+      std::transform(ext.begin(), ext.end(), ext.begin(),
+                     [](unsigned char c) { return std::tolower(c); });
+      const auto offset = parse_int(w[g + 1]);
+      const auto length = parse_int(w[g + 2]);
+      if (!offset || !length || *offset < 512 || *length < 0) {
+        throw wrong("member '" + ext + "' has offset '" + std::string(w[g + 1]) + "' and size '" +
+                    std::string(w[g + 2]) + "'");
+      }
+      const auto at = static_cast<uint64_t>(*offset);
+      const auto n = static_cast<uint64_t>(*length);
+      if (at % 512 != 0 || at < end_of_last + 512 || n > size || at > size - n) {
+        throw wrong("member '" + ext + "' at byte " + std::to_string(at) + " of " +
+                    std::to_string(n) + " bytes: not after the previous member at a block " +
+                    "boundary within the shard's " + std::to_string(size) + " bytes");
+      }
+      end_of_last = at + n;
+      const auto header = read_tar_header(in.bytes(at - 512, 512));
+      const std::string name = v12 ? std::string(w[g + 3]) : std::string();
+      if (!header || (header->type != '0' && header->type != '\0') ||
+          (header->size && *header->size != n && *header->size != 0) ||
+          (v12 && header->name.size() < 100 && header->name != name)) {
+        throw wrong("member '" + (v12 ? name : ext) + "' at byte " + std::to_string(at) +
+                    ": the block before it is not the tar header of a regular member of " +
+                    std::to_string(n) + " bytes" + (v12 ? " named so" : ""));
+      }
+      if (v12) {
+        const auto split = split_key(name);
+        if (!split || split->ext != ext) {
+          throw wrong("member '" + name + "' has no extension '" + ext + "'");
+        }
+        if (key.empty()) key = std::string(split->key);
+        if (split->key != key) throw wrong("member '" + name + "' is not of key '" + key + "'");
+      }
+      if (std::find(exts.begin(), exts.end(), ext) != exts.end()) {
+        if (problem.empty()) problem = "a sample has two members of extension '" + ext + "'";
+        continue;
+      }
+      exts.push_back(ext);
+      for (size_t a = 0; a < data_rank; ++a) {
+        if (ext == fields.data[a]) {
+          data = std::make_pair(at, n);
+          data_rank = a;
+          break;
+        }
+      }
+      if (!fields.label_ext.empty() && ext == fields.label_ext && problem.empty()) {
+        if (n > kMaxLabelBytes) {
+          problem = "label member '" + ext + "' holds " + std::to_string(n) + " bytes";
+          continue;
+        }
+        const auto text = in.bytes(at, n);
+        label = fields.label_key.empty() ? decimal_label(text) : json_label(text, fields.label_key);
+        if (!label) problem = "label member '" + ext + "' does not parse";
+      }
+    }
+    const uint64_t start = static_cast<uint64_t>(*parse_int(w[1])) - 512;
+    const std::string who = "sample " + (key.empty() ? "at line " + std::to_string(line_no)
+                                                     : "'" + key + "'");
+    const bool missing_data = !fields.data.empty() && !data;
+    const bool missing_label = !fields.label_ext.empty() && !label && problem.empty();
+    if (problem.empty() && (missing_data || missing_label)) {
+      if (fields.missing == WdsFields::Missing::kSkip) continue;
+      if (fields.missing == WdsFields::Missing::kError) {
+        problem = missing_data ? "no member of extension " + list(fields.data, " or ")
+                               : "no label member '" + fields.label_ext + "'";
+        problem += " (it has: " + list(exts, ", ") + ")";
+      }
+    }
+    if (!problem.empty()) {
+      const std::string reason = who + ": " + problem;
+      if (!damaged) {
+        throw DecodeError(path,
+                          "WebDataset shard: " + reason + " at byte " + std::to_string(start));
+      }
+      damage.push_back(WdsDamage{start, reason, false});
+      continue;
+    }
+    WdsSample s;
+    s.offset = data ? data->first : start;
+    s.length = data ? data->second : 0;
+    s.label = label.value_or(-1);
+    out.push_back(s);
+  }
+  if (samples != *count) {
+    throw wrong("it lists " + std::to_string(samples) + " samples, its count says " +
+                std::to_string(*count));
+  }
+  for (const auto& d : damage) damaged(d);
+  for (const auto& s : out) sample(s);
+  return size;
+}
+
 }  // namespace prestage::detail

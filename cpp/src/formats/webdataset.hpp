@@ -83,4 +83,19 @@ uint64_t scan_webdataset(const FileRef& file, const std::string& path, const Wds
                          const std::function<void(const WdsSample&)>& sample,
                          const std::function<void(const WdsDamage&)>& damaged);
 
+// As scan_webdataset, with the shard's members taken from a DALI index of it (`index`: the text of
+// wds2idx's `.idx`, named `index_path` in errors) instead of a scan of its headers: "v1.1 N" or
+// "v1.2 N", then one line per sample of "ext offset size" groups (v1.2: "ext offset size name"),
+// offsets those of the members' data. The index is checked against the shard before anything is
+// taken from it: its members in order, each at a 512-byte boundary within the shard, and the block
+// before each a tar header whose checksum holds, of a regular member of that size (v1.2: and that
+// name, where the header holds the whole name); a sample's members share its key (v1.2). An index
+// that is malformed, or that does not describe the shard, is a ConfigError naming both: it is the
+// wrong index, not damage. Fields, labels and missing fields: as scan_webdataset. Returns the
+// shard's size.
+uint64_t index_webdataset(const FileRef& file, const std::string& path, std::string_view index,
+                          const std::string& index_path, const WdsFields& fields,
+                          const std::function<void(const WdsSample&)>& sample,
+                          const std::function<void(const WdsDamage&)>& damaged);
+
 }  // namespace prestage::detail

@@ -23,10 +23,14 @@ Shards: with ``--webdataset`` SOURCE is a WebDataset shard pattern (a path, a gl
 ``Catalog.from_webdataset``; ``--image`` the extensions to take, default ``jpg;jpeg``, ``--labels``
 the label's extension or ``json:KEY``, default ``cls``); with ``--mds`` SOURCE is a MosaicML MDS
 folder (``Catalog.from_mds``; ``--image`` and ``--labels`` name columns, default ``image`` and
-``label``). Their headers are scanned once, here; ``--on-error skip`` keeps every good sample of a
+``label``); with ``--hf`` SOURCE is a Hugging Face ``datasets`` set: a ``save_to_disk`` folder, a
+folder of ``.arrow`` or ``.parquet`` files, a file or a glob (``Catalog.from_hf``, which needs
+pyarrow; ``--image`` and ``--labels`` name columns, default ``image`` and ``label`` where the set has
+one). Their headers are scanned once, here; ``--on-error skip`` keeps every good sample of a
 damaged shard and reports what it left out:
 
   prestage catalog "/pfs/laion/train-{000000..000123}.tar" laion.catalog --webdataset
+  prestage catalog /pfs/flowers flowers.catalog --hf
 """
 
 from __future__ import annotations
@@ -68,10 +72,15 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--webdataset", action="store_true",
                    help="SOURCE is a WebDataset shard pattern (path, glob, brace range)")
     p.add_argument("--mds", action="store_true", help="SOURCE is a MosaicML MDS folder (index.json)")
+    p.add_argument("--hf", action="store_true",
+                   help="SOURCE is a Hugging Face datasets set (save_to_disk folder, .arrow or .parquet "
+                        "files; needs pyarrow)")
     p.add_argument("--image", default=None, metavar="NAME",
-                   help="--webdataset: the extensions to take ('jpg;jpeg'); --mds: the column ('image')")
+                   help="--webdataset: the extensions to take ('jpg;jpeg'); --mds, --hf: the column "
+                        "('image')")
     p.add_argument("--on-error", choices=("raise", "skip"), default="raise",
-                   help="--webdataset, --mds: what a damaged shard does (see Catalog.from_webdataset)")
+                   help="--webdataset, --mds, --hf: what a damaged shard does (see "
+                        "Catalog.from_webdataset)")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     return p
@@ -103,17 +112,22 @@ def slices(walked: Any, args: argparse.Namespace) -> Any:
 
 
 def shards(args: argparse.Namespace) -> Any:
-    """The catalog of WebDataset shards or of an MDS set (see the module's doc)."""
+    """The catalog of WebDataset shards, an MDS set or a Hugging Face set (see the module's doc)."""
     import prestage
 
-    if args.webdataset and args.mds:
-        raise ValueError("--webdataset and --mds name two formats: give one")
+    if args.webdataset + args.mds + args.hf > 1:
+        raise ValueError("--webdataset, --mds and --hf name different formats: give one")
     if any(v is not None for v in (args.axis, args.member, args.dataset)):
         raise ValueError("--axis, --member and --dataset slice arrays; shards take --image and --labels")
     source = str(args.source)
     if args.webdataset:
         fields = {"image": args.image or "jpg;jpeg", "label": args.labels or "cls"}
         build = lambda: prestage.Catalog.from_webdataset(source, fields, on_error=args.on_error)  # noqa: E731
+    elif args.hf:
+        hf_fields = {"image": args.image or "image"}
+        if args.labels is not None:  # else the set's "label" column, where it has one
+            hf_fields["label"] = args.labels
+        build = lambda: prestage.Catalog.from_hf(source, hf_fields, on_error=args.on_error)  # noqa: E731
     else:
         fields = {"image": args.image or "image", "label": args.labels or "label"}
         build = lambda: prestage.Catalog.from_mds(source, fields, on_error=args.on_error)  # noqa: E731
@@ -223,7 +237,7 @@ def run(args: argparse.Namespace) -> int:
     import prestage
 
     try:
-        if args.webdataset or args.mds:
+        if args.webdataset or args.mds or args.hf:
             catalog = shards(args)
             args.out.parent.mkdir(parents=True, exist_ok=True)
             catalog.save(args.out)
@@ -248,7 +262,7 @@ def run(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         print("prestage catalog: interrupted; nothing saved", file=sys.stderr)
         return 130
-    except (prestage.Error, ValueError, OSError) as e:
+    except (prestage.Error, ValueError, OSError, ImportError) as e:
         print(f"prestage catalog: {e}", file=sys.stderr)
         return 2
     print(json.dumps(result, indent=1) if args.json else format_report(result, args.out))
