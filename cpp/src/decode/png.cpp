@@ -82,7 +82,8 @@ struct PngDecoder::Impl {
     if (colour == PNG_COLOR_TYPE_PALETTE) png_set_palette_to_rgb(png);
     if (colour == PNG_COLOR_TYPE_GRAY && depth < 8) png_set_expand_gray_1_2_4_to_8(png);
     if (depth == 16) png_set_strip_16(png);
-    if ((colour & PNG_COLOR_MASK_ALPHA) != 0) png_set_strip_alpha(png);
+    // An alpha channel, or the one the expansions above make of a tRNS chunk: dropped.
+    png_set_strip_alpha(png);
     if (colour == PNG_COLOR_TYPE_GRAY || colour == PNG_COLOR_TYPE_GRAY_ALPHA) {
       png_set_gray_to_rgb(png);
     }
