@@ -339,3 +339,25 @@ def test_pillow_refuses_the_same_hostile_images_but_two_the_loader_is_stricter_a
         except (OSError, Image.DecompressionBombError):
             pass
     assert accepted == {"png_without_iend", "png_bad_idat_crc"}
+
+
+def test_mixed_formats_give_the_same_batches_for_1_2_and_4_readers(tmp_path):
+    write_set(tmp_path / "set", KINDS, size=None, per_kind=1)
+    cat = prestage.Catalog.from_folder(tmp_path / "set", extensions=[])
+    runs = []
+    for readers in (1, 2, 4):
+        with prestage.Loader(cat, batch_size=6, decode="image", image_size=(20, 24), seed=8,
+                             transform="random-resized-crop", readers=readers,
+                             prefetchers=readers) as loader:
+            runs.append([(i.tolist(), img) for i, img in batches(loader)])
+    for other in runs[1:]:
+        assert [i for i, _ in other] == [i for i, _ in runs[0]]
+        for (_, a), (_, b) in zip(other, runs[0]):
+            np.testing.assert_array_equal(a, b)
+
+
+def test_decode_image_is_refused_on_the_gpu_path(tmp_path):
+    write_set(tmp_path / "set", ["png_rgb"], per_kind=1)
+    cat = prestage.Catalog.from_folder(tmp_path / "set", extensions=[])
+    with pytest.raises(prestage.ConfigError, match="JPEG"):
+        prestage.Loader(cat, batch_size=1, decode="image", image_size=(8, 8), decode_device="cuda")
