@@ -46,8 +46,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   try {
     header = codec.header(file, path);
     have_header = true;
-    prestage::fuzz::harness_check(header.width > 0 && header.height > 0 &&
-                                      uint64_t(header.width) * uint64_t(header.height) <= kMaxPixels,
+    const uint64_t pixels = uint64_t(header.width) * uint64_t(header.height);
+    prestage::fuzz::harness_check(header.width > 0 && header.height > 0 && pixels <= kMaxPixels,
                                   "header() returned a size outside (0, max_pixels]");
   } catch (const prestage::Error&) {
   }

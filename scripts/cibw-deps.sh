@@ -3,9 +3,9 @@
 # libraries from their release sources into /usr/local inside a manylinux_2_28 container, where the
 # distribution's are too old (oneTBB 2018, no zstd CMake package) or not fit for a wheel (HDF5 with
 # its network drivers). The versions are those of Debian 12, which scripts/wheel.sh builds against.
-# zlib, libpng, libwebp and HDF5 are static and position-independent (linked into the extension); oneTBB,
-# libjpeg-turbo and zstd are shared (auditwheel bundles them). Needs network access, as cibuildwheel's
-# containers have; not run on the development machines (no container runtime).
+# zlib, libpng, libwebp and HDF5 are static and position-independent (linked into the extension);
+# oneTBB, libjpeg-turbo and zstd are shared (auditwheel bundles them). Needs network access, as
+# cibuildwheel's containers have; not run on the development machines (no container runtime).
 set -euo pipefail
 PREFIX=/usr/local
 JOBS=$(nproc)

@@ -46,7 +46,8 @@ void on_warning(png_structp, png_const_charp) {}
 }  // namespace
 
 bool is_png(std::span<const std::byte> bytes) {
-  return bytes.size() >= kSignatureBytes && std::memcmp(bytes.data(), kSignature, kSignatureBytes) == 0;
+  return bytes.size() >= kSignatureBytes &&
+         std::memcmp(bytes.data(), kSignature, kSignatureBytes) == 0;
 }
 
 struct PngDecoder::Impl {
