@@ -361,3 +361,29 @@ def test_decode_image_is_refused_on_the_gpu_path(tmp_path):
     cat = prestage.Catalog.from_folder(tmp_path / "set", extensions=[])
     with pytest.raises(prestage.ConfigError, match="JPEG"):
         prestage.Loader(cat, batch_size=1, decode="image", image_size=(8, 8), decode_device="cuda")
+
+
+@pytest.mark.tf
+def test_tf_dataset_takes_png_and_webp(tmp_path):
+    """Not resized: the signature's size comes from the first image, decoded as the loader decodes."""
+    import prestage.tf
+
+    write_set(tmp_path / "set", ["png_rgb", "webp_lossy", "png_palette"], per_kind=2)
+    cat = prestage.Catalog.from_folder(tmp_path / "set", extensions=[])
+    ds = prestage.tf.dataset(cat, batch_size=3, decode="image", shuffle=False)
+    images = np.concatenate([x.numpy() for x, _ in ds])
+    expected = np.stack([oracle(cat.source_path(i)) for i in range(len(cat))])
+    np.testing.assert_array_equal(images, expected)
+    ds.loader.close()
+
+
+@pytest.mark.torch
+def test_torch_loader_takes_png_and_webp(tmp_path):
+    import prestage.torch
+
+    write_set(tmp_path / "set", ["png_rgba", "webp_lossless"], per_kind=2)
+    cat = prestage.Catalog.from_folder(tmp_path / "set", extensions=[])
+    with prestage.torch.Loader(cat, batch_size=2, decode="image", shuffle=False) as loader:
+        images = np.concatenate([x.numpy().transpose(0, 2, 3, 1) for x, _ in loader])  # NCHW
+    expected = np.stack([oracle(cat.source_path(i)) for i in range(len(cat))])
+    np.testing.assert_array_equal(images, expected)
