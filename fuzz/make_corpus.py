@@ -7,12 +7,14 @@ tf.train.Example messages, catalog files and stage indexes are written by hand h
 formats are documented in the headers and sources that read them. The output is deterministic, so
 running it again rewrites the same files.
 
-    python3 fuzz/make_corpus.py
+    python3 fuzz/make_corpus.py             every harness's seeds
+    python3 fuzz/make_corpus.py png webp    these harnesses' seeds only
 """
 
 import io
 import shutil
 import struct
+import sys
 import tarfile
 import zipfile
 from pathlib import Path
@@ -171,6 +173,12 @@ def jpeg(width, height, mode="RGB", seed=0, **options) -> bytes:
     return buf.getvalue()
 
 
+def encoded(picture, fmt, **options) -> bytes:
+    buf = io.BytesIO()
+    picture.save(buf, fmt, **options)
+    return buf.getvalue()
+
+
 def zstd(data: bytes, **options) -> bytes:
     return zstandard.ZstdCompressor(**options).compress(data)
 
@@ -249,6 +257,32 @@ def seeds():
     params = [bytes([24, 32, 0x37, 1]), bytes([7, 5, 0xF0, 2]), bytes([63, 63, 0xFF, 255]),
               bytes([0, 0, 0x00, 0]), bytes([10, 40, 0x88, 77])]
     s["jpeg"] = {name: params[i % len(params)] + data for i, (name, data) in enumerate(jpegs.items())}
+
+    pngs = {
+        "rgb": encoded(image(32, 24), "PNG"),
+        "grey": encoded(image(17, 13, "L", seed=1), "PNG"),
+        "palette": encoded(image(20, 10, "P", seed=2), "PNG"),
+        "palette-trns": encoded(image(12, 12, "P", seed=3), "PNG", transparency=2),
+        "rgba": encoded(image(16, 9, "RGBA", seed=4), "PNG"),
+        "grey-alpha": encoded(image(9, 16, "LA", seed=5), "PNG"),
+        "grey-16": encoded(image(8, 8, "L", seed=6).convert("I;16"), "PNG"),
+        "one-bit": encoded(image(33, 5, "1", seed=7), "PNG"),
+        "optimized": encoded(image(40, 30, seed=8), "PNG", optimize=True),
+        "one-pixel": encoded(image(1, 1, seed=9), "PNG"),
+    }
+    pngs["truncated"] = pngs["rgb"][: len(pngs["rgb"]) * 2 // 3]
+    s["png"] = {name: params[i % len(params)] + data for i, (name, data) in enumerate(pngs.items())}
+    webps = {
+        "lossy": encoded(image(32, 24), "WEBP", quality=80),
+        "lossless": encoded(image(17, 13, seed=1), "WEBP", lossless=True),
+        "lossy-alpha": encoded(image(16, 9, "RGBA", seed=2), "WEBP", quality=60),
+        "lossless-alpha": encoded(image(9, 16, "RGBA", seed=3), "WEBP", lossless=True),
+        "animated": encoded(image(8, 8, seed=4), "WEBP", save_all=True,
+                            append_images=[image(8, 8, seed=5)], duration=10),
+        "one-pixel": encoded(image(1, 1, seed=6), "WEBP"),
+    }
+    webps["truncated"] = webps["lossy"][: len(webps["lossy"]) * 2 // 3]
+    s["webp"] = {name: params[i % len(params)] + data for i, (name, data) in enumerate(webps.items())}
 
     arrays = {
         "f4-2d": np.arange(12, dtype="<f4").reshape(3, 4),
@@ -467,9 +501,11 @@ def mds_seeds() -> dict:
     return {"shard": b"\x00" + shard, "index": b"\x01" + index.encode(), "empty": b"\x00"}
 
 
-def main():
+def main(only=()):
     total = 0
     for harness, files in seeds().items():
+        if only and harness not in only:
+            continue
         folder = CORPUS / harness
         if folder.exists():
             shutil.rmtree(folder)
@@ -482,4 +518,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    main(sys.argv[1:])

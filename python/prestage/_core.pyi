@@ -125,6 +125,7 @@ class _Enum:
 
 class DecodeMode(_Enum):
     jpeg: ClassVar[DecodeMode]
+    image: ClassVar[DecodeMode]
     raw: ClassVar[DecodeMode]
     npy: ClassVar[DecodeMode]
     npz: ClassVar[DecodeMode]

@@ -132,8 +132,12 @@ class Loader:
         depth: batch buffers: batches decoded ahead plus those the caller still holds.
         rank, world_size: this process's share of every global batch (distributed training).
         drop_last: drop the last, incomplete global batch (else ranks are padded to equal counts).
-        decode: how a sample's bytes become its part of the batch (``batch.images`` for JPEG,
-            ``batch.arrays`` otherwise): ``"jpeg"`` (RGB images), ``"raw"`` (the bytes as they are:
+        decode: how a sample's bytes become its part of the batch (``batch.images`` for images,
+            ``batch.arrays`` otherwise): ``"jpeg"`` (JPEG images to RGB; a PNG or WebP file is
+            refused), ``"image"`` (JPEG, PNG or WebP, each told by its bytes' signature, not its
+            name: PNG grey and palettes become RGB, 16-bit samples keep their high byte, alpha is
+            dropped as Pillow's ``convert("RGB")`` drops it; the same transforms and limits as
+            JPEG), ``"raw"`` (the bytes as they are:
             ``batch.data`` and ``batch.offsets``), ``"npy"`` (a ``.npy`` array: any dtype and
             shape, C or Fortran order), ``"npz"`` (one array of a ``.npz``, stored or deflated: see
             ``array_name``), ``"hdf5"`` (slices of a :meth:`Catalog.from_hdf5` catalog). ``None``:

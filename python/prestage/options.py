@@ -81,7 +81,7 @@ class ImageOptions(CommonOptions, total=False):
 class Options(ImageOptions, total=False):
     """:class:`ImageOptions` plus how samples other than JPEG images are decoded."""
 
-    decode: Optional[Literal["jpeg", "raw", "npy", "npz", "hdf5", "locate"]]
+    decode: Optional[Literal["jpeg", "image", "raw", "npy", "npz", "hdf5", "locate"]]
     array_name: Optional[str]
     max_sample_bytes: int
     raw_dtype: Any

@@ -227,8 +227,9 @@ def _image_spec(catalog: _core.Catalog, loader: Loader, options: Mapping[str, ob
     else:
         # Not resized: the first image's size, as the loader reads it (TFRecord, zstd frames too).
         first = {k: v for k, v in options.items() if k in _FIRST_IMAGE_OPTIONS}
-        _, (height, width, _) = _first_sample(catalog, decode="jpeg", layout="NHWC", **first)
-        _check_sizes(catalog, (height, width), first)
+        decode = o.decode.name  # "jpeg" or "image"
+        _, (height, width, _) = _first_sample(catalog, decode=decode, layout="NHWC", **first)
+        _check_sizes(catalog, (height, width), {**first, "decode": decode})
     image = (3, height, width) if nchw else (height, width, 3)
 
     def dense(batch: _core.Batch) -> np.ndarray:
@@ -252,9 +253,9 @@ def _check_sizes(catalog: _core.Catalog, size: Tuple[int, int], options: Mapping
     prestage.ConfigError`` does not catch: a set of mixed sizes is told apart before it gets there. An
     odd image the probes miss still raises there, at its batch."""
     count = min(_SIZE_PROBES, len(catalog))
-    probe_options: Dict[str, Any] = {**options, "on_error": "skip"}
-    with Loader(catalog, count, shuffle=True, seed=0, readers=1, prefetchers=1, decode="jpeg",
-                layout="NHWC", **probe_options) as probe:
+    probe_options: Dict[str, Any] = {"decode": "jpeg", **options, "on_error": "skip"}
+    with Loader(catalog, count, shuffle=True, seed=0, readers=1, prefetchers=1, layout="NHWC",
+                **probe_options) as probe:
         batch = next(iter(probe))
         shapes = sorted({tuple(s[:2]) for s in batch.shapes})
     if shapes != [tuple(size)]:

@@ -206,6 +206,7 @@ py::dict to_dict(const Struct& s, const Fields& fields) {
 void register_loader(py::module_& m) {
   py::enum_<DecodeMode>(m, "DecodeMode")
       .value("jpeg", DecodeMode::kJpeg)
+      .value("image", DecodeMode::kImage)
       .value("raw", DecodeMode::kRaw)
       .value("locate", DecodeMode::kLocate)
       .value("npy", DecodeMode::kNpy)
@@ -361,8 +362,8 @@ copy); the buffer is reused only after the batch and every array viewing it have
           "images",
           [](py::object self) -> py::object {
             const auto& b = self.cast<const Batch&>();
-            if (b.mode() != DecodeMode::kJpeg)
-              throw ConfigError("images: this loader does not decode JPEG");
+            if (!decodes_images(b.mode()))
+              throw ConfigError("images: this loader does not decode images");
             if (b.device_data() != nullptr) throw ConfigError(kOnDevice);
             if (b.ragged()) return sample_views(self, b);
             const auto s = b.shape();

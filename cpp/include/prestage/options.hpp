@@ -25,7 +25,14 @@ enum class DecodeMode {
   // StageDirectory's path), or kLocatedSource, at the source (not staged in time: a miss). For users
   // who decode the samples themselves (prestage.torch.StagedSampler).
   kLocate,
+  // Images of any supported format (JPEG, PNG or WebP, told apart by their bytes' signatures, never
+  // by file names) -> RGB images, as kJpeg. kJpeg refuses PNG and WebP files.
+  kImage,
 };
+// kJpeg or kImage: the samples are images, decoded to RGB (Transform, Layout and OutputType apply).
+inline constexpr bool decodes_images(DecodeMode mode) {
+  return mode == DecodeMode::kJpeg || mode == DecodeMode::kImage;
+}
 inline constexpr uint8_t kLocatedStaged = 1;  // the numbers of the tiers: see tiers/tiers.hpp
 inline constexpr uint8_t kLocatedSource = 3;
 

@@ -253,7 +253,7 @@ class BatchDecoder::Run {
     const std::string& path = r.paths.source;  // the sample's source path, as read() left it
     SampleDecoder& decoder = r.codec(d_.codec_);
     s_.jpegs[i] = decoder.image_payload(bytes, path, s_.unpacked[i]);
-    const ImageHeader header = decoder.jpeg.header(s_.jpegs[i], path);
+    const ImageHeader header = decoder.image.header(s_.jpegs[i], path);
     return {static_cast<uint32_t>(header.height), static_cast<uint32_t>(header.width)};
   }
 
@@ -365,7 +365,7 @@ class BatchDecoder::Run {
       // Step 1 read the sample and found its JPEG.
       const std::string& path =
           d_.tiers_.source_path(d_.tiers_.catalog().locator(id).file, r.paths.source);
-      decoder.jpeg.decode_exact(s_.jpegs[i], size, rgb, path);
+      decoder.image.decode_exact(s_.jpegs[i], size, rgb, path);
     } else {
       fill_resized(i, id, r, decoder, size, rgb);
     }
@@ -384,9 +384,9 @@ class BatchDecoder::Run {
     const std::string& path = r.paths.source;  // the sample's source path, as read() left it
     const auto jpeg = decoder.image_payload(bytes, path);
     if (o.transform == Transform::kRandomResizedCrop) {
-      decoder.jpeg.decode_random_crop(jpeg, size, o.seed, b_.epoch, id, rgb, path);
+      decoder.image.decode_random_crop(jpeg, size, o.seed, b_.epoch, id, rgb, path);
     } else {
-      decoder.jpeg.decode_resized(jpeg, size, rgb, path);
+      decoder.image.decode_resized(jpeg, size, rgb, path);
     }
   }
 
@@ -477,7 +477,7 @@ class BatchDecoder::Run {
             const std::span<std::byte> place = gpu.cpu_place(i);
             Reader& r = reader();
             const uint64_t id = static_cast<uint64_t>(slot_.indices[i]);
-            JpegDecoder& jpeg = r.codec(d_.codec_).jpeg;
+            ImageDecoder& jpeg = r.codec(d_.codec_).image;
             try {
               if (d_.options_.transform == Transform::kRandomResizedCrop) {
                 jpeg.decode_random_crop(s_.jpegs[i], size, d_.options_.seed, b_.epoch, id, place,

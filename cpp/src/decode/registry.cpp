@@ -27,6 +27,8 @@ const char* mode_name(DecodeMode mode) {
       return "hdf5";
     case DecodeMode::kLocate:
       return "locate";
+    case DecodeMode::kImage:
+      return "image";
   }
   return "?";
 }
@@ -60,6 +62,10 @@ Codec Codec::choose(const Catalog& catalog, const LoaderOptions& options) {
       throw ConfigError("array_name does not apply to a catalog of array slices: its member is "
                         "named when it is built (Catalog::from_arrays)");
     }
+  }
+  if (c.mode == DecodeMode::kImage) {
+    c.mode = DecodeMode::kJpeg;
+    c.any_image = true;
   }
   return c;
 }
@@ -113,7 +119,8 @@ void Codec::raw_array(uint64_t bytes, std::string_view stored, ArrayInfo& info,
   }
 }
 
-SampleDecoder::SampleDecoder(const Codec& codec) : jpeg(codec.max_pixels), codec_(codec) {}
+SampleDecoder::SampleDecoder(const Codec& codec)
+    : image(codec.max_pixels, codec.any_image), codec_(codec) {}
 
 const ByteSource& SampleDecoder::payload(const ByteSource& sample, const Catalog::Locator& loc) {
   payload_dtype_ = "|u1";

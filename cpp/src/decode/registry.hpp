@@ -16,7 +16,7 @@
 #include <string_view>
 #include <vector>
 
-#include "decode/jpeg.hpp"
+#include "decode/image.hpp"
 #include "decode/zstd.hpp"
 #include "formats/array.hpp"
 #include "formats/npz.hpp"
@@ -26,7 +26,10 @@
 namespace prestage::detail {
 
 struct Codec {
+  // decode=image is kJpeg here with any_image set: the two differ only in the formats the image
+  // codec takes (ImageDecoder).
   DecodeMode mode = DecodeMode::kJpeg;
+  bool any_image = false;
   Catalog::Kind kind = Catalog::Kind::kFiles;
   std::string field;       // kTfrecord: the data feature; kHdf5: the dataset; kArrays: the member
   int64_t axis = 0;        // kHdf5, kArrays: the axis samples are sliced along
@@ -75,11 +78,11 @@ class SampleDecoder {
  public:
   explicit SampleDecoder(const Codec& codec);
 
-  // The bytes a JPEG is decoded from, given the sample's bytes as read: the TFRecord feature taken
+  // The bytes an image is decoded from, given the sample's bytes as read: the TFRecord feature taken
   // out of its record, a zstd frame decompressed. May point into `sample` or into this decoder.
   std::span<const std::byte> image_payload(std::span<const std::byte> sample,
                                            const std::string& path);
-  // As above, a zstd frame decompressed into `unpacked` (grown, never shrunk), so that the JPEG
+  // As above, a zstd frame decompressed into `unpacked` (grown, never shrunk), so that the image
   // outlives this decoder's next call.
   std::span<const std::byte> image_payload(std::span<const std::byte> sample,
                                            const std::string& path,
@@ -91,7 +94,7 @@ class SampleDecoder {
   void fill(const ByteSource& sample, const Catalog::Locator& loc, const ArrayProbe& probe,
             std::span<std::byte> out);
 
-  JpegDecoder jpeg;
+  ImageDecoder image;
 
  private:
   // The sample's payload as a byte source: `sample` itself, or the TFRecord feature in memory

@@ -196,7 +196,7 @@ void make_tiers(Shared& shared) {
 size_t make_decoder(Shared& shared) {
   const LoaderOptions& o = shared.options;
   size_t slot_bytes = 0;
-  if (o.decode == DecodeMode::kJpeg) {
+  if (decodes_images(o.decode)) {
     // Without an image_size each image keeps its own size: stage 3 reads it from the image's
     // header, and the batch buffers grow to the batches' sizes as they do for arrays.
     const ImageSize size = o.image_size;

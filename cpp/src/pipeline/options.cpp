@@ -77,12 +77,12 @@ void LoaderOptions::validate() const {
   if ((image_size.height == 0) != (image_size.width == 0)) {
     throw ConfigError("image_size needs both a height and a width (or neither)");
   }
-  if (decode != DecodeMode::kJpeg && !image_size.empty()) {
-    throw ConfigError("image_size applies to decode=jpeg only");
+  if (!decodes_images(decode) && !image_size.empty()) {
+    throw ConfigError("image_size applies to decode=jpeg or image only");
   }
-  if (decode != DecodeMode::kJpeg &&
+  if (!decodes_images(decode) &&
       (layout != Layout::kNHWC || dtype != OutputType::kUint8 || transform != Transform::kCenterCrop)) {
-    throw ConfigError("transform, layout and dtype apply to decode=jpeg only");
+    throw ConfigError("transform, layout and dtype apply to decode=jpeg or image only");
   }
   if (transform == Transform::kRandomResizedCrop && image_size.empty()) {
     throw ConfigError("transform=random-resized-crop needs an image_size");

@@ -36,6 +36,8 @@ class Prestage(PythonPackage):
     depends_on("libjpeg-turbo")
     depends_on("zstd")
     depends_on("zlib-api")
+    depends_on("libpng")
+    depends_on("libwebp")
     depends_on("hdf5~mpi api=default")
 
     # CMakeLists.txt: optional parts
