@@ -21,6 +21,8 @@ LIBRARIES = {
     "zstd": ("zstd", "zstd"),
     "ZLIB": ("zlib-api", "zlib"),
     "HDF5": ("hdf5", "hdf5"),
+    "PNG": ("libpng", "libpng"),
+    "WebP": ("libwebp", "libwebp"),
 }
 SPACK_NAME = {"python": "python", "cmake": "cmake"}  # else py-<name>
 
