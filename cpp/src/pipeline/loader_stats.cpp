@@ -73,10 +73,7 @@ Stats Loader::Impl::stats() const {
   detail::PinnedBuffer::Status pinning = ring->status();  // both read together
   s.pinned = pinning.pinning;
   s.pinned_why = std::move(pinning.why);
-  if (shared->stage_dir) {
-    s.adopted_files += shared->stage_dir->taken_over();
-    s.stage_corrupt = shared->stage_dir->corrupt();
-  }
+  if (shared->stage_dir) s.stage_corrupt = shared->stage_dir->corrupt();
   if (shared->peers) {
     s.peer_tier = shared->peers->on();
     s.peer_tier_why = shared->peers->why_off();

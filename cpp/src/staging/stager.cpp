@@ -230,7 +230,9 @@ void Stager::add_to(Stats& stats) const {
   stats.stage.items = items_.load();
   stats.stage.bytes = bytes_.load();
   stats.staged_files = staged_files_.load();
-  stats.adopted_files = adopted_.load();
+  // Stage 2's own takeovers (a claim that found a neighbour's copy) and stage 1's (the copies
+  // neighbours published before a batch: StageDirectory::take_over_published()).
+  stats.adopted_files = adopted_.load() + (directory_ != nullptr ? directory_->taken_over() : 0);
   stats.stage_failures = failures_.load();
   stats.stage_expedited = expedited_.load();
   stats.read_ahead = read_ahead_.load();
