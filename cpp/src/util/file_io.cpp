@@ -1,9 +1,11 @@
 #include "util/file_io.hpp"
 
 #include <fcntl.h>
+#include <linux/magic.h>
 #include <linux/openat2.h>
 #include <pthread.h>
 #include <sys/stat.h>
+#include <sys/statfs.h>
 #include <sys/syscall.h>
 #include <sys/uio.h>
 #include <unistd.h>
@@ -292,9 +294,21 @@ void read_expecting(const std::string& path, int fd, std::span<std::byte> out) {
 // Linux's default read-ahead window (VM_READAHEAD_PAGES).
 constexpr size_t kReadAheadWindow = size_t{128} << 10;
 
-void read_file_exact_now(const FileRef& file, std::span<std::byte> out) {
+void read_file_exact_now(const FileRef& file, std::span<std::byte> out, bool direct) {
   Fd fd = open_for_reading(file);
   if (out.size() > kReadAheadWindow) {
+    // Direct (set_direct_reads): the file in requests of the mount's largest size, sent at once.
+    // A file system without O_DIRECT refuses it here (EINVAL) or at the read: read as below.
+    if (direct && ::fcntl(fd.get(), F_SETFL, O_DIRECT) == 0) {
+      try {
+        read_expecting(file.path(), fd.get(), out);
+        return;
+      } catch (const IoError& e) {
+        if (e.error_code() != EINVAL) throw;
+      }
+      if (::fcntl(fd.get(), F_SETFL, 0) != 0) fail(file.path(), errno, "read");
+      if (::lseek(fd.get(), 0, SEEK_SET) != 0) fail(file.path(), errno, "read");
+    }
     // The whole file is read at once: a larger read-ahead window makes the kernel fetch it in fewer,
     // larger requests (a FUSE file system gets one request per window: 128 KiB by default, twice
     // that when sequential). Advice only: it costs no operation of the file system, and is ignored
@@ -317,6 +331,7 @@ struct OwnedFileRef {
 };
 
 thread_local int64_t io_timeout_ms = 0;  // this thread's limit
+thread_local bool direct_whole_reads = false;  // set_direct_reads()
 thread_local const std::atomic<bool>* io_cancel_flag = nullptr;
 
 // Threads that run reads under a deadline. A thread stuck in a read that never returns is left there;
@@ -437,6 +452,16 @@ void with_file_name(const FileRef& file, const std::function<void(const std::str
 
 void set_io_timeout(std::chrono::milliseconds timeout) { io_timeout_ms = timeout.count(); }
 
+void set_direct_reads(bool on) { direct_whole_reads = on; }
+
+bool direct_reads() { return direct_whole_reads; }
+
+bool source_is_fuse(const std::string& path) {
+  struct statfs fs {};
+  return !path.empty() && ::statfs(path.c_str(), &fs) == 0 &&
+         static_cast<unsigned long>(fs.f_type) == FUSE_SUPER_MAGIC;
+}
+
 std::chrono::milliseconds io_timeout() { return std::chrono::milliseconds(io_timeout_ms); }
 
 void set_io_cancel(const std::atomic<bool>* cancel) { io_cancel_flag = cancel; }
@@ -528,12 +553,13 @@ void OpenFile::read(uint64_t offset, std::span<std::byte> out) const {
 
 void read_file_exact(const FileRef& file, std::span<std::byte> out) {
   const auto timeout = io_timeout();
-  if (timeout.count() == 0) return read_file_exact_now(file, out);
+  const bool direct = direct_reads();
+  if (timeout.count() == 0) return read_file_exact_now(file, out, direct);
   const size_t length = out.size();
   auto bytes = DeadlineThreads::instance().run<std::vector<std::byte>>(
-      file.path(), timeout, [owned = OwnedFileRef(file), length] {
+      file.path(), timeout, [owned = OwnedFileRef(file), length, direct] {
         std::vector<std::byte> b(length);
-        read_file_exact_now(owned.ref(), b);
+        read_file_exact_now(owned.ref(), b, direct);
         return b;
       });
   if (length != 0) std::memcpy(out.data(), bytes.data(), length);
