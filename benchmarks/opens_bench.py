@@ -116,7 +116,8 @@ def epoch(n: int, repeat: int) -> dict:
             time.sleep(1.2)  # the kernel's cached names and attributes expire: a cold epoch
             before = emulator.stats()
             start = time.perf_counter()
-            with prestage.Loader(catalog, batch_size=64, image_size=(224, 224), stage_dir=str(stage)) as loader:
+            with prestage.Loader(catalog, batch_size=64, image_size=(224, 224),
+                                 stage_dir=str(stage)) as loader:
                 loader.set_epoch(r + 1)
                 images = sum(len(b) for b in loader)
             seconds = time.perf_counter() - start

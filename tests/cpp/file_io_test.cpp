@@ -147,7 +147,7 @@ TEST_CASE("file io: a file of another size than expected is an EIO naming both s
   io::read_file_exact(path, none);  // an empty file of an expected 0 bytes
 }
 
-TEST_CASE("file io: direct reads of a large file give its bytes, or read it as before where refused") {
+TEST_CASE("file io: a direct read gives the file's bytes, or reads as before where refused") {
   // The local disk refuses O_DIRECT for a read of an unaligned length (ext4, xfs: EINVAL), tmpfs
   // may take it: the bytes are the file's either way, and a file of another size is still an EIO.
   TempDir dir;
