@@ -79,7 +79,8 @@ def test_a_packed_set_costs_one_open_per_shard_when_staged(tmp_path, pfs, encode
     assert after["ops"]["getattr"] - before["ops"]["getattr"] <= len(shards) + 2
 
 
-def test_a_large_file_is_copied_in_the_fewest_requests(tmp_path, pfs):
+@pytest.mark.parametrize("io_timeout", [None, 30.0], ids=["no-limit", "io-timeout"])
+def test_a_large_file_is_copied_in_the_fewest_requests(tmp_path, pfs, io_timeout):
     # Files of 300 KB to 1 MB: through the page cache, FUSE gets one request per read-ahead window
     # (256 KiB at most), so each would cost 2 to 4 reads; stage 2 reads them with O_DIRECT, in
     # requests of up to 1 MiB: one each.
@@ -93,8 +94,9 @@ def test_a_large_file_is_copied_in_the_fewest_requests(tmp_path, pfs):
     cat = prestage.Catalog.from_folder(emulator.mountpoint, extensions=[".bin"])
     time.sleep(1.2)
     before = emulator.stats()
+    # With an io_timeout, stage 2's reads run on helper threads: read as directly there.
     with prestage.Loader(cat, batch_size=4, shuffle=False, decode="raw", depth=2, lookahead=2,
-                         stage_dir=str(tmp_path / "stage")) as loader:
+                         io_timeout=io_timeout, stage_dir=str(tmp_path / "stage")) as loader:
         seen = {}
         for batch in loader:
             for j, i in enumerate(batch.indices):
