@@ -1,11 +1,9 @@
 #include "util/file_io.hpp"
 
 #include <fcntl.h>
-#include <linux/magic.h>
 #include <linux/openat2.h>
 #include <pthread.h>
 #include <sys/stat.h>
-#include <sys/statfs.h>
 #include <sys/syscall.h>
 #include <sys/uio.h>
 #include <unistd.h>
@@ -16,10 +14,14 @@
 #include <condition_variable>
 #include <cstring>
 #include <deque>
+#include <filesystem>
+#include <fstream>
 #include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <sstream>
+#include <string>
 #include <thread>
 #include <utility>
 
@@ -456,10 +458,49 @@ void set_direct_reads(bool on) { direct_whole_reads = on; }
 
 bool direct_reads() { return direct_whole_reads; }
 
+namespace {
+
+// A mount point as /proc/self/mountinfo writes it: space, tab, newline and backslash as \ooo.
+std::string unescape_mount(const std::string& field) {
+  std::string out;
+  for (size_t i = 0; i < field.size(); ++i) {
+    if (field[i] == '\\' && i + 3 < field.size()) {
+      const std::string digits = field.substr(i + 1, 3);
+      if (digits.find_first_not_of("01234567") == std::string::npos) {
+        out += static_cast<char>(std::stoi(digits, nullptr, 8));
+        i += 3;
+        continue;
+      }
+    }
+    out += field[i];
+  }
+  return out;
+}
+
+}  // namespace
+
 bool source_is_fuse(const std::string& path) {
-  struct statfs fs {};
-  return !path.empty() && ::statfs(path.c_str(), &fs) == 0 &&
-         static_cast<unsigned long>(fs.f_type) == FUSE_SUPER_MAGIC;
+  // From the mount table, not statfs: a stalled file system must not hang the loader's start.
+  if (path.empty()) return false;
+  std::error_code error;
+  const std::string target = std::filesystem::absolute(path, error).lexically_normal().string();
+  if (error) return false;
+  std::ifstream in("/proc/self/mountinfo");
+  std::string line, type;
+  size_t longest = 0;
+  while (std::getline(in, line)) {
+    std::istringstream fields(line);
+    std::string id, parent, device, root, mount;
+    const size_t dash = line.find(" - ");
+    if (!(fields >> id >> parent >> device >> root >> mount) || dash == std::string::npos) continue;
+    mount = unescape_mount(mount);
+    // The innermost mount holding the path; of two on one point, the later (it hides the other).
+    if (!is_beneath(target, mount) || mount.size() < longest) continue;
+    longest = mount.size();
+    std::istringstream rest(line.substr(dash + 3));
+    rest >> type;
+  }
+  return type == "fuse" || type == "fuseblk" || type.starts_with("fuse.");
 }
 
 std::chrono::milliseconds io_timeout() { return std::chrono::milliseconds(io_timeout_ms); }

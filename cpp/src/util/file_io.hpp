@@ -69,7 +69,9 @@ const std::atomic<bool>* io_cancel();
 void set_direct_reads(bool on);
 bool direct_reads();
 
-// Whether `path` lies on a FUSE file system (one statfs). False where it cannot be told.
+// Whether `path` lies on a FUSE file system, from the process's mount table (the innermost mount
+// holding the path as written, absolute; links are not followed): nothing is asked of the file
+// system itself. False where it cannot be told.
 bool source_is_fuse(const std::string& path);
 
 // Sets this thread's limit (and cancel flag) for a scope, and restores the ones it had.
