@@ -17,6 +17,14 @@ emulated PFS served. The loader reads every loose file once per epoch, so one op
 floor; "getattr" counts the kernel's own lookups of each name too.
 
     python benchmarks/opens_bench.py --loose 200
+
+``--epoch N`` measures one cold pipelined epoch as a user who sets no thread option runs it: the
+synthetic ImageNet-like set of N images (``prestage synth``, about 100 KB on average, a few of 1-2.6
+MB), batches of 64, 224x224, a new stage directory, over the emulated PFS at 2 ms per operation,
+2,000 MB/s and 64 operations at once; per file: opens, reads and getattrs, and the files read
+beyond their size (read twice) or opened twice, ``--repeat`` times.
+
+    python benchmarks/opens_bench.py --epoch 3000 --repeat 3
 """
 
 from __future__ import annotations
@@ -89,12 +97,60 @@ def loose(n: int) -> dict:
     return results
 
 
+def epoch(n: int, repeat: int) -> dict:
+    """Operations per file of one cold pipelined epoch with no thread option, ``repeat`` times."""
+    import os
+    import shutil
+
+    from prestage.cli.demo import default_source
+
+    src = default_source(n, 10, True)
+    runs = []
+    emulator = PfsEmulator(src, latency_ms=2, bandwidth_mbs=2000, max_ops=64)
+    mount = emulator.start()
+    try:
+        catalog = prestage.Catalog.from_folder(mount)
+        sizes = {catalog.path(i): os.path.getsize(src / catalog.path(i)) for i in range(len(catalog))}
+        for r in range(repeat):
+            stage = Path(tempfile.mkdtemp(prefix="prestage-opens-bench-"))
+            time.sleep(1.2)  # the kernel's cached names and attributes expire: a cold epoch
+            before = emulator.stats()
+            start = time.perf_counter()
+            with prestage.Loader(catalog, batch_size=64, image_size=(224, 224),
+                                 stage_dir=str(stage)) as loader:
+                loader.set_epoch(r + 1)
+                images = sum(len(b) for b in loader)
+            seconds = time.perf_counter() - start
+            after = emulator.stats()
+            shutil.rmtree(stage, ignore_errors=True)
+            ops = {k: after["ops"][k] - before["ops"].get(k, 0) for k in ("open", "read", "getattr")}
+            paths = {p: {k: c[k] - before["paths"].get(p, {}).get(k, 0) for k in ("opens", "bytes")}
+                     for p, c in after["paths"].items()}
+            runs.append({"images": images, "seconds": round(seconds, 2), **ops,
+                         **{f"{k}s_per_file": round(v / len(sizes), 4) for k, v in ops.items()},
+                         "files_read_beyond_their_size": sum(paths.get(p, {}).get("bytes", 0) > s
+                                                             for p, s in sizes.items()),
+                         "files_opened_twice": sum(paths.get(p, {}).get("opens", 0) > 1 for p in sizes)})
+    finally:
+        emulator.stop()
+    window = 256 << 10  # the kernel's read-ahead window for a file advised sequential
+    return {"files": len(sizes), "bytes": sum(sizes.values()),
+            "files_over_256KiB": sum(s > window for s in sizes.values()),
+            "reads_at_one_per_256KiB": sum(-(-s // window) for s in sizes.values()),
+            "reads_at_one_per_MiB": sum(-(-s // (1 << 20)) for s in sizes.values()), "runs": runs}
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--files", type=int, default=4)
     p.add_argument("--per-file", type=int, default=16)
     p.add_argument("--loose", type=int, default=0, help="measure N loose files per kind instead")
+    p.add_argument("--epoch", type=int, default=0, help="measure a cold epoch of N synthetic images instead")
+    p.add_argument("--repeat", type=int, default=3, help="epochs measured with --epoch")
     args = p.parse_args()
+    if args.epoch:
+        print(json.dumps({"epoch_of": args.epoch, **epoch(args.epoch, args.repeat)}, indent=1))
+        return
     if args.loose:
         print(json.dumps({"loose": args.loose, "epoch": loose(args.loose)}, indent=1))
         return

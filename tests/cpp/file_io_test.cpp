@@ -147,6 +147,34 @@ TEST_CASE("file io: a file of another size than expected is an EIO naming both s
   io::read_file_exact(path, none);  // an empty file of an expected 0 bytes
 }
 
+TEST_CASE("file io: a direct read gives the file's bytes, or reads as before where refused") {
+  // The local disk refuses O_DIRECT for a read of an unaligned length (ext4, xfs: EINVAL), tmpfs
+  // may take it: the bytes are the file's either way, and a file of another size is still an EIO.
+  TempDir dir;
+  const std::string path = (dir / "large").string();
+  std::string content(300'001, '\0');
+  for (size_t i = 0; i < content.size(); ++i) content[i] = static_cast<char>(i * 7 % 251);
+  write(path, content);
+  CHECK_FALSE(io::direct_reads());
+  io::set_direct_reads(true);
+  bool off_elsewhere = true;
+  std::thread([&] { off_elsewhere = !io::direct_reads(); }).join();
+  CHECK(off_elsewhere);  // per thread
+  for (const int timeout_ms : {0, 5000}) {
+    CAPTURE(timeout_ms);
+    const io::IoTimeoutScope limit{std::chrono::milliseconds(timeout_ms)};
+    std::vector<std::byte> out(content.size());
+    io::read_file_exact(path, out);
+    CHECK(text(out) == content);
+    std::vector<std::byte> shorter(content.size() - 1), longer(content.size() + 1);
+    CHECK(io_errno(path, [&] { io::read_file_exact(path, shorter); }) == EIO);
+    CHECK(io_errno(path, [&] { io::read_file_exact(path, longer); }) == EIO);
+  }
+  io::set_direct_reads(false);
+  CHECK_FALSE(io::source_is_fuse(dir.path().string()));
+  CHECK_FALSE(io::source_is_fuse(""));
+}
+
 TEST_CASE("file io: an open file serves every read from the file it opened, with or without a limit") {
   TempDir dir;
   const std::string path = (dir / "held").string();

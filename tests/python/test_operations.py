@@ -77,3 +77,36 @@ def test_a_packed_set_costs_one_open_per_shard_when_staged(tmp_path, pfs, encode
     opens = {p: c["opens"] - before["paths"].get(p, {}).get("opens", 0) for p, c in after["paths"].items()}
     assert {p: n for p, n in opens.items() if n} == {name: 1 for name in shards}
     assert after["ops"]["getattr"] - before["ops"]["getattr"] <= len(shards) + 2
+
+
+@pytest.mark.parametrize("io_timeout", [None, 30.0], ids=["no-limit", "io-timeout"])
+def test_a_large_file_is_copied_in_the_fewest_requests(tmp_path, pfs, io_timeout):
+    # Files of 300 KB to 1 MB: through the page cache, FUSE gets one request per read-ahead window
+    # (256 KiB at most), so each would cost 2 to 4 reads; stage 2 reads them with O_DIRECT, in
+    # requests of up to 1 MiB: one each.
+    src = tmp_path / "src"
+    src.mkdir()
+    rng = np.random.default_rng(2)
+    sizes = [int(s) for s in rng.integers(300_000, 1_000_000, 16)]
+    for i, size in enumerate(sizes):
+        (src / f"{i:03d}.bin").write_bytes(rng.integers(0, 256, size, dtype=np.uint8).tobytes())
+    emulator = pfs(src)
+    cat = prestage.Catalog.from_folder(emulator.mountpoint, extensions=[".bin"])
+    time.sleep(1.2)
+    before = emulator.stats()
+    # With an io_timeout, stage 2's reads run on helper threads: read as directly there.
+    with prestage.Loader(cat, batch_size=4, shuffle=False, decode="raw", depth=2, lookahead=2,
+                         io_timeout=io_timeout, stage_dir=str(tmp_path / "stage")) as loader:
+        seen = {}
+        for batch in loader:
+            for j, i in enumerate(batch.indices):
+                seen[int(i)] = batch.arrays[j].tobytes()  # checked against the files below
+            if len(seen) == len(cat):
+                break
+    after = emulator.stats()
+    ops = {k: after["ops"][k] - before["ops"].get(k, 0) for k in ("open", "read")}
+    assert ops["open"] == len(cat), ops
+    assert ops["read"] == len(cat), ops  # main: 2 to 4 per file
+    assert after["bytes_read"] - before["bytes_read"] == sum(sizes)
+    for i, data in seen.items():
+        assert data == (src / cat.path(i)).read_bytes()

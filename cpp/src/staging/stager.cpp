@@ -16,7 +16,8 @@ Stager::Stager(Tiers& tiers, size_t threads, std::chrono::milliseconds io_timeou
       directory_(tiers.stage_directory()),
       neighbour_wait_(neighbour_wait),
       io_timeout_(io_timeout),
-      io_cancel_(io_cancel) {
+      io_cancel_(io_cancel),
+      direct_reads_(source_is_fuse(tiers.catalog().root().string())) {
   std::lock_guard lock(mutex_);
   limit_ = threads;
   start_threads(threads);
@@ -28,6 +29,7 @@ void Stager::start_threads(size_t count) {
       pthread_setname_np(pthread_self(), "prestage-stage");  // told apart in top -H, /proc
       set_io_timeout(io_timeout_);
       set_io_cancel(io_cancel_);
+      set_direct_reads(direct_reads_);
       run();
     });
   }

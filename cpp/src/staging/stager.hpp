@@ -2,7 +2,8 @@
 // threads of its own (blocking reads must not hold a TBB worker): copies them to the stage directory
 // through the tiers (from a peer node's copy where the peer tier has one, else from the source, the
 // PFS), checks the copies an earlier run left there against their CRC, and reads into memory the
-// samples that are not to be staged (StageTask::read_ahead).
+// samples that are not to be staged (StageTask::read_ahead). Its whole-file reads of a FUSE source
+// go around the page cache (set_direct_reads): each file is read once, in the fewest requests.
 #pragma once
 
 #include <atomic>
@@ -125,6 +126,8 @@ class Stager {
   double capacity_s_ = 0;
   std::chrono::milliseconds io_timeout_;
   const std::atomic<bool>* io_cancel_;
+  // The source is a FUSE file system: large files are read with O_DIRECT (set_direct_reads).
+  const bool direct_reads_;
   std::atomic<bool> cancelled_{false};
   std::atomic<bool> disabled_{false};
   std::string disabled_reason_;  // guarded by mutex_

@@ -14,10 +14,14 @@
 #include <condition_variable>
 #include <cstring>
 #include <deque>
+#include <filesystem>
+#include <fstream>
 #include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <sstream>
+#include <string>
 #include <thread>
 #include <utility>
 
@@ -292,9 +296,21 @@ void read_expecting(const std::string& path, int fd, std::span<std::byte> out) {
 // Linux's default read-ahead window (VM_READAHEAD_PAGES).
 constexpr size_t kReadAheadWindow = size_t{128} << 10;
 
-void read_file_exact_now(const FileRef& file, std::span<std::byte> out) {
+void read_file_exact_now(const FileRef& file, std::span<std::byte> out, bool direct) {
   Fd fd = open_for_reading(file);
   if (out.size() > kReadAheadWindow) {
+    // Direct (set_direct_reads): the file in requests of the mount's largest size, sent at once.
+    // A file system without O_DIRECT refuses it here (EINVAL) or at the read: read as below.
+    if (direct && ::fcntl(fd.get(), F_SETFL, O_DIRECT) == 0) {
+      try {
+        read_expecting(file.path(), fd.get(), out);
+        return;
+      } catch (const IoError& e) {
+        if (e.error_code() != EINVAL) throw;
+      }
+      if (::fcntl(fd.get(), F_SETFL, 0) != 0) fail(file.path(), errno, "read");
+      if (::lseek(fd.get(), 0, SEEK_SET) != 0) fail(file.path(), errno, "read");
+    }
     // The whole file is read at once: a larger read-ahead window makes the kernel fetch it in fewer,
     // larger requests (a FUSE file system gets one request per window: 128 KiB by default, twice
     // that when sequential). Advice only: it costs no operation of the file system, and is ignored
@@ -317,6 +333,7 @@ struct OwnedFileRef {
 };
 
 thread_local int64_t io_timeout_ms = 0;  // this thread's limit
+thread_local bool direct_whole_reads = false;  // set_direct_reads()
 thread_local const std::atomic<bool>* io_cancel_flag = nullptr;
 
 // Threads that run reads under a deadline. A thread stuck in a read that never returns is left there;
@@ -437,6 +454,55 @@ void with_file_name(const FileRef& file, const std::function<void(const std::str
 
 void set_io_timeout(std::chrono::milliseconds timeout) { io_timeout_ms = timeout.count(); }
 
+void set_direct_reads(bool on) { direct_whole_reads = on; }
+
+bool direct_reads() { return direct_whole_reads; }
+
+namespace {
+
+// A mount point as /proc/self/mountinfo writes it: space, tab, newline and backslash as \ooo.
+std::string unescape_mount(const std::string& field) {
+  std::string out;
+  for (size_t i = 0; i < field.size(); ++i) {
+    if (field[i] == '\\' && i + 3 < field.size()) {
+      const std::string digits = field.substr(i + 1, 3);
+      if (digits.find_first_not_of("01234567") == std::string::npos) {
+        out += static_cast<char>(std::stoi(digits, nullptr, 8));
+        i += 3;
+        continue;
+      }
+    }
+    out += field[i];
+  }
+  return out;
+}
+
+}  // namespace
+
+bool source_is_fuse(const std::string& path) {
+  // From the mount table, not statfs: a stalled file system must not hang the loader's start.
+  if (path.empty()) return false;
+  std::error_code error;
+  const std::string target = std::filesystem::absolute(path, error).lexically_normal().string();
+  if (error) return false;
+  std::ifstream in("/proc/self/mountinfo");
+  std::string line, type;
+  size_t longest = 0;
+  while (std::getline(in, line)) {
+    std::istringstream fields(line);
+    std::string id, parent, device, root, mount;
+    const size_t dash = line.find(" - ");
+    if (!(fields >> id >> parent >> device >> root >> mount) || dash == std::string::npos) continue;
+    mount = unescape_mount(mount);
+    // The innermost mount holding the path; of two on one point, the later (it hides the other).
+    if (!is_beneath(target, mount) || mount.size() < longest) continue;
+    longest = mount.size();
+    std::istringstream rest(line.substr(dash + 3));
+    rest >> type;
+  }
+  return type == "fuse" || type == "fuseblk" || type.starts_with("fuse.");
+}
+
 std::chrono::milliseconds io_timeout() { return std::chrono::milliseconds(io_timeout_ms); }
 
 void set_io_cancel(const std::atomic<bool>* cancel) { io_cancel_flag = cancel; }
@@ -528,12 +594,13 @@ void OpenFile::read(uint64_t offset, std::span<std::byte> out) const {
 
 void read_file_exact(const FileRef& file, std::span<std::byte> out) {
   const auto timeout = io_timeout();
-  if (timeout.count() == 0) return read_file_exact_now(file, out);
+  const bool direct = direct_reads();
+  if (timeout.count() == 0) return read_file_exact_now(file, out, direct);
   const size_t length = out.size();
   auto bytes = DeadlineThreads::instance().run<std::vector<std::byte>>(
-      file.path(), timeout, [owned = OwnedFileRef(file), length] {
+      file.path(), timeout, [owned = OwnedFileRef(file), length, direct] {
         std::vector<std::byte> b(length);
-        read_file_exact_now(owned.ref(), b);
+        read_file_exact_now(owned.ref(), b, direct);
         return b;
       });
   if (length != 0) std::memcpy(out.data(), bytes.data(), length);
