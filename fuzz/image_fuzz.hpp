@@ -1,7 +1,8 @@
-// The image codecs' harnesses (png_fuzzer.cpp, webp_fuzzer.cpp): the codec's header and its
-// whole-image decode, then ImageDecoder's decode_exact, decode_resized (Resize + CenterCrop),
-// decode_crop and decode_random_crop on the same bytes (the loader's route for such an image with
-// decode=image).
+// The image codecs' harnesses (jpeg_fuzzer.cpp, png_fuzzer.cpp, webp_fuzzer.cpp): the codec's
+// header (and, for a codec other than the routes' own, its whole-image decode), then the routes'
+// decode_exact, decode_resized (Resize + CenterCrop), decode_crop and decode_random_crop on the same
+// bytes: JpegDecoder's own for a JPEG (the training path: libjpeg's partial decode plus the
+// resampler), ImageDecoder's for PNG and WebP (the loader's route for them with decode=image).
 //
 // Input: 4 parameter bytes, then the file. Parameters: output height and width (1..64 each), and
 // two bytes that place the crop box and seed the random crop. The box always lies inside the image
@@ -11,29 +12,31 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <type_traits>
 #include <vector>
 
-#include "decode/image.hpp"
+#include "decode/jpeg.hpp"
+#include "decode/transform.hpp"
 #include "fuzz_util.hpp"
 #include "prestage/error.hpp"
 
 namespace prestage::fuzz {
 
 using prestage::detail::CropBox;
-using prestage::detail::ImageDecoder;
 using prestage::detail::ImageHeader;
 
 inline constexpr size_t kImageParams = 4;
-// Small enough that a decode stays fast and its buffers small.
+// Small enough that a decode stays fast and its buffers small, large enough for real photographs'
+// code paths (every DCT scale, several iMCU rows and columns).
 inline constexpr uint64_t kImageMaxPixels = uint64_t{1} << 22;
 
-// Runs one input through `Codec` (PngDecoder, WebpDecoder), then through ImageDecoder's routes.
-template <typename Codec>
-int fuzz_image(const uint8_t* data, size_t size, const std::string& path) {
+// One input through `codec` (JpegDecoder, PngDecoder, WebpDecoder), then through `decoder`'s routes
+// (`codec` itself for a JPEG, an ImageDecoder for the others). Both are the harness's, one per
+// thread, reused: as the readers use them.
+template <typename Codec, typename Routes>
+int fuzz_image(const uint8_t* data, size_t size, Codec& codec, Routes& decoder,
+               const std::string& path) {
   if (size < kImageParams) return 0;
-  // One per thread, reused: as the readers use them.
-  static Codec codec(kImageMaxPixels);
-  static ImageDecoder decoder(kImageMaxPixels, true);
   static std::vector<std::byte> out;
   const prestage::ImageSize size_out{1u + data[0] % 64u, 1u + data[1] % 64u};
   const uint8_t where = data[2];
@@ -52,12 +55,15 @@ int fuzz_image(const uint8_t* data, size_t size, const std::string& path) {
   } catch (const prestage::Error&) {
   }
   if (have_header) {
-    try {
-      out.resize(size_t(header.width) * size_t(header.height) * 3);
-      codec.decode(file, out, path);
-    } catch (const prestage::Error&) {
+    if constexpr (!std::is_same_v<Codec, Routes>) {
+      try {
+        out.resize(size_t(header.width) * size_t(header.height) * 3);
+        codec.decode(file, out, path);
+      } catch (const prestage::Error&) {
+      }
     }
     try {
+      out.resize(size_t(header.width) * size_t(header.height) * 3);
       decoder.decode_exact(file, {uint32_t(header.height), uint32_t(header.width)}, out, path);
     } catch (const prestage::Error&) {
     }
@@ -67,6 +73,7 @@ int fuzz_image(const uint8_t* data, size_t size, const std::string& path) {
     } catch (const prestage::Error&) {
     }
     try {
+      // A box anywhere inside the image, from 1 pixel up to all of it.
       CropBox box;
       box.width = 1 + int((uint64_t(where & 0x0f) * uint64_t(header.width - 1)) / 15);
       box.height = 1 + int((uint64_t(where >> 4) * uint64_t(header.height - 1)) / 15);
@@ -78,6 +85,7 @@ int fuzz_image(const uint8_t* data, size_t size, const std::string& path) {
     } catch (const prestage::Error&) {
     }
   }
+  // Reads its own header, so it runs whatever header() said.
   try {
     out.resize(out_bytes);
     const CropBox box = decoder.decode_random_crop(file, size_out, seed, where, 7, out, path);

@@ -1,84 +1,13 @@
-// JpegDecoder: header, decode_exact, decode_resized (Resize + CenterCrop), decode_crop and
-// decode_random_crop (the training path: libjpeg's partial decode plus the resampler).
-//
-// Input: 4 parameter bytes, then the JPEG file. Parameters: output height and width (1..64 each),
-// and two bytes that place the crop box and seed the random crop. The box always lies inside the
-// image (the caller's contract), so a logic_error from decode_crop is a finding.
+// JpegDecoder's header and routes on one input: see image_fuzz.hpp.
 #include <cstddef>
 #include <cstdint>
 #include <string>
-#include <vector>
 
 #include "decode/jpeg.hpp"
-#include "fuzz_util.hpp"
-#include "prestage/error.hpp"
-
-namespace {
-
-using prestage::detail::CropBox;
-using prestage::detail::ImageHeader;
-using prestage::detail::JpegDecoder;
-
-constexpr size_t kParams = 4;
-// Small enough that a decode stays fast and its buffers small, large enough for real photographs'
-// code paths (every DCT scale, several iMCU rows and columns).
-constexpr uint64_t kMaxPixels = uint64_t{1} << 22;
-
-}  // namespace
+#include "image_fuzz.hpp"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  if (size < kParams) return 0;
-  static JpegDecoder decoder(kMaxPixels);  // one per thread, reused: as the readers use it
-  static std::vector<std::byte> out;
+  static prestage::detail::JpegDecoder decoder(prestage::fuzz::kImageMaxPixels);
   static const std::string path = "fuzz.jpg";
-  const prestage::ImageSize size_out{1u + data[0] % 64u, 1u + data[1] % 64u};
-  const uint8_t where = data[2];
-  const uint8_t seed = data[3];
-  const auto jpeg = prestage::fuzz::as_bytes(data + kParams, size - kParams);
-  const size_t out_bytes = size_t{size_out.height} * size_out.width * 3;
-
-  ImageHeader header{};
-  bool have_header = false;
-  try {
-    header = decoder.header(jpeg, path);
-    have_header = true;
-    prestage::fuzz::harness_check(header.width > 0 && header.height > 0 &&
-                                      uint64_t(header.width) * uint64_t(header.height) <= kMaxPixels,
-                                  "header() returned a size outside (0, max_pixels]");
-  } catch (const prestage::Error&) {
-  }
-
-  if (have_header) {
-    try {
-      out.resize(size_t(header.width) * size_t(header.height) * 3);
-      decoder.decode_exact(jpeg, {uint32_t(header.height), uint32_t(header.width)}, out, path);
-    } catch (const prestage::Error&) {
-    }
-    try {
-      out.resize(out_bytes);
-      decoder.decode_resized(jpeg, size_out, out, path);
-    } catch (const prestage::Error&) {
-    }
-    try {
-      // A box anywhere inside the image, from 1 pixel up to all of it.
-      CropBox box;
-      box.width = 1 + int((uint64_t(where & 0x0f) * uint64_t(header.width - 1)) / 15);
-      box.height = 1 + int((uint64_t(where >> 4) * uint64_t(header.height - 1)) / 15);
-      box.left = int((uint64_t(seed) * uint64_t(header.width - box.width)) / 255);
-      box.top = int((uint64_t(seed ^ 0x5a) * uint64_t(header.height - box.height)) / 255);
-      box.flip = (seed & 1) != 0;
-      out.resize(out_bytes);
-      decoder.decode_crop(jpeg, box, size_out, out, path);
-    } catch (const prestage::Error&) {
-    }
-  }
-  // Reads its own header (libjpeg's), so it runs whatever header() said.
-  try {
-    out.resize(out_bytes);
-    const CropBox box = decoder.decode_random_crop(jpeg, size_out, seed, where, 7, out, path);
-    prestage::fuzz::harness_check(box.width > 0 && box.height > 0 && box.left >= 0 && box.top >= 0,
-                                  "decode_random_crop returned an empty or negative box");
-  } catch (const prestage::Error&) {
-  }
-  return 0;
+  return prestage::fuzz::fuzz_image(data, size, decoder, decoder, path);
 }
