@@ -92,7 +92,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       const auto jpeg = decoder.image_payload(sample, path);
       const prestage::ImageSize size_out{24, 32};
       out.resize(size_t{24} * 32 * 3);
-      decoder.jpeg.decode_resized(jpeg, size_out, out, path);
+      decoder.image.decode_resized(jpeg, size_out, out, path);
     } catch (const prestage::Error&) {
     }
     return 0;
