@@ -150,7 +150,9 @@ def test_bandwidth_cap_is_honoured_in_aggregate(backing: Path, mount: Path) -> N
             sizes = list(pool.map(lambda p: len(p.read_bytes()), files))
         elapsed = time.perf_counter() - start
     assert sum(sizes) == 8 * BIG
-    assert sum(sizes) / elapsed / 1e6 == pytest.approx(20, rel=0.10)
+    # Never faster than the cap (less 10% for the clock); a loaded machine only slows the readers, so
+    # the floor is looser: uncapped, this machine reads these 8 files at hundreds of MB/s.
+    assert 0.7 * 20 <= sum(sizes) / elapsed / 1e6 <= 1.1 * 20
 
 
 def test_concurrency_cap_queues_operations(backing: Path, mount: Path) -> None:
@@ -168,7 +170,9 @@ def test_concurrency_cap_queues_operations(backing: Path, mount: Path) -> None:
         elapsed = time.perf_counter() - start
         stats = pfs.stats()
     assert stats["max_in_flight"] == 2
-    assert elapsed == pytest.approx(8 / 2 * 0.050, rel=0.10)  # four rounds of two
+    # Four rounds of two: never sooner (less 10% for the clock); later only by the machine's load (the
+    # cap not held, 8 at once, would take one round: 0.05 s).
+    assert 0.9 * 4 * 0.050 <= elapsed < 1.5 * 4 * 0.050
 
 
 def test_sigterm_unmounts(backing: Path, mount: Path) -> None:
