@@ -97,6 +97,20 @@ def test_counts_opens_and_bytes_per_path(backing: Path, mount: Path) -> None:
     assert 1000 <= paths["big/big_2.bin"]["bytes"] <= BIG
 
 
+def test_counts_getattrs_per_file(backing: Path, mount: Path) -> None:
+    # Entries and attributes cached for 60 s: each name is looked up once, each stat after is the
+    # kernel's; the folder's lookup is not a file's.
+    with emulator(backing, mount, extra_args=["--attr-timeout", "60"]) as pfs:
+        for _ in range(3):
+            os.stat(mount / "a" / "small_01.bin")
+        os.stat(mount / "b" / "small_02.bin")
+        with pytest.raises(FileNotFoundError):
+            os.stat(mount / "a" / "absent.bin")
+        stats = pfs.stats()
+    assert stats["file_getattrs"] == {"a/small_01.bin": 1, "b/small_02.bin": 1}
+    assert stats["ops"]["getattr"] >= 2 + 2  # and the folders a and b
+
+
 def assert_latency_ms(samples: list, want: float) -> None:
     """The median operation took the latency: never less (less 10% for the clock), and below 1.75x
     (a machine under load stretches sleeps; the latency charged twice would give 2x)."""
