@@ -203,8 +203,9 @@ def pack(source: Union[Catalog, str, os.PathLike], out: Union[str, os.PathLike],
          overwrite: bool = False, progress: bool = False) -> Dict[str, Any]:
     """Packs the samples of `source` (a catalog of whole files or of byte ranges of files: a
     class-folder tree, a saved catalog, WebDataset, MDS and Hugging Face catalogs) into shards of
-    about `shard_bytes` in folder `out`, and returns the summary written to ``out/pack.json``. ``zstd_level`` compresses each sample as one zstd frame. Running it again with
-    the same arguments resumes an interrupted pack (or does nothing once it is complete).
+    about `shard_bytes` in folder `out`, and returns the summary written to ``out/pack.json``.
+    ``zstd_level`` compresses each sample as one zstd frame. Running it again with the same
+    arguments resumes an interrupted pack (or does nothing once it is complete).
 
     >>> prestage.pack.pack("/pfs/imagenet/train", "/pfs/imagenet-packed", workers=32)
     >>> catalog = prestage.Catalog.from_shards("/pfs/imagenet-packed")
