@@ -30,6 +30,9 @@ epochs, the readers interleaved within a round; the load average beside each run
 with ``--json``, writes the figures.
 
     python benchmarks/webdataset_bench.py --images 50000 --shards 50 --workers 2 --runs 3
+
+Needs torch, webdataset and wids (``pip install webdataset wids``; ``--readers prestage,webdataset``
+leaves wids out) and FUSE for the emulator. About 12 minutes on 2 cores at 50,000 images.
 """
 
 from __future__ import annotations
