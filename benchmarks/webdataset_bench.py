@@ -11,11 +11,10 @@ horizontal flip into uint8 NHWC batches of 64, with ``--workers`` threads or wor
 
 - prestage: ``Catalog.from_webdataset`` (scanned over the PFS once, and saved: its time and opens are
   reported apart), ``prestage.Loader(..., transform="random-resized-crop", readers=W,
-  stage_dir=<new folder on local disk>, stage_patience=None)``: a global shuffle; stage 2 copies
-  each shard whole, and stage 3 waits for the copies (each shard is read from the PFS once);
-  libjpeg-turbo decodes only the crop's rows and columns;
-- prestage-50ms: the same with the default ``stage_patience`` (50 ms): stage 3 reads a sample whose
-  shard is not yet copied straight from the PFS rather than wait (more opens, no wait);
+  stage_dir=<new folder on local disk>)``: a global shuffle; stage 2 copies each shard whole, and
+  stage 3 waits for the copies (each shard is read from the PFS once: a catalog of shards waits for
+  its copies whatever ``stage_patience`` says); libjpeg-turbo decodes only the crop's rows and
+  columns;
 - webdataset: ``wds.WebDataset(pattern, shardshuffle=100).shuffle(1000).decode("pil")`` over the
   mount, the crop with Pillow (box resize, bilinear) as torchvision does it on a PIL image,
   ``.batched(64)``, in a ``torch.utils.data.DataLoader(num_workers=W)`` (shards split over the workers);
@@ -168,11 +167,10 @@ def wids_epoch(shards: List[Tuple[str, int]], workers: int, epoch: int, scratch:
     return images
 
 
-def prestage_epoch(catalog: prestage.Catalog, workers: int, epoch: int, scratch: Path,
-                   patience: Any = None) -> int:
+def prestage_epoch(catalog: prestage.Catalog, workers: int, epoch: int, scratch: Path) -> int:
     images = 0
     with prestage.Loader(catalog, batch_size=BATCH, image_size=(SIZE, SIZE), seed=epoch,
-                         transform="random-resized-crop", readers=workers, stage_patience=patience,
+                         transform="random-resized-crop", readers=workers,
                          stage_dir=str(scratch / "stage")) as loader:
         for batch in loader:
             images += len(batch.labels)
@@ -194,7 +192,7 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--latency-ms", type=float, default=2.0)
     parser.add_argument("--bandwidth-mbs", type=float, default=200.0)
-    parser.add_argument("--readers", default="prestage,prestage-50ms,webdataset,wids",
+    parser.add_argument("--readers", default="prestage,webdataset,wids",
                         help="which readers, comma-separated")
     parser.add_argument("--work", type=Path, default=None,
                         help="folder for the set and the scratch folders (default: a new temporary one)")
@@ -226,7 +224,6 @@ def main() -> None:
                   "(once; saved)", flush=True)
             every: Dict[str, Callable[[int, Path], int]] = {
                 "prestage": lambda e, s: prestage_epoch(catalog, args.workers, e, s),
-                "prestage-50ms": lambda e, s: prestage_epoch(catalog, args.workers, e, s, 0.05),
                 "webdataset": lambda e, s: webdataset_epoch(pattern, args.workers, e, s),
                 "wids": lambda e, s: wids_epoch(list(zip(on_pfs, counts)), args.workers, e, s),
             }
