@@ -48,9 +48,12 @@ def test_resident_memory_is_flat_over_epochs_and_returned_at_close(soak: dict, m
     growth_kb = np.polyfit(np.arange(warm, len(rss)), rss[warm:], 1)[0] * 1024
     assert growth_kb < GROWTH_KB, f"{mode}: {growth_kb:.0f} KB per epoch from epoch {warm}: {rss.round(1)}"
     assert r["closed"] - r["start"] < CLOSED_MB, f"{mode}: {r['start']:.0f} MB before, {r['closed']:.0f} after close"
-    # A descriptor a stage 2 thread has open at the moment of a look is no leak: medians.
+    # A descriptor a thread has open at the moment of a look is no leak: the fewest of ten looks,
+    # the floor under those, is compared (medians failed once: 5 against 4, where 1 to 2 of the
+    # 2-3 threads' files happened to be open in 6 of the last 10 looks). A leak of one descriptor
+    # an epoch raises the floor by 50 here.
     fds = np.array(r["fds"])
-    assert np.median(fds[-10:]) <= np.median(fds[warm:warm + 10]), f"{mode}: descriptors {r['fds']}"
+    assert fds[-10:].min() <= fds[warm:warm + 10].min(), f"{mode}: descriptors {r['fds']}"
 
 
 def test_stats_report_what_the_loader_holds(tmp_path: Path) -> None:
