@@ -150,9 +150,9 @@ class Catalog {
   // bytes) is read twice, in one streaming pass of decompression each (its size and CRC, then its
   // headers), and its samples are byte ranges of its decompressed bytes (file_codec()); a stream
   // that is corrupt or truncated is damage of the whole shard (none of its samples is kept: its
-  // own check failed), named as the damage below. `label`: the extension of a member holding the label as decimal text ("cls"), or
-  // "json:KEY" for the integer at KEY of a JSON object in its ".json" member, or "" (labels -1).
-  // A missing field is handled as `missing` says.
+  // own check failed), named as the damage below. `label`: the extension of a member holding
+  // the label as decimal text ("cls"), or "json:KEY" for the integer at KEY of a JSON object in
+  // its ".json" member, or "" (labels -1). A missing field is handled as `missing` says.
   //
   // Damage (a header with a bad checksum or bad fields, a pax record that is malformed or
   // disagrees with its header, a member running past the end of the shard, a key whose members are
@@ -184,11 +184,12 @@ class Catalog {
   // `label`: an integer column (int, int8..int64, uint8..uint64, str_int), or "" (labels -1).
   // A shard written with compression ("zstd", "gz": index.json's zip_data) is read from its
   // decompressed copy (raw_data) where that is beside it; else it is decompressed as from_webdataset
-  // decompresses a `.tar.gz` (file_codec()), and any other compression is a ConfigError naming it. ConfigError for an index that is not an MDS
-  // index or lacks a column (naming those it has). Damage (a shard whose sample count disagrees
-  // with the index, offsets out of order or past the end of the shard, column sizes that do not add
-  // up): with OnError::kRaise a DecodeError naming the shard and the sample; with OnError::kSkip
-  // the catalog keeps every good sample and lists the rest in damage(). IoError either way.
+  // decompresses a `.tar.gz` (file_codec()), and any other compression is a ConfigError naming
+  // it. ConfigError for an index that is not an MDS index or lacks a column (naming those it
+  // has). Damage (a shard whose sample count disagrees with the index, offsets out of order or
+  // past the end of the shard, column sizes that do not add up): with OnError::kRaise a
+  // DecodeError naming the shard and the sample; with OnError::kSkip the catalog keeps every good
+  // sample and lists the rest in damage(). IoError either way.
   static Catalog from_mds(const std::filesystem::path& dir, const std::string& data = "image",
                           const std::string& label = "label", OnError on_error = OnError::kRaise);
 

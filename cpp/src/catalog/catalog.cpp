@@ -161,7 +161,9 @@ void set_codecs(Catalog::Data& data, std::vector<uint8_t> codecs, std::vector<ui
   }
   bool any = false;
   for (const uint8_t c : codecs) {
-    if (c > static_cast<uint8_t>(Catalog::Codec::kZstd)) throw ConfigError("catalog: unknown codec");
+    if (c > static_cast<uint8_t>(Catalog::Codec::kZstd)) {
+      throw ConfigError("catalog: unknown codec");
+    }
     any = any || c != 0;
   }
   if (!any) return;

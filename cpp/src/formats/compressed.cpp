@@ -86,8 +86,9 @@ struct Decompressor::State {
       if (between) {
         // A member starts here: anything but a gzip header after the last one is not a stream
         // this reader vouches for.
-        if (in_end - in_pos < 2 ? false
-                                : !(in[in_pos] == std::byte{0x1f} && in[in_pos + 1] == std::byte{0x8b})) {
+        const bool magic = in_end - in_pos < 2 || (in[in_pos] == std::byte{0x1f} &&
+                                                    in[in_pos + 1] == std::byte{0x8b});
+        if (!magic) {
           fail("bytes after the last gzip member are not another member");
         }
         if (!z_open) {

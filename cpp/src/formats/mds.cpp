@@ -164,7 +164,8 @@ std::vector<MdsShard> scan_mds(const std::filesystem::path& dir, const std::stri
       }
       if (name.front() == '/' || name == ".." || name.starts_with("../") ||
           name.find("/../") != std::string::npos) {
-        throw ConfigError("'" + index_path + "': shard '" + name + "' lies outside the set's folder");
+        throw ConfigError("'" + index_path + "': shard '" + name +
+                          "' lies outside the set's folder");
       }
       file = name;
     }

@@ -49,10 +49,10 @@ struct MdsDamage {
 // offsets those of its decompressed bytes; a stream that fails its checks is damage of the whole
 // shard. ConfigError for an index that is not an MDS version 2 index, a column it lacks (naming
 // those it has), a label column of another encoding, a compression other than zstd and gz;
-// IoError for a file that cannot be read. Damage (a shard whose sample count disagrees with the index, an offset out of order or
-// past the end of its shard, a sample whose column sizes do not add up to its length, a label
-// that does not parse): with `damaged` null a DecodeError naming the shard and the sample, else
-// `damaged` is called and the scan goes on. Returns the shards.
+// IoError for a file that cannot be read. Damage (a shard whose sample count disagrees with the
+// index, an offset out of order or past the end of its shard, a sample whose column sizes do not
+// add up to its length, a label that does not parse): with `damaged` null a DecodeError naming
+// the shard and the sample, else `damaged` is called and the scan goes on. Returns the shards.
 std::vector<MdsShard> scan_mds(const std::filesystem::path& dir, const std::string& data_column,
                                const std::string& label_column,
                                const std::function<void(const MdsSample&)>& sample,

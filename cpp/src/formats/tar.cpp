@@ -42,7 +42,9 @@ std::span<const std::byte> ForwardReader::stream_bytes(uint64_t offset, uint64_t
                                  std::to_string(start_));
   }
   const uint64_t end = start_ + window_.size();
-  if (offset + length <= end) return std::span<const std::byte>(window_).subspan(offset - start_, length);
+  if (offset + length <= end) {
+    return std::span<const std::byte>(window_).subspan(offset - start_, length);
+  }
   const auto changed = [&] {
     throw DecodeError(path_, "its decompressed bytes end before byte " + std::to_string(size_) +
                                  ", where they ended when it was first read: it changed");
@@ -52,8 +54,8 @@ std::span<const std::byte> ForwardReader::stream_bytes(uint64_t offset, uint64_t
     uint64_t skip = offset - end;
     window_.resize(static_cast<size_t>(std::min(skip, kWindow)));
     while (skip > 0) {
-      const size_t n = stream_->read(std::span<std::byte>(window_.data(),
-                                                          std::min<uint64_t>(skip, window_.size())));
+      const size_t n = stream_->read(
+          std::span<std::byte>(window_.data(), std::min<uint64_t>(skip, window_.size())));
       if (n == 0) changed();
       skip -= n;
     }

@@ -187,11 +187,11 @@ std::string open_stage(Shared& shared) {
                                : o.cache_bytes;
     // A bounded directory evicts in plan order around the batches in flight, a window fixed
     // here: the self-tuning leaves lookahead as it is then.
-    if (compressed && bound != 0 && largest_compressed(shared.catalog, shared.stage_dir.get()) > bound) {
+    const uint64_t largest = largest_compressed(shared.catalog, shared.stage_dir.get());
+    if (compressed && bound != 0 && largest > bound) {
       throw ConfigError("cache_bytes (" + std::to_string(bound) + ") is smaller than the largest " +
-                        "decompressed shard (" +
-                        std::to_string(largest_compressed(shared.catalog, shared.stage_dir.get())) +
-                        " bytes): " + why_stage + ", one whole shard at least");
+                        "decompressed shard (" + std::to_string(largest) + " bytes): " +
+                        why_stage + ", one whole shard at least");
     }
     if (bound != 0) shared.lookahead_max = o.lookahead;
     shared.cache = std::make_unique<StageCache>(shared.catalog, shared.plan, *shared.stage_dir,

@@ -2,9 +2,9 @@
 
 #include <algorithm>
 #include <cerrno>
-#include <stdexcept>
-
 #include <chrono>
+#include <cstring>
+#include <stdexcept>
 #include <thread>
 
 #include "formats/compressed.hpp"
@@ -55,7 +55,8 @@ void decompress_file(const Catalog& catalog, uint64_t file, const FileRef& sourc
     crc = crc32c(std::span<const std::byte>(buffer.data(), done));
   }
   std::byte more;
-  if (done != size || in.read(std::span<std::byte>(&more, 1)) != 0 || crc != catalog.file_crc(file)) {
+  if (done != size || in.read(std::span<std::byte>(&more, 1)) != 0 ||
+      crc != catalog.file_crc(file)) {
     throw DecodeError(path, std::string("its ") + codec_name(catalog.file_codec(file)) +
                                 " stream decompresses to other bytes than when the catalog was " +
                                 "built (" + (done != size ? std::to_string(done) + " bytes, not " +
@@ -335,10 +336,10 @@ void Tiers::read_compressed(const Catalog::Locator& loc, std::vector<std::byte>&
   out.resize(length);
   uint64_t at = 0;
   const StageDirectory::Sink keep = [&](std::span<const std::byte> piece) {
-    const uint64_t from = std::max(at, loc.offset), to = std::min(at + piece.size(), loc.offset + length);
+    const uint64_t from = std::max(at, loc.offset);
+    const uint64_t to = std::min(at + piece.size(), loc.offset + length);
     if (from < to) {
-      std::copy(piece.begin() + static_cast<ptrdiff_t>(from - at),
-                piece.begin() + static_cast<ptrdiff_t>(to - at), out.begin() + static_cast<ptrdiff_t>(from - loc.offset));
+      std::memcpy(out.data() + (from - loc.offset), piece.data() + (from - at), to - from);
     }
     at += piece.size();
   };

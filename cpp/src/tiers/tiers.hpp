@@ -209,9 +209,10 @@ class Tiers {
   // A file compressed whole (Catalog::file_codec) is never read by byte range: its samples are
   // served from its decompressed copy in the stage directory, or, when there is none, by
   // serve() from its whole stream decompressed (read_compressed). For a sample of one that the
-  // stage directory cannot serve, locate() calls this (its consumer reads the copy). Returns once the file's copy is staged and may be served: a copy stage 2
-  // (or a neighbour) is making is waited for, a copy nobody is making is made here (its bytes
-  // count against the node's bound as stage 2's do; the next admission evicts back within it).
+  // stage directory cannot serve, locate() calls this (its consumer reads the copy). Returns
+  // once the file's copy is staged and may be served: a copy stage 2 (or a neighbour) is making
+  // is waited for, a copy nobody is making is made here (its bytes count against the node's
+  // bound as stage 2's do; the next admission evicts back within it).
   // Throws what the copy met, naming the shard: the source's DecodeError (a corrupt stream, bytes
   // that differ from the catalog's) or IoError (it changed, it cannot be read), an IoError for a
   // stage directory that failed or is read-only, ECANCELED when this thread's io_cancel() is
