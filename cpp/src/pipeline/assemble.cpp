@@ -221,6 +221,8 @@ void make_tiers(Shared& shared) {
   const uint64_t max_read =
       o.max_sample_bytes > UINT64_MAX - kFramingBytes ? UINT64_MAX : o.max_sample_bytes + framing;
   shared.tiers = std::make_unique<Tiers>(shared.catalog, shared.stage_dir.get(), max_read);
+  // A compressed file's sample missed by stage 2 is copied by stage 3 within the bound.
+  if (shared.cache) shared.tiers->set_stage_bound(shared.cache->capacity());
   if (!o.trace.empty()) {
     shared.trace = std::make_unique<IoTrace>(o.trace, shared.catalog.root().string(),
                                              shared.catalog.num_files());

@@ -267,7 +267,7 @@ void Tiers::fetch_sample(uint64_t id, std::span<std::byte> out, std::vector<std:
   count(Purpose::kReadAhead, tier, id, loc.file, loc.offset, size, start, tally);
 }
 
-bool Tiers::wait_for_copy(uint64_t file, std::vector<std::byte>& buffer) {
+bool Tiers::wait_for_copy(uint64_t file, std::vector<std::byte>& buffer, bool claim_absent) {
   if (stage_ == nullptr) return false;
   const std::atomic<bool>* cancel = io_cancel();
   auto pause = std::chrono::microseconds(100);
@@ -276,10 +276,26 @@ bool Tiers::wait_for_copy(uint64_t file, std::vector<std::byte>& buffer) {
       case StageDirectory::kStaged:
         // A copy from an earlier run is checked first (one that fails is removed).
         return !stage_->unverified(file) || stage_->verify(file, buffer);
-      case StageDirectory::kAbsent:
-        return false;
+      case StageDirectory::kAbsent: {
+        if (!claim_absent || stage_->read_only() ||
+            stage_failed_.load(std::memory_order_relaxed)) {
+          return false;
+        }
+        const uint64_t bytes = stage_->charge(catalog_.file_size(file));
+        if (stage_bound_ != 0 && !stage_->reserve(file, bytes, stage_bound_)) return false;
+        if (!stage_->try_claim(file)) {
+          if (stage_bound_ != 0) stage_->unreserve(file);
+          continue;
+        }
+        [[fallthrough]];
+      }
       case StageDirectory::kInFlight:
-        if (copy_now(file, buffer)) return true;
+        try {
+          if (copy_now(file, buffer)) return true;
+        } catch (const StageFailed&) {
+          stage_failed_.store(true, std::memory_order_relaxed);
+          return false;
+        }
         continue;
       case StageDirectory::kCopying:
         break;
@@ -309,7 +325,7 @@ bool Tiers::copy_now(uint64_t file, std::vector<std::byte>& buffer) {
   } catch (const StageDirectory::SourceError& e) {
     std::rethrow_exception(e.error);
   } catch (const IoError& e) {
-    throw IoError(path, e.error_code(), why + ", which failed: " + e.what());
+    throw StageFailed{IoError(path, e.error_code(), why + ", which failed: " + e.what())};
   }
   switch (outcome) {
     case StageDirectory::Outcome::kStaged:
@@ -359,13 +375,23 @@ void Tiers::stage_compressed(uint64_t file, std::vector<std::byte>& buffer) {
   }
   while (true) {
     stage_->take_over_published();
-    if (wait_for_copy(file, buffer)) return;
+    bool staged = false;
+    try {
+      staged = wait_for_copy(file, buffer);
+    } catch (const StageFailed& e) {
+      throw e.error;
+    }
+    if (staged) return;
     if (stage_->read_only()) {
       throw IoError(path, EROFS,
                     "'" + path + "' is compressed and read only from its decompressed copy in " +
                         "the stage directory, which cannot be written and holds no copy of it");
     }
-    if (stage_->try_claim(file) && copy_now(file, buffer)) return;
+    try {
+      if (stage_->try_claim(file) && copy_now(file, buffer)) return;
+    } catch (const StageFailed& e) {
+      throw e.error;
+    }
   }
 }
 

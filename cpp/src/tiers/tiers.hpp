@@ -127,6 +127,14 @@ class Tiers {
   Tiers(const Tiers&) = delete;
   Tiers& operator=(const Tiers&) = delete;
 
+  // The node's bound on the stage directory's copies (0: none), within which stage 3 copies a
+  // compressed file nobody is copying (wait_for_copy); set before the first read. Without it,
+  // stage 3 makes no copy of its own for serve().
+  void set_stage_bound(uint64_t bound) noexcept {
+    stage_bound_ = bound;
+    copies_here_ = true;
+  }
+
   // Every read from then on adds a record to `trace` (null: none); set before the first read.
   void set_trace(IoTrace* trace) noexcept { trace_ = trace; }
 
@@ -220,14 +228,21 @@ class Tiers {
   void stage_compressed(uint64_t file, std::vector<std::byte>& buffer);
 
   // Stage 3, for a sample of a compressed file that the stage directory does not hold: true once
-  // its copy may be served, false if none is coming (absent: the caller reads the source). A copy
-  // under way is waited for; a claim whose copy has not begun (stage 1's, for a later batch) is
-  // copied here, on its reservation (stage 2's turn then finds it done): never a wait on stage 2
-  // for work that waits on stage 3. Throws what such a copy meets, as stage_compressed(); an
-  // IoError (ECANCELED) when this thread's io_cancel() is set.
-  bool wait_for_copy(uint64_t file, std::vector<std::byte>& buffer);
+  // its copy may be served, false if none is coming (the caller reads the source). A copy under
+  // way is waited for; a claim whose copy has not begun (stage 1's, for a later batch) is copied
+  // here, on its reservation (stage 2's turn then finds it done): never a wait on stage 2 for work
+  // that waits on stage 3; an absent file is claimed and copied here if its bytes fit the bound
+  // (set_stage_bound: `claim_absent`), as a miss of an uncompressed file is a read of its range.
+  // Throws what such a copy meets from the source, as stage_compressed(); a stage directory that
+  // fails is left alone from then on (false). IoError (ECANCELED) when this thread's io_cancel()
+  // is set.
+  bool wait_for_copy(uint64_t file, std::vector<std::byte>& buffer, bool claim_absent = false);
   // Copies claimed (or in flight) file `file` to the stage directory now; whether it is staged.
+  // An IoError of the stage directory's is thrown as StageFailed.
   bool copy_now(uint64_t file, std::vector<std::byte>& buffer);
+  struct StageFailed {
+    IoError error;
+  };
   // The bytes of `loc`, a sample of a compressed file, decompressed from the source into `out`:
   // the whole stream is read (its size and CRC checked against the catalog's: never a wrong
   // byte), only the sample's bytes kept. Errors as fetch_file's.
@@ -281,6 +296,9 @@ class Tiers {
   uint64_t max_read_bytes_;
   TierTally served_, fetched_;
   IoTrace* trace_ = nullptr;
+  uint64_t stage_bound_ = 0;
+  bool copies_here_ = false;
+  std::atomic<bool> stage_failed_{false};  // a copy of stage 3's met a stage directory error
   std::unique_ptr<std::atomic<uint8_t>[]> stalled_;  // per file: see stalled_if_timed_out()
 };
 
@@ -343,7 +361,7 @@ Tier Tiers::serve(uint64_t id, Tier from, std::optional<std::span<const std::byt
     // Never a byte range of the compressed source: a copy under way is waited for; without one
     // (stage 1 declined it for want of room, or its copy failed), the sample's bytes are
     // decompressed from the source into memory, the whole stream checked.
-    while (wait_for_copy(loc.file, scratch.check)) {
+    while (wait_for_copy(loc.file, scratch.check, copies_here_)) {
       if (const auto tier = from_stage()) return *tier;
     }
     std::vector<std::byte>& buffer =
