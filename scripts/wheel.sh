@@ -76,6 +76,36 @@ zig() {
   fi
 }
 
+# debian_sources WORK PACKAGE...: Debian's source packages of this release, unpacked into WORK (made
+# afresh). Debian's own mirrors, as the machine's deb lines name them: a list of their own (as
+# scripts/tsan-tbb.sh does), so that the machine's apt configuration is left as it is.
+debian_sources() {
+  local work=$1
+  shift
+  local apt_opts=(-o Dir::Etc::SourceList=/dev/null -o Dir::Etc::SourceParts="$work/apt/sources"
+                  -o Dir::State::Lists="$work/apt/lists" -o Debug::NoLocking=1)
+  rm -rf "$work"
+  mkdir -p "$work/apt/lists/partial" "$work/apt/sources"
+  for f in /etc/apt/sources.list.d/*.sources; do
+    [ -f "$f" ] && grep -q 'debian' "$f" &&
+      sed 's/^Types: deb$/Types: deb-src/' "$f" > "$work/apt/sources/$(basename "$f")"
+  done
+  if [ -f /etc/apt/sources.list ]; then
+    sed -n 's/^deb \(.*debian.*\)/deb-src \1/p' /etc/apt/sources.list > "$work/apt/sources/main.list"
+  fi
+  apt-get "${apt_opts[@]}" update -qq 2>&1 | grep -v 'unsandboxed as root' >&2 || true
+  (cd "$work" && apt-get "${apt_opts[@]}" source --download-only -qq "$@" 2>&1 |
+     grep -v 'unsandboxed as root' >&2 || true)
+  local name
+  for name in "$@"; do
+    tar -xf "$(ls "$work/${name}"_*.orig.tar.* | grep -v '\.asc$' | head -n 1)" -C "$work"
+  done
+}
+
+# version DIR: the upstream version in an unpacked source folder's name (oneTBB-2021.12.0 ->
+# 2021.12.0; Debian's +dfsg/~ suffixes dropped).
+version() { local v; v=$(basename "$1"); v=${v##*-}; v=${v%.dfsg}; echo "${v%%[+~]*}"; }
+
 # deps: prints the prefix of the libraries built with Zig from Debian's source packages of this
 # release, static and position-independent; built once, then reused from the cache.
 deps() {
@@ -86,29 +116,9 @@ deps() {
     return
   fi
   local work=$cache/src
-  local apt_opts=(-o Dir::Etc::SourceList=/dev/null -o Dir::Etc::SourceParts="$work/apt/sources"
-                  -o Dir::State::Lists="$work/apt/lists" -o Debug::NoLocking=1)
-  rm -rf "$work"
-  mkdir -p "$work/apt/lists/partial" "$work/apt/sources"
-  # Debian's own mirrors, as the machine's deb lines name them, for source packages: a list of their
-  # own (as scripts/tsan-tbb.sh does), so that the machine's apt configuration is left as it is.
-  for f in /etc/apt/sources.list.d/*.sources; do
-    [ -f "$f" ] && grep -q 'debian' "$f" &&
-      sed 's/^Types: deb$/Types: deb-src/' "$f" > "$work/apt/sources/$(basename "$f")"
-  done
-  if [ -f /etc/apt/sources.list ]; then
-    sed -n 's/^deb \(.*debian.*\)/deb-src \1/p' /etc/apt/sources.list > "$work/apt/sources/main.list"
-  fi
   log "oneTBB, libjpeg-turbo, zstd, zlib, HDF5: Debian's source packages"
-  apt-get "${apt_opts[@]}" update -qq 2>&1 | grep -v 'unsandboxed as root' >&2 || true
-  (cd "$work" && apt-get "${apt_opts[@]}" source --download-only -qq onetbb libjpeg-turbo libzstd zlib hdf5 2>&1 |
-     grep -v 'unsandboxed as root' >&2 || true)
-  local name
-  for name in onetbb libjpeg-turbo libzstd zlib hdf5; do
-    tar -xf "$(ls "$work/${name}"_*.orig.tar.* | grep -v '\.asc$' | head -n 1)" -C "$work"
-  done
+  debian_sources "$work" onetbb libjpeg-turbo libzstd zlib hdf5
   src() { find "$work" -mindepth 1 -maxdepth 1 -type d -name "$1" | head -n 1; }
-  version() { local v; v=$(basename "$1"); v=${v##*-}; v=${v%.dfsg}; echo "${v%%[+~]*}"; }
   local tsrc jsrc zssrc zsrc hsrc prefix
   tsrc=$(src 'oneTBB-*'); jsrc=$(src 'libjpeg-turbo-*'); zssrc=$(src 'zstd-*')
   zsrc=$(src 'zlib-*'); hsrc=$(src 'hdf5-*')
@@ -188,27 +198,9 @@ image_deps() {
     return
   fi
   local work=$cache/src-images
-  local apt_opts=(-o Dir::Etc::SourceList=/dev/null -o Dir::Etc::SourceParts="$work/apt/sources"
-                  -o Dir::State::Lists="$work/apt/lists" -o Debug::NoLocking=1)
-  rm -rf "$work"
-  mkdir -p "$work/apt/lists/partial" "$work/apt/sources"
-  for f in /etc/apt/sources.list.d/*.sources; do
-    [ -f "$f" ] && grep -q 'debian' "$f" &&
-      sed 's/^Types: deb$/Types: deb-src/' "$f" > "$work/apt/sources/$(basename "$f")"
-  done
-  if [ -f /etc/apt/sources.list ]; then
-    sed -n 's/^deb \(.*debian.*\)/deb-src \1/p' /etc/apt/sources.list > "$work/apt/sources/main.list"
-  fi
   log "libpng, libwebp: Debian's source packages"
-  apt-get "${apt_opts[@]}" update -qq 2>&1 | grep -v 'unsandboxed as root' >&2 || true
-  (cd "$work" && apt-get "${apt_opts[@]}" source --download-only -qq libpng1.6 libwebp 2>&1 |
-     grep -v 'unsandboxed as root' >&2 || true)
-  local name
-  for name in libpng1.6 libwebp; do
-    tar -xf "$(ls "$work/${name}"_*.orig.tar.* | grep -v '\.asc$' | head -n 1)" -C "$work"
-  done
+  debian_sources "$work" libpng1.6 libwebp
   src() { find "$work" -mindepth 1 -maxdepth 1 -type d -name "$1" | head -n 1; }
-  version() { local v; v=$(basename "$1"); v=${v##*-}; echo "${v%%[+~]*}"; }
   local psrc wsrc prefix
   psrc=$(src 'libpng-*'); wsrc=$(src 'libwebp-*')
   prefix=$cache/images-zig$ZIG_VERSION-png$(version "$psrc")-webp$(version "$wsrc")

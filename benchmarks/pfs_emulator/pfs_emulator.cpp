@@ -9,9 +9,10 @@
 //
 // The emulator's counters are readable, without any latency, as JSON from the hidden file
 // MOUNTPOINT/.prestage-pfs-stats (not listed in its directory), with the opens and bytes read of each
-// file ("paths"), so that a test can say which file was read how often. Fault rules are written to, and
-// listed by, the hidden file MOUNTPOINT/.prestage-pfs-faults. The mount itself is not `ro`, so that
-// this one file can be written; every other change is refused with EROFS by the emulator.
+// file ("paths") and the getattrs of each ("file_getattrs"), so that a test can say which file was
+// read how often. Fault rules are written to, and listed by, the hidden file
+// MOUNTPOINT/.prestage-pfs-faults. The mount itself is not `ro`, so that this one file can be
+// written; every other change is refused with EROFS by the emulator.
 //
 // It runs in the foreground, prints "mounted MOUNTPOINT" on stdout once the mount is in place, and
 // unmounts on SIGINT, SIGTERM or SIGHUP (and, with --exit-with-parent, when its parent dies).
@@ -81,6 +82,10 @@ struct FileSystem {
   // Per file opened (its path relative to the source); nodes are stable, so a Handle keeps its own.
   std::mutex paths_mutex;
   std::map<std::string, PathCount> paths;
+  // Getattrs (the kernel's lookups included) of each regular file, since the mount; guarded by
+  // paths_mutex. Those of folders are in the ops' count only: a path's every component is looked
+  // up again once its entry times out (--attr-timeout).
+  std::map<std::string, uint64_t> file_getattrs;
 };
 
 // What fi->fh points to for an open file: a descriptor of the source file, or the text of a hidden
@@ -124,6 +129,12 @@ std::string paths_json(FileSystem& f) {
   for (const auto& [path, count] : f.paths) {
     out += (first ? "" : ", ") + json_string(path) + ": {\"opens\": " + std::to_string(count.opens) +
            ", \"bytes\": " + std::to_string(count.bytes.load(std::memory_order_relaxed)) + "}";
+    first = false;
+  }
+  out += "}, \"file_getattrs\": {";
+  first = true;
+  for (const auto& [path, count] : f.file_getattrs) {
+    out += (first ? "" : ", ") + json_string(path) + ": " + std::to_string(count);
     first = false;
   }
   return out + "}, ";
@@ -193,7 +204,12 @@ int op_getattr(const char* path, struct stat* st, fuse_file_info*) {
     return 0;
   }
   Throttle::Operation op(*f.throttle, Op::kGetattr);
-  return ::fstatat(f.root_fd, relative(path), st, AT_SYMLINK_NOFOLLOW) == 0 ? 0 : -errno;
+  if (::fstatat(f.root_fd, relative(path), st, AT_SYMLINK_NOFOLLOW) != 0) return -errno;
+  if (S_ISREG(st->st_mode)) {
+    std::lock_guard lock(f.paths_mutex);
+    ++f.file_getattrs[relative(path)];
+  }
+  return 0;
 }
 
 int op_readlink(const char* path, char* buf, size_t size) {

@@ -154,7 +154,10 @@ class Loader:
             takes it and reads the files no copy has started from the source itself (misses, counted
             in ``stats()["stage_expedited"]``), so a slow stage 2 never stalls training for more than
             the copies under way. ``None``: always wait for stage 2 (what is staged then follows the
-            plan exactly, whatever the timing).
+            plan exactly, whatever the timing). A catalog whose files hold several samples each
+            (shards, array and HDF5 files) always waits for the copies (``stats()["stage_patience"]``
+            None): each file is copied whole for its other samples anyway, and a sample read from the
+            source meanwhile would open and read its file twice.
         peers: the peer tier, beyond one node (needs ``stage_dir`` and the MPI plugin
             ``libprestage_mpi.so`` installed beside the extension): a sample not on this node is
             fetched over MPI from the stage directory of the node that owns it instead of being read

@@ -5,11 +5,12 @@ Each takes ``catalog, batch_size, image_size=None`` and then options by keyword,
 type checkers read them from ``**options: Unpack[...]``; :class:`prestage.Loader` documents what each
 one means):
 
-- :class:`CommonOptions`: every surface (``prestage.torch.Loader`` adds ``rank``, ``world_size``,
-  ``layout``, ``dtype``, ``mean`` and ``std`` of its own, in PyTorch's terms);
+- :class:`CommonOptions`: every surface, :class:`DecodeOptions` (how samples other than JPEG images
+  are decoded) included (``prestage.torch.Loader`` adds ``rank``, ``world_size``, ``layout``,
+  ``dtype``, ``mean`` and ``std`` of its own, in PyTorch's terms);
 - :class:`ImageOptions`: ``CommonOptions`` plus the plain-value image and rank options
   (``prestage.tf.dataset``);
-- :class:`Options`: ``ImageOptions`` plus the decoding options of arrays (``prestage.Loader``).
+- :class:`Options`: ``ImageOptions`` plus the GPU decoding options (``prestage.Loader``).
 
 An option not given keeps its default, which is the C++ one (``prestage._core.LoaderOptions()``), or
 takes its value from a ``tuned=`` file. Precedence, highest first: an option given in the call (even
@@ -35,10 +36,20 @@ import numpy as np
 from prestage import _core
 from prestage.errors import ConfigError
 
-__all__ = ["CommonOptions", "ImageOptions", "Options", "keywords", "load_tuned"]
+__all__ = ["CommonOptions", "DecodeOptions", "ImageOptions", "Options", "keywords", "load_tuned"]
 
 
-class CommonOptions(TypedDict, total=False):
+class DecodeOptions(TypedDict, total=False):
+    """How samples other than JPEG images are decoded; every surface takes them."""
+
+    decode: Optional[Literal["jpeg", "image", "raw", "npy", "npz", "hdf5", "locate"]]
+    array_name: Optional[str]
+    max_sample_bytes: int
+    raw_dtype: Any
+    raw_shape: Union[int, Sequence[int], None]
+
+
+class CommonOptions(DecodeOptions, total=False):
     """The options every surface takes; see :class:`prestage.Loader` for their meaning."""
 
     shuffle: bool
@@ -79,13 +90,8 @@ class ImageOptions(CommonOptions, total=False):
 
 
 class Options(ImageOptions, total=False):
-    """:class:`ImageOptions` plus how samples other than JPEG images are decoded."""
+    """:class:`ImageOptions` plus where JPEG images are decoded (the CPU or a GPU)."""
 
-    decode: Optional[Literal["jpeg", "image", "raw", "npy", "npz", "hdf5", "locate"]]
-    array_name: Optional[str]
-    max_sample_bytes: int
-    raw_dtype: Any
-    raw_shape: Union[int, Sequence[int], None]
     decode_device: Literal["cpu", "cuda"]
     gpu_cpu_share: Optional[float]
     gpu_crop: Literal["auto", "resize", "roi"]
@@ -334,18 +340,28 @@ _CONVERT: Dict[str, Callable[[_core.LoaderOptions, str, Any], None]] = {
 }
 
 
-def decode_options(decode: Optional[str], array_name: Optional[str],
-                   max_sample_bytes: Optional[int], raw_dtype: Any, raw_shape: Any) -> Dict[str, Any]:
-    """The decode options an adaptor passes on to :class:`prestage.Loader`: ``decode`` and those of
-    the others given (``None``: the Loader's default)."""
-    out: Dict[str, Any] = {"decode": decode}
+#: The decode modes whose samples come out as stored (arrays, bytes), not as images.
+ARRAY_MODES = ("raw", "npy", "npz", "hdf5")
+
+
+def take_decode_options(catalog: Any, options: DecodeOptions) -> Tuple[str, Dict[str, Any]]:
+    """Takes an adaptor's :class:`DecodeOptions` out of its ``options``: the decode mode they come
+    to (``decode``, else the catalog's, :func:`default_decode`) and what the adaptor passes on to
+    :class:`prestage.Loader` (the mode, and those of the others given; ``None``: the Loader's
+    default)."""
+    decode = options.pop("decode", None)
+    mode = decode if decode is not None else default_decode(catalog)
+    out: Dict[str, Any] = {"decode": mode}
+    array_name = options.pop("array_name", None)
     if array_name is not None:
         out["array_name"] = array_name
+    max_sample_bytes = options.pop("max_sample_bytes", None)
     if max_sample_bytes is not None:
         out["max_sample_bytes"] = max_sample_bytes
+    raw_dtype, raw_shape = options.pop("raw_dtype", None), options.pop("raw_shape", None)
     if raw_dtype is not None or raw_shape is not None:
         out.update(raw_dtype=raw_dtype, raw_shape=raw_shape)
-    return out
+    return mode, out
 
 
 def default_decode(catalog: Any) -> str:

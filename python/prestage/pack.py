@@ -11,9 +11,12 @@ is to aggregate small files; etalumis packed 15 million files into 150). A packe
     OUT/index.tsv            every sample: shard, offset, length, label, CRC-32C, original path
     OUT/pack.json            the parameters, then the totals once the pack is complete
 
-The samples keep the source catalog's order, labels and class names. Without ``zstd`` a sample's bytes are
-its original file's bytes exactly; with it, a zstd frame that decompresses to them (every decode mode
-but ``"raw"`` decompresses frames). Either way the CRC-32C in the index is the original file's.
+The samples keep the source catalog's order, labels and class names. A sample is a whole file, or a
+byte range of one (a WebDataset member, an MDS field, an image of a Hugging Face Arrow or Parquet
+file, a sample of an earlier pack), whose original path is then ``PATH@OFFSET+LENGTH``. Without
+``zstd`` a sample's bytes are its original bytes exactly; with it, a zstd frame that decompresses to
+them (every decode mode but ``"raw"`` decompresses frames; a sample that already is a zstd frame is
+kept as it is, never compressed twice). Either way the CRC-32C in the index is the original bytes'.
 
 Packing reads the files on ``workers`` threads, in order, and one writer appends them to the current
 shard, starting a new one once ``shard_bytes`` is reached. A shard is written under a ``.part`` name and
@@ -25,6 +28,7 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
+import errno
 import json
 import os
 import time
@@ -34,6 +38,7 @@ from typing import Any, Deque, Dict, List, Optional, Tuple, Union
 from prestage import _core
 from prestage._core import Catalog
 from prestage._paths import check_folder
+from prestage.errors import IoError
 
 __all__ = ["pack", "INDEX_NAME", "SUMMARY_NAME"]
 
@@ -120,13 +125,33 @@ def _clear(out: Path) -> None:
             entry.unlink()
 
 
+#: The first bytes of a zstd frame (RFC 8878, 3.1.1).
+_ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
+
+
 def _read(catalog: Catalog, i: int, zstd_level: Optional[int]) -> Tuple[bytes, int]:
-    with open(catalog.source_path(i), "rb") as f:
-        data = f.read()
+    _, offset, length = catalog.locator(i)
+    path = catalog.source_path(i)
+    with open(path, "rb") as f:
+        if length is None:
+            data = f.read()
+        else:
+            f.seek(offset)
+            data = f.read(length)
+            if len(data) != length:
+                raise IoError(errno.EIO, f"pack: sample {i} is bytes {offset}+{length} of '{path}', "
+                              f"which ends at byte {offset + len(data)}: the file changed since the "
+                              "catalog was built", str(path))
     crc = _core.crc32c(data)
-    if zstd_level is not None:
+    if zstd_level is not None and not data.startswith(_ZSTD_MAGIC):
         data = _core.zstd_compress(data, zstd_level)
     return data, crc
+
+
+def _original_path(catalog: Catalog, i: int) -> str:
+    """The index's last field: the sample's path, and its byte range where it is one."""
+    _, offset, length = catalog.locator(i)
+    return catalog.path(i) if length is None else f"{catalog.path(i)}@{offset}+{length}"
 
 
 class _ShardWriter:
@@ -176,10 +201,11 @@ class _ShardWriter:
 def pack(source: Union[Catalog, str, os.PathLike], out: Union[str, os.PathLike], *,
          shard_bytes: int = 256 << 20, zstd_level: Optional[int] = None, workers: int = 16,
          overwrite: bool = False, progress: bool = False) -> Dict[str, Any]:
-    """Packs the files of `source` (a catalog of whole files, a class-folder tree, or a saved catalog)
-    into shards of about `shard_bytes` in folder `out`, and returns the summary written to
-    ``out/pack.json``. ``zstd_level`` compresses each sample as one zstd frame. Running it again with
-    the same arguments resumes an interrupted pack (or does nothing once it is complete).
+    """Packs the samples of `source` (a catalog of whole files or of byte ranges of files: a
+    class-folder tree, a saved catalog, WebDataset, MDS and Hugging Face catalogs) into shards of
+    about `shard_bytes` in folder `out`, and returns the summary written to ``out/pack.json``.
+    ``zstd_level`` compresses each sample as one zstd frame. Running it again with the same
+    arguments resumes an interrupted pack (or does nothing once it is complete).
 
     >>> prestage.pack.pack("/pfs/imagenet/train", "/pfs/imagenet-packed", workers=32)
     >>> catalog = prestage.Catalog.from_shards("/pfs/imagenet-packed")
@@ -192,11 +218,11 @@ def pack(source: Union[Catalog, str, os.PathLike], out: Union[str, os.PathLike],
         raise ValueError(f"pack: workers must be at least 1, not {workers}")
     catalog = _source_catalog(source)
     if catalog.kind != "files":
-        raise ValueError(f"pack: packs whole files; this catalog's samples are {catalog.kind} records")
-    paths = [catalog.path(i) for i in range(len(catalog))]
+        raise ValueError(f"pack: packs files and byte ranges of files; this catalog's samples are "
+                         f"{catalog.kind} records")
+    paths = [_original_path(catalog, i) for i in range(len(catalog))]
     if len(set(paths)) != len(paths):
-        raise ValueError("pack: packs whole files, and this catalog has samples that share a file "
-                         "(byte ranges, an already packed set?)")
+        raise ValueError("pack: this catalog names a sample twice (a file, or one byte range of a file)")
     for p in paths:
         if "\t" in p or "\n" in p or "\r" in p:
             raise ValueError(f"pack: the path {p!r} holds a tab or a line break, which the index "

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 import os
-from typing import (TYPE_CHECKING, Any, Callable, Dict, Iterator, List, Literal, Mapping, Optional, Sequence,
+from typing import (TYPE_CHECKING, Any, Callable, Dict, Iterator, List, Literal, Mapping, Optional,
                     Tuple, Union)
 
 import numpy as np
@@ -22,7 +22,7 @@ import tensorflow as tf
 from prestage import _core
 from prestage.errors import ConfigError
 from prestage.loader import Loader, as_catalog
-from prestage.options import ImageOptions, decode_options, default_decode
+from prestage.options import ARRAY_MODES, ImageOptions, take_decode_options
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -34,19 +34,11 @@ __all__ = ["dataset", "staged_paths"]
 _TF_ALIGNMENT = 64
 
 
-_ARRAY_MODES = ("raw", "npy", "npz", "hdf5")
-
-
 def dataset(
     catalog: Union[_core.Catalog, str, "os.PathLike[str]"],
     batch_size: int,
     image_size: Optional[Tuple[int, int]] = None,
     *,
-    decode: Optional[str] = None,
-    array_name: Optional[str] = None,
-    max_sample_bytes: Optional[int] = None,
-    raw_dtype: Any = None,
-    raw_shape: Union[int, Sequence[int], None] = None,
     decode_device: Literal["cpu", "cuda"] = "cpu",
     ragged: bool = False,
     resume: Optional[Dict[str, Any]] = None,
@@ -126,8 +118,7 @@ def dataset(
                           "default), or use prestage.Loader or prestage.torch.Loader for batches "
                           "decoded on the device")
     catalog = as_catalog(catalog)
-    mode = decode if decode is not None else default_decode(catalog)
-    codec = decode_options(mode, array_name, max_sample_bytes, raw_dtype, raw_shape)
+    mode, codec = take_decode_options(catalog, options)
     loader = Loader(catalog, batch_size, image_size, **codec, decode_device=decode_device, **options)
     if resume is not None:
         loader.load_state_dict(resume)
@@ -136,7 +127,7 @@ def dataset(
     full = o.drop_last or per_rank % batch_size == 0
     n = batch_size if full else None
     spec: Any
-    if mode in _ARRAY_MODES:
+    if mode in ARRAY_MODES:
         spec, samples = _array_spec(catalog, mode, codec, n, ragged)
     else:
         spec, samples = _image_spec(catalog, loader, options, n, ragged)

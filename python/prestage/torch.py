@@ -49,7 +49,7 @@ import torch.utils.data
 from prestage import _core
 from prestage.errors import ConfigError, DecodeError, IoError
 from prestage.loader import Loader as _NumpyLoader, as_catalog
-from prestage.options import CommonOptions, decode_options, default_decode
+from prestage.options import ARRAY_MODES, CommonOptions, take_decode_options
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -77,7 +77,6 @@ _DType = Union[torch.dtype, str]
 #: arrays, raw bytes of different lengths, JPEG images of mixed sizes without ``image_size``).
 Samples = Union[torch.Tensor, List[torch.Tensor]]
 _Pair = Tuple[Samples, torch.Tensor]
-_ARRAY_MODES = ("raw", "npy", "npz", "hdf5")
 
 
 def distributed_rank(rank: Optional[int] = None, world_size: Optional[int] = None) -> Tuple[int, int]:
@@ -479,11 +478,6 @@ class Loader(torch.utils.data.IterableDataset):
         batch_size: int,
         image_size: Optional[Tuple[int, int]] = None,
         *,
-        decode: Optional[str] = None,
-        array_name: Optional[str] = None,
-        max_sample_bytes: Optional[int] = None,
-        raw_dtype: Any = None,
-        raw_shape: Union[int, Sequence[int], None] = None,
         layout: str = "NCHW",
         dtype: _DType = torch.uint8,
         mean: Union[float, Sequence[float], None] = None,
@@ -510,14 +504,15 @@ class Loader(torch.utils.data.IterableDataset):
                 raise ConfigError(f"{name} must be True or False, got {flag!r}")
         self._device = _resolve_device(device)
         catalog = as_catalog(catalog)
-        codec = decode_options(decode, array_name, max_sample_bytes, raw_dtype, raw_shape)
+        decode = options.get("decode")
+        mode, codec = take_decode_options(catalog, options)
         # What PyTorch spells differently is converted here; every rule is the core's.
         image_options: Dict[str, Any] = {"layout": layout, "dtype": _dtype_name(dtype)}
         if mean is not None:
             image_options["mean"] = _channels(mean)
         if std is not None:
             image_options["std"] = _channels(std)
-        jpeg = (decode if decode is not None else default_decode(catalog)) not in _ARRAY_MODES
+        jpeg = mode not in ARRAY_MODES
         if not jpeg:
             # Arrays and bytes come out as stored: PyTorch's own image defaults do not apply to them.
             if image_options != {"layout": "NCHW", "dtype": "uint8"} or normalize_on_device:

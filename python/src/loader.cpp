@@ -59,117 +59,15 @@ py::object sample_views(py::handle owner, const Batch& b) {
   return out;
 }
 
-// Stats as a dict, from one table of fields per struct: a field's key is its C++ name. A field
-// added to a struct of stats.hpp is added to its table here.
+// Why a batch decoded on the GPU has no host view.
 constexpr const char* kOnDevice =
     "this batch's images are in CUDA device memory (decode_device='cuda'): use "
     "batch.__cuda_array_interface__ (torch.as_tensor(batch, device='cuda'), cupy.asarray(batch)) "
     "or prestage.torch.Loader";
 
-template <typename Struct, typename Member>
-struct Field {
-  const char* name;
-  Member Struct::*member;
-};
-template <typename Struct, typename Member>
-constexpr Field<Struct, Member> field(const char* name, Member Struct::*member) {
-  return {name, member};
-}
-
-constexpr auto kStageFields =
-    std::make_tuple(field("busy_s", &StageStats::busy_s), field("idle_s", &StageStats::idle_s),
-                    field("items", &StageStats::items), field("bytes", &StageStats::bytes));
-
-constexpr auto kEpochFields = std::make_tuple(
-    field("epoch", &EpochStats::epoch), field("hits", &EpochStats::hits),
-    field("misses", &EpochStats::misses), field("evictions", &EpochStats::evictions),
-    field("source_reads", &EpochStats::source_reads),
-    field("bytes_from_source", &EpochStats::bytes_from_source),
-    field("copies_made", &EpochStats::copies_made),
-    field("copies_adopted", &EpochStats::copies_adopted),
-    field("peer_reads", &EpochStats::peer_reads),
-    field("bytes_from_peers", &EpochStats::bytes_from_peers),
-    field("decoded_from_stage", &EpochStats::decoded_from_stage),
-    field("decoded_from_memory", &EpochStats::decoded_from_memory),
-    field("decoded_from_peers", &EpochStats::decoded_from_peers),
-    field("decoded_from_source", &EpochStats::decoded_from_source));
-
-constexpr auto kTuningFields = std::make_tuple(
-    field("on", &Stats::Tuning::on), field("readers", &Stats::Tuning::readers),
-    field("reads_in_flight", &Stats::Tuning::reads_in_flight),
-    field("lookahead", &Stats::Tuning::lookahead), field("steps_kept", &Stats::Tuning::steps_kept),
-    field("steps_undone", &Stats::Tuning::steps_undone),
-    field("settled_s", &Stats::Tuning::settled_s),
-    field("memory_budget", &Stats::Tuning::memory_budget), field("log", &Stats::Tuning::log));
-
-constexpr auto kMemoryFields = std::make_tuple(
-    field("batch_buffers", &Stats::Memory::batch_buffers),
-    field("read_ahead", &Stats::Memory::read_ahead),
-    field("decode_scratch", &Stats::Memory::decode_scratch));
-
-constexpr auto kGpuDecodeFields = std::make_tuple(
-    field("on", &Stats::GpuDecode::on), field("why", &Stats::GpuDecode::why),
-    field("batches", &Stats::GpuDecode::batches), field("hardware", &Stats::GpuDecode::hardware),
-    field("gpu", &Stats::GpuDecode::gpu), field("cpu_share", &Stats::GpuDecode::cpu_share),
-    field("cpu_unsupported", &Stats::GpuDecode::cpu_unsupported),
-    field("cpu_gpu_failed", &Stats::GpuDecode::cpu_gpu_failed),
-    field("cpu_replacements", &Stats::GpuDecode::cpu_replacements),
-    field("buffer_growths", &Stats::GpuDecode::buffer_growths),
-    field("decoders", &Stats::GpuDecode::decoders), field("share", &Stats::GpuDecode::share),
-    field("share_auto", &Stats::GpuDecode::share_auto),
-    field("share_why", &Stats::GpuDecode::share_why),
-    field("share_moves", &Stats::GpuDecode::share_moves),
-    field("gpu_ms_per_image", &Stats::GpuDecode::gpu_ms_per_image),
-    field("cpu_ms_per_image", &Stats::GpuDecode::cpu_ms_per_image),
-    field("crop", &Stats::GpuDecode::crop), field("crop_why", &Stats::GpuDecode::crop_why),
-    field("roi", &Stats::GpuDecode::roi));
-
-constexpr auto kSkippedFields = std::make_tuple(
-    field("path", &SkippedSample::path), field("error", &SkippedSample::error),
-    field("sample", &SkippedSample::sample), field("replacement", &SkippedSample::replacement),
-    field("epoch", &SkippedSample::epoch), field("batch", &SkippedSample::batch));
-
-constexpr auto kSourceFields = std::make_tuple(
-    field("name", &SourceStats::name), field("reads", &SourceStats::reads),
-    field("bytes", &SourceStats::bytes), field("samples", &SourceStats::samples),
-    field("latency_ms", &SourceStats::latency_ms), field("mbs", &SourceStats::mbs),
-    field("down", &SourceStats::down), field("probes", &SourceStats::probes));
-
-constexpr auto kStatsFields = std::make_tuple(
-    field("wall_s", &Stats::wall_s), field("batches", &Stats::batches),
-    field("samples", &Stats::samples), field("consumer_stall_s", &Stats::consumer_stall_s),
-    field("plan", &Stats::plan), field("stage", &Stats::stage), field("decode", &Stats::decode),
-    field("threads_why", &Stats::threads_why), field("usable_cpus", &Stats::usable_cpus),
-    field("local_ranks", &Stats::local_ranks),
-    field("stage_patience", &Stats::stage_patience_s), field("tuning", &Stats::tuning),
-    field("memory", &Stats::memory),
-    field("staged_files", &Stats::staged_files), field("adopted_files", &Stats::adopted_files),
-    field("already_staged", &Stats::already_staged),
-    field("stage_failures", &Stats::stage_failures), field("stage_corrupt", &Stats::stage_corrupt),
-    field("stage_expedited", &Stats::stage_expedited), field("read_ahead", &Stats::read_ahead),
-    field("read_ahead_bytes", &Stats::read_ahead_bytes),
-    field("stage_dir_disabled", &Stats::stage_dir_disabled),
-    field("stage_dir_error", &Stats::stage_dir_error), field("hits", &Stats::hits),
-    field("misses", &Stats::misses), field("misses_read_ahead", &Stats::misses_read_ahead),
-    field("missed_bytes", &Stats::missed_bytes),
-    // The name missed_bytes had before it counted a peer's bytes too, kept for existing scripts.
-    field("bytes_from_source", &Stats::missed_bytes),
-    field("bytes_from_stage", &Stats::bytes_from_stage),
-    field("source_reads", &Stats::source_reads), field("source_bytes", &Stats::source_bytes),
-    field("skipped", &Stats::skipped), field("skipped_samples", &Stats::skipped_samples),
-    field("pinned", &Stats::pinned), field("pinned_why", &Stats::pinned_why),
-    field("cache_bytes", &Stats::cache_bytes), field("stage_bytes", &Stats::stage_bytes),
-    field("stage_bytes_peak", &Stats::stage_bytes_peak), field("epochs", &Stats::epochs),
-    field("peer_tier", &Stats::peer_tier), field("peer_tier_why", &Stats::peer_tier_why),
-    field("peer_reads", &Stats::peer_reads), field("peer_bytes", &Stats::peer_bytes),
-    field("peer_probes", &Stats::peer_probes), field("peer_probe_bytes", &Stats::peer_probe_bytes),
-    field("peer_fallbacks", &Stats::peer_fallbacks), field("peer_corrupt", &Stats::peer_corrupt),
-    field("beyond_budget", &Stats::beyond_budget), field("peer_served", &Stats::peer_served),
-    field("peer_served_bytes", &Stats::peer_served_bytes), field("peers_down", &Stats::peers_down),
-    field("peers_closed", &Stats::peers_closed),
-    field("peer_reads_to_pfs", &Stats::peer_reads_to_pfs),
-    field("peer_home_first", &Stats::peer_home_first), field("sources", &Stats::sources),
-    field("gpu_decode", &Stats::gpu_decode));
+// Stats as a dict, from the table of fields each struct of stats.hpp keeps (T::fields()).
+template <typename T>
+concept HasFields = requires { T::fields(); };
 
 template <typename Struct, typename Fields>
 py::dict to_dict(const Struct& s, const Fields& fields);
@@ -179,14 +77,11 @@ template <typename T>
 py::object to_python(const T& value) {
   return py::cast(value);
 }
+template <HasFields T>
+py::object to_python(const T& s) {
+  return to_dict(s, T::fields());
+}
 py::object to_python(Pinning p) { return py::str(std::string(to_string(p))); }  // "cuda", ...
-py::object to_python(const StageStats& s) { return to_dict(s, kStageFields); }
-py::object to_python(const EpochStats& s) { return to_dict(s, kEpochFields); }
-py::object to_python(const SourceStats& s) { return to_dict(s, kSourceFields); }
-py::object to_python(const SkippedSample& s) { return to_dict(s, kSkippedFields); }
-py::object to_python(const Stats::Tuning& s) { return to_dict(s, kTuningFields); }
-py::object to_python(const Stats::GpuDecode& s) { return to_dict(s, kGpuDecodeFields); }
-py::object to_python(const Stats::Memory& s) { return to_dict(s, kMemoryFields); }
 template <typename T>
 py::object to_python(const std::vector<T>& values) {
   py::list out;
@@ -550,7 +445,7 @@ loader, every buffer held, KeyboardInterrupt) leaves the position as it was.
               py::gil_scoped_release release;
               stats = l.stats();
             }
-            return to_dict(stats, kStatsFields);
+            return to_dict(stats, Stats::fields());
           },
           "Per-stage counters (prestage.Loader.stats); any thread, any time, also after "
           "close().\n\n"

@@ -295,10 +295,11 @@ TEST_CASE("peers over MPI: a reply says how long the peer held it back, for a co
   // Less than the whole request took, but for the owner's pickup delay in it, which is expected
   // (half the owner's gap between polls) and not measured: it may exceed the actual one.
   CHECK(held <= took + std::chrono::milliseconds(100));
-  // An answer given at once was held for no time (well below the 300 ms above).
+  // An answer given at once was held for no time: below the kHeld a held answer takes at least
+  // (the margin is the owner's scheduling on a loaded machine, not what the check is about).
   REQUIRE(r->transport->request(other, PeerRange{3}, std::chrono::seconds(10), bytes, check,
                                 nullptr, &held));
-  CHECK(held < std::chrono::milliseconds(150));
+  CHECK(held < kHeld);
   finish(*r, other);
 }
 

@@ -79,6 +79,39 @@ def test_a_packed_set_costs_one_open_per_shard_when_staged(tmp_path, pfs, encode
     assert after["ops"]["getattr"] - before["ops"]["getattr"] <= len(shards) + 2
 
 
+def test_a_shard_is_opened_once_per_job_when_stage_2_lags(tmp_path, pfs, encode_jpeg):
+    # Every open on the PFS takes 80 ms, one at a time: stage 2 takes longer than the default
+    # stage_patience (50 ms) over each batch's shards. A sample read from the source then would open
+    # its shard a second time, while the shard's copy is made anyway for the others: a catalog whose
+    # files hold several samples waits for its copies, whatever stage_patience says.
+    src = tmp_path / "src"
+    src.mkdir()
+    rng = np.random.default_rng(3)
+    for i in range(FILES):
+        (src / f"{i:03d}.jpg").write_bytes(encode_jpeg(rng.integers(0, 256, (32, 32, 3), dtype=np.uint8)))
+    packed = tmp_path / "packed"
+    prestage.pack.pack(prestage.Catalog.from_folder(src), packed, shard_bytes=16 << 10)
+    shards = sorted(p.name for p in packed.glob("shard-*.bin"))
+    assert len(shards) >= 4
+    emulator = pfs(packed, open_ms=80, read_ms=0, getattr_ms=0, max_ops=1)
+    cat = prestage.Catalog.from_shards(emulator.mountpoint)
+    before = emulator.stats()
+    with prestage.Loader(cat, batch_size=BATCH, decode="raw", prefetchers=2,
+                         stage_dir=str(tmp_path / "stage")) as loader:
+        for epoch in range(2):
+            loader.set_epoch(epoch)
+            assert sum(len(b) for b in loader) == FILES
+        stats = loader.stats()
+    after = emulator.stats()
+    opens = {p: c["opens"] - before["paths"].get(p, {}).get("opens", 0) for p, c in after["paths"].items()}
+    assert {p: n for p, n in opens.items() if n} == {name: 1 for name in shards}
+    assert stats["stage_patience"] is None and stats["stage_expedited"] == 0
+    # A catalog of one sample per file keeps the option.
+    with prestage.Loader(prestage.Catalog.from_folder(src), batch_size=BATCH, decode="raw",
+                         stage_dir=str(tmp_path / "stage-files")) as loader:
+        assert loader.stats()["stage_patience"] == 0.05
+
+
 @pytest.mark.parametrize("io_timeout", [None, 30.0], ids=["no-limit", "io-timeout"])
 def test_a_large_file_is_copied_in_the_fewest_requests(tmp_path, pfs, io_timeout):
     # Files of 300 KB to 1 MB: through the page cache, FUSE gets one request per read-ahead window

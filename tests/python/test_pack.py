@@ -138,9 +138,42 @@ def test_bad_arguments_are_refused(tmp_path):
         packing.pack(tmp_path / "nowhere", tmp_path / "out")
     with pytest.raises(prestage.ConfigError, match="zstd level"):
         packing.pack(tmp_path / "src", tmp_path / "out2", zstd_level=99)
-    packing.pack(tmp_path / "src", tmp_path / "packed")
-    with pytest.raises(ValueError, match="share a file"):
-        packing.pack(prestage.Catalog.from_shards(tmp_path / "packed"), tmp_path / "again")
+    twice = prestage.Catalog.from_paths(tmp_path / "src", ["c0/f000.bin", "c1/f000.bin", "c0/f000.bin"])
+    with pytest.raises(ValueError, match="names a sample twice"):
+        packing.pack(twice, tmp_path / "twice")
+
+
+@pytest.mark.parametrize("zstd_level", [None, 5])
+def test_a_packed_set_packs_again_by_byte_range_and_frames_are_not_compressed_twice(tmp_path, zstd_level):
+    # A packed set's samples are byte ranges of its shards: packed again (into other shard sizes),
+    # each keeps its bytes, and a zstd frame stays the frame it is.
+    files = make_set(tmp_path / "src")
+    packing.pack(tmp_path / "src", tmp_path / "packed", shard_bytes=20_000, zstd_level=zstd_level)
+    first = prestage.Catalog.from_shards(tmp_path / "packed")
+    packing.pack(first, tmp_path / "again", shard_bytes=9_000, zstd_level=5)
+    again = prestage.Catalog.from_shards(tmp_path / "again")
+    rows = read_index(tmp_path / "again")
+    assert len(rows) == len(files) and len({r[0] for r in rows}) > len({r[0] for r in read_index(
+        tmp_path / "packed")})
+    for i, ((shard, offset, length, label, _, path), (_, c, data)) in enumerate(zip(rows, files)):
+        _, first_offset, first_length = first.locator(i)
+        assert path == f"{first.path(i)}@{first_offset}+{first_length}" and int(label) == c
+        with open(tmp_path / "again" / shard, "rb") as f:
+            f.seek(int(offset))
+            stored = f.read(int(length))
+        assert zstandard.ZstdDecompressor().decompress(stored) == data  # one frame, never two
+        assert again.label(i) == c
+
+
+def test_a_range_past_the_end_of_its_file_is_an_io_error_naming_it(tmp_path):
+    make_set(tmp_path / "src")
+    packing.pack(tmp_path / "src", tmp_path / "packed", shard_bytes=20_000)
+    cat = prestage.Catalog.from_shards(tmp_path / "packed")
+    shard = cat.source_path(len(cat) - 1)
+    os.truncate(shard, os.path.getsize(shard) - 1)  # the shard changed since its catalog was built
+    with pytest.raises(prestage.IoError, match=rf"sample {len(cat) - 1} is bytes .* of '{shard}', which "
+                       "ends at byte"):
+        packing.pack(cat, tmp_path / "again")
 
 
 def write_index(out: Path, body: str) -> None:

@@ -325,6 +325,8 @@ def format_set(kind, root, make_folder, write_tfrecord):
         options = dict(decode="npy") if kind == "npy" else dict(decode="npz", array_name="x")
         return (lambda top: prestage.Catalog.from_folder(top, extensions=[f".{kind}"])), options
     names = [f"part{f}" for f in range(6)]  # 20 samples per file
+    if kind in SHARD_KINDS:  # JPEGs at byte ranges of another library's shards
+        return shard_set(kind, root, rng), dict(decode="jpeg", image_size=(16, 16))
     if kind == "npy rows":
         for n in names:
             np.save(root / f"{n}.npy", rng.standard_normal((20, 7, 3)).astype(np.float32))
@@ -345,7 +347,45 @@ def format_set(kind, root, make_folder, write_tfrecord):
                                                        features={"image": "data"})), dict(decode="raw")
 
 
-@pytest.mark.parametrize("kind", ["npy", "npz", "npy rows", "hdf5 rows", "tfrecord", "jpeg"])
+# Other libraries' shards, written by their own writers (MDS as conftest's write_mds writes it).
+SHARD_KINDS = ("webdataset", "mds", "hf-arrow")
+
+
+def shard_set(kind, root, rng):
+    """120 JPEGs in 6 shards of `kind` under `root`: the catalog builder over a root."""
+    import io
+
+    from PIL import Image
+
+    from conftest import write_mds
+
+    def jpeg():
+        out = io.BytesIO()
+        Image.fromarray(rng.integers(0, 256, (24, 32, 3), dtype=np.uint8)).save(out, format="JPEG")
+        return out.getvalue()
+
+    images = [jpeg() for _ in range(120)]
+    if kind == "webdataset":
+        wds = pytest.importorskip("webdataset")
+        with wds.ShardWriter(str(root / "train-%06d.tar"), maxcount=20, verbose=0) as sink:
+            for i, image in enumerate(images):
+                sink.write({"__key__": f"s{i:05d}", "jpg": image, "cls": str(i % 4).encode()})
+        return lambda top: prestage.Catalog.from_webdataset(sorted(Path(top).glob("*.tar")))
+    if kind == "mds":
+        write_mds(root, {"image": "jpeg", "label": "int"},
+                  [{"image": image, "label": i % 4} for i, image in enumerate(images)], per_shard=20)
+        return lambda top: prestage.Catalog.from_mds(top)
+    datasets = pytest.importorskip("datasets")
+    pytest.importorskip("pyarrow")
+    datasets.disable_progress_bars()
+    features = datasets.Features({"image": datasets.Image(), "label": datasets.Value("int64")})
+    ds = datasets.Dataset.from_dict({"image": [{"bytes": b, "path": None} for b in images],
+                                     "label": [i % 4 for i in range(120)]}, features=features)
+    ds.save_to_disk(str(root), num_shards=6)
+    return lambda top: prestage.Catalog.from_hf(top)
+
+
+@pytest.mark.parametrize("kind", ["npy", "npz", "npy rows", "hdf5 rows", "tfrecord", "jpeg", *SHARD_KINDS])
 def test_every_format_reads_each_file_from_the_pfs_once_and_reaches_the_peers(
         kind, make_folder, write_tfrecord, pfs, tmp_path):
     # Arrays read whole or in slices, TFRecord records, JPEGs: stage 3 reads them through the same
@@ -361,13 +401,15 @@ def test_every_format_reads_each_file_from_the_pfs_once_and_reaches_the_peers(
     before = emulator.stats()["paths"]
     ranks = run(peers=True)
     after = emulator.stats()["paths"]
-    files = {p for p in after if (backing / p).is_file()}
+    # The catalog's files (an MDS index.json, a save_to_disk folder's JSON files were read when it
+    # was built, before).
+    named = {cat.path(i) for i in range(len(cat))}
+    files = {p for p in after if (backing / p).is_file() and p in named}
     opened = {p: after[p]["opens"] - before.get(p, {"opens": 0})["opens"] for p in files}
     # Past the 3 epochs a rank still reads ahead into epoch 3 until it closes; a peer that closed
     # first has said goodbye, so such a read goes to the PFS (counted in epoch 3's source_reads).
     past_the_end = sum(e["source_reads"] for r in ranks for e in r["stats"]["epochs"] if e["epoch"] >= 3)
-    assert all(n >= 1 for n in opened.values()) and len(opened) == len(
-        [f for f in backing.rglob("*") if f.is_file()])
+    assert all(n >= 1 for n in opened.values()) and len(opened) == len(named)
     # Arrays of one sample per file (npy, npz): each loader also reads, once, the headers of 5
     # samples spread over the catalog (the data set's dtype: BatchDecoder::kDataSetProbes) where
     # they are when its first batch is laid out: the node's copy, or the PFS (a peer's home copy of
@@ -376,8 +418,8 @@ def test_every_format_reads_each_file_from_the_pfs_once_and_reaches_the_peers(
     # twice, but for the reads past the end: stage 3 reads an array's header and then its data each
     # through an open of its own, counted as one read.
     probes = {cat.path(j * len(cat) // 5) for j in range(5)} if kind in ("npy", "npz") else set()
-    assert (cat.dtype is None) == (kind in ("npy", "npz", "jpeg"))
-    opens_per_read = 1 if kind == "jpeg" else 2
+    assert (cat.dtype is None) == (kind in ("npy", "npz", "jpeg", *SHARD_KINDS))
+    opens_per_read = 1 if kind in ("jpeg", *SHARD_KINDS) else 2
     extra = {p: n - 1 for p, n in opened.items() if n > 1}
     served = sum(r["stats"]["peer_served_bytes"] for r in ranks)
     taken = sum(r["stats"]["peer_bytes"] for r in ranks)

@@ -97,6 +97,20 @@ def test_counts_opens_and_bytes_per_path(backing: Path, mount: Path) -> None:
     assert 1000 <= paths["big/big_2.bin"]["bytes"] <= BIG
 
 
+def test_counts_getattrs_per_file(backing: Path, mount: Path) -> None:
+    # Entries and attributes cached for 60 s: each name is looked up once, each stat after is the
+    # kernel's; the folder's lookup is not a file's.
+    with emulator(backing, mount, extra_args=["--attr-timeout", "60"]) as pfs:
+        for _ in range(3):
+            os.stat(mount / "a" / "small_01.bin")
+        os.stat(mount / "b" / "small_02.bin")
+        with pytest.raises(FileNotFoundError):
+            os.stat(mount / "a" / "absent.bin")
+        stats = pfs.stats()
+    assert stats["file_getattrs"] == {"a/small_01.bin": 1, "b/small_02.bin": 1}
+    assert stats["ops"]["getattr"] >= 2 + 2  # and the folders a and b
+
+
 def assert_latency_ms(samples: list, want: float) -> None:
     """The median operation took the latency: never less (less 10% for the clock), and below 1.75x
     (a machine under load stretches sleeps; the latency charged twice would give 2x)."""
@@ -150,7 +164,9 @@ def test_bandwidth_cap_is_honoured_in_aggregate(backing: Path, mount: Path) -> N
             sizes = list(pool.map(lambda p: len(p.read_bytes()), files))
         elapsed = time.perf_counter() - start
     assert sum(sizes) == 8 * BIG
-    assert sum(sizes) / elapsed / 1e6 == pytest.approx(20, rel=0.10)
+    # Never faster than the cap (less 10% for the clock); a loaded machine only slows the readers, so
+    # the floor is looser: uncapped, this machine reads these 8 files at hundreds of MB/s.
+    assert 0.7 * 20 <= sum(sizes) / elapsed / 1e6 <= 1.1 * 20
 
 
 def test_concurrency_cap_queues_operations(backing: Path, mount: Path) -> None:
@@ -168,7 +184,9 @@ def test_concurrency_cap_queues_operations(backing: Path, mount: Path) -> None:
         elapsed = time.perf_counter() - start
         stats = pfs.stats()
     assert stats["max_in_flight"] == 2
-    assert elapsed == pytest.approx(8 / 2 * 0.050, rel=0.10)  # four rounds of two
+    # Four rounds of two: never sooner (less 10% for the clock); later only by the machine's load (the
+    # cap not held, 8 at once, would take one round: 0.05 s).
+    assert 0.9 * 4 * 0.050 <= elapsed < 1.5 * 4 * 0.050
 
 
 def test_sigterm_unmounts(backing: Path, mount: Path) -> None:

@@ -184,8 +184,11 @@ struct LoaderOptions {
   // it and reads the files no copy has started straight from the source (counted as misses and in
   // Stats::stage_expedited): stage 3 never waits for more than the copies under way.
   // kWaitForStaging: it always waits for stage 2 (what is staged then follows the plan exactly).
-  // With the peer tier on, the loader sets kWaitForStaging (a home copy is waited for, so that the
-  // source is read once): Loader::options() shows it.
+  // Stage 3 waits for stage 2 whatever this says (Stats::stage_patience_s none; the option stays as
+  // given) with the peer tier on (a home copy is waited for, so that the source is read once), and
+  // with a stage directory where the catalog's files hold several samples each (shards, array or
+  // HDF5 files: each is copied whole for its other samples in any case, and a sample read from
+  // the source meanwhile would open and read its file twice).
   static constexpr uint64_t kWaitForStaging = UINT64_MAX;
   uint64_t stage_patience_ms = 50;
   // A sample that cannot be read or decoded: raise its error at its batch, or skip it (OnError).

@@ -5,17 +5,39 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "prestage/pinning.hpp"
 
 namespace prestage {
 
+// One field of a struct below: its name in Python's Loader.stats() (the C++ name, where fields()
+// does not say otherwise) and the member. Each struct lists every field of its own in fields(), in
+// the order stats() gives them, for code that walks them (the Python bindings make their dict from
+// it and keep no list of their own): a field added to a struct is added to its fields() too, which
+// tests/cpp/stats_test.cpp checks.
+template <typename Struct, typename Member>
+struct StatsField {
+  const char* name;
+  Member Struct::*member;
+};
+template <typename Struct, typename Member>
+constexpr StatsField<Struct, Member> stats_field(const char* name, Member Struct::*member) {
+  return {name, member};
+}
+
 struct StageStats {
   double busy_s = 0;   // summed over the stage's threads
   double idle_s = 0;   // threads x wall time - busy
   uint64_t items = 0;  // samples dealt with
   uint64_t bytes = 0;  // bytes read (stage 3) or copied (stage 2)
+
+  static constexpr auto fields() {
+    using S = StageStats;
+    return std::make_tuple(stats_field("busy_s", &S::busy_s), stats_field("idle_s", &S::idle_s),
+                           stats_field("items", &S::items), stats_field("bytes", &S::bytes));
+  }
 };
 
 // What one epoch's batches cost this process. Stage 1 decides, as it plans a batch, which samples
@@ -45,6 +67,23 @@ struct EpochStats {
   uint64_t decoded_from_memory = 0;
   uint64_t decoded_from_peers = 0;
   uint64_t decoded_from_source = 0;
+
+  static constexpr auto fields() {
+    using S = EpochStats;
+    return std::make_tuple(
+        stats_field("epoch", &S::epoch), stats_field("hits", &S::hits),
+        stats_field("misses", &S::misses), stats_field("evictions", &S::evictions),
+        stats_field("source_reads", &S::source_reads),
+        stats_field("bytes_from_source", &S::bytes_from_source),
+        stats_field("copies_made", &S::copies_made),
+        stats_field("copies_adopted", &S::copies_adopted),
+        stats_field("peer_reads", &S::peer_reads),
+        stats_field("bytes_from_peers", &S::bytes_from_peers),
+        stats_field("decoded_from_stage", &S::decoded_from_stage),
+        stats_field("decoded_from_memory", &S::decoded_from_memory),
+        stats_field("decoded_from_peers", &S::decoded_from_peers),
+        stats_field("decoded_from_source", &S::decoded_from_source));
+  }
 };
 
 // on_error=skip: a sample that failed and was replaced in its batch by another.
@@ -55,6 +94,14 @@ struct SkippedSample {
   uint64_t replacement = 0;  // the catalog index of the sample delivered in its place
   std::string path;          // the failed sample's source path
   std::string error;         // why it failed (the error on_error=raise would have raised)
+
+  static constexpr auto fields() {
+    using S = SkippedSample;
+    return std::make_tuple(stats_field("path", &S::path), stats_field("error", &S::error),
+                           stats_field("sample", &S::sample),
+                           stats_field("replacement", &S::replacement),
+                           stats_field("epoch", &S::epoch), stats_field("batch", &S::batch));
+  }
 };
 
 // With the peer tier on: one source of stage 2's reads (this node's stage directory, another node's
@@ -68,6 +115,14 @@ struct SourceStats {
   double mbs = 0;                 // estimated bandwidth, MB/s (0: not learned yet)
   bool down = false;              // a peer marked down: never chosen
   uint64_t probes = 0;            // of the reads, probes: made to measure it, off the batch path
+
+  static constexpr auto fields() {
+    using S = SourceStats;
+    return std::make_tuple(stats_field("name", &S::name), stats_field("reads", &S::reads),
+                           stats_field("bytes", &S::bytes), stats_field("samples", &S::samples),
+                           stats_field("latency_ms", &S::latency_ms), stats_field("mbs", &S::mbs),
+                           stats_field("down", &S::down), stats_field("probes", &S::probes));
+  }
 };
 
 struct Stats {
@@ -102,6 +157,16 @@ struct Stats {
     double settled_s = 0;
     uint64_t memory_budget = 0;
     std::vector<std::string> log;
+
+    static constexpr auto fields() {
+      using S = Tuning;
+      return std::make_tuple(
+          stats_field("on", &S::on), stats_field("readers", &S::readers),
+          stats_field("reads_in_flight", &S::reads_in_flight),
+          stats_field("lookahead", &S::lookahead), stats_field("steps_kept", &S::steps_kept),
+          stats_field("steps_undone", &S::steps_undone), stats_field("settled_s", &S::settled_s),
+          stats_field("memory_budget", &S::memory_budget), stats_field("log", &S::log));
+    }
   };
   static constexpr size_t kMaxTuningListed = 100;
   Tuning tuning;
@@ -120,6 +185,13 @@ struct Stats {
     uint64_t batch_buffers = 0;
     uint64_t read_ahead = 0;
     uint64_t decode_scratch = 0;
+
+    static constexpr auto fields() {
+      using S = Memory;
+      return std::make_tuple(stats_field("batch_buffers", &S::batch_buffers),
+                             stats_field("read_ahead", &S::read_ahead),
+                             stats_field("decode_scratch", &S::decode_scratch));
+    }
   };
   Memory memory;
 
@@ -193,6 +265,25 @@ struct Stats {
     std::string crop;
     std::string crop_why;
     uint64_t roi = 0;
+
+    static constexpr auto fields() {
+      using S = GpuDecode;
+      return std::make_tuple(
+          stats_field("on", &S::on), stats_field("why", &S::why),
+          stats_field("batches", &S::batches), stats_field("hardware", &S::hardware),
+          stats_field("gpu", &S::gpu), stats_field("cpu_share", &S::cpu_share),
+          stats_field("cpu_unsupported", &S::cpu_unsupported),
+          stats_field("cpu_gpu_failed", &S::cpu_gpu_failed),
+          stats_field("cpu_replacements", &S::cpu_replacements),
+          stats_field("buffer_growths", &S::buffer_growths),
+          stats_field("decoders", &S::decoders), stats_field("share", &S::share),
+          stats_field("share_auto", &S::share_auto), stats_field("share_why", &S::share_why),
+          stats_field("share_moves", &S::share_moves),
+          stats_field("gpu_ms_per_image", &S::gpu_ms_per_image),
+          stats_field("cpu_ms_per_image", &S::cpu_ms_per_image),
+          stats_field("crop", &S::crop), stats_field("crop_why", &S::crop_why),
+          stats_field("roi", &S::roi));
+    }
   };
   GpuDecode gpu_decode;
 
@@ -241,6 +332,55 @@ struct Stats {
   bool peer_home_first = false;
   std::vector<SourceStats> sources;
   std::vector<EpochStats> epochs;  // in epoch order
+
+  // In the order stats() has always given them (not declaration order), two names differing from
+  // the C++ ones: "stage_patience" (stage_patience_s), and "bytes_from_source", the name
+  // missed_bytes had before it counted a peer's bytes too, kept beside it for existing scripts.
+  static constexpr auto fields() {
+    using S = Stats;
+    return std::make_tuple(
+        stats_field("wall_s", &S::wall_s), stats_field("batches", &S::batches),
+        stats_field("samples", &S::samples),
+        stats_field("consumer_stall_s", &S::consumer_stall_s), stats_field("plan", &S::plan),
+        stats_field("stage", &S::stage), stats_field("decode", &S::decode),
+        stats_field("threads_why", &S::threads_why), stats_field("usable_cpus", &S::usable_cpus),
+        stats_field("local_ranks", &S::local_ranks),
+        stats_field("stage_patience", &S::stage_patience_s), stats_field("tuning", &S::tuning),
+        stats_field("memory", &S::memory), stats_field("staged_files", &S::staged_files),
+        stats_field("adopted_files", &S::adopted_files),
+        stats_field("already_staged", &S::already_staged),
+        stats_field("stage_failures", &S::stage_failures),
+        stats_field("stage_corrupt", &S::stage_corrupt),
+        stats_field("stage_expedited", &S::stage_expedited),
+        stats_field("read_ahead", &S::read_ahead),
+        stats_field("read_ahead_bytes", &S::read_ahead_bytes),
+        stats_field("stage_dir_disabled", &S::stage_dir_disabled),
+        stats_field("stage_dir_error", &S::stage_dir_error), stats_field("hits", &S::hits),
+        stats_field("misses", &S::misses),
+        stats_field("misses_read_ahead", &S::misses_read_ahead),
+        stats_field("missed_bytes", &S::missed_bytes),
+        stats_field("bytes_from_source", &S::missed_bytes),
+        stats_field("bytes_from_stage", &S::bytes_from_stage),
+        stats_field("source_reads", &S::source_reads),
+        stats_field("source_bytes", &S::source_bytes), stats_field("skipped", &S::skipped),
+        stats_field("skipped_samples", &S::skipped_samples), stats_field("pinned", &S::pinned),
+        stats_field("pinned_why", &S::pinned_why), stats_field("cache_bytes", &S::cache_bytes),
+        stats_field("stage_bytes", &S::stage_bytes),
+        stats_field("stage_bytes_peak", &S::stage_bytes_peak), stats_field("epochs", &S::epochs),
+        stats_field("peer_tier", &S::peer_tier), stats_field("peer_tier_why", &S::peer_tier_why),
+        stats_field("peer_reads", &S::peer_reads), stats_field("peer_bytes", &S::peer_bytes),
+        stats_field("peer_probes", &S::peer_probes),
+        stats_field("peer_probe_bytes", &S::peer_probe_bytes),
+        stats_field("peer_fallbacks", &S::peer_fallbacks),
+        stats_field("peer_corrupt", &S::peer_corrupt),
+        stats_field("beyond_budget", &S::beyond_budget),
+        stats_field("peer_served", &S::peer_served),
+        stats_field("peer_served_bytes", &S::peer_served_bytes),
+        stats_field("peers_down", &S::peers_down), stats_field("peers_closed", &S::peers_closed),
+        stats_field("peer_reads_to_pfs", &S::peer_reads_to_pfs),
+        stats_field("peer_home_first", &S::peer_home_first), stats_field("sources", &S::sources),
+        stats_field("gpu_decode", &S::gpu_decode));
+  }
 };
 
 }  // namespace prestage

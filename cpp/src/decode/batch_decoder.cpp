@@ -10,86 +10,13 @@
 #include <optional>
 #include <string>
 
-#include <oneapi/tbb/parallel_for.h>
-#include <oneapi/tbb/task_arena.h>
-
+#include "decode/batch_run.hpp"
+#include "decode/gpu_batches.hpp"
 #include "decode/skip_policy.hpp"
 #include "prestage/error.hpp"
 #include "util/file_io.hpp"
 
 namespace prestage::detail {
-
-namespace {
-
-// PRESTAGE_GPU_RESIZE: "each" (unset or empty: the default), one NPP resize per image; "batch",
-// one per interpolation and batch (GpuJpegDecoder::Options::batched_resize), an experiment whose
-// effect has not been measured on a GPU yet.
-bool gpu_resize_batched() {
-  const char* value = std::getenv("PRESTAGE_GPU_RESIZE");
-  const std::string text = value != nullptr ? value : "";
-  if (text.empty() || text == "each") return false;
-  if (text == "batch") return true;
-  throw ConfigError("PRESTAGE_GPU_RESIZE must be 'each' or 'batch', got '" + text + "'");
-}
-
-using Clock = std::chrono::steady_clock;
-
-std::string message(const std::exception_ptr& error) {
-  try {
-    std::rethrow_exception(error);
-  } catch (const std::exception& e) {
-    return e.what();
-  } catch (...) {
-    return "unknown error";
-  }
-}
-
-// The error of the lowest-numbered failed sample of a batch, whatever the thread timing.
-class FirstError {
- public:
-  void record(size_t sample, std::exception_ptr error) {
-    std::lock_guard lock(mutex_);
-    if (sample < sample_) {
-      sample_ = sample;
-      error_ = std::move(error);
-    }
-  }
-  std::exception_ptr get() const { return error_; }
-
- private:
-  std::mutex mutex_;
-  size_t sample_ = SIZE_MAX;
-  std::exception_ptr error_;
-};
-
-}  // namespace
-
-// What stage 3 keeps per reader thread, created once: the codec contexts and buffers that only grow.
-struct BatchDecoder::Reader {
-  std::unique_ptr<SampleDecoder> decoder;
-  std::vector<std::byte> buffer;  // a sample's bytes as read
-  std::vector<uint8_t> image;     // an RGB image before its conversion to the batch's layout/type
-  TierScratch paths;
-
-  SampleDecoder& codec(const Codec& c) {
-    if (!decoder) decoder = std::make_unique<SampleDecoder>(c);
-    return *decoder;
-  }
-};
-
-struct BatchDecoder::GpuSlot {
-  GpuSlot(const gpu::Libraries& libraries, const GpuJpegDecoder::Options& options)
-      : decoder(libraries, options) {}
-  GpuJpegDecoder decoder;
-  std::optional<GpuShareSample> pending;  // the last batch's times, its GPU time still unknown
-  GpuCrop pending_crop = GpuCrop::kResize;  // the way that batch applied its crop boxes
-  // That batch is a fair trial of its crop way: not the first this decoder took that way (nvJPEG's
-  // first-use allocations and set-up) and no staging buffer grew in it (allocation time, not
-  // decoding). On an H200 the first batches' times per image varied 3x between runs, and
-  // gpu_crop="auto" chose either way.
-  bool pending_trial = false;
-  uint64_t batches_by_way[2] = {0, 0};  // resize, roi
-};
 
 namespace {
 
@@ -116,20 +43,15 @@ void BatchScratch::trim() noexcept {
 
 size_t BatchScratch::held_bytes() const noexcept { return capacity_of(bytes) + capacity_of(unpacked); }
 
-// One batch's decode: the three steps, each sample's size and fill by codec, and replacement.
-class BatchDecoder::Run {
+// The CPU backend's run of one batch: the three steps, each sample's size and fill by codec, and
+// replacement (the GPU backend's is GpuRun, gpu_batches.cpp).
+class BatchDecoder::Run : public BatchRun {
  public:
-  Run(BatchDecoder& d, const BatchSamples& b, BatchScratch& s, Slot& slot,
-      const std::atomic<bool>& stopping)
-      : d_(d), b_(b), s_(s), slot_(slot), stopping_(stopping) {}
+  using BatchRun::BatchRun;
 
   void operator()() {
     s_.tiers.assign(b_.count, Tier::kMemory);
     s_.probes.resize(b_.count);
-    if (d_.gpu_ != nullptr) {
-      gpu_run();
-      return;
-    }
     if (keeps_bytes()) {
       // Only grown: the buffers keep their capacity for the next batches.
       if (s_.bytes.size() < b_.count) s_.bytes.resize(b_.count);
@@ -166,70 +88,6 @@ class BatchDecoder::Run {
   }
 
  private:
-  // Runs `step(i)` for every sample in parallel; a sample that fails is handed to `replace`.
-  // Isolated: while this thread waits for the batch's other samples it takes no other batch's
-  // decode, which could otherwise sit on top of this one on its stack: a later batch whose read
-  // stalls would hold up this one (and every batch after it) for as long as that read lasts.
-  template <typename Step, typename Replace>
-  void each(const Step& step, const Replace& replace) {
-    tbb::this_task_arena::isolate([&] {
-      tbb::parallel_for(size_t{0}, b_.count, [&](size_t i) {
-        const Gate::Pass pass(d_.gate_);
-        const auto start = Clock::now();
-        try {
-          step(i);
-        } catch (...) {
-          replace_or_fail(i, std::current_exception(), replace);
-        }
-        d_.busy_ns_.fetch_add(
-            std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - start).count(),
-            std::memory_order_relaxed);
-      });
-    });
-  }
-
-  // on_error=skip: tries `attempt(i, id)` on the skip policy's candidates and makes the first that
-  // succeeds sample i of the batch. Otherwise, or if none does, the batch carries `error`.
-  template <typename Attempt>
-  void replace_or_fail(size_t i, const std::exception_ptr& error, const Attempt& attempt) {
-    if (d_.options_.on_error != OnError::kSkip || !skippable(error)) {
-      first_error_.record(i, error);
-      return;
-    }
-    const SkipCandidates candidates(*b_.plan, d_.options_.batch_size, b_.index, i,
-                                    kSkipCandidates);
-    for (uint64_t k = 0; k < candidates.size(); ++k) {
-      if (stopping_.load(std::memory_order_acquire)) break;
-      const uint64_t candidate = candidates[k];
-      try {
-        attempt(i, candidate);
-      } catch (...) {
-        if (skippable(std::current_exception())) continue;
-        first_error_.record(i, std::current_exception());
-        return;
-      }
-      std::lock_guard lock(s_.skip_mutex);
-      // A sample may be replaced twice (the first replacement failing when filled): the plan's
-      // sample is listed once.
-      if (std::none_of(slot_.skipped.begin(), slot_.skipped.end(),
-                       [&](const Slot::Skip& skip) { return skip.position == i; })) {
-        slot_.skipped.push_back({i, b_.ids[i], message(error)});
-      }
-      slot_.indices[i] = static_cast<int64_t>(candidate);
-      slot_.labels[i] = d_.tiers_.catalog().label(candidate);
-      return;
-    }
-    first_error_.record(i, error);
-  }
-
-  // Stage 2's bytes for sample i, if it is still the plan's sample (not a replacement).
-  std::optional<std::span<const std::byte>> held(size_t i, uint64_t id) const {
-    if (b_.read_ahead == nullptr || b_.ids[i] != id) return std::nullopt;
-    return b_.read_ahead->at(i);
-  }
-
-  Reader& reader() { return d_.readers_->local(); }
-
   // JPEGs that keep their own size: step 1 reads each one to learn it.
   bool unresized() const {
     return d_.codec_.mode == DecodeMode::kJpeg && d_.image_size_.empty();
@@ -390,159 +248,6 @@ class BatchDecoder::Run {
     }
   }
 
-  // decode_device=cuda: every sample's JPEG read (in parallel, on the arena), then the batch
-  // queued on the slot's GPU decoder, but for the CPU's share (gpu_cpu_share: its last samples),
-  // which the readers decode meanwhile, in parallel, into the decoder's pinned places; those are
-  // then copied into the device batch on the decoder's stream. A sample that cannot be read, or
-  // that the CPU path cannot decode (the share, and the files the GPU sends it), is replaced or
-  // fails as on the CPU path; replacements are decoded by the CPU path into their place.
-  void gpu_run() {
-    const size_t n = b_.count;
-    const ImageSize size = d_.image_size_;
-    const uint64_t image_bytes = uint64_t{size.height} * size.width * 3;
-    slot_.device_data = nullptr;
-    slot_.device_ready = nullptr;
-    slot_.device_stream = nullptr;
-    slot_.dtype = "|u1";
-    slot_.ragged = false;
-    slot_.shape = {n, size.height, size.width, 3};
-    slot_.offsets.resize(n + 1);
-    slot_.dims.clear();
-    slot_.dim_offsets.resize(n + 1);
-    for (size_t i = 0; i <= n; ++i) {
-      slot_.offsets[i] = i * image_bytes;
-      slot_.dim_offsets[i] = 3 * i;
-      if (i < n) slot_.dims.insert(slot_.dims.end(), {size.height, size.width, 3});
-    }
-    slot_.data_bytes = 0;  // the images are on the device
-    if (s_.bytes.size() < n) s_.bytes.resize(n);
-    if (s_.unpacked.size() < n) s_.unpacked.resize(n);
-    if (s_.paths.size() < n) s_.paths.resize(n);
-    s_.jpegs.resize(n);
-    each([&](size_t i) { read_jpeg(i, b_.ids[i]); },
-         [&](size_t i, uint64_t id) { read_jpeg(i, id); });
-    if ((slot_.error = first_error_.get())) return;
-
-    const auto gpu_sample = [&](size_t i) {
-      return GpuJpegDecoder::Sample{s_.jpegs[i], b_.epoch,
-                                    static_cast<uint64_t>(slot_.indices[i]), &s_.paths[i]};
-    };
-    // The CPU's share (the batch's last samples, as GpuJpegDecoder would take them), sized so
-    // that both parts finish together (GpuShare), is decoded by the readers while one of them
-    // submits the GPU's part and the GPU works on it.
-    const size_t cpu_count = d_.share_->cpu_count(n);
-    const size_t gpu_count = n - cpu_count;
-    s_.gpu_samples.clear();
-    for (size_t i = 0; i < gpu_count; ++i) s_.gpu_samples.push_back(gpu_sample(i));
-    try {
-      // The current device is the thread's: the arena's threads start on device 0.
-      const auto on_device = [&] {
-        if (const int code = d_.gpu_->set_device(d_.gpu_device_); code != gpu::kCudaSuccess) {
-          throw GpuError("GPU decode: cudaSetDevice failed: " + d_.gpu_->cuda_error(code));
-        }
-      };
-      on_device();
-      GpuSlot& slot_gpu = d_.gpu_slot(slot_);
-      GpuJpegDecoder& gpu = slot_gpu.decoder;
-      // The slot's previous batch is done: its copies out of the CPU's places (which the share
-      // is about to write), and its GPU time if that was not known when it ended.
-      gpu.wait();
-      d_.measure(slot_gpu);
-      const GpuJpegDecoder::Counters before = gpu.counters();
-      const GpuCrop crop = d_.crop_->next();
-      std::exception_ptr gpu_failure;
-      s_.share_errors.assign(n, nullptr);
-      // The share's wall time: its first start to its last end, on whichever readers took it.
-      std::atomic<int64_t> first_start{INT64_MAX}, last_end{INT64_MIN};
-      const auto now_ns = [] {
-        return std::chrono::duration_cast<std::chrono::nanoseconds>(
-                   Clock::now().time_since_epoch())
-            .count();
-      };
-      each(
-          [&](size_t i) {
-            if (i == 0) {
-              try {
-                on_device();
-                gpu.decode(s_.gpu_samples, 0, s_.routes, s_.gpu_errors, crop == GpuCrop::kRoi);
-              } catch (...) {
-                gpu_failure = std::current_exception();
-              }
-            }
-            if (i < gpu_count) return;
-            const int64_t started = now_ns();
-            int64_t seen = first_start.load(std::memory_order_relaxed);
-            while (started < seen && !first_start.compare_exchange_weak(seen, started)) {
-            }
-            const std::span<std::byte> place = gpu.cpu_place(i);
-            Reader& r = reader();
-            const uint64_t id = static_cast<uint64_t>(slot_.indices[i]);
-            ImageDecoder& jpeg = r.codec(d_.codec_).image;
-            try {
-              if (d_.options_.transform == Transform::kRandomResizedCrop) {
-                jpeg.decode_random_crop(s_.jpegs[i], size, d_.options_.seed, b_.epoch, id, place,
-                                        s_.paths[i]);
-              } else {
-                jpeg.decode_resized(s_.jpegs[i], size, place, s_.paths[i]);
-              }
-            } catch (...) {
-              s_.share_errors[i] = std::current_exception();  // replaced below, as the GPU's
-            }
-            const int64_t ended = now_ns();
-            seen = last_end.load(std::memory_order_relaxed);
-            while (ended > seen && !last_end.compare_exchange_weak(seen, ended)) {
-            }
-          },
-          [](size_t, uint64_t) {});
-      if (gpu_failure) std::rethrow_exception(gpu_failure);
-      s_.gpu_errors.resize(n);
-      for (size_t i = gpu_count; i < n; ++i) s_.gpu_errors[i] = s_.share_errors[i];
-      if (cpu_count > 0) {
-        // A failed sample's place is filled by its replacement (decode_on_cpu), or stays undefined.
-        s_.cpu_positions.clear();
-        for (size_t i = gpu_count; i < n; ++i) {
-          if (s_.gpu_errors[i] == nullptr) s_.cpu_positions.push_back(i);
-        }
-        gpu.upload(0, s_.cpu_positions);
-      }
-      slot_gpu.pending_crop = crop;
-      slot_gpu.pending_trial =
-          slot_gpu.batches_by_way[crop == GpuCrop::kRoi ? 1 : 0]++ > 0 &&
-          gpu.counters().buffer_growths == before.buffer_growths;
-      slot_gpu.pending = GpuShareSample{
-          gpu_count, 0, cpu_count,
-          cpu_count > 0 ? static_cast<double>(last_end.load() - first_start.load()) * 1e-9 : 0};
-      d_.measure(slot_gpu);  // now if the GPU is done, else at the slot's next batch
-      // Counted together, once the batch's share is decoded too.
-      d_.count_gpu(before, gpu.counters(), cpu_count);
-      for (size_t i = 0; i < n; ++i) {
-        if (s_.gpu_errors[i] == nullptr) continue;
-        replace_or_fail(i, s_.gpu_errors[i], [&](size_t j, uint64_t id) {
-          read_jpeg(j, id);
-          const GpuJpegDecoder::Sample replacement{s_.jpegs[j], b_.epoch, id, &s_.paths[j]};
-          gpu.decode_on_cpu(replacement, 0, j);
-          d_.gpu_replacements_.fetch_add(1, std::memory_order_relaxed);
-        });
-      }
-      slot_.device_data = gpu.output(0);
-      slot_.device_ready = gpu.ready(0);
-      slot_.device_stream = gpu.stream();
-    } catch (...) {
-      // A CUDA, nvJPEG or NPP failure: the whole batch is lost; the consumer gets the error.
-      first_error_.record(0, std::current_exception());
-    }
-    slot_.error = first_error_.get();
-  }
-
-  // decode_device=cuda: reads sample i (catalog sample `id`) and keeps its JPEG and its path.
-  void read_jpeg(size_t i, uint64_t id) {
-    Reader& r = reader();
-    const auto bytes = d_.tiers_.read(id, held(i, id), s_.bytes[i], r.paths, b_.tally);
-    d_.bytes_read_.fetch_add(bytes.size(), std::memory_order_relaxed);
-    s_.paths[i] = r.paths.source;  // the sample's source path, as read() left it
-    s_.jpegs[i] = r.codec(d_.codec_).image_payload(bytes, s_.paths[i], s_.unpacked[i]);
-  }
-
   // Step 2: the batch's type (the one most of its samples have; samples of another type fail or
   // are replaced), its layout (one array when the shapes agree, else ragged) and its buffer.
   bool lay_out() {
@@ -622,13 +327,6 @@ class BatchDecoder::Run {
     }
     return *best;
   }
-
-  BatchDecoder& d_;
-  const BatchSamples& b_;
-  BatchScratch& s_;
-  Slot& slot_;
-  const std::atomic<bool>& stopping_;
-  FirstError first_error_;
 };
 
 BatchDecoder::BatchDecoder(const LoaderOptions& options, const Codec& codec, ImageSize image_size,
@@ -639,94 +337,20 @@ BatchDecoder::BatchDecoder(const LoaderOptions& options, const Codec& codec, Ima
       normalizer_(normalizer),
       tiers_(tiers),
       readers_(std::make_unique<tbb::enumerable_thread_specific<Reader>>()) {
-  if (options.decode_device != DecodeDevice::kCuda) return;
-  const gpu::Libraries& libraries = gpu::Libraries::instance();
-  if (!libraries.available()) {
-    throw ConfigError("decode_device='cuda' is not available: " + libraries.why());
+  if (options.decode_device == DecodeDevice::kCuda) {
+    gpu_ = std::make_unique<GpuBatches>(options, image_size);
   }
-  if (const int code = libraries.get_device(&gpu_device_); code != gpu::kCudaSuccess) {
-    throw ConfigError("decode_device='cuda': cudaGetDevice failed: " + libraries.cuda_error(code));
-  }
-  gpu_options_.max_batch = options.batch_size;
-  gpu_options_.size = image_size;
-  gpu_options_.transform = options.transform;
-  gpu_options_.seed = options.seed;
-  gpu_options_.max_pixels = options.max_pixels;
-  gpu_options_.cpu_share = 0.0;  // the CPU's share is decoded on the readers (Run::gpu_run)
-  gpu_options_.outputs = 1;  // one decoder per ring slot: its device batch is the slot's
-  share_ = std::make_unique<GpuShare>(options.gpu_cpu_share, options.readers);
-  gpu_options_.roi = options.gpu_crop != GpuCrop::kResize;
-  gpu_options_.batched_resize = gpu_resize_batched();
-  crop_ = std::make_unique<GpuCropChoice>(options.gpu_crop, libraries.roi());
-  gpu_ = &libraries;
-}
-
-BatchDecoder::GpuSlot& BatchDecoder::gpu_slot(Slot& slot) {
-  if (!slot.gpu) {
-    auto made = std::make_shared<GpuSlot>(*gpu_, gpu_options_);
-    if (!made->decoder.roi_available()) crop_->roi_unavailable();
-    slot.gpu = std::move(made);
-    gpu_decoders_.fetch_add(1, std::memory_order_relaxed);
-  }
-  return *static_cast<GpuSlot*>(slot.gpu.get());
-}
-
-void BatchDecoder::measure(GpuSlot& gpu) {
-  if (!gpu.pending) return;
-  const std::optional<double> seconds = gpu.decoder.gpu_seconds();
-  if (!seconds) return;
-  gpu.pending->gpu_s = *seconds;
-  share_->observe(*gpu.pending);
-  if (gpu.pending_trial) crop_->observe(gpu.pending_crop, gpu.pending->gpu_images, *seconds);
-  gpu.pending.reset();
-}
-
-void BatchDecoder::count_gpu(const GpuJpegDecoder::Counters& before,
-                             const GpuJpegDecoder::Counters& after, uint64_t cpu_share) {
-  gpu_cpu_share_.fetch_add(cpu_share, std::memory_order_relaxed);
-  const auto add = [](std::atomic<uint64_t>& to, uint64_t a, uint64_t b) {
-    to.fetch_add(b - a, std::memory_order_relaxed);
-  };
-  add(gpu_batches_, before.batches, after.batches);
-  add(gpu_hardware_, before.hardware, after.hardware);
-  add(gpu_gpu_, before.gpu, after.gpu);
-  add(gpu_cpu_share_, before.cpu_share, after.cpu_share);
-  add(gpu_cpu_unsupported_, before.cpu_unsupported, after.cpu_unsupported);
-  add(gpu_cpu_failed_, before.cpu_gpu_failed, after.cpu_gpu_failed);
-  add(gpu_growths_, before.buffer_growths, after.buffer_growths);
-  add(gpu_roi_, before.roi, after.roi);
-}
-
-Stats::GpuDecode BatchDecoder::gpu_stats() const {
-  Stats::GpuDecode g;
-  if (gpu_ == nullptr) return g;
-  const auto get = [](const std::atomic<uint64_t>& a) { return a.load(std::memory_order_relaxed); };
-  g.on = true;
-  g.why = gpu_->why();
-  g.batches = get(gpu_batches_);
-  g.hardware = get(gpu_hardware_);
-  g.gpu = get(gpu_gpu_);
-  g.cpu_share = get(gpu_cpu_share_);
-  g.cpu_unsupported = get(gpu_cpu_unsupported_);
-  g.cpu_gpu_failed = get(gpu_cpu_failed_);
-  g.cpu_replacements = get(gpu_replacements_);
-  g.buffer_growths = get(gpu_growths_);
-  g.decoders = get(gpu_decoders_);
-  const GpuShare::Report share = share_->report();
-  g.share = share.share;
-  g.share_auto = share.automatic;
-  g.share_why = share.why;
-  g.share_moves = share.moves;
-  g.gpu_ms_per_image = share.gpu_ms_per_image;
-  g.cpu_ms_per_image = share.cpu_ms_per_image;
-  const GpuCropChoice::Report crop = crop_->report();
-  g.crop = crop.crop == GpuCrop::kRoi ? "roi" : crop.crop == GpuCrop::kResize ? "resize" : "trying";
-  g.crop_why = crop.why;
-  g.roi = get(gpu_roi_);
-  return g;
 }
 
 BatchDecoder::~BatchDecoder() = default;
+
+void BatchDecoder::readers_changed(uint64_t from, uint64_t to) {
+  if (gpu_) gpu_->readers_changed(from, to);
+}
+
+Stats::GpuDecode BatchDecoder::gpu_stats() const {
+  return gpu_ ? gpu_->stats() : Stats::GpuDecode{};
+}
 
 void BatchDecoder::clear_thread_state() { readers_->clear(); }
 
@@ -792,7 +416,11 @@ void BatchDecoder::decode(const BatchSamples& batch, BatchScratch& scratch, Slot
     locate(batch, slot);
     return;
   }
-  Run(*this, batch, scratch, slot, stopping)();
+  if (gpu_) {
+    gpu_->decode(*this, batch, scratch, slot, stopping);
+  } else {
+    Run(*this, batch, scratch, slot, stopping)();
+  }
   scratch.trim();
   // Recorded in thread order: listed in batch order.
   std::sort(slot.skipped.begin(), slot.skipped.end(),

@@ -2,6 +2,8 @@
 // batch buffer, by one path for every codec: size each sample (an image's output size, an array's
 // header, a raw sample's length), lay the batch out, fill each place. A sample that fails is
 // replaced by the skip policy's candidates (on_error=skip) or its error travels with the batch.
+// Two backends: the CPU's (BatchDecoder::Run, batch_decoder.cpp) and, with decode_device=cuda, the
+// GPU's (GpuBatches, gpu_batches.*), both on the shared part of a batch's run (batch_run.hpp).
 #pragma once
 
 #include <atomic>
@@ -16,7 +18,6 @@
 #include <oneapi/tbb/enumerable_thread_specific.h>
 
 #include "decode/gpu_jpeg.hpp"
-#include "decode/gpu_share.hpp"
 #include "decode/registry.hpp"
 #include "decode/transform.hpp"
 #include "memory/batch_ring.hpp"
@@ -28,6 +29,8 @@
 #include "util/gate.hpp"
 
 namespace prestage::detail {
+
+class GpuBatches;
 
 // One batch of the plan, as stage 3 receives it.
 struct BatchSamples {
@@ -102,9 +105,7 @@ class BatchDecoder {
   void set_concurrency(uint64_t limit) { gate_.set_limit(limit); }
   // decode_device=cuda: the self-tuning moved the readers from `from` to `to`; the CPU's share of
   // each batch follows at once (GpuShare::readers_changed). Any thread.
-  void readers_changed(uint64_t from, uint64_t to) {
-    if (share_) share_->readers_changed(from, to);
-  }
+  void readers_changed(uint64_t from, uint64_t to);
 
   // Drops the per-thread codec contexts (the threads that made them are about to go).
   void clear_thread_state();
@@ -132,21 +133,12 @@ class BatchDecoder {
   Stats::GpuDecode gpu_stats() const;
 
  private:
-  struct Reader;
-  class Run;
+  friend class BatchRun;
+  struct Reader;  // batch_run.hpp
+  class Run;      // the CPU backend's run of one batch
+
   // decode=locate: one byte per sample, the tier that holds its bytes now (Tiers::locate).
   void locate(const BatchSamples& batch, Slot& slot);
-  // decode_device=cuda: a ring slot's GPU decoder, and the times of its last batch while the GPU's
-  // is not known yet.
-  struct GpuSlot;
-  // The slot's, made at its first use (throws GpuError).
-  GpuSlot& gpu_slot(Slot& slot);
-  // Hands the share the times of the slot's last batch if its GPU time is known now.
-  void measure(GpuSlot& gpu);
-  // Adds what one decode() of a GPU decoder counted, and the batch's CPU share.
-  void count_gpu(const GpuJpegDecoder::Counters& before, const GpuJpegDecoder::Counters& after,
-                 uint64_t cpu_share);
-
   const LoaderOptions& options_;
   const Codec& codec_;
   ImageSize image_size_;
@@ -157,15 +149,7 @@ class BatchDecoder {
   bool data_set_probed_ = false;        // guarded by data_set_mutex_
   std::optional<std::string> data_set_dtype_;  // set once probed, then read without the lock
   std::atomic<uint64_t> busy_ns_{0}, decoded_{0}, bytes_read_{0};
-  const gpu::Libraries* gpu_ = nullptr;  // decode_device=cuda: the libraries; else null
-  int gpu_device_ = 0;                     // the CUDA device the decoders use
-  GpuJpegDecoder::Options gpu_options_;
-  std::unique_ptr<GpuShare> share_;      // decode_device=cuda: the CPU's share of each batch
-  std::unique_ptr<GpuCropChoice> crop_;  // decode_device=cuda: where the crop box is applied
-  // The GPU decoders' counters, summed; replacements decoded by the CPU path; decoders made.
-  std::atomic<uint64_t> gpu_batches_{0}, gpu_hardware_{0}, gpu_gpu_{0}, gpu_cpu_share_{0},
-      gpu_cpu_unsupported_{0}, gpu_cpu_failed_{0}, gpu_replacements_{0}, gpu_growths_{0},
-      gpu_roi_{0}, gpu_decoders_{0};
+  std::unique_ptr<GpuBatches> gpu_;  // decode_device=cuda: the GPU backend; else null
   Gate gate_;
 };
 

@@ -41,7 +41,11 @@ Loader::Impl::Impl(Catalog catalog_in, LoaderOptions options_in)
   shared->codec = detail::Codec::choose(shared->catalog, o);
   stage_dir_error = detail::open_stage(*shared);
   detail::make_tiers(*shared);
-  bool wait_for_staging = o.stage_patience_ms == LoaderOptions::kWaitForStaging;
+  // A file of several samples (a shard, an array or HDF5 file) is copied whole for its other
+  // samples in any case: one of its samples read from the source while its copy waits is that file
+  // opened and read twice. Stage 3 waits for such copies, whatever stage_patience says.
+  bool wait_for_staging = o.stage_patience_ms == LoaderOptions::kWaitForStaging ||
+                          (!o.stage_dir.empty() && shared->catalog.size() > shared->catalog.num_files());
   if (o.peers) {
     const detail::PeerWiring wired = detail::wire_peers(*shared);
     peer_home = wired.home;

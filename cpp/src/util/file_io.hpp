@@ -94,10 +94,11 @@ class IoTimeoutScope {
   const std::atomic<bool>* previous_cancel_;
 };
 
-// Short reads, for every read below: a read that finds fewer bytes than it expects is an IoError (EIO, the errno of a read that finds
-// the data gone) whose message gives both sizes and says that the file changed: a range past the
-// end of the file (read_range, OpenFile::read, read_located of a range), a file of another size
-// than expected (read_file_exact), a file that became shorter while it was read (all of them).
+// Short reads, for every read below: a read that finds fewer bytes than it expects is an IoError
+// (EIO, the errno of a read that finds the data gone) whose message gives both sizes and says that
+// the file changed: a range past the end of the file (read_range, OpenFile::read, read_located of a
+// range), a file of another size than expected (read_file_exact), a file that became shorter while
+// it was read (all of them).
 
 // Reads a whole regular file into `buffer` (resized to fit; its capacity is reused across calls):
 // as many bytes as the file holds when it is opened, whatever size was expected of it. Returns the

@@ -31,7 +31,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "pack",
         help=summary("pack"),
         description=(
-            "Pack the files of SRC (a class-folder tree, or a catalog saved by Catalog.save) into shards "
+            "Pack the samples of SRC (a class-folder tree, or a catalog saved by Catalog.save: of files, "
+            "or of byte ranges such as WebDataset, MDS and Hugging Face sets) into shards "
             "of about --shard-size bytes in OUT, with OUT/index.tsv (shard, offset, length, label, "
             "CRC-32C, original path). Load it with prestage.Catalog.from_shards(OUT). Resumable: run the "
             "same command again after an interruption."
