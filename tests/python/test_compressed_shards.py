@@ -7,14 +7,13 @@ the bytes an MDS set was written with."""
 
 from __future__ import annotations
 
+import gc
 import gzip
 import io
 import json
 import shutil
 import subprocess
-import tarfile
 import warnings
-import gc
 from pathlib import Path
 
 import numpy as np
