@@ -215,6 +215,15 @@ class _Where:
         return self.at_source(index, offset, length)
 
     def at_source(self, index: int, offset: int, length: Optional[int]) -> StagedSample:
+        catalog = self.catalog()
+        file = catalog.locator(index)[0]
+        if catalog.compressed and catalog.file_codec(file) != "none":
+            # Its offsets are those of the decompressed bytes: the source would give wrong ones.
+            raise IoError(errno.ENOENT, f"sample {index}'s shard {catalog.path(index)!r} is "
+                          f"compressed ({catalog.file_codec(file)}) and read only from its "
+                          "decompressed copy in the stage directory, which is gone (evicted); "
+                          "read it through the loader, or give the stage directory room for it",
+                          os.fspath(catalog.source_path(index)))
         return StagedSample(os.fspath(self.catalog().source_path(index)), offset, length, "source", index)
 
     def gone(self, sample: StagedSample) -> StagedSample:

@@ -303,6 +303,13 @@ runs of adjacent members whose names share a key (the name up to the first dot a
 "/"; the rest, lower-cased, is the extension); "__*__" metadata is passed over. Every field is a
 byte range of the shard: nothing is unpacked, and a shard is staged whole.
 
+A shard compressed whole (gzip: ".tar.gz", ".tgz", webdataset's ``TarWriter(compress=True)``;
+zstd: ".tar.zst"; told by its first bytes) cannot be read by byte range: it is decompressed in two
+streaming passes (its size and CRC, then its headers), its samples are byte ranges of its
+decompressed bytes, and stage 2 writes it decompressed to the stage directory, whence every sample
+is read (a Loader of such a catalog needs ``stage_dir``). A stream that is corrupt or truncated is
+damage of the whole shard (on_error below; none of its samples is kept).
+
 `fields`: {"image": extensions of the member to decode, alternatives separated by ";" as DALI's
 ext (default "jpg;jpeg"; "data" may stand for "image", e.g. "npy" for decode="npy", or any
 extension for decode="raw"), "label": the extension of a member holding the label as decimal text
@@ -357,9 +364,10 @@ column sizes locates one column of every sample as a byte range of its shard (no
 a shard is staged whole). `fields`: {"image": the column to decode ("data" may stand for it): a
 `jpeg` column for decode="jpeg"; `bytes`, `png`, `str` columns as they are, an `ndarray` column's
 values and a `pil` column's pixels for decode="raw"; "label": an integer column (int, int8..int64,
-uint8..uint64, str_int) or None (labels -1)}. Uncompressed shards only: a compressed shard is read
-if its decompressed copy (index.json's raw_data, as Streaming's cache keeps it) is beside it, else
-prestage.ConfigError says so.
+uint8..uint64, str_int) or None (labels -1)}. A shard written with compression ("zstd", "gz") is
+read from its decompressed copy (index.json's raw_data, as Streaming's cache keeps it) where that
+is beside it, else from its zip_data as a compressed WebDataset shard is (decompressed while
+staging; a Loader needs ``stage_dir``); another compression is prestage.ConfigError.
 
 Damage (a shard whose sample count disagrees with index.json, offsets out of order or past the end
 of the shard, column sizes that do not add up): on_error="raise" raises prestage.DecodeError
@@ -471,7 +479,30 @@ catalog; saved with it.
           },
           "Each file's size in bytes when the catalog was built (from_folder, from_list), -1 where "
           "it was not recorded; an int64 array of num_files entries, read from the catalog (no "
-          "file system call).")
+          "file system call). A compressed file's is that of its decompressed bytes.")
+      .def(
+          "file_codec",
+          [](const Catalog& c, size_t f) {
+            if (f >= c.num_files())
+              throw py::index_error("file " + std::to_string(f) + " of " +
+                                    std::to_string(c.num_files()));
+            switch (c.file_codec(f)) {
+              case Catalog::Codec::kGzip:
+                return "gzip";
+              case Catalog::Codec::kZstd:
+                return "zstd";
+              default:
+                return "none";
+            }
+          },
+          py::arg("f"),
+          "How file f is stored at the source: 'none', or 'gzip'/'zstd' for a shard compressed "
+          "whole (a .tar.gz, .tar.zst, an MDS shard written with compression), whose samples are "
+          "byte ranges of its decompressed bytes, read only from the copy stage 2 writes to the "
+          "stage directory.\n\n>>> catalog.file_codec(0)\n'gzip'")
+      .def_property_readonly("compressed", &Catalog::has_compressed_files,
+                             "Whether some file is compressed whole (see file_codec): a loader "
+                             "of this catalog needs a stage directory.")
       .def("__repr__", [](const Catalog& c) {
         return "<prestage.Catalog of " + std::to_string(c.size()) + " samples under '" +
                c.root().string() + "'" +

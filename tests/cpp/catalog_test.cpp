@@ -299,20 +299,20 @@ TEST_CASE("catalog: the symlink policy is saved, and a confined catalog has its 
   CHECK(Catalog::load(dir / "follow.bin").symlinks() == Catalog::Symlinks::kFollow);
 }
 
-TEST_CASE("catalog: catalog files of format versions 3 to 5 still load, as following links") {
+TEST_CASE("catalog: catalog files of format versions 3 to 6 still load, as following links") {
   TempDir dir;
   const Catalog cat = Catalog::from_paths("/data/set", {"a/1.jpg", "b/2.jpg"}, {4, 5});
-  cat.save(dir / "v6.bin");
-  std::string v6;
+  cat.save(dir / "v7.bin");
+  std::string v7;
   {
-    std::ifstream in(dir / "v6.bin", std::ios::binary);
-    v6.assign(std::istreambuf_iterator<char>(in), {});
+    std::ifstream in(dir / "v7.bin", std::ios::binary);
+    v7.assign(std::istreambuf_iterator<char>(in), {});
   }
-  // Each older version is the next without its last fields (before the checksum): version 5
-  // without the (empty) dtype, 4 also without the axis, 3 also without the policy byte and the
-  // (empty) damage list.
+  // Each older version is the next without its last fields (before the checksum): version 6
+  // without the (empty) codec tables, 5 also without the (empty) dtype, 4 also without the
+  // axis, 3 also without the policy byte and the (empty) damage list.
   auto older = [&](uint32_t version, size_t cut) {
-    std::string bytes = v6.substr(0, v6.size() - 8 - cut);
+    std::string bytes = v7.substr(0, v7.size() - 8 - cut);
     std::memcpy(bytes.data() + 8, &version, sizeof(version));
     uint64_t sum = 0xcbf29ce484222325ULL;
     for (unsigned char c : bytes) {
@@ -323,7 +323,7 @@ TEST_CASE("catalog: catalog files of format versions 3 to 5 still load, as follo
     return bytes;
   };
   for (const auto& [version, cut] :
-       {std::pair<uint32_t, size_t>{5, 8}, {4, 8 + 8}, {3, 8 + 8 + 1 + 8}}) {
+       {std::pair<uint32_t, size_t>{6, 24}, {5, 24 + 8}, {4, 24 + 16}, {3, 24 + 16 + 1 + 8}}) {
     CAPTURE(version);
     std::ofstream(dir / "old.bin", std::ios::binary | std::ios::trunc) << older(version, cut);
     const Catalog back = Catalog::load(dir / "old.bin");
@@ -334,6 +334,7 @@ TEST_CASE("catalog: catalog files of format versions 3 to 5 still load, as follo
     CHECK(back.axis() == 0);
     CHECK(back.dtype().empty());
     CHECK(back.fingerprint() == cat.fingerprint());
+    CHECK_FALSE(back.has_compressed_files());
   }
   std::ofstream(dir / "v99.bin", std::ios::binary) << older(99, 0);
   CHECK_THROWS_AS(Catalog::load(dir / "v99.bin"), prestage::DecodeError);

@@ -218,10 +218,18 @@ TEST_CASE("webdataset: a missing field is an error, skipped, or empty") {
   CHECK(with_errors.damage().size() == 2);
 }
 
-TEST_CASE("webdataset: a compressed shard is refused; a member named like a magic is not") {
+TEST_CASE("webdataset: a corrupt gzip shard is damage, bzip2 refused; a member named like a magic is "
+          "not") {
   TempDir dir;
+  // gzip is read through its decompressed bytes: a stream that does not decompress is damage of
+  // the whole shard (and a set of no other shard holds no sample).
   write(dir.path() / "z.tar", std::string("\x1f\x8b\x08\x00", 4) + std::string(600, 'x'));
-  CHECK_THROWS_AS(Catalog::from_webdataset({(dir.path() / "z.tar").string()}), ConfigError);
+  CHECK_THROWS_AS(Catalog::from_webdataset({(dir.path() / "z.tar").string()}), DecodeError);
+  CHECK_THROWS_AS(Catalog::from_webdataset({(dir.path() / "z.tar").string()}, "jpg;jpeg", "cls",
+                                           Catalog::Missing::kError, OnError::kSkip),
+                  ConfigError);
+  write(dir.path() / "j.tar", std::string("BZh91AY&SY", 10) + std::string(600, 'x'));
+  CHECK_THROWS_AS(Catalog::from_webdataset({(dir.path() / "j.tar").string()}), ConfigError);
   write(dir.path() / "b.tar", file("BZh91.jpg", "1") + file("BZh91.cls", "4"));
   const auto catalog = Catalog::from_webdataset({(dir.path() / "b.tar").string()});
   REQUIRE(catalog.size() == 1);

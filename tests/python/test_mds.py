@@ -98,7 +98,11 @@ def test_bad_fields_and_compressed_shards_are_config_errors(tmp_path, mds_writer
     (root / "index.json").write_text(json.dumps(index))
     assert len(prestage.Catalog.from_mds(root)) == 4  # its decompressed copy is there
     (root / "shard.00000.mds").unlink()
-    with pytest.raises(prestage.ConfigError, match=r"shard.00000.mds.zstd' .* is compressed \(zstd\)"):
+    with pytest.raises(prestage.IoError, match=r"shard.00000.mds.zstd"):  # nor its zip_data
+        prestage.Catalog.from_mds(root)
+    index["shards"][0].update(compression="bz2", zip_data={"basename": "shard.00000.mds.bz2"})
+    (root / "index.json").write_text(json.dumps(index))
+    with pytest.raises(prestage.ConfigError, match=r"shard.00000.mds.bz2' .* is compressed \(bz2\)"):
         prestage.Catalog.from_mds(root)
     (root / "index.json").write_text(json.dumps({"shards": [], "version": 1}))
     with pytest.raises(prestage.ConfigError, match="expected 2"):

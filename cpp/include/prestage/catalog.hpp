@@ -146,9 +146,13 @@ class Catalog {
   // the extension, lower-cased); names without one, and `__*__` metadata, are passed over. A
   // sample is the byte range of its data member, the first of the `data` extensions (alternatives
   // separated by ';', as DALI's ext) that it has, read from the shard as it is: a shard is staged
-  // whole. `label`: the extension of a member holding the label as decimal text ("cls"), or
-  // "json:KEY" for the integer at KEY of a JSON object in its ".json" member, or "" (labels -1).
-  // A missing field is handled as `missing` says.
+  // whole. A shard compressed whole (gzip: `.tar.gz`, `.tgz`; zstd: `.tar.zst`; told by its first
+  // bytes) is read twice, in one streaming pass of decompression each (its size and CRC, then its
+  // headers), and its samples are byte ranges of its decompressed bytes (file_codec()); a stream
+  // that is corrupt or truncated is damage of the whole shard (none of its samples is kept: its
+  // own check failed), named as the damage below. `label`: the extension of a member holding
+  // the label as decimal text ("cls"), or "json:KEY" for the integer at KEY of a JSON object in
+  // its ".json" member, or "" (labels -1). A missing field is handled as `missing` says.
   //
   // Damage (a header with a bad checksum or bad fields, a pax record that is malformed or
   // disagrees with its header, a member running past the end of the shard, a key whose members are
@@ -178,12 +182,14 @@ class Catalog {
   // shard is staged whole): the JPEG of a `jpeg` column, the bytes of `bytes`/`png`/`str`, the
   // values of an `ndarray` column (decode raw), the pixels of a `pil` one (decode raw, uint8).
   // `label`: an integer column (int, int8..int64, uint8..uint64, str_int), or "" (labels -1).
-  // Uncompressed shards only: a compressed shard is read if its decompressed copy (index.json's
-  // raw_data) is beside it, else a ConfigError says so. ConfigError for an index that is not an MDS
-  // index or lacks a column (naming those it has). Damage (a shard whose sample count disagrees
-  // with the index, offsets out of order or past the end of the shard, column sizes that do not add
-  // up): with OnError::kRaise a DecodeError naming the shard and the sample; with OnError::kSkip
-  // the catalog keeps every good sample and lists the rest in damage(). IoError either way.
+  // A shard written with compression ("zstd", "gz": index.json's zip_data) is read from its
+  // decompressed copy (raw_data) where that is beside it; else it is decompressed as from_webdataset
+  // decompresses a `.tar.gz` (file_codec()), and any other compression is a ConfigError naming
+  // it. ConfigError for an index that is not an MDS index or lacks a column (naming those it
+  // has). Damage (a shard whose sample count disagrees with the index, offsets out of order or
+  // past the end of the shard, column sizes that do not add up): with OnError::kRaise a
+  // DecodeError naming the shard and the sample; with OnError::kSkip the catalog keeps every good
+  // sample and lists the rest in damage(). IoError either way.
   static Catalog from_mds(const std::filesystem::path& dir, const std::string& data = "image",
                           const std::string& label = "label", OnError on_error = OnError::kRaise);
 
@@ -247,6 +253,20 @@ class Catalog {
   static constexpr int64_t kUnknownMtime = INT64_MIN;
   int64_t file_mtime(size_t f) const;
   const std::vector<std::string>& classes() const noexcept;  // class names (from_folder), else empty
+
+  // How a file is stored at the source. A file compressed whole (from_webdataset's `.tar.gz` and
+  // `.tar.zst` shards, from_mds's shards written with compression "zstd" or "gz") cannot be read
+  // by byte range: its samples' locators are byte ranges of its decompressed bytes, file_size() is
+  // their count, and it is read only from the decompressed copy stage 2 writes to the stage
+  // directory (a loader without one refuses such a catalog). The codec is told by the file's
+  // first bytes, not its name.
+  enum class Codec : uint8_t { kNone = 0, kGzip = 1, kZstd = 2 };
+  Codec file_codec(size_t f) const;
+  // A compressed file: its bytes at the source when the catalog was built, and the CRC-32C of its
+  // decompressed bytes (what its staged copy must hold). Any other file: file_size() and 0.
+  uint64_t file_stored_size(size_t f) const;
+  uint32_t file_crc(size_t f) const;
+  bool has_compressed_files() const noexcept;
 
   // A 64-bit digest of the root and every path (and of Symlinks::kInside, so that a confined
   // catalog never shares copies made by a catalog that followed links out of the root): names the

@@ -16,6 +16,7 @@
 #include <utility>
 
 #include "formats/array.hpp"
+#include "formats/compressed.hpp"
 #include "formats/hdf5.hpp"
 #include "formats/mds.hpp"
 #include "formats/npz.hpp"
@@ -45,6 +46,11 @@ struct Catalog::Data {
   std::string dtype;  // kHdf5, kArrays: the data set's (most of its samples'), or "" if not known
   Symlinks symlinks = Symlinks::kFollow;
   std::vector<Damage> damage;  // kTfrecord built with OnError::kSkip: records left out
+  // Per file, or all three empty when no file is compressed: its Codec, its bytes at the source,
+  // the CRC-32C of its decompressed bytes (file_sizes holds their count).
+  std::vector<uint8_t> codecs;
+  std::vector<uint64_t> stored_sizes;
+  std::vector<uint32_t> crcs;
   uint64_t fingerprint = 0;
 };
 
@@ -56,8 +62,8 @@ constexpr char kMagic[8] = {'P', 'S', 'T', 'G', 'C', 'A', 'T', '\0'};
 // Version 4 added the symlink policy and the TFRecord damage list; version 3 files load as
 // Symlinks::kFollow with no damage (what they were built with). Version 5 added the slices' axis
 // (older files: 0, the only axis they had). Version 6 added the data set's dtype (older files: not
-// known, the loader probes it).
-constexpr uint32_t kFormatVersion = 6;
+// known, the loader probes it). Version 7 added the files' codecs (older files: none compressed).
+constexpr uint32_t kFormatVersion = 7;
 constexpr uint32_t kOldestFormatVersion = 3;
 
 uint64_t fnv1a(std::string_view bytes, uint64_t hash = 0xcbf29ce484222325ULL) {
@@ -139,6 +145,32 @@ void set_symlinks(Catalog::Data& data, Catalog::Symlinks symlinks) {
   if (symlinks == Catalog::Symlinks::kInside) {
     data.fingerprint = fnv1a(std::string_view("\0symlinks=inside", 17), data.fingerprint);
   }
+}
+
+// Records which files are compressed (all three tables empty: none). A catalog with compressed
+// files gets a fingerprint of its own: its copies hold decompressed bytes.
+void set_codecs(Catalog::Data& data, std::vector<uint8_t> codecs, std::vector<uint64_t> stored,
+                std::vector<uint32_t> crcs) {
+  const size_t files = data.offsets.size() - 1;
+  const bool none = codecs.empty() && stored.empty() && crcs.empty();
+  if (!none && (codecs.size() != files || stored.size() != files || crcs.size() != files)) {
+    throw ConfigError("catalog: the codec tables do not match the files");
+  }
+  if (!none && data.file_sizes.size() != files) {
+    throw ConfigError("catalog: compressed files without their decompressed sizes");
+  }
+  bool any = false;
+  for (const uint8_t c : codecs) {
+    if (c > static_cast<uint8_t>(Catalog::Codec::kZstd)) {
+      throw ConfigError("catalog: unknown codec");
+    }
+    any = any || c != 0;
+  }
+  if (!any) return;
+  data.codecs = std::move(codecs);
+  data.stored_sizes = std::move(stored);
+  data.crcs = std::move(crcs);
+  data.fingerprint = fnv1a(std::string_view("\0decompressed", 13), data.fingerprint);
 }
 
 // Whether `real` (a canonical path) is `real_root` or below it.
@@ -504,6 +536,9 @@ void Catalog::save(const fs::path& file) const {
   }
   w.pod(data_->axis);
   w.bytes(data_->dtype);
+  w.array(data_->codecs);
+  w.array(data_->stored_sizes);
+  w.array(data_->crcs);
   w.pod(fnv1a(out));  // checksum of everything before it
 
   // Written to a temporary name, then renamed: a reader never sees half a catalog. The name is this
@@ -589,6 +624,14 @@ Catalog Catalog::load(const fs::path& file) {
   }
   const int64_t axis = version >= 5 ? body.pod<int64_t>() : 0;
   const std::string dtype = version >= 6 ? body.bytes() : std::string();
+  std::vector<uint8_t> codecs;
+  std::vector<uint64_t> stored_sizes;
+  std::vector<uint32_t> crcs;
+  if (version >= 7) {
+    codecs = body.array<uint8_t>();
+    stored_sizes = body.array<uint64_t>();
+    crcs = body.array<uint32_t>();
+  }
   if (body.remaining() != 0) body.fail("bytes after the last field");
   const size_t samples = locators.empty() ? offsets.size() - 1 : locators.size();
   if (offsets.empty() || offsets.front() != 0 || offsets.back() != blob.size() ||
@@ -615,6 +658,7 @@ Catalog Catalog::load(const fs::path& file) {
     }
     data->damage = std::move(damage);
     set_symlinks(*data, symlinks);
+    set_codecs(*data, std::move(codecs), std::move(stored_sizes), std::move(crcs));
     return Catalog(data);
   } catch (const ConfigError& e) {
     body.fail(e.what());
@@ -664,6 +708,22 @@ const std::string& Catalog::dtype() const noexcept { return data_->dtype; }
 int64_t Catalog::axis() const noexcept { return data_->axis; }
 Catalog::Symlinks Catalog::symlinks() const noexcept { return data_->symlinks; }
 const std::vector<Catalog::Damage>& Catalog::damage() const noexcept { return data_->damage; }
+
+Catalog::Codec Catalog::file_codec(size_t f) const {
+  if (f >= num_files()) throw ConfigError("catalog file " + std::to_string(f) + " out of range");
+  return data_->codecs.empty() ? Codec::kNone : static_cast<Codec>(data_->codecs[f]);
+}
+
+uint64_t Catalog::file_stored_size(size_t f) const {
+  if (file_codec(f) == Codec::kNone) return file_size(f);
+  return data_->stored_sizes[f];
+}
+
+uint32_t Catalog::file_crc(size_t f) const {
+  return file_codec(f) == Codec::kNone ? 0 : data_->crcs[f];
+}
+
+bool Catalog::has_compressed_files() const noexcept { return !data_->codecs.empty(); }
 
 namespace {
 
@@ -980,6 +1040,9 @@ Catalog Catalog::from_webdataset(const std::vector<std::string>& shards, const s
   std::vector<int64_t> labels;
   std::vector<uint64_t> sizes;
   std::vector<Damage> damage;
+  std::vector<uint8_t> codecs(relative.size(), 0);
+  std::vector<uint64_t> stored(relative.size(), 0);
+  std::vector<uint32_t> crcs(relative.size(), 0);
   for (size_t f = 0; f < relative.size(); ++f) {
     const std::string path = (root / relative[f]).string();
     const auto on_damage = [&](const detail::WdsDamage& d) {
@@ -991,6 +1054,37 @@ Catalog Catalog::from_webdataset(const std::vector<std::string>& shards, const s
     };
     const auto on_damage_or_raise =
         skip ? std::function<void(const detail::WdsDamage&)>(on_damage) : nullptr;
+    const Codec codec = detail::codec_of_file(detail::FileRef(path));
+    if (codec != Codec::kNone) {
+      if (!indexes.empty()) {
+        throw ConfigError("from_webdataset: shard '" + path + "' is compressed (" +
+                          detail::codec_name(codec) + "): a DALI index gives byte ranges of a " +
+                          "plain tar; build the catalog without indexes");
+      }
+      // Two streaming passes (its size and CRC, then its headers), so that the scan knows where
+      // the decompressed bytes end. A stream that fails its own checks vouches for none of them.
+      const size_t first_sample = locators.size(), first_damage = damage.size();
+      try {
+        const auto measured = detail::measure_compressed(path, codec, path);
+        codecs[f] = static_cast<uint8_t>(codec);
+        stored[f] = measured.stored;
+        crcs[f] = measured.crc;
+        sizes.push_back(detail::scan_webdataset(path, path, fields, on_sample, on_damage_or_raise,
+                                                codec, measured.size));
+      } catch (const DecodeError& e) {
+        if (!skip) throw;
+        locators.resize(first_sample);
+        labels.resize(first_sample);
+        damage.resize(first_damage);
+        damage.push_back(Damage{f, 0, true,
+                                std::string("compressed shard: ") + e.reason() +
+                                    " (none of its samples is kept)"});
+        codecs[f] = 0;
+        sizes.resize(f);
+        sizes.push_back(kUnknownSize);
+      }
+      continue;
+    }
     if (indexes.empty()) {
       sizes.push_back(detail::scan_webdataset(path, path, fields, on_sample, on_damage_or_raise));
       continue;
@@ -1017,6 +1111,7 @@ Catalog Catalog::from_webdataset(const std::vector<std::string>& shards, const s
   }
   auto catalog = make_data(root, relative, labels, {}, locators, sizes);
   catalog->damage = std::move(damage);
+  set_codecs(*catalog, std::move(codecs), std::move(stored), std::move(crcs));
   return Catalog(catalog);
 }
 
@@ -1043,14 +1138,20 @@ Catalog Catalog::from_mds(const fs::path& dir, const std::string& data, const st
         (damage.empty() ? std::string() : " (first damage: " + damage[0].reason + ")"));
   }
   std::vector<std::string> files;
-  std::vector<uint64_t> sizes;
+  std::vector<uint64_t> sizes, stored;
+  std::vector<uint8_t> codecs;
+  std::vector<uint32_t> crcs;
   for (const auto& s : shards) {
     files.push_back(s.file);
     sizes.push_back(s.size);
+    codecs.push_back(static_cast<uint8_t>(s.codec));
+    stored.push_back(s.stored);
+    crcs.push_back(s.crc);
   }
   refuse_duplicates("from_mds", dir, files);
   auto catalog = make_data(dir, files, labels, {}, locators, sizes);
   catalog->damage = std::move(damage);
+  set_codecs(*catalog, std::move(codecs), std::move(stored), std::move(crcs));
   return Catalog(catalog);
 }
 

@@ -4,6 +4,7 @@
 #include <cstring>
 #include <optional>
 
+#include "formats/compressed.hpp"
 #include "formats/json.hpp"
 #include "formats/tar.hpp"
 #include "prestage/error.hpp"
@@ -144,28 +145,70 @@ std::vector<MdsShard> scan_mds(const std::filesystem::path& dir, const std::stri
                         "' lies outside the set's folder");
     }
     const JsonValue* compression = entry.find("compression");
-    const std::string path = (dir / basename).string();
+    std::string file = basename;
+    Catalog::Codec codec = Catalog::Codec::kNone;
     if (compression && !compression->is(JsonValue::Type::kNull) &&
         !std::filesystem::exists(dir / basename)) {
       const JsonValue* zip = entry.find("zip_data");
       const JsonValue* zip_name = zip ? zip->find("basename") : nullptr;
-      throw ConfigError("MDS shard '" + (zip_name ? zip_name->text : basename) + "' of '" +
-                        dir.string() + "' is compressed (" + compression->text +
-                        "): prestage reads MDS shards by byte range, uncompressed; decompress it " +
-                        "to '" + basename + "' beside it, or write the set with compression=None");
+      const std::string name = zip_name ? zip_name->text : basename;
+      const std::string algo = compression->text.substr(0, compression->text.find(':'));
+      codec = algo == "zstd" ? Catalog::Codec::kZstd
+              : algo == "gz" ? Catalog::Codec::kGzip
+                             : Catalog::Codec::kNone;
+      if (codec == Catalog::Codec::kNone || !zip_name || zip_name->text.empty()) {
+        throw ConfigError("MDS shard '" + name + "' of '" + dir.string() + "' is compressed (" +
+                          compression->text + "): prestage decompresses zstd and gz shards " +
+                          "while staging; decompress it to '" + basename + "' beside it, or " +
+                          "write the set with compression='zstd' or None");
+      }
+      if (name.front() == '/' || name == ".." || name.starts_with("../") ||
+          name.find("/../") != std::string::npos) {
+        throw ConfigError("'" + index_path + "': shard '" + name +
+                          "' lies outside the set's folder");
+      }
+      file = name;
     }
+    const std::string path = (dir / file).string();
 
     const size_t shard = out.size();
     const auto damage = [&](uint64_t offset, const std::string& reason, bool rest_of_file) {
       if (!damaged) {
-        throw DecodeError(path, "MDS shard '" + basename + "': " + reason + " (at byte " +
+        throw DecodeError(path, "MDS shard '" + file + "': " + reason + " (at byte " +
                                     std::to_string(offset) + ")");
       }
-      damaged(MdsDamage{shard, offset, "shard '" + basename + "': " + reason, rest_of_file});
+      damaged(MdsDamage{shard, offset, "shard '" + file + "': " + reason, rest_of_file});
     };
-    ForwardReader in(FileRef{path});
+    std::optional<ForwardReader> reader;
+    MdsShard described{file, 0};
+    if (codec == Catalog::Codec::kNone) {
+      reader.emplace(FileRef{path});
+    } else {
+      const Catalog::Codec found = codec_of_file(FileRef{path});
+      if (found != codec) {
+        throw ConfigError("MDS shard '" + path + "': index.json says it is compressed with " +
+                          compression->text + ", its first bytes say " + codec_name(found));
+      }
+      // A stream that fails its own checks vouches for none of its samples.
+      try {
+        const auto measured = measure_compressed(FileRef{path}, codec, path);
+        described.codec = codec;
+        described.stored = measured.stored;
+        described.crc = measured.crc;
+        described.size = measured.size;
+      } catch (const DecodeError& e) {
+        out.push_back(described);
+        damage(0, "compressed shard: " + e.reason() + " (none of its samples is kept)", true);
+        continue;
+      }
+      reader.emplace(FileRef{path}, codec, described.size);
+    }
+    ForwardReader& in = *reader;
     const uint64_t size = in.size();
-    out.push_back(MdsShard{basename, size});
+    described.size = size;
+    out.push_back(described);
+    const bool forward_only = codec != Catalog::Codec::kNone;
+    uint64_t read_to = 0;  // a compressed shard: where the last sample ended
     if (size < 4) {
       damage(0, "the file holds " + std::to_string(size) + " bytes, too few for its sample count",
              true);
@@ -196,7 +239,7 @@ std::vector<MdsShard> scan_mds(const std::filesystem::path& dir, const std::stri
     for (uint64_t i = 0; i < n; ++i) {
       const uint64_t begin = offsets[i], end = offsets[i + 1];
       const std::string name = "sample " + std::to_string(i);
-      if (begin < table_end || begin > end || end > size) {
+      if (begin < table_end || begin > end || end > size || (forward_only && begin < read_to)) {
         damage(4 + 4 * i,
                name + ": its offsets [" + std::to_string(begin) + ", " + std::to_string(end) +
                    ") are out of order or past the end of the " + "shard (" + std::to_string(size) +
@@ -204,6 +247,7 @@ std::vector<MdsShard> scan_mds(const std::filesystem::path& dir, const std::stri
                false);
         continue;
       }
+      if (forward_only) read_to = end;
       if (4 * variable > end - begin) {
         damage(
             begin,
@@ -230,7 +274,10 @@ std::vector<MdsShard> scan_mds(const std::filesystem::path& dir, const std::stri
         }
       }
       MdsSample out_sample{shard, column_offset[data_col], column_size[data_col], -1};
-      if (data_kind == "pil" || data_kind == "ndarray") {
+      // Each a look at the sample's bytes: false if it found damage. Taken in the order of their
+      // bytes, as a compressed shard is read forward.
+      const auto data_header = [&]() -> bool {
+        if (data_kind != "pil" && data_kind != "ndarray") return true;
         // The pixels or values, past the column's own header.
         const auto head = in.bytes(out_sample.offset, std::min<uint64_t>(out_sample.length, 16));
         std::optional<uint64_t> skip;
@@ -244,12 +291,14 @@ std::vector<MdsShard> scan_mds(const std::filesystem::path& dir, const std::stri
                  name + ": its " + data_kind + " column '" + data_column +
                      "' is too short for its header",
                  false);
-          continue;
+          return false;
         }
         out_sample.offset += *skip;
         out_sample.length -= *skip;
-      }
-      if (label_col) {
+        return true;
+      };
+      const auto read_label = [&]() -> bool {
+        if (!label_col) return true;
         const auto bytes = in.bytes(column_offset[*label_col], column_size[*label_col]);
         if (label_kind->first == 0) {
           const std::string_view t(reinterpret_cast<const char*>(bytes.data()), bytes.size());
@@ -259,7 +308,7 @@ std::vector<MdsShard> scan_mds(const std::filesystem::path& dir, const std::stri
             damage(column_offset[*label_col],
                    name + ": label '" + std::string(t.substr(0, 32)) + "' is not an integer",
                    false);
-            continue;
+            return false;
           }
           out_sample.label = *v;
         } else {
@@ -269,10 +318,15 @@ std::vector<MdsShard> scan_mds(const std::filesystem::path& dir, const std::stri
           if (!label_kind->second && w == 8 && v > uint64_t{INT64_MAX}) {
             damage(column_offset[*label_col],
                    name + ": label " + std::to_string(v) + " is past the int64 labels", false);
-            continue;
+            return false;
           }
           out_sample.label = static_cast<int64_t>(v);
         }
+        return true;
+      };
+      const bool label_first = label_col && column_offset[*label_col] < out_sample.offset;
+      if (label_first ? !(read_label() && data_header()) : !(data_header() && read_label())) {
+        continue;
       }
       sample(out_sample);
     }

@@ -5,12 +5,19 @@
 #include <optional>
 #include <string_view>
 
+#include "formats/compressed.hpp"
 #include "prestage/error.hpp"
 
 namespace prestage::detail {
 
 ForwardReader::ForwardReader(const FileRef& file)
-    : path_(file.path()), file_(file), size_(file_.size()) {}
+    : path_(file.path()), file_(std::in_place, file), size_(file_->size()) {}
+
+ForwardReader::ForwardReader(const FileRef& file, Catalog::Codec codec, uint64_t size)
+    : path_(file.path()), stream_(std::make_unique<Decompressor>(file, codec, path_)),
+      size_(size) {}
+
+ForwardReader::~ForwardReader() = default;
 
 std::span<const std::byte> ForwardReader::bytes(uint64_t offset, uint64_t length) {
   if (offset > size_ || length > size_ - offset) {
@@ -19,12 +26,53 @@ std::span<const std::byte> ForwardReader::bytes(uint64_t offset, uint64_t length
                       std::to_string(offset) + " runs past its end (" + std::to_string(size_) +
                       " bytes)");
   }
+  if (stream_) return stream_bytes(offset, length);
   if (offset < start_ || offset + length > start_ + window_.size()) {
     start_ = offset;
     window_.resize(std::max(length, std::min(kWindow, size_ - offset)));
-    file_.read(offset, window_);
+    file_->read(offset, window_);
   }
   return std::span<const std::byte>(window_).subspan(offset - start_, length);
+}
+
+std::span<const std::byte> ForwardReader::stream_bytes(uint64_t offset, uint64_t length) {
+  if (offset < start_) {
+    throw DecodeError(path_, "a compressed file is read forward only: byte " +
+                                 std::to_string(offset) + " was asked for after byte " +
+                                 std::to_string(start_));
+  }
+  const uint64_t end = start_ + window_.size();
+  if (offset + length <= end) {
+    return std::span<const std::byte>(window_).subspan(offset - start_, length);
+  }
+  const auto changed = [&] {
+    throw DecodeError(path_, "its decompressed bytes end before byte " + std::to_string(size_) +
+                                 ", where they ended when it was first read: it changed");
+  };
+  if (offset >= end) {
+    // Passed over: decompressed into the window, which then starts at `offset`.
+    uint64_t skip = offset - end;
+    window_.resize(static_cast<size_t>(std::min(skip, kWindow)));
+    while (skip > 0) {
+      const size_t n = stream_->read(
+          std::span<std::byte>(window_.data(), std::min<uint64_t>(skip, window_.size())));
+      if (n == 0) changed();
+      skip -= n;
+    }
+    window_.clear();
+  } else {
+    window_.erase(window_.begin(), window_.begin() + static_cast<ptrdiff_t>(offset - start_));
+  }
+  start_ = offset;
+  const uint64_t want = std::max(length, std::min(kWindow, size_ - offset));
+  size_t have = window_.size();
+  window_.resize(static_cast<size_t>(want));
+  while (have < want) {
+    const size_t n = stream_->read(std::span<std::byte>(window_.data() + have, want - have));
+    if (n == 0) changed();
+    have += n;
+  }
+  return std::span<const std::byte>(window_).subspan(0, length);
 }
 
 namespace {

@@ -6,31 +6,46 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <span>
 #include <string>
 #include <vector>
 
+#include "prestage/catalog.hpp"
 #include "util/file_io.hpp"
 
 namespace prestage::detail {
+
+class Decompressor;
 
 // Reads a file forward through a window, as a header scan does: a header or a small member whose
 // bytes lie in the window costs no read; the window moves (one read of up to kWindow bytes) when a
 // range leaves it, so a shard of small members is read once, in large reads, and one of large
 // members costs a read per header. Not thread-safe.
+//
+// A compressed file (formats/compressed.hpp) is read the same way through its decompressed bytes,
+// forward only: offsets are those of the decompressed bytes, `size` (their count, from a first
+// pass: measure_compressed) is size(), a range before the window's start is refused (a
+// DecodeError: such a file cannot be read backwards), and the bytes between the window and a range
+// further on are decompressed and passed over. The window holds at most the largest range asked
+// for or kWindow bytes.
 class ForwardReader {
  public:
   static constexpr uint64_t kWindow = uint64_t{1} << 20;
   explicit ForwardReader(const FileRef& file);
+  ForwardReader(const FileRef& file, Catalog::Codec codec, uint64_t size);
+  ~ForwardReader();
   uint64_t size() const noexcept { return size_; }
   // `length` bytes at `offset` (within size()), valid until the next call. IoError if the read
-  // fails.
+  // fails; DecodeError for a compressed stream that is corrupt or changed since it was measured.
   std::span<const std::byte> bytes(uint64_t offset, uint64_t length);
 
  private:
+  std::span<const std::byte> stream_bytes(uint64_t offset, uint64_t length);
   std::string path_;
-  OpenFile file_;
+  std::optional<OpenFile> file_;
+  std::unique_ptr<Decompressor> stream_;
   uint64_t size_ = 0;
   uint64_t start_ = 0;  // the window's first byte in the file
   std::vector<std::byte> window_;

@@ -9,6 +9,7 @@
 #include <unordered_map>
 #include <utility>
 
+#include "formats/compressed.hpp"
 #include "formats/json.hpp"
 #include "prestage/error.hpp"
 
@@ -236,20 +237,26 @@ const char* compression(std::span<const std::byte> head) {
 
 uint64_t scan_webdataset(const FileRef& file, const std::string& path, const WdsFields& fields,
                          const std::function<void(const WdsSample&)>& sample,
-                         const std::function<void(const WdsDamage&)>& damaged) {
+                         const std::function<void(const WdsDamage&)>& damaged,
+                         Catalog::Codec codec, uint64_t decompressed) {
   const auto damage = [&](uint64_t offset, const std::string& reason, bool rest_of_file) {
     if (!damaged)
       throw DecodeError(path, "WebDataset shard: " + reason + " at byte " + std::to_string(offset));
     damaged(WdsDamage{offset, reason, rest_of_file});
   };
-  ForwardReader in(file);
+  std::optional<ForwardReader> reader;
+  if (codec == Catalog::Codec::kNone) {
+    reader.emplace(file);
+  } else {
+    reader.emplace(file, codec, decompressed);
+  }
+  ForwardReader& in = *reader;
   const auto head = in.bytes(0, std::min<uint64_t>(in.size(), 512));
-  const char* codec = tar_header_ok(head) ? nullptr : compression(head);
-  if (codec) {
-    throw ConfigError("'" + path + "' is a compressed tar (" + codec +
-                      "): prestage reads a shard's members by byte range, which a compressed "
-                      "stream does not allow; decompress it (a plain .tar, its members "
-                      "compressed one by one if need be, as webdataset advises)");
+  const char* other = tar_header_ok(head) ? nullptr : compression(head);
+  if (other) {
+    throw ConfigError("'" + path + "' is a tar compressed with " + other +
+                      ": prestage reads gzip (.tar.gz) and zstd (.tar.zst) shards, decompressed "
+                      "while staging; decompress it, or recompress it with gzip or zstd");
   }
   std::vector<Run> runs;
   std::unordered_map<std::string, size_t>

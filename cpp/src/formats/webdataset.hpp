@@ -77,11 +77,15 @@ struct WdsDamage {
 // the scan goes on. Damage in the tar loses the sample being read when it is found (its last
 // member's size may be the lie), and a sample found right after it that lacks a field is damage
 // too (the part of it before may be what was lost), whatever `fields.missing` says. An IoError
-// reading the shard is raised either way, and so is a ConfigError for a compressed shard (gzip,
-// zstd, bzip2, xz: its members have no byte range). Returns the shard's size.
+// reading the shard is raised either way, and so is a ConfigError for a shard compressed by
+// another codec than `codec` says (bzip2, xz, or gzip/zstd read as kNone: its members have no
+// byte range). `codec` gzip or zstd: the shard is read through its decompressed bytes, of which
+// there are `decompressed` (measure_compressed), offsets and the size returned are theirs, and a
+// stream that turns out corrupt is a DecodeError either way. Returns the shard's size.
 uint64_t scan_webdataset(const FileRef& file, const std::string& path, const WdsFields& fields,
                          const std::function<void(const WdsSample&)>& sample,
-                         const std::function<void(const WdsDamage&)>& damaged);
+                         const std::function<void(const WdsDamage&)>& damaged,
+                         Catalog::Codec codec = Catalog::Codec::kNone, uint64_t decompressed = 0);
 
 // As scan_webdataset, with the shard's members taken from a DALI index of it (`index`: the text of
 // wds2idx's `.idx`, named `index_path` in errors) instead of a scan of its headers: "v1.1 N" or

@@ -56,6 +56,9 @@ void Admitter::plan_read_ahead(const uint64_t* ids, size_t count, BatchAdmission
     for (const size_t k : out.declined) {
       const uint64_t size = shared_.tiers->sample_size(ids[k]);
       if (size == Catalog::kUnknownSize || size > budget) continue;
+      // A compressed file's samples are byte ranges of its copy, never of the source.
+      const Catalog& catalog = shared_.catalog;
+      if (catalog.file_codec(catalog.locator(ids[k]).file) != Catalog::Codec::kNone) continue;
       budget -= size;
       out.read_ahead.add(k, ids[k], size);
     }

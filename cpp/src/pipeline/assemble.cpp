@@ -145,9 +145,32 @@ Sizing size_loader(LoaderOptions& options, const std::array<bool, kKnobs>& pinne
   return s;
 }
 
+// A catalog of compressed files is read only from their decompressed copies: the largest of
+// them, as the directory charges it.
+uint64_t largest_compressed(const Catalog& catalog, const StageDirectory* dir) {
+  uint64_t largest = 0;
+  for (uint64_t f = 0; f < catalog.num_files(); ++f) {
+    if (catalog.file_codec(f) == Catalog::Codec::kNone) continue;
+    const uint64_t size = catalog.file_size(f);
+    largest = std::max(largest, dir != nullptr ? dir->charge(size) : size);
+  }
+  return largest;
+}
+
 std::string open_stage(Shared& shared) {
   const LoaderOptions& o = shared.options;
-  if (o.stage_dir.empty()) return {};
+  const bool compressed = shared.catalog.has_compressed_files();
+  const std::string why_stage =
+      "the catalog holds shards compressed whole (.tar.gz, .tar.zst, MDS with compression), "
+      "which cannot be read by byte range: stage 2 writes them decompressed to the stage "
+      "directory, and every sample is read from there";
+  if (o.stage_dir.empty()) {
+    if (compressed) {
+      throw ConfigError("a stage directory is needed (stage_dir=, node-local storage): " +
+                        why_stage);
+    }
+    return {};
+  }
   const StageAccess access = StageAccess::of(o.stage_group);  // ConfigError: no such group
   try {
     // With the default bound, the directory counts what the disk charges (0: its block); a bound
@@ -164,6 +187,12 @@ std::string open_stage(Shared& shared) {
                                : o.cache_bytes;
     // A bounded directory evicts in plan order around the batches in flight, a window fixed
     // here: the self-tuning leaves lookahead as it is then.
+    const uint64_t largest = largest_compressed(shared.catalog, shared.stage_dir.get());
+    if (compressed && bound != 0 && largest > bound) {
+      throw ConfigError("cache_bytes (" + std::to_string(bound) + ") is smaller than the largest " +
+                        "decompressed shard (" + std::to_string(largest) + " bytes): " +
+                        why_stage + ", one whole shard at least");
+    }
     if (bound != 0) shared.lookahead_max = o.lookahead;
     shared.cache = std::make_unique<StageCache>(shared.catalog, shared.plan, *shared.stage_dir,
                                                 bound, o.eviction,
@@ -173,7 +202,13 @@ std::string open_stage(Shared& shared) {
     // reads of the source either: the job asked for staging, and its user must choose.
     throw;
   } catch (const IoError& e) {
-    // A stage directory that cannot be used is not fatal: stage 2 reads ahead into memory.
+    // A stage directory that cannot be used is not fatal: stage 2 reads ahead into memory. But
+    // for a catalog of compressed shards, which are read from nowhere else.
+    if (compressed) {
+      throw IoError(o.stage_dir, e.error_code(),
+                    "the stage directory cannot be used (" + std::string(e.what()) + "): " +
+                        why_stage);
+    }
     return e.what();
   }
   return {};
@@ -186,6 +221,8 @@ void make_tiers(Shared& shared) {
   const uint64_t max_read =
       o.max_sample_bytes > UINT64_MAX - kFramingBytes ? UINT64_MAX : o.max_sample_bytes + framing;
   shared.tiers = std::make_unique<Tiers>(shared.catalog, shared.stage_dir.get(), max_read);
+  // A compressed file's sample missed by stage 2 is copied by stage 3 within the bound.
+  if (shared.cache) shared.tiers->set_stage_bound(shared.cache->capacity());
   if (!o.trace.empty()) {
     shared.trace = std::make_unique<IoTrace>(o.trace, shared.catalog.root().string(),
                                              shared.catalog.num_files());

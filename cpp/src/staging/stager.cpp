@@ -181,13 +181,15 @@ void Stager::stage_one(StageTask& task, uint64_t id, std::vector<std::byte>& buf
     directory_->abandon(id);
   } else {
     try {
-      const auto fetch = [&](std::vector<std::byte>& out, int64_t& mtime_ns) {
-        tiers_.fetch_file(id, out, mtime_ns, task.reads);
+      // Written as it is read: a compressed file is decompressed a piece at a time.
+      const StageDirectory::Stream fetch = [&](const StageDirectory::Sink& write,
+                                               std::vector<std::byte>& out, int64_t& mtime_ns) {
+        tiers_.copy_file(id, write, out, mtime_ns, task.reads);
       };
       switch (directory_->stage(id, fetch, buffer, neighbour_wait_)) {
         case StageDirectory::Outcome::kStaged:
           staged_files_.fetch_add(1, std::memory_order_relaxed);
-          bytes_.fetch_add(buffer.size(), std::memory_order_relaxed);
+          bytes_.fetch_add(directory_->staged_size(id), std::memory_order_relaxed);
           task.copied.fetch_add(1, std::memory_order_relaxed);
           break;
         case StageDirectory::Outcome::kAdopted:

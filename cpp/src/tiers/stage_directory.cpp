@@ -610,6 +610,18 @@ StageDirectory::Outcome StageDirectory::stage(uint64_t id, const std::string& so
 StageDirectory::Outcome StageDirectory::stage(uint64_t id, const Fetch& fetch,
                                               std::vector<std::byte>& buffer,
                                               std::chrono::milliseconds wait) {
+  return stage(
+      id,
+      Stream([&](const Sink& write, std::vector<std::byte>& out, int64_t& mtime_ns) {
+        fetch(out, mtime_ns);
+        write(out);
+      }),
+      buffer, wait);
+}
+
+StageDirectory::Outcome StageDirectory::stage(uint64_t id, const Stream& fetch,
+                                              std::vector<std::byte>& buffer,
+                                              std::chrono::milliseconds wait) {
   using Clock = std::chrono::steady_clock;
   const std::string final_name = relative(id);
   const std::string part_name = final_name + ".part";
@@ -705,7 +717,7 @@ void StageDirectory::mark_stalled(pid_t holder) {
 StageDirectory::Outcome StageDirectory::copy_locked(uint64_t id, int fd,
                                                     const std::string& part_name,
                                                     const std::string& final_name,
-                                                    const Fetch& fetch,
+                                                    const Stream& stream,
                                                     std::vector<std::byte>& buffer) {
   const std::string part_path = shown(part_name);
   const std::string final_path = shown(final_name);
@@ -724,35 +736,50 @@ StageDirectory::Outcome StageDirectory::copy_locked(uint64_t id, int fd,
   }
 
   int64_t source_mtime = 0;
+  Record record;
+  record.id = id;
+  // The bytes are written as they come; a failure to write them is the stage directory's
+  // (`sink_failed` tells it from the source's).
+  bool sink_failed = false;
+  const Sink write = [&](std::span<const std::byte> bytes) {
+    size_t done = 0;
+    while (done < bytes.size()) {
+      const ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) {
+        sink_failed = true;
+        fail(part_path, errno, "write");
+      }
+      done += static_cast<size_t>(n);
+    }
+    record.crc = crc32c(bytes, record.crc);
+    record.size += bytes.size();
+  };
   try {
-    fetch(buffer, source_mtime);
+    if (::ftruncate(fd, 0) != 0) {
+      sink_failed = true;
+      fail(part_path, errno, "truncate");
+    }
+    stream(write, buffer, source_mtime);
   } catch (...) {
+    if (sink_failed) {
+      ::unlinkat(area, part_name.c_str(), 0);
+      give_back_copy(id);
+      throw;  // the stage directory's IoError
+    }
     give_up();
     throw SourceError{std::current_exception()};
   }
   const uint64_t expected_size = catalog_.file_size(id);
   const int64_t expected_mtime = catalog_.file_mtime(id);
-  if ((expected_size != Catalog::kUnknownSize && expected_size != buffer.size()) ||
+  if ((expected_size != Catalog::kUnknownSize && expected_size != record.size) ||
       (expected_mtime != Catalog::kUnknownMtime && expected_mtime != source_mtime)) {
     give_up();
     return Outcome::kChanged;
   }
-
-  Record record;
-  record.id = id;
-  record.size = buffer.size();
   record.source_mtime = source_mtime;
-  record.crc = crc32c(buffer);
   record.record_crc = record.own_crc();
   try {
-    if (::ftruncate(fd, 0) != 0) fail(part_path, errno, "truncate");
-    size_t done = 0;
-    while (done < buffer.size()) {
-      const ssize_t n = ::write(fd, buffer.data() + done, buffer.size() - done);
-      if (n < 0 && errno == EINTR) continue;
-      if (n < 0) fail(part_path, errno, "write");
-      done += static_cast<size_t>(n);
-    }
     if (::renameat(area, part_name.c_str(), area, final_name.c_str()) != 0) {
       fail(final_path, errno, "rename");
     }

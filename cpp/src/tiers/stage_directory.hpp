@@ -109,6 +109,9 @@ class StageDirectory {
   bool is_absent(uint64_t id) const noexcept {
     return state_[id].load(std::memory_order_acquire) == kAbsent;
   }
+  State state(uint64_t id) const noexcept {
+    return static_cast<State>(state_[id].load(std::memory_order_acquire));
+  }
   uint64_t staged_size(uint64_t id) const noexcept { return sizes_[id].load(std::memory_order_relaxed); }
   std::string staged_path(uint64_t id) const;
   // The CRC-32C the index records for a staged copy's bytes (what a peer's reply carries).
@@ -171,6 +174,13 @@ class StageDirectory {
   // Reads the file's bytes into `buffer` (resized to fit) and its source's modification time into
   // `mtime_ns`; throws on failure. Stage 2 passes the tiers below the stage directory.
   using Fetch = std::function<void(std::vector<std::byte>& buffer, int64_t& mtime_ns)>;
+  // Appends bytes to the copy being written (an IoError of the stage directory if it cannot).
+  using Sink = std::function<void(std::span<const std::byte> bytes)>;
+  // Writes the file's bytes, in order and in pieces of any size, to `write`, using `buffer` as it
+  // likes, and gives its source's modification time: a copy streamed this way (a file decompressed
+  // as it is read) holds a bounded piece of the file in memory, not all of it. Throws on failure.
+  using Stream =
+      std::function<void(const Sink& write, std::vector<std::byte>& buffer, int64_t& mtime_ns)>;
 
   // How long stage() waits for another process's copy of a file it also needs; kForever: until
   // that copy is done or given up (a wait also ends when this thread's io_cancel() flag is set).
@@ -187,6 +197,10 @@ class StageDirectory {
   // process gave up. Throws SourceError when `fetch` fails (the claim is given back) and IoError
   // when the stage directory fails (full, read-only, vanished: the claim is given back).
   Outcome stage(uint64_t id, const Fetch& fetch, std::vector<std::byte>& buffer,
+                std::chrono::milliseconds wait = std::chrono::milliseconds(0));
+  // The same, the copy's bytes written as `stream` gives them (its size, CRC-32C and time are
+  // checked against the catalog once they are all written; a copy that fails is removed).
+  Outcome stage(uint64_t id, const Stream& stream, std::vector<std::byte>& buffer,
                 std::chrono::milliseconds wait = std::chrono::milliseconds(0));
   // The same, reading the source file at `source_path`.
   Outcome stage(uint64_t id, const std::string& source_path, std::vector<std::byte>& buffer,
@@ -240,7 +254,7 @@ class StageDirectory {
   void mark_stalled(pid_t holder);
   // stage()'s copy, once it holds the lock on `fd` (its ".part" file, which it closes).
   Outcome copy_locked(uint64_t id, int fd, const std::string& part_name,
-                      const std::string& final_name, const Fetch& fetch,
+                      const std::string& final_name, const Stream& stream,
                       std::vector<std::byte>& buffer);
   // Reads the records appended to the index since the last call (whole ones: a record being
   // appended is read next time) and calls `found` with each valid one; once started, takes over the

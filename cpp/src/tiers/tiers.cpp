@@ -2,12 +2,71 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
+#include <cstring>
 #include <stdexcept>
+#include <thread>
 
+#include "formats/compressed.hpp"
 #include "tiers/peers.hpp"
+#include "util/crc32c.hpp"
 #include "util/file_io.hpp"
 
 namespace prestage::detail {
+
+namespace {
+
+// The decompressed bytes of compressed file `file` of `catalog`, read from `source` into
+// `buffer`: exactly the count the catalog recorded, ending where the stream ends, with the CRC it
+// recorded; anything else means the file changed since the catalog was built.
+// With `write`, the bytes go there in pieces of `buffer`'s kChunk, and `buffer` holds the last.
+void decompress_file(const Catalog& catalog, uint64_t file, const FileRef& source,
+                     const std::string& path, std::vector<std::byte>& buffer,
+                     const StageDirectory::Sink* write) {
+  Decompressor in(source, catalog.file_codec(file), path);
+  const uint64_t stored = catalog.file_stored_size(file);
+  if (in.stored_size() != stored) {
+    throw IoError(path, EIO,
+                  "'" + path + "' holds " + std::to_string(in.stored_size()) +
+                      " bytes, its catalog recorded " + std::to_string(stored) +
+                      ": it changed since the catalog was built");
+  }
+  const uint64_t size = catalog.file_size(file);
+  uint64_t done = 0;
+  uint32_t crc = 0;
+  if (write != nullptr) {
+    buffer.resize(Decompressor::kChunk);
+    while (done <= size) {  // one byte past it at most: a stream longer than recorded
+      const size_t n = in.read(std::span<std::byte>(
+          buffer.data(), static_cast<size_t>(std::min<uint64_t>(buffer.size(), size + 1 - done))));
+      if (n == 0) break;
+      const std::span<const std::byte> piece(buffer.data(), n);
+      crc = crc32c(piece, crc);
+      done += n;
+      if (done <= size) (*write)(piece);
+    }
+  } else {
+    buffer.resize(size);
+    while (done < size) {
+      const size_t n = in.read(std::span<std::byte>(buffer.data() + done, size - done));
+      if (n == 0) break;
+      done += n;
+    }
+    crc = crc32c(std::span<const std::byte>(buffer.data(), done));
+  }
+  std::byte more;
+  if (done != size || in.read(std::span<std::byte>(&more, 1)) != 0 ||
+      crc != catalog.file_crc(file)) {
+    throw DecodeError(path, std::string("its ") + codec_name(catalog.file_codec(file)) +
+                                " stream decompresses to other bytes than when the catalog was " +
+                                "built (" + (done != size ? std::to_string(done) + " bytes, not " +
+                                                                std::to_string(size)
+                                                          : std::string("another CRC")) +
+                                "): it changed; build the catalog again");
+  }
+}
+
+}  // namespace
 
 std::span<const std::byte> CheckedCopy::all(std::vector<std::byte>& buffer) const {
   const std::span<const std::byte> bytes = copy_.all(buffer);
@@ -96,9 +155,14 @@ Tier Tiers::locate(uint64_t id, TierTally* tally) {
   // The consumer reads what it is told to: a staged copy is checked first, as serve() checks one
   // that is read in part.
   std::vector<std::byte> check;
-  const Tier tier = stage_ != nullptr && stage_->servable(file) && stage_->unchanged(file, check)
-                        ? Tier::kStage
-                        : Tier::kSource;
+  Tier tier = stage_ != nullptr && stage_->servable(file) && stage_->unchanged(file, check)
+                  ? Tier::kStage
+                  : Tier::kSource;
+  if (tier == Tier::kSource && catalog_.file_codec(file) != Catalog::Codec::kNone) {
+    // Its consumer is told where its bytes are: in its decompressed copy, never the source.
+    stage_compressed(file, check);
+    tier = Tier::kStage;
+  }
   const uint64_t size = sample_size(id);
   if (tally != nullptr) {
     count(Purpose::kLocate, tier, id, file, 0, size == Catalog::kUnknownSize ? 0 : size, 0, tally);
@@ -108,6 +172,16 @@ Tier Tiers::locate(uint64_t id, TierTally* tally) {
 
 void Tiers::fetch_file(uint64_t file, std::vector<std::byte>& buffer, int64_t& mtime_ns,
                        TierTally* tally) {
+  fetch(file, buffer, mtime_ns, tally, nullptr);
+}
+
+void Tiers::copy_file(uint64_t file, const StageDirectory::Sink& write,
+                      std::vector<std::byte>& buffer, int64_t& mtime_ns, TierTally* tally) {
+  fetch(file, buffer, mtime_ns, tally, &write);
+}
+
+void Tiers::fetch(uint64_t file, std::vector<std::byte>& buffer, int64_t& mtime_ns,
+                  TierTally* tally, const StageDirectory::Sink* write) {
   std::string path;
   const int64_t start = trace_ != nullptr ? trace_->now_ns() : 0;
   const uint64_t size = catalog_.file_size(file);
@@ -130,7 +204,16 @@ void Tiers::fetch_file(uint64_t file, std::vector<std::byte>& buffer, int64_t& m
     const FileRef source = source_file(catalog_, source_path(file, path));
     TimedRead timed(model(), SourceModel::kPfs, size == Catalog::kUnknownSize ? 0 : size,
                     pfs_chosen);
-    if (known) {
+    if (catalog_.file_codec(file) != Catalog::Codec::kNone) {
+      stalled_if_timed_out(file,
+                           [&] { decompress_file(catalog_, file, source, path, buffer, write); });
+      mtime_ns = mtime;
+      timed.end(size != Catalog::kUnknownSize);
+      // What was read from the source: the compressed bytes.
+      count(Purpose::kCopy, tier, IoTrace::kNoSample, file, 0, catalog_.file_stored_size(file),
+            start, tally);
+      return;
+    } else if (known) {
       // One open and one read, no stat: a file of another size than the catalog's is an IoError
       // (not staged, stage 3 reads it and reports it). The copy is recorded with the catalog's
       // modification time, which the source is not asked for: a rewrite that keeps the size is not
@@ -144,6 +227,7 @@ void Tiers::fetch_file(uint64_t file, std::vector<std::byte>& buffer, int64_t& m
     timed.end(size != Catalog::kUnknownSize);
   }
   count(Purpose::kCopy, tier, IoTrace::kNoSample, file, 0, buffer.size(), start, tally);
+  if (write != nullptr) (*write)(buffer);
 }
 
 void Tiers::fetch_sample(uint64_t id, std::span<std::byte> out, std::vector<std::byte>& fetched,
@@ -158,6 +242,11 @@ void Tiers::fetch_sample(uint64_t id, std::span<std::byte> out, std::vector<std:
   const int64_t start = trace_ != nullptr ? trace_->now_ns() : 0;
   bool pfs_chosen = false;  // the model chose the source over a home copy (and queued the read)
   const Tier tier = fetch_home(loc, size, fetched, pfs_chosen);
+  if (tier == Tier::kSource && catalog_.file_codec(loc.file) != Catalog::Codec::kNone) {
+    if (pfs_chosen && router_ != nullptr) router_->pfs_unqueued(size);
+    throw IoError(source_path(loc.file, path), EINVAL,
+                  "a sample of a compressed file is not read ahead from the source");
+  }
   if (tier == Tier::kSource) {
     // A loader that closes reads nothing more for batches it will not deliver.
     if (router_ != nullptr && router_->peers().closing()) {
@@ -176,6 +265,134 @@ void Tiers::fetch_sample(uint64_t id, std::span<std::byte> out, std::vector<std:
     std::copy(fetched.begin(), fetched.end(), out.begin());
   }
   count(Purpose::kReadAhead, tier, id, loc.file, loc.offset, size, start, tally);
+}
+
+bool Tiers::wait_for_copy(uint64_t file, std::vector<std::byte>& buffer, bool claim_absent) {
+  if (stage_ == nullptr) return false;
+  const std::atomic<bool>* cancel = io_cancel();
+  auto pause = std::chrono::microseconds(100);
+  while (true) {
+    switch (stage_->state(file)) {
+      case StageDirectory::kStaged:
+        // A copy from an earlier run is checked first (one that fails is removed).
+        return !stage_->unverified(file) || stage_->verify(file, buffer);
+      case StageDirectory::kAbsent: {
+        if (!claim_absent || stage_->read_only() ||
+            stage_failed_.load(std::memory_order_relaxed)) {
+          return false;
+        }
+        const uint64_t bytes = stage_->charge(catalog_.file_size(file));
+        if (stage_bound_ != 0 && !stage_->reserve(file, bytes, stage_bound_)) return false;
+        if (!stage_->try_claim(file)) {
+          if (stage_bound_ != 0) stage_->unreserve(file);
+          continue;
+        }
+        [[fallthrough]];
+      }
+      case StageDirectory::kInFlight:
+        try {
+          if (copy_now(file, buffer)) return true;
+        } catch (const StageFailed&) {
+          stage_failed_.store(true, std::memory_order_relaxed);
+          return false;
+        }
+        continue;
+      case StageDirectory::kCopying:
+        break;
+    }
+    if (cancel != nullptr && cancel->load(std::memory_order_acquire)) {
+      std::string path;
+      throw IoError(source_path(file, path), ECANCELED,
+                    "the loader is closing while stage 2 copies '" + path + "'");
+    }
+    std::this_thread::sleep_for(pause);
+    pause = std::min(pause * 2, std::chrono::microseconds(2000));
+  }
+}
+
+bool Tiers::copy_now(uint64_t file, std::vector<std::byte>& buffer) {
+  std::string path;
+  source_path(file, path);
+  const std::string why = "'" + path + "' is compressed and read only from its decompressed " +
+                          "copy in the stage directory";
+  StageDirectory::Outcome outcome;
+  try {
+    outcome = stage_->stage(
+        file,
+        StageDirectory::Stream([&](const StageDirectory::Sink& write, std::vector<std::byte>& out,
+                                   int64_t& mtime_ns) { copy_file(file, write, out, mtime_ns); }),
+        buffer, StageDirectory::kForever);
+  } catch (const StageDirectory::SourceError& e) {
+    std::rethrow_exception(e.error);
+  } catch (const IoError& e) {
+    throw StageFailed{IoError(path, e.error_code(), why + ", which failed: " + e.what())};
+  }
+  switch (outcome) {
+    case StageDirectory::Outcome::kStaged:
+    case StageDirectory::Outcome::kAdopted:
+      return true;
+    case StageDirectory::Outcome::kBusy:
+      throw IoError(path, EAGAIN, why + ", and the process making it has stalled");
+    case StageDirectory::Outcome::kChanged:
+      throw IoError(path, EIO, "'" + path + "' changed since the catalog was built: not staged");
+    case StageDirectory::Outcome::kDropped:
+      break;
+  }
+  return false;
+}
+
+void Tiers::read_compressed(const Catalog::Locator& loc, std::vector<std::byte>& out) {
+  std::string path;
+  source_path(loc.file, path);
+  const uint64_t size = catalog_.file_size(loc.file);
+  const uint64_t length = loc.length == Catalog::kWholeFile ? size : loc.length;
+  if (loc.offset > size || length > size - loc.offset) {
+    throw DecodeError(path, "a sample past the end of its decompressed bytes");
+  }
+  out.resize(length);
+  uint64_t at = 0;
+  const StageDirectory::Sink keep = [&](std::span<const std::byte> piece) {
+    const uint64_t from = std::max(at, loc.offset);
+    const uint64_t to = std::min(at + piece.size(), loc.offset + length);
+    if (from < to) {
+      std::memcpy(out.data() + (from - loc.offset), piece.data() + (from - at), to - from);
+    }
+    at += piece.size();
+  };
+  std::vector<std::byte> chunk;
+  const FileRef source = source_file(catalog_, path);
+  stalled_if_timed_out(loc.file,
+                       [&] { decompress_file(catalog_, loc.file, source, path, chunk, &keep); });
+}
+
+void Tiers::stage_compressed(uint64_t file, std::vector<std::byte>& buffer) {
+  std::string path;
+  source_path(file, path);
+  if (stage_ == nullptr) {
+    throw ConfigError("'" + path + "' is compressed (" + codec_name(catalog_.file_codec(file)) +
+                      "): its samples are read from its decompressed copy in a stage directory, " +
+                      "and there is none");
+  }
+  while (true) {
+    stage_->take_over_published();
+    bool staged = false;
+    try {
+      staged = wait_for_copy(file, buffer);
+    } catch (const StageFailed& e) {
+      throw e.error;
+    }
+    if (staged) return;
+    if (stage_->read_only()) {
+      throw IoError(path, EROFS,
+                    "'" + path + "' is compressed and read only from its decompressed copy in " +
+                        "the stage directory, which cannot be written and holds no copy of it");
+    }
+    try {
+      if (stage_->try_claim(file) && copy_now(file, buffer)) return;
+    } catch (const StageFailed& e) {
+      throw e.error;
+    }
+  }
 }
 
 void Tiers::count(Purpose purpose, Tier tier, uint64_t sample, uint64_t file, uint64_t offset,

@@ -127,6 +127,14 @@ class Tiers {
   Tiers(const Tiers&) = delete;
   Tiers& operator=(const Tiers&) = delete;
 
+  // The node's bound on the stage directory's copies (0: none), within which stage 3 copies a
+  // compressed file nobody is copying (wait_for_copy); set before the first read. Without it,
+  // stage 3 makes no copy of its own for serve().
+  void set_stage_bound(uint64_t bound) noexcept {
+    stage_bound_ = bound;
+    copies_here_ = true;
+  }
+
   // Every read from then on adds a record to `trace` (null: none); set before the first read.
   void set_trace(IoTrace* trace) noexcept { trace_ = trace; }
 
@@ -190,6 +198,9 @@ class Tiers {
 
   // Stage 2, for its copies: the whole of catalog file `file`, from the tiers below the stage
   // directory, into `buffer` (resized to fit); `mtime_ns` gets the source's modification time.
+  // A compressed file is decompressed as it is read from the source (its decompressed bytes are
+  // checked against the catalog's size and CRC: a DecodeError naming the file if they differ, an
+  // IoError if the file's size changed); a home copy on another node holds them already.
   // With the peer tier on, a file the catalog records the size of comes from its home copy on
   // another node (checked against the size and the owner's CRC-32C) or from the source, whichever
   // the source model expects to finish first, as fetch_sample() chooses (the copy is then recorded
@@ -197,10 +208,51 @@ class Tiers {
   // served, in fetched() and in `tally`, if given (also a read whose bytes are then not staged).
   void fetch_file(uint64_t file, std::vector<std::byte>& buffer, int64_t& mtime_ns,
                   TierTally* tally = nullptr);
+  // The same for a copy written as it is read (StageDirectory::Stream): the bytes go to `write`;
+  // a compressed file read from the source in pieces of Decompressor::kChunk (`buffer` holds one),
+  // its size and CRC checked once the last is written (a DecodeError then: the copy is given up),
+  // any other file whole, as fetch_file() reads it into `buffer`.
+  void copy_file(uint64_t file, const StageDirectory::Sink& write, std::vector<std::byte>& buffer,
+                 int64_t& mtime_ns, TierTally* tally = nullptr);
+  // A file compressed whole (Catalog::file_codec) is never read by byte range: its samples are
+  // served from its decompressed copy in the stage directory, or, when there is none, by
+  // serve() from its whole stream decompressed (read_compressed). For a sample of one that the
+  // stage directory cannot serve, locate() calls this (its consumer reads the copy). Returns
+  // once the file's copy is staged and may be served: a copy stage 2 (or a neighbour) is making
+  // is waited for, a copy nobody is making is made here (its bytes count against the node's
+  // bound as stage 2's do; the next admission evicts back within it).
+  // Throws what the copy met, naming the shard: the source's DecodeError (a corrupt stream, bytes
+  // that differ from the catalog's) or IoError (it changed, it cannot be read), an IoError for a
+  // stage directory that failed or is read-only, ECANCELED when this thread's io_cancel() is
+  // set; ConfigError without a stage directory.
+  void stage_compressed(uint64_t file, std::vector<std::byte>& buffer);
+
+  // Stage 3, for a sample of a compressed file that the stage directory does not hold: true once
+  // its copy may be served, false if none is coming (the caller reads the source). A copy under
+  // way is waited for; a claim whose copy has not begun (stage 1's, for a later batch) is copied
+  // here, on its reservation (stage 2's turn then finds it done): never a wait on stage 2 for work
+  // that waits on stage 3; an absent file is claimed and copied here if its bytes fit the bound
+  // (set_stage_bound: `claim_absent`), as a miss of an uncompressed file is a read of its range.
+  // Throws what such a copy meets from the source, as stage_compressed(); a stage directory that
+  // fails is left alone from then on (false). IoError (ECANCELED) when this thread's io_cancel()
+  // is set.
+  bool wait_for_copy(uint64_t file, std::vector<std::byte>& buffer, bool claim_absent = false);
+  // Copies claimed (or in flight) file `file` to the stage directory now; whether it is staged.
+  // An IoError of the stage directory's is thrown as StageFailed.
+  bool copy_now(uint64_t file, std::vector<std::byte>& buffer);
+  struct StageFailed {
+    IoError error;
+  };
+  // The bytes of `loc`, a sample of a compressed file, decompressed from the source into `out`:
+  // the whole stream is read (its size and CRC checked against the catalog's: never a wrong
+  // byte), only the sample's bytes kept. Errors as fetch_file's.
+  void read_compressed(const Catalog::Locator& loc, std::vector<std::byte>& out);
+
   // Stage 2, for its read-ahead: sample `id`'s bytes from the tiers below the stage directory (a
   // peer's home copy, then the source) into `out`, which must be exactly the size the catalog
   // records for it (a sample of unknown size is never read ahead: std::logic_error); a home copy
-  // the peer tier sends lands in `fetched` first (the caller's, reused).
+  // the peer tier sends lands in `fetched` first (the caller's, reused). A sample of a compressed
+  // file is not read from the source (an IoError: stage 3 reads it from the file's copy).
   void fetch_sample(uint64_t id, std::span<std::byte> out, std::vector<std::byte>& fetched,
                     TierTally* tally = nullptr);
 
@@ -224,6 +276,8 @@ class Tiers {
     }
   }
   void refuse_if_stalled(uint64_t file, const std::string& path);
+  void fetch(uint64_t file, std::vector<std::byte>& buffer, int64_t& mtime_ns, TierTally* tally,
+             const StageDirectory::Sink* write);
   // The one place a read is counted: by the tier that served it, in the run's figures for its
   // purpose (served() or fetched()), in the batch's `tally` (null: none), and as one record of the
   // I/O trace. `sample`: IoTrace::kNoSample for a whole file; `start_ns`: the trace's clock when
@@ -242,6 +296,9 @@ class Tiers {
   uint64_t max_read_bytes_;
   TierTally served_, fetched_;
   IoTrace* trace_ = nullptr;
+  uint64_t stage_bound_ = 0;
+  bool copies_here_ = false;
+  std::atomic<bool> stage_failed_{false};  // a copy of stage 3's met a stage directory error
   std::unique_ptr<std::atomic<uint8_t>[]> stalled_;  // per file: see stalled_if_timed_out()
 };
 
@@ -262,7 +319,8 @@ Tier Tiers::serve(uint64_t id, Tier from, std::optional<std::span<const std::byt
   };
   if (from == Tier::kMemory && held) return run(Tier::kMemory, MemorySource(*held, path));
   // A copy left by an earlier run is served only once stage 2 has checked it against its record.
-  if (from <= Tier::kStage && stage_ != nullptr && stage_->servable(loc.file)) {
+  const auto from_stage = [&]() -> std::optional<Tier> {
+    if (stage_ == nullptr || !stage_->servable(loc.file)) return std::nullopt;
     const bool whole = access == Access::kBytes && loc.length == Catalog::kWholeFile;
     if (whole || access == Access::kLook || stage_->unchanged(loc.file, scratch.check)) {
       scratch.staged = stage_->staged_path(loc.file);
@@ -279,6 +337,10 @@ Tier Tiers::serve(uint64_t id, Tier from, std::optional<std::span<const std::byt
         // Removed and counted by CheckedCopy: the source has the right bytes.
       }
     }
+    return std::nullopt;
+  };
+  if (from <= Tier::kStage) {
+    if (const auto tier = from_stage()) return *tier;
   }
   // A home copy through the peer tier, for a counted read of an epoch's sample (a look at the set
   // reads where the bytes are now: it would wait on a home copy its owner makes only when its plan
@@ -294,6 +356,19 @@ Tier Tiers::serve(uint64_t id, Tier from, std::optional<std::span<const std::byt
     // Stage 3's reads of the source are not timed: the model's choice of it is not learned from.
     if (pfs_chosen) router_->pfs_unqueued(size);
     if (tier != Tier::kSource) return run(tier, MemorySource(buffer, path));
+  }
+  if (catalog_.file_codec(loc.file) != Catalog::Codec::kNone) {
+    // Never a byte range of the compressed source: a copy under way is waited for; without one
+    // (stage 1 declined it for want of room, or its copy failed), the sample's bytes are
+    // decompressed from the source into memory, the whole stream checked.
+    while (wait_for_copy(loc.file, scratch.check, copies_here_)) {
+      if (const auto tier = from_stage()) return *tier;
+    }
+    std::vector<std::byte>& buffer =
+        scratch.fetch_into != nullptr ? *scratch.fetch_into : scratch.fetched;
+    if (access != Access::kLook) refuse_if_stalled(loc.file, path);
+    read_compressed(loc, buffer);
+    return run(Tier::kSource, MemorySource(buffer, path));
   }
   if (access != Access::kLook) refuse_if_stalled(loc.file, path);
   return run(Tier::kSource, FileSource::sample(source_file(catalog_, path), loc, size, path));
