@@ -17,6 +17,7 @@
 // jpeglib.h needs size_t and FILE declared first.
 #include <cstddef>
 #include <cstdio>
+
 #include <jpeglib.h>
 
 #include <algorithm>

@@ -42,8 +42,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       std::span<const std::byte> values;
       std::string_view dtype;
       constexpr uint64_t kMaxBytes = 1 << 16;
-      const bool found = prestage::detail::example_values(example, name, kMaxBytes, buffer, values,
-                                                          dtype, path);
+      const bool found =
+          prestage::detail::example_values(example, name, kMaxBytes, buffer, values, dtype, path);
       prestage::fuzz::harness_check(found == has, "example_values and example_has_data disagree");
       if (found && dtype == "|u1") {
         prestage::fuzz::harness_check(

@@ -50,8 +50,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
   try {
     const auto catalog = prestage::Catalog::from_hdf5({file}, "x", "y");
-    prestage::fuzz::harness_check(catalog.size() > 0 && catalog.kind() == prestage::Catalog::Kind::kHdf5,
-                                  "from_hdf5: an empty or mislabelled catalog");
+    prestage::fuzz::harness_check(
+        catalog.size() > 0 && catalog.kind() == prestage::Catalog::Kind::kHdf5,
+        "from_hdf5: an empty or mislabelled catalog");
   } catch (const prestage::Error&) {
   }
   return 0;

@@ -1,7 +1,7 @@
 // The image codecs' harnesses (jpeg_fuzzer.cpp, png_fuzzer.cpp, webp_fuzzer.cpp): the codec's
 // header (and, for a codec other than the routes' own, its whole-image decode), then the routes'
-// decode_exact, decode_resized (Resize + CenterCrop), decode_crop and decode_random_crop on the same
-// bytes: JpegDecoder's own for a JPEG (the training path: libjpeg's partial decode plus the
+// decode_exact, decode_resized (Resize + CenterCrop), decode_crop and decode_random_crop on the
+// same bytes: JpegDecoder's own for a JPEG (the training path: libjpeg's partial decode plus the
 // resampler), ImageDecoder's for PNG and WebP (the loader's route for them with decode=image).
 //
 // Input: 4 parameter bytes, then the file. Parameters: output height and width (1..64 each), and
@@ -51,7 +51,7 @@ int fuzz_image(const uint8_t* data, size_t size, Codec& codec, Routes& decoder,
     have_header = true;
     const uint64_t pixels = uint64_t(header.width) * uint64_t(header.height);
     harness_check(header.width > 0 && header.height > 0 && pixels <= kImageMaxPixels,
-                                  "header() returned a size outside (0, max_pixels]");
+                  "header() returned a size outside (0, max_pixels]");
   } catch (const prestage::Error&) {
   }
   if (have_header) {
@@ -90,7 +90,7 @@ int fuzz_image(const uint8_t* data, size_t size, Codec& codec, Routes& decoder,
     out.resize(out_bytes);
     const CropBox box = decoder.decode_random_crop(file, size_out, seed, where, 7, out, path);
     harness_check(box.width > 0 && box.height > 0 && box.left >= 0 && box.top >= 0,
-                                  "decode_random_crop returned an empty or negative box");
+                  "decode_random_crop returned an empty or negative box");
   } catch (const prestage::Error&) {
   }
   return 0;

@@ -28,9 +28,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     try {
       prestage::detail::ArrayInfo info;
       const prestage::detail::NpzMember member = decoder.probe(source, name, info, kMaxBytes);
-      prestage::fuzz::harness_check(info.bytes <= kMaxBytes, "NpzDecoder::probe: array over max_bytes");
-      prestage::fuzz::harness_check(member.data_start <= size && member.compressed <= size - member.data_start,
-                                    "NpzDecoder::probe: member data outside the archive");
+      prestage::fuzz::harness_check(info.bytes <= kMaxBytes,
+                                    "NpzDecoder::probe: array over max_bytes");
+      prestage::fuzz::harness_check(
+          member.data_start <= size && member.compressed <= size - member.data_start,
+          "NpzDecoder::probe: member data outside the archive");
       out.resize(static_cast<size_t>(info.bytes));
       decoder.decode(source, member, info, out);
     } catch (const prestage::Error&) {

@@ -15,9 +15,9 @@
 #include <vector>
 
 #include "decode/registry.hpp"
-#include "util/byte_source.hpp"
 #include "fuzz_util.hpp"
 #include "prestage/error.hpp"
+#include "util/byte_source.hpp"
 
 namespace {
 
@@ -25,8 +25,8 @@ using prestage::Catalog;
 using prestage::DecodeMode;
 using prestage::detail::ArrayProbe;
 using prestage::detail::Codec;
-using prestage::detail::SampleDecoder;
 using prestage::detail::FileSource;
+using prestage::detail::SampleDecoder;
 using prestage::fuzz::harness_check;
 
 constexpr uint64_t kMaxBytes = uint64_t{1} << 22;   // max_sample_bytes
@@ -39,10 +39,14 @@ struct Choice {
 };
 
 constexpr Choice kChoices[8] = {
-    {DecodeMode::kNpy, Catalog::Kind::kFiles, ""},      {DecodeMode::kNpz, Catalog::Kind::kFiles, ""},
-    {DecodeMode::kNpy, Catalog::Kind::kTfrecord, ""},   {DecodeMode::kNpz, Catalog::Kind::kTfrecord, ""},
-    {DecodeMode::kRaw, Catalog::Kind::kTfrecord, ""},   {DecodeMode::kJpeg, Catalog::Kind::kFiles, ""},
-    {DecodeMode::kJpeg, Catalog::Kind::kTfrecord, ""},  {DecodeMode::kNpz, Catalog::Kind::kFiles, "x"},
+    {DecodeMode::kNpy, Catalog::Kind::kFiles, ""},
+    {DecodeMode::kNpz, Catalog::Kind::kFiles, ""},
+    {DecodeMode::kNpy, Catalog::Kind::kTfrecord, ""},
+    {DecodeMode::kNpz, Catalog::Kind::kTfrecord, ""},
+    {DecodeMode::kRaw, Catalog::Kind::kTfrecord, ""},
+    {DecodeMode::kJpeg, Catalog::Kind::kFiles, ""},
+    {DecodeMode::kJpeg, Catalog::Kind::kTfrecord, ""},
+    {DecodeMode::kNpz, Catalog::Kind::kFiles, "x"},
 };
 
 // One SampleDecoder per choice, created once (a reader thread holds one per loader).
@@ -82,9 +86,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     sample.assign(body.begin(), body.end());
   }
   prestage::fuzz::write_file(file, sample);
-  const Catalog::Locator locator{0, 0,
-                                 codec.kind == Catalog::Kind::kTfrecord ? sample.size()
-                                                                        : Catalog::kWholeFile};
+  const Catalog::Locator locator{
+      0, 0, codec.kind == Catalog::Kind::kTfrecord ? sample.size() : Catalog::kWholeFile};
   const FileSource where = FileSource::sample(file, locator, Catalog::kUnknownSize, path);
 
   if (codec.mode == DecodeMode::kJpeg) {

@@ -1,6 +1,6 @@
 // The index of a packed set (`prestage pack`): Catalog::from_shards on an index.tsv, then every
-// accessor of what it built. Input: an index.tsv as pack writes it. A shard file beside it, of a few
-// bytes, lets the range checks against a shard's recorded size run.
+// accessor of what it built. Input: an index.tsv as pack writes it. A shard file beside it, of a
+// few bytes, lets the range checks against a shard's recorded size run.
 #include <cstddef>
 #include <cstdint>
 #include <optional>

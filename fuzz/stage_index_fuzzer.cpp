@@ -23,11 +23,11 @@
 #include <string>
 #include <vector>
 
-#include "util/crc32c.hpp"
 #include "fuzz_util.hpp"
 #include "prestage/catalog.hpp"
 #include "prestage/error.hpp"
 #include "tiers/stage_directory.hpp"
+#include "util/crc32c.hpp"
 
 namespace {
 
@@ -75,8 +75,8 @@ struct Setup {
       prestage::fuzz::write_file(root / names.back(), file_bytes(id));
     }
     const fs::path list_file = prestage::fuzz::scratch_dir() / "files.txt";
-    prestage::fuzz::write_file(
-        list_file, {reinterpret_cast<const std::byte*>(list.data()), list.size()});
+    prestage::fuzz::write_file(list_file,
+                               {reinterpret_cast<const std::byte*>(list.data()), list.size()});
     return Setup{prestage::fuzz::scratch_dir() / "stage", Catalog::from_paths(root, names),
                  Catalog::from_list(list_file, root)};
   }
@@ -132,7 +132,8 @@ std::vector<size_t> take_stock(const fs::path& stage_dir, const Catalog& catalog
   static std::vector<std::byte> buffer;
   StageDirectory dir(stage_dir, catalog);
   for (size_t id : must_find) {
-    harness_check(dir.is_staged(id), "a copy staged and recorded by the previous run was not found");
+    harness_check(dir.is_staged(id),
+                  "a copy staged and recorded by the previous run was not found");
   }
   harness_check(dir.found_at_start() <= kFiles, "found more copies than the catalog has files");
   for (size_t id = 0; id < kFiles; ++id) {

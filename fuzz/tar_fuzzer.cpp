@@ -99,10 +99,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       } catch (const prestage::Error&) {
       }
       try {
-        check_catalog(
-            Catalog::from_webdataset(shards, "jpg;bin", label, missing, prestage::OnError::kSkip,
-                                     indexes),
-            bytes.size());
+        check_catalog(Catalog::from_webdataset(shards, "jpg;bin", label, missing,
+                                               prestage::OnError::kSkip, indexes),
+                      bytes.size());
       } catch (const prestage::Error&) {
       }
     }

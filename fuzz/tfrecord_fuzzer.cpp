@@ -43,7 +43,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     prestage::detail::scan_tfrecord(
         file, file, kMaxRecord,
         [&](uint64_t offset, uint64_t framed, std::span<const std::byte> record) {
-          harness_check(offset == next && framed == record.size() + prestage::detail::kFramingBytes &&
+          harness_check(offset == next &&
+                            framed == record.size() + prestage::detail::kFramingBytes &&
                             framed <= bytes.size() - offset,
                         "scan_tfrecord: records do not tile the file");
           next = offset + framed;
@@ -55,7 +56,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
           } catch (const prestage::Error&) {
           }
         });
-    harness_check(next == bytes.size(), "scan_tfrecord: accepted a file with bytes after its records");
+    harness_check(next == bytes.size(),
+                  "scan_tfrecord: accepted a file with bytes after its records");
   } catch (const prestage::Error&) {
   }
 
@@ -74,8 +76,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   // Skipping damage: the good records and the damage entries are in file order, never overlap and
   // stay within the file; nothing is indexed after damage that loses the rest of the file.
   try {
-    const auto catalog = prestage::Catalog::from_tfrecord({file}, "image", "label",
-                                                          prestage::OnError::kSkip);
+    const auto catalog =
+        prestage::Catalog::from_tfrecord({file}, "image", "label", prestage::OnError::kSkip);
     uint64_t next = 0;
     size_t d = 0;
     const auto& damage = catalog.damage();

@@ -61,8 +61,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     part.resize(total - skip);
     try {
       decoder.decompress_into(in, skip, part, path);
-      harness_check(part.empty() || std::memcmp(part.data(), expected.data() + skip, part.size()) == 0,
-                    "decompress_into disagrees with decompress");
+      harness_check(
+          part.empty() || std::memcmp(part.data(), expected.data() + skip, part.size()) == 0,
+          "decompress_into disagrees with decompress");
     } catch (const prestage::Error&) {
       harness_check(false, "decompress_into failed on a frame that decompress accepted");
     }

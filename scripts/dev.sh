@@ -21,8 +21,10 @@ PIP_BUILD=(scikit-build-core pybind11 numpy)
 PIP_RUN=(pillow scikit-image tqdm matplotlib)
 # torch pinned: a range pulls a CUDA build. mpi4py: the peer tier's tests hand the loader mpi4py's own
 # objects as comm= (its wheel runs on the Open MPI installed above).
-# pyarrow, datasets: Catalog.from_hf is tested on sets that datasets itself writes.
-PIP_TEST=(pytest mypy h5py zstandard torch==2.13.0 tensorflow-cpu mpi4py webdataset pyarrow datasets)
+# pyarrow, datasets: Catalog.from_hf is tested on sets that datasets itself writes. clang-format
+# pinned: each version formats a little differently (scripts/format.sh, tests/python/test_format.py).
+PIP_TEST=(pytest mypy h5py zstandard torch==2.13.0 tensorflow-cpu mpi4py webdataset pyarrow datasets
+          clang-format==23.1.5)
 JOBS=${JOBS:-$(nproc)}
 
 log() { printf '\033[1m== %s\033[0m\n' "$*" >&2; }

@@ -33,8 +33,8 @@ bool matches(const std::string& glob, const char* path) {
   return ::fnmatch(glob.c_str(), path, 0) == 0;
 }
 
-// Stalls hold a FUSE worker thread; at unmount libfuse cancels its workers, and a cancellation in the
-// middle of a wait would leave the counters wrong. The stall ends on its own within kStopPoll.
+// Stalls hold a FUSE worker thread; at unmount libfuse cancels its workers, and a cancellation in
+// the middle of a wait would leave the counters wrong. The stall ends on its own within kStopPoll.
 class NoCancellation {
  public:
   NoCancellation() { ::pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, &old_); }
@@ -83,7 +83,8 @@ bool Faults::apply(std::string_view text, std::string* error) {
       if (w.size() != 2) return bad("expected: " + std::string(w[0]) + " GLOB");
     } else if (w[0] == "stall-open" || w[0] == "stall-read") {
       rule.eio = false;
-      if (w.size() != 2 && w.size() != 3) return bad("expected: " + std::string(w[0]) + " GLOB [MS]");
+      if (w.size() != 2 && w.size() != 3)
+        return bad("expected: " + std::string(w[0]) + " GLOB [MS]");
       if (w.size() == 3) {
         uint64_t ms = 0;
         const auto [end_ptr, ec] = std::from_chars(w[2].data(), w[2].data() + w[2].size(), ms);
@@ -121,7 +122,8 @@ bool Faults::present(uint64_t id) const {
 }
 
 void Faults::stall(const Rule& rule, std::unique_lock<std::mutex>& lock) {
-  const auto deadline = rule.stall.count() > 0 ? Clock::now() + rule.stall : Clock::time_point::max();
+  const auto deadline =
+      rule.stall.count() > 0 ? Clock::now() + rule.stall : Clock::time_point::max();
   while (present(rule.id) && !stopping_()) {
     const auto now = Clock::now();
     if (now >= deadline) break;

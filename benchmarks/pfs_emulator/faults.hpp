@@ -12,10 +12,11 @@
 //
 // A stall without MS (or with 0) lasts until its rule is cleared or the file system unmounts.
 //
-// GLOB is a shell pattern (fnmatch(3) without FNM_PATHNAME: `*` also matches `/`) matched against the
-// path relative to the served directory, e.g. `class_0/img_003.jpg` or `*_003.jpg`; it may not contain
-// white space. A stalled operation that is also an EIO fails once its stall ends. Rules can be given
-// at start-up and changed at any time, so a test can make a file fail after it was listed or staged.
+// GLOB is a shell pattern (fnmatch(3) without FNM_PATHNAME: `*` also matches `/`) matched against
+// the path relative to the served directory, e.g. `class_0/img_003.jpg` or `*_003.jpg`; it may not
+// contain white space. A stalled operation that is also an EIO fails once its stall ends. Rules can
+// be given at start-up and changed at any time, so a test can make a file fail after it was listed
+// or staged.
 //
 // Thread-safety: every member function may be called from any number of threads at once.
 #pragma once
@@ -35,11 +36,11 @@
 namespace prestage::pfs {
 
 struct FaultCounters {
-  uint64_t eio_open = 0;    // opens failed with EIO
-  uint64_t eio_read = 0;    // read requests failed with EIO
-  uint64_t stall_open = 0;  // opens stalled
-  uint64_t stall_read = 0;  // read requests stalled
-  uint64_t stalled_now = 0; // operations stalled at this moment
+  uint64_t eio_open = 0;     // opens failed with EIO
+  uint64_t eio_read = 0;     // read requests failed with EIO
+  uint64_t stall_open = 0;   // opens stalled
+  uint64_t stall_read = 0;   // read requests stalled
+  uint64_t stalled_now = 0;  // operations stalled at this moment
 };
 
 class Faults {

@@ -8,9 +8,9 @@
 // libfuse3.
 //
 // The emulator's counters are readable, without any latency, as JSON from the hidden file
-// MOUNTPOINT/.prestage-pfs-stats (not listed in its directory), with the opens and bytes read of each
-// file ("paths") and the getattrs of each ("file_getattrs"), so that a test can say which file was
-// read how often. Fault rules are written to, and listed by, the hidden file
+// MOUNTPOINT/.prestage-pfs-stats (not listed in its directory), with the opens and bytes read of
+// each file ("paths") and the getattrs of each ("file_getattrs"), so that a test can say which file
+// was read how often. Fault rules are written to, and listed by, the hidden file
 // MOUNTPOINT/.prestage-pfs-faults. The mount itself is not `ro`, so that this one file can be
 // written; every other change is refused with EROFS by the emulator.
 //
@@ -31,8 +31,8 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
-#include <cmath>
 #include <chrono>
+#include <cmath>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
@@ -57,7 +57,7 @@ struct Config {
   std::string mountpoint;
   ThrottleConfig throttle;
   std::string fault_rules;  // from the command line, in the syntax of faults.hpp
-  unsigned threads = 0;  // 0: max_ops + 8, or 64 without a cap
+  unsigned threads = 0;     // 0: max_ops + 8, or 64 without a cap
   double attr_timeout_s = 1.0;
   bool direct_io = false;
   bool allow_other = false;
@@ -127,7 +127,8 @@ std::string paths_json(FileSystem& f) {
   std::string out = "\"paths\": {";
   bool first = true;
   for (const auto& [path, count] : f.paths) {
-    out += (first ? "" : ", ") + json_string(path) + ": {\"opens\": " + std::to_string(count.opens) +
+    out += (first ? "" : ", ") + json_string(path) +
+           ": {\"opens\": " + std::to_string(count.opens) +
            ", \"bytes\": " + std::to_string(count.bytes.load(std::memory_order_relaxed)) + "}";
     first = false;
   }
@@ -334,7 +335,7 @@ int op_readdir(const char*, void* buf, fuse_fill_dir_t filler, off_t, fuse_file_
   ::rewinddir(dir);
   errno = 0;
   while (const dirent* entry = ::readdir(dir)) {
-    struct stat st {};
+    struct stat st{};
     st.st_ino = entry->d_ino;
     st.st_mode = static_cast<mode_t>(DTTOIF(entry->d_type));
     if (filler(buf, entry->d_name, &st, 0, static_cast<fuse_fill_dir_flags>(0)) != 0) break;
@@ -433,9 +434,26 @@ std::chrono::nanoseconds from_ms(double ms) {
 
 // Returns 0 and fills `config`, or the exit code for --help (-1 then) or a usage error (2).
 int parse_args(int argc, char** argv, Config* config) {
-  enum { kLatency = 256, kOpen, kRead, kGetattr, kReaddir, kBandwidth, kMaxOps, kThreads,
-         kAttrTimeout, kDirectIo, kAllowOther, kExitWithParent, kDebug, kEioOpen, kEioRead,
-         kStallOpen, kStallRead, kStallMs };
+  enum {
+    kLatency = 256,
+    kOpen,
+    kRead,
+    kGetattr,
+    kReaddir,
+    kBandwidth,
+    kMaxOps,
+    kThreads,
+    kAttrTimeout,
+    kDirectIo,
+    kAllowOther,
+    kExitWithParent,
+    kDebug,
+    kEioOpen,
+    kEioRead,
+    kStallOpen,
+    kStallRead,
+    kStallMs
+  };
   static const option long_options[] = {
       {"latency-ms", required_argument, nullptr, kLatency},
       {"open-ms", required_argument, nullptr, kOpen},
@@ -469,23 +487,55 @@ int parse_args(int argc, char** argv, Config* config) {
       case 'h':
         std::fputs(kUsage, stdout);
         return -1;
-      case kLatency: target = &latency; break;
-      case kOpen: target = &per_op[static_cast<size_t>(Op::kOpen)]; break;
-      case kRead: target = &per_op[static_cast<size_t>(Op::kRead)]; break;
-      case kGetattr: target = &per_op[static_cast<size_t>(Op::kGetattr)]; break;
-      case kReaddir: target = &per_op[static_cast<size_t>(Op::kReaddir)]; break;
-      case kBandwidth: target = &bandwidth; break;
-      case kMaxOps: target = &max_ops; break;
-      case kThreads: target = &threads; minimum = 1; break;
-      case kAttrTimeout: target = &config->attr_timeout_s; break;
-      case kDirectIo: config->direct_io = true; break;
-      case kAllowOther: config->allow_other = true; break;
-      case kExitWithParent: config->exit_with_parent = true; break;
-      case kDebug: config->debug = true; break;
-      case kEioOpen: case kEioRead: case kStallOpen: case kStallRead:
+      case kLatency:
+        target = &latency;
+        break;
+      case kOpen:
+        target = &per_op[static_cast<size_t>(Op::kOpen)];
+        break;
+      case kRead:
+        target = &per_op[static_cast<size_t>(Op::kRead)];
+        break;
+      case kGetattr:
+        target = &per_op[static_cast<size_t>(Op::kGetattr)];
+        break;
+      case kReaddir:
+        target = &per_op[static_cast<size_t>(Op::kReaddir)];
+        break;
+      case kBandwidth:
+        target = &bandwidth;
+        break;
+      case kMaxOps:
+        target = &max_ops;
+        break;
+      case kThreads:
+        target = &threads;
+        minimum = 1;
+        break;
+      case kAttrTimeout:
+        target = &config->attr_timeout_s;
+        break;
+      case kDirectIo:
+        config->direct_io = true;
+        break;
+      case kAllowOther:
+        config->allow_other = true;
+        break;
+      case kExitWithParent:
+        config->exit_with_parent = true;
+        break;
+      case kDebug:
+        config->debug = true;
+        break;
+      case kEioOpen:
+      case kEioRead:
+      case kStallOpen:
+      case kStallRead:
         fault_options.emplace_back(long_options[c - kLatency].name, optarg);
         break;
-      case kStallMs: target = &stall_ms; break;
+      case kStallMs:
+        target = &stall_ms;
+        break;
       default:
         std::fputs(kUsage, stderr);
         return 2;
@@ -554,8 +604,10 @@ int run(int argc, char** argv) {
     return 1;
   }
   if (fuse_mount(handle, f.config.mountpoint.c_str()) != 0) {
-    std::fprintf(stderr, "prestage-pfs: cannot mount at '%s' (is /dev/fuse usable, and fusermount3 "
-                 "installed for a user other than root?)\n", f.config.mountpoint.c_str());
+    std::fprintf(stderr,
+                 "prestage-pfs: cannot mount at '%s' (is /dev/fuse usable, and fusermount3 "
+                 "installed for a user other than root?)\n",
+                 f.config.mountpoint.c_str());
     fuse_destroy(handle);
     return 1;
   }

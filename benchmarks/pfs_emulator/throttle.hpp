@@ -25,8 +25,8 @@ const char* op_name(Op op) noexcept;
 
 struct ThrottleConfig {
   std::array<std::chrono::nanoseconds, kOpCount> latency{};  // per operation, indexed by Op
-  double bytes_per_s = 0;                                     // 0: no bandwidth cap
-  unsigned max_ops = 0;                                       // 0: no cap on concurrent operations
+  double bytes_per_s = 0;                                    // 0: no bandwidth cap
+  unsigned max_ops = 0;                                      // 0: no cap on concurrent operations
 };
 
 struct ThrottleCounters {

@@ -98,11 +98,12 @@ int main(int argc, char** argv) {
       while (std::optional<prestage::Batch> batch = loader.next()) {
         const auto shape = batch->shape();
         if (batch->index() < 2 || batch->index() + 1 == loader.batches_per_epoch()) {
-          std::printf("epoch %llu batch %llu: images uint8 [%zu, %zu, %zu, %zu] (NHWC), "
-                      "labels [%zu]%s\n",
-                      static_cast<unsigned long long>(epoch),
-                      static_cast<unsigned long long>(batch->index()), shape[0], shape[1], shape[2],
-                      shape[3], batch->labels().size(), batch->pinned() ? ", pinned" : "");
+          std::printf(
+              "epoch %llu batch %llu: images uint8 [%zu, %zu, %zu, %zu] (NHWC), "
+              "labels [%zu]%s\n",
+              static_cast<unsigned long long>(epoch),
+              static_cast<unsigned long long>(batch->index()), shape[0], shape[1], shape[2],
+              shape[3], batch->labels().size(), batch->pinned() ? ", pinned" : "");
         }
         for (const int64_t label : batch->labels()) label_sum += label;
         images += batch->size();

@@ -1,7 +1,7 @@
 #include <map>
 #include <optional>
-#include <tuple>
 #include <string>
+#include <tuple>
 
 #include <pybind11/numpy.h>
 #include <pybind11/stl.h>
@@ -455,8 +455,9 @@ catalog; saved with it.
                                     std::to_string(c.size()));
             const Catalog::Locator loc = c.locator(i);
             return py::make_tuple(loc.file, loc.offset,
-                                  loc.length == Catalog::kWholeFile ? py::object(py::none())
-                                                                    : py::object(py::int_(loc.length)));
+                                  loc.length == Catalog::kWholeFile
+                                      ? py::object(py::none())
+                                      : py::object(py::int_(loc.length)));
           },
           py::arg("i"),
           "(file, offset, length) of sample i: the index of its file (file_path), and its byte "

@@ -1,6 +1,6 @@
-// The one table that maps the C++ error hierarchy to Python classes (defined in prestage/errors.py),
-// each of which also inherits the builtin users expect (ConfigError is a ValueError, IoError an
-// OSError, ...).
+// The one table that maps the C++ error hierarchy to Python classes (defined in
+// prestage/errors.py), each of which also inherits the builtin users expect (ConfigError is a
+// ValueError, IoError an OSError, ...).
 
 #include "bindings.hpp"
 #include "prestage/error.hpp"
@@ -10,7 +10,9 @@ namespace py = pybind11;
 namespace prestage::python {
 
 namespace {
-py::object error_class(const char* name) { return py::module_::import("prestage.errors").attr(name); }
+py::object error_class(const char* name) {
+  return py::module_::import("prestage.errors").attr(name);
+}
 
 void raise(py::object exception) {
   PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(exception.ptr())), exception.ptr());

@@ -20,8 +20,8 @@ namespace prestage::python {
 
 namespace {
 
-// A NumPy view of memory owned by `owner` (a Batch): no copy, and the batch goes back to the ring only
-// when the last view of it is collected.
+// A NumPy view of memory owned by `owner` (a Batch): no copy, and the batch goes back to the ring
+// only when the last view of it is collected.
 template <typename T>
 py::array view(py::handle owner, const T* data, std::vector<py::ssize_t> shape) {
   return py::array(py::dtype::of<T>(), std::move(shape), {}, data, owner);
@@ -450,9 +450,10 @@ loader, every buffer held, KeyboardInterrupt) leaves the position as it was.
           "Per-stage counters (prestage.Loader.stats); any thread, any time, also after "
           "close().\n\n"
           ">>> core.stats()['consumer_stall_s']")
-      .def("take_tuning_log", &Loader::take_tuning_log, py::call_guard<py::gil_scoped_release>(),
-           "The self-tuning's decisions since the last call, oldest first (stats()['tuning']['log'] "
-           "keeps the latest 100).\n\n>>> core.take_tuning_log()")
+      .def(
+          "take_tuning_log", &Loader::take_tuning_log, py::call_guard<py::gil_scoped_release>(),
+          "The self-tuning's decisions since the last call, oldest first (stats()['tuning']['log'] "
+          "keeps the latest 100).\n\n>>> core.take_tuning_log()")
       .def("close", &Loader::close, py::call_guard<py::gil_scoped_release>(), R"doc(
 Stops the pipeline and joins its threads; any thread. A next() waiting in another thread raises
 prestage.ConfigError at once. Idempotent: a close() that finds another under way waits for it.

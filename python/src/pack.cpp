@@ -1,6 +1,6 @@
-// What `prestage pack` needs from the core: a shard's samples are checksummed with the stage index's
-// CRC-32C and optionally compressed as zstd frames (which every decode mode but "raw" decompresses).
-// Both release the GIL, so pack's threads run them in parallel.
+// What `prestage pack` needs from the core: a shard's samples are checksummed with the stage
+// index's CRC-32C and optionally compressed as zstd frames (which every decode mode but "raw"
+// decompresses). Both release the GIL, so pack's threads run them in parallel.
 #include <zstd.h>
 
 #include <span>
@@ -30,14 +30,16 @@ void register_pack(py::module_& m) {
         py::gil_scoped_release release;
         return detail::crc32c(bytes_of(info));
       },
-      py::arg("data"), "CRC-32C (Castagnoli) of a bytes-like object, as the stage index records it.");
+      py::arg("data"),
+      "CRC-32C (Castagnoli) of a bytes-like object, as the stage index records it.");
   m.def(
       "zstd_compress",
       [](const py::buffer& data, int level) {
         const py::buffer_info info = data.request();
         if (level < ZSTD_minCLevel() || level > ZSTD_maxCLevel()) {
           throw ConfigError("zstd level " + std::to_string(level) + " is outside " +
-                            std::to_string(ZSTD_minCLevel()) + ".." + std::to_string(ZSTD_maxCLevel()));
+                            std::to_string(ZSTD_minCLevel()) + ".." +
+                            std::to_string(ZSTD_maxCLevel()));
         }
         const auto in = bytes_of(info);
         std::string out;

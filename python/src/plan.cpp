@@ -31,7 +31,8 @@ void register_plan(py::module_& m) {
         return py::array_t<uint64_t>(static_cast<py::ssize_t>(order.size()), order.data());
       },
       py::arg("num_samples"), py::arg("seed"), py::arg("epoch"), py::arg("shuffle") = true,
-      "The global sample order of an epoch (stage 1).\n\n>>> prestage.plan.epoch_order(10, seed=0, epoch=0)");
+      "The global sample order of an epoch (stage 1).\n\n>>> prestage.plan.epoch_order(10, seed=0, "
+      "epoch=0)");
   m.def(
       "epoch_batches",
       [](uint64_t n, uint64_t batch_size, uint64_t seed, uint64_t epoch, bool shuffle,

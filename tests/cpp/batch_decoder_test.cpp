@@ -103,7 +103,8 @@ TEST_CASE("batch decoder: the sample whose dtype differs from its batch's is the
   }
 }
 
-TEST_CASE("batch decoder: the dtype is the data set's, so an odd file first in a tied batch is named") {
+TEST_CASE(
+    "batch decoder: the dtype is the data set's, so an odd file first in a tied batch is named") {
   // Batches of 2 over [odd, good, good, good]: the batch's own majority is a tie, which went to the
   // first sample, so the good file after it was named and skip replaced it.
   TempDir dir;
@@ -169,19 +170,21 @@ TEST_CASE("batch decoder: JPEGs of mixed sizes without image_size are ragged, ea
         for (size_t k = 0; k < batch->size(); ++k, ++sample) {
           const auto [w, h] = sizes[sample];
           const std::vector<uint64_t> shape =
-              layout == prestage::Layout::kNHWC ? std::vector<uint64_t>{uint64_t(h), uint64_t(w), 3}
-                                                : std::vector<uint64_t>{3, uint64_t(h), uint64_t(w)};
+              layout == prestage::Layout::kNHWC
+                  ? std::vector<uint64_t>{uint64_t(h), uint64_t(w), 3}
+                  : std::vector<uint64_t>{3, uint64_t(h), uint64_t(w)};
           const auto got = batch->sample_shape(k);
           CHECK(std::vector<uint64_t>(got.begin(), got.end()) == shape);
           // Back to back: each image's pixels at its own offset, in the batch's layout.
-          const std::vector<uint8_t> rgb = prestage::test::decode_with_turbojpeg(dir / names[sample]);
+          const std::vector<uint8_t> rgb =
+              prestage::test::decode_with_turbojpeg(dir / names[sample]);
           REQUIRE(offsets[k + 1] - offsets[k] == rgb.size());
           const auto* data = reinterpret_cast<const uint8_t*>(batch->data().data()) + offsets[k];
           size_t wrong = 0;
           for (size_t p = 0; p < size_t(w) * h; ++p) {
             for (size_t c = 0; c < 3; ++c) {
-              const uint8_t v = layout == prestage::Layout::kNHWC ? data[p * 3 + c]
-                                                                  : data[c * size_t(w) * h + p];
+              const uint8_t v =
+                  layout == prestage::Layout::kNHWC ? data[p * 3 + c] : data[c * size_t(w) * h + p];
               wrong += v != rgb[p * 3 + c];
             }
           }
@@ -212,9 +215,8 @@ TEST_CASE("pipeline: a broken invariant inside a node is raised at pop, not wait
   detail::Shared shared(cat, o, o.readers, o.lookahead);
   shared.codec = detail::Codec::choose(shared.catalog, shared.options);
   shared.tiers = std::make_unique<detail::Tiers>(shared.catalog, nullptr, UINT64_MAX);
-  shared.decoder = std::make_unique<detail::BatchDecoder>(shared.options, shared.codec,
-                                                          prestage::ImageSize{}, nullptr,
-                                                          *shared.tiers);
+  shared.decoder = std::make_unique<detail::BatchDecoder>(
+      shared.options, shared.codec, prestage::ImageSize{}, nullptr, *shared.tiers);
   shared.stager = std::make_unique<detail::Stager>(*shared.tiers, 0);
   // One buffer where the pipeline counts on `depth` of them: the second batch's decode finds none
   // free (the ring's logic_error, as a limiter out of step would raise).
@@ -245,7 +247,8 @@ TEST_CASE("pipeline: lookahead and decode concurrency change while batches flow;
   std::vector<std::string> names;
   for (int i = 0; i < 48; ++i) {
     names.push_back("f" + std::to_string(i));
-    prestage::test::write_file(dir / names.back(), std::vector<unsigned char>(16, static_cast<unsigned char>(i)));
+    prestage::test::write_file(dir / names.back(),
+                               std::vector<unsigned char>(16, static_cast<unsigned char>(i)));
   }
   const Catalog cat = Catalog::from_paths(dir.path(), names);
   LoaderOptions o = in_order(DecodeMode::kRaw, 2);
@@ -257,9 +260,8 @@ TEST_CASE("pipeline: lookahead and decode concurrency change while batches flow;
   detail::Shared shared(cat, o, 4, 8);
   shared.codec = detail::Codec::choose(shared.catalog, shared.options);
   shared.tiers = std::make_unique<detail::Tiers>(shared.catalog, nullptr, UINT64_MAX);
-  shared.decoder = std::make_unique<detail::BatchDecoder>(shared.options, shared.codec,
-                                                          prestage::ImageSize{}, nullptr,
-                                                          *shared.tiers);
+  shared.decoder = std::make_unique<detail::BatchDecoder>(
+      shared.options, shared.codec, prestage::ImageSize{}, nullptr, *shared.tiers);
   shared.stager = std::make_unique<detail::Stager>(*shared.tiers, 0);
   shared.decoder->set_concurrency(2);
   shared.arena.initialize();
@@ -279,7 +281,8 @@ TEST_CASE("pipeline: lookahead and decode concurrency change while batches flow;
       REQUIRE(slot->indices.size() == 2);
       for (size_t k = 0; k < 2; ++k) {
         CHECK(slot->indices[k] == static_cast<int64_t>((n % 24) * 2 + k));
-        const auto* bytes = reinterpret_cast<const unsigned char*>(slot->data.data()) + slot->offsets[k];
+        const auto* bytes =
+            reinterpret_cast<const unsigned char*>(slot->data.data()) + slot->offsets[k];
         CHECK(bytes[0] == static_cast<unsigned char>(slot->indices[k]));
       }
       ring->release(slot);

@@ -77,7 +77,8 @@ TEST_CASE("pinned buffer: reserve grows, keeps alignment, and reports page-locki
   CHECK(buffer.data()[buffer.capacity() - 1] == std::byte{7});
 }
 
-TEST_CASE("batch ring: a buffer that grows takes a quarter more, and the others grow to it at once") {
+TEST_CASE(
+    "batch ring: a buffer that grows takes a quarter more, and the others grow to it at once") {
   const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
   auto ring = std::make_shared<BatchRing>(3, 8, 0, DecodeMode::kRaw);
   CHECK(ring->held_bytes() == 3 * page);  // nothing asked for: a page each

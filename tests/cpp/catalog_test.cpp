@@ -63,7 +63,8 @@ TEST_CASE("catalog: from_folder labels classes in sorted order and sorts files w
   CHECK(cat.source_path(3) == dir.path() / "zebra/b.jpg");
 }
 
-TEST_CASE("catalog: from_folder refuses a missing root and a root with neither class folders nor files") {
+TEST_CASE(
+    "catalog: from_folder refuses a missing root and a root with neither class folders nor files") {
   TempDir dir;
   CHECK_THROWS_AS(Catalog::from_folder(dir / "missing"), prestage::IoError);
   touch(dir / "notes.txt");  // not of the extensions asked for
@@ -135,9 +136,9 @@ TEST_CASE("catalog: from_located keeps its ranges, classes and damage, records s
   TempDir dir;
   touch(dir / "part/a.arrow", "0123456789");
   touch(dir / "part/b.arrow", "abcdefgh");
-  const Catalog cat = Catalog::from_located(
-      dir.path(), {"part/a.arrow", "part/b.arrow"}, {{0, 2, 3}, {1, 0, 4}, {0, 9, 1}}, {1, 0, -1},
-      {"cat", "dog"}, {{1, 4, true, "the rest is cut"}});
+  const Catalog cat = Catalog::from_located(dir.path(), {"part/a.arrow", "part/b.arrow"},
+                                            {{0, 2, 3}, {1, 0, 4}, {0, 9, 1}}, {1, 0, -1},
+                                            {"cat", "dog"}, {{1, 4, true, "the rest is cut"}});
   REQUIRE(cat.size() == 3);
   CHECK(read_sample(cat, 0) == "234");
   CHECK(read_sample(cat, 1) == "abcd");
@@ -249,15 +250,17 @@ TEST_CASE("catalog: with Symlinks::kInside a link out of the root is refused, on
   }
   SUBCASE("a class folder link, at build") {
     fs::create_symlink(dir / "outside/more", dir / "root/zzz");
-    CHECK(io_error_of([&] { Catalog::from_folder(dir / "root", {".jpg"}, confined); })
-              .error_code() == EXDEV);
+    CHECK(io_error_of([&] {
+            Catalog::from_folder(dir / "root", {".jpg"}, confined);
+          }).error_code() == EXDEV);
   }
   SUBCASE("a listed file") {
     fs::create_symlink(dir / "outside/secret.jpg", dir / "root/cls/b.jpg");
     std::ofstream(dir / "list.txt") << "cls/a.jpg\ncls/b.jpg\n";
     CHECK(Catalog::from_list(dir / "list.txt", dir / "root").size() == 2);
-    CHECK(io_error_of([&] { Catalog::from_list(dir / "list.txt", dir / "root", confined); })
-              .error_code() == EXDEV);
+    CHECK(io_error_of([&] {
+            Catalog::from_list(dir / "list.txt", dir / "root", confined);
+          }).error_code() == EXDEV);
   }
   SUBCASE("a link planted after the catalog was built, at every read") {
     const std::vector<std::string> paths{"cls/a.jpg", "cls/b.jpg", "cls/c/x.jpg"};
@@ -365,8 +368,8 @@ TEST_CASE("catalog: from_arrays records the dtype most samples have, and it is s
 TEST_CASE("catalog: a file shorter than its catalog says is an IoError that says so") {
   TempDir dir;
   touch(dir / "shard.bin", std::string(100, 'x'));
-  const Catalog cat = Catalog::from_ranges(dir.path(), {"shard.bin"},
-                                           {{0, 0, 40}, {0, 40, 40}, {0, 80, 20}});
+  const Catalog cat =
+      Catalog::from_ranges(dir.path(), {"shard.bin"}, {{0, 0, 40}, {0, 40, 40}, {0, 80, 20}});
   fs::resize_file(dir / "shard.bin", 70);
   CHECK(read_sample(cat, 0).size() == 40);
   const auto e = io_error_of([&] { read_sample(cat, 1); });
@@ -384,7 +387,8 @@ TEST_CASE("catalog: a file shorter than its catalog says is an IoError that says
   CHECK(std::string(exact.what()).find("is 10 bytes, its catalog says 16") != std::string::npos);
 }
 
-TEST_CASE("catalog: from_shards reads a packed set's index: ranges of its shards, labels, classes") {
+TEST_CASE(
+    "catalog: from_shards reads a packed set's index: ranges of its shards, labels, classes") {
   TempDir dir;
   touch(dir.path() / "shard-00000.bin", "helloworld");
   touch(dir.path() / "shard-00001.bin", "!");

@@ -48,6 +48,7 @@ TEST_CASE("crc32c: equal to a bitwise reference at every length around the block
     // Continued from an earlier CRC, as a stream is checked in pieces.
     const size_t half = n / 2;
     const uint32_t first = crc32c(std::span<const std::byte>(part.data(), half));
-    CHECK(crc32c(std::span<const std::byte>(part.data() + half, n - half), first) == reference(part));
+    CHECK(crc32c(std::span<const std::byte>(part.data() + half, n - half), first) ==
+          reference(part));
   }
 }

@@ -1,5 +1,5 @@
-// CUDA registration of the batch ring's buffers, against a test double of the runtime (fake_cudart.c,
-// opened from FAKE_CUDART_PATH) that records every call.
+// CUDA registration of the batch ring's buffers, against a test double of the runtime
+// (fake_cudart.c, opened from FAKE_CUDART_PATH) that records every call.
 #include <doctest/doctest.h>
 
 #include <dlfcn.h>
@@ -18,11 +18,11 @@
 #include <thread>
 #include <vector>
 
-#include "util/cuda_open.hpp"
 #include "memory/batch_ring.hpp"
 #include "memory/cuda_host.hpp"
 #include "prestage/prestage.hpp"
 #include "test_util.hpp"
+#include "util/cuda_open.hpp"
 
 using prestage::DecodeMode;
 using prestage::Pinning;
@@ -54,7 +54,8 @@ struct Fake {
 
   Fake() {
     REQUIRE(library != nullptr);
-    configure = reinterpret_cast<void (*)(int, int, int)>(::dlsym(library, "fake_cudart_configure"));
+    configure =
+        reinterpret_cast<void (*)(int, int, int)>(::dlsym(library, "fake_cudart_configure"));
     calls = reinterpret_cast<size_t (*)(Call*, size_t)>(::dlsym(library, "fake_cudart_calls"));
     registered = reinterpret_cast<size_t (*)()>(::dlsym(library, "fake_cudart_registered"));
     set_device = reinterpret_cast<int (*)(int)>(::dlsym(library, "cudaSetDevice"));
@@ -275,7 +276,8 @@ TEST_CASE("cuda host: a buffer grown in another thread is registered on the ring
   {
     BatchRing ring(1, 1, 4096, DecodeMode::kRaw, host);
     auto* slot = ring.acquire();
-    std::thread decoder([&] { slot->data.reserve(1 << 20); });  // a decode thread: device 0 until set
+    std::thread decoder(
+        [&] { slot->data.reserve(1 << 20); });  // a decode thread: device 0 until set
     decoder.join();
     ring.release(slot);
     const auto registered = fake.log(kRegister);
@@ -318,7 +320,8 @@ TEST_CASE("cuda host: the ring's pinning can be read while a buffer is regrown i
   CHECK(fake.log(kRegister).size() == 2 + 10);
 }
 
-TEST_CASE("cuda host: a Batch held after its loader is closed stays registered until it is released") {
+TEST_CASE(
+    "cuda host: a Batch held after its loader is closed stays registered until it is released") {
   Fake fake;
   fake.configure(1, 0, 0);
   // The loader uses the process's runtime, loaded once from the environment: the double, here.
@@ -330,8 +333,9 @@ TEST_CASE("cuda host: a Batch held after its loader is closed stays registered u
   prestage::LoaderOptions o;
   o.batch_size = 4;
   o.depth = 2;
-  // The images' own size: buffers of a known size, allocated and registered when the loader is built
-  // (without an image_size they are allocated, as for arrays, when the first batches are laid out).
+  // The images' own size: buffers of a known size, allocated and registered when the loader is
+  // built (without an image_size they are allocated, as for arrays, when the first batches are laid
+  // out).
   o.image_size = {16, 24};
   // oneTBB frees an arena observer (the loader's ArenaIoTimeout) lazily, in a worker thread: joined
   // below before the process exits, so that a leak check at exit does not see it in flight.

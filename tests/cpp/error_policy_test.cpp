@@ -18,16 +18,16 @@
 #include <vector>
 
 #include "prestage/prestage.hpp"
-#include "util/file_io.hpp"
 #include "test_util.hpp"
+#include "util/file_io.hpp"
 
 using prestage::Catalog;
 using prestage::Loader;
 using prestage::LoaderOptions;
 using prestage::OnError;
 using prestage::test::Epoch;
-using prestage::test::TempDir;
 using prestage::test::run_epoch;
+using prestage::test::TempDir;
 
 namespace {
 
@@ -123,8 +123,9 @@ LoaderOptions skip_options(uint64_t batch_size, uint64_t readers, const std::str
 
 }  // namespace
 
-TEST_CASE("error policy: skip replaces each bad sample by the next good one of the plan, alike "
-          "for 1, 2 and 4 readers") {
+TEST_CASE(
+    "error policy: skip replaces each bad sample by the next good one of the plan, alike "
+    "for 1, 2 and 4 readers") {
   TempDir dir;
   Catalog cat = Catalog::from_paths(dir.path(), {"x"});
   const std::set<int64_t> bad = make_faulty_folder(dir / "data", cat);

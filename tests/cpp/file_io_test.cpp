@@ -8,8 +8,8 @@
 
 #include <atomic>
 #include <cerrno>
-#include <csignal>
 #include <chrono>
+#include <csignal>
 #include <fstream>
 #include <string>
 #include <thread>
@@ -122,7 +122,9 @@ TEST_CASE("file io: a file too short for its range or size is an IoError, nothin
   CHECK(err != 0);
 }
 
-TEST_CASE("file io: a file of another size than expected is an EIO naming both sizes, read exact otherwise") {
+TEST_CASE(
+    "file io: a file of another size than expected is an EIO naming both sizes, read exact "
+    "otherwise") {
   TempDir dir;
   const std::string path = (dir / "f").string();
   write(path, "abcdef");
@@ -135,7 +137,8 @@ TEST_CASE("file io: a file of another size than expected is an EIO naming both s
     } catch (const IoError& e) {
       CHECK(e.error_code() == EIO);
       const std::string what = e.what();
-      CHECK(what.find("is 6 bytes, its catalog says " + std::to_string(expected)) != std::string::npos);
+      CHECK(what.find("is 6 bytes, its catalog says " + std::to_string(expected)) !=
+            std::string::npos);
       CHECK(what.find(expected < 6 ? "longer" : "shorter") != std::string::npos);
     }
   }
@@ -175,7 +178,8 @@ TEST_CASE("file io: a direct read gives the file's bytes, or reads as before whe
   CHECK_FALSE(io::source_is_fuse(""));
 }
 
-TEST_CASE("file io: an open file serves every read from the file it opened, with or without a limit") {
+TEST_CASE(
+    "file io: an open file serves every read from the file it opened, with or without a limit") {
   TempDir dir;
   const std::string path = (dir / "held").string();
   write(path, "0123456789");
@@ -258,9 +262,8 @@ TEST_CASE("file io: write_file_atomically publishes a whole file, and no partial
   // The rename fails (a directory is in the way): the temporary file is removed.
   const std::string blocked = (dir / "blocked").string();
   std::filesystem::create_directories(blocked + "/inside");
-  CHECK(io_errno(blocked, [&] {
-          io::write_file_atomically(blocked, blocked + ".tmp", bytes);
-        }) != 0);
+  CHECK(io_errno(blocked, [&] { io::write_file_atomically(blocked, blocked + ".tmp", bytes); }) !=
+        0);
   CHECK(!std::filesystem::exists(blocked + ".tmp"));
   CHECK(std::filesystem::is_directory(blocked));
 
@@ -364,5 +367,5 @@ TEST_CASE("file io: the cancel flag gives a stalled read up (ECANCELED) long bef
   const auto took = std::chrono::steady_clock::now() - start;
   setter.join();
   CHECK(took >= std::chrono::milliseconds(100));  // not given up before the flag was set
-  CHECK(took < std::chrono::seconds(20));  // far from the 10 minutes of the limit
+  CHECK(took < std::chrono::seconds(20));         // far from the 10 minutes of the limit
 }

@@ -160,8 +160,8 @@ TEST_CASE("formats: raw samples typed by raw_dtype and raw_shape (-1 inferred), 
         const auto shape = batch->sample_shape(i);
         CHECK(std::vector<uint64_t>(shape.begin(), shape.end()) ==
               std::vector<uint64_t>{static_cast<uint64_t>(2 * (id % 2 + 1)), 3});
-        const auto* p = reinterpret_cast<const unsigned char*>(batch->data().data()) +
-                        batch->offsets()[i];
+        const auto* p =
+            reinterpret_cast<const unsigned char*>(batch->data().data()) + batch->offsets()[i];
         CHECK(((p[2] << 8) | p[3]) == id * 10 + 1);  // the second value, stored big-endian
       }
     }

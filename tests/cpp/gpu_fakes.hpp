@@ -49,9 +49,9 @@ struct Fakes {
   void (*npp_fail)(const char*, int, int) = nullptr;
   size_t (*resizes)(ResizeRecord*, size_t) = nullptr;
   size_t (*mirrors)() = nullptr;
-  size_t (*npp_batches)() = nullptr;  // batched resize calls
-  void (*image_ns)(uint64_t) = nullptr;  // virtual GPU time per image of a batched decode
-  void (*not_ready)(int) = nullptr;      // the next n cudaEventElapsedTime calls: not ready
+  size_t (*npp_batches)() = nullptr;         // batched resize calls
+  void (*image_ns)(uint64_t) = nullptr;      // virtual GPU time per image of a batched decode
+  void (*not_ready)(int) = nullptr;          // the next n cudaEventElapsedTime calls: not ready
   void (*roi_image_ns)(uint64_t) = nullptr;  // the same per image decoded as a region only
   void (*first_roi_ns)(uint64_t) = nullptr;  // more at a decoder's first region decode
   size_t (*rois)(int*, size_t) = nullptr;
@@ -131,7 +131,8 @@ struct Fakes {
     std::vector<int> raw(4 * 4096);
     const size_t n = std::min<size_t>(rois(raw.data(), 4096), 4096);
     std::vector<std::array<int, 4>> out;
-    for (size_t i = 0; i < n; ++i) out.push_back({raw[4 * i], raw[4 * i + 1], raw[4 * i + 2], raw[4 * i + 3]});
+    for (size_t i = 0; i < n; ++i)
+      out.push_back({raw[4 * i], raw[4 * i + 1], raw[4 * i + 2], raw[4 * i + 3]});
     return out;
   }
   std::vector<ResizeRecord> resize_log() const {

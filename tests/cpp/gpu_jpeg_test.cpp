@@ -21,14 +21,14 @@
 #include <string>
 #include <vector>
 
-#include "util/cuda_open.hpp"
 #include "decode/gpu_jpeg.hpp"
 #include "decode/gpu_libs.hpp"
 #include "decode/jpeg.hpp"
 #include "decode/transform.hpp"
-#include "prestage/error.hpp"
 #include "gpu_fakes.hpp"
+#include "prestage/error.hpp"
 #include "test_util.hpp"
+#include "util/cuda_open.hpp"
 
 using prestage::ConfigError;
 using prestage::DecodeError;
@@ -50,8 +50,8 @@ using prestage::test::ResizeRecord;
 
 std::vector<std::byte> jpeg(int width, int height, int seed, int subsamp = TJSAMP_420,
                             int flags = 0, int pixel_format = TJPF_RGB) {
-  const std::vector<unsigned char> bytes = prestage::test::smooth_jpeg(
-      width, height, seed, subsamp, flags, pixel_format == TJPF_CMYK);
+  const std::vector<unsigned char> bytes =
+      prestage::test::smooth_jpeg(width, height, seed, subsamp, flags, pixel_format == TJPF_CMYK);
   const auto* first = reinterpret_cast<const std::byte*>(bytes.data());
   return {first, first + bytes.size()};
 }
@@ -232,7 +232,7 @@ TEST_CASE(
     const auto after = fakes.objects();
     CHECK(after[12] - before[12] == (engines > 0 ? 2u : 1u));  // nvJPEG handles
     CHECK(after[18] - before[18] == (engines > 0 ? 8u : 0u));  // nvJPEG JPEG streams
-    CHECK(after[6] - before[6] == 1);                           // CUDA streams
+    CHECK(after[6] - before[6] == 1);                          // CUDA streams
     CHECK(after[9] - before[9] == 4);  // CUDA events: the output's, the staging's, two timing
   }
 }
@@ -286,8 +286,9 @@ TEST_CASE("gpu jpeg: the CPU path's crop boxes, and pixels within a tolerance of
   }
 }
 
-TEST_CASE("gpu jpeg: the batched resize gives the pixels of one call per image in one call per "
-          "interpolation, the boxes uploaded with it") {
+TEST_CASE(
+    "gpu jpeg: the batched resize gives the pixels of one call per image in one call per "
+    "interpolation, the boxes uploaded with it") {
   for (const bool roi : {false, true}) {
     for (Transform transform : {Transform::kRandomResizedCrop, Transform::kCenterCrop}) {
       CAPTURE(roi);
@@ -329,8 +330,8 @@ TEST_CASE("gpu jpeg: the batched resize gives the pixels of one call per image i
       }
       // The same boxes (in another order: grouped by interpolation), mirrors and pixels.
       const auto key = [](const ResizeRecord& r) {
-        return std::array<int, 7>{r.x, r.y, r.width, r.height, r.dst_width, r.dst_height,
-                                  r.interpolation};
+        return std::array<int, 7>{r.x,         r.y,          r.width,        r.height,
+                                  r.dst_width, r.dst_height, r.interpolation};
       };
       std::multiset<std::array<int, 7>> each, batched;
       for (const ResizeRecord& r : logs[0]) each.insert(key(r));
@@ -344,16 +345,17 @@ TEST_CASE("gpu jpeg: the batched resize gives the pixels of one call per image i
   }
 }
 
-TEST_CASE("gpu jpeg: baseline to the hardware engine, progressive to the default backend, CMYK and "
-          "4:1:1 to the CPU, in one batch each") {
+TEST_CASE(
+    "gpu jpeg: baseline to the hardware engine, progressive to the default backend, CMYK and "
+    "4:1:1 to the CPU, in one batch each") {
   Fakes fakes(7);
   Batch batch;
-  batch.add(jpeg(96, 72, 0));                                         // 0 baseline
-  batch.add(jpeg(120, 80, 1, TJSAMP_420, TJFLAG_PROGRESSIVE));        // 1 progressive
-  batch.add(jpeg(96, 72, 2, TJSAMP_411));                             // 2 4:1:1
-  batch.add(jpeg(96, 72, 3, TJSAMP_444, 0, TJPF_CMYK));               // 3 CMYK
-  batch.add(jpeg(100, 90, 4, TJSAMP_GRAY));                           // 4 grey
-  batch.add(jpeg(144, 96, 5, TJSAMP_422));                            // 5 baseline
+  batch.add(jpeg(96, 72, 0));                                   // 0 baseline
+  batch.add(jpeg(120, 80, 1, TJSAMP_420, TJFLAG_PROGRESSIVE));  // 1 progressive
+  batch.add(jpeg(96, 72, 2, TJSAMP_411));                       // 2 4:1:1
+  batch.add(jpeg(96, 72, 3, TJSAMP_444, 0, TJPF_CMYK));         // 3 CMYK
+  batch.add(jpeg(100, 90, 4, TJSAMP_GRAY));                     // 4 grey
+  batch.add(jpeg(144, 96, 5, TJSAMP_422));                      // 5 baseline
   const auto o = options(8, Transform::kRandomResizedCrop);
   GpuJpegDecoder decoder(fake_libraries(), o);
   std::vector<GpuRoute> routes;
@@ -419,7 +421,8 @@ TEST_CASE("gpu jpeg: a fixed CPU share of each batch, decoded as the CPU path do
 }
 
 TEST_CASE(
-    "gpu jpeg: the GPU time of a batch, from its submission to its GPU work's end, once it is done") {
+    "gpu jpeg: the GPU time of a batch, from its submission to its GPU work's end, once it is "
+    "done") {
   Fakes fakes(7);
   Batch batch = mixed_sizes(8);
   GpuJpegDecoder decoder(fake_libraries(), options(8, Transform::kRandomResizedCrop, 0.25));
@@ -449,7 +452,8 @@ TEST_CASE(
 }
 
 TEST_CASE(
-    "gpu jpeg: region decode: the engine decodes each crop box (nvjpegDecodeBatchedEx), NPP resizes "
+    "gpu jpeg: region decode: the engine decodes each crop box (nvjpegDecodeBatchedEx), NPP "
+    "resizes "
     "it whole; the same pixels as NPP reading the box out of the whole image") {
   for (Transform transform : {Transform::kRandomResizedCrop, Transform::kCenterCrop}) {
     CAPTURE(static_cast<int>(transform));
@@ -489,16 +493,15 @@ TEST_CASE(
         {
           tjhandle tj = tjInitDecompress();
           int samp = 0, colorspace = 0;
-          REQUIRE(tjDecompressHeader3(
-                      tj, reinterpret_cast<const unsigned char*>(batch.files[i].data()),
-                      static_cast<unsigned long>(batch.files[i].size()), &w, &h, &samp,
-                      &colorspace) == 0);
+          REQUIRE(tjDecompressHeader3(tj,
+                                      reinterpret_cast<const unsigned char*>(batch.files[i].data()),
+                                      static_cast<unsigned long>(batch.files[i].size()), &w, &h,
+                                      &samp, &colorspace) == 0);
           tjDestroy(tj);
         }
-        const CropBox box =
-            transform == Transform::kRandomResizedCrop
-                ? prestage::detail::random_resized_crop(o.seed, 2, 100 + i, h, w)
-                : prestage::detail::centre_crop_box(h, w, o.size);
+        const CropBox box = transform == Transform::kRandomResizedCrop
+                                ? prestage::detail::random_resized_crop(o.seed, 2, 100 + i, h, w)
+                                : prestage::detail::centre_crop_box(h, w, o.size);
         if (i < 6) {
           CHECK(rois[i] == std::array<int, 4>{box.left, box.top, box.width, box.height});
           // NPP resizes the decoded box whole.
@@ -530,7 +533,8 @@ TEST_CASE("gpu jpeg: no region decode without a hardware engine or without Optio
     CHECK_FALSE(decoder.roi_available());
     std::vector<GpuRoute> routes;
     std::vector<std::exception_ptr> errors;
-    decoder.decode(batch.make(0), 0, routes, errors, /*roi=*/true);  // whole, on the default backend
+    decoder.decode(batch.make(0), 0, routes, errors,
+                   /*roi=*/true);  // whole, on the default backend
     CHECK(decoder.counters().roi == 0);
     CHECK(decoder.counters().gpu == 4);
     CHECK(none.roi_log().empty());

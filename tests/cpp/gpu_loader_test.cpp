@@ -23,8 +23,8 @@
 
 #include "decode/gpu_share.hpp"
 #include "decode/transform.hpp"
-#include "prestage/prestage.hpp"
 #include "gpu_fakes.hpp"
+#include "prestage/prestage.hpp"
 #include "test_util.hpp"
 
 using prestage::Catalog;
@@ -82,7 +82,7 @@ LoaderOptions gpu_options(uint64_t batch_size, uint64_t readers) {
   o.image_size = ImageSize{32, 40};
   o.transform = Transform::kRandomResizedCrop;
   o.decode_device = DecodeDevice::kCuda;
-  o.gpu_cpu_share = 0.0;  // all on the GPU unless a test says otherwise
+  o.gpu_cpu_share = 0.0;                    // all on the GPU unless a test says otherwise
   o.gpu_crop = prestage::GpuCrop::kResize;  // whole images, NPP crops (unless a test says)
   return o;
 }
@@ -195,8 +195,7 @@ TEST_CASE(
     for (int e = 0; e < 2; ++e) {
       for (const int64_t id : gpu[e].indices) {
         const std::filesystem::path path = cat.source_path(static_cast<uint64_t>(id));
-        const auto [h, w] =
-            sizes.at((path.parent_path().filename() / path.filename()).string());
+        const auto [h, w] = sizes.at((path.parent_path().filename() / path.filename()).string());
         const auto box =
             prestage::detail::random_resized_crop(5, e, static_cast<uint64_t>(id), h, w);
         expected.insert({box.left, box.top, box.width, box.height});
@@ -546,8 +545,9 @@ TEST_CASE(
   CHECK(g.crop_why.rfind("measured", 0) == 0);
 }
 
-TEST_CASE("gpu loader: PRESTAGE_GPU_RESIZE=batch resizes each batch in one NPP call per "
-          "interpolation, with the same pixels; another value is a ConfigError") {
+TEST_CASE(
+    "gpu loader: PRESTAGE_GPU_RESIZE=batch resizes each batch in one NPP call per "
+    "interpolation, with the same pixels; another value is a ConfigError") {
   TempDir dir;
   make_smooth_folder(dir / "data", 2, 6);  // 12 images: batches 4 4 4
   const Catalog cat = Catalog::from_folder(dir / "data");

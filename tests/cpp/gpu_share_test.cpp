@@ -20,7 +20,7 @@ namespace {
 
 struct SimBatch {
   size_t n = 256;
-  double gpu_fixed_s = 0;    // per batch on the GPU (e.g. the hardware engine's start-up)
+  double gpu_fixed_s = 0;     // per batch on the GPU (e.g. the hardware engine's start-up)
   double gpu_image_s = 1e-4;  // per image on the GPU
   double cpu_image_s = 3e-4;  // per image, wall, on all the readers
   double noise = 0;           // relative amplitude of a deterministic noise on both times
@@ -157,7 +157,8 @@ TEST_CASE("gpu share: a given share never moves; its times are still reported") 
   }
 }
 
-TEST_CASE("gpu share: the CPU's count of a batch: round(share x n); sized at run time, 1 to n - 1") {
+TEST_CASE(
+    "gpu share: the CPU's count of a batch: round(share x n); sized at run time, 1 to n - 1") {
   GpuShare fixed(0.25, 4);
   CHECK(fixed.cpu_count(4) == 1);
   CHECK(fixed.cpu_count(2) == 1);  // 0.5 rounds away from zero

@@ -76,8 +76,10 @@ TEST_CASE("hdf5: a file's bytes in memory are read as the file itself, and garba
     CHECK(in_memory.row.same_layout(on_disk.row));
     std::vector<float> want(on_disk.row.bytes / sizeof(float)), got(want.size());
     for (uint64_t r = 0; r < on_disk.rows; ++r) {
-      hdf5::read_row(file, "x", axis, r, on_disk.row, std::as_writable_bytes(std::span(want)), file);
-      hdf5::read_row(image, "x", axis, r, in_memory.row, std::as_writable_bytes(std::span(got)), file);
+      hdf5::read_row(file, "x", axis, r, on_disk.row, std::as_writable_bytes(std::span(want)),
+                     file);
+      hdf5::read_row(image, "x", axis, r, in_memory.row, std::as_writable_bytes(std::span(got)),
+                     file);
       CHECK(got == want);
     }
   }
@@ -147,7 +149,8 @@ TEST_CASE("hdf5: slices along another axis are the library's own hyperslabs") {
   for (int i = 0; i < 4; ++i)
     for (int j = 0; j < 3; ++j)
       for (int k = 0; k < 5; ++k)
-        values[static_cast<size_t>((i * 3 + j) * 5 + k)] = static_cast<int16_t>(100 * i + 10 * j + k);
+        values[static_cast<size_t>((i * 3 + j) * 5 + k)] =
+            static_cast<int16_t>(100 * i + 10 * j + k);
   write_dataset(file, "x", H5T_STD_I16BE, H5T_NATIVE_INT16, {4, 3, 5}, values, true);
   for (const int64_t axis : {1, -1}) {
     const Hdf5Dataset d = hdf5::describe(file, "x", axis, 1 << 20, file);

@@ -178,9 +178,9 @@ TEST_CASE("image: decode=jpeg refuses PNG and WebP, decode=image refuses other f
   ImageDecoder jpeg_only(kMaxPixels, false);
   Bytes out(8 * 8 * 3);
   CHECK_THROWS_AS(jpeg_only.header(encode_png(rgb, 8, 8, 3), "a.png"), DecodeError);
-  CHECK_THROWS_AS(jpeg_only.decode_resized(encode_webp_lossless(rgb, 8, 8), ImageSize{8, 8}, out,
-                                           "a.webp"),
-                  DecodeError);
+  CHECK_THROWS_AS(
+      jpeg_only.decode_resized(encode_webp_lossless(rgb, 8, 8), ImageSize{8, 8}, out, "a.webp"),
+      DecodeError);
   CHECK(jpeg_only.header(encode_jpeg(rgb, 8, 8), "a.jpg").width == 8);
   ImageDecoder any(kMaxPixels, true);
   const Bytes gif = {std::byte{'G'}, std::byte{'I'}, std::byte{'F'}, std::byte{'8'},
@@ -197,8 +197,8 @@ TEST_CASE("image: hostile PNG files are refused with a DecodeError, and the deco
   Bytes out(size_t(w) * h * 3);
   const ImageSize size{uint32_t(h), uint32_t(w)};
   SUBCASE("truncated anywhere") {
-    for (size_t keep : {size_t(8), size_t(20), size_t(33), good.size() / 2, good.size() - 13,
-                        good.size() - 1}) {
+    for (size_t keep :
+         {size_t(8), size_t(20), size_t(33), good.size() / 2, good.size() - 13, good.size() - 1}) {
       const Bytes cut(good.begin(), good.begin() + long(keep));
       CAPTURE(keep);
       CHECK_THROWS_AS(decoder.decode_exact(cut, size, out, "cut.png"), DecodeError);

@@ -52,7 +52,8 @@ TEST_CASE("io trace: every record added from many threads is in the file once, w
       threads.emplace_back([&, t] {
         for (int i = 0; i < kPerThread; ++i) {
           const int64_t start = trace.now_ns();
-          trace.add(static_cast<uint64_t>(t) * kPerThread + i, t, i, 100 + i, start, 3, TraceKind::kRead);
+          trace.add(static_cast<uint64_t>(t) * kPerThread + i, t, i, 100 + i, start, 3,
+                    TraceKind::kRead);
         }
       });
     }
@@ -93,5 +94,6 @@ TEST_CASE("io trace: flush makes the file whole while the trace stays open") {
 TEST_CASE("io trace: a file that cannot be created is an IoError naming it") {
   TempDir dir;
   const std::string path = (dir.path() / "missing" / "t.trace").string();
-  CHECK_THROWS_WITH_AS(IoTrace(path, "/r", 1), doctest::Contains("missing/t.trace"), prestage::IoError);
+  CHECK_THROWS_WITH_AS(IoTrace(path, "/r", 1), doctest::Contains("missing/t.trace"),
+                       prestage::IoError);
 }

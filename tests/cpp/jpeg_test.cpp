@@ -486,7 +486,9 @@ TEST_CASE("jpeg: the crop path refuses truncated, corrupt, foreign and oversized
   CHECK_NOTHROW(decoder.decode_crop(jpeg, top_rows, ImageSize{32, 32}, out, "a.jpg"));
 }
 
-TEST_CASE("jpeg: after any refused image, every decoding path decodes the next good one as a fresh decoder") {
+TEST_CASE(
+    "jpeg: after any refused image, every decoding path decodes the next good one as a fresh "
+    "decoder") {
   // A TurboJPEG or libjpeg state left behind by an error must not fail (or change) the next image.
   const Bytes good = encode_rgb(256, 192);
   const size_t sos = find_marker(good, 0xDA);
@@ -504,27 +506,35 @@ TEST_CASE("jpeg: after any refused image, every decoding path decodes the next g
     small[k] = static_cast<std::byte>(x >> 24);
   }
   const std::vector<Bytes> bad = {
-      flipped, stray, Bytes(good.begin(), good.begin() + static_cast<std::ptrdiff_t>(good.size() / 2)),
-      Bytes(good.begin(), good.begin() + 20), text_bytes("not a jpeg at all"), small};
+      flipped,
+      stray,
+      Bytes(good.begin(), good.begin() + static_cast<std::ptrdiff_t>(good.size() / 2)),
+      Bytes(good.begin(), good.begin() + 20),
+      text_bytes("not a jpeg at all"),
+      small};
   const ImageSize out_size{48, 48};
   std::vector<std::byte> out(48 * 48 * 3), expected(48 * 48 * 3), exact(256 * 192 * 3),
       exact_expected(256 * 192 * 3);
   const prestage::detail::CropBox box{10, 20, 120, 150, true};
   using Path = std::function<void(JpegDecoder&, const Bytes&, std::vector<std::byte>&)>;
   const std::vector<std::pair<const char*, Path>> paths = {
-      {"exact", [&](JpegDecoder& d, const Bytes& b, std::vector<std::byte>& o) {
+      {"exact",
+       [&](JpegDecoder& d, const Bytes& b, std::vector<std::byte>& o) {
          o.resize(256 * 192 * 3);
          d.decode_exact(b, ImageSize{192, 256}, o, "a.jpg");
        }},
-      {"resized", [&](JpegDecoder& d, const Bytes& b, std::vector<std::byte>& o) {
+      {"resized",
+       [&](JpegDecoder& d, const Bytes& b, std::vector<std::byte>& o) {
          o.resize(48 * 48 * 3);
          d.decode_resized(b, out_size, o, "a.jpg");
        }},
-      {"crop", [&](JpegDecoder& d, const Bytes& b, std::vector<std::byte>& o) {
+      {"crop",
+       [&](JpegDecoder& d, const Bytes& b, std::vector<std::byte>& o) {
          o.resize(48 * 48 * 3);
          d.decode_crop(b, box, out_size, o, "a.jpg");
        }},
-      {"random crop", [&](JpegDecoder& d, const Bytes& b, std::vector<std::byte>& o) {
+      {"random crop",
+       [&](JpegDecoder& d, const Bytes& b, std::vector<std::byte>& o) {
          o.resize(48 * 48 * 3);
          d.decode_random_crop(b, out_size, 1, 2, 3, o, "a.jpg");
        }},

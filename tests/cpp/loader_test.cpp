@@ -23,9 +23,9 @@ using prestage::Catalog;
 using prestage::Loader;
 using prestage::LoaderOptions;
 using prestage::test::Epoch;
-using prestage::test::TempDir;
 using prestage::test::run_epoch;
 using prestage::test::stalled_third;
+using prestage::test::TempDir;
 
 namespace {
 
@@ -34,7 +34,8 @@ LoaderOptions options(uint64_t batch_size, const std::string& stage_dir = "") {
   o.batch_size = batch_size;
   o.seed = 3;
   o.stage_dir = stage_dir;
-  // Stage 3 waits for stage 2, so what is staged follows the plan exactly, however slow the machine.
+  // Stage 3 waits for stage 2, so what is staged follows the plan exactly, however slow the
+  // machine.
   o.stage_patience_ms = LoaderOptions::kWaitForStaging;
   return o;
 }
@@ -255,7 +256,8 @@ TEST_CASE("loader: a second run over the same stage directory copies nothing") {
   CHECK(stats.misses == 0);
 }
 
-TEST_CASE("loader: a missing or corrupt file raises at its batch, naming it, and the epoch goes on") {
+TEST_CASE(
+    "loader: a missing or corrupt file raises at its batch, naming it, and the epoch goes on") {
   TempDir dir;
   prestage::test::make_image_folder(dir / "data", 1, 12);
   // The corrupt file is written before the catalog is built: one that changed size since is an
@@ -299,7 +301,8 @@ TEST_CASE("loader: a missing or corrupt file raises at its batch, naming it, and
   CHECK(!loader.next().has_value());  // end of epoch
 }
 
-TEST_CASE("loader: images of another size than the first keep their size when image_size is unset") {
+TEST_CASE(
+    "loader: images of another size than the first keep their size when image_size is unset") {
   TempDir dir;
   prestage::test::write_jpeg(dir / "data/a/0.jpg", 24, 16, 1);
   prestage::test::write_jpeg(dir / "data/a/1.jpg", 30, 16, 2);
@@ -343,7 +346,8 @@ TEST_CASE("loader: a leftover partial file in the stage directory is never serve
   CHECK(loader.stats().staged_files == 6);
   for (size_t i = 0; i < 6; ++i) {
     const auto expected = prestage::test::decode_with_turbojpeg(cat.source_path(seen.indices[i]));
-    CHECK(std::memcmp(expected.data(), seen.data.data() + i * expected.size(), expected.size()) == 0);
+    CHECK(std::memcmp(expected.data(), seen.data.data() + i * expected.size(), expected.size()) ==
+          0);
   }
 }
 
@@ -352,7 +356,8 @@ TEST_CASE("loader: raw mode returns each file's bytes") {
   std::vector<std::string> paths;
   for (int i = 0; i < 7; ++i) {
     paths.push_back("f" + std::to_string(i) + ".bin");
-    std::ofstream(dir / paths.back()) << std::string(static_cast<size_t>(i * 3), static_cast<char>('a' + i));
+    std::ofstream(dir / paths.back())
+        << std::string(static_cast<size_t>(i * 3), static_cast<char>('a' + i));
   }
   LoaderOptions o = options(3, (dir / "stage").string());
   o.decode = prestage::DecodeMode::kRaw;
@@ -437,7 +442,8 @@ TEST_CASE("loader: stopping mid-epoch joins every thread promptly") {
   CHECK(thread_count() == before);
 }
 
-TEST_CASE("loader: a bounded stage directory never holds more than its bound and serves right bytes") {
+TEST_CASE(
+    "loader: a bounded stage directory never holds more than its bound and serves right bytes") {
   TempDir dir;
   prestage::test::make_image_folder(dir / "data", 2, 30);
   const Catalog cat = Catalog::from_folder(dir / "data");
@@ -460,11 +466,13 @@ TEST_CASE("loader: a bounded stage directory never holds more than its bound and
         REQUIRE(seen.indices.size() == 60);
         const size_t image_bytes = 24 * 16 * 3;
         for (size_t k = 0; k < seen.indices.size(); ++k) {
-          const auto expected = prestage::test::decode_with_turbojpeg(cat.source_path(seen.indices[k]));
+          const auto expected =
+              prestage::test::decode_with_turbojpeg(cat.source_path(seen.indices[k]));
           CHECK(std::memcmp(expected.data(), seen.data.data() + k * image_bytes, image_bytes) == 0);
         }
       }
-      loader.close();  // the pipeline plans and copies ahead until it stops: measure a still directory
+      loader.close();  // the pipeline plans and copies ahead until it stops: measure a still
+                       // directory
       const auto stats = loader.stats();  // stage 2's figures included, after close() too
       CHECK(stats.staged_files > 0);
       CHECK(stats.stage_bytes_peak <= o.cache_bytes);
@@ -472,7 +480,8 @@ TEST_CASE("loader: a bounded stage directory never holds more than its bound and
       uint64_t evictions = 0;
       for (const auto& e : stats.epochs) evictions += e.evictions;
       CHECK(evictions > 0);
-      // Files kept out by the bound were read into memory by stage 2 (and their pixels checked above).
+      // Files kept out by the bound were read into memory by stage 2 (and their pixels checked
+      // above).
       if (eviction == prestage::Eviction::kClairvoyant) CHECK(stats.read_ahead > 0);
       // Stage 3 read the source only for those: never for a staged file (evicted while being read,
       // its copy gone, stage 3 would read the source instead).
@@ -599,7 +608,9 @@ TEST_CASE("loader: each loader keeps its own io_timeout") {
   CHECK(rest.get() == 1);
 }
 
-TEST_CASE("loader: without image_size no image is read when the loader is built; a first one that stalls fails at its batch") {
+TEST_CASE(
+    "loader: without image_size no image is read when the loader is built; a first one that stalls "
+    "fails at its batch") {
   // Each image keeps its own size: there is no first image's size to learn at construction.
   TempDir dir;
   prestage::test::make_image_folder(dir / "data", 1, 2);
@@ -647,8 +658,10 @@ TEST_CASE("loader: decode=locate says where each sample's bytes are, and reads n
         // The staged copy holds the source's bytes.
         std::ifstream staged(loader.staged_path(sample), std::ios::binary);
         std::ifstream source(cat.source_path(sample), std::ios::binary);
-        const std::string a((std::istreambuf_iterator<char>(staged)), std::istreambuf_iterator<char>());
-        const std::string b((std::istreambuf_iterator<char>(source)), std::istreambuf_iterator<char>());
+        const std::string a((std::istreambuf_iterator<char>(staged)),
+                            std::istreambuf_iterator<char>());
+        const std::string b((std::istreambuf_iterator<char>(source)),
+                            std::istreambuf_iterator<char>());
         CHECK(!a.empty());
         CHECK(a == b);
         ++seen;
@@ -671,7 +684,9 @@ TEST_CASE("loader: decode=locate says where each sample's bytes are, and reads n
   CHECK(direct.staged_path(0).empty());
 }
 
-TEST_CASE("loader: what it holds for ragged batches stays within its options' bounds, epoch after epoch") {
+TEST_CASE(
+    "loader: what it holds for ragged batches stays within its options' bounds, epoch after "
+    "epoch") {
   // Raw files of many sizes: every batch ragged; a stage directory bounded below the set (stage 2
   // reads what it declines into memory), and none (stage 3 reads the source).
   TempDir dir;
@@ -728,8 +743,8 @@ TEST_CASE(
     uint64_t from_stage = 0, elsewhere = 0;
     for (const prestage::EpochStats& e : s.epochs) {
       CAPTURE(e.epoch);
-      const uint64_t decoded = e.decoded_from_stage + e.decoded_from_memory +
-                               e.decoded_from_peers + e.decoded_from_source;
+      const uint64_t decoded = e.decoded_from_stage + e.decoded_from_memory + e.decoded_from_peers +
+                               e.decoded_from_source;
       if (e.epoch < 3) {  // consumed whole; a later one only begun
         CHECK(decoded == 30);
         CHECK(e.hits + e.misses == 30);

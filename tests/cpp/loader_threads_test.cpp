@@ -22,8 +22,8 @@ using prestage::Catalog;
 using prestage::Loader;
 using prestage::LoaderOptions;
 using prestage::Stats;
-using prestage::test::TempDir;
 using prestage::test::stalled_third;
+using prestage::test::TempDir;
 using Clock = std::chrono::steady_clock;
 
 namespace {

@@ -146,13 +146,15 @@ TEST_CASE("machine: a loader with no thread option says what it chose") {
   CHECK(pinned.stats().threads_why.empty());
 }
 
-TEST_CASE("machine: usable memory is the machine's, capped by the tightest cgroup memory.max above") {
+TEST_CASE(
+    "machine: usable memory is the machine's, capped by the tightest cgroup memory.max above") {
   TempDir dir;
   const auto root = dir / "cgroup";
   write(dir / "self", "0::/job/step\n");
   std::filesystem::create_directories(root / "job/step");
   std::string why;
-  const uint64_t machine = prestage::detail::usable_memory(why, root.string(), (dir / "self").string());
+  const uint64_t machine =
+      prestage::detail::usable_memory(why, root.string(), (dir / "self").string());
   CHECK(machine > (uint64_t{64} << 20));
   CHECK(why.find("machine") != std::string::npos);
   write(root / "job/step/memory.max", "max\n");
@@ -167,7 +169,9 @@ TEST_CASE("machine: usable memory is the machine's, capped by the tightest cgrou
         std::min<uint64_t>(machine, uint64_t{2} << 30));
 }
 
-TEST_CASE("machine: the self-tuning's limits come from the CPUs and the memory budget; given values stay") {
+TEST_CASE(
+    "machine: the self-tuning's limits come from the CPUs and the memory budget; given values "
+    "stay") {
   LoaderOptions o;
   o.batch_size = 256;
   std::string why;
@@ -194,7 +198,8 @@ TEST_CASE("machine: the self-tuning's limits come from the CPUs and the memory b
   CHECK((l.readers == 7 && l.prefetchers == 16 && l.lookahead == 8));
 }
 
-TEST_CASE("machine: chosen prefetchers and lookahead fit half the memory budget each; given ones stay") {
+TEST_CASE(
+    "machine: chosen prefetchers and lookahead fit half the memory budget each; given ones stay") {
   const std::array<bool, 3> none{false, false, false};
   const uint64_t gib = uint64_t{1} << 30;
   std::string why;

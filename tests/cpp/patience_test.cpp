@@ -23,8 +23,8 @@
 #include <vector>
 
 #include "prestage/prestage.hpp"
-#include "tiers/stage_directory.hpp"
 #include "test_util.hpp"
+#include "tiers/stage_directory.hpp"
 
 using prestage::Batch;
 using prestage::Catalog;

@@ -30,7 +30,8 @@ namespace {
 
 constexpr uint64_t kAbsentFile = 7;
 constexpr uint64_t kLaterFile = 9;
-constexpr uint64_t kHeldFile = 11;  // held back (kLater) for kHeld after it is first asked for, then served
+constexpr uint64_t kHeldFile =
+    11;  // held back (kLater) for kHeld after it is first asked for, then served
 constexpr auto kHeld = std::chrono::milliseconds(300);
 constexpr uint64_t kDoneFile = 99;  // "I have asked everything I will ask"
 
@@ -276,11 +277,13 @@ TEST_CASE("peers over MPI: nodes come from the override, values are gathered fro
     r->transport->stop();
   }
   auto r = start(/*node_override=*/5);
-  CHECK(r->transport->nodes() == std::vector<uint64_t>{0, 0});  // one node, named by its lowest rank
+  CHECK(r->transport->nodes() ==
+        std::vector<uint64_t>{0, 0});  // one node, named by its lowest rank
   r->transport->stop();
 }
 
-TEST_CASE("peers over MPI: a reply says how long the peer held it back, for a copy still being made") {
+TEST_CASE(
+    "peers over MPI: a reply says how long the peer held it back, for a copy still being made") {
   auto r = start();
   const uint64_t other = 1 - r->transport->rank();
   std::vector<std::byte> bytes;
@@ -376,7 +379,8 @@ TEST_CASE("peers over MPI: stop() ends a wait on a rank that does not answer, at
                                     check));  // stopped
 }
 
-TEST_CASE("peers over MPI: a rank that stops says goodbye: waits on it end, later asks fail at once") {
+TEST_CASE(
+    "peers over MPI: a rank that stops says goodbye: waits on it end, later asks fail at once") {
   auto r = start();
   const uint64_t me = r->transport->rank(), other = 1 - me;
   if (me == 1) {

@@ -65,8 +65,8 @@ TEST_CASE("peers: the owner of a file is the first rank to use it in the start e
     p.seed = 11;
     p.world_size = 4;
     const std::vector<uint64_t> node_of = {0, 0, 2, 2};
-    const Ownership own = Ownership::compute(identity(n), std::vector<uint64_t>(n, 10), p, 5, node_of,
-                                             std::vector<uint64_t>(4, 0));
+    const Ownership own = Ownership::compute(identity(n), std::vector<uint64_t>(n, 10), p, 5,
+                                             node_of, std::vector<uint64_t>(4, 0));
     CHECK(own.owner == owners_from_order(p, 5));
     CHECK(own.home == std::vector<uint8_t>(n, 1));  // no budget: every file has a home copy
   }
@@ -79,8 +79,8 @@ TEST_CASE("peers: files sharing a container are owned together, by the first use
   p.world_size = 2;
   std::vector<uint64_t> file_of(40);
   for (uint64_t s = 0; s < 40; ++s) file_of[s] = s / 4;  // 10 shards of 4 samples
-  const Ownership own = Ownership::compute(file_of, std::vector<uint64_t>(10, 1), p, 0, {0, 1},
-                                           {0, 0});
+  const Ownership own =
+      Ownership::compute(file_of, std::vector<uint64_t>(10, 1), p, 0, {0, 1}, {0, 0});
   const std::vector<uint64_t> by_sample = owners_from_order(p, 0);
   // A shard's owner is the owner of its sample used first.
   const std::vector<uint64_t> order = prestage::epoch_order(40, 0, 0, true);
@@ -129,8 +129,8 @@ TEST_CASE("peers: with drop_last, files no rank uses in the start epoch have no 
   p.batch_size = 4;
   p.world_size = 2;
   p.drop_last = true;  // 3 global batches of 8: 6 samples left out
-  const Ownership own = Ownership::compute(identity(30), std::vector<uint64_t>(30, 1), p, 2, {0, 1},
-                                           {0, 0});
+  const Ownership own =
+      Ownership::compute(identity(30), std::vector<uint64_t>(30, 1), p, 2, {0, 1}, {0, 0});
   uint64_t unowned = 0;
   for (uint64_t f = 0; f < 30; ++f) unowned += own.owner[f] == Ownership::kNoOwner ? 1 : 0;
   CHECK(unowned == 6);
@@ -145,14 +145,16 @@ TEST_CASE("peers: without the plugin or an MPI launcher the tier stays off and s
   PlanOptions p;
   p.num_samples = 2;
   p.world_size = 2;
-  const prestage::detail::Peers one(catalog, PlanOptions{2, 1, 0, true, false, 0, 1}, nullptr, 0, {});
+  const prestage::detail::Peers one(catalog, PlanOptions{2, 1, 0, true, false, 0, 1}, nullptr, 0,
+                                    {});
   CHECK_FALSE(one.on());
   CHECK(one.why_off().find("world_size 1") != std::string::npos);
   if (std::getenv("OMPI_COMM_WORLD_SIZE") == nullptr && std::getenv("PMI_RANK") == nullptr) {
     const prestage::detail::Peers two(catalog, p, nullptr, 0, {});
     CHECK_FALSE(two.on());
     const std::string why = two.why_off();
-    CHECK((why.rfind("plugin missing", 0) == 0 || why.rfind("MPI world of 1 does not match", 0) == 0));
+    CHECK((why.rfind("plugin missing", 0) == 0 ||
+           why.rfind("MPI world of 1 does not match", 0) == 0));
   }
 }
 

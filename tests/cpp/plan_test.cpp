@@ -65,7 +65,8 @@ std::map<uint64_t, int> coverage(PlanOptions o, uint64_t epoch, uint64_t* batche
 }
 }  // namespace
 
-TEST_CASE("plan: without drop_last, every sample comes once per epoch, padding only to even ranks") {
+TEST_CASE(
+    "plan: without drop_last, every sample comes once per epoch, padding only to even ranks") {
   for (uint64_t n : {1ULL, 10ULL, 97ULL, 100ULL}) {
     for (uint64_t world : {1ULL, 2ULL, 3ULL}) {
       for (uint64_t bs : {1ULL, 4ULL, 7ULL}) {
@@ -147,9 +148,12 @@ TEST_CASE("plan: any rank's plan gives every other rank's batches, as their own 
 }
 
 TEST_CASE("plan: bad arguments are configuration errors") {
-  CHECK_THROWS_AS(prestage::batches_per_epoch({10, 0, 0, true, false, 0, 1}), prestage::ConfigError);
-  CHECK_THROWS_AS(prestage::batches_per_epoch({10, 2, 0, true, false, 2, 2}), prestage::ConfigError);
-  CHECK_THROWS_AS(prestage::batches_per_epoch({10, 2, 0, true, false, 0, 0}), prestage::ConfigError);
+  CHECK_THROWS_AS(prestage::batches_per_epoch({10, 0, 0, true, false, 0, 1}),
+                  prestage::ConfigError);
+  CHECK_THROWS_AS(prestage::batches_per_epoch({10, 2, 0, true, false, 2, 2}),
+                  prestage::ConfigError);
+  CHECK_THROWS_AS(prestage::batches_per_epoch({10, 2, 0, true, false, 0, 0}),
+                  prestage::ConfigError);
   EpochPlan plan({10, 4, 0, true, false, 0, 1}, 0);
   CHECK_THROWS_AS(plan.batch_size(3), prestage::ConfigError);
 }

@@ -62,7 +62,6 @@ Image resize(const Image& src, int w, int h) {
   return resize(src, 0, 0, src.width, src.height, w, h, scratch);
 }
 
-
 // Pillow's Resample.c for 8-bit RGB, transcribed as plainly as possible (one pixel and one tap at a
 // time, whole source), to check the optimised passes against.
 struct PillowTaps {

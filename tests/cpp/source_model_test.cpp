@@ -1,5 +1,5 @@
-// The choice of a source per read (tiers/source_model.hpp) on fixed estimates: the PFS when peers are
-// slower, a peer when faster, reads moved once a queue builds, probes, peers down; and the
+// The choice of a source per read (tiers/source_model.hpp) on fixed estimates: the PFS when peers
+// are slower, a peer when faster, reads moved once a queue builds, probes, peers down; and the
 // estimates' fit of latency and bandwidth.
 #include <doctest/doctest.h>
 
@@ -22,7 +22,8 @@ namespace {
 
 constexpr uint64_t kMB = 1000 * 1000;
 
-// An estimate learned from `n` reads of each size in `sizes`, each taking latency + size / bandwidth.
+// An estimate learned from `n` reads of each size in `sizes`, each taking latency + size /
+// bandwidth.
 SourceEstimate learned(double latency_s, double bytes_per_s, std::vector<uint64_t> sizes, int n = 8,
                        bool probe = true) {
   SourceEstimate e;
@@ -94,7 +95,8 @@ TEST_CASE("reads move to the PFS as the peer's queue builds, and back as it drai
   std::vector<size_t> chosen;
   for (int i = 0; i < 6; ++i) chosen.push_back(model.choose(sources, bytes).read);
   // Expected finish, queue counted: peer 10, 20, 30 ms; PFS 20, 40 ms: ties to the peer (first).
-  CHECK(chosen == std::vector<size_t>{peer, peer, SourceModel::kPfs, peer, peer, SourceModel::kPfs});
+  CHECK(chosen ==
+        std::vector<size_t>{peer, peer, SourceModel::kPfs, peer, peer, SourceModel::kPfs});
   CHECK(model.moved_to_pfs() == 2);
   // Drained (their times as learned): the next read goes to the peer again.
   for (const size_t s : chosen) model.done(s, kMB, s == peer ? 0.01 : 0.02, true);
@@ -328,7 +330,8 @@ TEST_CASE("the model is safe to use from many threads at once") {
   std::vector<std::thread> threads;
   for (int t = 0; t < 4; ++t) {
     threads.emplace_back([&model, t] {
-      const std::array<size_t, 2> sources{SourceModel::kPeer0 + static_cast<size_t>(t), SourceModel::kPfs};
+      const std::array<size_t, 2> sources{SourceModel::kPeer0 + static_cast<size_t>(t),
+                                          SourceModel::kPfs};
       const std::array<uint64_t, 2> bytes{1000, 1000};
       for (int i = 0; i < 2000; ++i) {
         const SourceModel::Choice c = model.choose(sources, bytes, i % 2 == 0);

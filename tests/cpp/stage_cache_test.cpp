@@ -78,10 +78,10 @@ PlanOptions rank_plan(uint64_t rank, uint64_t world_size) {
 }
 
 struct Outcome {
-  std::vector<uint64_t> misses;  // per epoch
-  std::vector<uint64_t> bytes;   // read from the source, per epoch
-  bool bound_held = true;        // the copies on disk never exceeded the bound
-  bool window_kept = true;       // no file of the last `window` batches was gone
+  std::vector<uint64_t> misses;       // per epoch
+  std::vector<uint64_t> bytes;        // read from the source, per epoch
+  bool bound_held = true;             // the copies on disk never exceeded the bound
+  bool window_kept = true;            // no file of the last `window` batches was gone
   std::vector<uint64_t> home_misses;  // per epoch, of files HomeFirst::home names (with one)
 };
 
@@ -261,7 +261,7 @@ Outcome simulate(const Catalog& catalog, const PlanOptions& plan, uint64_t capac
     const bool as_off = layout == Layout::kOwnFirst ||
                         (layout == Layout::kUndecided && stream[i].epoch == stream[0].epoch &&
                          catalog.num_files() != catalog.size());
-    const uint64_t kept = as_off || is_home(f) ? 0
+    const uint64_t kept = as_off || is_home(f)           ? 0
                           : layout == Layout::kHomeFirst ? std::min(home_missing, capacity)
                                                          : std::min(home_unmade, capacity);
     if (size + kept > capacity) continue;
@@ -544,7 +544,8 @@ NodeRun run_node(const std::vector<uint64_t>& ranks, uint64_t world_size, uint64
         std::vector<uint64_t> to_stage;
         std::vector<size_t> declined;
         prestage::detail::Admission stats;
-        caches[i]->admit(e, b, plans[i].batch(b), plans[i].batch_size(b), to_stage, declined, stats);
+        caches[i]->admit(e, b, plans[i].batch(b), plans[i].batch_size(b), to_stage, declined,
+                         stats);
         for (const uint64_t f : to_stage) {
           if (directories[i]->is_staged(f)) continue;  // a copy to check: none here
           const auto outcome =
@@ -611,8 +612,8 @@ TEST_CASE(
   CHECK(got.bytes[0] == want.bytes[0]);  // the first epoch reads the node's share once
   const auto got_bytes = static_cast<double>(after_first(got.bytes));
   const auto want_bytes = static_cast<double>(after_first(want.bytes));
-  MESSAGE("node's bytes from the source after the first epoch: ", got_bytes, ", Belady's rule: ",
-          want_bytes, " (", got_bytes / want_bytes, "x)");
+  MESSAGE("node's bytes from the source after the first epoch: ", got_bytes,
+          ", Belady's rule: ", want_bytes, " (", got_bytes / want_bytes, "x)");
   CHECK(got_bytes <= 1.05 * want_bytes);
 }
 
@@ -792,8 +793,9 @@ std::set<uint64_t> on_disk(StageDirectory& directory, const Catalog& catalog) {
 
 }  // namespace
 
-TEST_CASE("stage cache: a warm restart mid-epoch keeps the copies the resumed plan uses first, "
-          "within the bound, and copies none of them again") {
+TEST_CASE(
+    "stage cache: a warm restart mid-epoch keeps the copies the resumed plan uses first, "
+    "within the bound, and copies none of them again") {
   const Catalog& catalog = data().catalog;
   TempDir dir;
   stage_everything(dir / "stage", catalog);  // a job with room for the whole set
@@ -845,8 +847,9 @@ TEST_CASE("stage cache: a warm restart mid-epoch keeps the copies the resumed pl
   CHECK(hits + from_source == kFiles - 300);
 }
 
-TEST_CASE("stage cache: ranks restarting on one warm directory keep the copies the node uses "
-          "first, whichever rank brings it within the bound") {
+TEST_CASE(
+    "stage cache: ranks restarting on one warm directory keep the copies the node uses "
+    "first, whichever rank brings it within the bound") {
   const Catalog& catalog = data().catalog;
   TempDir dir;
   stage_everything(dir / "stage", catalog);

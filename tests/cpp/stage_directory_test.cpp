@@ -40,7 +40,8 @@ void write(const std::filesystem::path& p, const std::string& text) {
 using Outcome = StageDirectory::Outcome;
 }  // namespace
 
-TEST_CASE("stage directory: a staged copy holds the source's bytes, under a name made from its id") {
+TEST_CASE(
+    "stage directory: a staged copy holds the source's bytes, under a name made from its id") {
   TempDir dir;
   write(dir / "src/a", "alpha");
   write(dir / "src/b", "hello");
@@ -64,7 +65,8 @@ TEST_CASE("stage directory: a second run finds the copies of the first and check
   write(dir / "src/a", "zero");
   write(dir / "src/b", "one");
   write(dir / "src/c", "two");
-  const Catalog cat = Catalog::from_list((write(dir / "list", "a\nb\nc\n"), dir / "list"), dir / "src");
+  const Catalog cat =
+      Catalog::from_list((write(dir / "list", "a\nb\nc\n"), dir / "list"), dir / "src");
   std::vector<std::byte> buffer;
   {
     StageDirectory stage(dir / "stage", cat);
@@ -174,7 +176,8 @@ TEST_CASE("stage directory: source and directory failures give the claim back") 
   StageDirectory stage(dir / "stage", cat);
   std::vector<std::byte> buffer;
   REQUIRE(stage.try_claim(1));
-  CHECK_THROWS_AS(stage.stage(1, cat.file_source_path(1).string(), buffer), StageDirectory::SourceError);
+  CHECK_THROWS_AS(stage.stage(1, cat.file_source_path(1).string(), buffer),
+                  StageDirectory::SourceError);
   CHECK(stage.is_absent(1));
   std::filesystem::remove_all(dir / "stage");
   REQUIRE(stage.try_claim(0));
@@ -256,7 +259,8 @@ TEST_CASE("stage directory: records appended after a torn one still vouch for th
 }
 
 namespace {
-// A stage directory whose index holds 2,001 records for its 2 live copies, as eviction churn leaves it.
+// A stage directory whose index holds 2,001 records for its 2 live copies, as eviction churn leaves
+// it.
 std::filesystem::path churned_index(const TempDir& dir, const Catalog& cat) {
   std::vector<std::byte> buffer;
   StageDirectory stage(dir / "stage", cat);
@@ -401,7 +405,8 @@ TEST_CASE("stage directory: taking over a neighbour's copies reads each byte of 
   CHECK(second.index_bytes_read() == index_size);
 }
 
-TEST_CASE("stage directory: a file a neighbour is copying is waited for and taken, not read again") {
+TEST_CASE(
+    "stage directory: a file a neighbour is copying is waited for and taken, not read again") {
   TempDir dir;
   const Catalog cat = many_files(dir, 2);
   StageDirectory first(dir / "stage", cat);
@@ -411,19 +416,22 @@ TEST_CASE("stage directory: a file a neighbour is copying is waited for and take
   std::thread writer([&] {
     std::vector<std::byte> buffer;
     if (!first.try_claim(0)) return;
-    copied = first.stage(0, [&](std::vector<std::byte>& out, int64_t& mtime) {
-      fetching = true;
-      std::this_thread::sleep_for(milliseconds(200));  // a slow PFS
-      prestage::detail::read_file(cat.file_source_path(0).string(), out, &mtime);
-    }, buffer);
+    copied = first.stage(
+        0,
+        [&](std::vector<std::byte>& out, int64_t& mtime) {
+          fetching = true;
+          std::this_thread::sleep_for(milliseconds(200));  // a slow PFS
+          prestage::detail::read_file(cat.file_source_path(0).string(), out, &mtime);
+        },
+        buffer);
   });
   while (!fetching) std::this_thread::sleep_for(milliseconds(1));
   bool read_source = false;
   std::vector<std::byte> buffer;
   REQUIRE(second.try_claim(0));
-  const Outcome waited = second.stage(0, [&](std::vector<std::byte>&, int64_t&) {
-    read_source = true;
-  }, buffer, milliseconds(10000));
+  const Outcome waited = second.stage(
+      0, [&](std::vector<std::byte>&, int64_t&) { read_source = true; }, buffer,
+      milliseconds(10000));
   writer.join();
   CHECK(copied == Outcome::kStaged);
   CHECK(waited == Outcome::kAdopted);
@@ -465,7 +473,8 @@ TEST_CASE("stage directory: the wait for a neighbour's copy ends at its limit or
   ::close(fd);
 }
 
-TEST_CASE("stage directory: a neighbour that stalled holding copies costs one wait, not one per copy") {
+TEST_CASE(
+    "stage directory: a neighbour that stalled holding copies costs one wait, not one per copy") {
   TempDir dir;
   const Catalog cat = many_files(dir, 3);
   StageDirectory stage(dir / "stage", cat);
@@ -519,11 +528,14 @@ TEST_CASE("stage directory: a neighbour that gives up its copy leaves it to the 
     std::vector<std::byte> buffer;
     if (!first.try_claim(0)) return;
     try {
-      first.stage(0, [&](std::vector<std::byte>&, int64_t&) {
-        fetching = true;
-        std::this_thread::sleep_for(milliseconds(100));
-        throw prestage::IoError("f0", EIO, "a read that failed");
-      }, buffer);
+      first.stage(
+          0,
+          [&](std::vector<std::byte>&, int64_t&) {
+            fetching = true;
+            std::this_thread::sleep_for(milliseconds(100));
+            throw prestage::IoError("f0", EIO, "a read that failed");
+          },
+          buffer);
     } catch (const StageDirectory::SourceError&) {
       first_failed = true;
     }
@@ -566,10 +578,13 @@ TEST_CASE("stage directory: an eviction and a neighbour's new copy of the same f
   first.node().release(6);
   bool read_source = false;
   REQUIRE(second.try_claim(0));
-  CHECK(second.stage(0, [&](std::vector<std::byte>& out, int64_t& mtime) {
-    read_source = true;
-    prestage::detail::read_file(cat.file_source_path(0).string(), out, &mtime);
-  }, buffer) == Outcome::kStaged);
+  CHECK(second.stage(
+            0,
+            [&](std::vector<std::byte>& out, int64_t& mtime) {
+              read_source = true;
+              prestage::detail::read_file(cat.file_source_path(0).string(), out, &mtime);
+            },
+            buffer) == Outcome::kStaged);
   CHECK(read_source);
   CHECK(second.node().on_disk(0));
   CHECK(second.node().used() == 6);
@@ -596,11 +611,14 @@ TEST_CASE("stage directory: a copy under way is not evicted, so its room is not 
     Outcome copied = Outcome::kBusy;
     std::thread copier([&] {
       std::vector<std::byte> buffer;
-      copied = stage.stage(0, [&](std::vector<std::byte>& out, int64_t& mtime) {
-        fetching = true;
-        while (!go_on) std::this_thread::sleep_for(milliseconds(1));
-        prestage::detail::read_file(cat.file_source_path(0).string(), out, &mtime);
-      }, buffer);
+      copied = stage.stage(
+          0,
+          [&](std::vector<std::byte>& out, int64_t& mtime) {
+            fetching = true;
+            while (!go_on) std::this_thread::sleep_for(milliseconds(1));
+            prestage::detail::read_file(cat.file_source_path(0).string(), out, &mtime);
+          },
+          buffer);
     });
     while (!fetching) std::this_thread::sleep_for(milliseconds(1));
     CHECK_FALSE(stage.evict(0));

@@ -14,10 +14,10 @@
 
 #include "prestage/catalog.hpp"
 #include "prestage/error.hpp"
-#include "tiers/stage_directory.hpp"
-#include "tiers/tiers.hpp"
 #include "staging/stager.hpp"
 #include "test_util.hpp"
+#include "tiers/stage_directory.hpp"
+#include "tiers/tiers.hpp"
 #include "util/file_io.hpp"
 
 using prestage::Catalog;
@@ -406,8 +406,8 @@ TEST_CASE("stager: expediting keeps the earlier run's copies it was to check, an
 
     // A batch of two files to copy (claimed) and four copies from the earlier run to check, queued
     // behind the blocked threads: no thread has started any when the consumer's patience ends.
-    std::vector<uint64_t> ids{src.file(4), src.file(0), src.file(1), src.file(5), src.file(2),
-                              src.file(3)};
+    std::vector<uint64_t> ids{src.file(4), src.file(0), src.file(1),
+                              src.file(5), src.file(2), src.file(3)};
     REQUIRE(stage.try_claim(src.file(4)));
     REQUIRE(stage.try_claim(src.file(5)));
     StageTask task;
@@ -458,8 +458,8 @@ TEST_CASE("stager: cancelled, it completes queued and new tasks without copying;
     Stager stager(tiers, threads);
     BlockedThreads blocked(stager, stage, src);
 
-    std::vector<uint64_t> queued_ids{src.file(0), src.file(4), src.file(1), src.file(2),
-                                     src.file(5), src.file(3)};
+    std::vector<uint64_t> queued_ids{src.file(0), src.file(4), src.file(1),
+                                     src.file(2), src.file(5), src.file(3)};
     REQUIRE(stage.try_claim(src.file(4)));
     REQUIRE(stage.try_claim(src.file(5)));
     StageTask queued;
@@ -620,7 +620,8 @@ TEST_CASE("stager: set_threads starts threads as the limit grows; a stager with 
   CHECK(none.threads() == 0);
 }
 
-TEST_CASE("read ahead: the items lie back to back in one buffer that grows a quarter past the need") {
+TEST_CASE(
+    "read ahead: the items lie back to back in one buffer that grows a quarter past the need") {
   ReadAhead ahead;
   ahead.plan(4);
   ahead.add(1, 10, 100);

@@ -23,7 +23,8 @@ namespace prestage::test {
 class TempDir {
  public:
   TempDir() {
-    std::string pattern = (std::filesystem::temp_directory_path() / "prestage-test-XXXXXX").string();
+    std::string pattern =
+        (std::filesystem::temp_directory_path() / "prestage-test-XXXXXX").string();
     if (::mkdtemp(pattern.data()) == nullptr) throw std::runtime_error("mkdtemp failed");
     path_ = pattern;
   }
@@ -54,8 +55,9 @@ inline std::vector<uint8_t> pattern(int width, int height, uint32_t seed) {
   return rgb;
 }
 
-inline std::vector<unsigned char> encode_jpeg(const std::vector<uint8_t>& rgb, int width, int height,
-                                              int quality = 90, int subsamp = TJSAMP_420) {
+inline std::vector<unsigned char> encode_jpeg(const std::vector<uint8_t>& rgb, int width,
+                                              int height, int quality = 90,
+                                              int subsamp = TJSAMP_420) {
   tjhandle handle = tjInitCompress();
   unsigned char* out = nullptr;
   unsigned long size = 0;
@@ -73,7 +75,8 @@ inline std::vector<unsigned char> encode_jpeg(const std::vector<uint8_t>& rgb, i
 inline void write_file(const std::filesystem::path& path, const std::vector<unsigned char>& bytes) {
   std::filesystem::create_directories(path.parent_path());
   std::ofstream out(path, std::ios::binary);
-  out.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
+  out.write(reinterpret_cast<const char*>(bytes.data()),
+            static_cast<std::streamsize>(bytes.size()));
   if (!out) throw std::runtime_error("cannot write " + path.string());
 }
 
@@ -100,8 +103,8 @@ inline void make_image_folder(const std::filesystem::path& root, int classes, in
   uint32_t seed = 0;
   for (int c = 0; c < classes; ++c) {
     for (int i = 0; i < per_class; ++i) {
-      write_jpeg(root / ("class_" + std::to_string(c)) / ("img_" + std::to_string(i) + ".jpg"), width,
-                 height, seed++);
+      write_jpeg(root / ("class_" + std::to_string(c)) / ("img_" + std::to_string(i) + ".jpg"),
+                 width, height, seed++);
     }
   }
 }
@@ -126,8 +129,8 @@ inline Epoch run_epoch(Loader& loader, uint64_t epoch) {
   return seen;
 }
 
-// A FIFO with no writer at `path`: opening it blocks, as a read from a hung file server does. At the
-// end of the test a writer lets the reads left behind finish.
+// A FIFO with no writer at `path`: opening it blocks, as a read from a hung file server does. At
+// the end of the test a writer lets the reads left behind finish.
 class StalledFile {
  public:
   explicit StalledFile(std::filesystem::path path) : path_(std::move(path)) {
@@ -147,9 +150,9 @@ class StalledFile {
 // dir/data/class_0's img_0, img_1, stalled.jpg (a StalledFile, made by the caller), img_2, img_3,
 // img_4: with batches of 2 and no shuffle, the second batch waits on the stalled file.
 inline Catalog stalled_third(const TempDir& dir) {
-  return Catalog::from_paths(
-      dir / "data", {"class_0/img_0.jpg", "class_0/img_1.jpg", "class_0/stalled.jpg",
-                     "class_0/img_2.jpg", "class_0/img_3.jpg", "class_0/img_4.jpg"});
+  return Catalog::from_paths(dir / "data",
+                             {"class_0/img_0.jpg", "class_0/img_1.jpg", "class_0/stalled.jpg",
+                              "class_0/img_2.jpg", "class_0/img_3.jpg", "class_0/img_4.jpg"});
 }
 
 // Lets the reader blocked in opening a FIFO go on: opens a writer once the reader waits, and closes

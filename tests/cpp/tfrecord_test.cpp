@@ -178,9 +178,8 @@ TEST_CASE("tfrecord: float_list values are read packed, unpacked and mixed, in o
   CHECK(dtype == "<f4");
   CHECK(values_of<float>(example("x", 2, unpacked), dtype) == want);
   // Protobuf parsers accept a packed run and single values in one list.
-  const std::string mixed = field(1, fixed32(1.5f) + fixed32(-2.0f)) +
-                            varint(1 << 3 | 5) + fixed32(3.25f) +
-                            field(1, fixed32(0.0f) + fixed32(1e30f));
+  const std::string mixed = field(1, fixed32(1.5f) + fixed32(-2.0f)) + varint(1 << 3 | 5) +
+                            fixed32(3.25f) + field(1, fixed32(0.0f) + fixed32(1e30f));
   CHECK(values_of<float>(example("x", 2, mixed), dtype) == want);
   CHECK(values_of<float>(example("x", 2, ""), dtype).empty());  // an empty list
 }
@@ -215,8 +214,7 @@ TEST_CASE("tfrecord: malformed or oversized float and int64 lists are DecodeErro
   CHECK_THROWS_AS(read(example("x", 2, varint(1 << 3 | 5) + "ab")), DecodeError);
   // A packed varint run that ends inside a varint; a varint of more than 10 bytes.
   CHECK_THROWS_AS(read(example("x", 3, field(1, varint(5) + "\x80"))), DecodeError);
-  CHECK_THROWS_AS(read(example("x", 3, field(1, std::string(11, '\xff') + '\x01'))),
-                  DecodeError);
+  CHECK_THROWS_AS(read(example("x", 3, field(1, std::string(11, '\xff') + '\x01'))), DecodeError);
   // An empty Feature (no list at all) is refused, as the other accessors do.
   CHECK_THROWS_AS(read(field(1, field(1, field(1, "x") + field(2, "")))), DecodeError);
   // More values than max_bytes allows: refused before the buffer grows.
@@ -299,7 +297,7 @@ TEST_CASE("tfrecord: a bad length CRC or a truncation loses the rest of the file
   const auto a = write_shard(dir / "a.tfrecord", 5, 0);
   const auto b = write_shard(dir / "b.tfrecord", 4, 10);
   write_shard(dir / "c.tfrecord", 2, 20);
-  flip_byte(dir / "a.tfrecord", a[3] + 1);  // record 3's length
+  flip_byte(dir / "a.tfrecord", a[3] + 1);                     // record 3's length
   std::filesystem::resize_file(dir / "b.tfrecord", b[4] - 7);  // record 3 cut short
   const std::vector<std::filesystem::path> files{dir / "a.tfrecord", dir / "b.tfrecord",
                                                  dir / "c.tfrecord"};

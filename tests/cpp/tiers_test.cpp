@@ -19,9 +19,9 @@ using prestage::Catalog;
 using prestage::detail::Access;
 using prestage::detail::StageDirectory;
 using prestage::detail::Tier;
+using prestage::detail::Tiers;
 using prestage::detail::TierScratch;
 using prestage::detail::TierTally;
-using prestage::detail::Tiers;
 using prestage::test::TempDir;
 
 namespace {
@@ -67,10 +67,12 @@ TEST_CASE("tiers: memory, then the stage directory, then the source, each counte
   std::vector<std::byte> held(held_text.size());
   std::memcpy(held.data(), held_text.data(), held.size());
   TierTally batch;  // one batch's reads, counted besides the tiers' own
-  CHECK(text(tiers.read(0, std::span<const std::byte>(held), buffer, scratch, &batch)) == "held!");  // memory first
+  CHECK(text(tiers.read(0, std::span<const std::byte>(held), buffer, scratch, &batch)) ==
+        "held!");  // memory first
   CHECK(text(tiers.read(1, std::nullopt, buffer, scratch, &batch)) == "bravo!");
   CHECK(text(tiers.read(0, std::nullopt, buffer, scratch, &batch)) == "alpha");
-  CHECK(text(tiers.read(0, std::nullopt, buffer, scratch, nullptr)) == "alpha");  // a look: uncounted
+  CHECK(text(tiers.read(0, std::nullopt, buffer, scratch, nullptr)) ==
+        "alpha");  // a look: uncounted
 
   const auto served = tiers.served();
   CHECK(batch.counts().reads == served.reads);
@@ -136,9 +138,11 @@ TEST_CASE("tiers: serve starts at the tier a first look chose and counts only wh
     file = sample.file()->path();
     return 6;
   };
-  CHECK(tiers.serve(1, Tier::kStage, std::nullopt, scratch, nullptr, Access::kLook, look) == Tier::kStage);
+  CHECK(tiers.serve(1, Tier::kStage, std::nullopt, scratch, nullptr, Access::kLook, look) ==
+        Tier::kStage);
   CHECK(file == stage.staged_path(1));
-  CHECK(tiers.serve(1, Tier::kSource, std::nullopt, scratch, &tally, Access::kLook, look) == Tier::kSource);
+  CHECK(tiers.serve(1, Tier::kSource, std::nullopt, scratch, &tally, Access::kLook, look) ==
+        Tier::kSource);
   CHECK(file == set.catalog.file_source_path(1).string());
   CHECK(tiers.served().reads[at(Tier::kStage)] == 0);
   CHECK(tiers.served().reads[at(Tier::kSource)] == 1);
@@ -164,7 +168,8 @@ TEST_CASE("tiers: stage 2's fetches read below the stage directory and are count
   CHECK(tiers.fetched().reads[at(Tier::kSource)] == 1);
   CHECK(tiers.fetched().bytes[at(Tier::kSource)] == 5);
   // A read ahead: samples whose sizes the catalog records (byte ranges), into their places.
-  const Catalog ranges = Catalog::from_ranges(set.dir / "src", {"a", "c"}, {{0, 1, 3}, {1, 0, 100}});
+  const Catalog ranges =
+      Catalog::from_ranges(set.dir / "src", {"a", "c"}, {{0, 1, 3}, {1, 0, 100}});
   Tiers ahead(ranges, nullptr, 1 << 20);
   std::vector<std::byte> place(100), fetched;
   ahead.fetch_sample(1, place, fetched, &batch);
@@ -205,7 +210,8 @@ TEST_CASE("tiers: a sample over the limit is refused, unread when its size is kn
   CHECK_THROWS_AS(unknown.fetch_sample(2, place, buffer), std::logic_error);
 }
 
-TEST_CASE("tiers: a staged copy changed after it was written is never served, read whole or in part") {
+TEST_CASE(
+    "tiers: a staged copy changed after it was written is never served, read whole or in part") {
   Set set;
   StageDirectory stage(set.dir / "stage", set.catalog);
   stage_file(stage, set.catalog, 1);
@@ -234,7 +240,8 @@ TEST_CASE("tiers: a staged copy changed after it was written is never served, re
     served_from = at.file()->path();
     return 10;
   };
-  CHECK(tiers.serve(2, Tier::kStage, std::nullopt, scratch, &tally, Access::kFile, part) == Tier::kSource);
+  CHECK(tiers.serve(2, Tier::kStage, std::nullopt, scratch, &tally, Access::kFile, part) ==
+        Tier::kSource);
   CHECK(served_from == set.catalog.file_source_path(2).string());
   CHECK(stage.corrupt() == 2);
   CHECK_FALSE(stage.is_staged(2));
@@ -246,7 +253,8 @@ TEST_CASE("tiers: a staged copy changed after it was written is never served, re
   CHECK(stage.corrupt() == 3);
 }
 
-TEST_CASE("tiers: a copy read in part is checked whole until it has settled, then by its identity") {
+TEST_CASE(
+    "tiers: a copy read in part is checked whole until it has settled, then by its identity") {
   Set set;
   StageDirectory stage(set.dir / "stage", set.catalog);
   stage_file(stage, set.catalog, 2);
@@ -256,22 +264,26 @@ TEST_CASE("tiers: a copy read in part is checked whole until it has settled, the
   // Younger than the file times' tick: a write in it would not show, so each read checks it whole.
   for (int i = 0; i < 2; ++i) {
     scratch.check.clear();
-    CHECK(tiers.serve(2, Tier::kStage, std::nullopt, scratch, nullptr, Access::kFile, part) == Tier::kStage);
+    CHECK(tiers.serve(2, Tier::kStage, std::nullopt, scratch, nullptr, Access::kFile, part) ==
+          Tier::kStage);
     CHECK(scratch.check.size() == 100);
   }
   // Settled: checked whole once more, then trusted while its identity holds.
   stage.set_settle_time(std::chrono::nanoseconds(0));
   scratch.check.clear();
-  CHECK(tiers.serve(2, Tier::kStage, std::nullopt, scratch, nullptr, Access::kFile, part) == Tier::kStage);
+  CHECK(tiers.serve(2, Tier::kStage, std::nullopt, scratch, nullptr, Access::kFile, part) ==
+        Tier::kStage);
   CHECK(scratch.check.size() == 100);
   scratch.check.clear();
-  CHECK(tiers.serve(2, Tier::kStage, std::nullopt, scratch, nullptr, Access::kFile, part) == Tier::kStage);
+  CHECK(tiers.serve(2, Tier::kStage, std::nullopt, scratch, nullptr, Access::kFile, part) ==
+        Tier::kStage);
   CHECK(scratch.check.empty());
   CHECK(stage.corrupt() == 0);
   // Any write changes its identity (a tick later at most): checked whole again, and caught.
   std::this_thread::sleep_for(std::chrono::milliseconds(20));
   prestage::test::write_file(stage.staged_path(2), bytes_of(std::string(100, 'X')));
-  CHECK(tiers.serve(2, Tier::kStage, std::nullopt, scratch, nullptr, Access::kFile, part) == Tier::kSource);
+  CHECK(tiers.serve(2, Tier::kStage, std::nullopt, scratch, nullptr, Access::kFile, part) ==
+        Tier::kSource);
   CHECK(stage.corrupt() == 1);
 }
 

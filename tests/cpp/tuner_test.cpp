@@ -10,27 +10,27 @@
 
 #include "pipeline/tuner.hpp"
 
+using prestage::detail::kKnobs;
 using prestage::detail::Knob;
 using prestage::detail::KnobId;
-using prestage::detail::kKnobs;
 using prestage::detail::Tuner;
 using prestage::detail::TunerWindow;
 
 namespace {
 
-// A pipeline as a closed-form throughput model: the slowest of the consumer, stage 3 (decode threads
-// on the cores left), stage 2 (reads in flight, each file one latency, up to what the file system
-// serves at once, fed by lookahead x batch files) and the file system's bandwidth. Rates carry a
-// deterministic +-3% noise.
+// A pipeline as a closed-form throughput model: the slowest of the consumer, stage 3 (decode
+// threads on the cores left), stage 2 (reads in flight, each file one latency, up to what the file
+// system serves at once, fed by lookahead x batch files) and the file system's bandwidth. Rates
+// carry a deterministic +-3% noise.
 struct SimPipeline {
   double cores = 16;
-  double decode_s = 0.08;     // CPU seconds to decode one batch
-  double consumer_s = 0.001;  // seconds the consumer computes per batch
-  double files = 64;          // files per batch
-  double latency_s = 0.002;   // per file read
-  double fs_parallel = 1e9;   // reads the file system serves at once
+  double decode_s = 0.08;         // CPU seconds to decode one batch
+  double consumer_s = 0.001;      // seconds the consumer computes per batch
+  double files = 64;              // files per batch
+  double latency_s = 0.002;       // per file read
+  double fs_parallel = 1e9;       // reads the file system serves at once
   double fs_batches_per_s = 1e9;  // its bandwidth, in batches
-  bool staged = true;         // stage 2 threads exist (reads in flight is a knob)
+  bool staged = true;             // stage 2 threads exist (reads in flight is a knob)
   uint64_t tick = 0;
 
   double noise() {
@@ -126,7 +126,7 @@ TEST_CASE("tuner: an I/O-bound pipeline gets reads in flight up to what the file
   drive(tuner, sim, 300);
   const uint64_t reads = tuner.knob(KnobId::kReads).value;
   CHECK(reads >= 32);
-  CHECK(reads <= 64);  // 128 does not pay: undone
+  CHECK(reads <= 64);                                                 // 128 does not pay: undone
   CHECK(steady_rate(tuner, sim) >= 0.9 * sim.best(tuner) * 32 / 48);  // doublings stop at 32 or 64
   CHECK(tuner.steps_undone() >= 1);
 }

@@ -218,8 +218,9 @@ TEST_CASE("webdataset: a missing field is an error, skipped, or empty") {
   CHECK(with_errors.damage().size() == 2);
 }
 
-TEST_CASE("webdataset: a corrupt gzip shard is damage, bzip2 refused; a member named like a magic is "
-          "not") {
+TEST_CASE(
+    "webdataset: a corrupt gzip shard is damage, bzip2 refused; a member named like a magic is "
+    "not") {
   TempDir dir;
   // gzip is read through its decompressed bytes: a stream that does not decompress is damage of
   // the whole shard (and a set of no other shard holds no sample).

@@ -1,5 +1,5 @@
-// Batch: a filled buffer lent by the loader's ring. Move-only; the buffer goes back to the ring when the
-// Batch is destroyed, so hold it only as long as its data are needed.
+// Batch: a filled buffer lent by the loader's ring. Move-only; the buffer goes back to the ring
+// when the Batch is destroyed, so hold it only as long as its data are needed.
 #pragma once
 
 #include <array>
@@ -34,17 +34,17 @@ class Batch {
   size_t size() const noexcept;     // samples in the batch
   DecodeMode mode() const noexcept;
 
-  // kJpeg: size() images of shape (height, width, 3) (NHWC) or (3, height, width) (NCHW), contiguous;
-  // when ragged() (no image_size, images of mixed sizes), the first image's, and sample_shape(i) gives
-  // each image's.
+  // kJpeg: size() images of shape (height, width, 3) (NHWC) or (3, height, width) (NCHW),
+  // contiguous; when ragged() (no image_size, images of mixed sizes), the first image's, and
+  // sample_shape(i) gives each image's.
   std::array<size_t, 4> shape() const noexcept;
   // The batch buffer: images (kJpeg), arrays (kNpy, kNpz, kHdf5: C order, back to back) or the
   // samples' bytes back to back (kRaw).
   std::span<const std::byte> data() const noexcept;
   // size() + 1 offsets into data(); sample i is [offsets[i], offsets[i + 1]).
   std::span<const uint64_t> offsets() const noexcept;
-  // The elements' type as a NumPy array-interface type string: "|u1" for images and raw bytes, "<f4"
-  // for float32 images, an array's own ("<i8", ">f8", "|b1", ...) for kNpy, kNpz and kHdf5.
+  // The elements' type as a NumPy array-interface type string: "|u1" for images and raw bytes,
+  // "<f4" for float32 images, an array's own ("<i8", ">f8", "|b1", ...) for kNpy, kNpz and kHdf5.
   std::string_view dtype() const noexcept;
   // Whether the samples' shapes differ (arrays; raw bytes; JPEGs of mixed sizes without an
   // image_size). If not, data() is one (size(), *sample_shape(0)) array.

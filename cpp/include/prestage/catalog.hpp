@@ -13,11 +13,11 @@
 
 namespace prestage {
 
-// A catalog is cheap to copy (its contents are shared and never change). Each sample is a locator plus
-// an integer label: a whole file, or a byte range of a file that holds many samples (TFRecord records,
-// archive members, ...). Files are named by paths relative to the data set's root; a path can never
-// name a file outside the root: absolute paths and ".." components are refused when the catalog is
-// built or loaded. Stage 2 stages files; stage 3 reads samples.
+// A catalog is cheap to copy (its contents are shared and never change). Each sample is a locator
+// plus an integer label: a whole file, or a byte range of a file that holds many samples (TFRecord
+// records, archive members, ...). Files are named by paths relative to the data set's root; a path
+// can never name a file outside the root: absolute paths and ".." components are refused when the
+// catalog is built or loaded. Stage 2 stages files; stage 3 reads samples.
 //
 // Symbolic links under the root are followed wherever they lead by default, as torchvision's
 // ImageFolder does. Where others can plant links in the data set (a shared file system),
@@ -40,47 +40,51 @@ class Catalog {
     kInside,  // a link (or a chain of them) that leads out of the root is refused
   };
 
-  // One class per sub-folder of `root`, as torchvision's ImageFolder: label = index of the class folder
-  // in sorted order; files are taken in sorted order within each class. Only files whose extension (case
-  // insensitive) is in `extensions` are taken; an empty list takes every regular file. Links to
-  // folders are walked into; with Symlinks::kInside, a link (to a folder or a file) that leads out
-  // of the root is an IoError (EXDEV) naming it.
+  // One class per sub-folder of `root`, as torchvision's ImageFolder: label = index of the class
+  // folder in sorted order; files are taken in sorted order within each class. Only files whose
+  // extension (case insensitive) is in `extensions` are taken; an empty list takes every regular
+  // file. Links to folders are walked into; with Symlinks::kInside, a link (to a folder or a file)
+  // that leads out of the root is an IoError (EXDEV) naming it.
   static Catalog from_folder(const std::filesystem::path& root,
                              const std::vector<std::string>& extensions = {".jpg", ".jpeg"},
                              Symlinks symlinks = Symlinks::kFollow);
 
-  // A text file of `relative/path[,label]` lines (label defaults to -1); blank lines and lines starting
-  // with '#' are ignored. With Symlinks::kInside, a listed file that leads out of the root is an
-  // IoError (EXDEV) naming it; a missing one is left to the read (it may appear later).
+  // A text file of `relative/path[,label]` lines (label defaults to -1); blank lines and lines
+  // starting with '#' are ignored. With Symlinks::kInside, a listed file that leads out of the root
+  // is an IoError (EXDEV) naming it; a missing one is left to the read (it may appear later).
   static Catalog from_list(const std::filesystem::path& list_file,
                            const std::filesystem::path& root,
                            Symlinks symlinks = Symlinks::kFollow);
 
-  // Builds a catalog from explicit paths (relative to `root`) and labels (same length, or empty for -1).
-  // Touches no file: `symlinks` is checked when the files are read.
-  static Catalog from_paths(const std::filesystem::path& root, const std::vector<std::string>& paths,
+  // Builds a catalog from explicit paths (relative to `root`) and labels (same length, or empty for
+  // -1). Touches no file: `symlinks` is checked when the files are read.
+  static Catalog from_paths(const std::filesystem::path& root,
+                            const std::vector<std::string>& paths,
                             const std::vector<int64_t>& labels = {},
                             const std::vector<std::string>& classes = {},
                             Symlinks symlinks = Symlinks::kFollow);
 
-  // Samples that are byte ranges of shared files: `files` relative to `root`, one locator per sample.
-  static Catalog from_ranges(const std::filesystem::path& root, const std::vector<std::string>& files,
+  // Samples that are byte ranges of shared files: `files` relative to `root`, one locator per
+  // sample.
+  static Catalog from_ranges(const std::filesystem::path& root,
+                             const std::vector<std::string>& files,
                              const std::vector<Locator>& locators,
                              const std::vector<int64_t>& labels = {},
                              const std::vector<std::string>& classes = {},
                              Symlinks symlinks = Symlinks::kFollow);
 
-  // A set packed by `prestage pack`: the samples in the order of `dir`/index.tsv (one line per sample:
-  // shard, offset, length, label, CRC-32C of the original file, original path; '#' lines hold the
-  // class names and the format). Samples are byte ranges of the shards, staged a shard at a time. The
-  // shards' sizes and times are recorded (a stat per shard). IoError if the index cannot be read,
-  // ConfigError naming the line if it is malformed.
+  // A set packed by `prestage pack`: the samples in the order of `dir`/index.tsv (one line per
+  // sample: shard, offset, length, label, CRC-32C of the original file, original path; '#' lines
+  // hold the class names and the format). Samples are byte ranges of the shards, staged a shard at
+  // a time. The shards' sizes and times are recorded (a stat per shard). IoError if the index
+  // cannot be read, ConfigError naming the line if it is malformed.
   static Catalog from_shards(const std::filesystem::path& dir);
 
   // What a sample's locator means: the codec that reads it is chosen from this and decode=.
   enum class Kind : uint8_t {
     kFiles,     // whole files or byte ranges of files (the constructors above)
-    kTfrecord,  // framed TFRecord records (the locator's byte range); field() names the data feature
+    kTfrecord,  // framed TFRecord records (the locator's byte range); field() names the data
+                // feature
     kHdf5,      // slices of an HDF5 dataset along axis(): locator.offset is the index along it;
                 // field() names the dataset
     kArrays,    // slices of the array of a .npy file or of an .npz member along axis():
@@ -93,8 +97,9 @@ class Catalog {
   // a 1-D integer dataset with one entry per sample of its file, or empty (-1). The root is the
   // files' common folder. Opens each file once (IoError, DecodeError naming the file; ConfigError
   // if a dataset has no such axis).
-  static Catalog from_hdf5(const std::vector<std::filesystem::path>& files, const std::string& dataset,
-                           const std::string& labels = "", int64_t axis = 0);
+  static Catalog from_hdf5(const std::vector<std::filesystem::path>& files,
+                           const std::string& dataset, const std::string& labels = "",
+                           int64_t axis = 0);
 
   // Samples are the slices along `axis` of one array per file, in order: the array of each `.npy`
   // file, or member `member` of each `.npz` archive (np.savez or np.savez_compressed; empty: the
@@ -183,11 +188,11 @@ class Catalog {
   // values of an `ndarray` column (decode raw), the pixels of a `pil` one (decode raw, uint8).
   // `label`: an integer column (int, int8..int64, uint8..uint64, str_int), or "" (labels -1).
   // A shard written with compression ("zstd", "gz": index.json's zip_data) is read from its
-  // decompressed copy (raw_data) where that is beside it; else it is decompressed as from_webdataset
-  // decompresses a `.tar.gz` (file_codec()), and any other compression is a ConfigError naming
-  // it. ConfigError for an index that is not an MDS index or lacks a column (naming those it
-  // has). Damage (a shard whose sample count disagrees with the index, offsets out of order or
-  // past the end of the shard, column sizes that do not add up): with OnError::kRaise a
+  // decompressed copy (raw_data) where that is beside it; else it is decompressed as
+  // from_webdataset decompresses a `.tar.gz` (file_codec()), and any other compression is a
+  // ConfigError naming it. ConfigError for an index that is not an MDS index or lacks a column
+  // (naming those it has). Damage (a shard whose sample count disagrees with the index, offsets out
+  // of order or past the end of the shard, column sizes that do not add up): with OnError::kRaise a
   // DecodeError naming the shard and the sample; with OnError::kSkip the catalog keeps every good
   // sample and lists the rest in damage(). IoError either way.
   static Catalog from_mds(const std::filesystem::path& dir, const std::string& data = "image",
@@ -206,15 +211,14 @@ class Catalog {
 
   // Samples that a reader outside this library located as byte ranges of `files` (relative to
   // `root`): from_ranges, with what that reader found damaged and left out (`damage`, in file and
-  // byte order) kept as from_webdataset keeps it, and each file's size and time recorded (a stat per
-  // file, as from_folder). Catalog.from_hf in Python builds its catalogs so: pyarrow finds the
+  // byte order) kept as from_webdataset keeps it, and each file's size and time recorded (a stat
+  // per file, as from_folder). Catalog.from_hf in Python builds its catalogs so: pyarrow finds the
   // buffers of Arrow and Parquet files, and the loader reads the ranges.
   static Catalog from_located(const std::filesystem::path& root,
                               const std::vector<std::string>& files,
                               const std::vector<Locator>& locators,
                               const std::vector<int64_t>& labels,
-                              const std::vector<std::string>& classes,
-                              std::vector<Damage> damage);
+                              const std::vector<std::string>& classes, std::vector<Damage> damage);
 
   Kind kind() const noexcept;
   // kTfrecord: the data feature; kHdf5: the dataset; kArrays: the .npz member; else "".
@@ -229,7 +233,7 @@ class Catalog {
   // for arrays, kHdf5, kRaw for records). "": not known (other kinds, or a catalog saved before it
   // was recorded).
   const std::string& dtype() const noexcept;
-  Symlinks symlinks() const noexcept;         // how source files are opened (see the class comment)
+  Symlinks symlinks() const noexcept;  // how source files are opened (see the class comment)
 
   // Saves to / loads from one binary file, so a job does not walk the file system at every start.
   void save(const std::filesystem::path& file) const;
@@ -237,7 +241,7 @@ class Catalog {
 
   size_t size() const noexcept;  // samples
   const std::filesystem::path& root() const noexcept;
-  std::string_view path(size_t i) const;             // sample i's file, relative to root()
+  std::string_view path(size_t i) const;              // sample i's file, relative to root()
   std::filesystem::path source_path(size_t i) const;  // root() / path(i)
   int64_t label(size_t i) const;
   Locator locator(size_t i) const;
@@ -249,10 +253,12 @@ class Catalog {
   // kUnknownSize. A bounded stage directory needs it to plan its space.
   static constexpr uint64_t kUnknownSize = ~uint64_t{0};
   uint64_t file_size(size_t f) const;
-  // The file's modification time (ns since the epoch) when the catalog was built, else kUnknownMtime.
+  // The file's modification time (ns since the epoch) when the catalog was built, else
+  // kUnknownMtime.
   static constexpr int64_t kUnknownMtime = INT64_MIN;
   int64_t file_mtime(size_t f) const;
-  const std::vector<std::string>& classes() const noexcept;  // class names (from_folder), else empty
+  const std::vector<std::string>& classes()
+      const noexcept;  // class names (from_folder), else empty
 
   // How a file is stored at the source. A file compressed whole (from_webdataset's `.tar.gz` and
   // `.tar.zst` shards, from_mds's shards written with compression "zstd" or "gz") cannot be read

@@ -45,8 +45,8 @@ class Loader {
   // Batches of `epoch`: batches_per_epoch(), or fewer for the epoch options().resume resumes.
   uint64_t batches_in_epoch(uint64_t epoch) const noexcept;
   // decode=jpeg: the (height, width) of every image of a batch: options().image_size. Empty when
-  // that is empty (images are not resized: each keeps its own size, Batch::sample_shape) and for the
-  // other decode modes.
+  // that is empty (images are not resized: each keeps its own size, Batch::sample_shape) and for
+  // the other decode modes.
   ImageSize image_size() const noexcept;
 
   // The consumer's position: the epoch and index of the batch next() returns next. A batch is
@@ -58,17 +58,18 @@ class Loader {
   };
   Position position() const noexcept;
 
-  // Positions the loader at batch `first_batch` of `epoch` (resume). The pipeline runs on across epoch
-  // boundaries (the plan of epoch e + 1 is known), so starting epoch e + 1 right after epoch e ends
-  // loses nothing that was staged or decoded ahead. So does a start at a later position that the
-  // pipeline has already planned (epoch e + 1 after leaving epoch e a few batches before its end):
-  // the batches in between are dropped, undelivered. Any other position restarts the pipeline.
+  // Positions the loader at batch `first_batch` of `epoch` (resume). The pipeline runs on across
+  // epoch boundaries (the plan of epoch e + 1 is known), so starting epoch e + 1 right after epoch
+  // e ends loses nothing that was staged or decoded ahead. So does a start at a later position that
+  // the pipeline has already planned (epoch e + 1 after leaving epoch e a few batches before its
+  // end): the batches in between are dropped, undelivered. Any other position restarts the
+  // pipeline.
   void start_epoch(uint64_t epoch, uint64_t first_batch = 0);
 
-  // The next batch of the current epoch, or nullopt at its end. Blocks until it is ready. If the batch
-  // holds a sample that failed, throws that sample's error (IoError or DecodeError naming its path);
-  // the loader stays usable and next() goes on with the following batch. With on_error=skip a
-  // failed sample is replaced instead (see OnError); its error is thrown only if none is found.
+  // The next batch of the current epoch, or nullopt at its end. Blocks until it is ready. If the
+  // batch holds a sample that failed, throws that sample's error (IoError or DecodeError naming its
+  // path); the loader stays usable and next() goes on with the following batch. With on_error=skip
+  // a failed sample is replaced instead (see OnError); its error is thrown only if none is found.
   // Throws ConfigError on a closed loader, also when close() comes while it waits.
   std::optional<Batch> next();
 
@@ -82,11 +83,11 @@ class Loader {
   // for a log of one line per change. Any thread.
   std::vector<std::string> take_tuning_log();
 
-  // Where stage 2 puts the copy of sample `sample`'s file in the stage directory, whether it is there
-  // or not; empty without a usable stage directory. With decode=locate, the consumer opens it for a
-  // sample its batch says is staged (kLocatedStaged), and reads the source (Catalog::source_path)
-  // if it is gone by then (evicted later) or the batch says kLocatedSource: the sample's bytes are
-  // the file's range Catalog::locator(sample) either way.
+  // Where stage 2 puts the copy of sample `sample`'s file in the stage directory, whether it is
+  // there or not; empty without a usable stage directory. With decode=locate, the consumer opens it
+  // for a sample its batch says is staged (kLocatedStaged), and reads the source
+  // (Catalog::source_path) if it is gone by then (evicted later) or the batch says kLocatedSource:
+  // the sample's bytes are the file's range Catalog::locator(sample) either way.
   std::string staged_path(uint64_t sample) const;
 
   // Stops the pipeline and joins its threads. Idempotent; batches already lent stay valid, and

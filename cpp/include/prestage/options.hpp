@@ -1,5 +1,5 @@
-// LoaderOptions: everything a Loader is configured with. Names follow Serizawa & Tatebe (BDCAT'19) where
-// they have one: prefetchers (stage 2 threads), readers (stage 3 threads), lookahead, depth.
+// LoaderOptions: everything a Loader is configured with. Names follow Serizawa & Tatebe (BDCAT'19)
+// where they have one: prefetchers (stage 2 threads), readers (stage 3 threads), lookahead, depth.
 #pragma once
 
 #include <cstdint>
@@ -20,10 +20,10 @@ enum class DecodeMode {
   kNpy,   // a .npy array: any dtype and shape, C or Fortran order
   kNpz,   // one array of a .npz archive (stored or deflated members): LoaderOptions::array_name
   kHdf5,  // a row along axis 0 of an HDF5 dataset (catalogs from Catalog::from_hdf5 only)
-  // No decoding and no read: stages 1 and 2 only. Each batch says where each sample's bytes are now,
-  // one byte per sample (Batch::data()): kLocatedStaged, in the stage directory (its copy,
-  // StageDirectory's path), or kLocatedSource, at the source (not staged in time: a miss). For users
-  // who decode the samples themselves (prestage.torch.StagedSampler).
+  // No decoding and no read: stages 1 and 2 only. Each batch says where each sample's bytes are
+  // now, one byte per sample (Batch::data()): kLocatedStaged, in the stage directory (its copy,
+  // StageDirectory's path), or kLocatedSource, at the source (not staged in time: a miss). For
+  // users who decode the samples themselves (prestage.torch.StagedSampler).
   kLocate,
   // Images of any supported format (JPEG, PNG or WebP, told apart by their bytes' signatures, never
   // by file names) -> RGB images, as kJpeg. kJpeg refuses PNG and WebP files.
@@ -38,7 +38,7 @@ inline constexpr uint8_t kLocatedSource = 3;
 
 // kJpeg with an image_size: how each image is brought to it.
 enum class Transform {
-  kCenterCrop,         // resize the shorter side to cover, crop the centre (torchvision's eval path)
+  kCenterCrop,  // resize the shorter side to cover, crop the centre (torchvision's eval path)
   kRandomResizedCrop,  // torchvision's RandomResizedCrop + RandomHorizontalFlip(0.5), seeded
 };
 
@@ -71,7 +71,7 @@ inline constexpr uint64_t kSkipCandidates = 32;
 
 // Where kJpeg images with an image_size are decoded.
 enum class DecodeDevice {
-  kCpu,   // stage 3's readers, libjpeg-turbo (the default)
+  kCpu,  // stage 3's readers, libjpeg-turbo (the default)
   // nvJPEG (the hardware engines where there are), cropped, resized and flipped by NPP with the
   // CPU path's boxes, beside the CPU decoders (gpu_cpu_share); the batch is born on the CUDA device
   // current on the thread that makes the Loader (Batch::device_data()). NHWC uint8 only.
@@ -112,8 +112,8 @@ struct ImageSize {
 struct LoaderOptions {
   uint64_t batch_size = 32;  // samples per batch on this rank
   // Output size. Empty: no resize, each image keeps its own size (a batch of mixed sizes is ragged,
-  // see Batch::ragged). Otherwise the shorter side is resized to cover it, then the centre is cropped
-  // (torchvision Resize + CenterCrop).
+  // see Batch::ragged). Otherwise the shorter side is resized to cover it, then the centre is
+  // cropped (torchvision Resize + CenterCrop).
   ImageSize image_size{};
   DecodeMode decode = DecodeMode::kJpeg;
 
@@ -142,8 +142,8 @@ struct LoaderOptions {
   // The most bytes the stage directory may hold, files being written included; 0: no bound. A file
   // the bound keeps out (it would displace files needed sooner) is read into memory by stage 2
   // instead (JPEG and raw files, up to 64 MiB per batch: Stats::read_ahead).
-  // kFitFreeSpace: no bound if the data set fits in 90% of the room the stage directory has at start
-  // (its file system's free space plus what the directory takes already), else that 90%
+  // kFitFreeSpace: no bound if the data set fits in 90% of the room the stage directory has at
+  // start (its file system's free space plus what the directory takes already), else that 90%
   // (Stats::cache_bytes says which), counted as the disk counts it: each copy in whole blocks of
   // the file system, copies being written, and the directory's own files (index.log, node.table),
   // so that a node-local disk is never filled up. A bound given counts the copies' bytes.
@@ -171,18 +171,18 @@ struct LoaderOptions {
   // 64 MiB per batch); 0: a quarter of the memory this process may use (the cgroup's limit, else
   // the machine's) shared by the node's ranks.
   uint64_t memory_budget = 0;
-  // Batch buffers in the ring: batches decoded ahead plus those the caller holds. At least 2: a loop
-  // holds one batch while it asks for the next, so with 1 the second next() would find every buffer
-  // lent and throw (Loader::next); at most 4096.
+  // Batch buffers in the ring: batches decoded ahead plus those the caller holds. At least 2: a
+  // loop holds one batch while it asks for the next, so with 1 the second next() would find every
+  // buffer lent and throw (Loader::next); at most 4096.
   uint64_t depth = 4;
 
   // A read of the source (or of the stage directory) that takes longer than this fails (an IoError,
   // ETIMEDOUT, at its sample's batch) instead of hanging on a stalled file system; 0: no limit.
   // Each loader has its own limit, on the threads that read for it.
   uint64_t io_timeout_ms = 0;
-  // How long the consumer's next batch may wait for stage 2 to finish its copies before stage 3 takes
-  // it and reads the files no copy has started straight from the source (counted as misses and in
-  // Stats::stage_expedited): stage 3 never waits for more than the copies under way.
+  // How long the consumer's next batch may wait for stage 2 to finish its copies before stage 3
+  // takes it and reads the files no copy has started straight from the source (counted as misses
+  // and in Stats::stage_expedited): stage 3 never waits for more than the copies under way.
   // kWaitForStaging: it always waits for stage 2 (what is staged then follows the plan exactly).
   // Stage 3 waits for stage 2 whatever this says (Stats::stage_patience_s none; the option stays as
   // given) with the peer tier on (a home copy is waited for, so that the source is read once), and
@@ -194,11 +194,12 @@ struct LoaderOptions {
   // A sample that cannot be read or decoded: raise its error at its batch, or skip it (OnError).
   OnError on_error = OnError::kRaise;
 
-  // Images with more pixels than this are refused before any large allocation (decompression bombs).
+  // Images with more pixels than this are refused before any large allocation (decompression
+  // bombs).
   uint64_t max_pixels = 89'478'485;  // PIL's default MAX_IMAGE_PIXELS
 
-  // kJpeg with an image_size. Random crops are drawn from (seed, epoch, sample index): a rerun gives
-  // the same pixels whatever the thread counts.
+  // kJpeg with an image_size. Random crops are drawn from (seed, epoch, sample index): a rerun
+  // gives the same pixels whatever the thread counts.
   Transform transform = Transform::kCenterCrop;
   Layout layout = Layout::kNHWC;
   OutputType dtype = OutputType::kUint8;
@@ -253,7 +254,8 @@ struct LoaderOptions {
   // PfsReads and the README, "Beyond one node".
   PfsReads pfs_reads = PfsReads::kFastest;
   // The communicator whose ranks are the loader's ranks: the address of an MPI_Comm (C++; it must
-  // live until the loader starts), else a Fortran handle (mpi4py: comm.py2f()), else MPI_COMM_WORLD.
+  // live until the loader starts), else a Fortran handle (mpi4py: comm.py2f()), else
+  // MPI_COMM_WORLD.
   const void* peer_comm = nullptr;
   int64_t peer_comm_fortran = -1;
 

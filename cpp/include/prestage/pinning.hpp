@@ -1,5 +1,5 @@
-// Pinning: how the batch buffers are held in physical memory, which decides whether a host-to-device copy
-// from them can be asynchronous.
+// Pinning: how the batch buffers are held in physical memory, which decides whether a
+// host-to-device copy from them can be asynchronous.
 #pragma once
 
 #include <string_view>
@@ -8,7 +8,8 @@ namespace prestage {
 
 enum class Pinning {
   kNone,   // pageable: RLIMIT_MEMLOCK refused mlock and no CUDA registration
-  kMlock,  // page-locked with mlock: never swapped, but the CUDA driver copies through a staging buffer
+  kMlock,  // page-locked with mlock: never swapped, but the CUDA driver copies through a staging
+           // buffer
   kCuda,   // registered with the CUDA driver (cudaHostRegister): device copies are asynchronous DMA
 };
 

@@ -40,7 +40,8 @@ struct PlanOptions {
 };
 
 // The global order of an epoch: a permutation of 0..N-1 (shuffle), or 0..N-1 itself (no shuffle).
-std::vector<uint64_t> epoch_order(uint64_t num_samples, uint64_t seed, uint64_t epoch, bool shuffle);
+std::vector<uint64_t> epoch_order(uint64_t num_samples, uint64_t seed, uint64_t epoch,
+                                  bool shuffle);
 
 // Batches per epoch for one rank; the same for every rank.
 //  drop_last = false: the order is padded to a multiple of world_size by repeating its first
@@ -75,8 +76,8 @@ class EpochPlan {
   EpochPlan(const PlanOptions& options, uint64_t epoch);
   uint64_t epoch() const noexcept { return epoch_; }
   uint64_t num_batches() const noexcept { return num_batches_; }
-  uint64_t batch_size(uint64_t b) const;          // samples in this rank's batch b
-  const uint64_t* batch(uint64_t b) const;        // batch_size(b) catalog indices
+  uint64_t batch_size(uint64_t b) const;    // samples in this rank's batch b
+  const uint64_t* batch(uint64_t b) const;  // batch_size(b) catalog indices
   // Rank `rank`'s batch b (of the same size): every rank knows every other's. Throws ConfigError
   // for a rank not below world_size.
   const uint64_t* batch_of(uint64_t b, uint64_t rank) const;

@@ -20,10 +20,10 @@ namespace prestage {
 template <typename Struct, typename Member>
 struct StatsField {
   const char* name;
-  Member Struct::*member;
+  Member Struct::* member;
 };
 template <typename Struct, typename Member>
-constexpr StatsField<Struct, Member> stats_field(const char* name, Member Struct::*member) {
+constexpr StatsField<Struct, Member> stats_field(const char* name, Member Struct::* member) {
   return {name, member};
 }
 
@@ -70,19 +70,19 @@ struct EpochStats {
 
   static constexpr auto fields() {
     using S = EpochStats;
-    return std::make_tuple(
-        stats_field("epoch", &S::epoch), stats_field("hits", &S::hits),
-        stats_field("misses", &S::misses), stats_field("evictions", &S::evictions),
-        stats_field("source_reads", &S::source_reads),
-        stats_field("bytes_from_source", &S::bytes_from_source),
-        stats_field("copies_made", &S::copies_made),
-        stats_field("copies_adopted", &S::copies_adopted),
-        stats_field("peer_reads", &S::peer_reads),
-        stats_field("bytes_from_peers", &S::bytes_from_peers),
-        stats_field("decoded_from_stage", &S::decoded_from_stage),
-        stats_field("decoded_from_memory", &S::decoded_from_memory),
-        stats_field("decoded_from_peers", &S::decoded_from_peers),
-        stats_field("decoded_from_source", &S::decoded_from_source));
+    return std::make_tuple(stats_field("epoch", &S::epoch), stats_field("hits", &S::hits),
+                           stats_field("misses", &S::misses),
+                           stats_field("evictions", &S::evictions),
+                           stats_field("source_reads", &S::source_reads),
+                           stats_field("bytes_from_source", &S::bytes_from_source),
+                           stats_field("copies_made", &S::copies_made),
+                           stats_field("copies_adopted", &S::copies_adopted),
+                           stats_field("peer_reads", &S::peer_reads),
+                           stats_field("bytes_from_peers", &S::bytes_from_peers),
+                           stats_field("decoded_from_stage", &S::decoded_from_stage),
+                           stats_field("decoded_from_memory", &S::decoded_from_memory),
+                           stats_field("decoded_from_peers", &S::decoded_from_peers),
+                           stats_field("decoded_from_source", &S::decoded_from_source));
   }
 };
 
@@ -105,8 +105,8 @@ struct SkippedSample {
 };
 
 // With the peer tier on: one source of stage 2's reads (this node's stage directory, another node's
-// link, the PFS) as the source model sees it: the reads it served and what it has learned of it (see
-// Stats::sources).
+// link, the PFS) as the source model sees it: the reads it served and what it has learned of it
+// (see Stats::sources).
 struct SourceStats {
   std::string name;               // "stage", "pfs", "node <its lowest rank>"
   uint64_t reads = 0, bytes = 0;  // stage 2's reads there (the PFS: its copies and read-ahead)
@@ -203,10 +203,10 @@ struct Stats {
   uint64_t stage_failures = 0;   // samples stage 2 gave up on (source or stage directory errors)
   uint64_t stage_expedited = 0;  // samples stage 3 read itself because stage 2 had not started them
                                  // when the consumer's next batch was due
-  uint64_t read_ahead = 0;        // samples the stage directory declined (a bounded cache keeps
+  uint64_t read_ahead = 0;       // samples the stage directory declined (a bounded cache keeps
   uint64_t read_ahead_bytes = 0;  // what is needed sooner), read into memory by stage 2 instead
-  uint64_t stage_corrupt = 0;  // staged copies whose bytes did not match their record when read:
-                               // removed, and the source read instead (never a wrong byte)
+  uint64_t stage_corrupt = 0;     // staged copies whose bytes did not match their record when read:
+                                  // removed, and the source read instead (never a wrong byte)
   bool stage_dir_disabled = false;  // the stage directory failed; reads go to the source
   std::string stage_dir_error;
 
@@ -238,16 +238,16 @@ struct Stats {
     bool on = false;
     std::string why;  // the libraries in use
     uint64_t batches = 0;
-    uint64_t hardware = 0;         // nvJPEG's hardware engine
-    uint64_t gpu = 0;              // nvJPEG's default (CUDA) backend
-    uint64_t cpu_share = 0;        // the CPU's share of each batch (gpu_cpu_share)
-    uint64_t cpu_unsupported = 0;  // fallbacks: files the GPU cannot take (CMYK, 4:1:1, headers
-                                   // nvJPEG refuses, corrupt files, over max_pixels; a progressive
-                                   // file goes from the hardware engine to the CUDA backend)
-    uint64_t cpu_gpu_failed = 0;   // fallbacks: samples of a batched GPU decode that failed
-    uint64_t cpu_replacements = 0; // on_error=skip: replacements, decoded by the CPU path
+    uint64_t hardware = 0;          // nvJPEG's hardware engine
+    uint64_t gpu = 0;               // nvJPEG's default (CUDA) backend
+    uint64_t cpu_share = 0;         // the CPU's share of each batch (gpu_cpu_share)
+    uint64_t cpu_unsupported = 0;   // fallbacks: files the GPU cannot take (CMYK, 4:1:1, headers
+                                    // nvJPEG refuses, corrupt files, over max_pixels; a progressive
+                                    // file goes from the hardware engine to the CUDA backend)
+    uint64_t cpu_gpu_failed = 0;    // fallbacks: samples of a batched GPU decode that failed
+    uint64_t cpu_replacements = 0;  // on_error=skip: replacements, decoded by the CPU path
     uint64_t buffer_growths = 0;
-    uint64_t decoders = 0;         // GPU decoders made (one per ring slot used)
+    uint64_t decoders = 0;  // GPU decoders made (one per ring slot used)
     // The CPU's share of the next batches (LoaderOptions::gpu_cpu_share): given (fixed), or sized
     // at run time (share_auto) so that both parts of a batch finish together; share_why says from
     // what (decode/gpu_share.hpp); share_moves counts its changes. The measured times per image,
@@ -275,20 +275,18 @@ struct Stats {
           stats_field("cpu_unsupported", &S::cpu_unsupported),
           stats_field("cpu_gpu_failed", &S::cpu_gpu_failed),
           stats_field("cpu_replacements", &S::cpu_replacements),
-          stats_field("buffer_growths", &S::buffer_growths),
-          stats_field("decoders", &S::decoders), stats_field("share", &S::share),
-          stats_field("share_auto", &S::share_auto), stats_field("share_why", &S::share_why),
-          stats_field("share_moves", &S::share_moves),
+          stats_field("buffer_growths", &S::buffer_growths), stats_field("decoders", &S::decoders),
+          stats_field("share", &S::share), stats_field("share_auto", &S::share_auto),
+          stats_field("share_why", &S::share_why), stats_field("share_moves", &S::share_moves),
           stats_field("gpu_ms_per_image", &S::gpu_ms_per_image),
-          stats_field("cpu_ms_per_image", &S::cpu_ms_per_image),
-          stats_field("crop", &S::crop), stats_field("crop_why", &S::crop_why),
-          stats_field("roi", &S::roi));
+          stats_field("cpu_ms_per_image", &S::cpu_ms_per_image), stats_field("crop", &S::crop),
+          stats_field("crop_why", &S::crop_why), stats_field("roi", &S::roi));
     }
   };
   GpuDecode gpu_decode;
 
-  // How the batch buffers are pinned: the least of all buffers (kCuda only if every one is registered),
-  // and why it is not better (or, for kCuda, the runtime registered with).
+  // How the batch buffers are pinned: the least of all buffers (kCuda only if every one is
+  // registered), and why it is not better (or, for kCuda, the runtime registered with).
   Pinning pinned = Pinning::kNone;
   std::string pinned_why;
 
@@ -305,24 +303,25 @@ struct Stats {
   // bytes_from_stage, from the source source_bytes; from peers:
   bool peer_tier = false;
   std::string peer_tier_why;
-  uint64_t peer_reads = 0;      // samples fetched from another node's home copy, used here
+  uint64_t peer_reads = 0;  // samples fetched from another node's home copy, used here
   uint64_t peer_bytes = 0;
-  uint64_t peer_probes = 0;     // answers with bytes fetched from another node only to measure its
+  uint64_t peer_probes = 0;  // answers with bytes fetched from another node only to measure its
   uint64_t peer_probe_bytes = 0;  // link (the source model's probes): their bytes are dropped
-  uint64_t peer_fallbacks = 0;  // fetches that ended in a read of the source: no answer within
-                                // peer_timeout, no copy, or a reply that failed its check
-  uint64_t peer_corrupt = 0;    // of those, replies whose size or CRC-32C did not match
-  uint64_t beyond_budget = 0;   // uses of samples beyond their owner node's home budget (read from
-                                // the source each time)
+  uint64_t peer_fallbacks = 0;    // fetches that ended in a read of the source: no answer within
+                                  // peer_timeout, no copy, or a reply that failed its check
+  uint64_t peer_corrupt = 0;      // of those, replies whose size or CRC-32C did not match
+  uint64_t beyond_budget = 0;  // uses of samples beyond their owner node's home budget (read from
+                               // the source each time)
   // Requests of other ranks this rank answered with bytes: their reads and probes alike. A job's
   // peer_served is the sum of its ranks' peer_reads, peer_probes and peer_corrupt, plus answers
   // that reached a rank no longer waiting for them (past peer_timeout, or its loader closed); its
   // peer_served_bytes the sum of peer_bytes and peer_probe_bytes plus those answers' bytes.
   uint64_t peer_served = 0;
   uint64_t peer_served_bytes = 0;
-  uint64_t peers_down = 0;    // peers marked down (no answer within peer_timeout: stalled, dead):
-                              // their files are read from the source at once from then on
-  uint64_t peers_closed = 0;  // peers that said goodbye (closed their loader): the same from then on
+  uint64_t peers_down = 0;  // peers marked down (no answer within peer_timeout: stalled, dead):
+                            // their files are read from the source at once from then on
+  uint64_t peers_closed =
+      0;  // peers that said goodbye (closed their loader): the same from then on
   // Each read of a sample with a home copy goes to that copy or to the PFS, whichever the source
   // model expects to finish first (its queue counted): the reads it sent to the PFS, and per source
   // its reads and estimates, so that a user sees why.
@@ -340,11 +339,10 @@ struct Stats {
     using S = Stats;
     return std::make_tuple(
         stats_field("wall_s", &S::wall_s), stats_field("batches", &S::batches),
-        stats_field("samples", &S::samples),
-        stats_field("consumer_stall_s", &S::consumer_stall_s), stats_field("plan", &S::plan),
-        stats_field("stage", &S::stage), stats_field("decode", &S::decode),
-        stats_field("threads_why", &S::threads_why), stats_field("usable_cpus", &S::usable_cpus),
-        stats_field("local_ranks", &S::local_ranks),
+        stats_field("samples", &S::samples), stats_field("consumer_stall_s", &S::consumer_stall_s),
+        stats_field("plan", &S::plan), stats_field("stage", &S::stage),
+        stats_field("decode", &S::decode), stats_field("threads_why", &S::threads_why),
+        stats_field("usable_cpus", &S::usable_cpus), stats_field("local_ranks", &S::local_ranks),
         stats_field("stage_patience", &S::stage_patience_s), stats_field("tuning", &S::tuning),
         stats_field("memory", &S::memory), stats_field("staged_files", &S::staged_files),
         stats_field("adopted_files", &S::adopted_files),
@@ -356,8 +354,7 @@ struct Stats {
         stats_field("read_ahead_bytes", &S::read_ahead_bytes),
         stats_field("stage_dir_disabled", &S::stage_dir_disabled),
         stats_field("stage_dir_error", &S::stage_dir_error), stats_field("hits", &S::hits),
-        stats_field("misses", &S::misses),
-        stats_field("misses_read_ahead", &S::misses_read_ahead),
+        stats_field("misses", &S::misses), stats_field("misses_read_ahead", &S::misses_read_ahead),
         stats_field("missed_bytes", &S::missed_bytes),
         stats_field("bytes_from_source", &S::missed_bytes),
         stats_field("bytes_from_stage", &S::bytes_from_stage),

@@ -33,8 +33,8 @@ struct Catalog::Data {
   fs::path root;
   std::string blob;               // the files' relative paths, back to back
   std::vector<uint64_t> offsets;  // num_files + 1 offsets into blob
-  // One per sample; empty when sample i is all of file i (a folder or a file list), the common case,
-  // which then costs nothing per sample.
+  // One per sample; empty when sample i is all of file i (a folder or a file list), the common
+  // case, which then costs nothing per sample.
   std::vector<Locator> locators;
   std::vector<int64_t> labels;
   std::vector<std::string> classes;
@@ -56,7 +56,8 @@ struct Catalog::Data {
 
 namespace {
 
-static_assert(std::endian::native == std::endian::little, "the catalog file format is little-endian");
+static_assert(std::endian::native == std::endian::little,
+              "the catalog file format is little-endian");
 
 constexpr char kMagic[8] = {'P', 'S', 'T', 'G', 'C', 'A', 'T', '\0'};
 // Version 4 added the symlink policy and the TFRecord damage list; version 3 files load as
@@ -93,7 +94,8 @@ void check_relative(std::string_view path) {
   if (path.back() == '/') refuse("names a directory");
 }
 
-std::shared_ptr<Catalog::Data> make_data(const fs::path& root, const std::vector<std::string>& paths,
+std::shared_ptr<Catalog::Data> make_data(const fs::path& root,
+                                         const std::vector<std::string>& paths,
                                          const std::vector<int64_t>& labels,
                                          const std::vector<std::string>& classes,
                                          const std::vector<Catalog::Locator>& locators = {},
@@ -104,7 +106,8 @@ std::shared_ptr<Catalog::Data> make_data(const fs::path& root, const std::vector
                       std::to_string(samples) + " samples");
   }
   for (const auto& loc : locators) {
-    if (loc.file >= paths.size()) throw ConfigError("catalog: a locator names a file past the list");
+    if (loc.file >= paths.size())
+      throw ConfigError("catalog: a locator names a file past the list");
     if (loc.length != Catalog::kWholeFile && loc.offset > ~uint64_t{0} - loc.length) {
       throw ConfigError("catalog: a locator's byte range overflows");
     }
@@ -194,7 +197,8 @@ void check_link_inside(const fs::path& entry, const fs::path& root, const fs::pa
 bool has_extension(const fs::path& file, const std::vector<std::string>& extensions) {
   if (extensions.empty()) return true;
   std::string ext = file.extension().string();
-  std::transform(ext.begin(), ext.end(), ext.begin(), [](unsigned char c) { return std::tolower(c); });
+  std::transform(ext.begin(), ext.end(), ext.begin(),
+                 [](unsigned char c) { return std::tolower(c); });
   for (const auto& want : extensions) {
     std::string w = want;
     std::transform(w.begin(), w.end(), w.begin(), [](unsigned char c) { return std::tolower(c); });
@@ -203,8 +207,10 @@ bool has_extension(const fs::path& file, const std::vector<std::string>& extensi
   return false;
 }
 
-[[noreturn]] void throw_fs_error(const fs::path& path, const std::error_code& ec, const char* what) {
-  throw IoError(path.string(), ec.value(), std::string(what) + " '" + path.string() + "': " + ec.message());
+[[noreturn]] void throw_fs_error(const fs::path& path, const std::error_code& ec,
+                                 const char* what) {
+  throw IoError(path.string(), ec.value(),
+                std::string(what) + " '" + path.string() + "': " + ec.message());
 }
 
 // Binary writer/reader for the catalog file.
@@ -282,7 +288,7 @@ void record_file_stats(Catalog::Data& data) {
   std::string path;
   for (size_t f = 0; f < files; ++f) {
     path = (data.root / std::string_view(data.blob).substr(data.offsets[f],
-                                                            data.offsets[f + 1] - data.offsets[f]))
+                                                           data.offsets[f + 1] - data.offsets[f]))
                .string();
     try {
       const detail::FileStat st = detail::file_stat(
@@ -308,7 +314,8 @@ Catalog Catalog::from_paths(const fs::path& root, const std::vector<std::string>
 }
 
 Catalog Catalog::from_ranges(const fs::path& root, const std::vector<std::string>& files,
-                             const std::vector<Locator>& locators, const std::vector<int64_t>& labels,
+                             const std::vector<Locator>& locators,
+                             const std::vector<int64_t>& labels,
                              const std::vector<std::string>& classes, Symlinks symlinks) {
   auto data = locators.empty() ? make_data(root, {}, labels, classes)
                                : make_data(root, files, labels, classes, locators);
@@ -369,7 +376,8 @@ Catalog Catalog::from_folder(const fs::path& root, const std::vector<std::string
   }
   if (flat && paths.empty()) {
     throw ConfigError("no class folders and no files of the extensions asked for under '" +
-                      root.string() + "': expected files, or one sub-folder per class as "
+                      root.string() +
+                      "': expected files, or one sub-folder per class as "
                       "torchvision's ImageFolder");
   }
   auto data = make_data(root, paths, labels, classes);
@@ -427,8 +435,8 @@ Catalog Catalog::from_shards(const fs::path& dir) {
   if (!in) {
     const int err = errno;
     throw IoError(index.string(), err,
-                  "cannot open the index of packed set '" + dir.string() + "': " + std::strerror(err) +
-                      " (made by `prestage pack SRC OUT`)");
+                  "cannot open the index of packed set '" + dir.string() +
+                      "': " + std::strerror(err) + " (made by `prestage pack SRC OUT`)");
   }
   std::vector<std::string> files, classes;
   std::vector<Locator> locators;
@@ -457,7 +465,8 @@ Catalog Catalog::from_shards(const fs::path& dir) {
       start = tab + 1;
     }
     if (line_no == 1) {
-      if (line != "# prestage pack 1") bad("not a prestage pack index (expected '# prestage pack 1')");
+      if (line != "# prestage pack 1")
+        bad("not a prestage pack index (expected '# prestage pack 1')");
       header = true;
       continue;
     }
@@ -466,7 +475,8 @@ Catalog Catalog::from_shards(const fs::path& dir) {
       if (fields[0] == "# classes") classes.assign(fields.begin() + 1, fields.end());
       continue;
     }
-    if (fields.size() != 6) bad("expected 6 tab-separated fields, found " + std::to_string(fields.size()));
+    if (fields.size() != 6)
+      bad("expected 6 tab-separated fields, found " + std::to_string(fields.size()));
     if (files.empty() || fields[0] != files.back()) files.emplace_back(fields[0]);
     Locator loc;
     loc.file = files.size() - 1;
@@ -476,7 +486,8 @@ Catalog Catalog::from_shards(const fs::path& dir) {
     int64_t label = -1;
     const std::string_view l = fields[3];
     const auto [end, ec] = std::from_chars(l.data(), l.data() + l.size(), label);
-    if (ec != std::errc() || end != l.data() + l.size()) bad("label '" + std::string(l) + "' is not an integer");
+    if (ec != std::errc() || end != l.data() + l.size())
+      bad("label '" + std::string(l) + "' is not an integer");
     locators.push_back(loc);
     labels.push_back(label);
   }
@@ -502,8 +513,8 @@ Catalog Catalog::from_shards(const fs::path& dir) {
     const uint64_t size = data->file_sizes[loc.file];
     if (size != kUnknownSize && loc.offset + loc.length > size) {
       throw DecodeError(std::string(data->root / files[loc.file]),
-                        "sample " + std::to_string(i) + " (bytes " + std::to_string(loc.offset) + "+" +
-                            std::to_string(loc.length) + ") lies past the end of shard '" +
+                        "sample " + std::to_string(i) + " (bytes " + std::to_string(loc.offset) +
+                            "+" + std::to_string(loc.length) + ") lies past the end of shard '" +
                             files[loc.file] + "' (" + std::to_string(size) + " bytes): truncated?");
     }
   }
@@ -567,11 +578,13 @@ Catalog Catalog::load(const fs::path& file) {
   std::ifstream is(file, std::ios::binary);
   if (!is) {
     const int err = errno;
-    throw IoError(file.string(), err, "cannot open catalog '" + file.string() + "': " + std::strerror(err));
+    throw IoError(file.string(), err,
+                  "cannot open catalog '" + file.string() + "': " + std::strerror(err));
   }
   std::string in((std::istreambuf_iterator<char>(is)), std::istreambuf_iterator<char>());
   Reader r(in, file.string());
-  if (in.size() < sizeof(kMagic) + sizeof(uint64_t) || std::memcmp(in.data(), kMagic, sizeof(kMagic)) != 0) {
+  if (in.size() < sizeof(kMagic) + sizeof(uint64_t) ||
+      std::memcmp(in.data(), kMagic, sizeof(kMagic)) != 0) {
     r.fail("bad magic");
   }
   uint64_t stored_sum;
@@ -579,8 +592,9 @@ Catalog Catalog::load(const fs::path& file) {
   if (fnv1a(std::string_view(in).substr(0, in.size() - sizeof(uint64_t))) != stored_sum) {
     r.fail("checksum mismatch");
   }
-  Reader body(std::string_view(in).substr(sizeof(kMagic), in.size() - sizeof(kMagic) - sizeof(uint64_t)),
-              file.string());
+  Reader body(
+      std::string_view(in).substr(sizeof(kMagic), in.size() - sizeof(kMagic) - sizeof(uint64_t)),
+      file.string());
   const uint32_t version = body.pod<uint32_t>();
   if (version < kOldestFormatVersion || version > kFormatVersion) {
     body.fail("unsupported format version " + std::to_string(version) + " (this build reads " +
@@ -677,7 +691,8 @@ size_t Catalog::num_files() const noexcept { return data_->offsets.size() - 1; }
 
 std::string_view Catalog::file_path(size_t f) const {
   if (f >= num_files()) throw ConfigError("catalog file " + std::to_string(f) + " out of range");
-  return std::string_view(data_->blob).substr(data_->offsets[f], data_->offsets[f + 1] - data_->offsets[f]);
+  return std::string_view(data_->blob)
+      .substr(data_->offsets[f], data_->offsets[f + 1] - data_->offsets[f]);
 }
 
 fs::path Catalog::file_source_path(size_t f) const { return data_->root / fs::path(file_path(f)); }
@@ -784,8 +799,8 @@ std::vector<int64_t> integers(std::span<const std::byte> bytes, const detail::Ar
     }
     if (kind == 'i' && size < 8 && (v >> (8 * size - 1)) != 0) v |= ~uint64_t{0} << (8 * size);
     if (kind == 'u' && size == 8 && v > uint64_t{INT64_MAX}) {
-      throw DecodeError(path, "labels '" + name + "' holds " + std::to_string(v) +
-                                  ", past the int64 labels");
+      throw DecodeError(
+          path, "labels '" + name + "' holds " + std::to_string(v) + ", past the int64 labels");
     }
     out[i] = static_cast<int64_t>(v);
   }
@@ -900,8 +915,8 @@ Catalog Catalog::from_arrays(const std::vector<fs::path>& files, int64_t axis,
       labels.insert(labels.end(), file_labels.begin(), file_labels.end());
     }
   }
-  if (locators.empty()) throw ConfigError("from_arrays: the arrays have no samples along axis " +
-                                          std::to_string(axis));
+  if (locators.empty())
+    throw ConfigError("from_arrays: the arrays have no samples along axis " + std::to_string(axis));
   auto data = make_data(root, relative, labels, {}, locators);
   data->kind = Kind::kArrays;
   data->field = member;
@@ -976,7 +991,8 @@ Catalog Catalog::from_tfrecord(const std::vector<fs::path>& files, const std::st
 namespace {
 
 // A shard named twice would be two files of one name (two copies of it staged, its samples twice).
-void refuse_duplicates(const char* from, const fs::path& root, const std::vector<std::string>& files) {
+void refuse_duplicates(const char* from, const fs::path& root,
+                       const std::vector<std::string>& files) {
   std::vector<std::string> sorted = files;
   std::sort(sorted.begin(), sorted.end());
   const auto twice = std::adjacent_find(sorted.begin(), sorted.end());
@@ -1076,9 +1092,9 @@ Catalog Catalog::from_webdataset(const std::vector<std::string>& shards, const s
         locators.resize(first_sample);
         labels.resize(first_sample);
         damage.resize(first_damage);
-        damage.push_back(Damage{f, 0, true,
-                                std::string("compressed shard: ") + e.reason() +
-                                    " (none of its samples is kept)"});
+        damage.push_back(Damage{
+            f, 0, true,
+            std::string("compressed shard: ") + e.reason() + " (none of its samples is kept)"});
         codecs[f] = 0;
         sizes.resize(f);
         sizes.push_back(kUnknownSize);

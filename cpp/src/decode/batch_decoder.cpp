@@ -41,7 +41,9 @@ void BatchScratch::trim() noexcept {
   trim_each(unpacked);
 }
 
-size_t BatchScratch::held_bytes() const noexcept { return capacity_of(bytes) + capacity_of(unpacked); }
+size_t BatchScratch::held_bytes() const noexcept {
+  return capacity_of(bytes) + capacity_of(unpacked);
+}
 
 // The CPU backend's run of one batch: the three steps, each sample's size and fill by codec, and
 // replacement (the GPU backend's is GpuRun, gpu_batches.cpp).
@@ -63,8 +65,7 @@ class BatchDecoder::Run : public BatchRun {
       s_.in_memory.assign(b_.count, 0);
       s_.memory.resize(b_.count);
     }
-    each([&](size_t i) { size(i, b_.ids[i]); },
-         [&](size_t i, uint64_t id) { size(i, id); });
+    each([&](size_t i) { size(i, b_.ids[i]); }, [&](size_t i, uint64_t id) { size(i, id); });
     if ((slot_.error = first_error_.get())) return;
     if (!lay_out()) return;
     each([&](size_t i) { fill(i, static_cast<uint64_t>(slot_.indices[i])); },
@@ -89,9 +90,7 @@ class BatchDecoder::Run : public BatchRun {
 
  private:
   // JPEGs that keep their own size: step 1 reads each one to learn it.
-  bool unresized() const {
-    return d_.codec_.mode == DecodeMode::kJpeg && d_.image_size_.empty();
-  }
+  bool unresized() const { return d_.codec_.mode == DecodeMode::kJpeg && d_.image_size_.empty(); }
 
   // Raw files: step 1 reads each one, so that a file that cannot be read, or no longer has its
   // catalog's size, fails before the batch is laid out (and is replaced by any good file, whatever
@@ -121,7 +120,8 @@ class BatchDecoder::Run : public BatchRun {
     return {static_cast<uint32_t>(info.shape[h]), static_cast<uint32_t>(info.shape[h + 1])};
   }
 
-  // Step 1: sample i's size, type and shape (from catalog sample `id`), and the tier they came from.
+  // Step 1: sample i's size, type and shape (from catalog sample `id`), and the tier they came
+  // from.
   void size(size_t i, uint64_t id) {
     ArrayInfo& info = s_.probes[i].info;
     const Codec& codec = d_.codec_;
@@ -158,8 +158,8 @@ class BatchDecoder::Run : public BatchRun {
     r.paths.fetch_into = &s_.bytes[i];
     const Catalog::Locator loc = d_.tiers_.catalog().locator(id);
     try {
-      s_.tiers[i] = d_.tiers_.serve(id, Tier::kMemory, held(i, id), r.paths, b_.tally, Access::kFile,
-                                    [&](const ByteSource& at) -> uint64_t {
+      s_.tiers[i] = d_.tiers_.serve(id, Tier::kMemory, held(i, id), r.paths, b_.tally,
+                                    Access::kFile, [&](const ByteSource& at) -> uint64_t {
                                       r.codec(codec).probe(at, loc, s_.probes[i]);
                                       if (at.file() != nullptr) return 0;
                                       s_.in_memory[i] = 1;
@@ -200,9 +200,9 @@ class BatchDecoder::Run : public BatchRun {
       const Catalog::Locator loc = d_.tiers_.catalog().locator(id);
       d_.tiers_.serve(id, s_.tiers[i], std::nullopt, r.paths, b_.tally, Access::kFile,
                       [&](const ByteSource& at) -> uint64_t {
-        r.codec(codec).fill(at, loc, s_.probes[i], out);
-        return out.size();
-      });
+                        r.codec(codec).fill(at, loc, s_.probes[i], out);
+                        return out.size();
+                      });
     }
     // Decoded bytes: what a compressed sample took on disk is not tracked per read.
     d_.bytes_read_.fetch_add(out.size(), std::memory_order_relaxed);
@@ -252,26 +252,25 @@ class BatchDecoder::Run : public BatchRun {
   // are replaced), its layout (one array when the shapes agree, else ragged) and its buffer.
   bool lay_out() {
     const size_t n = b_.count;
-    const std::string* expected = d_.codec_.mode == DecodeMode::kJpeg ? nullptr
-                                                                       : d_.data_set_dtype(stopping_);
+    const std::string* expected =
+        d_.codec_.mode == DecodeMode::kJpeg ? nullptr : d_.data_set_dtype(stopping_);
     const std::string& dtype = expected != nullptr ? *expected : batch_dtype();
     const std::string whose = expected != nullptr ? "the data set's " : "the batch's ";
     for (size_t i = 0; i < n; ++i) {
       if (s_.probes[i].info.dtype == dtype) continue;
       const ArrayInfo odd = s_.probes[i].info;
-      replace_or_fail(
-          i,
-          std::make_exception_ptr(DecodeError(
-              d_.tiers_.catalog().source_path(slot_.indices[i]).string(),
-              "its dtype " + odd.dtype + " differs from " + whose + dtype)),
-          [&](size_t j, uint64_t id) {
-            size(j, id);
-            if (s_.probes[j].info.dtype != dtype) {
-              throw DecodeError(d_.tiers_.catalog().source_path(id).string(),
-                                "its dtype " + s_.probes[j].info.dtype + " differs from " + whose +
-                                    dtype);
-            }
-          });
+      replace_or_fail(i,
+                      std::make_exception_ptr(
+                          DecodeError(d_.tiers_.catalog().source_path(slot_.indices[i]).string(),
+                                      "its dtype " + odd.dtype + " differs from " + whose + dtype)),
+                      [&](size_t j, uint64_t id) {
+                        size(j, id);
+                        if (s_.probes[j].info.dtype != dtype) {
+                          throw DecodeError(d_.tiers_.catalog().source_path(id).string(),
+                                            "its dtype " + s_.probes[j].info.dtype +
+                                                " differs from " + whose + dtype);
+                        }
+                      });
     }
     if ((slot_.error = first_error_.get())) return false;
 
@@ -384,9 +383,9 @@ const std::string* BatchDecoder::data_set_dtype(const std::atomic<bool>& stoppin
     try {
       tiers_.serve(id, Tier::kStage, std::nullopt, paths, nullptr, Access::kFile,
                    [&](const ByteSource& at) -> uint64_t {
-        decoder.probe(at, catalog.locator(id), probe);
-        return 0;
-      });
+                     decoder.probe(at, catalog.locator(id), probe);
+                     return 0;
+                   });
       found.push_back(probe.info.dtype);
     } catch (const Error&) {
       // Unreadable or undecodable: its batch reports it; the others decide.

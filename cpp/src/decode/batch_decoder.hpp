@@ -1,5 +1,5 @@
-// Stage 3 for one batch: every sample read through the tiers and decoded straight into its place in a
-// batch buffer, by one path for every codec: size each sample (an image's output size, an array's
+// Stage 3 for one batch: every sample read through the tiers and decoded straight into its place in
+// a batch buffer, by one path for every codec: size each sample (an image's output size, an array's
 // header, a raw sample's length), lay the batch out, fill each place. A sample that fails is
 // replaced by the skip policy's candidates (on_error=skip) or its error travels with the batch.
 // Two backends: the CPU's (BatchDecoder::Run, batch_decoder.cpp) and, with decode_device=cuda, the
@@ -11,8 +11,8 @@
 #include <memory>
 #include <mutex>
 #include <optional>
-#include <string>
 #include <span>
+#include <string>
 #include <vector>
 
 #include <oneapi/tbb/enumerable_thread_specific.h>
@@ -48,8 +48,8 @@ struct BatchSamples {
 // What a batch keeps between its steps; recycled with the batch, so that once warm nothing is
 // allocated per batch or per sample.
 struct BatchScratch {
-  std::vector<Tier> tiers;          // per sample: the tier its size was taken from
-  std::vector<ArrayProbe> probes;   // per sample: its size, type and shape (arrays: its header)
+  std::vector<Tier> tiers;         // per sample: the tier its size was taken from
+  std::vector<ArrayProbe> probes;  // per sample: its size, type and shape (arrays: its header)
   // JPEGs without an image_size and raw files, per sample: its bytes as step 1 read them to learn
   // its size, kept for step 3 so that no sample is read twice; in `jpegs`, the JPEG in them (in
   // `bytes`, in stage 2's read-ahead, or in `unpacked` when it came in a zstd frame), or the raw
@@ -62,7 +62,7 @@ struct BatchScratch {
   // those bytes in `memory`.
   std::vector<uint8_t> in_memory;
   std::vector<std::span<const std::byte>> memory;
-  std::mutex skip_mutex;            // guards the slot's `skipped` while the batch decodes
+  std::mutex skip_mutex;  // guards the slot's `skipped` while the batch decodes
   // decode_device=cuda: per sample, its source path (for the CPU path's errors), and what the GPU
   // decoder takes and gives back.
   std::vector<std::string> paths;
@@ -70,7 +70,7 @@ struct BatchScratch {
   std::vector<GpuRoute> routes;
   std::vector<std::exception_ptr> gpu_errors;
   std::vector<std::exception_ptr> share_errors;  // the CPU's share: its failures, by position
-  std::vector<size_t> cpu_positions;  // the CPU's share of the batch
+  std::vector<size_t> cpu_positions;             // the CPU's share of the batch
 
   // After a batch, on its decoding thread: drops the batch's errors (the batch carries its own to
   // the consumer, who must be the one to let go of them last: a scratch is reused by the next batch
@@ -146,7 +146,7 @@ class BatchDecoder {
   Tiers& tiers_;
   std::unique_ptr<tbb::enumerable_thread_specific<Reader>> readers_;
   std::mutex data_set_mutex_;
-  bool data_set_probed_ = false;        // guarded by data_set_mutex_
+  bool data_set_probed_ = false;               // guarded by data_set_mutex_
   std::optional<std::string> data_set_dtype_;  // set once probed, then read without the lock
   std::atomic<uint64_t> busy_ns_{0}, decoded_{0}, bytes_read_{0};
   std::unique_ptr<GpuBatches> gpu_;  // decode_device=cuda: the GPU backend; else null

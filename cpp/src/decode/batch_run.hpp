@@ -108,8 +108,7 @@ class BatchRun {
       first_error_.record(i, error);
       return;
     }
-    const SkipCandidates candidates(*b_.plan, d_.options_.batch_size, b_.index, i,
-                                    kSkipCandidates);
+    const SkipCandidates candidates(*b_.plan, d_.options_.batch_size, b_.index, i, kSkipCandidates);
     for (uint64_t k = 0; k < candidates.size(); ++k) {
       if (stopping_.load(std::memory_order_acquire)) break;
       const uint64_t candidate = candidates[k];

@@ -31,7 +31,7 @@ struct GpuBatches::SlotDecoder {
   SlotDecoder(const gpu::Libraries& libraries, const GpuJpegDecoder::Options& options)
       : decoder(libraries, options) {}
   GpuJpegDecoder decoder;
-  std::optional<GpuShareSample> pending;  // the last batch's times, its GPU time still unknown
+  std::optional<GpuShareSample> pending;    // the last batch's times, its GPU time still unknown
   GpuCrop pending_crop = GpuCrop::kResize;  // the way that batch applied its crop boxes
   // That batch is a fair trial of its crop way: not the first this decoder took that way (nvJPEG's
   // first-use allocations and set-up) and no staging buffer grew in it (allocation time, not
@@ -84,8 +84,8 @@ class GpuRun : public BatchRun {
     if ((slot_.error = first_error_.get())) return;
 
     const auto gpu_sample = [&](size_t i) {
-      return GpuJpegDecoder::Sample{s_.jpegs[i], b_.epoch,
-                                    static_cast<uint64_t>(slot_.indices[i]), &s_.paths[i]};
+      return GpuJpegDecoder::Sample{s_.jpegs[i], b_.epoch, static_cast<uint64_t>(slot_.indices[i]),
+                                    &s_.paths[i]};
     };
     // The CPU's share (the batch's last samples, as GpuJpegDecoder would take them), sized so
     // that both parts finish together (GpuShare), is decoded by the readers while one of them
@@ -115,8 +115,7 @@ class GpuRun : public BatchRun {
       // The share's wall time: its first start to its last end, on whichever readers took it.
       std::atomic<int64_t> first_start{INT64_MAX}, last_end{INT64_MIN};
       const auto now_ns = [] {
-        return std::chrono::duration_cast<std::chrono::nanoseconds>(
-                   Clock::now().time_since_epoch())
+        return std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch())
             .count();
       };
       each(
@@ -166,9 +165,8 @@ class GpuRun : public BatchRun {
         gpu.upload(0, s_.cpu_positions);
       }
       slot_gpu.pending_crop = crop;
-      slot_gpu.pending_trial =
-          slot_gpu.batches_by_way[crop == GpuCrop::kRoi ? 1 : 0]++ > 0 &&
-          gpu.counters().buffer_growths == before.buffer_growths;
+      slot_gpu.pending_trial = slot_gpu.batches_by_way[crop == GpuCrop::kRoi ? 1 : 0]++ > 0 &&
+                               gpu.counters().buffer_growths == before.buffer_growths;
       slot_gpu.pending = GpuShareSample{
           gpu_count, 0, cpu_count,
           cpu_count > 0 ? static_cast<double>(last_end.load() - first_start.load()) * 1e-9 : 0};
@@ -220,7 +218,7 @@ GpuBatches::GpuBatches(const LoaderOptions& options, ImageSize image_size) {
   options_.seed = options.seed;
   options_.max_pixels = options.max_pixels;
   options_.cpu_share = 0.0;  // the CPU's share is decoded on the readers (GpuRun)
-  options_.outputs = 1;  // one decoder per ring slot: its device batch is the slot's
+  options_.outputs = 1;      // one decoder per ring slot: its device batch is the slot's
   share_ = std::make_unique<GpuShare>(options.gpu_cpu_share, options.readers);
   options_.roi = options.gpu_crop != GpuCrop::kResize;
   options_.batched_resize = gpu_resize_batched();

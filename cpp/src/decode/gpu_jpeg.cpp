@@ -316,8 +316,8 @@ void GpuJpegDecoder::decode(std::span<const Sample> samples, size_t k,
 }
 
 void GpuJpegDecoder::queue(std::span<const Sample> samples, std::byte* output,
-                           std::vector<GpuRoute>& routes,
-                           std::vector<std::exception_ptr>& errors, bool roi) {
+                           std::vector<GpuRoute>& routes, std::vector<std::exception_ptr>& errors,
+                           bool roi) {
   const size_t n = samples.size();
   Plan& plan = *plan_;
 
@@ -333,12 +333,12 @@ void GpuJpegDecoder::queue(std::span<const Sample> samples, std::byte* output,
     const Sample& s = samples[i];
     int components = 0, subsampling = 0;
     int widths[gpu::kNvjpegMaxComponent] = {}, heights[gpu::kNvjpegMaxComponent] = {};
-    const int status = lib_.nvjpeg_get_image_info(
-        handle_, reinterpret_cast<const unsigned char*>(s.jpeg.data()), s.jpeg.size(), &components,
-        &subsampling, widths, heights);
+    const int status =
+        lib_.nvjpeg_get_image_info(handle_, reinterpret_cast<const unsigned char*>(s.jpeg.data()),
+                                   s.jpeg.size(), &components, &subsampling, widths, heights);
     const uint64_t pixels = uint64_t(std::max(widths[0], 0)) * uint64_t(std::max(heights[0], 0));
-    if (status != gpu::kNvjpegSuccess || !gpu_can_take(components, subsampling) ||
-        widths[0] <= 0 || heights[0] <= 0 || pixels > options_.max_pixels) {
+    if (status != gpu::kNvjpegSuccess || !gpu_can_take(components, subsampling) || widths[0] <= 0 ||
+        heights[0] <= 0 || pixels > options_.max_pixels) {
       routes[i] = GpuRoute::kCpuUnsupported;  // the CPU path decodes it or says why not
       continue;
     }
@@ -353,11 +353,13 @@ void GpuJpegDecoder::queue(std::span<const Sample> samples, std::byte* output,
     input_bytes += (s.jpeg.size() + 255) & ~size_t{255};
     decoded_bytes += (pixels * kRgbBytes + 255) & ~size_t{255};
   }
-  grow(input_, input_capacity_, input_bytes, [&](void* p) { return lib_.free_host(p); },
-       [&](void** p, size_t n) { return lib_.host_alloc(p, n, gpu::kHostAllocPortable); },
-       "cudaFreeHost", "cudaHostAlloc");
-  grow(decoded_, decoded_capacity_, decoded_bytes, [&](void* p) { return lib_.device_free(p); },
-       [&](void** p, size_t n) { return lib_.device_malloc(p, n); }, "cudaFree", "cudaMalloc");
+  grow(
+      input_, input_capacity_, input_bytes, [&](void* p) { return lib_.free_host(p); },
+      [&](void** p, size_t n) { return lib_.host_alloc(p, n, gpu::kHostAllocPortable); },
+      "cudaFreeHost", "cudaHostAlloc");
+  grow(
+      decoded_, decoded_capacity_, decoded_bytes, [&](void* p) { return lib_.device_free(p); },
+      [&](void** p, size_t n) { return lib_.device_malloc(p, n); }, "cudaFree", "cudaMalloc");
 
   // 2. The GPU's samples into pinned staging, each to its lane.
   for (int lane = 0; lane < 2; ++lane) {
@@ -382,8 +384,8 @@ void GpuJpegDecoder::queue(std::span<const Sample> samples, std::byte* output,
       const bool taken =
           lib_.nvjpeg_stream_parse(hw_handle_, staged, s.jpeg.size(), 0, 0, streams_[i]) ==
               gpu::kNvjpegSuccess &&
-          (roi ? lib_.nvjpeg_params_set_roi(params_[i], box.left, box.top, box.width,
-                                            box.height) == gpu::kNvjpegSuccess &&
+          (roi ? lib_.nvjpeg_params_set_roi(params_[i], box.left, box.top, box.width, box.height) ==
+                         gpu::kNvjpegSuccess &&
                      lib_.nvjpeg_decode_batched_supported_ex(hw_handle_, streams_[i], params_[i],
                                                              &unsupported) == gpu::kNvjpegSuccess
                : lib_.nvjpeg_decode_batched_supported(hw_handle_, streams_[i], &unsupported) ==
@@ -419,9 +421,8 @@ void GpuJpegDecoder::queue(std::span<const Sample> samples, std::byte* output,
               gpu::kNvjpegSuccess;
     if (lane == 0 && roi) {
       ok = ok && lib_.nvjpeg_decode_batched_ex(handle, state, plan.data[lane].data(),
-                                               plan.lengths[lane].data(),
-                                               plan.images[lane].data(), plan.params.data(),
-                                               stream_) == gpu::kNvjpegSuccess;
+                                               plan.lengths[lane].data(), plan.images[lane].data(),
+                                               plan.params.data(), stream_) == gpu::kNvjpegSuccess;
     } else {
       ok = ok && lib_.nvjpeg_decode_batched(handle, state, plan.data[lane].data(),
                                             plan.lengths[lane].data(), plan.images[lane].data(),
@@ -449,10 +450,18 @@ void GpuJpegDecoder::queue(std::span<const Sample> samples, std::byte* output,
         ++counters_.hardware;
         counters_.roi += plan.cropped[i];
         continue;
-      case GpuRoute::kGpu: ++counters_.gpu; continue;
-      case GpuRoute::kCpuShare: ++counters_.cpu_share; break;
-      case GpuRoute::kCpuUnsupported: ++counters_.cpu_unsupported; break;
-      case GpuRoute::kCpuGpuFailed: ++counters_.cpu_gpu_failed; break;
+      case GpuRoute::kGpu:
+        ++counters_.gpu;
+        continue;
+      case GpuRoute::kCpuShare:
+        ++counters_.cpu_share;
+        break;
+      case GpuRoute::kCpuUnsupported:
+        ++counters_.cpu_unsupported;
+        break;
+      case GpuRoute::kCpuGpuFailed:
+        ++counters_.cpu_gpu_failed;
+        break;
     }
     try {
       decode_cpu_place(samples[i], i);
@@ -577,14 +586,11 @@ void GpuJpegDecoder::mirror(const uint8_t* resized, std::byte* dst) {
       lib_.npp_mirror_8u_c3r(resized, out.step, reinterpret_cast<uint8_t*>(dst), out.step,
                              gpu::NppSize{out.width, out.height}, gpu::kNppVerticalAxis, npp_);
   if (status < 0) {
-    throw GpuError("GPU decode: nppiMirror_8u_C3R_Ctx failed: NppStatus " +
-                   std::to_string(status));
+    throw GpuError("GPU decode: nppiMirror_8u_C3R_Ctx failed: NppStatus " + std::to_string(status));
   }
 }
 
-void GpuJpegDecoder::wait() {
-  check_cuda(lib_.event_synchronize(staged_), "cudaEventSynchronize");
-}
+void GpuJpegDecoder::wait() { check_cuda(lib_.event_synchronize(staged_), "cudaEventSynchronize"); }
 
 std::optional<double> GpuJpegDecoder::gpu_seconds() const {
   if (!timed_) return std::nullopt;

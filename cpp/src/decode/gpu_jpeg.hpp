@@ -53,12 +53,12 @@ class GpuJpegDecoder {
  public:
   struct Options {
     size_t max_batch = 0;
-    ImageSize size;                          // output size of every image (not empty)
+    ImageSize size;  // output size of every image (not empty)
     Transform transform = Transform::kRandomResizedCrop;
     uint64_t seed = 0;
     uint64_t max_pixels = 0;  // larger images go to the CPU path (which refuses them)
-    double cpu_share = 0.0;                  // in [0, 1): the last round(share * n) go to the CPU
-    size_t outputs = 1;  // device batches, each with its event: one per slot of the batch ring
+    double cpu_share = 0.0;   // in [0, 1): the last round(share * n) go to the CPU
+    size_t outputs = 1;       // device batches, each with its event: one per slot of the batch ring
     // Make what decode(..., roi=true) needs (a decode parameter object per batch place), where
     // there is a hardware engine and the library has the calls (gpu::Libraries::roi()).
     bool roi = false;
@@ -70,13 +70,13 @@ class GpuJpegDecoder {
   struct Sample {
     std::span<const std::byte> jpeg;  // host memory, valid during decode()
     uint64_t epoch = 0;
-    uint64_t index = 0;               // the sample's catalog index (seeds its crop box)
+    uint64_t index = 0;                 // the sample's catalog index (seeds its crop box)
     const std::string* path = nullptr;  // for the CPU path's errors
   };
   struct Counters {
     uint64_t batches = 0;
-    uint64_t hardware = 0;        // images decoded by the hardware engine
-    uint64_t gpu = 0;             // by the default backend
+    uint64_t hardware = 0;  // images decoded by the hardware engine
+    uint64_t gpu = 0;       // by the default backend
     uint64_t cpu_share = 0;
     uint64_t cpu_unsupported = 0;
     uint64_t cpu_gpu_failed = 0;
@@ -172,24 +172,24 @@ class GpuJpegDecoder {
   int device_ = 0;
   gpu::NppStreamContext npp_{};
   gpu::Stream stream_ = nullptr;
-  std::vector<gpu::Event> ready_;           // per output: its batch's work is done
-  gpu::Event staged_ = nullptr;             // the last batch's work is done with the staging
-  gpu::Event began_ = nullptr;              // timing: the last batch's submission began
-  gpu::Event gpu_done_ = nullptr;           // timing: its GPU decode and resize are done
-  bool timed_ = false;                      // both recorded for the last batch
-  gpu::NvjpegHandle hw_handle_ = nullptr;   // null: no hardware engine
+  std::vector<gpu::Event> ready_;          // per output: its batch's work is done
+  gpu::Event staged_ = nullptr;            // the last batch's work is done with the staging
+  gpu::Event began_ = nullptr;             // timing: the last batch's submission began
+  gpu::Event gpu_done_ = nullptr;          // timing: its GPU decode and resize are done
+  bool timed_ = false;                     // both recorded for the last batch
+  gpu::NvjpegHandle hw_handle_ = nullptr;  // null: no hardware engine
   gpu::NvjpegState hw_state_ = nullptr;
-  gpu::NvjpegHandle handle_ = nullptr;      // the default backend
+  gpu::NvjpegHandle handle_ = nullptr;  // the default backend
   gpu::NvjpegState state_ = nullptr;
   std::vector<gpu::NvjpegStream> streams_;  // max_batch, with hw_handle_ (parsing for the check)
   std::vector<gpu::NvjpegParams> params_;   // max_batch, with hw_handle_, where Options::roi
   std::byte* input_ = nullptr;              // pinned: the batch's compressed bytes
   size_t input_capacity_ = 0;
-  std::byte* decoded_ = nullptr;            // device: the batch's full decoded images
+  std::byte* decoded_ = nullptr;  // device: the batch's full decoded images
   size_t decoded_capacity_ = 0;
-  std::vector<std::byte*> outputs_;         // device: max_batch * sample_bytes_ each
-  std::byte* flip_ = nullptr;               // device: one image, the resize before its mirror
-  std::byte* cpu_output_ = nullptr;         // pinned: max_batch * sample_bytes_, the CPU's share
+  std::vector<std::byte*> outputs_;  // device: max_batch * sample_bytes_ each
+  std::byte* flip_ = nullptr;        // device: one image, the resize before its mirror
+  std::byte* cpu_output_ = nullptr;  // pinned: max_batch * sample_bytes_, the CPU's share
   // Options::batched_resize: the batched call's arguments (source and destination descriptors,
   // boxes; max_batch each), written in pinned memory and copied to the device per batch; and the
   // resized images that are then mirrored (device, max_batch * sample_bytes_).
@@ -199,7 +199,7 @@ class GpuJpegDecoder {
   struct Cpu;
   std::unique_ptr<Cpu> cpu_;
   struct Plan;
-  std::unique_ptr<Plan> plan_;              // per-batch scratch, sized once
+  std::unique_ptr<Plan> plan_;  // per-batch scratch, sized once
 };
 
 }  // namespace prestage::detail

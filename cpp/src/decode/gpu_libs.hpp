@@ -20,13 +20,13 @@ namespace prestage::detail::gpu {
 using Stream = void*;  // cudaStream_t
 using Event = void*;   // cudaEvent_t
 inline constexpr int kCudaSuccess = 0;
-inline constexpr int kCudaErrorNotReady = 600;             // cudaErrorNotReady
-inline constexpr unsigned kEventDefault = 0x00;            // cudaEventDefault: timing on
-inline constexpr unsigned kStreamNonBlocking = 0x01;       // cudaStreamNonBlocking
-inline constexpr unsigned kEventDisableTiming = 0x02;      // cudaEventDisableTiming
-inline constexpr unsigned kHostAllocPortable = 0x01;       // cudaHostAllocPortable
-inline constexpr int kMemcpyHostToDevice = 1;              // cudaMemcpyHostToDevice
-inline constexpr int kMemcpyDeviceToHost = 2;              // cudaMemcpyDeviceToHost
+inline constexpr int kCudaErrorNotReady = 600;         // cudaErrorNotReady
+inline constexpr unsigned kEventDefault = 0x00;        // cudaEventDefault: timing on
+inline constexpr unsigned kStreamNonBlocking = 0x01;   // cudaStreamNonBlocking
+inline constexpr unsigned kEventDisableTiming = 0x02;  // cudaEventDisableTiming
+inline constexpr unsigned kHostAllocPortable = 0x01;   // cudaHostAllocPortable
+inline constexpr int kMemcpyHostToDevice = 1;          // cudaMemcpyHostToDevice
+inline constexpr int kMemcpyDeviceToHost = 2;          // cudaMemcpyDeviceToHost
 // cudaDeviceAttr values.
 inline constexpr int kAttrMaxThreadsPerBlock = 1;
 inline constexpr int kAttrMaxSharedMemoryPerBlock = 8;
@@ -48,17 +48,21 @@ inline constexpr int kOutputRgbi = 5;             // NVJPEG_OUTPUT_RGBI: interle
 // nvjpegChromaSubsampling_t
 inline constexpr int kCss444 = 0, kCss422 = 1, kCss420 = 2, kCss440 = 3, kCss411 = 4, kCss410 = 5,
                      kCssGray = 6, kCss410V = 7, kCssUnknown = -1;
-inline constexpr int kNvjpegMaxComponent = 4;     // NVJPEG_MAX_COMPONENT
-struct NvjpegImage {                              // nvjpegImage_t
+inline constexpr int kNvjpegMaxComponent = 4;  // NVJPEG_MAX_COMPONENT
+struct NvjpegImage {                           // nvjpegImage_t
   unsigned char* channel[kNvjpegMaxComponent];
-  size_t pitch[kNvjpegMaxComponent];              // size_t since CUDA 11 (older: unsigned int)
+  size_t pitch[kNvjpegMaxComponent];  // size_t since CUDA 11 (older: unsigned int)
 };
 static_assert(sizeof(NvjpegImage) == 64);
 
 // --- NPP (nppdefs.h); NppStatus is an int, 0 = NPP_SUCCESS, < 0 errors, > 0 warnings. ---
-struct NppSize { int width, height; };            // NppiSize
-struct NppRect { int x, y, width, height; };      // NppiRect
-struct NppStreamContext {                         // NppStreamContext, passed by value
+struct NppSize {
+  int width, height;
+};  // NppiSize
+struct NppRect {
+  int x, y, width, height;
+};  // NppiRect
+struct NppStreamContext {  // NppStreamContext, passed by value
   Stream stream;
   int device_id;
   int multiprocessor_count;
@@ -71,19 +75,19 @@ struct NppStreamContext {                         // NppStreamContext, passed by
   int reserved0;
 };
 static_assert(sizeof(NppStreamContext) == 48);
-struct NppImageDescriptor {                       // NppiImageDescriptor
+struct NppImageDescriptor {  // NppiImageDescriptor
   void* data;
   int step;
   NppSize size;
 };
 static_assert(sizeof(NppImageDescriptor) == 24);
-struct NppResizeBatchRoi {                        // NppiResizeBatchROI_Advanced
+struct NppResizeBatchRoi {  // NppiResizeBatchROI_Advanced
   NppRect source;
   NppRect destination;
 };
 static_assert(sizeof(NppResizeBatchRoi) == 32);
-inline constexpr int kNppInterLinear = 2;         // NPPI_INTER_LINEAR
-inline constexpr int kNppVerticalAxis = 1;        // NPP_VERTICAL_AXIS: mirrors left to right
+inline constexpr int kNppInterLinear = 2;   // NPPI_INTER_LINEAR
+inline constexpr int kNppVerticalAxis = 1;  // NPP_VERTICAL_AXIS: mirrors left to right
 
 // The three libraries' entry points, bound once; const afterwards, so any thread may call them.
 class Libraries {
@@ -176,9 +180,9 @@ class Libraries {
   // images, each with its own source, box and destination; the three arrays in device memory.
   int (*npp_resize_batch_8u_c3r_advanced)(int max_width, int max_height,
                                           NppImageDescriptor* sources,
-                                          NppImageDescriptor* destinations,
-                                          NppResizeBatchRoi* rois, unsigned count,
-                                          int interpolation, NppStreamContext) = nullptr;
+                                          NppImageDescriptor* destinations, NppResizeBatchRoi* rois,
+                                          unsigned count, int interpolation,
+                                          NppStreamContext) = nullptr;
 
  private:
   void bind_all();

@@ -141,8 +141,8 @@ void GpuCropChoice::decide() {
   std::snprintf(text, sizeof(text),
                 "measured: %s (best of %llu batches each: resize %.3f ms/image, roi %.3f "
                 "ms/image on the GPU)",
-                crop_ == GpuCrop::kRoi ? "roi" : "resize",
-                static_cast<unsigned long long>(kTrials), resize_.best_s * 1e3, roi_.best_s * 1e3);
+                crop_ == GpuCrop::kRoi ? "roi" : "resize", static_cast<unsigned long long>(kTrials),
+                resize_.best_s * 1e3, roi_.best_s * 1e3);
   why_ = text;
 }
 

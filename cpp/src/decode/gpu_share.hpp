@@ -1,14 +1,14 @@
 // decode_device=cuda: the CPU's share of each batch (LoaderOptions::gpu_cpu_share), sized at run
-// time so that the GPU's part and the CPU's part of a batch finish together. A pure unit: it is told
-// what each batch's two parts took and answers with the share for the next batches, so tests drive
-// it with simulated times and no thread.
+// time so that the GPU's part and the CPU's part of a batch finish together. A pure unit: it is
+// told what each batch's two parts took and answers with the share for the next batches, so tests
+// drive it with simulated times and no thread.
 //
-// The rule (DALI's hw_decoder_load, sized by measurement instead of by hand): with g the seconds per
-// image of the GPU's part (from its submission to its completion) and c the wall seconds per image
-// of the CPU's part (its readers together), a batch of n with a share x takes g n (1 - x) on the GPU
-// and c n x on the CPU; both finish together at x = g / (g + c). Each batch's g and c are smoothed
-// (an exponential average), and the share moves to the balance only when it is more than a dead
-// band away, so that timing noise does not make it wander. Per-image times that depend on the
+// The rule (DALI's hw_decoder_load, sized by measurement instead of by hand): with g the seconds
+// per image of the GPU's part (from its submission to its completion) and c the wall seconds per
+// image of the CPU's part (its readers together), a batch of n with a share x takes g n (1 - x) on
+// the GPU and c n x on the CPU; both finish together at x = g / (g + c). Each batch's g and c are
+// smoothed (an exponential average), and the share moves to the balance only when it is more than a
+// dead band away, so that timing noise does not make it wander. Per-image times that depend on the
 // share (a fixed cost per batch on the GPU; fewer CPU images than readers) still settle at the
 // balance: x = g / (g + c) holds exactly when both parts take the same time.
 //
@@ -67,8 +67,8 @@ class GpuShare {
     bool automatic = false;
     double gpu_ms_per_image = 0;  // smoothed; 0: not measured yet
     double cpu_ms_per_image = 0;
-    uint64_t batches = 0;         // batches observed
-    uint64_t moves = 0;           // times the share moved
+    uint64_t batches = 0;  // batches observed
+    uint64_t moves = 0;    // times the share moved
     std::string why;
   };
   Report report() const;

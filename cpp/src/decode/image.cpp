@@ -122,8 +122,8 @@ struct ImageDecoder::Impl {
       throw std::logic_error("ImageDecoder::decode_crop: box outside the image");
     }
     const size_t stride = size_t(header.width) * kRgbBytes;
-    const auto* src = reinterpret_cast<const uint8_t*>(decoded.data()) +
-                      size_t(box.top) * stride + size_t(box.left) * kRgbBytes;
+    const auto* src = reinterpret_cast<const uint8_t*>(decoded.data()) + size_t(box.top) * stride +
+                      size_t(box.left) * kRgbBytes;
     resize_rgb(src, box.width, box.height, stride, 0.0, 0.0, box.width, box.height,
                reinterpret_cast<uint8_t*>(out.data()), static_cast<int>(size.width),
                static_cast<int>(size.height), size_t{size.width} * kRgbBytes, resize, box.flip);
@@ -204,8 +204,8 @@ void ImageDecoder::decode_resized(std::span<const std::byte> image, ImageSize si
              static_cast<int>(out_h), size_t(out_w) * kRgbBytes, impl_->resize);
 }
 
-void ImageDecoder::decode_crop(std::span<const std::byte> image, const CropBox& box,
-                               ImageSize size, std::span<std::byte> out, const std::string& path) {
+void ImageDecoder::decode_crop(std::span<const std::byte> image, const CropBox& box, ImageSize size,
+                               std::span<std::byte> out, const std::string& path) {
   const ImageFormat format = impl_->route(image, path);
   if (format == ImageFormat::kJpeg) {
     impl_->jpeg.decode_crop(image, box, size, out, path);

@@ -59,8 +59,9 @@ Codec Codec::choose(const Catalog& catalog, const LoaderOptions& options) {
                         mode_name(c.mode));
     }
     if (!c.array_name.empty()) {
-      throw ConfigError("array_name does not apply to a catalog of array slices: its member is "
-                        "named when it is built (Catalog::from_arrays)");
+      throw ConfigError(
+          "array_name does not apply to a catalog of array slices: its member is "
+          "named when it is built (Catalog::from_arrays)");
     }
   }
   if (c.mode == DecodeMode::kImage) {
@@ -132,10 +133,9 @@ const ByteSource& SampleDecoder::payload(const ByteSource& sample, const Catalog
   }
   const auto data = unframe_record(sample.all(record_), path);
   std::span<const std::byte> value;
-  if (codec_.mode == DecodeMode::kRaw
-          ? !example_values(data, codec_.field, codec_.max_bytes, values_, value, payload_dtype_,
-                            path)
-          : !example_bytes(data, codec_.field, value, path)) {
+  if (codec_.mode == DecodeMode::kRaw ? !example_values(data, codec_.field, codec_.max_bytes,
+                                                        values_, value, payload_dtype_, path)
+                                      : !example_bytes(data, codec_.field, value, path)) {
     throw DecodeError(path, "TFRecord record at byte " + std::to_string(loc.offset) +
                                 " has no feature '" + codec_.field + "'");
   }
@@ -174,10 +174,9 @@ void SampleDecoder::probe(const ByteSource& sample, const Catalog::Locator& loc,
             ? hdf5::describe(sample.memory(), codec_.field, codec_.axis, codec_.max_bytes, path)
             : hdf5::describe(*sample.file(), codec_.field, codec_.axis, codec_.max_bytes, path);
     if (loc.offset >= d.rows) {
-      throw DecodeError(path, "slice " + std::to_string(loc.offset) +
-                                        " is past the " + std::to_string(d.rows) +
-                                        " along axis " + std::to_string(d.axis) + " of '" +
-                                        codec_.field + "'");
+      throw DecodeError(path, "slice " + std::to_string(loc.offset) + " is past the " +
+                                  std::to_string(d.rows) + " along axis " + std::to_string(d.axis) +
+                                  " of '" + codec_.field + "'");
     }
     probe.info = d.row;
     probe.kind = ArrayProbe::Kind::kHdf5;
@@ -212,8 +211,7 @@ void SampleDecoder::probe(const ByteSource& sample, const Catalog::Locator& loc,
     size_t want = kHeaderPrefix;
     while (true) {
       if (scratch_.size() < want) scratch_.resize(want);
-      const size_t got =
-          zstd_.decompress_prefix(packed, std::span(scratch_.data(), want), path);
+      const size_t got = zstd_.decompress_prefix(packed, std::span(scratch_.data(), want), path);
       uint64_t needed = 0;
       const uint64_t offset = parse_npy_header(std::span(scratch_.data(), got), probe.info,
                                                codec_.max_bytes, path, &needed);
@@ -233,9 +231,8 @@ void SampleDecoder::probe(const ByteSource& sample, const Catalog::Locator& loc,
     return;
   }
   if (!is_npy(head)) {
-    throw DecodeError(path, is_zip(head)
-                                      ? "a .npz archive, not a .npy file (use decode='npz')"
-                                      : "not a .npy file (bad magic)");
+    throw DecodeError(path, is_zip(head) ? "a .npz archive, not a .npy file (use decode='npz')"
+                                         : "not a .npy file (bad magic)");
   }
   probe.data_offset = probe_npy(source, probe.info, codec_.max_bytes, scratch_);
   probe.kind = ArrayProbe::Kind::kNpy;
@@ -257,22 +254,22 @@ void SampleDecoder::probe_slice(const ByteSource& sample, const Catalog::Locator
     if (probe.member.deflated) {
       probe.kind = ArrayProbe::Kind::kDeflatedSlice;
       if (whole.bytes > codec_.max_bytes) {
-        throw DecodeError(path,
-                          "a deflated member is inflated whole to take a slice, and its " +
-                              std::to_string(whole.bytes) + " bytes exceed max_sample_bytes (" +
-                              std::to_string(codec_.max_bytes) + ")");
+        throw DecodeError(path, "a deflated member is inflated whole to take a slice, and its " +
+                                    std::to_string(whole.bytes) +
+                                    " bytes exceed max_sample_bytes (" +
+                                    std::to_string(codec_.max_bytes) + ")");
       }
     }
   }
   const auto axis = resolve_axis(codec_.axis, whole.ndim);
   if (!axis) {
     throw DecodeError(path, "its array has " + std::to_string(whole.ndim) +
-                                      " dimensions: no axis " + std::to_string(codec_.axis));
+                                " dimensions: no axis " + std::to_string(codec_.axis));
   }
   if (loc.offset >= whole.shape[*axis]) {
-    throw DecodeError(path, "slice " + std::to_string(loc.offset) +
-                                      " is past the " + std::to_string(whole.shape[*axis]) +
-                                      " along axis " + std::to_string(*axis));
+    throw DecodeError(path, "slice " + std::to_string(loc.offset) + " is past the " +
+                                std::to_string(whole.shape[*axis]) + " along axis " +
+                                std::to_string(*axis));
   }
   probe.axis = *axis;
   probe.index = loc.offset;

@@ -36,7 +36,7 @@ struct Codec {
   std::string array_name;  // kNpz
   uint64_t max_bytes = 0;
   uint64_t max_pixels = 0;
-  std::string raw_dtype;                        // kRaw: LoaderOptions::raw_dtype
+  std::string raw_dtype;                          // kRaw: LoaderOptions::raw_dtype
   std::optional<std::vector<int64_t>> raw_shape;  // kRaw: LoaderOptions::raw_shape
 
   // Checks that `options.decode` fits the catalog (ConfigError otherwise).
@@ -78,8 +78,9 @@ class SampleDecoder {
  public:
   explicit SampleDecoder(const Codec& codec);
 
-  // The bytes an image is decoded from, given the sample's bytes as read: the TFRecord feature taken
-  // out of its record, a zstd frame decompressed. May point into `sample` or into this decoder.
+  // The bytes an image is decoded from, given the sample's bytes as read: the TFRecord feature
+  // taken out of its record, a zstd frame decompressed. May point into `sample` or into this
+  // decoder.
   std::span<const std::byte> image_payload(std::span<const std::byte> sample,
                                            const std::string& path);
   // As above, a zstd frame decompressed into `unpacked` (grown, never shrunk), so that the image
@@ -109,7 +110,7 @@ class SampleDecoder {
   std::vector<std::byte> packed_;    // compressed bytes
   std::vector<std::byte> unpacked_;  // decompressed bytes
   std::vector<std::byte> scratch_;
-  std::vector<std::byte> values_;    // a TFRecord feature's float or int64 values
+  std::vector<std::byte> values_;  // a TFRecord feature's float or int64 values
   std::string_view payload_dtype_ = "|u1";
   std::optional<MemorySource> memory_source_;
 };

@@ -25,9 +25,9 @@ struct ResampleTaps {
 struct ResizeScratch {
   ResampleTaps horizontal;
   ResampleTaps vertical;
-  std::vector<uint8_t> rows;      // the image between the two passes
-  std::vector<uint8_t> columns;   // a strip of rows of the horizontal pass's input, transposed
-  std::vector<uint8_t> resampled; // the same strip resampled, before it is transposed back
+  std::vector<uint8_t> rows;       // the image between the two passes
+  std::vector<uint8_t> columns;    // a strip of rows of the horizontal pass's input, transposed
+  std::vector<uint8_t> resampled;  // the same strip resampled, before it is transposed back
 };
 
 // Resamples the box [x0, x1) x [y0, y1) of `src` (src_w x src_h RGB pixels, rows `src_stride` bytes

@@ -1,5 +1,5 @@
-// on_error=skip's policy, as pure functions of the plan: which samples may replace a failed one, and
-// which failures may be skipped at all. The same run skips alike for any thread counts.
+// on_error=skip's policy, as pure functions of the plan: which samples may replace a failed one,
+// and which failures may be skipped at all. The same run skips alike for any thread counts.
 #pragma once
 
 #include <cstdint>

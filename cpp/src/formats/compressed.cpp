@@ -40,8 +40,8 @@ struct Decompressor::State {
   uint64_t produced = 0;
   std::vector<std::byte> in;
   size_t in_pos = 0, in_end = 0;
-  bool ended = false;    // the stream's last member or frame ended with the file
-  bool between = true;   // at the start of a member or frame (nothing of it decoded yet)
+  bool ended = false;   // the stream's last member or frame ended with the file
+  bool between = true;  // at the start of a member or frame (nothing of it decoded yet)
   z_stream z{};
   bool z_open = false;
   ZSTD_DCtx* zstd = nullptr;
@@ -86,8 +86,8 @@ struct Decompressor::State {
       if (between) {
         // A member starts here: anything but a gzip header after the last one is not a stream
         // this reader vouches for.
-        const bool magic = in_end - in_pos < 2 || (in[in_pos] == std::byte{0x1f} &&
-                                                    in[in_pos + 1] == std::byte{0x8b});
+        const bool magic = in_end - in_pos < 2 ||
+                           (in[in_pos] == std::byte{0x1f} && in[in_pos + 1] == std::byte{0x8b});
         if (!magic) {
           fail("bytes after the last gzip member are not another member");
         }

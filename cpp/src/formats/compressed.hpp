@@ -54,8 +54,7 @@ struct Decompressed {
   uint64_t size = 0;
   uint32_t crc = 0;
 };
-Decompressed measure_compressed(const FileRef& file, Catalog::Codec codec,
-                                const std::string& path);
+Decompressed measure_compressed(const FileRef& file, Catalog::Codec codec, const std::string& path);
 
 // The codec of file `file` from its first bytes (kNone for a file too short to tell). IoError if
 // it cannot be read.

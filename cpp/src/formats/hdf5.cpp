@@ -346,7 +346,8 @@ Hdf5Dataset along(const Open& o, int64_t axis, uint64_t max_bytes, const std::st
     if (k != d.axis) d.row.shape[d.row.ndim++] = o.dims[k];
   }
   finish_array_info(d.row, max_bytes, path);
-  // The stored size comes from the file's own (possibly corrupt) header: no more than the file holds.
+  // The stored size comes from the file's own (possibly corrupt) header: no more than the file
+  // holds.
   const uint64_t stored =
       std::min<uint64_t>(H5Dget_storage_size(o.dataset_id.get()), file_bytes(o, path));
   const uint64_t row_bytes = std::max<uint64_t>(d.row.bytes, 1);

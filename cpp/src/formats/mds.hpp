@@ -16,7 +16,7 @@
 namespace prestage::detail {
 
 struct MdsShard {
-  std::string file;  // relative to the set's folder
+  std::string file;   // relative to the set's folder
   uint64_t size = 0;  // of its bytes as read (decompressed, for a compressed one)
   // A shard read from its compressed file (index.json's zip_data, no raw_data beside it): the
   // codec, the file's bytes and the CRC-32C of its decompressed bytes.

@@ -14,7 +14,8 @@ ForwardReader::ForwardReader(const FileRef& file)
     : path_(file.path()), file_(std::in_place, file), size_(file_->size()) {}
 
 ForwardReader::ForwardReader(const FileRef& file, Catalog::Codec codec, uint64_t size)
-    : path_(file.path()), stream_(std::make_unique<Decompressor>(file, codec, path_)),
+    : path_(file.path()),
+      stream_(std::make_unique<Decompressor>(file, codec, path_)),
       size_(size) {}
 
 ForwardReader::~ForwardReader() = default;

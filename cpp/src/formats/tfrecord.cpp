@@ -266,8 +266,9 @@ void scan_tfrecord(
     if (got == 0 && in.eof()) break;
     if (in.bad()) break;
     if (got != sizeof(head)) {
-      damage(offset, "truncated record header (the file ends " + std::to_string(got) +
-                         " bytes into it)", true);
+      damage(offset,
+             "truncated record header (the file ends " + std::to_string(got) + " bytes into it)",
+             true);
       break;
     }
     const uint64_t length = load_u64(head);
@@ -277,9 +278,11 @@ void scan_tfrecord(
     }
     if (offset + sizeof(head) > file_size || length > file_size - offset - sizeof(head) ||
         file_size - offset - sizeof(head) - length < 4) {
-      damage(offset, "truncated record (its length says " + std::to_string(length) +
-                         " bytes, the file ends " + std::to_string(file_size - offset) +
-                         " bytes after its start)", true);
+      damage(offset,
+             "truncated record (its length says " + std::to_string(length) +
+                 " bytes, the file ends " + std::to_string(file_size - offset) +
+                 " bytes after its start)",
+             true);
       break;
     }
     const uint64_t framed_length = length + kFramingBytes;

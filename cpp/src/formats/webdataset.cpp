@@ -237,8 +237,8 @@ const char* compression(std::span<const std::byte> head) {
 
 uint64_t scan_webdataset(const FileRef& file, const std::string& path, const WdsFields& fields,
                          const std::function<void(const WdsSample&)>& sample,
-                         const std::function<void(const WdsDamage&)>& damaged,
-                         Catalog::Codec codec, uint64_t decompressed) {
+                         const std::function<void(const WdsDamage&)>& damaged, Catalog::Codec codec,
+                         uint64_t decompressed) {
   const auto damage = [&](uint64_t offset, const std::string& reason, bool rest_of_file) {
     if (!damaged)
       throw DecodeError(path, "WebDataset shard: " + reason + " at byte " + std::to_string(offset));
@@ -507,8 +507,8 @@ uint64_t index_webdataset(const FileRef& file, const std::string& path, std::str
       }
     }
     const uint64_t start = static_cast<uint64_t>(*parse_int(w[1])) - 512;
-    const std::string who = "sample " + (key.empty() ? "at line " + std::to_string(line_no)
-                                                     : "'" + key + "'");
+    const std::string who =
+        "sample " + (key.empty() ? "at line " + std::to_string(line_no) : "'" + key + "'");
     const bool missing_data = !fields.data.empty() && !data;
     const bool missing_label = !fields.label_ext.empty() && !label && problem.empty();
     if (problem.empty() && (missing_data || missing_label)) {

@@ -5,8 +5,8 @@
 
 #include <algorithm>
 #include <cerrno>
-#include <cstring>
 #include <cstdlib>
+#include <cstring>
 #include <memory>
 #include <new>
 #include <stdexcept>
@@ -59,7 +59,8 @@ void PinnedBuffer::reserve(size_t bytes) {
   if (bytes > SIZE_MAX / 2) throw std::bad_alloc();
   // The first allocation is what was asked for (a batch of fixed-size samples never grows).
   size_t want = data_ == nullptr ? bytes : bytes + bytes / 4;
-  if (growth_ != nullptr) want = std::max(want, growth_->high_water.load(std::memory_order_relaxed));
+  if (growth_ != nullptr)
+    want = std::max(want, growth_->high_water.load(std::memory_order_relaxed));
   if (want > SIZE_MAX - page) throw std::bad_alloc();
   want = (std::max<size_t>(want, 1) + page - 1) / page * page;
   free();
@@ -101,8 +102,9 @@ void PinnedBuffer::pin() {
       pinning = Pinning::kMlock;
     } else {
       const int error = errno;
-      why = (error == ENOMEM || error == EPERM ? std::string("RLIMIT_MEMLOCK too low")
-                                               : std::string("mlock failed: ") + std::strerror(error)) +
+      why = (error == ENOMEM || error == EPERM
+                 ? std::string("RLIMIT_MEMLOCK too low")
+                 : std::string("mlock failed: ") + std::strerror(error)) +
             "; " + why;
     }
   }
@@ -156,8 +158,8 @@ void BatchRing::release(Slot* slot, bool lent) noexcept {
     slot->error = nullptr;
     free_.push_back(slot);
   }
-  // Held while the hook runs, so that set_release_hook() returns only when no call of the old hook is
-  // still running (its pipeline is about to be destroyed).
+  // Held while the hook runs, so that set_release_hook() returns only when no call of the old hook
+  // is still running (its pipeline is about to be destroyed).
   std::lock_guard hook_lock(hook_mutex_);
   if (hook_) hook_();
 }

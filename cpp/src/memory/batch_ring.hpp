@@ -1,6 +1,7 @@
-// The batch ring: `depth` batch buffers allocated once, page-aligned, CUDA-registered or page-locked
-// when the system allows, lent to the consumer and recycled. A Batch holds the ring (shared_ptr): its
-// buffers are unregistered and freed only when the ring's last owner, loader or Batch, lets go.
+// The batch ring: `depth` batch buffers allocated once, page-aligned, CUDA-registered or
+// page-locked when the system allows, lent to the consumer and recycled. A Batch holds the ring
+// (shared_ptr): its buffers are unregistered and freed only when the ring's last owner, loader or
+// Batch, lets go.
 #pragma once
 
 #include <array>
@@ -27,13 +28,15 @@ struct RingGrowth {
   std::atomic<size_t> held{0};        // the bytes they hold, all of them
 };
 
-// A page-aligned buffer, pinned as well as the system allows: registered with the CUDA driver when the
-// CudaHost given to use_cuda() is available, else page-locked with mlock when RLIMIT_MEMLOCK allows, else
-// pageable; pinning() and status() say which, and why. Grows only when asked to: the old memory is
-// unregistered (and unlocked) before it is freed, the new one registered after it is allocated.
+// A page-aligned buffer, pinned as well as the system allows: registered with the CUDA driver when
+// the CudaHost given to use_cuda() is available, else page-locked with mlock when RLIMIT_MEMLOCK
+// allows, else pageable; pinning() and status() say which, and why. Grows only when asked to: the
+// old memory is unregistered (and unlocked) before it is freed, the new one registered after it is
+// allocated.
 //
-// Thread-safety: use_cuda(), reserve() and data() belong to the slot's holder (one thread at a time);
-// pinning(), locked() and status() may be called from any thread, also during a reserve() (stats()).
+// Thread-safety: use_cuda(), reserve() and data() belong to the slot's holder (one thread at a
+// time); pinning(), locked() and status() may be called from any thread, also during a reserve()
+// (stats()).
 class PinnedBuffer {
  public:
   PinnedBuffer() = default;
@@ -41,8 +44,8 @@ class PinnedBuffer {
   PinnedBuffer(const PinnedBuffer&) = delete;
   PinnedBuffer& operator=(const PinnedBuffer&) = delete;
 
-  // Registers this buffer's memory with `cuda` from now on (not owned: it must outlive the buffer), with
-  // `device` current (-1: the thread's own). Before the first reserve().
+  // Registers this buffer's memory with `cuda` from now on (not owned: it must outlive the buffer),
+  // with `device` current (-1: the thread's own). Before the first reserve().
   void use_cuda(const CudaHost* cuda, int device) noexcept;
   // Shares its size with the other buffers of a ring (`growth`, not owned: it must outlive the
   // buffer). Before the first reserve().
@@ -61,7 +64,8 @@ class PinnedBuffer {
     Pinning pinning = Pinning::kNone;
     std::string why;  // why not better; for kCuda, the runtime that registered it
   };
-  // What was last published: a regrowth under way shows the old buffer's until the new one is pinned.
+  // What was last published: a regrowth under way shows the old buffer's until the new one is
+  // pinned.
   Pinning pinning() const noexcept { return pinning_.load(std::memory_order_acquire); }
   bool locked() const noexcept { return pinning() != Pinning::kNone; }  // page-locked in any way
   Status status() const;
@@ -84,16 +88,17 @@ class PinnedBuffer {
 // One batch buffer and what travels with it to the consumer.
 struct Slot {
   PinnedBuffer data;
-  std::vector<int64_t> labels;    // capacity batch_size, allocated once
+  std::vector<int64_t> labels;  // capacity batch_size, allocated once
   std::vector<int64_t> indices;
   std::vector<uint64_t> offsets;  // count + 1 offsets into data
   DecodeMode mode = DecodeMode::kJpeg;
-  std::array<size_t, 4> shape{};  // kJpeg: count, height, width, 3 (NHWC) or count, 3, height, width
-  std::string dtype = "|u1";      // NumPy type string of the elements
-  bool ragged = false;            // the samples' shapes differ
-  std::vector<uint64_t> dims;         // every sample's shape, back to back
+  std::array<size_t, 4>
+      shape{};                 // kJpeg: count, height, width, 3 (NHWC) or count, 3, height, width
+  std::string dtype = "|u1";   // NumPy type string of the elements
+  bool ragged = false;         // the samples' shapes differ
+  std::vector<uint64_t> dims;  // every sample's shape, back to back
   std::vector<uint64_t> dim_offsets;  // count + 1 offsets into dims
-  size_t data_bytes = 0;          // bytes of data in use
+  size_t data_bytes = 0;              // bytes of data in use
   uint64_t epoch = 0;
   uint64_t index = 0;
   std::exception_ptr error;  // the first failed sample's error, raised at the consumer
@@ -119,12 +124,14 @@ struct Slot {
 
 class BatchRing {
  public:
-  // `slot_bytes`: each buffer's initial size (kJpeg: a whole batch of images). The buffers are registered
-  // with `cuda` (which must outlive the ring and every Batch of it) when it is available, with the
-  // calling thread's current device current, also when a buffer grows in another thread.
+  // `slot_bytes`: each buffer's initial size (kJpeg: a whole batch of images). The buffers are
+  // registered with `cuda` (which must outlive the ring and every Batch of it) when it is
+  // available, with the calling thread's current device current, also when a buffer grows in
+  // another thread.
   BatchRing(size_t depth, size_t batch_size, size_t slot_bytes, DecodeMode mode,
             const CudaHost& cuda);
-  BatchRing(size_t depth, size_t batch_size, size_t slot_bytes, DecodeMode mode);  // CudaHost::instance()
+  BatchRing(size_t depth, size_t batch_size, size_t slot_bytes,
+            DecodeMode mode);  // CudaHost::instance()
 
   // A free slot. The caller guarantees one is free (the pipeline's limiter counts them).
   Slot* acquire();
@@ -142,7 +149,8 @@ class BatchRing {
   // thread.
   size_t held_bytes() const noexcept { return growth_.held.load(std::memory_order_relaxed); }
   size_t free_count() const;
-  // The least pinned of the buffers, and why (see PinnedBuffer::status()), read together. Any thread.
+  // The least pinned of the buffers, and why (see PinnedBuffer::status()), read together. Any
+  // thread.
   PinnedBuffer::Status status() const;
   Pinning pinned() const { return status().pinning; }
 

@@ -12,7 +12,8 @@ namespace {
 
 // From the CUDA runtime's ABI (driver_types.h), stable across versions.
 constexpr int kCudaSuccess = 0;
-constexpr unsigned kCudaHostRegisterPortable = 0x01;  // pinned for every context, not only the current
+constexpr unsigned kCudaHostRegisterPortable =
+    0x01;  // pinned for every context, not only the current
 
 template <typename Function>
 bool bind(void* library, const char* name, Function& out, std::string& missing) {
@@ -98,7 +99,8 @@ std::string CudaHost::register_memory(void* data, size_t bytes, int device) cons
       }
     }
   }
-  if (const int code = host_register_(data, bytes, kCudaHostRegisterPortable); code != kCudaSuccess) {
+  if (const int code = host_register_(data, bytes, kCudaHostRegisterPortable);
+      code != kCudaSuccess) {
     return failure("cudaHostRegister", code);
   }
   return {};

@@ -18,8 +18,9 @@ namespace prestage::detail {
 
 class CudaHost {
  public:
-  // Opens the runtime that `spec` names ("": the default search; "none": none) and counts the devices.
-  // Never throws for a missing or failing runtime: available() is then false and why() says why.
+  // Opens the runtime that `spec` names ("": the default search; "none": none) and counts the
+  // devices. Never throws for a missing or failing runtime: available() is then false and why()
+  // says why.
   explicit CudaHost(const std::string& spec);
   // Opens the first of `candidates` (paths or sonames) that opens; none: why() names every one.
   explicit CudaHost(const std::vector<std::string>& candidates);
@@ -40,9 +41,9 @@ class CudaHost {
   int current_device() const noexcept;
 
   // Registers [data, data + bytes) (cudaHostRegisterPortable) with `device` current in the calling
-  // thread (it is made current if another is, and stays so: the caller is one of the loader's decode
-  // threads, or the thread that made the ring; -1: the thread's own). Returns "" on success, else why
-  // it failed ("cudaHostRegister failed: <code> (<text>)"). Requires available().
+  // thread (it is made current if another is, and stays so: the caller is one of the loader's
+  // decode threads, or the thread that made the ring; -1: the thread's own). Returns "" on success,
+  // else why it failed ("cudaHostRegister failed: <code> (<text>)"). Requires available().
   std::string register_memory(void* data, size_t bytes, int device) const;
   // cudaHostUnregister. Returns its cudaError_t: 0 on success. Requires available().
   int unregister_memory(void* data) const noexcept;

@@ -30,8 +30,8 @@ class Admitter {
   explicit Admitter(Shared& shared) : shared_(shared) {}
   // Decides batch `index` of `epoch`, samples `ids[0, count)`, into `out`; adds its hits, misses
   // and evictions to `costs`.
-  void admit(uint64_t epoch, uint64_t index, const uint64_t* ids, size_t count,
-             BatchAdmission& out, Admission& costs);
+  void admit(uint64_t epoch, uint64_t index, const uint64_t* ids, size_t count, BatchAdmission& out,
+             Admission& costs);
   // The read-ahead buffers' bytes `out` holds, no longer counted in Shared::read_ahead_held.
   void forget(BatchAdmission& out);
 

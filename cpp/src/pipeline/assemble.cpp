@@ -51,8 +51,8 @@ size_t checked_mul(size_t a, size_t b, const char* what) {
 
 // LoaderOptions::kFitFreeSpace: no bound (0) if the data set fits in 90% of the stage directory's
 // room (its file system's free space and what the directory takes already: copies and its own
-// files), else that 90%. The directory counts what the disk charges (`dir` was made with the file system's
-// block): each copy in whole blocks, copies being written, and its index as it grows.
+// files), else that 90%. The directory counts what the disk charges (`dir` was made with the file
+// system's block): each copy in whole blocks, copies being written, and its index as it grows.
 uint64_t fit_free_space(StageDirectory& dir, const Catalog& catalog) {
   struct statvfs fs;
   // Cannot tell: a full disk is handled anyway.
@@ -134,14 +134,15 @@ Sizing size_loader(LoaderOptions& options, const std::array<bool, kKnobs>& pinne
   }
   const uint64_t mean_file = probed == 0 ? 0 : probed_bytes / probed;
   const uint64_t mean_sample =
-      mean_file == 0 ? 0 : static_cast<uint64_t>(static_cast<double>(mean_file) *
-                                                  static_cast<double>(files) /
-                                                  static_cast<double>(catalog.size()));
+      mean_file == 0
+          ? 0
+          : static_cast<uint64_t>(static_cast<double>(mean_file) * static_cast<double>(files) /
+                                  static_cast<double>(catalog.size()));
   std::string fit_why;
   fit_to_memory(options, pinned, s.memory_budget, mean_file, mean_sample, fit_why);
   if (!fit_why.empty()) s.why += "; " + fit_why;
-  s.limits = tune_limits(options, pinned, s.usable_cpus, s.local_ranks, s.memory_budget,
-                         mean_file, mean_sample);
+  s.limits = tune_limits(options, pinned, s.usable_cpus, s.local_ranks, s.memory_budget, mean_file,
+                         mean_sample);
   return s;
 }
 
@@ -190,13 +191,13 @@ std::string open_stage(Shared& shared) {
     const uint64_t largest = largest_compressed(shared.catalog, shared.stage_dir.get());
     if (compressed && bound != 0 && largest > bound) {
       throw ConfigError("cache_bytes (" + std::to_string(bound) + ") is smaller than the largest " +
-                        "decompressed shard (" + std::to_string(largest) + " bytes): " +
-                        why_stage + ", one whole shard at least");
+                        "decompressed shard (" + std::to_string(largest) + " bytes): " + why_stage +
+                        ", one whole shard at least");
     }
     if (bound != 0) shared.lookahead_max = o.lookahead;
-    shared.cache = std::make_unique<StageCache>(shared.catalog, shared.plan, *shared.stage_dir,
-                                                bound, o.eviction,
-                                                shared.lookahead_max + o.depth + 2);
+    shared.cache =
+        std::make_unique<StageCache>(shared.catalog, shared.plan, *shared.stage_dir, bound,
+                                     o.eviction, shared.lookahead_max + o.depth + 2);
   } catch (const UnsafePath&) {
     // Another user's area (or one others can write): never used, and not quietly replaced by
     // reads of the source either: the job asked for staging, and its user must choose.
@@ -205,9 +206,9 @@ std::string open_stage(Shared& shared) {
     // A stage directory that cannot be used is not fatal: stage 2 reads ahead into memory. But
     // for a catalog of compressed shards, which are read from nowhere else.
     if (compressed) {
-      throw IoError(o.stage_dir, e.error_code(),
-                    "the stage directory cannot be used (" + std::string(e.what()) + "): " +
-                        why_stage);
+      throw IoError(
+          o.stage_dir, e.error_code(),
+          "the stage directory cannot be used (" + std::string(e.what()) + "): " + why_stage);
     }
     return e.what();
   }
@@ -267,8 +268,8 @@ std::unique_ptr<Stager> make_stager(Shared& shared, std::chrono::milliseconds ti
   // than waited for without end.
   const bool peers_on = shared.peers && shared.peers->on();
   const std::chrono::milliseconds neighbour_wait =
-      shared.patience      ? *shared.patience
-      : peers_on           ? std::chrono::milliseconds(2 * o.peer_timeout_ms)
+      shared.patience        ? *shared.patience
+      : peers_on             ? std::chrono::milliseconds(2 * o.peer_timeout_ms)
       : o.io_timeout_ms != 0 ? timeout
                              : StageDirectory::kForever;
   return std::make_unique<Stager>(*shared.tiers, o.stage_dir.empty() ? 0 : o.prefetchers, timeout,

@@ -33,8 +33,8 @@ struct Work;
 using Ticket = Work*;
 using StageNode = flow::async_node<Ticket, Ticket>;
 
-// One batch in flight, from the plan source to the hand-off. Recycled: the pool holds as many as can
-// be in flight, so nothing is allocated per batch or per sample.
+// One batch in flight, from the plan source to the hand-off. Recycled: the pool holds as many as
+// can be in flight, so nothing is allocated per batch or per sample.
 struct Work {
   uint64_t seq = 0;  // position in this pipeline's stream of batches: the sequencers' key
   uint64_t epoch = 0;
@@ -47,9 +47,9 @@ struct Work {
   void* owner = nullptr;  // the Pipeline::Impl
   Slot* slot = nullptr;
   BatchAdmission admitted;  // stage 1's decisions: the files stage 2 copies, the samples it reads
-  TierTally stage_reads;   // stage 2's reads for the batch, by tier (for its epoch's figures)
-  TierTally decode_reads;  // stage 3's
-  bool staging = false;              // at the stager (guarded by the pipeline's stager_mutex)
+  TierTally stage_reads;    // stage 2's reads for the batch, by tier (for its epoch's figures)
+  TierTally decode_reads;   // stage 3's
+  bool staging = false;     // at the stager (guarded by the pipeline's stager_mutex)
   std::atomic<bool> in_use{false};
 };
 
@@ -68,8 +68,8 @@ struct Pipeline::Impl {
   Ticket decode(Ticket t);
   void hand_off(Ticket t);
   // A node's body failed (a broken invariant, not a sample's error): the pipeline stops delivering
-  // and pop() raises `error`. No exception may leave a node: oneTBB would cancel the whole graph and
-  // the consumer would wait for ever.
+  // and pop() raises `error`. No exception may leave a node: oneTBB would cancel the whole graph
+  // and the consumer would wait for ever.
   void fail(std::exception_ptr error);
 
   Shared& shared;
@@ -84,7 +84,7 @@ struct Pipeline::Impl {
 
   // Stage 1 state, touched only by the source node's body (serial).
   uint64_t next_seq = 0;
-  std::atomic<uint64_t> planned{0};  // next_seq, for skip(): every batch before it is in flight
+  std::atomic<uint64_t> planned{0};      // next_seq, for skip(): every batch before it is in flight
   std::atomic<uint64_t> drop_before{0};  // batches before this seq are dropped undecoded (skip())
   uint64_t epoch;
   uint64_t batch;
@@ -121,9 +121,9 @@ Pipeline::Impl::Impl(Shared& s, std::shared_ptr<BatchRing> r, uint64_t first_epo
       hold(s.lookahead_max) {
   const LoaderOptions& o = shared.options;
   if (shared.cache) shared.cache->restart(first_epoch, first_batch);
-  // In flight between the source and the consumer's release: at most window + 1 (the source holds one
-  // more when the window is full), so a pool of window + 1 works recycled by sequence number never
-  // gives out one that is still in use.
+  // In flight between the source and the consumer's release: at most window + 1 (the source holds
+  // one more when the window is full), so a pool of window + 1 works recycled by sequence number
+  // never gives out one that is still in use.
   const size_t window_size = shared.lookahead_max + o.depth;
   for (size_t i = 0; i < window_size + 1; ++i) {
     auto w = std::make_unique<Work>();
@@ -156,8 +156,8 @@ Pipeline::Impl::Impl(Shared& s, std::shared_ptr<BatchRing> r, uint64_t first_epo
         fail(std::current_exception());
       }
     });
-    // Batches take buffers in plan order, so a later batch can never hold the buffer that an earlier
-    // one (which the consumer waits for) needs.
+    // Batches take buffers in plan order, so a later batch can never hold the buffer that an
+    // earlier one (which the consumer waits for) needs.
     staged_in_order.emplace(g, [](Ticket t) { return static_cast<size_t>(t->seq); });
     buffers.emplace(g, o.depth);
     // Stage 3: each batch decodes its samples in parallel on the arena's threads. At most as many
@@ -208,7 +208,7 @@ Pipeline::Impl::Impl(Shared& s, std::shared_ptr<BatchRing> r, uint64_t first_epo
 Pipeline::Impl::~Impl() {
   stopping.store(true, std::memory_order_release);
   ring->set_release_hook(nullptr);
-  shared.stager->cancel(true);  // queued copies complete at once
+  shared.stager->cancel(true);                                // queued copies complete at once
   shared.stopping_io.store(true, std::memory_order_release);  // and reads under io_timeout give up
   graph->release_wait();
   shared.arena.execute([&] {
@@ -241,7 +241,8 @@ Ticket Pipeline::Impl::next_batch(tbb::flow_control& fc) {
     plan = std::make_shared<const EpochPlan>(shared.plan, epoch);
   }
   Work& w = *pool[next_seq % pool.size()];
-  if (w.in_use.load(std::memory_order_acquire)) throw std::logic_error("pipeline: work pool exhausted");
+  if (w.in_use.load(std::memory_order_acquire))
+    throw std::logic_error("pipeline: work pool exhausted");
   w.in_use.store(true, std::memory_order_relaxed);
   w.seq = next_seq++;
   planned.store(next_seq, std::memory_order_release);
@@ -314,8 +315,9 @@ Ticket Pipeline::Impl::decode(Ticket t) {
     return t;
   }
   // Stage 2 is done with the batch: its bytes read ahead are final.
-  const BatchSamples batch{t->epoch, t->index, t->plan.get(),           t->ids,
-                           t->count, &t->admitted.read_ahead, &t->decode_reads};
+  const BatchSamples batch{t->epoch,        t->index, t->plan.get(),
+                           t->ids,          t->count, &t->admitted.read_ahead,
+                           &t->decode_reads};
   const ScratchPool::Lent scratch = scratches.take();
   shared.decoder->decode(batch, *scratch, slot, stopping);
   count_decoding(shared, t->epoch, t->decode_reads);
@@ -369,7 +371,7 @@ void Pipeline::interrupt() { impl_->to_consumer.interrupt(); }
 Slot* Pipeline::pop(std::chrono::milliseconds timeout) {
   Impl& impl = *impl_;
   return impl.to_consumer.pop(timeout, impl.shared.patience,
-                                 [&impl](uint64_t seq) { impl.expedite(seq); });
+                              [&impl](uint64_t seq) { impl.expedite(seq); });
 }
 
 }  // namespace prestage::detail

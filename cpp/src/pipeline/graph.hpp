@@ -34,7 +34,8 @@
 namespace prestage::detail {
 
 // Gives every thread that joins the loader's arena the loader's io_timeout, and takes it back when
-// the thread leaves: oneTBB's workers serve any arena of the process, and each loader keeps its own.
+// the thread leaves: oneTBB's workers serve any arena of the process, and each loader keeps its
+// own.
 class ArenaIoTimeout : public tbb::task_scheduler_observer {
  public:
   ArenaIoTimeout(tbb::task_arena& arena, std::chrono::milliseconds timeout,
@@ -70,21 +71,21 @@ struct Shared {
   // One copy per loader: what the stages use is what the caller is told is in effect.
   const LoaderOptions& options;
   PlanOptions plan;
-  ImageSize image_size;     // of every decoded image (kJpeg); empty: each keeps its own
-  size_t image_bytes = 0;   // of every decoded image in the batch buffer (any layout and type), or 0
-  Codec codec;              // what stage 3 decodes, chosen once
-  std::unique_ptr<Normalizer> normalizer;  // kJpeg, float32 output
+  ImageSize image_size;    // of every decoded image (kJpeg); empty: each keeps its own
+  size_t image_bytes = 0;  // of every decoded image in the batch buffer (any layout and type), or 0
+  Codec codec;             // what stage 3 decodes, chosen once
+  std::unique_ptr<Normalizer> normalizer;     // kJpeg, float32 output
   std::unique_ptr<StageDirectory> stage_dir;  // null: direct reads
   std::unique_ptr<StageCache> cache;          // with stage_dir: what to stage, what to evict
   std::unique_ptr<IoTrace> trace;             // options.trace: a record per read (before tiers)
   std::unique_ptr<Peers> peers;               // the peer tier (LoaderOptions::peers), on or off
   std::unique_ptr<Tiers> tiers;               // every read of a sample's bytes
   std::unique_ptr<Stager> stager;
-  std::unique_ptr<BatchDecoder> decoder;      // stage 3
+  std::unique_ptr<BatchDecoder> decoder;  // stage 3
   std::mutex epochs_mutex;
   std::map<uint64_t, EpochStats> epochs;  // guarded by epochs_mutex
   uint64_t already_staged = 0;            // stage 1's hits, all epochs (epochs_mutex)
-  tbb::task_scheduler_handle scheduler;  // lets close() join oneTBB's worker threads
+  tbb::task_scheduler_handle scheduler;   // lets close() join oneTBB's worker threads
   uint64_t readers_max;
   uint64_t lookahead_max;
   // Stage 3 decodes at most `readers` samples at once (as many as the arena has threads from
@@ -97,7 +98,7 @@ struct Shared {
   // Set once, before any thread starts.
   std::optional<std::chrono::milliseconds> patience;
   std::atomic<uint64_t> lookahead;  // batches stage 2 may work ahead now (the self-tuning's)
-  tbb::task_arena arena;  // `readers_max` threads: stage 3 runs here
+  tbb::task_arena arena;            // `readers_max` threads: stage 3 runs here
   std::optional<ArenaIoTimeout> arena_io_timeout;  // while the arena runs
   // Set while a pipeline stops: reads under io_timeout give up at once (stage 2's and stage 3's).
   std::atomic<bool> stopping_io{false};

@@ -48,8 +48,8 @@ class HandOff {
   std::deque<Slot*> ready_;
   std::exception_ptr failure_;
   bool interrupted_ = false;
-  uint64_t delivered_ = 0;  // batches popped: the seq of the one the consumer waits for
-  uint64_t to_drop_ = 0;    // batches pop() passes over, undelivered, before the next
+  uint64_t delivered_ = 0;            // batches popped: the seq of the one the consumer waits for
+  uint64_t to_drop_ = 0;              // batches pop() passes over, undelivered, before the next
   uint64_t waited_seq_ = UINT64_MAX;  // the batch the consumer has been waiting for, since when
   Clock::time_point waited_since_;
 };

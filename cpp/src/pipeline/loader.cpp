@@ -44,8 +44,9 @@ Loader::Impl::Impl(Catalog catalog_in, LoaderOptions options_in)
   // A file of several samples (a shard, an array or HDF5 file) is copied whole for its other
   // samples in any case: one of its samples read from the source while its copy waits is that file
   // opened and read twice. Stage 3 waits for such copies, whatever stage_patience says.
-  bool wait_for_staging = o.stage_patience_ms == LoaderOptions::kWaitForStaging ||
-                          (!o.stage_dir.empty() && shared->catalog.size() > shared->catalog.num_files());
+  bool wait_for_staging =
+      o.stage_patience_ms == LoaderOptions::kWaitForStaging ||
+      (!o.stage_dir.empty() && shared->catalog.size() > shared->catalog.num_files());
   if (o.peers) {
     const detail::PeerWiring wired = detail::wire_peers(*shared);
     peer_home = wired.home;
@@ -172,14 +173,14 @@ Loader::Wait Loader::Impl::next_for(std::chrono::milliseconds timeout, std::opti
   detail::Slot* slot = nullptr;
   std::exception_ptr failure;
   try {
-    slot = waited.pop(
-        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()));
+    slot =
+        waited.pop(std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()));
   } catch (...) {
     failure = std::current_exception();
   }
   lock.lock();
-  stall_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - *waiting_since)
-                  .count();
+  stall_ns +=
+      std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - *waiting_since).count();
   waiting_since.reset();
   locks->no_waiter.notify_all();
   if (failure) std::rethrow_exception(failure);
@@ -223,7 +224,6 @@ Loader::Position Loader::Impl::position() const {
   return {epoch, batch};
 }
 
-
 void Loader::Impl::close() {
   if (forked()) {
     // A forked child holds a copy of the parent's loader but none of its threads: joining, waiting
@@ -255,7 +255,7 @@ void Loader::Impl::close() {
     return;
   }
   stopping.reset();
-  shared->stager->stop();  // its figures stay for stats()
+  shared->stager->stop();                    // its figures stay for stats()
   if (shared->peers) shared->peers->stop();  // other ranks read the source from now on
   shared->tiers->stop_probes();
   if (shared->cache) shared->cache->let_go_all();  // its window's files, for the other processes

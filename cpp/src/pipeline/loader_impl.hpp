@@ -151,10 +151,10 @@ class Loader::Impl {
   };
   std::optional<detail::Tuner> tuner;
   TuneWindow tune_from;
-  std::deque<std::string> tuning_log;  // the latest Stats::kMaxTuningListed decisions
+  std::deque<std::string> tuning_log;      // the latest Stats::kMaxTuningListed decisions
   std::vector<std::string> tuning_unread;  // decisions take_tuning_log() has not returned yet
-  TuneWindow tune_now() const;  // needs `state` held
-  void tune();                  // after a batch is delivered; needs `state` held
+  TuneWindow tune_now() const;             // needs `state` held
+  void tune();                             // after a batch is delivered; needs `state` held
   void start_tuner(const std::array<bool, detail::kKnobs>& pinned);
 };
 

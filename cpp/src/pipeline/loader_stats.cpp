@@ -29,8 +29,8 @@ Stats Loader::Impl::stats() const {
   if (shared->stager) shared->stager->add_to(s);
   const detail::BatchDecoder& decoder = *shared->decoder;
   s.decode.busy_s = decoder.busy_ns() * 1e-9;
-  s.decode.idle_s = std::max(0.0, s.wall_s * static_cast<double>(shared->options.readers) -
-                                      s.decode.busy_s);
+  s.decode.idle_s =
+      std::max(0.0, s.wall_s * static_cast<double>(shared->options.readers) - s.decode.busy_s);
   s.decode.items = decoder.decoded();
   s.decode.bytes = decoder.bytes_read();
   s.gpu_decode = decoder.gpu_stats();
@@ -41,7 +41,8 @@ Stats Loader::Impl::stats() const {
   s.misses_read_ahead = served.reads[tier(detail::Tier::kMemory)];
   s.misses = s.misses_read_ahead + served.reads[tier(detail::Tier::kPeer)] +
              served.reads[tier(detail::Tier::kSource)];
-  s.missed_bytes = served.bytes[tier(detail::Tier::kMemory)] + served.bytes[tier(detail::Tier::kPeer)] +
+  s.missed_bytes = served.bytes[tier(detail::Tier::kMemory)] +
+                   served.bytes[tier(detail::Tier::kPeer)] +
                    served.bytes[tier(detail::Tier::kSource)];
   s.bytes_from_stage = served.bytes[tier(detail::Tier::kStage)];
   if (!stage_dir_error.empty()) {

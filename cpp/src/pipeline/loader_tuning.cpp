@@ -80,8 +80,8 @@ void Loader::Impl::tune() {
     shared->trace->add_tuning(static_cast<uint8_t>(change->knob), change->from, change->to);
   }
   char at[32];
-  std::snprintf(at, sizeof(at), "%.1f s: ",
-                std::chrono::duration<double>(now.start - started).count());
+  std::snprintf(at, sizeof(at),
+                "%.1f s: ", std::chrono::duration<double>(now.start - started).count());
   std::string line = at + std::string(detail::knob_name(change->knob)) + " " +
                      std::to_string(change->from) + " -> " + std::to_string(change->to) + " (" +
                      change->why + ")";

@@ -73,7 +73,8 @@ uint64_t first_count(const char* value) {
 
 }  // namespace
 
-uint64_t usable_cpus(std::string& why, const std::string& cgroup_root, const std::string& self_cgroup) {
+uint64_t usable_cpus(std::string& why, const std::string& cgroup_root,
+                     const std::string& self_cgroup) {
   uint64_t cpus = 0;
   cpu_set_t set;
   CPU_ZERO(&set);
@@ -99,8 +100,9 @@ uint64_t usable_memory(std::string& why, const std::string& cgroup_root,
                        const std::string& self_cgroup) {
   const long pages = ::sysconf(_SC_PHYS_PAGES);
   const long page = ::sysconf(_SC_PAGESIZE);
-  uint64_t bytes = pages > 0 && page > 0 ? static_cast<uint64_t>(pages) * static_cast<uint64_t>(page)
-                                         : uint64_t{1} << 30;
+  uint64_t bytes = pages > 0 && page > 0
+                       ? static_cast<uint64_t>(pages) * static_cast<uint64_t>(page)
+                       : uint64_t{1} << 30;
   std::ostringstream out;
   out << (bytes >> 20) << " MiB on the machine";
   std::string limit_at;
@@ -115,8 +117,8 @@ uint64_t usable_memory(std::string& why, const std::string& cgroup_root,
 
 uint64_t local_ranks(std::string& why, const std::function<const char*(const char*)>& env) {
   const auto get = [&](const char* name) { return env ? env(name) : std::getenv(name); };
-  for (const char* name :
-       {"LOCAL_WORLD_SIZE", "SLURM_NTASKS_PER_NODE", "OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS"}) {
+  for (const char* name : {"LOCAL_WORLD_SIZE", "SLURM_NTASKS_PER_NODE",
+                           "OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS"}) {
     const uint64_t n = first_count(get(name));
     if (n != 0) {
       why = std::to_string(n) + " ranks on this node (" + name + ")";
@@ -196,12 +198,14 @@ TuneLimits tune_limits(const LoaderOptions& options, const std::array<bool, 3>& 
   if (!pinned[0]) limits.readers = std::max(options.readers, share);
   if (!pinned[1]) {
     const uint64_t files = half_holds(budget, std::max<uint64_t>(1, mean_file_bytes));
-    limits.prefetchers = std::max(options.prefetchers, std::min<uint64_t>(kMaxReadsInFlight, files));
+    limits.prefetchers =
+        std::max(options.prefetchers, std::min<uint64_t>(kMaxReadsInFlight, files));
   }
   if (!pinned[2]) {
     limits.lookahead =
         std::max(options.lookahead,
-                 std::min<uint64_t>(kMaxLookahead, half_holds(budget, batch_bytes(options, mean_sample_bytes))));
+                 std::min<uint64_t>(kMaxLookahead,
+                                    half_holds(budget, batch_bytes(options, mean_sample_bytes))));
   }
   return limits;
 }

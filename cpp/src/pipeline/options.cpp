@@ -9,8 +9,8 @@ namespace prestage {
 namespace {
 void at_least(const char* name, uint64_t value, uint64_t minimum) {
   if (value < minimum) {
-    throw ConfigError(std::string(name) + " must be at least " + std::to_string(minimum) + ", got " +
-                      std::to_string(value));
+    throw ConfigError(std::string(name) + " must be at least " + std::to_string(minimum) +
+                      ", got " + std::to_string(value));
   }
 }
 
@@ -73,15 +73,16 @@ void LoaderOptions::validate() const {
   if (readers > kMaxThreads || prefetchers > kMaxThreads) {
     throw ConfigError("readers and prefetchers must be at most " + std::to_string(kMaxThreads));
   }
-  if (depth > 4096 || lookahead > 1 << 20) throw ConfigError("depth or lookahead is unreasonably large");
+  if (depth > 4096 || lookahead > 1 << 20)
+    throw ConfigError("depth or lookahead is unreasonably large");
   if ((image_size.height == 0) != (image_size.width == 0)) {
     throw ConfigError("image_size needs both a height and a width (or neither)");
   }
   if (!decodes_images(decode) && !image_size.empty()) {
     throw ConfigError("image_size applies to decode=jpeg or image only");
   }
-  if (!decodes_images(decode) &&
-      (layout != Layout::kNHWC || dtype != OutputType::kUint8 || transform != Transform::kCenterCrop)) {
+  if (!decodes_images(decode) && (layout != Layout::kNHWC || dtype != OutputType::kUint8 ||
+                                  transform != Transform::kCenterCrop)) {
     throw ConfigError("transform, layout and dtype apply to decode=jpeg or image only");
   }
   if (transform == Transform::kRandomResizedCrop && image_size.empty()) {

@@ -11,7 +11,8 @@ namespace {
 constexpr double kGainShare = 0.25;
 // A stage whose threads are busy less than this share of the time is not the bottleneck.
 constexpr double kBusy = 0.5;
-// Stage 3's threads busy this share of the time: decoding holds the pipeline up, lookahead cannot help.
+// Stage 3's threads busy this share of the time: decoding holds the pipeline up, lookahead cannot
+// help.
 constexpr double kSaturated = 0.8;
 // Rates (averaged over two windows) that move by more than this factor mean new conditions.
 constexpr double kNewConditions = 1.33;
@@ -113,9 +114,8 @@ std::optional<TuneChange> Tuner::step(const TunerWindow& w, double base) {
     const Knob& k = knob(id);
     if (!k.tunable() || windows_ < blocked_until_[static_cast<size_t>(id)]) continue;
     if (id == KnobId::kDecode && idle_cpus < 0.5) continue;  // no core left to decode on
-    const uint64_t to =
-        std::min(k.max, id == KnobId::kDecode ? k.value + std::max<uint64_t>(1, k.value / 4)
-                                              : k.value * 2);
+    const uint64_t to = std::min(
+        k.max, id == KnobId::kDecode ? k.value + std::max<uint64_t>(1, k.value / 4) : k.value * 2);
     const uint64_t from = k.value;
     trial_ = Trial{id, from, to, base, 1};
     recent_.clear();

@@ -3,16 +3,17 @@
 // what the pipeline measures anyway. A pure unit: it sees one window of measurements at a time and
 // answers with the change to make, so tests drive it with a simulated pipeline and no thread.
 //
-// The algorithm is tf.data's hill climb, checked by measurement (tensorflow/core/framework/model.cc:
-// raise the parallelism whose increase helps the output most; its optimisation period doubles up to
-// a cap): while the consumer waits, the stage that is the bottleneck gets one step more (decode: +1
-// thread while cores are idle; reads in flight and lookahead: twice as many). The window after a step
-// is left to settle, the next one judges it: the step is kept if the delivery rate rose by at least a
-// quarter of the relative step (a doubling must give 25%), else it is undone and that knob is left
-// alone for a backoff that doubles with each failed try (4 windows, then 8, ... up to 256). So the
-// values never oscillate: after it settles, a knob is only retried, at ever longer intervals, and
-// undone again if it still does not help. A delivery rate that moves by more than a quarter from
-// the one it settled at (a slower file system, a second job, a faster model) ends every backoff.
+// The algorithm is tf.data's hill climb, checked by measurement
+// (tensorflow/core/framework/model.cc: raise the parallelism whose increase helps the output most;
+// its optimisation period doubles up to a cap): while the consumer waits, the stage that is the
+// bottleneck gets one step more (decode: +1 thread while cores are idle; reads in flight and
+// lookahead: twice as many). The window after a step is left to settle, the next one judges it: the
+// step is kept if the delivery rate rose by at least a quarter of the relative step (a doubling
+// must give 25%), else it is undone and that knob is left alone for a backoff that doubles with
+// each failed try (4 windows, then 8, ... up to 256). So the values never oscillate: after it
+// settles, a knob is only retried, at ever longer intervals, and undone again if it still does not
+// help. A delivery rate that moves by more than a quarter from the one it settled at (a slower file
+// system, a second job, a faster model) ends every backoff.
 #pragma once
 
 #include <array>

@@ -1,7 +1,7 @@
 // The pipeline's window: the batches between stage 1 and the consumer, at most lookahead_max +
 // depth, counted by a limiter. A lookahead below lookahead_max (the self-tuning's) holds slots of
-// it back: counted in the limiter as if each held a batch, or owed: held back at the consumer's next
-// releases, which then do not give their slot back.
+// it back: counted in the limiter as if each held a batch, or owed: held back at the consumer's
+// next releases, which then do not give their slot back.
 #pragma once
 
 #include <cstdint>

@@ -4,12 +4,13 @@
 #include <numeric>
 #include <string>
 
-#include "util/prng.hpp"
 #include "prestage/error.hpp"
+#include "util/prng.hpp"
 
 namespace prestage {
 
-std::vector<uint64_t> epoch_order(uint64_t num_samples, uint64_t seed, uint64_t epoch, bool shuffle) {
+std::vector<uint64_t> epoch_order(uint64_t num_samples, uint64_t seed, uint64_t epoch,
+                                  bool shuffle) {
   std::vector<uint64_t> order(num_samples);
   std::iota(order.begin(), order.end(), uint64_t{0});
   if (!shuffle || num_samples < 2) return order;
@@ -33,8 +34,8 @@ void check(const PlanOptions& o) {
   for (const PositionRange& r : o.resume.consumed) {
     if (r.begin >= r.end || r.begin < end || r.end > o.num_samples) {
       throw ConfigError("resume: consumed positions must be sorted, disjoint ranges of the " +
-                        std::to_string(o.num_samples) + " samples; got [" + std::to_string(r.begin) +
-                        ", " + std::to_string(r.end) + ")");
+                        std::to_string(o.num_samples) + " samples; got [" +
+                        std::to_string(r.begin) + ", " + std::to_string(r.end) + ")");
     }
     end = r.end;
   }
@@ -150,7 +151,8 @@ EpochPlan::EpochPlan(const PlanOptions& o, uint64_t epoch)
       per_rank_(per_rank(o, samples_in_epoch(o, epoch))),
       order_(epoch_order(o.num_samples, o.seed, epoch, o.shuffle)) {
   // Pad to a multiple of world_size by repeating the first samples, as DistributedSampler does, so
-  // that every rank gets the same number of batches (a short rank would hang collective operations).
+  // that every rank gets the same number of batches (a short rank would hang collective
+  // operations).
   const uint64_t padded = per_rank_ * world_size_;
   if (resumed(o, epoch)) {
     // The remaining samples in their order, padded as a whole epoch is: so a resume on the same
@@ -173,7 +175,8 @@ EpochPlan::EpochPlan(const PlanOptions& o, uint64_t epoch)
 }
 
 uint64_t EpochPlan::batch_size(uint64_t b) const {
-  if (b >= num_batches_) throw ConfigError("batch " + std::to_string(b) + " is past the epoch's end");
+  if (b >= num_batches_)
+    throw ConfigError("batch " + std::to_string(b) + " is past the epoch's end");
   return std::min(batch_size_, per_rank_ - b * batch_size_);
 }
 

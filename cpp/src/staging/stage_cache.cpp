@@ -255,7 +255,8 @@ void StageCache::restart(uint64_t epoch, uint64_t batch) {
     track(f, eviction_ == Eviction::kClairvoyant ? next_use_from(f, epoch, here) : 0);
   }
   while (used() > capacity_ && !tracked_.empty()) {
-    const auto victim = eviction_ == Eviction::kClairvoyant ? *tracked_.rbegin() : *tracked_.begin();
+    const auto victim =
+        eviction_ == Eviction::kClairvoyant ? *tracked_.rbegin() : *tracked_.begin();
     directory_.evict(victim.second);
     untrack(victim.second);
   }
@@ -369,7 +370,8 @@ void StageCache::admit(uint64_t epoch, uint64_t batch, const uint64_t* samples, 
         // A copy from an earlier run is checked (CRC) by stage 2 before its first use in this one.
         if (directory_.unverified(file)) to_stage.push_back(file);
         if (held) {
-          if (key_[file] == kNever) {  // not tracked: a neighbour's copy, or one of before a restart
+          if (key_[file] ==
+              kNever) {  // not tracked: a neighbour's copy, or one of before a restart
             charged_[file] = charge_of(file);
           }
           track(file, key);
@@ -392,9 +394,8 @@ void StageCache::admit(uint64_t epoch, uint64_t batch, const uint64_t* samples, 
     // for another node's file, beyond the room of the node's home copies still to come.
     const uint64_t rank = rank_of(file, key);
     const bool keep_room = keep_home_room_ && (!whole_files_only_ || one_sample_per_file_);
-    const uint64_t kept_for_home = capacity_ != 0 && keep_room && !home_here_(file)
-                                       ? std::min(home_missing(), capacity_)
-                                       : 0;
+    const uint64_t kept_for_home =
+        capacity_ != 0 && keep_room && !home_here_(file) ? std::min(home_missing(), capacity_) : 0;
     const uint64_t bound = capacity_ - kept_for_home;
     if (capacity_ != 0 && !directory_.reserve(file, size, bound) &&
         !(make_room(size + kept_for_home, rank, stats) && directory_.reserve(file, size, bound))) {

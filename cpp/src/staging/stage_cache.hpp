@@ -1,7 +1,7 @@
-// The stage directory's admission and eviction policy. Stage 1 calls it for each batch, in plan order,
-// before the batch goes to stage 2: for every file of the batch it decides "already staged" (a hit),
-// "copy it" (the file is claimed for the stager) or "read it from the source" (a miss that is not
-// staged, because it would displace files needed sooner).
+// The stage directory's admission and eviction policy. Stage 1 calls it for each batch, in plan
+// order, before the batch goes to stage 2: for every file of the batch it decides "already staged"
+// (a hit), "copy it" (the file is claimed for the stager) or "read it from the source" (a miss that
+// is not staged, because it would displace files needed sooner).
 #pragma once
 
 #include <atomic>
@@ -31,9 +31,9 @@ struct Admission {
 
 class StageCache {
  public:
-  // capacity 0: no bound (every absent file is staged, nothing is evicted). `window`: a bound on the
-  // batches planned and not yet decoded; files of the current batch and the `window - 1` before it are
-  // never evicted, which covers every file stage 2 may be writing or stage 3 reading.
+  // capacity 0: no bound (every absent file is staged, nothing is evicted). `window`: a bound on
+  // the batches planned and not yet decoded; files of the current batch and the `window - 1` before
+  // it are never evicted, which covers every file stage 2 may be writing or stage 3 reading.
   //
   // With a bound, it is the node's: the bytes counted are those of every process sharing the
   // directory (NodeTable), the files of every process's window are held (never removed), and the
@@ -53,10 +53,10 @@ class StageCache {
   // evict them from now on.
   void let_go_all() noexcept;
 
-  // Decides for the files of one batch (the plan's next one). Appends the files to copy to `to_stage`
-  // (each claimed in the directory; the stager publishes or abandons it), the positions in the
-  // batch of the samples whose files are neither staged nor to be copied to `declined`, and adds to
-  // `admission`.
+  // Decides for the files of one batch (the plan's next one). Appends the files to copy to
+  // `to_stage` (each claimed in the directory; the stager publishes or abandons it), the positions
+  // in the batch of the samples whose files are neither staged nor to be copied to `declined`, and
+  // adds to `admission`.
   void admit(uint64_t epoch, uint64_t batch, const uint64_t* samples, size_t count,
              std::vector<uint64_t>& to_stage, std::vector<size_t>& declined, Admission& admission);
 
@@ -120,7 +120,7 @@ class StageCache {
   template <typename Use>
   void for_each_node_use(uint64_t epoch, const Use& use);
   const std::vector<uint64_t>& first_use(uint64_t epoch);  // per file, in-epoch position or kNever
-  bool used_in_far(uint64_t file, uint64_t epoch);          // epochs past the first three
+  bool used_in_far(uint64_t file, uint64_t epoch);         // epochs past the first three
   uint64_t next_use_from(uint64_t file, uint64_t epoch, uint64_t position_in_epoch);
   // On entering `epoch`: files keyed "somewhere in" one of its first three epochs get their exact
   // position, files keyed kNotSoon are looked up again.
@@ -153,12 +153,12 @@ class StageCache {
   uint64_t per_epoch_;  // positions per epoch on this rank
   uint64_t stride_;     // per_epoch_ + 1: see position()
   uint64_t far_epochs_;
-  uint64_t epoch_ = kNever;  // of the last admit() or restart()
+  uint64_t epoch_ = kNever;        // of the last admit() or restart()
   uint64_t start_epoch_ = kNever;  // of the first restart(): the peer tier's start epoch
-  bool started_ = false;     // restart() has run
+  bool started_ = false;           // restart() has run
 
-  uint64_t batch_seq_ = 0;       // batches planned since restart()
-  std::vector<uint64_t> key_;    // per file: its key (in `tracked_` unless pinned), or kNever
+  uint64_t batch_seq_ = 0;            // batches planned since restart()
+  std::vector<uint64_t> key_;         // per file: its key (in `tracked_` unless pinned), or kNever
   std::vector<uint64_t> last_batch_;  // per file: batch_seq_ + 1 of its last planned use, 0 if none
   std::vector<uint64_t> charged_;     // per file: its bytes, while tracked
   // (rank_of(file, key), file) for staged or claimed files, but for those of the last `window`
@@ -166,13 +166,13 @@ class StageCache {
   // eviction never walks past the files in flight, which Belady's order puts first (used now, next
   // used late).
   std::set<std::pair<uint64_t, uint64_t>> tracked_;
-  std::vector<std::vector<uint64_t>> pins_;  // the files of batch s in pins_[s % window]
-  bool joined_ = false;  // this rank is listed in the node's table
+  std::vector<std::vector<uint64_t>> pins_;    // the files of batch s in pins_[s % window]
+  bool joined_ = false;                        // this rank is listed in the node's table
   std::function<void(uint64_t)> on_declined_;  // see set_on_declined()
   std::function<bool(uint64_t)> home_here_;    // see set_home_first()
   std::function<HomeLayout()> layout_;
-  bool keep_home_room_ = false;    // kHomeFirst or kUndecided at the last admit()
-  bool whole_files_only_ = false;  // kUndecided in the start epoch: one sample per file only
+  bool keep_home_room_ = false;       // kHomeFirst or kUndecided at the last admit()
+  bool whole_files_only_ = false;     // kUndecided in the start epoch: one sample per file only
   bool one_sample_per_file_ = false;  // the catalog's samples are each a file of its own
   std::atomic<bool> home_first_now_{false};  // written by admit() alone
   // Home first, a file that is not this node's home copy ranks after every one that is: its rank
@@ -210,7 +210,7 @@ class StageCache {
     std::vector<uint64_t> bits;
   };
   std::vector<FarEpoch> far_;
-  std::vector<uint64_t> rekey_;  // scratch for enter_epoch()
+  std::vector<uint64_t> rekey_;       // scratch for enter_epoch()
   std::vector<uint64_t> ranks_seen_;  // node_ranks() when enter_epoch() last looked
 };
 

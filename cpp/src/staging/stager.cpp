@@ -40,7 +40,8 @@ void Stager::set_threads(size_t threads) {
     std::lock_guard lock(mutex_);
     if (exit_ || threads_.empty() || threads == limit_) return;
     const auto now = std::chrono::steady_clock::now();
-    capacity_s_ += std::chrono::duration<double>(now - limit_since_).count() * static_cast<double>(limit_);
+    capacity_s_ +=
+        std::chrono::duration<double>(now - limit_since_).count() * static_cast<double>(limit_);
     limit_since_ = now;
     limit_ = std::max<size_t>(threads, 1);
     start_threads(limit_);
@@ -102,7 +103,8 @@ void Stager::expedite(StageTask* task) {
   const size_t given_up = task->items() - from;
   give_up(*task, from);
   expedited_.fetch_add(given_up, std::memory_order_relaxed);
-  if (task->remaining.fetch_sub(given_up, std::memory_order_acq_rel) == given_up) task->done(task->context);
+  if (task->remaining.fetch_sub(given_up, std::memory_order_acq_rel) == given_up)
+    task->done(task->context);
 }
 
 void Stager::give_up(const StageTask& task, size_t from) {
@@ -152,10 +154,10 @@ void Stager::deal_with(StageTask& task, size_t i, std::vector<std::byte>& buffer
   } else {
     read_one(task, i - task.count, buffer);
   }
-  busy_ns_.fetch_add(std::chrono::duration_cast<std::chrono::nanoseconds>(
-                         std::chrono::steady_clock::now() - start)
-                         .count(),
-                     std::memory_order_relaxed);
+  busy_ns_.fetch_add(
+      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start)
+          .count(),
+      std::memory_order_relaxed);
 }
 
 void Stager::read_one(StageTask& task, size_t j, std::vector<std::byte>& buffer) {
@@ -206,7 +208,8 @@ void Stager::stage_one(StageTask& task, uint64_t id, std::vector<std::byte>& buf
     } catch (const StageDirectory::SourceError&) {
       // Stage 3 reads the source again and reports the error at the sample's batch. A read given up
       // because the pipeline stops (io_timeout's cancel) is no failure of the file.
-      if (!cancelled_.load(std::memory_order_acquire)) failures_.fetch_add(1, std::memory_order_relaxed);
+      if (!cancelled_.load(std::memory_order_acquire))
+        failures_.fetch_add(1, std::memory_order_relaxed);
     } catch (const IoError& e) {
       // Full, read-only or vanished stage directory: keep going on direct reads.
       failures_.fetch_add(1, std::memory_order_relaxed);
@@ -225,10 +228,10 @@ void Stager::add_to(Stats& stats) const {
   double capacity_s = 0;
   {
     std::lock_guard lock(mutex_);
-    capacity_s = capacity_s_ + std::chrono::duration<double>(std::chrono::steady_clock::now() -
-                                                             limit_since_)
-                                       .count() *
-                                   static_cast<double>(limit_);
+    capacity_s =
+        capacity_s_ +
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - limit_since_).count() *
+            static_cast<double>(limit_);
   }
   stats.stage.idle_s = std::max(0.0, capacity_s - stats.stage.busy_s);
   stats.stage.items = items_.load();

@@ -1,18 +1,19 @@
 // Stage 2: deals with the files of upcoming batches before stage 3 needs them, on `prefetchers`
-// threads of its own (blocking reads must not hold a TBB worker): copies them to the stage directory
-// through the tiers (from a peer node's copy where the peer tier has one, else from the source, the
-// PFS), checks the copies an earlier run left there against their CRC, and reads into memory the
-// samples that are not to be staged (StageTask::read_ahead). Its whole-file reads of a FUSE source
-// go around the page cache (set_direct_reads): each file is read once, in the fewest requests.
+// threads of its own (blocking reads must not hold a TBB worker): copies them to the stage
+// directory through the tiers (from a peer node's copy where the peer tier has one, else from the
+// source, the PFS), checks the copies an earlier run left there against their CRC, and reads into
+// memory the samples that are not to be staged (StageTask::read_ahead). Its whole-file reads of a
+// FUSE source go around the page cache (set_direct_reads): each file is read once, in the fewest
+// requests.
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <mutex>
 #include <string>
-#include <chrono>
 #include <thread>
 #include <vector>
 
@@ -24,9 +25,9 @@
 
 namespace prestage::detail {
 
-// The files of one batch for stage 2: claimed in the stage directory by stage 1 (to copy), or staged
-// by an earlier run and not yet checked in this one (to verify). It lives in the pipeline's per-batch work, which is recycled: the
-// stager allocates nothing per batch.
+// The files of one batch for stage 2: claimed in the stage directory by stage 1 (to copy), or
+// staged by an earlier run and not yet checked in this one (to verify). It lives in the pipeline's
+// per-batch work, which is recycled: the stager allocates nothing per batch.
 struct StageTask {
   const uint64_t* ids = nullptr;  // catalog file ids
   size_t count = 0;
@@ -40,7 +41,8 @@ struct StageTask {
   void (*done)(void* context) = nullptr;  // called once every file was dealt with
   void* context = nullptr;
   // What dealing with the task cost, for the figures of its batch's epoch: its reads by tier (its
-  // copies' and its reads ahead), copies made here, copies another process made (null: not counted).
+  // copies' and its reads ahead), copies made here, copies another process made (null: not
+  // counted).
   TierTally* reads = nullptr;
   std::atomic<uint64_t> copied{0};
   std::atomic<uint64_t> adopted{0};
@@ -69,11 +71,11 @@ class Stager {
   Stager(const Stager&) = delete;
   Stager& operator=(const Stager&) = delete;
 
-  // Queues a task; tasks are served in submission order, their files spread over the threads. A file
-  // is "dealt with" when it is published, or given up on and its claim returned (a source error:
-  // stage 3 will meet it again and report it; a stage directory error: staging is disabled and stage 3
-  // reads the source). task->done runs exactly once, on a stager
-  // thread or, if the stager is cancelled or has no directory, on the caller's.
+  // Queues a task; tasks are served in submission order, their files spread over the threads. A
+  // file is "dealt with" when it is published, or given up on and its claim returned (a source
+  // error: stage 3 will meet it again and report it; a stage directory error: staging is disabled
+  // and stage 3 reads the source). task->done runs exactly once, on a stager thread or, if the
+  // stager is cancelled or has no directory, on the caller's.
   void submit(StageTask* task);
 
   // Completes `task` as soon as the copies and reads under way finish: the items no thread has

@@ -91,10 +91,14 @@ void finalize_at_exit();
 
 class MpiTransport final : public Transport {
  public:
-  MpiTransport(MPI_Comm comm, uint64_t rank, std::vector<uint64_t> nodes, std::vector<uint64_t> values,
-               PeerServe serve)
-      : comm_(comm), rank_(rank), nodes_(std::move(nodes)), values_(std::move(values)),
-        serve_(std::move(serve)), gone_(nodes_.size(), 0) {
+  MpiTransport(MPI_Comm comm, uint64_t rank, std::vector<uint64_t> nodes,
+               std::vector<uint64_t> values, PeerServe serve)
+      : comm_(comm),
+        rank_(rank),
+        nodes_(std::move(nodes)),
+        values_(std::move(values)),
+        serve_(std::move(serve)),
+        gone_(nodes_.size(), 0) {
     {
       std::lock_guard lock(g_mutex);
       g_live.insert(this);
@@ -174,8 +178,8 @@ class MpiTransport final : public Transport {
     std::chrono::milliseconds timeout{0};
     std::vector<std::byte>* bytes = nullptr;
     PeerCheck check;
-    uint64_t held_us = 0;           // guarded by mutex_
-    bool ok = false, done = false;  // guarded by mutex_
+    uint64_t held_us = 0;                 // guarded by mutex_
+    bool ok = false, done = false;        // guarded by mutex_
     RequestEnd end = RequestEnd::kReply;  // guarded by mutex_
   };
   struct Send {
@@ -295,7 +299,8 @@ class MpiTransport final : public Transport {
       a = PeerAnswer::kAbsent;
     }
     // A reply's size is an int: a larger range is read from the source by the requester.
-    if (a == PeerAnswer::kServed && body_.size() > static_cast<size_t>(INT_MAX) - sizeof(ReplyHeader)) {
+    if (a == PeerAnswer::kServed &&
+        body_.size() > static_cast<size_t>(INT_MAX) - sizeof(ReplyHeader)) {
       a = PeerAnswer::kAbsent;
     }
     const bool served = a == PeerAnswer::kServed;
@@ -432,12 +437,12 @@ class MpiTransport final : public Transport {
 
   std::mutex mutex_;
   std::condition_variable work_, answered_;
-  std::deque<Waiter*> outgoing_;                     // guarded by mutex_
-  std::unordered_map<uint64_t, Waiter*> waiting_;    // guarded by mutex_
-  uint64_t next_id_ = 1;                             // guarded by mutex_
-  bool stopping_ = false;                            // guarded by mutex_
-  bool quiet_ = false;                               // guarded by mutex_
-  std::vector<uint8_t> gone_;                        // per rank, said goodbye (mutex_)
+  std::deque<Waiter*> outgoing_;                   // guarded by mutex_
+  std::unordered_map<uint64_t, Waiter*> waiting_;  // guarded by mutex_
+  uint64_t next_id_ = 1;                           // guarded by mutex_
+  bool stopping_ = false;                          // guarded by mutex_
+  bool quiet_ = false;                             // guarded by mutex_
+  std::vector<uint8_t> gone_;                      // per rank, said goodbye (mutex_)
 
   // The progress thread's own.
   std::list<Send> sends_;
@@ -474,7 +479,8 @@ void make_mpi_global() {
 // Started by an MPI launcher (mpirun, mpiexec, srun)? Without one, MPI_Init would make a world of
 // one (a singleton), which the loader's world size then refuses: tell so without initialising MPI.
 bool launched_by_mpi() {
-  for (const char* name : {"OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_RANK", "PMI_SIZE", "MPI_LOCALNRANKS"}) {
+  for (const char* name :
+       {"OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_RANK", "PMI_SIZE", "MPI_LOCALNRANKS"}) {
     if (std::getenv(name) != nullptr) return true;
   }
   return false;
@@ -498,7 +504,8 @@ Transport* start(const TransportConfig& config, std::string& error) {
   }
   if (!initialised) {
     if (!launched_by_mpi()) {
-      error = "MPI world of 1 does not match world_size " + std::to_string(config.expect_world_size) +
+      error = "MPI world of 1 does not match world_size " +
+              std::to_string(config.expect_world_size) +
               " (the process was not started by mpirun, mpiexec or srun)";
       return nullptr;
     }
@@ -571,8 +578,8 @@ Transport* start(const TransportConfig& config, std::string& error) {
 }  // namespace
 }  // namespace prestage::detail
 
-extern "C" __attribute__((visibility("default"))) prestage::detail::Transport* prestage_transport_start(
-    const prestage::detail::TransportConfig* config, std::string* error) {
+extern "C" __attribute__((visibility("default"))) prestage::detail::Transport*
+prestage_transport_start(const prestage::detail::TransportConfig* config, std::string* error) {
   try {
     return prestage::detail::start(*config, *error);
   } catch (const std::exception& e) {

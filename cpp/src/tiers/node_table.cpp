@@ -32,7 +32,8 @@ struct NodeTable::Header {
   std::atomic<uint64_t> ranks[kMaxRanks];  // rank + 1, or 0 for a free place
   std::atomic<uint64_t> index_counted;     // the index's bytes on disk, as counted in `used`
 };
-static_assert(std::atomic<uint64_t>::is_always_lock_free && std::atomic<uint32_t>::is_always_lock_free,
+static_assert(std::atomic<uint64_t>::is_always_lock_free &&
+                  std::atomic<uint32_t>::is_always_lock_free,
               "the table is shared between processes: its atomics must not hide a lock");
 
 NodeTable::NodeTable(int dir, const char* file, const std::string& shown, uint64_t files,
@@ -57,7 +58,8 @@ NodeTable::NodeTable(int dir, const char* file, const std::string& shown, uint64
   } else {
     struct stat st;
     if (::fstat(fd, &st) != 0) fail(name, errno, "stat");
-    if (static_cast<uint64_t>(st.st_size) != bytes_) fail(name, EINVAL, "use (a table of another size)");
+    if (static_cast<uint64_t>(st.st_size) != bytes_)
+      fail(name, EINVAL, "use (a table of another size)");
   }
   map_ = ::mmap(nullptr, bytes_, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   if (map_ == MAP_FAILED) {

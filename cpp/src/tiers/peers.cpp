@@ -18,7 +18,8 @@
 namespace prestage::detail {
 
 Ownership Ownership::compute(const std::vector<uint64_t>& file_of,
-                             const std::vector<uint64_t>& file_size, PlanOptions plan, uint64_t epoch, const std::vector<uint64_t>& node_of,
+                             const std::vector<uint64_t>& file_size, PlanOptions plan,
+                             uint64_t epoch, const std::vector<uint64_t>& node_of,
                              const std::vector<uint64_t>& budget_of) {
   Ownership own;
   own.owner.assign(file_size.size(), kNoOwner);
@@ -84,8 +85,8 @@ TransportStart Peers::plugin(std::string& why) {
       if (start != nullptr) return;
       errors += "; " + path + " has no " + kTransportStartSymbol;
     }
-    reason = std::string("plugin missing: ") + kTransportPlugin + " could not be opened (" + errors +
-             ")";
+    reason = std::string("plugin missing: ") + kTransportPlugin + " could not be opened (" +
+             errors + ")";
   });
   why = reason;
   return start;
@@ -239,7 +240,8 @@ Peers::Fetched Peers::home(const Catalog::Locator& loc, uint64_t& owner) const {
   }
   owner = own_.owner[loc.file];
   if (owner == Ownership::kNoOwner || !own_.home[loc.file]) return Fetched::kNone;
-  if (node_of_[owner] == node_of_[plan_.rank]) return stage_ != nullptr ? Fetched::kLocal : Fetched::kNone;
+  if (node_of_[owner] == node_of_[plan_.rank])
+    return stage_ != nullptr ? Fetched::kLocal : Fetched::kNone;
   return Fetched::kPeer;
 }
 
@@ -312,7 +314,8 @@ Peers::Fetched Peers::fetch(const Catalog::Locator& loc, std::vector<std::byte>&
     if (end == RequestEnd::kGone) gone_[owner].store(1, std::memory_order_relaxed);
     if ((end == RequestEnd::kNoAnswer || end == RequestEnd::kGone) &&
         down_[owner].exchange(1, std::memory_order_acq_rel) == 0) {
-      (end == RequestEnd::kGone ? closed_count_ : down_count_).fetch_add(1, std::memory_order_relaxed);
+      (end == RequestEnd::kGone ? closed_count_ : down_count_)
+          .fetch_add(1, std::memory_order_relaxed);
     }
     return end == RequestEnd::kGone ? Fetched::kNone : fall_back(false);
   }
@@ -339,7 +342,8 @@ Peers::Fetched Peers::local(const Catalog::Locator& loc, std::vector<std::byte>&
   while (true) {
     stage_->take_over_published();
     if (stage_->is_staged(loc.file)) {
-      waited = std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - asked);
+      waited = std::chrono::duration_cast<std::chrono::microseconds>(
+          std::chrono::steady_clock::now() - asked);
       // A copy left by an earlier run is served only once it is checked against its record, as
       // Tiers::serve() serves one: checked here by stage 2's own check (StageDirectory::verify,
       // which marks it checked for every reader of the node) rather than waited for.
@@ -360,8 +364,7 @@ Peers::Fetched Peers::local(const Catalog::Locator& loc, std::vector<std::byte>&
     // The wait is for a home copy that is coming (the start epoch's first copy). One that was on
     // the node and is gone (evicted, found corrupt), or that this process declined to copy, is
     // not: the source is read now.
-    if (not_here(loc.file) || closing() ||
-        std::chrono::steady_clock::now() >= until) {
+    if (not_here(loc.file) || closing() || std::chrono::steady_clock::now() >= until) {
       return Fetched::kNone;
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(1));

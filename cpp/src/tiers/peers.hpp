@@ -60,14 +60,15 @@ namespace prestage::detail {
 // Per file: who owns it and whether its owner node keeps a home copy. A pure function of the plan.
 struct Ownership {
   static constexpr uint64_t kNoOwner = ~uint64_t{0};  // not used in e0 (drop_last)
-  std::vector<uint64_t> owner;  // per file: its owner rank
-  std::vector<uint8_t> home;    // per file: 1 if within its owner node's home budget
+  std::vector<uint64_t> owner;                        // per file: its owner rank
+  std::vector<uint8_t> home;  // per file: 1 if within its owner node's home budget
 
   // `file_of[s]`: sample s's file; `file_size[f]`: its bytes; `node_of[r]`: rank r's node (any id);
   // `budget_of[r]`: the home budget of rank r's node (0: none), as rank r sees it (the lowest rank
   // of a node speaks for it). `plan`'s rank is ignored.
   static Ownership compute(const std::vector<uint64_t>& file_of,
-                           const std::vector<uint64_t>& file_size, PlanOptions plan, uint64_t epoch, const std::vector<uint64_t>& node_of,
+                           const std::vector<uint64_t>& file_size, PlanOptions plan, uint64_t epoch,
+                           const std::vector<uint64_t>& node_of,
                            const std::vector<uint64_t>& budget_of);
 };
 
@@ -79,11 +80,11 @@ struct PeerOptions {
 };
 
 struct PeerCounts {
-  uint64_t reads = 0, bytes = 0;  // samples and bytes fetched from peers, used by this rank
+  uint64_t reads = 0, bytes = 0;         // samples and bytes fetched from peers, used by this rank
   uint64_t probes = 0, probe_bytes = 0;  // answers with bytes fetched only to measure a link
-  uint64_t fallbacks = 0;         // fetches that ended in a read of the source
-  uint64_t corrupt = 0;           // of those, replies whose sizes or CRC did not match
-  uint64_t beyond_budget = 0;     // uses of samples beyond their owner node's home budget
+  uint64_t fallbacks = 0;                // fetches that ended in a read of the source
+  uint64_t corrupt = 0;                  // of those, replies whose sizes or CRC did not match
+  uint64_t beyond_budget = 0;            // uses of samples beyond their owner node's home budget
   // Answers this rank sent with bytes (the ranges asked), to reads and probes alike. Over a job,
   // the served answers are the askers' reads + probes + corrupt, and those that reached an asker
   // no longer waiting (past its timeout, or its loader closed), which it drops uncounted.
@@ -145,7 +146,8 @@ class Peers {
   bool early_probe(uint64_t& sample, uint64_t& owner) const;
   // Rank `rank` is marked down: fetch() reads its files from the source at once.
   bool down(uint64_t rank) const { return down_[rank].load(std::memory_order_acquire) != 0; }
-  // The ranks of the job (0 while the tier is off), and rank `rank`'s node (named by its lowest rank).
+  // The ranks of the job (0 while the tier is off), and rank `rank`'s node (named by its lowest
+  // rank).
   size_t ranks() const noexcept { return node_of_.size(); }
   uint64_t node_of(uint64_t rank) const { return node_of_[rank]; }
 
@@ -185,17 +187,17 @@ class Peers {
   Ownership own_;
   // early_probe()'s sample and its owner (kNoOwner: none), set with own_.
   uint64_t early_sample_ = 0, early_owner_ = Ownership::kNoOwner;
-  std::vector<uint64_t> node_of_;  // per rank
-  std::unique_ptr<std::atomic<uint8_t>[]> down_;  // per rank: marked down
-  std::unique_ptr<std::atomic<uint8_t>[]> gone_;  // per rank: said goodbye (also down)
+  std::vector<uint64_t> node_of_;                     // per rank
+  std::unique_ptr<std::atomic<uint8_t>[]> down_;      // per rank: marked down
+  std::unique_ptr<std::atomic<uint8_t>[]> gone_;      // per rank: said goodbye (also down)
   std::unique_ptr<std::atomic<uint8_t>[]> declined_;  // per file: see not_coming()
   // Not staged here, and none is coming: declined by this process, or gone from the node.
   bool not_here(uint64_t file) const;
   double link_latency_s_ = 0, link_bytes_per_s_ = 0;  // PRESTAGE_PEER_LINK; 0: not emulated
   std::mutex link_mutex_;
   std::chrono::steady_clock::time_point link_free_;  // guarded by link_mutex_
-  std::atomic<uint64_t> reads_{0}, bytes_{0}, probes_{0}, probe_bytes_{0}, fallbacks_{0}, corrupt_{0},
-      beyond_{0}, served_{0}, served_bytes_{0}, down_count_{0}, closed_count_{0};
+  std::atomic<uint64_t> reads_{0}, bytes_{0}, probes_{0}, probe_bytes_{0}, fallbacks_{0},
+      corrupt_{0}, beyond_{0}, served_{0}, served_bytes_{0}, down_count_{0}, closed_count_{0};
 };
 
 }  // namespace prestage::detail

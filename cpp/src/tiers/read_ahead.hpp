@@ -16,9 +16,9 @@ namespace prestage::detail {
 // buffer laid out by stage 1 from the sizes the catalog records (a sample of unknown size is never
 // read ahead), so that the memory a work item keeps is a quarter more than the largest batch's
 // read-ahead, within the budget, whatever the number of batches it carries; once warm nothing is
-// allocated per batch. Stage 1 plans it (plan(), add(), lay_out()), then stage 2's threads each read distinct items (fill(),
-// read()), then stage 3 reads it (at()) once stage 2 is done with the batch, which orders the
-// writes before the reads: no lock is needed.
+// allocated per batch. Stage 1 plans it (plan(), add(), lay_out()), then stage 2's threads each
+// read distinct items (fill(), read()), then stage 3 reads it (at()) once stage 2 is done with the
+// batch, which orders the writes before the reads: no lock is needed.
 class ReadAhead {
  public:
   // A batch of `count` samples, none of them to read ahead yet.
@@ -42,7 +42,8 @@ class ReadAhead {
   // every few epochs as batches of other sizes come. Returns the capacity.
   size_t lay_out(size_t grow_to) {
     const size_t need = static_cast<size_t>(offsets_.back());
-    if (buffer_.size() < need) std::vector<std::byte>(std::max(need + need / 4, grow_to)).swap(buffer_);
+    if (buffer_.size() < need)
+      std::vector<std::byte>(std::max(need + need / 4, grow_to)).swap(buffer_);
     return buffer_.size();
   }
 
@@ -52,7 +53,8 @@ class ReadAhead {
   size_t size() const noexcept { return ids_.size(); }
   uint64_t id(size_t item) const { return ids_[item]; }
   std::span<std::byte> fill(size_t item) {
-    return std::span<std::byte>(buffer_).subspan(offsets_[item], offsets_[item + 1] - offsets_[item]);
+    return std::span<std::byte>(buffer_).subspan(offsets_[item],
+                                                 offsets_[item + 1] - offsets_[item]);
   }
   void read(size_t item) { read_[item] = 1; }
   // Every item unread (the task is submitted again: nothing is held from a former try).

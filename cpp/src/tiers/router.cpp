@@ -182,8 +182,9 @@ Peers::Fetched Router::fetch_home(const Catalog::Locator& loc, uint64_t sample_b
     const std::array<uint64_t, 2> bytes{sample_bytes, sample_bytes};
     // While the links are faster, a home copy on another node is read there, and learned from
     // (see home_first()).
-    const bool to_home = home == Peers::Fetched::kPeer &&
-                         model_->links_against_pfs(mean_sample_bytes_) == SourceModel::Links::kFaster;
+    const bool to_home =
+        home == Peers::Fetched::kPeer &&
+        model_->links_against_pfs(mean_sample_bytes_) == SourceModel::Links::kFaster;
     const SourceModel::Choice choice =
         to_home ? SourceModel::Choice{near} : model_->choose(sources, bytes, !prober_->busy());
     if (choice.probe != SourceModel::kNoProbe && !peers_.closing()) {

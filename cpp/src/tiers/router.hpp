@@ -120,9 +120,9 @@ class Router {
   std::mutex quiet_mutex_;              // a look at links() and the quiet it sets, one at a time
   std::atomic<bool> quiet_{false};      // as last set (written under quiet_mutex_)
   mutable std::atomic<bool> home_first_{false};  // see home_first()
-  std::unique_ptr<Prober> prober_;      // with model_; declared after it: stopped first
-  uint64_t mean_sample_bytes_ = 0;      // of the samples whose size the catalog records
-  std::atomic<int> early_probes_{0};    // left to probe_links_early()
+  std::unique_ptr<Prober> prober_;               // with model_; declared after it: stopped first
+  uint64_t mean_sample_bytes_ = 0;               // of the samples whose size the catalog records
+  std::atomic<int> early_probes_{0};             // left to probe_links_early()
 };
 
 }  // namespace prestage::detail

@@ -10,7 +10,8 @@ namespace {
 
 constexpr double kInfinity = std::numeric_limits<double>::infinity();
 
-// The fitted line of a read's seconds against its bytes: {intercept (latency), slope (1/bandwidth)}.
+// The fitted line of a read's seconds against its bytes: {intercept (latency), slope
+// (1/bandwidth)}.
 struct Line {
   double latency, per_byte;
 };
@@ -78,12 +79,14 @@ size_t choose_source(std::span<const SourceEstimate> options, std::span<const ui
   return best;
 }
 
-SourceEstimate observe(SourceEstimate e, uint64_t bytes, double seconds, const ModelParams& params) {
+SourceEstimate observe(SourceEstimate e, uint64_t bytes, double seconds,
+                       const ModelParams& params) {
   const double b = static_cast<double>(bytes);
   const double s = std::max(seconds, 0.0);
   // The first read is the whole estimate; then each read weighs alpha (at least 1/samples, so that
   // the first few are an even mean rather than the first one's echo).
-  const double w = e.samples == 0 ? 1.0 : std::max(params.alpha, 1.0 / static_cast<double>(e.samples + 1));
+  const double w =
+      e.samples == 0 ? 1.0 : std::max(params.alpha, 1.0 / static_cast<double>(e.samples + 1));
   e.mean_s += w * (s - e.mean_s);
   e.mean_b += w * (b - e.mean_b);
   e.mean_bb += w * (b * b - e.mean_bb);

@@ -36,25 +36,26 @@ struct SourceEstimate {
   double mean_s = 0, mean_b = 0, mean_bb = 0, mean_sb = 0;
   uint64_t queued_bytes = 0;  // chosen, not yet done
   uint32_t queued = 0;
-  bool down = false;   // never chosen (a peer marked down)
-  bool probe = true;   // learned by probes (a source no other read measures); see choose_source
+  bool down = false;  // never chosen (a peer marked down)
+  bool probe = true;  // learned by probes (a source no other read measures); see choose_source
   uint64_t next_probe = 0;  // the first choice at which it may be probed again
-  uint64_t probe_gap = 0;   // choices between its probes: doubled at each probe, reset once it is best
+  uint64_t probe_gap =
+      0;  // choices between its probes: doubled at each probe, reset once it is best
 
   double latency_s() const;
   double bytes_per_s() const;  // 0: nothing learned yet
 };
 
 struct ModelParams {
-  double alpha = 0.125;          // weight of the newest read in the means
-  uint64_t min_samples = 2;      // a probed source is chosen until it has this many reads observed
-  uint64_t probe_every = 32;     // then, while it is not the best, it is probed after this many
-                                 // choices, then after twice as many, ...: its estimate stays fresh
-                                 // at a cost that grows as the log of the reads
+  double alpha = 0.125;       // weight of the newest read in the means
+  uint64_t min_samples = 2;   // a probed source is chosen until it has this many reads observed
+  uint64_t probe_every = 32;  // then, while it is not the best, it is probed after this many
+                              // choices, then after twice as many, ...: its estimate stays fresh
+                              // at a cost that grows as the log of the reads
 };
 
-// Seconds until a read of `bytes` at `e` would end: its latency, then the bytes queued there and its
-// own at its bandwidth. Infinite for a source with nothing learned yet.
+// Seconds until a read of `bytes` at `e` would end: its latency, then the bytes queued there and
+// its own at its bandwidth. Infinite for a source with nothing learned yet.
 double expected_finish_s(const SourceEstimate& e, uint64_t bytes);
 
 // The option to read from: options[i] is a source's estimate and bytes[i] what a read there moves.
@@ -68,8 +69,8 @@ size_t choose_source(std::span<const SourceEstimate> options, std::span<const ui
                      uint64_t choice, const ModelParams& params, bool* probed = nullptr,
                      size_t* best = nullptr);
 
-// `e` after a read of `bytes` that took `seconds` (its own time, waits for a copy that was not there
-// yet taken out).
+// `e` after a read of `bytes` that took `seconds` (its own time, waits for a copy that was not
+// there yet taken out).
 SourceEstimate observe(SourceEstimate e, uint64_t bytes, double seconds, const ModelParams& params);
 
 // A loader's estimates: index kStage, kPfs, then kPeer0 + node (a node named by its lowest rank).
@@ -116,7 +117,7 @@ class SourceModel {
   bool learned(size_t source) const;
 
   struct Row {
-    std::string name;  // "stage", "pfs", "node <lowest rank of the node>"
+    std::string name;               // "stage", "pfs", "node <lowest rank of the node>"
     uint64_t reads = 0, bytes = 0;  // reads chosen or learned from there, and their bytes
     uint64_t probes = 0;            // of them, probes
     uint64_t samples = 0;

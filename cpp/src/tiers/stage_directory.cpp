@@ -83,9 +83,9 @@ struct StageDirectory::Record {
 static_assert(sizeof(StageDirectory::Record) == 40, "index records are 40 bytes on disk");
 
 namespace {
-// Calls `found` with every valid record of `bytes`, in order, and returns the bytes consumed: all but
-// a last partial record (one being appended, read whole next time). A torn record (a process killed
-// mid-append) is skipped by looking for the next valid one byte by byte, so that the records
+// Calls `found` with every valid record of `bytes`, in order, and returns the bytes consumed: all
+// but a last partial record (one being appended, read whole next time). A torn record (a process
+// killed mid-append) is skipped by looking for the next valid one byte by byte, so that the records
 // appended after it still count; a record's own CRC makes a false match practically impossible.
 template <typename Found>
 size_t for_each_record(std::span<const std::byte> bytes, Found found) {
@@ -107,10 +107,11 @@ size_t for_each_record(std::span<const std::byte> bytes, Found found) {
 // time cannot be set back by a user), mixed into one nonzero word.
 uint64_t identity(const struct stat& st) noexcept {
   uint64_t h = 0x9e3779b97f4a7c15ULL;
-  for (const uint64_t v : {static_cast<uint64_t>(st.st_dev), static_cast<uint64_t>(st.st_ino),
-                           static_cast<uint64_t>(st.st_size), static_cast<uint64_t>(st.st_mtim.tv_sec),
-                           static_cast<uint64_t>(st.st_mtim.tv_nsec), static_cast<uint64_t>(st.st_ctim.tv_sec),
-                           static_cast<uint64_t>(st.st_ctim.tv_nsec)}) {
+  for (const uint64_t v :
+       {static_cast<uint64_t>(st.st_dev), static_cast<uint64_t>(st.st_ino),
+        static_cast<uint64_t>(st.st_size), static_cast<uint64_t>(st.st_mtim.tv_sec),
+        static_cast<uint64_t>(st.st_mtim.tv_nsec), static_cast<uint64_t>(st.st_ctim.tv_sec),
+        static_cast<uint64_t>(st.st_ctim.tv_nsec)}) {
     h ^= v + 0x9e3779b97f4a7c15ULL + (h << 6) + (h >> 2);
     h *= 0xbf58476d1ce4e5b9ULL;
     h ^= h >> 31;
@@ -191,7 +192,8 @@ StageDirectory::StageDirectory(const fs::path& dir, const Catalog& catalog, uint
     const uint64_t size = indexed_size_[id];
     return size != kNoRecord && size == static_cast<uint64_t>(st.st_size) &&
            (catalog.file_size(id) == Catalog::kUnknownSize || catalog.file_size(id) == size) &&
-           (catalog.file_mtime(id) == Catalog::kUnknownMtime || catalog.file_mtime(id) == mtimes[id]);
+           (catalog.file_mtime(id) == Catalog::kUnknownMtime ||
+            catalog.file_mtime(id) == mtimes[id]);
   };
 
   for (int shard = 0; shard < kShards; ++shard) {
@@ -291,7 +293,7 @@ StageDirectory::StageDirectory(const fs::path& dir, const Catalog& catalog, uint
         static_cast<uint64_t>(index_read_) > 2 * sizeof(Record) * found_at_start_) {
       compact_index(index, mtimes);
     }
-    count_index();  // as compacted
+    count_index();                // as compacted
     ::flock(index_fd_, LOCK_SH);  // others may join now (once the start lock is let go)
     start.release();
   }
@@ -445,7 +447,8 @@ void StageDirectory::abandon(uint64_t id) noexcept {
   // copies of an earlier run that were only to be checked; forgetting one would leave it on disk
   // uncounted against the bound, and read from the source again.
   uint8_t expected = kInFlight;
-  if (state_[id].compare_exchange_strong(expected, kAbsent, std::memory_order_acq_rel)) unreserve(id);
+  if (state_[id].compare_exchange_strong(expected, kAbsent, std::memory_order_acq_rel))
+    unreserve(id);
 }
 
 bool StageDirectory::reserve(uint64_t id, uint64_t bytes, uint64_t bound) noexcept {
@@ -495,10 +498,10 @@ bool StageDirectory::evict(uint64_t id) noexcept {
   // A file absent here is not this process's to remove (a neighbour's copy it has not taken over:
   // its size is not known here).
   if (expected == kCopying || expected == kAbsent || read_only_) return false;
-  // Under the file's copy lock (its ".part" file's, as stage() takes it): a neighbour that finds the
-  // copy gone from the table waits for the lock before it copies the file anew, so the unlink below
-  // never removes that new copy. A file whose lock another process holds is not evicted now. On a
-  // disk too full to create the lock file, the eviction goes on without it.
+  // Under the file's copy lock (its ".part" file's, as stage() takes it): a neighbour that finds
+  // the copy gone from the table waits for the lock before it copies the file anew, so the unlink
+  // below never removes that new copy. A file whose lock another process holds is not evicted now.
+  // On a disk too full to create the lock file, the eviction goes on without it.
   const std::string part = relative(id) + ".part";
   int fd = -1;
   try {
@@ -601,7 +604,8 @@ StageDirectory::Outcome StageDirectory::stage(uint64_t id, const std::string& so
                                               std::vector<std::byte>& buffer,
                                               std::chrono::milliseconds wait) {
   return stage(
-      id, [&](std::vector<std::byte>& out, int64_t& mtime_ns) {
+      id,
+      [&](std::vector<std::byte>& out, int64_t& mtime_ns) {
         read_file(source_file(catalog_, source_path), out, &mtime_ns);
       },
       buffer, wait);
@@ -610,13 +614,11 @@ StageDirectory::Outcome StageDirectory::stage(uint64_t id, const std::string& so
 StageDirectory::Outcome StageDirectory::stage(uint64_t id, const Fetch& fetch,
                                               std::vector<std::byte>& buffer,
                                               std::chrono::milliseconds wait) {
-  return stage(
-      id,
-      Stream([&](const Sink& write, std::vector<std::byte>& out, int64_t& mtime_ns) {
-        fetch(out, mtime_ns);
-        write(out);
-      }),
-      buffer, wait);
+  return stage(id, Stream([&](const Sink& write, std::vector<std::byte>& out, int64_t& mtime_ns) {
+                 fetch(out, mtime_ns);
+                 write(out);
+               }),
+               buffer, wait);
 }
 
 StageDirectory::Outcome StageDirectory::stage(uint64_t id, const Stream& fetch,
@@ -695,7 +697,8 @@ pid_t StageDirectory::lock_holder(int fd) {
     char kind[16], mode[16], access[16], where[64];
     long pid = 0;
     if (std::strstr(line, "->") != nullptr) continue;
-    if (std::sscanf(line, "%*[^:]: %15s %15s %15s %ld %63s", kind, mode, access, &pid, where) == 5 &&
+    if (std::sscanf(line, "%*[^:]: %15s %15s %15s %ld %63s", kind, mode, access, &pid, where) ==
+            5 &&
         std::strcmp(kind, "FLOCK") == 0 && std::strcmp(where, device) == 0 && pid > 0) {
       found = static_cast<pid_t>(pid);
     }
@@ -711,7 +714,8 @@ bool StageDirectory::stalled(pid_t holder) {
 
 void StageDirectory::mark_stalled(pid_t holder) {
   std::lock_guard lock(stalled_mutex_);
-  if (std::find(stalled_.begin(), stalled_.end(), holder) == stalled_.end()) stalled_.push_back(holder);
+  if (std::find(stalled_.begin(), stalled_.end(), holder) == stalled_.end())
+    stalled_.push_back(holder);
 }
 
 StageDirectory::Outcome StageDirectory::copy_locked(uint64_t id, int fd,
@@ -784,7 +788,7 @@ StageDirectory::Outcome StageDirectory::copy_locked(uint64_t id, int fd,
       fail(final_path, errno, "rename");
     }
     append_record(record);  // still holding the lock: a scan in another process leaves it alone
-    count_index();  // its 40 bytes may have taken a new block
+    count_index();          // its 40 bytes may have taken a new block
   } catch (...) {
     ::unlinkat(area, part_name.c_str(), 0);
     ::unlinkat(area, final_name.c_str(), 0);
@@ -848,7 +852,8 @@ bool StageDirectory::verify(uint64_t id, std::vector<std::byte>& buffer) {
     discard(id);
     return false;
   }
-  if (buffer.size() != staged_size(id) || crc32c(buffer) != crcs_[id].load(std::memory_order_relaxed)) {
+  if (buffer.size() != staged_size(id) ||
+      crc32c(buffer) != crcs_[id].load(std::memory_order_relaxed)) {
     reject(id);  // corrupted on the SSD: never served
     return false;
   }
@@ -867,7 +872,8 @@ void StageDirectory::reject(uint64_t id) noexcept {
 }
 
 bool StageDirectory::intact(uint64_t id, std::span<const std::byte> bytes) noexcept {
-  if (bytes.size() == staged_size(id) && crc32c(bytes) == crcs_[id].load(std::memory_order_relaxed)) {
+  if (bytes.size() == staged_size(id) &&
+      crc32c(bytes) == crcs_[id].load(std::memory_order_relaxed)) {
     return true;
   }
   reject(id);
@@ -876,7 +882,7 @@ bool StageDirectory::intact(uint64_t id, std::span<const std::byte> bytes) noexc
 
 bool StageDirectory::unchanged(uint64_t id, std::vector<std::byte>& buffer) {
   const std::string name = relative(id);
-  struct stat before {};
+  struct stat before{};
   if (::fstatat(area_fd_.get(), name.c_str(), &before, AT_SYMLINK_NOFOLLOW) != 0) {
     return false;  // gone: the caller reads the source
   }
@@ -895,12 +901,13 @@ bool StageDirectory::unchanged(uint64_t id, std::vector<std::byte>& buffer) {
     int fd;
     ~Closer() { ::close(fd); }
   } closer{fd};
-  struct stat st {};
+  struct stat st{};
   if (::fstat(fd, &st) != 0) return false;
   buffer.resize(static_cast<size_t>(st.st_size));
   size_t done = 0;
   while (done < buffer.size()) {
-    const ssize_t n = ::pread(fd, buffer.data() + done, buffer.size() - done, static_cast<off_t>(done));
+    const ssize_t n =
+        ::pread(fd, buffer.data() + done, buffer.size() - done, static_cast<off_t>(done));
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) break;
     done += static_cast<size_t>(n);
@@ -910,7 +917,7 @@ bool StageDirectory::unchanged(uint64_t id, std::vector<std::byte>& buffer) {
   // File times tick coarsely (a kernel tick, or a second on some file systems): a write in the
   // tick of the last change leaves them as they are. The identity is trusted only once that tick
   // is surely over; until then each read checks the bytes whole.
-  timespec now {};
+  timespec now{};
   ::clock_gettime(CLOCK_REALTIME, &now);
   const auto ns = [](const timespec& t) { return int64_t{t.tv_sec} * 1'000'000'000 + t.tv_nsec; };
   const int64_t changed = std::max(ns(st.st_mtim), ns(st.st_ctim));

@@ -1,6 +1,6 @@
-// Stage 2's view of the stage directory (node-local SSD): where each file's copy lives, an index that
-// vouches for every copy, and an in-memory state per file. Ids here are the catalog's file ids (for
-// a folder of images, one file per sample).
+// Stage 2's view of the stage directory (node-local SSD): where each file's copy lives, an index
+// that vouches for every copy, and an in-memory state per file. Ids here are the catalog's file ids
+// (for a folder of images, one file per sample).
 #pragma once
 
 #include <sys/types.h>
@@ -39,14 +39,14 @@ inline FileRef source_file(const Catalog& catalog, const std::string& path) {
 // <id % 256, 2 hex digits>/<id, hex>. Names come from file ids alone, so no write can land outside
 // the directory whatever the catalog's paths.
 //
-// A copy is written to "<name>.part" under an exclusive flock, renamed to its name, then vouched for
-// by a record appended to index.log (its size, the source's modification time and a CRC-32C). So:
-// a copy without a record (a process killed between the rename and the append) or with a size that
-// differs is never used; a ".part" file whose lock nobody holds was left by a dead process; two
-// processes sharing the directory (ranks on one node) never copy one file twice: the second finds
-// the first's finished copy, or waits for the first's lock and then takes its copy. Copies found at
-// start-up are checked against their records and against the catalog (size, modification time) at
-// once, and their bytes against the CRC on the first use in this run (verify()).
+// A copy is written to "<name>.part" under an exclusive flock, renamed to its name, then vouched
+// for by a record appended to index.log (its size, the source's modification time and a CRC-32C).
+// So: a copy without a record (a process killed between the rename and the append) or with a size
+// that differs is never used; a ".part" file whose lock nobody holds was left by a dead process;
+// two processes sharing the directory (ranks on one node) never copy one file twice: the second
+// finds the first's finished copy, or waits for the first's lock and then takes its copy. Copies
+// found at start-up are checked against their records and against the catalog (size, modification
+// time) at once, and their bytes against the CRC on the first use in this run (verify()).
 //
 // Each process reads index.log once at start-up and from then on only what other processes have
 // appended since it last looked (the index is append-only while it is shared): taking over a
@@ -112,10 +112,14 @@ class StageDirectory {
   State state(uint64_t id) const noexcept {
     return static_cast<State>(state_[id].load(std::memory_order_acquire));
   }
-  uint64_t staged_size(uint64_t id) const noexcept { return sizes_[id].load(std::memory_order_relaxed); }
+  uint64_t staged_size(uint64_t id) const noexcept {
+    return sizes_[id].load(std::memory_order_relaxed);
+  }
   std::string staged_path(uint64_t id) const;
   // The CRC-32C the index records for a staged copy's bytes (what a peer's reply carries).
-  uint32_t staged_crc(uint64_t id) const noexcept { return crcs_[id].load(std::memory_order_relaxed); }
+  uint32_t staged_crc(uint64_t id) const noexcept {
+    return crcs_[id].load(std::memory_order_relaxed);
+  }
   // A copy from before this run whose bytes have not been checked against its CRC yet.
   bool unverified(uint64_t id) const noexcept {
     return unverified_[id].load(std::memory_order_acquire) != 0;
@@ -126,8 +130,8 @@ class StageDirectory {
 
   // Takes over the copies that other processes sharing the directory have published since the last
   // look (the records appended to the index meanwhile): each absent file among them is staged from
-  // now on, as if copied here. Stage 1 calls it before each batch, so that a file a neighbour copied
-  // is a hit, with no claim and no system call of its own. Any thread.
+  // now on, as if copied here. Stage 1 calls it before each batch, so that a file a neighbour
+  // copied is a hit, with no claim and no system call of its own. Any thread.
   void take_over_published() noexcept;
   // True the first time it is called for a file taken over by take_over_published(): the use for
   // which the neighbour's copy saved a read of the source. (stage()'s takeovers are kAdopted.)
@@ -138,7 +142,8 @@ class StageDirectory {
   // Files taken over by take_over_published() so far.
   uint64_t taken_over() const noexcept { return taken_over_.load(std::memory_order_relaxed); }
 
-  // True if the caller now owns the copy of `id` (it was absent); then it must stage() or abandon().
+  // True if the caller now owns the copy of `id` (it was absent); then it must stage() or
+  // abandon().
   bool try_claim(uint64_t id) noexcept;
   // Gives back a claim whose copy has not begun (in flight -> absent) and its reservation; a file
   // in any other state, a staged copy or one being copied included, is left as it is.
@@ -167,7 +172,7 @@ class StageDirectory {
   enum class Outcome {
     kStaged,   // copied from the source
     kAdopted,  // another process had copied it: nothing read from the source
-    kBusy,     // another process was still copying it when the wait ran out: the claim is given back
+    kBusy,  // another process was still copying it when the wait ran out: the claim is given back
     kChanged,  // the source no longer matches the catalog (size): not staged, claim given back
     kDropped,  // the claim was given back (evicted) before the copy began: nothing done
   };
@@ -212,8 +217,8 @@ class StageDirectory {
     return index_bytes_read_;
   }
 
-  // Checks an unverified copy's bytes against its record; a copy that fails is evicted. False if the
-  // copy is gone.
+  // Checks an unverified copy's bytes against its record; a copy that fails is evicted. False if
+  // the copy is gone.
   bool verify(uint64_t id, std::vector<std::byte>& buffer);
 
   // The checks of every read from a staged copy (never a wrong byte), from any thread:
@@ -262,7 +267,7 @@ class StageDirectory {
   void follow_index(const std::function<void(const Record&)>& found);
   void append_record(const Record& record);
   void count_index() noexcept;  // the index's growth, into the node's count (with count_own_files_)
-  void forget(uint64_t id) noexcept;  // staged in this view -> absent (its copy is gone)
+  void forget(uint64_t id) noexcept;          // staged in this view -> absent (its copy is gone)
   void give_back_copy(uint64_t id) noexcept;  // stage()'s own claim (copying -> absent)
   void discard(uint64_t id) noexcept;  // a corrupt or vanished copy: removed, whoever holds it
   void reject(uint64_t id) noexcept;   // a corrupt copy: discarded and counted (once per copy)
@@ -311,7 +316,7 @@ class StageDirectory {
   // none) and CRC.
   static constexpr uint64_t kNoRecord = ~uint64_t{0};
   std::mutex index_mutex_;
-  off_t index_read_ = 0;          // where the next read of the index starts
+  off_t index_read_ = 0;  // where the next read of the index starts
   uint64_t index_bytes_read_ = 0;
   std::vector<uint64_t> indexed_size_;
   std::vector<uint32_t> indexed_crc_;

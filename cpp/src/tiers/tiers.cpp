@@ -57,12 +57,12 @@ void decompress_file(const Catalog& catalog, uint64_t file, const FileRef& sourc
   std::byte more;
   if (done != size || in.read(std::span<std::byte>(&more, 1)) != 0 ||
       crc != catalog.file_crc(file)) {
-    throw DecodeError(path, std::string("its ") + codec_name(catalog.file_codec(file)) +
-                                " stream decompresses to other bytes than when the catalog was " +
-                                "built (" + (done != size ? std::to_string(done) + " bytes, not " +
-                                                                std::to_string(size)
-                                                          : std::string("another CRC")) +
-                                "): it changed; build the catalog again");
+    throw DecodeError(
+        path, std::string("its ") + codec_name(catalog.file_codec(file)) +
+                  " stream decompresses to other bytes than when the catalog was " + "built (" +
+                  (done != size ? std::to_string(done) + " bytes, not " + std::to_string(size)
+                                : std::string("another CRC")) +
+                  "): it changed; build the catalog again");
   }
 }
 
@@ -108,8 +108,9 @@ void Tiers::refuse_if_stalled(uint64_t file, const std::string& path) {
       stalled_[file].exchange(0, std::memory_order_acq_rel) == 0) {
     return;
   }
-  throw IoError(path, ETIMEDOUT,
-                "'" + path + "': stage 2's read of it ran past io_timeout; not read again for this batch");
+  throw IoError(
+      path, ETIMEDOUT,
+      "'" + path + "': stage 2's read of it ran past io_timeout; not read again for this batch");
 }
 
 uint64_t Tiers::sample_size(uint64_t id) const { return catalog_sample_size(catalog_, id); }
@@ -260,7 +261,8 @@ void Tiers::fetch_sample(uint64_t id, std::span<std::byte> out, std::vector<std:
   } else {
     // The peer tier checked the copy against the catalog's size.
     if (fetched.size() != out.size()) {
-      throw IoError(source_path(loc.file, path), EIO, "a home copy of another size than the catalog's");
+      throw IoError(source_path(loc.file, path), EIO,
+                    "a home copy of another size than the catalog's");
     }
     std::copy(fetched.begin(), fetched.end(), out.begin());
   }
@@ -277,8 +279,7 @@ bool Tiers::wait_for_copy(uint64_t file, std::vector<std::byte>& buffer, bool cl
         // A copy from an earlier run is checked first (one that fails is removed).
         return !stage_->unverified(file) || stage_->verify(file, buffer);
       case StageDirectory::kAbsent: {
-        if (!claim_absent || stage_->read_only() ||
-            stage_failed_.load(std::memory_order_relaxed)) {
+        if (!claim_absent || stage_->read_only() || stage_failed_.load(std::memory_order_relaxed)) {
           return false;
         }
         const uint64_t bytes = stage_->charge(catalog_.file_size(file));

@@ -37,7 +37,6 @@
 
 namespace prestage::detail {
 
-
 // In the order they are tried.
 enum class Tier : uint8_t { kMemory = 0, kStage = 1, kPeer = 2, kSource = 3 };
 inline constexpr size_t kTierCount = 4;
@@ -165,23 +164,22 @@ class Tiers {
   // `from` on that has it: `held`
   // (the bytes stage 2 read ahead for it, or null), the stage directory's copy (not one left by an
   // earlier run that stage 2 has not yet checked against its record), its home copy through the
-  // peer tier (with the tier on, a `tally` and an `access` that reads: into memory, as fetch_sample() reads
-  // it: a peer sends the sample's byte range, a slice's whole file; served by kPeer, or by
-  // kStage for a home copy of this node that a neighbour had not yet published), the source.
-  // `use` returns the bytes it took; an IoError it throws while the stage directory serves means the
-  // copy vanished (the directory was cleaned or lost), and the next tier serves. `access` says what
-  // `use` reads, and so how a staged copy is checked before it is trusted (never a wrong byte):
-  // kBytes of a whole copy by its CRC-32C (use calls bytes.all()), kFile and kBytes of part of a copy
-  // by StageDirectory::unchanged(); a copy that fails is removed and counted, and the source serves.
-  // With a `tally`, the read is counted in the tier that served, there and in served() (a first
-  // look at a sample's size or header passes null, and its read the batch's tally), and the I/O
-  // trace records it: one record per counted read. A `use` that reads a file in part and returns 0
-  // (a header looked at, whose data a later use reads and counts) is not counted. Returns that
-  // tier. Other errors propagate.
+  // peer tier (with the tier on, a `tally` and an `access` that reads: into memory, as
+  // fetch_sample() reads it: a peer sends the sample's byte range, a slice's whole file; served by
+  // kPeer, or by kStage for a home copy of this node that a neighbour had not yet published), the
+  // source. `use` returns the bytes it took; an IoError it throws while the stage directory serves
+  // means the copy vanished (the directory was cleaned or lost), and the next tier serves. `access`
+  // says what `use` reads, and so how a staged copy is checked before it is trusted (never a wrong
+  // byte): kBytes of a whole copy by its CRC-32C (use calls bytes.all()), kFile and kBytes of part
+  // of a copy by StageDirectory::unchanged(); a copy that fails is removed and counted, and the
+  // source serves. With a `tally`, the read is counted in the tier that served, there and in
+  // served() (a first look at a sample's size or header passes null, and its read the batch's
+  // tally), and the I/O trace records it: one record per counted read. A `use` that reads a file in
+  // part and returns 0 (a header looked at, whose data a later use reads and counts) is not
+  // counted. Returns that tier. Other errors propagate.
   template <typename Use>
   Tier serve(uint64_t id, Tier from, std::optional<std::span<const std::byte>> held,
-             TierScratch& scratch,
-             TierTally* tally, Access access, const Use& use);
+             TierScratch& scratch, TierTally* tally, Access access, const Use& use);
 
   // Stage 3: sample `id`'s bytes, from `held` or read (or fetched from a peer) into `buffer`
   // (resized to fit; the bytes stay valid while it is not changed), counted
@@ -286,8 +284,9 @@ class Tiers {
              uint64_t bytes, int64_t start_ns, TierTally* tally);
   // The router's fetch_home() (tiers/router.hpp) as the tier that served: kPeer, kStage (this
   // node's home copy, published late) or kSource (none fetched; with the peer tier off, always).
-  Tier fetch_home(const Catalog::Locator& loc, uint64_t sample_bytes, std::vector<std::byte>& buffer,
-                  bool& pfs_chosen, Router::Home where = Router::Home::kAny);
+  Tier fetch_home(const Catalog::Locator& loc, uint64_t sample_bytes,
+                  std::vector<std::byte>& buffer, bool& pfs_chosen,
+                  Router::Home where = Router::Home::kAny);
   SourceModel* model() const noexcept { return router_ != nullptr ? router_->model() : nullptr; }
 
   const Catalog& catalog_;
@@ -304,8 +303,7 @@ class Tiers {
 
 template <typename Use>
 Tier Tiers::serve(uint64_t id, Tier from, std::optional<std::span<const std::byte>> held,
-                  TierScratch& scratch,
-                  TierTally* tally, Access access, const Use& use) {
+                  TierScratch& scratch, TierTally* tally, Access access, const Use& use) {
   const Catalog::Locator loc = catalog_.locator(id);
   const std::string& path = source_path(loc.file, scratch.source);
   const uint64_t size = sample_size(id);

@@ -51,7 +51,8 @@ std::span<const std::byte> FileSource::all(std::vector<std::byte>& buffer) const
 const OpenFile& FileSource::open() const {
   if (!open_) {
     open_.emplace(file_);
-    if (length_ == ~uint64_t{0}) length_ = open_->size() - std::min<uint64_t>(offset_, open_->size());
+    if (length_ == ~uint64_t{0})
+      length_ = open_->size() - std::min<uint64_t>(offset_, open_->size());
   }
   return *open_;
 }

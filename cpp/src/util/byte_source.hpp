@@ -29,7 +29,8 @@ class ByteSource {
   // All the bytes as one span: their memory, or read into `buffer` (resized to fit), in the fewest
   // operations the file allows (FileSource::all()).
   virtual std::span<const std::byte> all(std::vector<std::byte>& buffer) const;
-  // The file the bytes lie in, for a library that opens it by name (HDF5); null for bytes in memory.
+  // The file the bytes lie in, for a library that opens it by name (HDF5); null for bytes in
+  // memory.
   virtual const FileRef* file() const { return nullptr; }
   virtual const std::string& path() const = 0;
 };

@@ -1,5 +1,5 @@
-// CRC-32C (Castagnoli): TFRecord's record checksums and the stage index's checksums of staged copies.
-// SSE4.2 where the CPU has it, slicing-by-8 tables otherwise.
+// CRC-32C (Castagnoli): TFRecord's record checksums and the stage index's checksums of staged
+// copies. SSE4.2 where the CPU has it, slicing-by-8 tables otherwise.
 #pragma once
 
 #include <cstddef>

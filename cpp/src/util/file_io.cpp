@@ -9,8 +9,8 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <cerrno>
 #include <atomic>
+#include <cerrno>
 #include <condition_variable>
 #include <cstring>
 #include <deque>
@@ -32,7 +32,8 @@ namespace prestage::detail {
 namespace {
 
 [[noreturn]] void fail(const std::string& path, int err, const char* action) {
-  throw IoError(path, err, std::string("cannot ") + action + " '" + path + "': " + std::strerror(err));
+  throw IoError(path, err,
+                std::string("cannot ") + action + " '" + path + "': " + std::strerror(err));
 }
 
 class Fd {
@@ -54,7 +55,8 @@ class Fd {
 size_t regular_file_size(const std::string& path, int fd, int64_t* mtime_ns = nullptr) {
   struct stat st;
   if (::fstat(fd, &st) != 0) fail(path, errno, "stat");
-  if (!S_ISREG(st.st_mode)) fail(path, S_ISDIR(st.st_mode) ? EISDIR : EINVAL, "read a non-regular file");
+  if (!S_ISREG(st.st_mode))
+    fail(path, S_ISDIR(st.st_mode) ? EISDIR : EINVAL, "read a non-regular file");
   if (mtime_ns != nullptr) {
     *mtime_ns = static_cast<int64_t>(st.st_mtim.tv_sec) * 1'000'000'000 + st.st_mtim.tv_nsec;
   }
@@ -97,7 +99,7 @@ Fd open_confined(const FileRef& file, int flags) {
 
   static std::atomic<bool> have_openat2{true};
   if (have_openat2.load(std::memory_order_relaxed)) {
-    struct open_how how {};
+    struct open_how how{};
     how.flags = static_cast<uint64_t>(flags | O_CLOEXEC);
     how.resolve = RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS;
     long fd = -1;
@@ -190,8 +192,8 @@ void pread_range(const std::string& path, int fd, size_t size, uint64_t offset,
   }
   size_t done = 0;
   while (done < length) {
-    const ssize_t n = ::pread(fd, out.data() + done, length - done,
-                              static_cast<off_t>(offset + done));
+    const ssize_t n =
+        ::pread(fd, out.data() + done, length - done, static_cast<off_t>(offset + done));
     if (n < 0) {
       if (errno == EINTR) continue;
       fail(path, errno, "read");
@@ -214,8 +216,8 @@ void read_range_now(const FileRef& file, uint64_t offset, std::span<std::byte> o
   }
   size_t done = 0;
   while (done < length) {
-    const ssize_t n = ::pread(fd.get(), out.data() + done, length - done,
-                              static_cast<off_t>(offset + done));
+    const ssize_t n =
+        ::pread(fd.get(), out.data() + done, length - done, static_cast<off_t>(offset + done));
     if (n < 0) {
       if (errno == EINTR) continue;
       fail(path, errno, "read");
@@ -311,10 +313,10 @@ void read_file_exact_now(const FileRef& file, std::span<std::byte> out, bool dir
       if (::fcntl(fd.get(), F_SETFL, 0) != 0) fail(file.path(), errno, "read");
       if (::lseek(fd.get(), 0, SEEK_SET) != 0) fail(file.path(), errno, "read");
     }
-    // The whole file is read at once: a larger read-ahead window makes the kernel fetch it in fewer,
-    // larger requests (a FUSE file system gets one request per window: 128 KiB by default, twice
-    // that when sequential). Advice only: it costs no operation of the file system, and is ignored
-    // where it is not understood.
+    // The whole file is read at once: a larger read-ahead window makes the kernel fetch it in
+    // fewer, larger requests (a FUSE file system gets one request per window: 128 KiB by default,
+    // twice that when sequential). Advice only: it costs no operation of the file system, and is
+    // ignored where it is not understood.
     ::posix_fadvise(fd.get(), 0, 0, POSIX_FADV_SEQUENTIAL);
   }
   read_expecting(file.path(), fd.get(), out);
@@ -332,13 +334,13 @@ struct OwnedFileRef {
   bool confined;
 };
 
-thread_local int64_t io_timeout_ms = 0;  // this thread's limit
+thread_local int64_t io_timeout_ms = 0;        // this thread's limit
 thread_local bool direct_whole_reads = false;  // set_direct_reads()
 thread_local const std::atomic<bool>* io_cancel_flag = nullptr;
 
-// Threads that run reads under a deadline. A thread stuck in a read that never returns is left there;
-// the others serve on, and new ones are started while none is idle (up to a bound). Idle threads
-// leave after a while. Never destroyed: stuck threads may outlive everything else.
+// Threads that run reads under a deadline. A thread stuck in a read that never returns is left
+// there; the others serve on, and new ones are started while none is idle (up to a bound). Idle
+// threads leave after a while. Never destroyed: stuck threads may outlive everything else.
 class DeadlineThreads {
  public:
   static DeadlineThreads& instance() {
@@ -357,8 +359,8 @@ class DeadlineThreads {
       std::exception_ptr error;
     };
     auto state = std::make_shared<State>();
-    // The work touches only what it owns (and `state`, kept alive by this capture), so a caller that
-    // gave up is never written to.
+    // The work touches only what it owns (and `state`, kept alive by this capture), so a caller
+    // that gave up is never written to.
     submit([state, work = std::move(work)] {
       try {
         state->value.emplace(work());
@@ -379,11 +381,13 @@ class DeadlineThreads {
                              : std::min(deadline, std::chrono::steady_clock::now() + kCancelPoll);
       if (state->done_cv.wait_until(lock, until, [&] { return state->done; })) break;
       if (std::chrono::steady_clock::now() >= deadline) {
-        throw IoError(path, ETIMEDOUT, "reading '" + path + "' took more than " +
-                                           std::to_string(timeout.count()) + " ms (io_timeout)");
+        throw IoError(path, ETIMEDOUT,
+                      "reading '" + path + "' took more than " + std::to_string(timeout.count()) +
+                          " ms (io_timeout)");
       }
       if (cancel->load(std::memory_order_acquire)) {
-        throw IoError(path, ECANCELED, "reading '" + path + "' was given up: the loader is stopping");
+        throw IoError(path, ECANCELED,
+                      "reading '" + path + "' was given up: the loader is stopping");
       }
     }
     // The error is taken out of the shared state, so that the exception is freed on this thread,
@@ -419,7 +423,8 @@ class DeadlineThreads {
     std::unique_lock lock(mutex_);
     while (true) {
       ++idle_;
-      const bool got = wake_.wait_for(lock, std::chrono::seconds(2), [&] { return !queue_.empty(); });
+      const bool got =
+          wake_.wait_for(lock, std::chrono::seconds(2), [&] { return !queue_.empty(); });
       --idle_;
       if (!got) {
         --threads_;
@@ -439,7 +444,6 @@ class DeadlineThreads {
   size_t idle_ = 0;
   size_t threads_ = 0;
 };
-
 
 }  // namespace
 
@@ -516,8 +520,8 @@ size_t read_file(const FileRef& file, std::vector<std::byte>& buffer, int64_t* m
     std::vector<std::byte> bytes;
     int64_t mtime = 0;
   };
-  Read read = DeadlineThreads::instance().run<Read>(
-      file.path(), timeout, [owned = OwnedFileRef(file)] {
+  Read read =
+      DeadlineThreads::instance().run<Read>(file.path(), timeout, [owned = OwnedFileRef(file)] {
         Read r;
         read_file_now(owned.ref(), r.bytes, &r.mtime);
         return r;
@@ -560,7 +564,9 @@ struct OpenFile::State {
 };
 
 OpenFile::OpenFile(const FileRef& file) {
-  const auto open = [](const FileRef& f) { return std::make_shared<State>(f.path(), open_for_reading(f)); };
+  const auto open = [](const FileRef& f) {
+    return std::make_shared<State>(f.path(), open_for_reading(f));
+  };
   const auto timeout = io_timeout();
   if (timeout.count() == 0) {
     state_ = open(file);

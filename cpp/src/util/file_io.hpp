@@ -1,5 +1,5 @@
-// POSIX file access shared by stage 2 (copies) and stage 3 (reads). Every failure is an IoError with
-// the path and errno.
+// POSIX file access shared by stage 2 (copies) and stage 3 (reads). Every failure is an IoError
+// with the path and errno.
 #pragma once
 
 #include <atomic>
@@ -43,11 +43,11 @@ class FileRef {
 void with_file_name(const FileRef& file, const std::function<void(const std::string&)>& use);
 
 // A read (of the functions below) that takes longer than this fails with an IoError (ETIMEDOUT)
-// instead of hanging on a stalled file system: with a limit, each read runs on a helper thread, which
-// is left behind if the read never returns. The helpers are the process's, shared by its loaders
-// and named "prestage-io"; an idle one leaves after 2 s. 0 (the default): no limit, reads run on
-// the caller's thread. Per thread: each loader sets its own limit on the threads that read for it,
-// so loaders in one process keep their own limits.
+// instead of hanging on a stalled file system: with a limit, each read runs on a helper thread,
+// which is left behind if the read never returns. The helpers are the process's, shared by its
+// loaders and named "prestage-io"; an idle one leaves after 2 s. 0 (the default): no limit, reads
+// run on the caller's thread. Per thread: each loader sets its own limit on the threads that read
+// for it, so loaders in one process keep their own limits.
 void set_io_timeout(std::chrono::milliseconds timeout);
 std::chrono::milliseconds io_timeout();
 
@@ -77,7 +77,8 @@ bool source_is_fuse(const std::string& path);
 // Sets this thread's limit (and cancel flag) for a scope, and restores the ones it had.
 class IoTimeoutScope {
  public:
-  explicit IoTimeoutScope(std::chrono::milliseconds timeout, const std::atomic<bool>* cancel = nullptr)
+  explicit IoTimeoutScope(std::chrono::milliseconds timeout,
+                          const std::atomic<bool>* cancel = nullptr)
       : previous_(io_timeout()), previous_cancel_(io_cancel()) {
     set_io_timeout(timeout);
     set_io_cancel(cancel);
@@ -118,7 +119,8 @@ void read_range(const FileRef& file, uint64_t offset, std::span<std::byte> out);
 // out, when that read returns).
 class OpenFile {
  public:
-  explicit OpenFile(const FileRef& file);  // IoError if it cannot be opened or is not a regular file
+  explicit OpenFile(
+      const FileRef& file);  // IoError if it cannot be opened or is not a regular file
   ~OpenFile();
   OpenFile(OpenFile&&) noexcept;
   OpenFile& operator=(OpenFile&&) noexcept;
@@ -143,17 +145,16 @@ struct FileStat {
 };
 FileStat file_stat(const FileRef& file);
 
-// Reads a regular file of exactly out.size() bytes (the size its catalog recorded) into `out`; a file
-// of any other size, shorter or longer, is an IoError (EIO) naming both sizes: it changed since the
-// catalog was built. One open and, for a file of that size, one read (of out.size() + 1 bytes: the
-// file_io.cpp says why that is enough), no stat: the fewest operations a parallel file system can serve
-// a file with.
+// Reads a regular file of exactly out.size() bytes (the size its catalog recorded) into `out`; a
+// file of any other size, shorter or longer, is an IoError (EIO) naming both sizes: it changed
+// since the catalog was built. One open and, for a file of that size, one read (of out.size() + 1
+// bytes: the file_io.cpp says why that is enough), no stat: the fewest operations a parallel file
+// system can serve a file with.
 void read_file_exact(const FileRef& file, std::span<std::byte> out);
 
 // A sample's bytes, located by `loc` in `file` (the whole file, or a range of it), into `buffer`
 // (resized to fit).
-void read_located(const FileRef& file, const Catalog::Locator& loc,
-                  std::vector<std::byte>& buffer);
+void read_located(const FileRef& file, const Catalog::Locator& loc, std::vector<std::byte>& buffer);
 
 // The same for a sample whose size is already known: exactly out.size() bytes into `out`.
 void read_located(const FileRef& file, const Catalog::Locator& loc, std::span<std::byte> out);

@@ -77,7 +77,8 @@ IoTrace::IoTrace(const std::string& path, const std::string& root, uint64_t file
     throw IoError(path, err, "cannot empty the I/O trace '" + path + "': " + std::strerror(err));
   }
   const uint64_t header_bytes = header_json.size();
-  if (!write_all(fd_, kMagic, sizeof(kMagic)) || !write_all(fd_, &header_bytes, sizeof(header_bytes)) ||
+  if (!write_all(fd_, kMagic, sizeof(kMagic)) ||
+      !write_all(fd_, &header_bytes, sizeof(header_bytes)) ||
       !write_all(fd_, header_json.data(), header_json.size())) {
     const int err = errno;
     ::close(fd_);
@@ -94,8 +95,8 @@ IoTrace::~IoTrace() {
 void IoTrace::add(uint64_t sample, uint64_t file, uint64_t offset, uint64_t size, int64_t start_ns,
                   uint8_t tier, TraceKind kind) noexcept {
   const uint32_t thread = thread_number();
-  const TraceRecord record{sample, file, offset, size, start_ns, now_ns(), thread, tier,
-                           static_cast<uint8_t>(kind), 0};
+  const TraceRecord record{
+      sample, file, offset, size, start_ns, now_ns(), thread, tier, static_cast<uint8_t>(kind), 0};
   Slot& slot = slots_[thread % kSlots];
   std::vector<TraceRecord> full;
   {

@@ -1,7 +1,7 @@
 // The optional I/O trace: one fixed-size record per read of a sample's or a file's bytes (which
-// sample, which tier served it, which file, where, how many bytes, when it started and ended, on which
-// thread), for the spatial and temporal access-pattern figures of `prestage trace` (as Darshan draws
-// them for HPC jobs).
+// sample, which tier served it, which file, where, how many bytes, when it started and ended, on
+// which thread), for the spatial and temporal access-pattern figures of `prestage trace` (as
+// Darshan draws them for HPC jobs).
 //
 // Cheap enough to leave on: a read appends its record to one of kSlots buffers chosen by its thread
 // (a lock nobody else holds in the common case), and a full buffer is written out with one write()
@@ -24,21 +24,21 @@ enum class TraceKind : uint8_t {
   kRead = 0,       // stage 3 (or a first look at a sample): a sample's bytes, from any tier
   kCopy = 1,       // stage 2: a whole file from the source, to be staged
   kReadAhead = 2,  // stage 2: a sample's bytes from the source, into memory
-  kTune = 3,       // no read: the self-tuning changed a value (sample: which, offset: from, size: to)
+  kTune = 3,  // no read: the self-tuning changed a value (sample: which, offset: from, size: to)
 };
 // The kinds of read by number (prestage.trace.KINDS); kTune follows them.
 inline constexpr const char* kTraceKindNames[] = {"read", "copy", "read-ahead"};
 
 struct TraceRecord {
-  uint64_t sample;    // kNoSample for a whole-file copy
-  uint64_t file;      // the catalog's file index
-  uint64_t offset;    // first byte read in the file
-  uint64_t size;      // bytes read
-  int64_t start_ns;   // since the trace was opened (steady clock)
+  uint64_t sample;   // kNoSample for a whole-file copy
+  uint64_t file;     // the catalog's file index
+  uint64_t offset;   // first byte read in the file
+  uint64_t size;     // bytes read
+  int64_t start_ns;  // since the trace was opened (steady clock)
   int64_t end_ns;
-  uint32_t thread;    // a small number per thread of the process, in order of its first record
-  uint8_t tier;       // Tier (tiers/tiers.hpp), by number; kTierNames names them
-  uint8_t kind;       // TraceKind
+  uint32_t thread;  // a small number per thread of the process, in order of its first record
+  uint8_t tier;     // Tier (tiers/tiers.hpp), by number; kTierNames names them
+  uint8_t kind;     // TraceKind
   uint16_t reserved;
 };
 static_assert(sizeof(TraceRecord) == 56);
@@ -55,7 +55,8 @@ class IoTrace {
   IoTrace& operator=(const IoTrace&) = delete;
 
   int64_t now_ns() const noexcept {
-    return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - origin_)
+    return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() -
+                                                                origin_)
         .count();
   }
   void add(uint64_t sample, uint64_t file, uint64_t offset, uint64_t size, int64_t start_ns,
@@ -67,8 +68,8 @@ class IoTrace {
   // Writes every buffered record (called at close; records may still be added afterwards).
   void flush() noexcept;
 
-  uint64_t records() noexcept;               // added so far
-  uint64_t write_errors() const noexcept;    // records lost to failed writes
+  uint64_t records() noexcept;             // added so far
+  uint64_t write_errors() const noexcept;  // records lost to failed writes
 
  private:
   static constexpr size_t kSlots = 16;

@@ -1,5 +1,5 @@
-// A portable PRNG: the same seed gives the same numbers on every machine and standard library (unlike
-// std::uniform_int_distribution, whose output is implementation-defined).
+// A portable PRNG: the same seed gives the same numbers on every machine and standard library
+// (unlike std::uniform_int_distribution, whose output is implementation-defined).
 #pragma once
 
 #include <cstdint>
