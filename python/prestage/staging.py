@@ -33,6 +33,7 @@ from __future__ import annotations
 import collections
 import errno
 import hashlib
+import io
 import mmap
 import os
 import stat
@@ -105,21 +106,33 @@ class StagedSample:
     in it (``offset``, ``length``; ``length`` None: the whole file). For slices of array files and HDF5
     datasets (``catalog.kind`` ``"arrays"``, ``"hdf5"``) the range is the whole file, and
     ``catalog.locator(sample.index)[1]`` is the slice's index along ``catalog.axis``. ``tier`` is
-    ``"stage"`` or ``"source"``. :meth:`bytes` maps the range read-only: a zero-copy view, valid while it is held."""
+    ``"stage"`` or ``"source"``, or ``"memory"`` for a sample of a shard compressed whole
+    (``catalog.file_codec``) whose decompressed copy is not staged (no room for it within the stage
+    directory's bound, or evicted since): its bytes were decompressed from the source into ``data``,
+    ``path`` names the shard, and ``offset``, ``length`` are those of ``data`` (0, its length); read it
+    with :meth:`open` or :meth:`bytes`, never from ``path``. :meth:`bytes` maps the range read-only: a
+    zero-copy view, valid while it is held."""
 
-    __slots__ = ("path", "offset", "length", "tier", "index")
+    __slots__ = ("path", "offset", "length", "tier", "index", "data")
 
-    def __init__(self, path: str, offset: int, length: Optional[int], tier: str, index: int) -> None:
+    def __init__(self, path: str, offset: int, length: Optional[int], tier: str, index: int,
+                 data: Optional[bytes] = None) -> None:
         self.path, self.offset, self.length, self.tier, self.index = path, offset, length, tier, index
+        self.data = data
 
     def open(self) -> Any:
-        """The file, opened for reading, positioned at the sample's first byte."""
+        """The file, opened for reading, positioned at the sample's first byte (for a ``"memory"``
+        sample, a file object over ``data``)."""
+        if self.data is not None:
+            return io.BytesIO(self.data)
         f = open(self.path, "rb")
         f.seek(self.offset)
         return f
 
     def bytes(self) -> memoryview:
         """The sample's bytes as a read-only view of the file mapped into memory (no copy)."""
+        if self.data is not None:
+            return memoryview(self.data)
         with open(self.path, "rb") as f:
             size = os.fstat(f.fileno()).st_size
             length = size - self.offset if self.length is None else self.length
@@ -218,12 +231,11 @@ class _Where:
         catalog = self.catalog()
         file = catalog.locator(index)[0]
         if catalog.compressed and catalog.file_codec(file) != "none":
-            # Its offsets are those of the decompressed bytes: the source would give wrong ones.
-            raise IoError(errno.ENOENT, f"sample {index}'s shard {catalog.path(index)!r} is "
-                          f"compressed ({catalog.file_codec(file)}) and read only from its "
-                          "decompressed copy in the stage directory, which is gone (evicted); "
-                          "read it through the loader, or give the stage directory room for it",
-                          os.fspath(catalog.source_path(index)))
+            # Its offsets are those of the decompressed bytes: the source gives none by range. The
+            # whole shard is decompressed (and checked) for this sample, as the loader does.
+            data = _core.decompressed_sample(catalog, index)
+            return StagedSample(os.fspath(catalog.source_path(index)), 0, len(data), "memory", index,
+                                data)
         return StagedSample(os.fspath(self.catalog().source_path(index)), offset, length, "source", index)
 
     def gone(self, sample: StagedSample) -> StagedSample:

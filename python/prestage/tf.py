@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import errno
 import math
 import os
 from typing import (TYPE_CHECKING, Any, Callable, Dict, Iterator, List, Literal, Mapping, Optional,
@@ -20,7 +21,7 @@ import numpy as np
 import tensorflow as tf
 
 from prestage import _core
-from prestage.errors import ConfigError
+from prestage.errors import ConfigError, IoError
 from prestage.loader import Loader, as_catalog
 from prestage.options import ARRAY_MODES, ImageOptions, take_decode_options
 
@@ -310,6 +311,12 @@ def staged_paths(catalog: Union[_core.Catalog, str, "os.PathLike[str]"], batch_s
                 sample = where.find(index)
                 label = catalog.label(index)
                 if not read:
+                    if sample.data is not None:
+                        raise IoError(errno.ENOENT, f"sample {index}'s shard {sample.path!r} is compressed "
+                                      f"({catalog.file_codec(catalog.locator(index)[0])}) and its "
+                                      "decompressed copy is not staged (no room for it within cache_bytes): "
+                                      "no path holds its bytes; use staged_paths(..., read=True), or give the "
+                                      "stage directory room for it", sample.path)
                     yield sample.path, sample.offset, -1 if sample.length is None else sample.length, label
                     continue
                 try:

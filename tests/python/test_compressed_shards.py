@@ -315,3 +315,80 @@ def test_the_staged_sampler_hands_out_ranges_of_the_decompressed_copies(sets, tm
                 assert data == reference[label]["jpg"]
                 seen.append(label)
     assert sorted(seen) == sorted(list(range(20)) * 2)
+
+
+@pytest.mark.torch
+def test_the_staged_sampler_keeps_the_bound_and_decompresses_what_it_has_no_room_for(tmp_path):
+    """decode="locate" on shards compressed whole with a bound of about two decompressed shards: a
+    shard's copy is made only on a reservation within the bound (checked on disk after every batch);
+    a sample with no room for its shard's copy is handed out as its bytes decompressed from the
+    source ("memory"), never an error."""
+    pytest.importorskip("torch")
+    import prestage.torch as pt
+
+    (tmp_path / "gz").mkdir()
+    _write(str(tmp_path / "gz" / "train-%06d.tar.gz"), 40, 5)  # 8 shards
+    cat = prestage.Catalog.from_webdataset(str(tmp_path / "gz" / "train-{000000..000007}.tar.gz"))
+    sizes = {int(s) for s in cat.file_sizes()}
+    bound = 2 * max(sizes) + max(sizes) // 2
+    stage = tmp_path / "stage"
+    sampler = pt.StagedSampler(cat, batch_size=8, stage_dir=str(stage), cache_bytes=bound, seed=3,
+                               lookahead=2)
+    dataset = pt.StagedDataset(sampler, read=lambda sample, label: (sample.tier, bytes(sample.bytes()), label))
+    seen, tiers = [], set()
+    for epoch in range(2):
+        sampler.set_epoch(epoch)
+        for batch in sampler:
+            on_disk = sum(p.stat().st_size for p in stage.rglob("*")
+                          if p.is_file() and p.stat().st_size in sizes)
+            assert on_disk <= bound
+            for index in batch:
+                tier, data, label = dataset[index]
+                assert data == _jpeg(label)
+                tiers.add(tier)
+                seen.append(label)
+    sampler.close()
+    assert sorted(seen) == sorted(list(range(40)) * 2)
+    assert "memory" in tiers  # some shards had no room: their samples were decompressed from the source
+
+
+@pytest.mark.parametrize("damage", [_corrupt, _truncate])
+def test_a_sample_decompressed_from_the_source_is_checked_whole(sets, damage):
+    """What the staged sampler hands out where no copy is staged: the sample's bytes from the whole
+    stream, checked against the catalog's size and CRC (a shard damaged since: an error naming it)."""
+    plain_pattern, gz_pattern = sets
+    cat = prestage.Catalog.from_webdataset(gz_pattern)
+    for index in range(len(cat)):
+        assert prestage._core.decompressed_sample(cat, index) == _jpeg(cat.label(index))
+    with pytest.raises(prestage.ConfigError, match="sample 20 of a catalog of 20"):
+        prestage._core.decompressed_sample(cat, 20)
+    with pytest.raises(prestage.ConfigError, match="not compressed"):
+        prestage._core.decompressed_sample(prestage.Catalog.from_webdataset(plain_pattern), 0)
+    bad = Path(gz_pattern.replace("{000000..000003}", "000001"))
+    damage(bad)
+    index = next(i for i in range(len(cat)) if cat.label(i) == 7)
+    with pytest.raises((prestage.DecodeError, prestage.IoError), match=r"train-000001\.tar\.gz"):
+        prestage._core.decompressed_sample(cat, index)
+
+
+def test_tf_staged_paths_reads_what_has_no_room_and_says_no_path_holds_it(tmp_path):
+    """staged_paths(read=True) hands out the bytes of samples whose shard has no room in the bound;
+    read=False, which hands out paths, says that no path holds them (never the compressed shard's)."""
+    pytest.importorskip("tensorflow")
+    import prestage.tf
+
+    (tmp_path / "gz").mkdir()
+    _write(str(tmp_path / "gz" / "train-%06d.tar.gz"), 40, 5)  # 8 shards
+    cat = prestage.Catalog.from_webdataset(str(tmp_path / "gz" / "train-{000000..000007}.tar.gz"))
+    bound = 2 * max(int(s) for s in cat.file_sizes())
+    options = dict(cache_bytes=bound, seed=3, lookahead=2, epochs=1)
+    ds = prestage.tf.staged_paths(cat, 8, stage_dir=str(tmp_path / "a"), read=True, **options)
+    got = [(bytes(data.numpy()), int(label)) for data, label in ds]
+    ds.sampler.close()
+    assert sorted(label for _, label in got) == list(range(40))
+    assert all(data == _jpeg(label) for data, label in got)
+    ds = prestage.tf.staged_paths(cat, 8, stage_dir=str(tmp_path / "b"), **options)
+    with pytest.raises(Exception, match=r"is compressed \(gzip\) and its decompressed copy is not staged"):
+        for _ in ds:
+            pass
+    ds.sampler.close()

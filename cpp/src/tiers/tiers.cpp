@@ -159,9 +159,10 @@ Tier Tiers::locate(uint64_t id, TierTally* tally) {
   Tier tier = stage_ != nullptr && stage_->servable(file) && stage_->unchanged(file, check)
                   ? Tier::kStage
                   : Tier::kSource;
-  if (tier == Tier::kSource && catalog_.file_codec(file) != Catalog::Codec::kNone) {
-    // Its consumer is told where its bytes are: in its decompressed copy, never the source.
-    stage_compressed(file, check);
+  if (tier == Tier::kSource && catalog_.file_codec(file) != Catalog::Codec::kNone &&
+      stage_compressed(file, check)) {
+    // Its consumer reads its decompressed copy; without one (no room for it within the bound), it
+    // decompresses the sample from the source (read_compressed_sample()).
     tier = Tier::kStage;
   }
   const uint64_t size = sample_size(id);
@@ -342,10 +343,9 @@ bool Tiers::copy_now(uint64_t file, std::vector<std::byte>& buffer) {
   return false;
 }
 
-void Tiers::read_compressed(const Catalog::Locator& loc, std::vector<std::byte>& out) {
-  std::string path;
-  source_path(loc.file, path);
-  const uint64_t size = catalog_.file_size(loc.file);
+void read_compressed_sample(const Catalog& catalog, const Catalog::Locator& loc,
+                            const std::string& path, std::vector<std::byte>& out) {
+  const uint64_t size = catalog.file_size(loc.file);
   const uint64_t length = loc.length == Catalog::kWholeFile ? size : loc.length;
   if (loc.offset > size || length > size - loc.offset) {
     throw DecodeError(path, "a sample past the end of its decompressed bytes");
@@ -361,12 +361,16 @@ void Tiers::read_compressed(const Catalog::Locator& loc, std::vector<std::byte>&
     at += piece.size();
   };
   std::vector<std::byte> chunk;
-  const FileRef source = source_file(catalog_, path);
-  stalled_if_timed_out(loc.file,
-                       [&] { decompress_file(catalog_, loc.file, source, path, chunk, &keep); });
+  decompress_file(catalog, loc.file, source_file(catalog, path), path, chunk, &keep);
 }
 
-void Tiers::stage_compressed(uint64_t file, std::vector<std::byte>& buffer) {
+void Tiers::read_compressed(const Catalog::Locator& loc, std::vector<std::byte>& out) {
+  std::string path;
+  source_path(loc.file, path);
+  stalled_if_timed_out(loc.file, [&] { read_compressed_sample(catalog_, loc, path, out); });
+}
+
+bool Tiers::stage_compressed(uint64_t file, std::vector<std::byte>& buffer) {
   std::string path;
   source_path(file, path);
   if (stage_ == nullptr) {
@@ -374,26 +378,12 @@ void Tiers::stage_compressed(uint64_t file, std::vector<std::byte>& buffer) {
                       "): its samples are read from its decompressed copy in a stage directory, " +
                       "and there is none");
   }
-  while (true) {
+  // Twice at most: an earlier run's copy that fails its check is removed, and made again.
+  for (int attempt = 0; attempt < 2; ++attempt) {
     stage_->take_over_published();
-    bool staged = false;
-    try {
-      staged = wait_for_copy(file, buffer);
-    } catch (const StageFailed& e) {
-      throw e.error;
-    }
-    if (staged) return;
-    if (stage_->read_only()) {
-      throw IoError(path, EROFS,
-                    "'" + path + "' is compressed and read only from its decompressed copy in " +
-                        "the stage directory, which cannot be written and holds no copy of it");
-    }
-    try {
-      if (stage_->try_claim(file) && copy_now(file, buffer)) return;
-    } catch (const StageFailed& e) {
-      throw e.error;
-    }
+    if (wait_for_copy(file, buffer, /*claim_absent=*/true)) return true;
   }
+  return false;
 }
 
 void Tiers::count(Purpose purpose, Tier tier, uint64_t sample, uint64_t file, uint64_t offset,

@@ -114,6 +114,13 @@ class TierTally {
   std::array<std::atomic<uint64_t>, kTierCount> reads_{}, bytes_{};
 };
 
+// The bytes of `loc`, a sample of a file compressed whole (Catalog::file_codec), decompressed from
+// the source file at `path` into `out`: the whole stream is read and checked against the catalog's
+// size and CRC-32C (a DecodeError naming the file if they differ; an IoError if its size changed or
+// it cannot be read), only the sample's bytes kept. For a consumer with no staged copy to read.
+void read_compressed_sample(const Catalog& catalog, const Catalog::Locator& loc,
+                            const std::string& path, std::vector<std::byte>& out);
+
 // Thread-safe: every method may be called from any thread at once. The catalog and the stage
 // directory must outlive it.
 class Tiers {
@@ -215,15 +222,16 @@ class Tiers {
   // A file compressed whole (Catalog::file_codec) is never read by byte range: its samples are
   // served from its decompressed copy in the stage directory, or, when there is none, by
   // serve() from its whole stream decompressed (read_compressed). For a sample of one that the
-  // stage directory cannot serve, locate() calls this (its consumer reads the copy). Returns
-  // once the file's copy is staged and may be served: a copy stage 2 (or a neighbour) is making
-  // is waited for, a copy nobody is making is made here (its bytes count against the node's
-  // bound as stage 2's do; the next admission evicts back within it).
-  // Throws what the copy met, naming the shard: the source's DecodeError (a corrupt stream, bytes
-  // that differ from the catalog's) or IoError (it changed, it cannot be read), an IoError for a
-  // stage directory that failed or is read-only, ECANCELED when this thread's io_cancel() is
-  // set; ConfigError without a stage directory.
-  void stage_compressed(uint64_t file, std::vector<std::byte>& buffer);
+  // stage directory cannot serve, locate() calls this (its consumer reads the copy). True once the
+  // file's copy is staged and may be served: a copy stage 2 (or a neighbour) is making is waited
+  // for, a copy nobody is making is made here, on a reservation within the node's bound as stage
+  // 2's copies are (set_stage_bound). False when none can be made (no room within the bound, a
+  // stage directory that is read-only or failed): the consumer then decompresses the sample from
+  // the source (read_compressed_sample()). Throws what the copy met, naming the shard: the
+  // source's DecodeError (a corrupt stream, bytes that differ from the catalog's) or IoError (it
+  // changed, it cannot be read), ECANCELED when this thread's io_cancel() is set; ConfigError
+  // without a stage directory.
+  bool stage_compressed(uint64_t file, std::vector<std::byte>& buffer);
 
   // Stage 3, for a sample of a compressed file that the stage directory does not hold: true once
   // its copy may be served, false if none is coming (the caller reads the source). A copy under
