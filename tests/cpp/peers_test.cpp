@@ -15,17 +15,22 @@
 #include <set>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "prestage/error.hpp"
 #include "prestage/options.hpp"
 #include "prestage/plan.hpp"
+#include "prestage/stats.hpp"
+#include "staging/stager.hpp"
 #include "test_util.hpp"
+#include "tiers/ledger.hpp"
 #include "tiers/source_model.hpp"
 #include "tiers/stage_directory.hpp"
 #include "tiers/tiers.hpp"
 #include "tiers/transport.hpp"
 #include "util/crc32c.hpp"
+#include "util/io_trace.hpp"
 
 using prestage::PlanOptions;
 using prestage::detail::Ownership;
@@ -685,4 +690,200 @@ TEST_CASE(
   CHECK(tiers.links() == SourceModel::Links::kUnknown);
   CHECK(peers[1]->counts().served == 0);
   tiers.stop_probes();
+}
+
+namespace {
+
+// Every event of a ledger, as its observer sees them.
+struct Events final : prestage::detail::Ledger::Observer {
+  std::mutex mutex;
+  std::vector<prestage::detail::ReadEvent> seen;
+  void on_read(const prestage::detail::ReadEvent& event) override {
+    std::lock_guard lock(mutex);
+    seen.push_back(event);
+  }
+};
+
+// The records of the I/O trace at `path` (its layout: util/io_trace.hpp).
+std::vector<prestage::detail::TraceRecord> trace_records(const std::filesystem::path& path) {
+  using prestage::detail::TraceRecord;
+  const std::vector<std::byte> bytes = file_bytes(path);
+  REQUIRE(bytes.size() >= 16);
+  uint64_t header_bytes = 0;
+  std::memcpy(&header_bytes, bytes.data() + 8, 8);
+  const size_t body = bytes.size() - 16 - header_bytes;
+  REQUIRE(body % sizeof(TraceRecord) == 0);
+  std::vector<TraceRecord> records(body / sizeof(TraceRecord));
+  if (body > 0) std::memcpy(records.data(), bytes.data() + 16 + header_bytes, body);
+  return records;
+}
+
+}  // namespace
+
+TEST_CASE(
+    "ledger: one read through each tier for each purpose is one event and one trace record, equal "
+    "to the figures") {
+  using prestage::detail::IoTrace;
+  using prestage::detail::Purpose;
+  using prestage::detail::ReadEvent;
+  using prestage::detail::Tier;
+  using prestage::detail::TierCounts;
+  using prestage::detail::Tiers;
+  using prestage::detail::TierScratch;
+  using prestage::detail::TierTally;
+  using prestage::detail::TraceKind;
+  using prestage::detail::TraceRecord;
+  Job job;  // rank 1 keeps the home copy of job.theirs
+  const Catalog& catalog = job.catalog;
+  {
+    std::lock_guard lock(loop().mutex);
+    loop().held_all[1] = 1;  // rank 1's link: faster than any read of the source, always chosen
+  }
+  // Rank 0's files: `mine` staged on its node (its home copy), `plain` read from the source (its
+  // home copy is not coming, so no read waits for it). Rank 1 makes no other home copy: a probe
+  // of its link is answered at once.
+  uint64_t mine = ~uint64_t{0}, plain = ~uint64_t{0};
+  for (uint64_t f = 0; f < catalog.num_files(); ++f) {
+    uint64_t owner = 0;
+    const Peers::Fetched home = job.peers[0]->home(Catalog::Locator{f}, owner);
+    if (home == Peers::Fetched::kPeer && f != job.theirs) job.peers[1]->not_coming(f);
+    if (home != Peers::Fetched::kLocal) continue;
+    if (mine == ~uint64_t{0}) {
+      mine = f;
+    } else if (plain == ~uint64_t{0}) {
+      plain = f;
+    }
+  }
+  REQUIRE(plain != ~uint64_t{0});
+  job.peers[0]->not_coming(plain);
+  {
+    std::vector<std::byte> buffer;
+    REQUIRE(job.stage[0]->try_claim(mine));
+    REQUIRE(job.stage[0]->stage(mine, (catalog.root() / catalog.file_path(mine)).string(),
+                                buffer) == StageDirectory::Outcome::kStaged);
+  }
+  for (const uint64_t f : {mine, plain, job.theirs}) REQUIRE(catalog.locator(f).file == f);
+
+  const std::filesystem::path trace_path = job.dir / "reads.trace";
+  IoTrace trace(trace_path.string(), catalog.root().string(), catalog.num_files());
+  Events events;
+  Tiers tiers(catalog, job.stage[0].get(), uint64_t{1} << 30);
+  tiers.set_peers(job.peers[0].get());
+  tiers.set_trace(&trace);
+  tiers.ledger().set_observer(&events);
+
+  TierTally decoding, staging;  // the figures of a batch of stage 3's and one of stage 2's
+  TierScratch scratch;
+  std::vector<std::byte> buffer, fetched;
+  int64_t mtime_ns = 0;
+  const auto size = [&](uint64_t f) { return catalog.file_size(f); };
+  const std::string held_text = "held!";
+  std::vector<std::byte> held(held_text.size());
+  std::memcpy(held.data(), held_text.data(), held.size());
+  // Each read is exactly one event: of the tier, purpose, bytes and batch expected.
+  const auto one = [&](const char* what, Tier tier, Purpose purpose, uint64_t bytes,
+                       const TierTally* batch, const auto& read) {
+    CAPTURE(what);
+    const size_t before = events.seen.size();
+    read();
+    REQUIRE(events.seen.size() == before + 1);
+    const ReadEvent& e = events.seen.back();
+    CHECK(e.tier == tier);
+    CHECK(e.purpose == purpose);
+    CHECK(e.bytes == bytes);
+    CHECK(e.batch == batch);
+  };
+  // Stage 3's reads and looks.
+  one("decode, memory", Tier::kMemory, Purpose::kDecode, held.size(), &decoding,
+      [&] { tiers.read(plain, std::span<const std::byte>(held), buffer, scratch, &decoding); });
+  one("decode, stage directory", Tier::kStage, Purpose::kDecode, size(mine), &decoding,
+      [&] { tiers.read(mine, std::nullopt, buffer, scratch, &decoding); });
+  one("decode, peer", Tier::kPeer, Purpose::kDecode, size(job.theirs), &decoding, [&] {
+    CHECK(tiers.read(job.theirs, std::nullopt, buffer, scratch, &decoding).size() ==
+          job.source.size());
+  });
+  one("decode, source", Tier::kSource, Purpose::kDecode, size(plain), &decoding,
+      [&] { tiers.read(plain, std::nullopt, buffer, scratch, &decoding); });
+  one("locate, stage directory", Tier::kStage, Purpose::kLocate, size(mine), &decoding,
+      [&] { CHECK(tiers.locate(mine, &decoding) == Tier::kStage); });
+  one("locate, source", Tier::kSource, Purpose::kLocate, size(plain), &decoding,
+      [&] { CHECK(tiers.locate(plain, &decoding) == Tier::kSource); });
+  // Stage 2's.
+  const auto ahead = [&](uint64_t f) {
+    std::vector<std::byte> out(size(f));
+    tiers.fetch_sample(f, out, fetched, &staging);
+  };
+  one("read-ahead, stage directory", Tier::kStage, Purpose::kReadAhead, size(mine), &staging,
+      [&] { ahead(mine); });
+  one("read-ahead, peer", Tier::kPeer, Purpose::kReadAhead, size(job.theirs), &staging,
+      [&] { ahead(job.theirs); });
+  one("read-ahead, source", Tier::kSource, Purpose::kReadAhead, size(plain), &staging,
+      [&] { ahead(plain); });
+  one("copy, peer", Tier::kPeer, Purpose::kCopy, size(job.theirs), &staging,
+      [&] { tiers.fetch_file(job.theirs, buffer, mtime_ns, &staging); });
+  one("copy, source", Tier::kSource, Purpose::kCopy, size(plain), &staging,
+      [&] { tiers.fetch_file(plain, buffer, mtime_ns, &staging); });
+  // A look at the set (no batch) is no read of an epoch's sample: no event.
+  const size_t reads = events.seen.size();
+  tiers.read(plain, std::nullopt, buffer, scratch, nullptr);
+  CHECK(events.seen.size() == reads);
+  tiers.stop_probes();
+
+  // One trace record per event but a locate's (which reads nothing), with its fields.
+  trace.flush();
+  const auto key = [](uint64_t sample, uint64_t file, uint64_t offset, uint64_t bytes, uint8_t tier,
+                      TraceKind kind) {
+    return std::make_tuple(sample, file, offset, bytes, tier, static_cast<uint8_t>(kind));
+  };
+  using Key = decltype(key(0, 0, 0, 0, 0, TraceKind::kRead));
+  std::multiset<Key> expected, recorded;
+  static constexpr TraceKind kKind[] = {TraceKind::kRead, TraceKind::kRead, TraceKind::kReadAhead,
+                                        TraceKind::kCopy};
+  for (const ReadEvent& e : events.seen) {
+    if (e.purpose == Purpose::kLocate) continue;
+    expected.insert(key(e.sample, e.file, e.offset, e.bytes, static_cast<uint8_t>(e.tier),
+                        kKind[static_cast<size_t>(e.purpose)]));
+  }
+  for (const TraceRecord& r : trace_records(trace_path)) {
+    recorded.insert(key(r.sample, r.file, r.offset, r.size, r.tier, TraceKind(r.kind)));
+  }
+  CHECK(expected.size() == events.seen.size() - 2);
+  CHECK(recorded == expected);
+
+  // The figures: the run's by purpose, stage 3's and stage 2's, each batch's, and the peer tier's
+  // own count of the answers it took are the events summed.
+  const auto sum = [&](const auto& keep) {
+    TierCounts c;
+    for (const ReadEvent& e : events.seen) {
+      if (!keep(e)) continue;
+      ++c.reads[static_cast<size_t>(e.tier)];
+      c.bytes[static_cast<size_t>(e.tier)] += e.bytes;
+    }
+    return c;
+  };
+  const auto same = [](const TierCounts& a, const TierCounts& b) {
+    return a.reads == b.reads && a.bytes == b.bytes;
+  };
+  for (const Purpose p :
+       {Purpose::kDecode, Purpose::kLocate, Purpose::kReadAhead, Purpose::kCopy}) {
+    CAPTURE(static_cast<int>(p));
+    CHECK(same(tiers.ledger().totals(p), sum([&](const ReadEvent& e) { return e.purpose == p; })));
+  }
+  const auto stage3 = [](const ReadEvent& e) {
+    return e.purpose == Purpose::kDecode || e.purpose == Purpose::kLocate;
+  };
+  CHECK(same(tiers.served(), sum(stage3)));
+  CHECK(same(tiers.fetched(), sum([&](const ReadEvent& e) { return !stage3(e); })));
+  CHECK(same(decoding.counts(), sum([&](const ReadEvent& e) { return e.batch == &decoding; })));
+  CHECK(same(staging.counts(), sum([&](const ReadEvent& e) { return e.batch == &staging; })));
+  const TierCounts peer = sum([](const ReadEvent& e) { return e.tier == Tier::kPeer; });
+  CHECK(job.peers[0]->counts().reads == peer.all_reads());
+  CHECK(job.peers[0]->counts().bytes == peer.all_bytes());
+  // Stage 2's figures in stats() come from the ledger.
+  prestage::Stats stats;
+  prestage::detail::Stager(tiers, 0).add_to(stats);
+  const TierCounts ahead_read =
+      sum([](const ReadEvent& e) { return e.purpose == Purpose::kReadAhead; });
+  CHECK(stats.read_ahead == ahead_read.all_reads());
+  CHECK(stats.read_ahead_bytes == ahead_read.all_bytes());
 }

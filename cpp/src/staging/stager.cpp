@@ -168,9 +168,7 @@ void Stager::read_one(StageTask& task, size_t j, std::vector<std::byte>& buffer)
   } catch (const Error&) {
     return;  // stage 3 reads it again and reports the error at the sample's batch
   }
-  ahead.read(j);
-  read_ahead_.fetch_add(1, std::memory_order_relaxed);
-  read_ahead_bytes_.fetch_add(out.size(), std::memory_order_relaxed);
+  ahead.read(j);  // counted by the tiers, in their ledger
 }
 
 void Stager::stage_one(StageTask& task, uint64_t id, std::vector<std::byte>& buffer) {
@@ -242,8 +240,11 @@ void Stager::add_to(Stats& stats) const {
   stats.adopted_files = adopted_.load() + (directory_ != nullptr ? directory_->taken_over() : 0);
   stats.stage_failures = failures_.load();
   stats.stage_expedited = expedited_.load();
-  stats.read_ahead = read_ahead_.load();
-  stats.read_ahead_bytes = read_ahead_bytes_.load();
+  // Its reads into memory, as the ledger of the tiers it reads through counts them (fetch_sample,
+  // which stage 2 alone calls).
+  const TierCounts ahead = tiers_.ledger().totals(Purpose::kReadAhead);
+  stats.read_ahead = ahead.all_reads();
+  stats.read_ahead_bytes = ahead.all_bytes();
   stats.stage_dir_disabled = disabled_.load();
   if (stats.stage_dir_disabled) {
     std::lock_guard lock(mutex_);

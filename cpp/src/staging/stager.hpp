@@ -136,7 +136,6 @@ class Stager {
 
   std::atomic<uint64_t> busy_ns_{0}, items_{0}, bytes_{0};
   std::atomic<uint64_t> staged_files_{0}, adopted_{0}, failures_{0}, expedited_{0};
-  std::atomic<uint64_t> read_ahead_{0}, read_ahead_bytes_{0};
   std::vector<std::thread> threads_;
 };
 

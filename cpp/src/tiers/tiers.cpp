@@ -185,7 +185,7 @@ void Tiers::copy_file(uint64_t file, const StageDirectory::Sink& write,
 void Tiers::fetch(uint64_t file, std::vector<std::byte>& buffer, int64_t& mtime_ns,
                   TierTally* tally, const StageDirectory::Sink* write) {
   std::string path;
-  const int64_t start = trace_ != nullptr ? trace_->now_ns() : 0;
+  const int64_t start = ledger_.now_ns();
   const uint64_t size = catalog_.file_size(file);
   const int64_t mtime = catalog_.file_mtime(file);
   const bool known = size != Catalog::kUnknownSize && mtime != Catalog::kUnknownMtime;
@@ -241,7 +241,7 @@ void Tiers::fetch_sample(uint64_t id, std::span<std::byte> out, std::vector<std:
   check_size(id, size);
   std::string path;
   const Catalog::Locator loc = catalog_.locator(id);
-  const int64_t start = trace_ != nullptr ? trace_->now_ns() : 0;
+  const int64_t start = ledger_.now_ns();
   bool pfs_chosen = false;  // the model chose the source over a home copy (and queued the read)
   const Tier tier = fetch_home(loc, size, fetched, pfs_chosen);
   if (tier == Tier::kSource && catalog_.file_codec(loc.file) != Catalog::Codec::kNone) {
@@ -384,35 +384,6 @@ bool Tiers::stage_compressed(uint64_t file, std::vector<std::byte>& buffer) {
     if (wait_for_copy(file, buffer, /*claim_absent=*/true)) return true;
   }
   return false;
-}
-
-void Tiers::count(Purpose purpose, Tier tier, uint64_t sample, uint64_t file, uint64_t offset,
-                  uint64_t bytes, int64_t start_ns, TierTally* tally) {
-  static constexpr TraceKind kKind[] = {TraceKind::kRead, TraceKind::kRead, TraceKind::kReadAhead,
-                                        TraceKind::kCopy};
-  if (trace_ != nullptr && purpose != Purpose::kLocate) {
-    trace_->add(sample, file, offset, bytes, start_ns, static_cast<uint8_t>(tier),
-                kKind[static_cast<size_t>(purpose)]);
-  }
-  const bool stage3 = purpose == Purpose::kDecode || purpose == Purpose::kLocate;
-  (stage3 ? served_ : fetched_).add(tier, bytes);
-  if (tally != nullptr) tally->add(tier, bytes);
-}
-
-TierCounts TierTally::counts() const noexcept {
-  TierCounts counts;
-  for (size_t t = 0; t < kTierCount; ++t) {
-    counts.reads[t] = reads_[t].load(std::memory_order_relaxed);
-    counts.bytes[t] = bytes_[t].load(std::memory_order_relaxed);
-  }
-  return counts;
-}
-
-void TierTally::clear() noexcept {
-  for (size_t t = 0; t < kTierCount; ++t) {
-    reads_[t].store(0, std::memory_order_relaxed);
-    bytes_[t].store(0, std::memory_order_relaxed);
-  }
 }
 
 }  // namespace prestage::detail

@@ -1,5 +1,6 @@
-// Where a sample's bytes come from, through one interface that keeps the per-tier counters (and
-// records each read in the I/O trace). Each caller tries its tiers nearest first:
+// Where a sample's bytes come from, through one interface that counts each read it serves, once,
+// in its ledger (tiers/ledger.hpp: the per-tier figures and the I/O trace). Each caller tries its
+// tiers nearest first:
 //  - stage 3 (serve(), read(), locate()): the bytes stage 2 read ahead into memory for its
 //    batch, the node's stage directory (a copy left by an earlier run only once stage 2 has
 //    checked it), the sample's home copy through the peer tier as fetch_sample() reads it (for
@@ -28,6 +29,7 @@
 
 #include "prestage/catalog.hpp"
 #include "prestage/error.hpp"
+#include "tiers/ledger.hpp"
 #include "tiers/router.hpp"
 #include "tiers/source_model.hpp"
 #include "tiers/stage_directory.hpp"
@@ -36,13 +38,6 @@
 #include "util/io_trace.hpp"
 
 namespace prestage::detail {
-
-// In the order they are tried.
-enum class Tier : uint8_t { kMemory = 0, kStage = 1, kPeer = 2, kSource = 3 };
-inline constexpr size_t kTierCount = 4;
-// By number, as the trace records them and Python names them (prestage.trace.TIERS).
-inline constexpr std::array<const char*, kTierCount> kTierNames{"memory", "stage", "peer",
-                                                                "source"};
 
 // A whole staged copy as a use that reads its bytes whole (Access::kBytes) sees it: all() checks
 // them against the copy's record once read; a copy that fails is removed and counted
@@ -86,34 +81,6 @@ struct TierScratch {
   std::vector<std::byte>* fetch_into = nullptr;
 };
 
-// Why a read is made, which says where it is counted (Tiers::count).
-enum class Purpose : uint8_t {
-  kDecode,     // stage 3, and a first look at a sample: served(), a trace record of kind kRead
-  kLocate,     // decode=locate's look at where a sample is: served(), no trace record (no read)
-  kReadAhead,  // stage 2's read of a sample into memory: fetched(), kReadAhead
-  kCopy,       // stage 2's read of a whole file to stage: fetched(), kCopy
-};
-
-struct TierCounts {
-  std::array<uint64_t, kTierCount> reads{};
-  std::array<uint64_t, kTierCount> bytes{};
-};
-
-// Reads and their bytes by the tier that served them, added to from any thread at once: the whole
-// run's (the tiers' own) or one batch's (for the figures of its epoch).
-class TierTally {
- public:
-  void add(Tier tier, uint64_t bytes) noexcept {
-    reads_[static_cast<size_t>(tier)].fetch_add(1, std::memory_order_relaxed);
-    bytes_[static_cast<size_t>(tier)].fetch_add(bytes, std::memory_order_relaxed);
-  }
-  TierCounts counts() const noexcept;
-  void clear() noexcept;
-
- private:
-  std::array<std::atomic<uint64_t>, kTierCount> reads_{}, bytes_{};
-};
-
 // The bytes of `loc`, a sample of a file compressed whole (Catalog::file_codec), decompressed from
 // the source file at `path` into `out`: the whole stream is read and checked against the catalog's
 // size and CRC-32C (a DecodeError naming the file if they differ; an IoError if its size changed or
@@ -142,7 +109,10 @@ class Tiers {
   }
 
   // Every read from then on adds a record to `trace` (null: none); set before the first read.
-  void set_trace(IoTrace* trace) noexcept { trace_ = trace; }
+  void set_trace(IoTrace* trace) noexcept { ledger_.set_trace(trace); }
+  // Where every read this unit serves is counted (tiers/ledger.hpp).
+  const Ledger& ledger() const noexcept { return ledger_; }
+  Ledger& ledger() noexcept { return ledger_; }
 
   const Catalog& catalog() const noexcept { return catalog_; }
   StageDirectory* stage_directory() const noexcept { return stage_; }
@@ -262,8 +232,8 @@ class Tiers {
   void fetch_sample(uint64_t id, std::span<std::byte> out, std::vector<std::byte>& fetched,
                     TierTally* tally = nullptr);
 
-  TierCounts served() const { return served_.counts(); }    // stage 3's reads, by tier
-  TierCounts fetched() const { return fetched_.counts(); }  // stage 2's reads, by tier
+  TierCounts served() const { return ledger_.served(); }    // stage 3's reads, by tier
+  TierCounts fetched() const { return ledger_.fetched(); }  // stage 2's reads, by tier
 
   // The source path of catalog file `file`, built in `out` (valid until its next use).
   const std::string& source_path(uint64_t file, std::string& out) const;
@@ -284,12 +254,14 @@ class Tiers {
   void refuse_if_stalled(uint64_t file, const std::string& path);
   void fetch(uint64_t file, std::vector<std::byte>& buffer, int64_t& mtime_ns, TierTally* tally,
              const StageDirectory::Sink* write);
-  // The one place a read is counted: by the tier that served it, in the run's figures for its
-  // purpose (served() or fetched()), in the batch's `tally` (null: none), and as one record of the
-  // I/O trace. `sample`: IoTrace::kNoSample for a whole file; `start_ns`: the trace's clock when
-  // the read began.
+  // The one place a read is counted: one event in the ledger (tiers/ledger.hpp), whose consumers
+  // are the run's figures for its purpose (served() or fetched()), the batch's `tally` (null:
+  // none), and the I/O trace. `sample`: IoTrace::kNoSample for a whole file; `start_ns`: the
+  // trace's clock when the read began.
   void count(Purpose purpose, Tier tier, uint64_t sample, uint64_t file, uint64_t offset,
-             uint64_t bytes, int64_t start_ns, TierTally* tally);
+             uint64_t bytes, int64_t start_ns, TierTally* tally) noexcept {
+    ledger_.record({tier, purpose, sample, file, offset, bytes, start_ns, tally});
+  }
   // The router's fetch_home() (tiers/router.hpp) as the tier that served: kPeer, kStage (this
   // node's home copy, published late) or kSource (none fetched; with the peer tier off, always).
   Tier fetch_home(const Catalog::Locator& loc, uint64_t sample_bytes,
@@ -301,8 +273,7 @@ class Tiers {
   StageDirectory* stage_;
   std::unique_ptr<Router> router_;  // with the peer tier
   uint64_t max_read_bytes_;
-  TierTally served_, fetched_;
-  IoTrace* trace_ = nullptr;
+  Ledger ledger_;
   uint64_t stage_bound_ = 0;
   bool copies_here_ = false;
   std::atomic<bool> stage_failed_{false};  // a copy of stage 3's met a stage directory error
@@ -316,7 +287,7 @@ Tier Tiers::serve(uint64_t id, Tier from, std::optional<std::span<const std::byt
   const std::string& path = source_path(loc.file, scratch.source);
   const uint64_t size = sample_size(id);
   const auto run = [&](Tier tier, const ByteSource& bytes) {
-    const int64_t start = tally != nullptr && trace_ != nullptr ? trace_->now_ns() : 0;
+    const int64_t start = tally != nullptr ? ledger_.now_ns() : 0;
     const uint64_t n = use(bytes);
     if (tally != nullptr && (n != 0 || bytes.file() == nullptr || access != Access::kFile)) {
       count(Purpose::kDecode, tier, id, loc.file, loc.offset, n, start, tally);

@@ -37,7 +37,7 @@ struct TraceRecord {
   int64_t start_ns;  // since the trace was opened (steady clock)
   int64_t end_ns;
   uint32_t thread;  // a small number per thread of the process, in order of its first record
-  uint8_t tier;     // Tier (tiers/tiers.hpp), by number; kTierNames names them
+  uint8_t tier;     // Tier (tiers/ledger.hpp), by number; kTierNames names them
   uint8_t kind;     // TraceKind
   uint16_t reserved;
 };
