@@ -375,3 +375,19 @@ def write_mds(out: Path, columns: dict, samples: list, per_shard: int = 4) -> Pa
 def mds_writer() -> Callable[..., Path]:
     """write_mds(out, columns, samples, per_shard=4) -> out: an MDS set as MDSWriter writes it."""
     return write_mds
+
+
+def sampler_reads(catalog, stage_dir, epochs: int = 2, **options) -> list:
+    """(bytes, label) of every sample a torch DataLoader over prestage.torch.StagedSampler hands out in
+    `epochs` epochs (batches of 4, seed 3, unless `options` say otherwise), read with sample.bytes()."""
+    import prestage.torch as pt
+
+    options = {"batch_size": 4, "seed": 3, **options}
+    sampler = pt.StagedSampler(catalog, stage_dir=str(stage_dir), **options)
+    dataset = pt.StagedDataset(sampler, read=lambda sample, label: (bytes(sample.bytes()), label))
+    out = []
+    for epoch in range(epochs):
+        sampler.set_epoch(epoch)
+        for batch in sampler.data_loader(dataset, collate_fn=list):
+            out.extend(batch)
+    return out
