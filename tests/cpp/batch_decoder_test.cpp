@@ -215,8 +215,9 @@ TEST_CASE("pipeline: a broken invariant inside a node is raised at pop, not wait
   detail::Shared shared(cat, o, o.readers, o.lookahead);
   shared.codec = detail::Codec::choose(shared.catalog, shared.options);
   shared.tiers = std::make_unique<detail::Tiers>(shared.catalog, nullptr, UINT64_MAX);
-  shared.decoder = std::make_unique<detail::BatchDecoder>(
-      shared.options, shared.codec, prestage::ImageSize{}, nullptr, *shared.tiers);
+  shared.decoder = std::make_unique<detail::BatchDecoder>(shared.options, shared.options, o.readers,
+                                                          shared.codec, prestage::ImageSize{},
+                                                          nullptr, *shared.tiers);
   shared.stager = std::make_unique<detail::Stager>(*shared.tiers, 0);
   // One buffer where the pipeline counts on `depth` of them: the second batch's decode finds none
   // free (the ring's logic_error, as a limiter out of step would raise).
@@ -260,8 +261,9 @@ TEST_CASE("pipeline: lookahead and decode concurrency change while batches flow;
   detail::Shared shared(cat, o, 4, 8);
   shared.codec = detail::Codec::choose(shared.catalog, shared.options);
   shared.tiers = std::make_unique<detail::Tiers>(shared.catalog, nullptr, UINT64_MAX);
-  shared.decoder = std::make_unique<detail::BatchDecoder>(
-      shared.options, shared.codec, prestage::ImageSize{}, nullptr, *shared.tiers);
+  shared.decoder = std::make_unique<detail::BatchDecoder>(shared.options, shared.options, o.readers,
+                                                          shared.codec, prestage::ImageSize{},
+                                                          nullptr, *shared.tiers);
   shared.stager = std::make_unique<detail::Stager>(*shared.tiers, 0);
   shared.decoder->set_concurrency(2);
   shared.arena.initialize();

@@ -107,16 +107,17 @@ struct ImageSize {
   uint32_t height = 0;
   uint32_t width = 0;
   bool empty() const noexcept { return height == 0 && width == 0; }
+  friend bool operator==(const ImageSize&, const ImageSize&) = default;
 };
 
-struct LoaderOptions {
-  uint64_t batch_size = 32;  // samples per batch on this rank
-  // Output size. Empty: no resize, each image keeps its own size (a batch of mixed sizes is ragged,
-  // see Batch::ragged). Otherwise the shorter side is resized to cover it, then the centre is
-  // cropped (torchvision Resize + CenterCrop).
-  ImageSize image_size{};
-  DecodeMode decode = DecodeMode::kJpeg;
+// LoaderOptions is made of one part per concern, each read by the units of that concern and
+// checked by its own validate(). Each part is a public base of LoaderOptions, so every option is
+// spelt options.batch_size, options.stage_dir, ... as one flat struct. Designated initialisers
+// (LoaderOptions{.batch_size = 8}) do not work across the bases: set the fields by name instead.
 
+// Stage 1, the plan: which samples each batch of this rank holds, in which order.
+struct LoaderPlanOptions {
+  uint64_t batch_size = 32;  // samples per batch on this rank
   bool shuffle = true;
   uint64_t seed = 0;
   bool drop_last = false;
@@ -127,6 +128,13 @@ struct LoaderOptions {
   // split over these ranks (batches_in_epoch()); the next epochs are whole. Empty: no resume.
   Resume resume;
 
+  // Throws ConfigError naming the first invalid option of this part.
+  void validate() const;
+  friend bool operator==(const LoaderPlanOptions&, const LoaderPlanOptions&) = default;
+};
+
+// Stage 2: the node-local stage directory and how long stage 3 waits for its copies.
+struct LoaderStagingOptions {
   // Node-local directory that stage 2 copies the samples to. Empty: stage 3 reads the source
   // directly. It may be shared with other users (/tmp, mode 1777): the area of this data set in it
   // (prestage-<fingerprint>) and everything in it are made for the job's user alone (directories
@@ -153,33 +161,6 @@ struct LoaderOptions {
   uint64_t cache_bytes = kFitFreeSpace;
   Eviction eviction = Eviction::kClairvoyant;
 
-  // kAuto: sized to the machine when the loader is made, from the CPUs this process may use (its
-  // affinity and cgroup quota) shared among the ranks of its node (the launcher's environment);
-  // Stats::threads_why says what was chosen and why, and Loader::options() gives the values.
-  static constexpr uint64_t kAuto = 0;
-  uint64_t prefetchers = kAuto;  // stage 2 threads (I/O bound: more than cores is normal)
-  uint64_t readers = kAuto;      // stage 3 threads (CPU bound: about the cores you can spare)
-  uint64_t lookahead = kAuto;    // batches that stage 2 may work on ahead of stage 3
-  // Online self-tuning: while the job runs, the loader adjusts the values left at kAuto (readers:
-  // the samples decoded at once, up to this rank's share of the CPUs; prefetchers: the reads in
-  // flight, up to 128; lookahead, up to 32, but not with a stage directory bounded below the data
-  // set, whose eviction window is fixed) from what it measures, within memory_budget. A value
-  // given is kept as it is. false: the values sized to the machine stay fixed. Stats::tuning says
-  // what it did; pipeline/tuner.hpp how.
-  bool autotune = true;
-  // Bytes the self-tuning may spend on stage 2's reads in flight and read-ahead (lookahead x up to
-  // 64 MiB per batch); 0: a quarter of the memory this process may use (the cgroup's limit, else
-  // the machine's) shared by the node's ranks.
-  uint64_t memory_budget = 0;
-  // Batch buffers in the ring: batches decoded ahead plus those the caller holds. At least 2: a
-  // loop holds one batch while it asks for the next, so with 1 the second next() would find every
-  // buffer lent and throw (Loader::next); at most 4096.
-  uint64_t depth = 4;
-
-  // A read of the source (or of the stage directory) that takes longer than this fails (an IoError,
-  // ETIMEDOUT, at its sample's batch) instead of hanging on a stalled file system; 0: no limit.
-  // Each loader has its own limit, on the threads that read for it.
-  uint64_t io_timeout_ms = 0;
   // How long the consumer's next batch may wait for stage 2 to finish its copies before stage 3
   // takes it and reads the files no copy has started straight from the source (counted as misses
   // and in Stats::stage_expedited): stage 3 never waits for more than the copies under way.
@@ -191,6 +172,19 @@ struct LoaderOptions {
   // the source meanwhile would open and read its file twice).
   static constexpr uint64_t kWaitForStaging = UINT64_MAX;
   uint64_t stage_patience_ms = 50;
+
+  // Throws ConfigError naming the first invalid option of this part.
+  void validate() const;
+  friend bool operator==(const LoaderStagingOptions&, const LoaderStagingOptions&) = default;
+};
+
+// Stage 3: what a sample's bytes are decoded to, and what is done with one that fails.
+struct LoaderDecodeOptions {
+  // Output size. Empty: no resize, each image keeps its own size (a batch of mixed sizes is ragged,
+  // see Batch::ragged). Otherwise the shorter side is resized to cover it, then the centre is
+  // cropped (torchvision Resize + CenterCrop).
+  ImageSize image_size{};
+  DecodeMode decode = DecodeMode::kJpeg;
   // A sample that cannot be read or decoded: raise its error at its batch, or skip it (OnError).
   OnError on_error = OnError::kRaise;
 
@@ -237,9 +231,44 @@ struct LoaderOptions {
   // size (NumPy's reshape). None: 1-D, as many items as the sample holds.
   std::optional<std::vector<int64_t>> raw_shape;
 
-  // A file to write the I/O trace to: one record per read of a sample's or a file's bytes (sample,
-  // tier, file, offset, size, start, end, thread), for `prestage trace FILE`. Empty: no trace.
-  std::string trace;
+  // Throws ConfigError naming the first invalid option of this part.
+  void validate() const;
+  friend bool operator==(const LoaderDecodeOptions&, const LoaderDecodeOptions&) = default;
+};
+
+// The threads and buffers of the pipeline: sized to the machine where left at kAuto, and tuned
+// online (autotune).
+struct LoaderTuningOptions {
+  // kAuto: sized to the machine when the loader is made, from the CPUs this process may use (its
+  // affinity and cgroup quota) shared among the ranks of its node (the launcher's environment);
+  // Stats::threads_why says what was chosen and why, and Loader::options() gives the values.
+  static constexpr uint64_t kAuto = 0;
+  uint64_t prefetchers = kAuto;  // stage 2 threads (I/O bound: more than cores is normal)
+  uint64_t readers = kAuto;      // stage 3 threads (CPU bound: about the cores you can spare)
+  uint64_t lookahead = kAuto;    // batches that stage 2 may work on ahead of stage 3
+  // Online self-tuning: while the job runs, the loader adjusts the values left at kAuto (readers:
+  // the samples decoded at once, up to this rank's share of the CPUs; prefetchers: the reads in
+  // flight, up to 128; lookahead, up to 32, but not with a stage directory bounded below the data
+  // set, whose eviction window is fixed) from what it measures, within memory_budget. A value
+  // given is kept as it is. false: the values sized to the machine stay fixed. Stats::tuning says
+  // what it did; pipeline/tuner.hpp how.
+  bool autotune = true;
+  // Bytes the self-tuning may spend on stage 2's reads in flight and read-ahead (lookahead x up to
+  // 64 MiB per batch); 0: a quarter of the memory this process may use (the cgroup's limit, else
+  // the machine's) shared by the node's ranks.
+  uint64_t memory_budget = 0;
+  // Batch buffers in the ring: batches decoded ahead plus those the caller holds. At least 2: a
+  // loop holds one batch while it asks for the next, so with 1 the second next() would find every
+  // buffer lent and throw (Loader::next); at most 4096.
+  uint64_t depth = 4;
+
+  // Throws ConfigError naming the first invalid option of this part.
+  void validate() const;
+  friend bool operator==(const LoaderTuningOptions&, const LoaderTuningOptions&) = default;
+};
+
+// The peer tier: a node's copies served to the other nodes over MPI.
+struct LoaderPeerOptions {
   // The peer tier (beyond one node; needs a stage_dir and the MPI plugin, libprestage_mpi.so): a
   // sample that is not on this node is fetched over MPI from the stage directory of the node that
   // owns its home copy instead of being read again from the source. Ownership is computed from the
@@ -259,9 +288,37 @@ struct LoaderOptions {
   const void* peer_comm = nullptr;
   int64_t peer_comm_fortran = -1;
 
-  // Throws ConfigError naming the first invalid option. The one place where options are checked:
-  // the Python package converts its arguments to these fields and leaves every rule to this.
+  // Throws ConfigError naming the first invalid option of this part.
   void validate() const;
+  friend bool operator==(const LoaderPeerOptions&, const LoaderPeerOptions&) = default;
+};
+
+// Every read of a sample's or a file's bytes, whichever stage makes it.
+struct LoaderIoOptions {
+  // A read of the source (or of the stage directory) that takes longer than this fails (an IoError,
+  // ETIMEDOUT, at its sample's batch) instead of hanging on a stalled file system; 0: no limit.
+  // Each loader has its own limit, on the threads that read for it.
+  uint64_t io_timeout_ms = 0;
+  // A file to write the I/O trace to: one record per read of a sample's or a file's bytes (sample,
+  // tier, file, offset, size, start, end, thread), for `prestage trace FILE`. Empty: no trace.
+  std::string trace;
+
+  // Throws ConfigError naming the first invalid option of this part.
+  void validate() const;
+  friend bool operator==(const LoaderIoOptions&, const LoaderIoOptions&) = default;
+};
+
+struct LoaderOptions : LoaderPlanOptions,
+                       LoaderStagingOptions,
+                       LoaderDecodeOptions,
+                       LoaderTuningOptions,
+                       LoaderPeerOptions,
+                       LoaderIoOptions {
+  // Throws ConfigError naming the first invalid option. The one place where options are checked:
+  // each part's validate(), then the rules that span parts. The Python package converts its
+  // arguments to these fields and leaves every rule to this.
+  void validate() const;
+  friend bool operator==(const LoaderOptions&, const LoaderOptions&) = default;
 };
 
 }  // namespace prestage

@@ -23,6 +23,7 @@ using Positions = std::vector<PositionRange>;
 struct Resume {
   uint64_t epoch = 0;
   Positions consumed;  // empty: no resume
+  friend bool operator==(const Resume&, const Resume&) = default;
 };
 
 struct PlanOptions {

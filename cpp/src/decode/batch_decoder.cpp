@@ -127,7 +127,7 @@ class BatchDecoder::Run : public BatchRun {
     const Codec& codec = d_.codec_;
     if (codec.mode == DecodeMode::kJpeg) {
       // Every image decodes to the loader's size (nothing to read yet), or keeps its own.
-      const LoaderOptions& o = d_.options_;
+      const LoaderDecodeOptions& o = d_.options_;
       const ImageSize size = unresized() ? read_image(i, id) : d_.image_size_;
       info.dtype = o.dtype == OutputType::kFloat32 ? "<f4" : "|u1";
       info.ndim = 3;
@@ -209,7 +209,7 @@ class BatchDecoder::Run : public BatchRun {
   }
 
   void fill_image(size_t i, uint64_t id, Reader& r, std::span<std::byte> place) {
-    const LoaderOptions& o = d_.options_;
+    const LoaderDecodeOptions& o = d_.options_;
     const ImageSize size = image_size_of(s_.probes[i].info);
     // NHWC uint8 is what the codec writes: straight into the batch buffer. Anything else goes
     // through the reader's RGB image and is converted into place.
@@ -236,13 +236,13 @@ class BatchDecoder::Run : public BatchRun {
   // With an image_size: reads sample i (catalog sample `id`) and decodes it to `size` into `rgb`.
   void fill_resized(size_t i, uint64_t id, Reader& r, SampleDecoder& decoder, ImageSize size,
                     std::span<std::byte> rgb) {
-    const LoaderOptions& o = d_.options_;
+    const LoaderDecodeOptions& o = d_.options_;
     const auto bytes = d_.tiers_.read(id, held(i, id), r.buffer, r.paths, b_.tally);
     d_.bytes_read_.fetch_add(bytes.size(), std::memory_order_relaxed);
     const std::string& path = r.paths.source;  // the sample's source path, as read() left it
     const auto jpeg = decoder.image_payload(bytes, path);
     if (o.transform == Transform::kRandomResizedCrop) {
-      decoder.image.decode_random_crop(jpeg, size, o.seed, b_.epoch, id, rgb, path);
+      decoder.image.decode_random_crop(jpeg, size, d_.seed_, b_.epoch, id, rgb, path);
     } else {
       decoder.image.decode_resized(jpeg, size, rgb, path);
     }
@@ -328,16 +328,19 @@ class BatchDecoder::Run : public BatchRun {
   }
 };
 
-BatchDecoder::BatchDecoder(const LoaderOptions& options, const Codec& codec, ImageSize image_size,
+BatchDecoder::BatchDecoder(const LoaderDecodeOptions& options, const LoaderPlanOptions& plan,
+                           uint64_t readers, const Codec& codec, ImageSize image_size,
                            const Normalizer* normalizer, Tiers& tiers)
     : options_(options),
+      batch_size_(plan.batch_size),
+      seed_(plan.seed),
       codec_(codec),
       image_size_(image_size),
       normalizer_(normalizer),
       tiers_(tiers),
       readers_(std::make_unique<tbb::enumerable_thread_specific<Reader>>()) {
   if (options.decode_device == DecodeDevice::kCuda) {
-    gpu_ = std::make_unique<GpuBatches>(options, image_size);
+    gpu_ = std::make_unique<GpuBatches>(options, plan, readers, image_size);
   }
 }
 

@@ -89,9 +89,12 @@ class BatchDecoder {
   // kJpeg with float32 output. All arguments must outlive the decoder. decode_device=cuda: throws
   // ConfigError if the GPU libraries are not available (naming what is missing and where it
   // looked); each slot's GpuJpegDecoder is made at its first batch, on the CUDA device current on
-  // the calling thread now.
-  BatchDecoder(const LoaderOptions& options, const Codec& codec, ImageSize image_size,
-               const Normalizer* normalizer, Tiers& tiers);
+  // the calling thread now. `plan`: the batch size (on_error=skip's candidates) and the seed of
+  // the random crops; `readers`: stage 3's threads at the start (decode_device=cuda: the CPU's
+  // share follows them).
+  BatchDecoder(const LoaderDecodeOptions& options, const LoaderPlanOptions& plan, uint64_t readers,
+               const Codec& codec, ImageSize image_size, const Normalizer* normalizer,
+               Tiers& tiers);
   ~BatchDecoder();
 
   // Decodes `batch` into `slot` on the calling thread's task arena (in parallel), setting the
@@ -139,7 +142,9 @@ class BatchDecoder {
 
   // decode=locate: one byte per sample, the tier that holds its bytes now (Tiers::locate).
   void locate(const BatchSamples& batch, Slot& slot);
-  const LoaderOptions& options_;
+  const LoaderDecodeOptions& options_;
+  const uint64_t batch_size_;
+  const uint64_t seed_;
   const Codec& codec_;
   ImageSize image_size_;
   const Normalizer* normalizer_;

@@ -108,7 +108,7 @@ class BatchRun {
       first_error_.record(i, error);
       return;
     }
-    const SkipCandidates candidates(*b_.plan, d_.options_.batch_size, b_.index, i, kSkipCandidates);
+    const SkipCandidates candidates(*b_.plan, d_.batch_size_, b_.index, i, kSkipCandidates);
     for (uint64_t k = 0; k < candidates.size(); ++k) {
       if (stopping_.load(std::memory_order_acquire)) break;
       const uint64_t candidate = candidates[k];
@@ -143,9 +143,10 @@ class BatchRun {
   // The calling thread's codec contexts and buffers.
   Reader& reader() { return d_.readers_->local(); }
 
-  // The loader's options, codec, tiers and output size (kJpeg with an image_size; empty: each
-  // image keeps its own).
-  const LoaderOptions& options() const { return d_.options_; }
+  // The loader's decode options and seed, codec, tiers and output size (kJpeg with an image_size;
+  // empty: each image keeps its own).
+  const LoaderDecodeOptions& options() const { return d_.options_; }
+  uint64_t seed() const { return d_.seed_; }
   const Codec& codec() const { return d_.codec_; }
   Tiers& tiers() const { return d_.tiers_; }
   ImageSize image_size() const { return d_.image_size_; }

@@ -139,7 +139,7 @@ class GpuRun : public BatchRun {
             ImageDecoder& jpeg = r.codec(codec()).image;
             try {
               if (options().transform == Transform::kRandomResizedCrop) {
-                jpeg.decode_random_crop(s_.jpegs[i], size, options().seed, b_.epoch, id, place,
+                jpeg.decode_random_crop(s_.jpegs[i], size, seed(), b_.epoch, id, place,
                                         s_.paths[i]);
               } else {
                 jpeg.decode_resized(s_.jpegs[i], size, place, s_.paths[i]);
@@ -204,7 +204,8 @@ class GpuRun : public BatchRun {
   GpuBatches& g_;
 };
 
-GpuBatches::GpuBatches(const LoaderOptions& options, ImageSize image_size) {
+GpuBatches::GpuBatches(const LoaderDecodeOptions& options, const LoaderPlanOptions& plan,
+                       uint64_t readers, ImageSize image_size) {
   const gpu::Libraries& libraries = gpu::Libraries::instance();
   if (!libraries.available()) {
     throw ConfigError("decode_device='cuda' is not available: " + libraries.why());
@@ -212,14 +213,14 @@ GpuBatches::GpuBatches(const LoaderOptions& options, ImageSize image_size) {
   if (const int code = libraries.get_device(&device_); code != gpu::kCudaSuccess) {
     throw ConfigError("decode_device='cuda': cudaGetDevice failed: " + libraries.cuda_error(code));
   }
-  options_.max_batch = options.batch_size;
+  options_.max_batch = plan.batch_size;
   options_.size = image_size;
   options_.transform = options.transform;
-  options_.seed = options.seed;
+  options_.seed = plan.seed;
   options_.max_pixels = options.max_pixels;
   options_.cpu_share = 0.0;  // the CPU's share is decoded on the readers (GpuRun)
   options_.outputs = 1;      // one decoder per ring slot: its device batch is the slot's
-  share_ = std::make_unique<GpuShare>(options.gpu_cpu_share, options.readers);
+  share_ = std::make_unique<GpuShare>(options.gpu_cpu_share, readers);
   options_.roi = options.gpu_crop != GpuCrop::kResize;
   options_.batched_resize = gpu_resize_batched();
   crop_ = std::make_unique<GpuCropChoice>(options.gpu_crop, libraries.roi());

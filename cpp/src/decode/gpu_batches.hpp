@@ -23,8 +23,10 @@ class GpuBatches {
  public:
   // Throws ConfigError if the GPU libraries are not available (naming what is missing and where it
   // looked). Each ring slot's decoder is made at its first batch, on the CUDA device current on
-  // the calling thread now.
-  GpuBatches(const LoaderOptions& options, ImageSize image_size);
+  // the calling thread now. `plan`: the batch size and the seed of the random crops; `readers`:
+  // stage 3's threads at the start (the CPU's share follows them).
+  GpuBatches(const LoaderDecodeOptions& options, const LoaderPlanOptions& plan, uint64_t readers,
+             ImageSize image_size);
   ~GpuBatches();
 
   // BatchDecoder::decode's work for one batch on this backend (same contract).

@@ -35,7 +35,7 @@ const char* mode_name(DecodeMode mode) {
 
 }  // namespace
 
-Codec Codec::choose(const Catalog& catalog, const LoaderOptions& options) {
+Codec Codec::choose(const Catalog& catalog, const LoaderDecodeOptions& options) {
   Codec c;
   c.mode = options.decode;
   c.kind = catalog.kind();

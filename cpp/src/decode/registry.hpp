@@ -40,7 +40,7 @@ struct Codec {
   std::optional<std::vector<int64_t>> raw_shape;  // kRaw: LoaderOptions::raw_shape
 
   // Checks that `options.decode` fits the catalog (ConfigError otherwise).
-  static Codec choose(const Catalog& catalog, const LoaderOptions& options);
+  static Codec choose(const Catalog& catalog, const LoaderDecodeOptions& options);
   // kRaw: `info` for a sample of `bytes` bytes whose items are `stored` ("|u1": bytes, which
   // raw_dtype may retype; "<f4" or "<i8": a TFRecord float_list or int64_list, which raw_dtype must
   // name if given), shaped by raw_shape. Throws DecodeError naming `path` if they do not fit.

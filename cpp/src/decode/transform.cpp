@@ -92,7 +92,7 @@ std::vector<double> crop_draws(uint64_t seed, uint64_t epoch, uint64_t index, si
   return out;
 }
 
-Normalizer::Normalizer(const LoaderOptions& options) {
+Normalizer::Normalizer(const LoaderDecodeOptions& options) {
   for (int c = 0; c < 3; ++c) {
     for (int v = 0; v < 256; ++v) {
       table[c][v] = static_cast<float>((v / 255.0 - options.mean[c]) / options.stddev[c]);

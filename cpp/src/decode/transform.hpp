@@ -35,7 +35,7 @@ std::vector<double> crop_draws(uint64_t seed, uint64_t epoch, uint64_t index, si
 // Per-channel lookup tables for the float32 output: (v / 255 - mean[c]) / std[c].
 struct Normalizer {
   float table[3][256];
-  explicit Normalizer(const LoaderOptions& options);
+  explicit Normalizer(const LoaderDecodeOptions& options);
 };
 
 // Writes an RGB image (height x width x 3, packed) as one sample of the batch: NHWC or NCHW, uint8

@@ -106,9 +106,9 @@ void allow_workers(size_t workers) {
   allowed = want;
 }
 
-std::array<bool, kKnobs> pinned_knobs(const LoaderOptions& options) {
-  return {options.readers != LoaderOptions::kAuto, options.prefetchers != LoaderOptions::kAuto,
-          options.lookahead != LoaderOptions::kAuto};
+std::array<bool, kKnobs> pinned_knobs(const LoaderTuningOptions& options) {
+  constexpr uint64_t kAuto = LoaderTuningOptions::kAuto;
+  return {options.readers != kAuto, options.prefetchers != kAuto, options.lookahead != kAuto};
 }
 
 Sizing size_loader(LoaderOptions& options, const std::array<bool, kKnobs>& pinned,
@@ -252,7 +252,8 @@ size_t make_decoder(Shared& shared) {
     }
     if (o.dtype == OutputType::kFloat32) shared.normalizer = std::make_unique<Normalizer>(o);
   }
-  shared.decoder = std::make_unique<BatchDecoder>(shared.options, shared.codec, shared.image_size,
+  // The decoder takes its part of the options, the plan's (batch size, seed) and the readers.
+  shared.decoder = std::make_unique<BatchDecoder>(o, o, o.readers, shared.codec, shared.image_size,
                                                   shared.normalizer.get(), *shared.tiers);
   return slot_bytes;
 }

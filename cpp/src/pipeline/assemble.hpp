@@ -24,7 +24,7 @@ void threads_started();
 void allow_workers(size_t workers);
 
 // The thread options the user gave (not LoaderOptions::kAuto): never tuned.
-std::array<bool, kKnobs> pinned_knobs(const LoaderOptions& options);
+std::array<bool, kKnobs> pinned_knobs(const LoaderTuningOptions& options);
 
 // What the machine sizing chose, and why (Stats: threads_why, usable_cpus, local_ranks,
 // tuning.memory_budget).

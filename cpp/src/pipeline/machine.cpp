@@ -129,23 +129,24 @@ uint64_t local_ranks(std::string& why, const std::function<const char*(const cha
   return 1;
 }
 
-void size_to_machine(LoaderOptions& options, uint64_t cpus, uint64_t ranks, std::string& why) {
-  const bool any = options.readers == LoaderOptions::kAuto ||
-                   options.prefetchers == LoaderOptions::kAuto ||
-                   options.lookahead == LoaderOptions::kAuto;
+void size_to_machine(LoaderTuningOptions& options, uint64_t cpus, uint64_t ranks,
+                     std::string& why) {
+  const bool any = options.readers == LoaderTuningOptions::kAuto ||
+                   options.prefetchers == LoaderTuningOptions::kAuto ||
+                   options.lookahead == LoaderTuningOptions::kAuto;
   why.clear();
   if (!any) return;
   const uint64_t share = std::max<uint64_t>(1, cpus / std::max<uint64_t>(1, ranks));
   std::vector<std::string> chosen;
-  if (options.readers == LoaderOptions::kAuto) {
+  if (options.readers == LoaderTuningOptions::kAuto) {
     options.readers = share >= 4 ? share - 1 : share;
     chosen.push_back("readers " + std::to_string(options.readers));
   }
-  if (options.prefetchers == LoaderOptions::kAuto) {
+  if (options.prefetchers == LoaderTuningOptions::kAuto) {
     options.prefetchers = std::clamp<uint64_t>(2 * options.readers, 16, 64);
     chosen.push_back("prefetchers " + std::to_string(options.prefetchers));
   }
-  if (options.lookahead == LoaderOptions::kAuto) {
+  if (options.lookahead == LoaderTuningOptions::kAuto) {
     options.lookahead = 8;
     chosen.push_back("lookahead " + std::to_string(options.lookahead));
   }

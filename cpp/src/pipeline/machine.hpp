@@ -41,7 +41,7 @@ uint64_t local_ranks(std::string& why,
 //  - lookahead: 8 batches (enough copies for 16 reads in flight to stay busy).
 // Values the user gave are kept as they are. fit_to_memory() then lowers what was chosen where the
 // files are large.
-void size_to_machine(LoaderOptions& options, uint64_t cpus, uint64_t ranks, std::string& why);
+void size_to_machine(LoaderTuningOptions& options, uint64_t cpus, uint64_t ranks, std::string& why);
 
 // Lowers the prefetchers and lookahead that size_to_machine() chose (not `pinned`: given by the
 // user) to what half the memory `budget` holds each -- a stage 2 thread holds one file of

@@ -16,7 +16,7 @@ void at_least(const char* name, uint64_t value, uint64_t minimum) {
 
 // raw_dtype and raw_shape: a type string the decoder knows and a shape that can be fitted to a
 // sample (at most one -1, no other negative, not larger than max_sample_bytes).
-void validate_raw_array(const LoaderOptions& o) {
+void validate_raw_array(const LoaderDecodeOptions& o) {
   if (o.raw_dtype.empty()) {
     if (o.raw_shape) throw ConfigError("raw_shape needs a raw_dtype (the type of its items)");
     return;
@@ -58,23 +58,21 @@ void validate_raw_array(const LoaderOptions& o) {
 
 }  // namespace
 
-void LoaderOptions::validate() const {
+void LoaderPlanOptions::validate() const {
   at_least("batch_size", batch_size, 1);
   at_least("world_size", world_size, 1);
   if (rank >= world_size) {
     throw ConfigError("rank must be below world_size (" + std::to_string(world_size) + "), got " +
                       std::to_string(rank));
   }
-  // readers, prefetchers and lookahead: kAuto (0) or any count (the limits below).
-  at_least("depth", depth, 2);
+}
+
+// stage_dir and stage_group are checked where the loader opens them (IoError, UnsafePath,
+// ConfigError); every cache_bytes, eviction and stage_patience_ms is valid.
+void LoaderStagingOptions::validate() const {}
+
+void LoaderDecodeOptions::validate() const {
   at_least("max_pixels", max_pixels, 1);
-  if (peers) at_least("peer_timeout_ms", peer_timeout_ms, 1);
-  constexpr uint64_t kMaxThreads = 1024;
-  if (readers > kMaxThreads || prefetchers > kMaxThreads) {
-    throw ConfigError("readers and prefetchers must be at most " + std::to_string(kMaxThreads));
-  }
-  if (depth > 4096 || lookahead > 1 << 20)
-    throw ConfigError("depth or lookahead is unreasonably large");
   if ((image_size.height == 0) != (image_size.width == 0)) {
     throw ConfigError("image_size needs both a height and a width (or neither)");
   }
@@ -130,6 +128,35 @@ void LoaderOptions::validate() const {
     throw ConfigError("on_error must be raise or skip, got " +
                       std::to_string(static_cast<int>(on_error)));
   }
+}
+
+void LoaderTuningOptions::validate() const {
+  // readers, prefetchers and lookahead: kAuto (0) or any count (the limits below).
+  at_least("depth", depth, 2);
+  constexpr uint64_t kMaxThreads = 1024;
+  if (readers > kMaxThreads || prefetchers > kMaxThreads) {
+    throw ConfigError("readers and prefetchers must be at most " + std::to_string(kMaxThreads));
+  }
+  if (depth > 4096 || lookahead > 1 << 20)
+    throw ConfigError("depth or lookahead is unreasonably large");
+}
+
+void LoaderPeerOptions::validate() const {
+  if (peers) at_least("peer_timeout_ms", peer_timeout_ms, 1);
+}
+
+// trace is opened, and io_timeout_ms taken as it is, when the loader is made.
+void LoaderIoOptions::validate() const {}
+
+void LoaderOptions::validate() const {
+  // Options with several faults: the first named is the first in this order.
+  LoaderPlanOptions::validate();
+  LoaderTuningOptions::validate();
+  LoaderDecodeOptions::validate();
+  LoaderPeerOptions::validate();
+  LoaderStagingOptions::validate();
+  LoaderIoOptions::validate();
+  // No rule spans two parts today: a new one goes here.
 }
 
 }  // namespace prestage
