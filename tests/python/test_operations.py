@@ -197,5 +197,6 @@ def test_a_file_stage_3_reads_from_the_pfs_is_staged_and_read_once_a_job(tmp_pat
                          cache_bytes=bound) as loader:
         assert sum(len(b) for b in loader) == FILES
         again = loader.stats()
-    assert again["hits"] == FILES and again["source_reads"] == 0, again
+    # (hits: the next epoch's first batches too, decoded before the loader closed)
+    assert again["hits"] >= FILES and again["misses"] == 0 and again["source_reads"] == 0, again
     assert again["stage_corrupt"] == 0 and again["stage_failures"] == 0, again
