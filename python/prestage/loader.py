@@ -153,7 +153,9 @@ class Loader:
         stage_patience: seconds the next batch may wait for stage 2 to finish its copies; then stage 3
             takes it and reads the files no copy has started from the source itself (misses, counted
             in ``stats()["stage_expedited"]``), so a slow stage 2 never stalls training for more than
-            the copies under way. ``None``: always wait for stage 2 (what is staged then follows the
+            the copies under way. A file it reads whole it also publishes as its copy where the
+            stage directory has room (``stats()["misses_staged"]``): stage 2 does not read it
+            again. ``None``: always wait for stage 2 (what is staged then follows the
             plan exactly, whatever the timing). A catalog whose files hold several samples each
             (shards, array and HDF5 files) always waits for the copies (``stats()["stage_patience"]``
             None): each file is copied whole for its other samples anyway, and a sample read from the

@@ -66,14 +66,18 @@ std::vector<std::string> copy_paths(const std::string& stage_dir, const Catalog&
   return paths;
 }
 
-// Bytes of the copies in a stage directory (index.log and node.table are bookkeeping outside the
-// bound).
+// Bytes of the published copies in a stage directory (named by their file ids alone: not
+// index.log, node.table, start.lock, nor a copy being written under "<id>.part", which is renamed
+// to its name when published and would be met twice by a listing running meanwhile). A copy
+// removed meanwhile (evicted) is counted if it is found.
 uint64_t bytes_on_disk(const std::string& stage_dir) {
   uint64_t bytes = 0;
   for (const auto& entry : std::filesystem::recursive_directory_iterator(stage_dir)) {
-    if (entry.is_regular_file() && entry.path().filename() != "index.log" &&
-        entry.path().filename() != "node.table") {
-      bytes += entry.file_size();
+    std::error_code gone;
+    if (entry.path().filename().string().find('.') == std::string::npos &&
+        entry.is_regular_file(gone)) {
+      const uintmax_t size = entry.file_size(gone);
+      if (!gone) bytes += size;
     }
   }
   return bytes;
@@ -331,5 +335,102 @@ TEST_CASE("patience: a lagging stage 2 gives exact batches, expedited, each samp
     CHECK(stats.stage_expedited >= 8 - threads);  // later batches may be expedited too
     CHECK(stats.misses >= 8 - threads);
     CHECK(stats.misses_read_ahead == 0);  // no bound: nothing was declined
+  }
+}
+
+TEST_CASE("patience: a file stage 3 reads from the source is staged, and read from it once a job") {
+  // 48 raw files of 1000 bytes, batches of 4 in catalog order: batch b holds files 4b..4b+3.
+  constexpr uint64_t kFiles = 48;
+  constexpr size_t kSize = 1000;
+  TempDir dir;
+  {
+    std::ofstream list(dir / "list");
+    for (uint64_t f = 0; f < kFiles; ++f) {
+      const std::string name = "f" + std::to_string(f) + ".bin";
+      prestage::test::write_file(dir / "data" / name, bytes_of(raw_content(f, kSize)));
+      list << name << "\n";
+    }
+  }
+  const Catalog cat = Catalog::from_list(dir / "list", dir / "data");
+  // No bound, and a bound of exactly the set's bytes (every copy fits, none to spare).
+  for (const uint64_t bound : {uint64_t{0}, kFiles * kSize}) {
+    CAPTURE(bound);
+    const std::string stage_dir = (dir / ("stage" + std::to_string(bound))).string();
+    LoaderOptions o;
+    o.decode = prestage::DecodeMode::kRaw;
+    o.batch_size = 4;
+    o.shuffle = false;
+    o.stage_dir = stage_dir;
+    o.cache_bytes = bound;
+    o.prefetchers = 1;
+    o.readers = 2;
+    o.lookahead = 2;
+    o.depth = 2;
+    REQUIRE(o.stage_patience_ms == 50);
+    // File 0's copy is being written by someone else: the one stager thread waits on it, and the
+    // rest of batch 0 (files 1-3) is given up to stage 3, which reads them from the source.
+    const auto copies = copy_paths(stage_dir, cat);
+    LockedCopy file0(copies[0]);
+    OpenCounter source;
+    source.watch(dir / "data");
+    {
+      Loader loader(cat, o);
+      // Let go before the loader closes, whatever happens: its stager waits on the lock.
+      struct Release {
+        LockedCopy& copy;
+        ~Release() { copy.release(); }
+      } release{file0};
+      loader.start_epoch(0);
+      // The stager takes file 0 first (its batch's first item) before the consumer's patience
+      // runs out, however slow the machine: then the rest of the batch is given up.
+      for (int i = 0; i < 1000 && loader.stats().stage.items == 0; ++i) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      }
+      REQUIRE(loader.stats().stage.items >= 1);
+      std::optional<Batch> batch;
+      REQUIRE(loader.next_for(std::chrono::milliseconds(1000), batch) == Loader::Wait::kTimeout);
+      REQUIRE(loader.stats().stage_expedited == 3);
+      file0.release();
+      // Two epochs: the second finds every file staged, the first batch's misses included.
+      for (uint64_t epoch = 0; epoch < 2; ++epoch) {
+        if (epoch > 0) loader.start_epoch(epoch);
+        for (uint64_t b = 0; b < kFiles / 4; ++b) {
+          CAPTURE(epoch);
+          CAPTURE(b);
+          batch = loader.next();
+          REQUIRE(batch);
+          CHECK(batch->indices()[0] == static_cast<int64_t>(4 * b));
+          check_raw(*batch, kSize);
+          batch.reset();
+          if (bound != 0) CHECK(bytes_on_disk(stage_dir) <= bound);
+        }
+        CHECK(!loader.next());
+      }
+      const auto stats = loader.stats();
+      CHECK(stats.misses_staged >= 3);      // later batches may be expedited and staged too
+      CHECK(stats.staged_files == kFiles);  // stage 3's copies among them
+      CHECK(stats.stage_expedited >= 3);
+      CHECK(stats.stage_failures == 0);
+      loader.close();
+      if (bound != 0) CHECK(loader.stats().stage_bytes_peak <= bound);
+    }
+    // Each file was opened on the source once in the job: by stage 3 or by stage 2, never both.
+    for (uint64_t f = 0; f < kFiles; ++f) {
+      CAPTURE(f);
+      CHECK(source.opens(dir / "data" / cat.file_path(f)) == 1);
+    }
+    // The copies are the files' bytes, vouched for by their records at the next start-up (size,
+    // the source's time) and by their CRCs.
+    StageDirectory later(stage_dir, cat);
+    CHECK(later.found_at_start() == kFiles);
+    std::vector<std::byte> bytes;
+    for (uint64_t f = 0; f < kFiles; ++f) {
+      CAPTURE(f);
+      REQUIRE(later.is_staged(f));
+      CHECK(later.verify(f, bytes));
+      const std::string expected = raw_content(f, kSize);
+      REQUIRE(bytes.size() == kSize);
+      CHECK(std::memcmp(bytes.data(), expected.data(), kSize) == 0);
+    }
   }
 }

@@ -928,3 +928,51 @@ TEST_CASE(
   REQUIRE(::chmod((dir / "stage").c_str(), 01777) == 0);
   CHECK_NOTHROW(StageDirectory(dir / "stage", cat));
 }
+
+TEST_CASE(
+    "stage directory: a copy that must not wait waits on no neighbour, and marks none stalled") {
+  TempDir dir;
+  const Catalog cat = many_files(dir, 3);
+  StageDirectory stage(dir / "stage", cat);
+  // Another process is copying file 1 (its part file's lock) and publishing file 2 (renamed to its
+  // name, its record not yet appended: the lock still held), and stays there.
+  int ready[2];
+  REQUIRE(::pipe(ready) == 0);
+  const pid_t neighbour = ::fork();
+  REQUIRE(neighbour >= 0);
+  if (neighbour == 0) {
+    for (const std::string& path : {stage.staged_path(1) + ".part", stage.staged_path(2)}) {
+      const int fd = ::open(path.c_str(), O_CREAT | O_WRONLY, 0600);
+      if (fd < 0 || ::flock(fd, LOCK_EX) != 0) ::_exit(1);
+    }
+    (void)!::write(ready[1], "x", 1);
+    ::pause();
+    ::_exit(0);
+  }
+  char x = 0;
+  REQUIRE(::read(ready[0], &x, 1) == 1);
+  std::vector<std::byte> buffer;
+  const Fetch never = [](std::vector<std::byte>&, int64_t&) { FAIL("the source was read"); };
+  for (const uint64_t id : {uint64_t{1}, uint64_t{2}}) {
+    CAPTURE(id);
+    REQUIRE(stage.try_claim(id));
+    const auto start = Clock::now();
+    CHECK(stage.stage(id, never, buffer, StageDirectory::kNoWait) == Outcome::kBusy);
+    CHECK(Clock::now() - start < milliseconds(2000));  // a wait on the lock would be for ever
+    CHECK(stage.is_absent(id));                        // the claim is given back
+    CHECK_FALSE(stage.node().claimed(id));
+  }
+  // The neighbour is not taken for stalled: a later copy with a wait still waits for it.
+  REQUIRE(stage.try_claim(1));
+  const auto start = Clock::now();
+  CHECK(stage.stage(1, never, buffer, milliseconds(200)) == Outcome::kBusy);
+  CHECK(Clock::now() - start >= milliseconds(200));
+  // A copy nobody holds is made as any other.
+  REQUIRE(stage.try_claim(0));
+  CHECK(stage.stage(0, cat.file_source_path(0).string(), buffer, StageDirectory::kNoWait) ==
+        Outcome::kStaged);
+  ::kill(neighbour, SIGKILL);
+  ::waitpid(neighbour, nullptr, 0);
+  ::close(ready[0]);
+  ::close(ready[1]);
+}

@@ -5,6 +5,8 @@
 #include <chrono>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <string>
 #include <thread>
 #include <vector>
@@ -296,4 +298,184 @@ TEST_CASE("tiers: a use that reads a whole staged copy must check it") {
   CHECK_THROWS_AS(tiers.serve(1, Tier::kStage, std::nullopt, scratch, nullptr, Access::kBytes,
                               [](const prestage::detail::ByteSource&) -> uint64_t { return 6; }),
                   std::logic_error);
+}
+
+namespace {
+
+// Files whose sizes and modification times the catalog records (a list, as a folder walk records
+// them): f0..f3, 1000 bytes each, every one different.
+struct Recorded {
+  static constexpr size_t kSize = 1000;
+  TempDir dir;
+  Catalog catalog;
+  Recorded() : catalog(make()) {}
+  static std::string content(uint64_t f) {
+    std::string s(kSize, '\0');
+    for (size_t j = 0; j < kSize; ++j) s[j] = static_cast<char>((f * 131 + j * 7) & 0xff);
+    return s;
+  }
+  Catalog make() {
+    std::ofstream list(dir / "list");
+    for (uint64_t f = 0; f < 4; ++f) {
+      prestage::test::write_file(dir / "src" / ("f" + std::to_string(f)), bytes_of(content(f)));
+      list << "f" << f << "\n";
+    }
+    list.close();
+    return Catalog::from_list(dir / "list", dir / "src");
+  }
+};
+
+std::string file_text(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+}  // namespace
+
+TEST_CASE("tiers: a whole file read from the source is staged as stage 2 would stage it") {
+  Recorded set;
+  for (const uint64_t bound : {uint64_t{0}, uint64_t{10'000}}) {
+    CAPTURE(bound);
+    const auto ours = set.dir / ("stage3-" + std::to_string(bound));
+    const auto theirs = set.dir / ("stage2-" + std::to_string(bound));
+    {
+      StageDirectory stage(ours, set.catalog);
+      Tiers tiers(set.catalog, &stage, 1 << 20);
+      tiers.set_stage_bound(bound);
+      TierScratch scratch;
+      TierTally tally;
+      std::vector<std::byte> buffer;
+      CHECK(text(tiers.read(1, std::nullopt, buffer, scratch, &tally)) == Recorded::content(1));
+      CHECK(tiers.served().reads[at(Tier::kSource)] == 1);
+      CHECK(tiers.misses_staged() == 1);
+      REQUIRE(stage.servable(1));
+      CHECK(file_text(stage.staged_path(1)) == Recorded::content(1));
+      CHECK(stage.node().used() == Recorded::kSize);  // its bytes, counted once
+      // The next read is the copy's: the source is read once.
+      CHECK(text(tiers.read(1, std::nullopt, buffer, scratch, &tally)) == Recorded::content(1));
+      CHECK(tiers.served().reads[at(Tier::kStage)] == 1);
+      CHECK(tiers.served().reads[at(Tier::kSource)] == 1);
+      CHECK(tiers.misses_staged() == 1);
+      // Stage 2's copy of the same file in a directory of its own: the record to match.
+      StageDirectory other(theirs, set.catalog);
+      Tiers copier(set.catalog, &other, 1 << 20);
+      REQUIRE(other.try_claim(1));
+      CHECK(other.stage(1,
+                        StageDirectory::Stream(
+                            [&](const StageDirectory::Sink& write, std::vector<std::byte>& out,
+                                int64_t& mtime_ns) { copier.copy_file(1, write, out, mtime_ns); }),
+                        buffer) == StageDirectory::Outcome::kStaged);
+      CHECK(stage.staged_size(1) == other.staged_size(1));
+      CHECK(stage.staged_crc(1) == other.staged_crc(1));
+    }
+    // A later run's start-up vouches for both copies by their records (size, the source's time,
+    // against the catalog's), and their bytes pass the check against the CRC.
+    for (const auto& area : {ours, theirs}) {
+      StageDirectory later(area, set.catalog);
+      CHECK(later.found_at_start() == 1);
+      REQUIRE(later.is_staged(1));
+      std::vector<std::byte> buffer;
+      CHECK(later.verify(1, buffer));
+      CHECK(text(buffer) == Recorded::content(1));
+    }
+    CHECK(file_text(StageDirectory::copy_path(StageDirectory::area_of(ours, set.catalog), 1)) ==
+          file_text(StageDirectory::copy_path(StageDirectory::area_of(theirs, set.catalog), 1)));
+  }
+}
+
+TEST_CASE("tiers: a miss with no room in the bound leaves nothing staged") {
+  Recorded set;
+  StageDirectory stage(set.dir / "stage", set.catalog);
+  Tiers tiers(set.catalog, &stage, 1 << 20);
+  tiers.set_stage_bound(Recorded::kSize + Recorded::kSize / 2);  // room for one copy
+  TierScratch scratch;
+  TierTally tally;
+  std::vector<std::byte> buffer;
+  CHECK(text(tiers.read(0, std::nullopt, buffer, scratch, &tally)) == Recorded::content(0));
+  CHECK(stage.servable(0));
+  CHECK(text(tiers.read(2, std::nullopt, buffer, scratch, &tally)) == Recorded::content(2));
+  CHECK(stage.is_absent(2));
+  CHECK_FALSE(stage.node().claimed(2));
+  CHECK_FALSE(std::filesystem::exists(stage.staged_path(2)));
+  CHECK_FALSE(std::filesystem::exists(stage.staged_path(2) + ".part"));
+  CHECK(stage.node().used() == Recorded::kSize);
+  CHECK(tiers.misses_staged() == 1);
+  // Still read from the source, and still not staged.
+  CHECK(text(tiers.read(2, std::nullopt, buffer, scratch, &tally)) == Recorded::content(2));
+  CHECK(tiers.served().reads[at(Tier::kSource)] == 3);
+  CHECK(stage.is_absent(2));
+}
+
+TEST_CASE(
+    "tiers: a miss completes stage 1's claim on its reservation, and leaves a copy under way") {
+  Recorded set;
+  StageDirectory stage(set.dir / "stage", set.catalog);
+  Tiers tiers(set.catalog, &stage, 1 << 20);
+  const uint64_t bound = 10 * Recorded::kSize;
+  tiers.set_stage_bound(bound);
+  TierScratch scratch;
+  TierTally tally;
+  std::vector<std::byte> buffer;
+  // Stage 1 claimed file 3 for a later batch (reserved, then claimed); its copy has not begun.
+  REQUIRE(stage.reserve(3, Recorded::kSize, bound));
+  REQUIRE(stage.try_claim(3));
+  CHECK(text(tiers.read(3, std::nullopt, buffer, scratch, &tally)) == Recorded::content(3));
+  CHECK(stage.servable(3));
+  CHECK(stage.node().used() == Recorded::kSize);  // the claim's reservation, not a second one
+  CHECK_FALSE(stage.node().claimed(3));
+  CHECK(tiers.misses_staged() == 1);
+  // Stage 2's turn finds it done.
+  CHECK(stage.stage(3, set.catalog.file_source_path(3).string(), buffer) ==
+        StageDirectory::Outcome::kDropped);
+  CHECK(file_text(stage.staged_path(3)) == Recorded::content(3));
+
+  // File 2 is being copied (stage 2 holds it) when stage 3 reads it from the source: left to its
+  // copier, which publishes its own copy.
+  REQUIRE(stage.reserve(2, Recorded::kSize, bound));
+  REQUIRE(stage.try_claim(2));
+  TierScratch reader;
+  std::vector<std::byte> read_bytes;
+  CHECK(stage.stage(2,
+                    StageDirectory::Stream([&](const StageDirectory::Sink& write,
+                                               std::vector<std::byte>& out, int64_t& mtime_ns) {
+                      CHECK(stage.state(2) == StageDirectory::kCopying);
+                      CHECK(text(tiers.read(2, std::nullopt, read_bytes, reader, &tally)) ==
+                            Recorded::content(2));
+                      CHECK(tiers.misses_staged() == 1);
+                      tiers.copy_file(2, write, out, mtime_ns);
+                    }),
+                    buffer) == StageDirectory::Outcome::kStaged);
+  CHECK(stage.servable(2));
+  CHECK(stage.node().used() == 2 * Recorded::kSize);
+}
+
+TEST_CASE("tiers: misses that are not a whole file of a recorded size and time are not staged") {
+  Recorded set;
+  // Byte ranges of files whose sizes and times are recorded (a shard's samples; one from the
+  // start), and whole files without a recorded size or time.
+  const Catalog ranges =
+      Catalog::from_located(set.dir / "src", {"f0", "f1"}, {{0, 0, 10}, {1, 10, 20}}, {}, {}, {});
+  REQUIRE(ranges.file_mtime(0) != Catalog::kUnknownMtime);
+  const Catalog paths = Catalog::from_paths(set.dir / "src", {"f0", "f1"});
+  for (const Catalog* catalog : {&ranges, &paths}) {
+    TempDir stage_dir;
+    StageDirectory stage(stage_dir / "stage", *catalog);
+    Tiers tiers(*catalog, &stage, 1 << 20);
+    tiers.set_stage_bound(0);
+    TierScratch scratch;
+    TierTally tally;
+    std::vector<std::byte> buffer;
+    for (uint64_t id = 0; id < 2; ++id) tiers.read(id, std::nullopt, buffer, scratch, &tally);
+    CHECK(tiers.served().reads[at(Tier::kSource)] == 2);
+    CHECK(tiers.misses_staged() == 0);
+    CHECK(stage.is_absent(0));
+    CHECK(stage.is_absent(1));
+  }
+  // Without set_stage_bound (a loader with no usable stage directory sets none), nothing either.
+  StageDirectory stage(set.dir / "unset", set.catalog);
+  Tiers tiers(set.catalog, &stage, 1 << 20);
+  TierScratch scratch;
+  std::vector<std::byte> buffer;
+  tiers.read(0, std::nullopt, buffer, scratch, nullptr);
+  CHECK(stage.is_absent(0));
 }

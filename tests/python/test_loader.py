@@ -450,7 +450,7 @@ def test_stats_keys_are_the_documented_ones(folder):
         "usable_cpus", "local_ranks", "stage_patience", "tuning", "memory", "staged_files", "adopted_files", "already_staged", "stage_failures",
         "stage_corrupt", "stage_expedited", "read_ahead",
         "read_ahead_bytes", "stage_dir_disabled", "stage_dir_error", "hits", "misses", "misses_read_ahead",
-        "missed_bytes", "bytes_from_source", "bytes_from_stage", "source_reads", "source_bytes", "skipped",
+        "misses_staged", "missed_bytes", "bytes_from_source", "bytes_from_stage", "source_reads", "source_bytes", "skipped",
         "skipped_samples", "pinned", "pinned_why", "cache_bytes", "stage_bytes", "stage_bytes_peak",
         "epochs", "peer_tier", "peer_tier_why", "peer_reads", "peer_bytes", "peer_fallbacks",
         "peer_corrupt", "beyond_budget", "peer_served", "peer_served_bytes", "peers_down",

@@ -3,11 +3,13 @@ system (prestage-pfs): one open and one read of the size the catalog recorded, n
 is read directly or copied to a stage directory."""
 
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 import prestage
+import prestage.trace
 
 FILES = 48
 BATCH = 8
@@ -143,3 +145,58 @@ def test_a_large_file_is_copied_in_the_fewest_requests(tmp_path, pfs, io_timeout
     assert after["bytes_read"] - before["bytes_read"] == sum(sizes)
     for i, data in seen.items():
         assert data == (src / cat.path(i)).read_bytes()
+
+
+def _copies(stage):
+    """The bytes of every copy in a stage directory (not its own files), sorted."""
+    own = {"index.log", "node.table", "start.lock"}
+    return sorted(p.read_bytes() for p in Path(stage).rglob("*")
+                  if p.is_file() and p.name not in own and not p.name.endswith(".part"))
+
+
+@pytest.mark.parametrize("bound", [0, FILES * 2000], ids=["no-bound", "bound-of-the-set"])
+def test_a_file_stage_3_reads_from_the_pfs_is_staged_and_read_once_a_job(tmp_path, pfs, bound):
+    # Every open on the PFS takes 80 ms, one at a time: stage 2 takes longer than the default
+    # stage_patience (50 ms) over each batch, and stage 3 reads the files no copy has started from
+    # the PFS itself (stage_expedited). It stages them as it reads them: the next epoch finds them
+    # on the SSD, where stage 2 used to copy them then, a second read of each from the PFS.
+    src = tmp_path / "src"
+    src.mkdir()
+    rng = np.random.default_rng(4)
+    for i in range(FILES):
+        (src / f"{i:03d}.bin").write_bytes(rng.integers(0, 256, 2000, dtype=np.uint8).tobytes())
+    emulator = pfs(src, open_ms=80, read_ms=0, getattr_ms=0, max_ops=1)
+    cat = prestage.Catalog.from_folder(emulator.mountpoint, extensions=[".bin"])
+    stage = tmp_path / "stage"
+    trace = tmp_path / "job.trace"
+    before = emulator.stats()
+    with prestage.Loader(cat, batch_size=BATCH, shuffle=False, decode="raw", prefetchers=2,
+                         stage_dir=str(stage), cache_bytes=bound, trace=str(trace)) as loader:
+        for epoch in range(2):
+            loader.set_epoch(epoch)
+            for batch in loader:
+                for j, i in enumerate(batch.indices):
+                    assert batch.arrays[j].tobytes() == (src / cat.path(int(i))).read_bytes()
+                if bound:
+                    assert sum(len(c) for c in _copies(stage)) <= bound
+        stats = loader.stats()
+    after = emulator.stats()
+    assert stats["stage_expedited"] > 0 and stats["misses_staged"] > 0, stats
+    assert stats["staged_files"] == FILES, stats  # stage 3's copies among them
+    # Each file read from the PFS once in the job, by stage 3 or by stage 2's copy: the trace's
+    # reads from the source, and the emulator's opens.
+    _, records = prestage.trace.read(trace)
+    source = records[records["tier"] == prestage.trace.TIERS.index("source")]
+    assert sorted(int(f) for f in source["file"]) == list(range(FILES))
+    opens = {p: c["opens"] - before["paths"].get(p, {}).get("opens", 0) for p, c in after["paths"].items()}
+    assert {p: n for p, n in opens.items() if n} == {cat.path(i): 1 for i in range(FILES)}
+    # The copies are the files' bytes, and a new job takes them all (their records vouched for at its
+    # start, their CRCs checked before their first use): nothing read from the PFS.
+    assert _copies(stage) == sorted((src / cat.path(i)).read_bytes() for i in range(FILES))
+    with prestage.Loader(cat, batch_size=BATCH, shuffle=False, decode="raw", stage_dir=str(stage),
+                         cache_bytes=bound) as loader:
+        assert sum(len(b) for b in loader) == FILES
+        again = loader.stats()
+    # (hits: the next epoch's first batches too, decoded before the loader closed)
+    assert again["hits"] >= FILES and again["misses"] == 0 and again["source_reads"] == 0, again
+    assert again["stage_corrupt"] == 0 and again["stage_failures"] == 0, again

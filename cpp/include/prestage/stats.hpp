@@ -196,7 +196,8 @@ struct Stats {
   Memory memory;
 
   // Stage 2.
-  uint64_t staged_files = 0;     // files copied to the stage directory in this run
+  uint64_t staged_files = 0;     // files copied to the stage directory in this run (by stage 2,
+                                 // and by stage 3 from the misses it read: misses_staged)
   uint64_t adopted_files = 0;    // copies another process (sharing the directory) made meanwhile,
                                  // taken over instead of read from the source
   uint64_t already_staged = 0;   // found staged (this run or an earlier one): not copied again
@@ -216,9 +217,12 @@ struct Stats {
                         // the source, or a peer's home copy
   uint64_t misses_read_ahead = 0;  // of those, read by stage 2 ahead (Stats::read_ahead): the rest
                                    // stage 3 read itself
-  uint64_t missed_bytes = 0;       // the bytes of the misses, wherever they came from (the source's
-                                   // own bytes, for every stage: source_bytes)
-  uint64_t bytes_from_stage = 0;   // the bytes of the hits
+  uint64_t misses_staged = 0;  // of staged_files, those stage 3 made: files it read whole from the
+                               // source (misses) and published as their copies from those bytes,
+                               // within the bound, so that stage 2 does not read them again
+  uint64_t missed_bytes = 0;   // the bytes of the misses, wherever they came from (the source's
+                               // own bytes, for every stage: source_bytes)
+  uint64_t bytes_from_stage = 0;  // the bytes of the hits
 
   // Every read of the source by this process, for all stages (stage 2's copies and reads ahead,
   // stage 3's own reads): the sums of the epochs' source_reads and bytes_from_source.
@@ -355,6 +359,7 @@ struct Stats {
         stats_field("stage_dir_disabled", &S::stage_dir_disabled),
         stats_field("stage_dir_error", &S::stage_dir_error), stats_field("hits", &S::hits),
         stats_field("misses", &S::misses), stats_field("misses_read_ahead", &S::misses_read_ahead),
+        stats_field("misses_staged", &S::misses_staged),
         stats_field("missed_bytes", &S::missed_bytes),
         stats_field("bytes_from_source", &S::missed_bytes),
         stats_field("bytes_from_stage", &S::bytes_from_stage),

@@ -41,6 +41,9 @@ Stats Loader::Impl::stats() const {
   s.misses_read_ahead = served.reads[tier(detail::Tier::kMemory)];
   s.misses = s.misses_read_ahead + served.reads[tier(detail::Tier::kPeer)] +
              served.reads[tier(detail::Tier::kSource)];
+  // Stage 3's copies of the misses it read are copies made in this run as stage 2's are.
+  s.misses_staged = shared->tiers->misses_staged();
+  s.staged_files += s.misses_staged;
   s.missed_bytes = served.bytes[tier(detail::Tier::kMemory)] +
                    served.bytes[tier(detail::Tier::kPeer)] +
                    served.bytes[tier(detail::Tier::kSource)];

@@ -564,19 +564,24 @@ void StageDirectory::append_record(const Record& record) {
   }
 }
 
-bool StageDirectory::adopt(uint64_t id) {
+StageDirectory::Found StageDirectory::adopt(uint64_t id, bool wait) {
   struct stat st;
   const std::string name = relative(id);
-  if (::fstatat(area_fd_.get(), name.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0) return false;
+  if (::fstatat(area_fd_.get(), name.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0) return Found::kNone;
   // Another process's copy. Its writer publishes it, then appends its record, then lets go of its
   // lock: waiting for the lock means the record, if any, is there.
   const int fd = open_in(area_fd_.get(), name.c_str(), O_RDONLY, shown(name), access_);
-  if (fd < 0) return false;
-  while (::flock(fd, LOCK_SH) != 0 && errno == EINTR) {
+  if (fd < 0) return Found::kNone;
+  int locked = 0;
+  while ((locked = ::flock(fd, LOCK_SH | (wait ? 0 : LOCK_NB))) != 0 && errno == EINTR) {
+  }
+  if (locked != 0 && errno == EWOULDBLOCK) {
+    ::close(fd);
+    return Found::kBusy;
   }
   const bool found_file = ::fstat(fd, &st) == 0;
   ::close(fd);
-  if (!found_file) return false;
+  if (!found_file) return Found::kNone;
   uint64_t size = kNoRecord;
   uint32_t crc = 0;
   {
@@ -585,10 +590,10 @@ bool StageDirectory::adopt(uint64_t id) {
     size = indexed_size_[id];
     crc = indexed_crc_[id];
   }
-  if (size == kNoRecord || size != static_cast<uint64_t>(st.st_size)) return false;
+  if (size == kNoRecord || size != static_cast<uint64_t>(st.st_size)) return Found::kNone;
   // A copy the node no longer counts is being removed (evict() unlinks it under the copy lock,
   // which stage() takes next): not one to take over.
-  if (!table_->on_disk(id)) return false;
+  if (!table_->on_disk(id)) return Found::kNone;
   sizes_[id].store(size, std::memory_order_relaxed);
   crcs_[id].store(crc, std::memory_order_relaxed);
   // Written in this run by a live neighbour (every copy that was there before it started was
@@ -597,7 +602,7 @@ bool StageDirectory::adopt(uint64_t id) {
   unverified_[id].store(0, std::memory_order_relaxed);
   state_[id].store(kStaged, std::memory_order_release);
   unreserve(id);  // the claim ends: the neighbour's copy counts the bytes
-  return true;
+  return Found::kAdopted;
 }
 
 StageDirectory::Outcome StageDirectory::stage(uint64_t id, const std::string& source_path,
@@ -637,10 +642,19 @@ StageDirectory::Outcome StageDirectory::stage(uint64_t id, const Stream& fetch,
   if (!state_[id].compare_exchange_strong(claimed, kCopying, std::memory_order_acq_rel)) {
     return Outcome::kDropped;
   }
+  const bool no_wait = wait == kNoWait;
   while (true) {
     int fd = -1;
     try {
-      if (adopt(id)) return Outcome::kAdopted;
+      switch (adopt(id, !no_wait)) {
+        case Found::kAdopted:
+          return Outcome::kAdopted;
+        case Found::kBusy:
+          give_back_copy(id);
+          return Outcome::kBusy;
+        case Found::kNone:
+          break;
+      }
       // The lock file that the ranks sharing the area take turns on: made by whichever comes
       // first (not O_EXCL), in an area no other user can write.
       fd =
@@ -655,7 +669,12 @@ StageDirectory::Outcome StageDirectory::stage(uint64_t id, const Stream& fetch,
       fail(shown(part_name), err, "create");
     }
     if (::flock(fd, LOCK_EX | LOCK_NB) == 0 && still_at(fd, part_name)) {
-      return copy_locked(id, fd, part_name, final_name, fetch, buffer);  // closes fd
+      return copy_locked(id, fd, part_name, final_name, fetch, buffer, !no_wait);  // closes fd
+    }
+    if (no_wait) {
+      ::close(fd);
+      give_back_copy(id);
+      return Outcome::kBusy;
     }
     if (!looked) {
       holder = lock_holder(fd);
@@ -722,7 +741,7 @@ StageDirectory::Outcome StageDirectory::copy_locked(uint64_t id, int fd,
                                                     const std::string& part_name,
                                                     const std::string& final_name,
                                                     const Stream& stream,
-                                                    std::vector<std::byte>& buffer) {
+                                                    std::vector<std::byte>& buffer, bool wait) {
   const std::string part_path = shown(part_name);
   const std::string final_path = shown(final_name);
   const int area = area_fd_.get();
@@ -734,9 +753,13 @@ StageDirectory::Outcome StageDirectory::copy_locked(uint64_t id, int fd,
     ::unlinkat(area, part_name.c_str(), 0);
     give_back_copy(id);
   };
-  if (adopt(id)) {  // finished by another process between our first look and the lock
+  // Finished by another process between our first look and the lock (or being published now).
+  const Found found = adopt(id, wait);
+  if (found != Found::kNone) {
     ::unlinkat(area, part_name.c_str(), 0);
-    return Outcome::kAdopted;
+    if (found == Found::kAdopted) return Outcome::kAdopted;
+    give_back_copy(id);
+    return Outcome::kBusy;
   }
 
   int64_t source_mtime = 0;

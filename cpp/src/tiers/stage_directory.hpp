@@ -194,6 +194,11 @@ class StageDirectory {
   // process one wait, not one per file it holds. The holder of a copy's lock is found in
   // /proc/locks (Linux); where it cannot be, every wait runs its course.
   static constexpr std::chrono::milliseconds kForever = std::chrono::milliseconds::max();
+  // No wait at all, not even for a copy another process is publishing (whose record it is
+  // appending under the copy's lock: a moment, unless that process stalled there): kBusy at once,
+  // and no process is marked stalled. For a caller that holds the bytes already and must not wait
+  // on another process (stage 3's copies of the misses it read).
+  static constexpr std::chrono::milliseconds kNoWait = std::chrono::milliseconds(-1);
 
   // Stages claimed file `id` (kDropped if the claim has been given back since), reading it with
   // `fetch` into `buffer` while it holds the file's lock (so that processes sharing the directory
@@ -250,7 +255,10 @@ class StageDirectory {
   struct Record;  // one entry of index.log
 
  private:
-  bool adopt(uint64_t id);  // a copy another process finished, with its record
+  // A copy another process finished, with its record (kAdopted). Its writer holds the copy's lock
+  // until the record is appended: waited for, unless `wait` is false (then kBusy).
+  enum class Found : uint8_t { kNone, kAdopted, kBusy };
+  Found adopt(uint64_t id, bool wait);
   // Reads the copy of `id` whole into `buffer`; false if it cannot be opened or read.
   bool read_copy(uint64_t id, std::vector<std::byte>& buffer);
   // The process holding the lock on the open file `fd`, or 0 if none is found.
@@ -260,7 +268,7 @@ class StageDirectory {
   // stage()'s copy, once it holds the lock on `fd` (its ".part" file, which it closes).
   Outcome copy_locked(uint64_t id, int fd, const std::string& part_name,
                       const std::string& final_name, const Stream& stream,
-                      std::vector<std::byte>& buffer);
+                      std::vector<std::byte>& buffer, bool wait);
   // Reads the records appended to the index since the last call (whole ones: a record being
   // appended is read next time) and calls `found` with each valid one; once started, takes over the
   // absent files among them (see take_over_published()). Needs index_mutex_.

@@ -143,12 +143,71 @@ std::span<const std::byte> Tiers::read(uint64_t id, std::optional<std::span<cons
   } into{scratch, scratch.fetch_into};
   scratch.fetch_into = &buffer;
   std::span<const std::byte> bytes;
-  serve(id, Tier::kMemory, held, scratch, tally, Access::kBytes, [&](const ByteSource& at) {
-    bytes = at.all(buffer);
-    if (size == Catalog::kUnknownSize) check_size(id, bytes.size());
-    return static_cast<uint64_t>(bytes.size());
-  });
+  const Tier tier =
+      serve(id, Tier::kMemory, held, scratch, tally, Access::kBytes, [&](const ByteSource& at) {
+        bytes = at.all(buffer);
+        if (size == Catalog::kUnknownSize) check_size(id, bytes.size());
+        return static_cast<uint64_t>(bytes.size());
+      });
+  const Catalog::Locator loc = catalog_.locator(id);
+  if (tier == Tier::kSource && loc.offset == 0 && loc.length == Catalog::kWholeFile) {
+    stage_miss(loc.file, bytes, scratch.check);
+  }
   return bytes;
+}
+
+void Tiers::stage_miss(uint64_t file, std::span<const std::byte> bytes,
+                       std::vector<std::byte>& buffer) {
+  // Stage 2 copies a file of a known size and time with one open and one read and records the
+  // catalog's time; a file without them it stats, which a read of stage 3's does not.
+  const int64_t mtime = catalog_.file_mtime(file);
+  if (stage_ == nullptr || !copies_here_ || router_ != nullptr || stage_->read_only() ||
+      stage_failed_.load(std::memory_order_relaxed) ||
+      catalog_.file_codec(file) != Catalog::Codec::kNone || mtime == Catalog::kUnknownMtime ||
+      catalog_.file_size(file) != bytes.size()) {
+    return;
+  }
+  bool claimed = false;
+  while (!claimed) {
+    switch (stage_->state(file)) {
+      case StageDirectory::kAbsent: {
+        const uint64_t charged = stage_->charge(bytes.size());
+        if (stage_bound_ != 0 && !stage_->reserve(file, charged, stage_bound_)) return;  // no room
+        if (!stage_->try_claim(file)) {
+          if (stage_bound_ != 0) stage_->unreserve(file);
+          continue;  // claimed meanwhile (stage 1, for a later batch): look again
+        }
+        claimed = true;
+        break;
+      }
+      case StageDirectory::kInFlight:
+        // Stage 1's claim for a later batch, its copy not begun: made now, on its reservation.
+        claimed = true;
+        break;
+      case StageDirectory::kStaged:
+      case StageDirectory::kCopying:
+        return;
+    }
+  }
+  try {
+    // No wait on a neighbour copying or publishing it (kBusy): the read is done, and the
+    // neighbour's copy is coming.
+    const StageDirectory::Outcome outcome =
+        stage_->stage(file,
+                      StageDirectory::Stream([&](const StageDirectory::Sink& write,
+                                                 std::vector<std::byte>&, int64_t& mtime_ns) {
+                        write(bytes);
+                        mtime_ns = mtime;
+                      }),
+                      buffer, StageDirectory::kNoWait);
+    if (outcome == StageDirectory::Outcome::kStaged) {
+      misses_staged_.fetch_add(1, std::memory_order_relaxed);
+    }
+  } catch (const IoError&) {
+    // The stage directory failed (full, gone): stage 2 meets it too and stops copying; stage 3
+    // makes no copy from then on. The read itself succeeded.
+    stage_failed_.store(true, std::memory_order_relaxed);
+  }
 }
 
 Tier Tiers::locate(uint64_t id, TierTally* tally) {

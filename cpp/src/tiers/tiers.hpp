@@ -165,6 +165,16 @@ class Tiers {
   std::span<const std::byte> read(uint64_t id, std::optional<std::span<const std::byte>> held,
                                   std::vector<std::byte>& buffer, TierScratch& scratch,
                                   TierTally* tally);
+  // A sample that read() took whole from the source (a miss: stage 2 had not copied its file) is
+  // published as its file's copy, from the bytes read, so that stage 2 never reads the file from
+  // the source again: its copy's record (size, CRC-32C, the catalog's modification time) is the
+  // one stage 2's copy would have, and it is written and published by StageDirectory::stage() as
+  // any copy is. Within the node's bound (set_stage_bound), reserved first, as stage 2's are; no
+  // room, nothing is written. A claim of stage 1's whose copy has not begun is completed on its
+  // reservation (stage 2's turn finds it done); a copy under way is left to its copier. Only for
+  // a file of one sample whose size and modification time the catalog records, uncompressed, with
+  // a stage directory that can be written and the peer tier off. Counted in misses_staged().
+  uint64_t misses_staged() const noexcept { return misses_staged_.load(std::memory_order_relaxed); }
 
   // decode=locate: the tier that would serve sample `id` now, without reading it: the stage
   // directory for a copy it may serve (as serve() decides), else the source. Counted as serve()
@@ -252,6 +262,8 @@ class Tiers {
     }
   }
   void refuse_if_stalled(uint64_t file, const std::string& path);
+  // read()'s publication of a miss (see misses_staged()): `bytes`, the whole of file `file`.
+  void stage_miss(uint64_t file, std::span<const std::byte> bytes, std::vector<std::byte>& buffer);
   void fetch(uint64_t file, std::vector<std::byte>& buffer, int64_t& mtime_ns, TierTally* tally,
              const StageDirectory::Sink* write);
   // The one place a read is counted: one event in the ledger (tiers/ledger.hpp), whose consumers
@@ -277,6 +289,7 @@ class Tiers {
   uint64_t stage_bound_ = 0;
   bool copies_here_ = false;
   std::atomic<bool> stage_failed_{false};  // a copy of stage 3's met a stage directory error
+  std::atomic<uint64_t> misses_staged_{0};
   std::unique_ptr<std::atomic<uint8_t>[]> stalled_;  // per file: see stalled_if_timed_out()
 };
 
