@@ -304,7 +304,12 @@ TEST_CASE("patience: a lagging stage 2 gives exact batches, expedited, each samp
     loader.start_epoch(0);
     std::optional<Batch> batch;
     REQUIRE(loader.next_for(std::chrono::milliseconds(1000), batch) == Loader::Wait::kTimeout);
-    CHECK(loader.stats().stage_expedited == 8 - threads);
+    // Every file no stager thread is waiting on is expedited: the 8 - threads unlocked ones, and a
+    // locked one whose thread had not yet reached it when stage 3's patience ran out (a loaded
+    // machine's late thread start); at least one stays waited for, since the batch is not done.
+    const uint64_t expedited = loader.stats().stage_expedited;
+    CHECK(expedited >= 8 - threads);
+    CHECK(expedited < 8);
     for (auto& l : locked) l->release();
 
     std::vector<int64_t> seen;
