@@ -285,7 +285,7 @@ _CROP = textwrap.dedent("""
     with prestage.Loader(cat, batch_size=4, image_size=(24, 32), readers=2, depth=3,
                          transform="random-resized-crop", gpu_cpu_share=0, decode_device="cuda",
                          gpu_crop=crop) as loader:
-        for epoch in range(3):
+        for epoch in range(8):
             loader.set_epoch(epoch)
             for batch in loader:
                 del batch
@@ -294,6 +294,9 @@ _CROP = textwrap.dedent("""
 """)
 
 
+# Eight epochs of 4 batches: each slot decoder leaves its first batch of each way untimed (nvJPEG's
+# first-use set-up), so under load, with every slot busy, the trials take up to about 14 batches;
+# in three epochs the test failed once in CI (24 of 52 images by regions).
 @pytest.mark.parametrize("crop", ["auto", "resize", "roi"])
 def test_gpu_crop_auto_keeps_the_faster_way_a_way_given_stays(make_folder, fake_gpu_libs, crop):
     root = make_folder(2, 8)
@@ -305,7 +308,7 @@ def test_gpu_crop_auto_keeps_the_faster_way_a_way_given_stays(make_folder, fake_
                            json.dumps({k: str(v) for k, v in fake_gpu_libs.items()}), crop],
                           env=env, capture_output=True, text=True, timeout=300)
     s = report(done)
-    assert s["hardware"] >= 3 * 16
+    assert s["hardware"] >= 8 * 16
     if crop == "resize":
         assert s["crop"] == "resize" and s["roi"] == 0 and s["crop_why"].startswith("given")
     elif crop == "roi":
