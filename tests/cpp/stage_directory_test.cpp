@@ -363,6 +363,45 @@ Catalog many_files(const TempDir& dir, size_t n) {
 using Fetch = StageDirectory::Fetch;
 using std::chrono::milliseconds;
 using Clock = std::chrono::steady_clock;
+
+// Another process that opens `paths` (created with `mode`) and holds an exclusive lock on each
+// until it is killed, as a rank stopped mid-copy does. Constructed once every lock is held.
+class LockingNeighbour {
+ public:
+  LockingNeighbour(const std::vector<std::string>& paths, mode_t mode) {
+    int ready[2];
+    REQUIRE(::pipe(ready) == 0);
+    pid_ = ::fork();
+    REQUIRE(pid_ >= 0);
+    if (pid_ == 0) {
+      for (const std::string& path : paths) {
+        const int fd = ::open(path.c_str(), O_CREAT | O_WRONLY, mode);
+        if (fd < 0 || ::flock(fd, LOCK_EX) != 0) ::_exit(1);
+      }
+      (void)!::write(ready[1], "x", 1);
+      ::pause();
+      ::_exit(0);
+    }
+    ::close(ready[1]);
+    char x = 0;
+    const bool locked = ::read(ready[0], &x, 1) == 1;  // end of file: the neighbour failed
+    ::close(ready[0]);
+    if (!locked) stop();
+    REQUIRE(locked);
+  }
+  ~LockingNeighbour() { stop(); }
+  LockingNeighbour(const LockingNeighbour&) = delete;
+  LockingNeighbour& operator=(const LockingNeighbour&) = delete;
+
+ private:
+  void stop() {
+    if (pid_ <= 0) return;
+    ::kill(pid_, SIGKILL);
+    ::waitpid(pid_, nullptr, 0);
+    pid_ = -1;
+  }
+  pid_t pid_ = -1;
+};
 }  // namespace
 
 TEST_CASE("stage directory: taking over a neighbour's copies reads each byte of its index once") {
@@ -479,21 +518,8 @@ TEST_CASE(
   const Catalog cat = many_files(dir, 3);
   StageDirectory stage(dir / "stage", cat);
   // Another process takes the locks of two copies, then stops (as a rank stopped mid-copy does).
-  int ready[2];
-  REQUIRE(::pipe(ready) == 0);
-  const pid_t neighbour = ::fork();
-  REQUIRE(neighbour >= 0);
-  if (neighbour == 0) {
-    for (const uint64_t id : {uint64_t{1}, uint64_t{2}}) {
-      const int fd = ::open((stage.staged_path(id) + ".part").c_str(), O_CREAT | O_WRONLY, 0644);
-      if (fd < 0 || ::flock(fd, LOCK_EX) != 0) ::_exit(1);
-    }
-    (void)!::write(ready[1], "x", 1);
-    ::pause();
-    ::_exit(0);
-  }
-  char x = 0;
-  REQUIRE(::read(ready[0], &x, 1) == 1);
+  const LockingNeighbour neighbour({stage.staged_path(1) + ".part", stage.staged_path(2) + ".part"},
+                                   0644);
   std::vector<std::byte> buffer;
   const Fetch never = [](std::vector<std::byte>&, int64_t&) { FAIL("the source was read"); };
   // The first copy is waited for until the wait runs out.
@@ -511,10 +537,6 @@ TEST_CASE(
   REQUIRE(stage.try_claim(0));
   CHECK(stage.stage(0, cat.file_source_path(0).string(), buffer, milliseconds(20000)) ==
         Outcome::kStaged);
-  ::kill(neighbour, SIGKILL);
-  ::waitpid(neighbour, nullptr, 0);
-  ::close(ready[0]);
-  ::close(ready[1]);
 }
 
 TEST_CASE("stage directory: a neighbour that gives up its copy leaves it to the one waiting") {
@@ -936,21 +958,7 @@ TEST_CASE(
   StageDirectory stage(dir / "stage", cat);
   // Another process is copying file 1 (its part file's lock) and publishing file 2 (renamed to its
   // name, its record not yet appended: the lock still held), and stays there.
-  int ready[2];
-  REQUIRE(::pipe(ready) == 0);
-  const pid_t neighbour = ::fork();
-  REQUIRE(neighbour >= 0);
-  if (neighbour == 0) {
-    for (const std::string& path : {stage.staged_path(1) + ".part", stage.staged_path(2)}) {
-      const int fd = ::open(path.c_str(), O_CREAT | O_WRONLY, 0600);
-      if (fd < 0 || ::flock(fd, LOCK_EX) != 0) ::_exit(1);
-    }
-    (void)!::write(ready[1], "x", 1);
-    ::pause();
-    ::_exit(0);
-  }
-  char x = 0;
-  REQUIRE(::read(ready[0], &x, 1) == 1);
+  const LockingNeighbour neighbour({stage.staged_path(1) + ".part", stage.staged_path(2)}, 0600);
   std::vector<std::byte> buffer;
   const Fetch never = [](std::vector<std::byte>&, int64_t&) { FAIL("the source was read"); };
   for (const uint64_t id : {uint64_t{1}, uint64_t{2}}) {
@@ -971,8 +979,4 @@ TEST_CASE(
   REQUIRE(stage.try_claim(0));
   CHECK(stage.stage(0, cat.file_source_path(0).string(), buffer, StageDirectory::kNoWait) ==
         Outcome::kStaged);
-  ::kill(neighbour, SIGKILL);
-  ::waitpid(neighbour, nullptr, 0);
-  ::close(ready[0]);
-  ::close(ready[1]);
 }
