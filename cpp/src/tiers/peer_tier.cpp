@@ -34,7 +34,7 @@ std::optional<Served> PeerTier::serve(const Want& want, Delivery& to) {
           want.size == Catalog::kUnknownSize || want.size > max_read_bytes_) {
         return std::nullopt;
       }
-      std::vector<std::byte>& buffer = to.scratch->landing();
+      std::vector<std::byte>& buffer = to.landing();
       const Tier tier = fetch_home(want.loc, want.size, buffer, to.pfs_chosen);
       // Stage 3's reads of the source are not timed: the model's choice of it is not learned from.
       if (to.pfs_chosen) router_->pfs_unqueued(want.size);

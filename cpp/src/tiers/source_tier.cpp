@@ -108,7 +108,7 @@ std::optional<Served> SourceTier::serve(const Want& want, Delivery& to) {
       if (want.access != Access::kLook) refuse_if_stalled(want.loc.file, want.path);
       if (catalog_.file_codec(want.loc.file) != Catalog::Codec::kNone) {
         // The sample's bytes, decompressed from the whole stream into memory, checked.
-        std::vector<std::byte>& buffer = to.scratch->landing();
+        std::vector<std::byte>& buffer = to.landing();
         read_compressed(want.loc, buffer);
         return use_bytes(Tier::kSource, MemorySource(buffer, want.path), want, to);
       }

@@ -37,7 +37,9 @@ class SourceTier final : public TierReader {
 
   std::optional<Served> serve(const Want& want, Delivery& to) override;
 
-  // As Tiers::read_compressed() says.
+  // The bytes of `loc`, a sample of a compressed file, decompressed from the source into `out`:
+  // the whole stream is read (its size and CRC checked against the catalog's: never a wrong
+  // byte), only the sample's bytes kept; a read that runs past io_timeout marks the file stalled.
   void read_compressed(const Catalog::Locator& loc, std::vector<std::byte>& out);
 
  private:

@@ -74,9 +74,30 @@ class StageTier final : public TierReader {
                   bool peers_on);
   uint64_t misses_staged() const noexcept { return misses_staged_.load(std::memory_order_relaxed); }
 
-  // As Tiers::stage_compressed(), wait_for_copy() and copy_now() say.
+  // A file compressed whole (Catalog::file_codec) is never read by byte range: its samples are
+  // served from its decompressed copy in the stage directory, or, when there is none, by the
+  // source from its whole stream decompressed (SourceTier). For a sample of one that the stage
+  // directory cannot serve, decode=locate calls this (its consumer reads the copy). True once the
+  // file's copy is staged and may be served: a copy stage 2 (or a neighbour) is making is waited
+  // for, a copy nobody is making is made here, on a reservation within the node's bound as stage
+  // 2's copies are (set_bound). False when none can be made (no room within the bound, a stage
+  // directory that is read-only or failed): the consumer then decompresses the sample from the
+  // source (read_compressed_sample()). Throws what the copy met, naming the shard: the source's
+  // DecodeError (a corrupt stream, bytes that differ from the catalog's) or IoError (it changed,
+  // it cannot be read), ECANCELED when this thread's io_cancel() is set; ConfigError without a
+  // stage directory.
   bool stage_compressed(uint64_t file, std::vector<std::byte>& buffer);
+  // Stage 3, for a sample of a compressed file that the stage directory does not hold: true once
+  // its copy may be served, false if none is coming (the caller reads the source). A copy under
+  // way is waited for; a claim whose copy has not begun (stage 1's, for a later batch) is copied
+  // here, on its reservation (stage 2's turn then finds it done): never a wait on stage 2 for work
+  // that waits on stage 3; an absent file is claimed and copied here if its bytes fit the bound
+  // (set_bound: `claim_absent`), as a miss of an uncompressed file is a read of its range. Throws
+  // what such a copy meets from the source, as stage_compressed(); a stage directory that fails is
+  // left alone from then on (false). IoError (ECANCELED) when this thread's io_cancel() is set.
   bool wait_for_copy(uint64_t file, std::vector<std::byte>& buffer, bool claim_absent);
+  // Copies claimed (or in flight) file `file` to the stage directory now, through the chain's
+  // copy; whether it is staged. An IoError of the stage directory's is thrown as StageFailed.
   bool copy_now(uint64_t file, std::vector<std::byte>& buffer);
   struct StageFailed {
     IoError error;

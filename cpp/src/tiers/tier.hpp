@@ -36,15 +36,8 @@ struct CorruptCopy {};
 struct TierScratch {
   std::string staged;
   std::string source;
-  std::vector<std::byte> check;  // a staged copy's bytes, read to check it whole
-  // Where a home copy fetched through the peer tier (or a compressed sample's decompressed bytes)
-  // lands for a decode: `*fetch_into` when set (a caller that keeps them past the call), else
-  // `fetched`.
-  std::vector<std::byte> fetched;
-  std::vector<std::byte>* fetch_into = nullptr;
-  std::vector<std::byte>& landing() noexcept {
-    return fetch_into != nullptr ? *fetch_into : fetched;
-  }
+  std::vector<std::byte> check;    // a staged copy's bytes, read to check it whole
+  std::vector<std::byte> fetched;  // a decode's bytes fetched or decompressed, unless kept
 };
 
 // A callable borrowed for the length of one call, without an allocation (the use of a sample's
@@ -88,7 +81,10 @@ struct Want {
 struct Delivery {
   const Use* use = nullptr;        // kDecode: the use of the bytes
   TierScratch* scratch = nullptr;  // kDecode
-  std::span<std::byte> out;        // kReadAhead: the sample's place, of its catalog size
+  // kDecode: where a home copy or a compressed sample's decompressed bytes land for a caller that
+  // keeps them past the read (null: scratch->fetched).
+  std::vector<std::byte>* keep = nullptr;
+  std::span<std::byte> out;  // kReadAhead: the sample's place, of its catalog size
   // kReadAhead: where a home copy lands before it is copied to `out`; kCopy: the file's bytes;
   // kLocate: room to check a staged copy.
   std::vector<std::byte>* buffer = nullptr;
@@ -96,6 +92,10 @@ struct Delivery {
   int64_t* mtime_ns = nullptr;                  // kCopy: the copy's modification time
   bool pfs_chosen = false;  // the router chose the source, and queued its read in the model
   bool written = false;     // kCopy: the bytes went to `write` as they were read
+
+  std::vector<std::byte>& landing() const noexcept {
+    return keep != nullptr ? *keep : scratch->fetched;
+  }
 };
 
 // A read a tier served: the tier that counts it (the peer tier serves a home copy of this node's

@@ -103,12 +103,14 @@ void Tiers::check_size(uint64_t id, uint64_t size) const {
 }
 
 Tier Tiers::serve(uint64_t id, Tier from, std::optional<std::span<const std::byte>> held,
-                  TierScratch& scratch, TierTally* tally, Access access, Use use) {
+                  TierScratch& scratch, TierTally* tally, Access access, Use use,
+                  std::vector<std::byte>* keep) {
   const Catalog::Locator loc = catalog_.locator(id);
   const std::string& path = source_path(loc.file, scratch.source);
   Delivery to;
   to.use = &use;
   to.scratch = &scratch;
+  to.keep = keep;
   return open(
       Want{Purpose::kDecode, id, loc, sample_size(id), path, access, held, tally != nullptr}, to,
       tally, from);
@@ -119,21 +121,17 @@ std::span<const std::byte> Tiers::read(uint64_t id, std::optional<std::span<cons
                                        TierTally* tally) {
   const uint64_t size = sample_size(id);
   check_size(id, size);
-  // A home copy the peer tier fetches lands in `buffer` too, not in the thread's scratch: the
-  // caller keeps the bytes while it reads its batch's next samples on this thread.
-  struct FetchInto {
-    TierScratch& scratch;
-    std::vector<std::byte>* before;
-    ~FetchInto() { scratch.fetch_into = before; }
-  } into{scratch, scratch.fetch_into};
-  scratch.fetch_into = &buffer;
   std::span<const std::byte> bytes;
-  const Tier tier =
-      serve(id, Tier::kMemory, held, scratch, tally, Access::kBytes, [&](const ByteSource& at) {
+  const Tier tier = serve(
+      id, Tier::kMemory, held, scratch, tally, Access::kBytes,
+      [&](const ByteSource& at) {
         bytes = at.all(buffer);
         if (size == Catalog::kUnknownSize) check_size(id, bytes.size());
         return static_cast<uint64_t>(bytes.size());
-      });
+      },
+      // A home copy the peer tier fetches lands in `buffer` too, not in the thread's scratch: the
+      // caller keeps the bytes while it reads its batch's next samples on this thread.
+      &buffer);
   const Catalog::Locator loc = catalog_.locator(id);
   if (tier == Tier::kSource && loc.offset == 0 && loc.length == Catalog::kWholeFile) {
     stage_tier_.stage_miss(loc.file, bytes, scratch.check, router_ != nullptr);

@@ -56,8 +56,8 @@ class Tiers {
   Tiers& operator=(const Tiers&) = delete;
 
   // The node's bound on the stage directory's copies (0: none), within which stage 3 copies a
-  // compressed file nobody is copying (wait_for_copy); set before the first read. Without it,
-  // stage 3 makes no copy of its own for serve().
+  // compressed file nobody is copying (StageTier::wait_for_copy); set before the first read.
+  // Without it, stage 3 makes no copy of its own for serve().
   void set_stage_bound(uint64_t bound) noexcept { stage_tier_.set_bound(bound); }
 
   // Every read from then on adds a record to `trace` (null: none); set before the first read.
@@ -106,8 +106,12 @@ class Tiers {
   // tally), and the I/O trace records it: one record per counted read. A `use` that reads a file in
   // part and returns 0 (a header looked at, whose data a later use reads and counts) is not
   // counted. Returns that tier. Other errors propagate.
+  // A home copy fetched through the peer tier, or a compressed sample's bytes decompressed from
+  // the source, land in `*keep` (a caller that keeps them past the call: the ByteSource `use` saw
+  // stays valid while it is not changed), else in scratch.fetched.
   Tier serve(uint64_t id, Tier from, std::optional<std::span<const std::byte>> held,
-             TierScratch& scratch, TierTally* tally, Access access, Use use);
+             TierScratch& scratch, TierTally* tally, Access access, Use use,
+             std::vector<std::byte>* keep = nullptr);
 
   // Stage 3: sample `id`'s bytes, from `held` or read (or fetched from a peer) into `buffer`
   // (resized to fit; the bytes stay valid while it is not changed), counted
@@ -150,47 +154,6 @@ class Tiers {
   // any other file whole, as fetch_file() reads it into `buffer`.
   void copy_file(uint64_t file, const StageDirectory::Sink& write, std::vector<std::byte>& buffer,
                  int64_t& mtime_ns, TierTally* tally = nullptr);
-  // A file compressed whole (Catalog::file_codec) is never read by byte range: its samples are
-  // served from its decompressed copy in the stage directory, or, when there is none, by
-  // serve() from its whole stream decompressed (read_compressed). For a sample of one that the
-  // stage directory cannot serve, locate() calls this (its consumer reads the copy). True once the
-  // file's copy is staged and may be served: a copy stage 2 (or a neighbour) is making is waited
-  // for, a copy nobody is making is made here, on a reservation within the node's bound as stage
-  // 2's copies are (set_stage_bound). False when none can be made (no room within the bound, a
-  // stage directory that is read-only or failed): the consumer then decompresses the sample from
-  // the source (read_compressed_sample()). Throws what the copy met, naming the shard: the
-  // source's DecodeError (a corrupt stream, bytes that differ from the catalog's) or IoError (it
-  // changed, it cannot be read), ECANCELED when this thread's io_cancel() is set; ConfigError
-  // without a stage directory.
-  bool stage_compressed(uint64_t file, std::vector<std::byte>& buffer) {
-    return stage_tier_.stage_compressed(file, buffer);
-  }
-
-  // Stage 3, for a sample of a compressed file that the stage directory does not hold: true once
-  // its copy may be served, false if none is coming (the caller reads the source). A copy under
-  // way is waited for; a claim whose copy has not begun (stage 1's, for a later batch) is copied
-  // here, on its reservation (stage 2's turn then finds it done): never a wait on stage 2 for work
-  // that waits on stage 3; an absent file is claimed and copied here if its bytes fit the bound
-  // (set_stage_bound: `claim_absent`), as a miss of an uncompressed file is a read of its range.
-  // Throws what such a copy meets from the source, as stage_compressed(); a stage directory that
-  // fails is left alone from then on (false). IoError (ECANCELED) when this thread's io_cancel()
-  // is set.
-  bool wait_for_copy(uint64_t file, std::vector<std::byte>& buffer, bool claim_absent = false) {
-    return stage_tier_.wait_for_copy(file, buffer, claim_absent);
-  }
-  // Copies claimed (or in flight) file `file` to the stage directory now; whether it is staged.
-  // An IoError of the stage directory's is thrown as StageFailed.
-  bool copy_now(uint64_t file, std::vector<std::byte>& buffer) {
-    return stage_tier_.copy_now(file, buffer);
-  }
-  using StageFailed = StageTier::StageFailed;
-  // The bytes of `loc`, a sample of a compressed file, decompressed from the source into `out`:
-  // the whole stream is read (its size and CRC checked against the catalog's: never a wrong
-  // byte), only the sample's bytes kept. Errors as fetch_file's.
-  void read_compressed(const Catalog::Locator& loc, std::vector<std::byte>& out) {
-    source_tier_.read_compressed(loc, out);
-  }
-
   // Stage 2, for its read-ahead: sample `id`'s bytes from the tiers below the stage directory (a
   // peer's home copy, then the source) into `out`, which must be exactly the size the catalog
   // records for it (a sample of unknown size is never read ahead: std::logic_error); a home copy
