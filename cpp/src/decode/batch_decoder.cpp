@@ -155,22 +155,17 @@ class BatchDecoder::Run : public BatchRun {
     // Bytes in memory (stage 2's, or a home copy the peer tier sent into s_.bytes[i]) are kept
     // for step 3 and counted here; a copy on disk is opened again by step 3, which counts it.
     s_.in_memory[i] = 0;
-    r.paths.fetch_into = &s_.bytes[i];
     const Catalog::Locator loc = d_.tiers_.catalog().locator(id);
-    try {
-      s_.tiers[i] = d_.tiers_.serve(id, Tier::kMemory, held(i, id), r.paths, b_.tally,
-                                    Access::kFile, [&](const ByteSource& at) -> uint64_t {
-                                      r.codec(codec).probe(at, loc, s_.probes[i]);
-                                      if (at.file() != nullptr) return 0;
-                                      s_.in_memory[i] = 1;
-                                      s_.memory[i] = at.memory();
-                                      return at.size();
-                                    });
-    } catch (...) {
-      r.paths.fetch_into = nullptr;
-      throw;
-    }
-    r.paths.fetch_into = nullptr;
+    s_.tiers[i] = d_.tiers_.serve(
+        id, Tier::kMemory, held(i, id), r.paths, b_.tally, Access::kFile,
+        [&](const ByteSource& at) -> uint64_t {
+          r.codec(codec).probe(at, loc, s_.probes[i]);
+          if (at.file() != nullptr) return 0;
+          s_.in_memory[i] = 1;
+          s_.memory[i] = at.memory();
+          return at.size();
+        },
+        &s_.bytes[i]);
   }
 
   // Step 3: sample i's data into its place (from catalog sample `id`).

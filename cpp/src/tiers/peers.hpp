@@ -21,7 +21,7 @@
 //    fetched sample the node uses again is read locally next time; it reads it ahead into memory
 //    (fetch_sample) or stage 3 reads it (serve) where not. Where a home copy exists, the read goes
 //    to it or to the source, whichever the source model (tiers/source_model.hpp, applied by
-//    Tiers::fetch_home for every reader) expects to finish it first.
+//    the peer tier, tiers/peer_tier.hpp, for every reader) expects to finish it first.
 //  - a request names the sample's byte range (or the whole file: stage 2's copies, and samples
 //    that are whole files or slices of one), and the owner sends only those bytes. It checks its
 //    copy against its stage index before it sends any of it: a copy left by an earlier run whole
