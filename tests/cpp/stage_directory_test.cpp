@@ -731,6 +731,59 @@ TEST_CASE("stage directory: a file two processes both claim is counted once, who
   }
 }
 
+TEST_CASE("stage directory: a read that found a copy corrupt removes that copy, never a new one") {
+  TempDir dir;
+  const Catalog cat = many_files(dir, 3);
+  StageDirectory stage(dir / "stage", cat);
+  std::vector<std::byte> buffer;
+  const auto stage_anew = [&] {
+    REQUIRE(stage.try_claim(0));
+    REQUIRE(stage.stage(0, cat.file_source_path(0).string(), buffer) == Outcome::kStaged);
+  };
+  // Changed on the SSD in place (same size), as a failing disk would; what a reader's fstat saw.
+  const auto corrupt = [&] {
+    const int fd = ::open(stage.staged_path(0).c_str(), O_WRONLY);
+    REQUIRE(fd >= 0);
+    REQUIRE(::pwrite(fd, "X", 1, 0) == 1);
+    struct stat st{};
+    REQUIRE(::fstat(fd, &st) == 0);
+    ::close(fd);
+    return st;
+  };
+  stage_anew();
+  const struct stat old = corrupt();
+  // Two readers of the copy at once (samples of one shard): the first finds it corrupt, removes
+  // and counts it, and the file is copied anew...
+  CHECK_FALSE(stage.unchanged(0, buffer));
+  CHECK(stage.corrupt() == 1);
+  CHECK(stage.is_absent(0));
+  stage_anew();
+  // ...before the second, which read the old copy, gets to its removal: the new copy stays.
+  stage.reject_read(0, old);
+  CHECK(stage.corrupt() == 1);
+  CHECK(stage.servable(0));
+  CHECK(stage.unchanged(0, buffer));
+  CHECK(read_text(stage.staged_path(0)) == "file 0");
+  // The copy a reader read, still on disk, is removed and counted.
+  const struct stat now = corrupt();
+  stage.reject_read(0, now);
+  CHECK(stage.corrupt() == 2);
+  CHECK(stage.is_absent(0));
+  CHECK_FALSE(std::filesystem::exists(stage.staged_path(0)));
+  // Under the lock of a copy being made (another process's), nothing is removed: the copy read is
+  // being replaced.
+  stage_anew();
+  const struct stat again = corrupt();
+  {
+    const LockingNeighbour copier({stage.staged_path(0) + ".part"}, 0600);
+    stage.reject_read(0, again);
+    CHECK(stage.corrupt() == 2);
+    CHECK(std::filesystem::exists(stage.staged_path(0)));
+  }
+  stage.reject_read(0, again);
+  CHECK(stage.corrupt() == 3);
+}
+
 TEST_CASE(
     "stage directory: the node's count is the bytes of the files on disk or claimed, in any "
     "order") {

@@ -894,13 +894,42 @@ void StageDirectory::reject(uint64_t id) noexcept {
   forget(id);
 }
 
+bool StageDirectory::matches(uint64_t id, std::span<const std::byte> bytes) const noexcept {
+  return bytes.size() == staged_size(id) &&
+         crc32c(bytes) == crcs_[id].load(std::memory_order_relaxed);
+}
+
 bool StageDirectory::intact(uint64_t id, std::span<const std::byte> bytes) noexcept {
-  if (bytes.size() == staged_size(id) &&
-      crc32c(bytes) == crcs_[id].load(std::memory_order_relaxed)) {
-    return true;
-  }
+  if (matches(id, bytes)) return true;
   reject(id);
   return false;
+}
+
+void StageDirectory::reject_read(uint64_t id, const struct stat& read) noexcept {
+  int fd = -1;
+  if (!read_only_) {
+    const std::string part = relative(id) + ".part";
+    try {
+      fd = open_in(area_fd_.get(), part.c_str(), O_WRONLY | O_CREAT, shown(part), access_);
+    } catch (const IoError&) {
+      return;  // not a lock file (a link): nothing is removed through it
+    }
+    // Held: a copy of the file is being made or published, so the one read is gone already.
+    if (fd >= 0 && (::flock(fd, LOCK_EX | LOCK_NB) != 0 || !still_at(fd, part))) {
+      ::close(fd);
+      return;
+    }
+  }
+  const std::string name = relative(id);
+  struct stat now{};
+  if (::fstatat(area_fd_.get(), name.c_str(), &now, AT_SYMLINK_NOFOLLOW) == 0 &&
+      identity(now) == identity(read)) {
+    reject(id);
+  }
+  if (fd >= 0) {
+    ::unlinkat(area_fd_.get(), (name + ".part").c_str(), 0);
+    ::close(fd);  // releases the lock
+  }
 }
 
 bool StageDirectory::unchanged(uint64_t id, std::vector<std::byte>& buffer) {
@@ -936,7 +965,10 @@ bool StageDirectory::unchanged(uint64_t id, std::vector<std::byte>& buffer) {
     done += static_cast<size_t>(n);
   }
   buffer.resize(done);
-  if (!intact(id, buffer)) return false;
+  if (!matches(id, buffer)) {
+    reject_read(id, st);
+    return false;
+  }
   // File times tick coarsely (a kernel tick, or a second on some file systems): a write in the
   // tick of the last change leaves them as they are. The identity is trusted only once that tick
   // is surely over; until then each read checks the bytes whole.

@@ -3,6 +3,7 @@
 // (for a folder of images, one file per sample).
 #pragma once
 
+#include <sys/stat.h>
 #include <sys/types.h>
 
 #include <atomic>
@@ -239,6 +240,12 @@ class StageDirectory {
   // corrupt(); the caller reads the source instead.
   bool intact(uint64_t id, std::span<const std::byte> bytes) noexcept;
   bool unchanged(uint64_t id, std::vector<std::byte>& buffer);
+  // unchanged()'s removal of a copy it read through a descriptor whose file was `read` (its fstat)
+  // and found corrupt: removed and counted only while that file is still the copy on disk, looked
+  // at under the copy's lock (as evict() takes it), so that no new copy is published meanwhile.
+  // Samples of one shard read at once each find the old copy corrupt; one that gets there after
+  // another has removed it and the copy was made anew leaves the new, whole copy alone.
+  void reject_read(uint64_t id, const struct stat& read) noexcept;
   // Copies found corrupt by a read (intact(), unchanged(), verify()) and removed.
   uint64_t corrupt() const noexcept { return corrupt_.load(std::memory_order_relaxed); }
 
@@ -279,6 +286,8 @@ class StageDirectory {
   void give_back_copy(uint64_t id) noexcept;  // stage()'s own claim (copying -> absent)
   void discard(uint64_t id) noexcept;  // a corrupt or vanished copy: removed, whoever holds it
   void reject(uint64_t id) noexcept;   // a corrupt copy: discarded and counted (once per copy)
+  // `bytes` are those of the copy's record (its size and CRC-32C).
+  bool matches(uint64_t id, std::span<const std::byte> bytes) const noexcept;
   // Unlinks the copy the table has just marked gone (`removed`), and gives its bytes back to the
   // node unless claimants keep them.
   void remove_copy(uint64_t id, NodeTable::Removed removed) noexcept;
