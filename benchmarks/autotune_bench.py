@@ -9,7 +9,10 @@ between runs) with:
 - ``grid``: every point of readers x prefetchers x lookahead with ``autotune=False``; its best
   (highest median images/s) is the hand-tuned reference;
 - ``old``: the fixed defaults prestage had before (readers=2, prefetchers=4, lookahead=4), fixed;
-- ``machine``: no thread option, ``autotune=False`` (the machine-sized values, kept fixed).
+- ``machine``: no thread option, ``autotune=False`` (the machine-sized values, kept fixed);
+- ``auto-pN`` (``--auto-prefetchers N,...``): as ``auto`` but starting from N reads in flight, held
+  there (the tuner still tunes readers and lookahead): a candidate sizing rule, A/B against ``auto``
+  and the grid in the same run.
 
 Scenarios: the page cache (the source read from local disk, warm), the emulated PFS (``prestage-pfs``)
 at 2 ms per operation with 200 MB/s and with 2,000 MB/s, 64 operations at once (cold: the stage
@@ -60,6 +63,8 @@ SCENARIOS: Dict[str, Any] = {
 
 
 def _label(job: Job) -> str:
+    if job.autotune and job.readers is None:
+        return f"auto-p{job.prefetchers}"
     if job == AUTO:
         return "auto"
     if job == OLD:
@@ -90,7 +95,10 @@ def _scenario(name: str, data: Path, work: Path, args: argparse.Namespace) -> Di
                       cold="none" if emulate is None else args.cold, emulator=emulator,
                       show_progress=False)
         setup.keep_catalog(pfs_root, catalog)
-        jobs = [AUTO] + pipelined_jobs(args.prefetchers, args.readers, args.lookahead) + [OLD, MACHINE]
+        candidates = [Job("pipelined", prefetchers=n, readers=None, lookahead=None, autotune=True)
+                      for n in args.auto_prefetchers]
+        jobs = ([AUTO] + candidates + pipelined_jobs(args.prefetchers, args.readers, args.lookahead)
+                + [OLD, MACHINE])
         jobs = [Job(j.mode, j.prefetchers, j.readers, j.lookahead, autotune=False)
                 if j.autotune is None and j != AUTO else j for j in jobs]
         batches = args.batches if compute_ms < 50 else args.batches_slow
@@ -103,7 +111,8 @@ def _scenario(name: str, data: Path, work: Path, args: argparse.Namespace) -> Di
         if emulator is not None:
             emulator.stop()
     by_label = {_label(j): s for j, s in zip(jobs, summaries)}
-    grid = [s for j, s in zip(jobs, summaries) if _label(j) not in ("auto", "old", "machine")]
+    grid = [s for j, s in zip(jobs, summaries)
+            if _label(j) not in ("old", "machine") and not _label(j).startswith("auto")]
     top = best(grid)
     auto = by_label["auto"]
     tunings = [r["tuning"] for r in auto["runs"]]
@@ -123,6 +132,8 @@ def _scenario(name: str, data: Path, work: Path, args: argparse.Namespace) -> Di
         "auto_over_best": auto["images_per_s"] / top["images_per_s"],
         "auto_over_old": auto["images_per_s"] / by_label["old"]["images_per_s"],
         "machine_over_best": by_label["machine"]["images_per_s"] / top["images_per_s"],
+        "candidates_over_best": {_label(j): by_label[_label(j)]["images_per_s"] / top["images_per_s"]
+                                 for j in candidates},
         "settled_s": statistics.median(settled) if settled else None,
         "auto_run_s": statistics.median(r["seconds"] for r in auto["runs"]),
         "auto_started": auto["runs"][0]["chosen"],
@@ -177,6 +188,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--readers", type=counts, default=[1, 2])
     p.add_argument("--prefetchers", type=counts, default=[4, 16, 64])
     p.add_argument("--lookahead", type=counts, default=[2, 8])
+    p.add_argument("--auto-prefetchers", type=counts, default=[],
+                   help="also run auto starting from each of these reads in flight, held (auto-pN)")
     p.add_argument("--scenarios", default=",".join(SCENARIOS), help="comma-separated, of: " + ", ".join(SCENARIOS))
     p.add_argument("--cold", default="fadvise", help="how emulated runs start cold (see prestage bench)")
     p.add_argument("--work-dir", type=Path, default=None, help="local disk for data and stage dirs")

@@ -147,6 +147,39 @@ def test_a_large_file_is_copied_in_the_fewest_requests(tmp_path, pfs, io_timeout
         assert data == (src / cat.path(i)).read_bytes()
 
 
+def test_a_large_file_stage_3_reads_from_the_pfs_is_read_in_the_fewest_requests(tmp_path, pfs):
+    # Every open on the PFS takes 80 ms, one at a time: stage 2 lags, and stage 3 reads the files no
+    # copy has started from the PFS itself (stage_expedited), whole. Files of 300 KB to 1 MB: through
+    # the page cache FUSE would get 2 to 4 requests for each (one per read-ahead window); stage 3
+    # reads them with O_DIRECT where stage 2 does, in one request of up to 1 MiB each.
+    src = tmp_path / "src"
+    src.mkdir()
+    rng = np.random.default_rng(5)
+    sizes = [int(s) for s in rng.integers(300_000, 1_000_000, 16)]
+    for i, size in enumerate(sizes):
+        (src / f"{i:03d}.bin").write_bytes(rng.integers(0, 256, size, dtype=np.uint8).tobytes())
+    emulator = pfs(src, open_ms=80, read_ms=0, getattr_ms=0, max_ops=1)
+    cat = prestage.Catalog.from_folder(emulator.mountpoint, extensions=[".bin"])
+    time.sleep(1.2)
+    before = emulator.stats()
+    with prestage.Loader(cat, batch_size=4, shuffle=False, decode="raw", prefetchers=2,
+                         stage_dir=str(tmp_path / "stage")) as loader:
+        seen = {}
+        for batch in loader:
+            for j, i in enumerate(batch.indices):
+                seen[int(i)] = batch.arrays[j].tobytes()
+            if len(seen) == len(cat):
+                break
+        stats = loader.stats()
+    after = emulator.stats()
+    assert stats["stage_expedited"] > 0, stats  # stage 3 read some of them from the PFS
+    ops = {k: after["ops"][k] - before["ops"].get(k, 0) for k in ("open", "read")}
+    assert ops["open"] == len(cat), ops
+    assert ops["read"] == len(cat), ops  # main: 2 to 4 for each file stage 3 read
+    assert after["bytes_read"] - before["bytes_read"] == sum(sizes)
+    assert seen == {i: (src / cat.path(i)).read_bytes() for i in range(len(cat))}
+
+
 def _copies(stage):
     """The bytes of every copy in a stage directory (not its own files), sorted."""
     own = {"index.log", "node.table", "start.lock"}

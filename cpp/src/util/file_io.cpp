@@ -17,6 +17,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -481,14 +482,8 @@ std::string unescape_mount(const std::string& field) {
   return out;
 }
 
-}  // namespace
-
-bool source_is_fuse(const std::string& path) {
-  // From the mount table, not statfs: a stalled file system must not hang the loader's start.
-  if (path.empty()) return false;
-  std::error_code error;
-  const std::string target = std::filesystem::absolute(path, error).lexically_normal().string();
-  if (error) return false;
+// Whether the innermost mount holding `target` (absolute, normalised) is FUSE's.
+bool mount_is_fuse(const std::string& target) {
   std::ifstream in("/proc/self/mountinfo");
   std::string line, type;
   size_t longest = 0;
@@ -505,6 +500,62 @@ bool source_is_fuse(const std::string& path) {
     rest >> type;
   }
   return type == "fuse" || type == "fuseblk" || type.starts_with("fuse.");
+}
+
+// The paths source_is_fuse() has answered for, each with its answer: whole-file reads beneath them
+// are direct (or not) on every thread.
+class DirectRoots {
+ public:
+  static DirectRoots& instance() {
+    static auto* roots = new DirectRoots();  // never destroyed: reads may run until exit
+    return *roots;
+  }
+
+  void set(const std::string& root, bool direct) {
+    std::lock_guard lock(mutex_);
+    roots_.insert_or_assign(root, direct);
+    any_ = true;
+  }
+
+  // Whether `path` (as given to a read) lies beneath a root found on FUSE, the innermost root
+  // holding it deciding. Called only for a file larger than the read-ahead window, whose read
+  // costs far more than this.
+  bool direct_beneath(const std::string& path) const {
+    if (!any_.load(std::memory_order_relaxed)) return false;
+    std::error_code error;
+    const std::string target = std::filesystem::absolute(path, error).lexically_normal().string();
+    if (error) return false;
+    std::lock_guard lock(mutex_);
+    size_t longest = 0;
+    bool direct = false;
+    for (const auto& [root, on] : roots_) {
+      if (root.size() >= longest && is_beneath(target, root)) {
+        longest = root.size();
+        direct = on;
+      }
+    }
+    return direct;
+  }
+
+ private:
+  mutable std::mutex mutex_;
+  std::map<std::string, bool> roots_;  // absolute, normalised: a few, one per catalog root
+  std::atomic<bool> any_{false};
+};
+
+}  // namespace
+
+bool source_is_fuse(const std::string& path) {
+  // From the mount table, not statfs: a stalled file system must not hang the loader's start.
+  if (path.empty()) return false;
+  std::error_code error;
+  std::string target = std::filesystem::absolute(path, error).lexically_normal().string();
+  if (error) return false;
+  // lexically_normal keeps a trailing separator ("/a/b/" for "/a/b/."): is_beneath wants none.
+  if (target.size() > 1 && target.back() == '/') target.pop_back();
+  const bool fuse = mount_is_fuse(target);
+  DirectRoots::instance().set(target, fuse);
+  return fuse;
 }
 
 std::chrono::milliseconds io_timeout() { return std::chrono::milliseconds(io_timeout_ms); }
@@ -600,7 +651,8 @@ void OpenFile::read(uint64_t offset, std::span<std::byte> out) const {
 
 void read_file_exact(const FileRef& file, std::span<std::byte> out) {
   const auto timeout = io_timeout();
-  const bool direct = direct_reads();
+  const bool direct = out.size() > kReadAheadWindow &&
+                      (direct_reads() || DirectRoots::instance().direct_beneath(file.path()));
   if (timeout.count() == 0) return read_file_exact_now(file, out, direct);
   const size_t length = out.size();
   auto bytes = DeadlineThreads::instance().run<std::vector<std::byte>>(

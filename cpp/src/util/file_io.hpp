@@ -71,7 +71,12 @@ bool direct_reads();
 
 // Whether `path` lies on a FUSE file system, from the process's mount table (the innermost mount
 // holding the path as written, absolute; links are not followed): nothing is asked of the file
-// system itself. False where it cannot be told.
+// system itself. False where it cannot be told. The answer is also kept for the whole-file reads:
+// on every thread of the process (stage 3's too, not only stage 2's), read_file_exact() reads a
+// large file beneath a path found on FUSE with O_DIRECT, as set_direct_reads() makes it on one
+// thread, and a file beneath a path found elsewhere as before; of several such paths holding a
+// file, the innermost, of two answers for one path, the last. A file beneath none of them (a stage
+// directory's copy) is read as before. Thread-safe.
 bool source_is_fuse(const std::string& path);
 
 // Sets this thread's limit (and cancel flag) for a scope, and restores the ones it had.
