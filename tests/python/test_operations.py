@@ -114,17 +114,23 @@ def test_a_shard_is_opened_once_per_job_when_stage_2_lags(tmp_path, pfs, encode_
         assert loader.stats()["stage_patience"] == 0.05
 
 
+def write_large_files(tmp_path, seed):
+    """16 files of 300 KB to 1 MB of random bytes in tmp_path/src; returns the folder and the sizes."""
+    src = tmp_path / "src"
+    src.mkdir()
+    rng = np.random.default_rng(seed)
+    sizes = [int(s) for s in rng.integers(300_000, 1_000_000, 16)]
+    for i, size in enumerate(sizes):
+        (src / f"{i:03d}.bin").write_bytes(rng.integers(0, 256, size, dtype=np.uint8).tobytes())
+    return src, sizes
+
+
 @pytest.mark.parametrize("io_timeout", [None, 30.0], ids=["no-limit", "io-timeout"])
 def test_a_large_file_is_copied_in_the_fewest_requests(tmp_path, pfs, io_timeout):
     # Files of 300 KB to 1 MB: through the page cache, FUSE gets one request per read-ahead window
     # (256 KiB at most), so each would cost 2 to 4 reads; stage 2 reads them with O_DIRECT, in
     # requests of up to 1 MiB: one each.
-    src = tmp_path / "src"
-    src.mkdir()
-    rng = np.random.default_rng(2)
-    sizes = [int(s) for s in rng.integers(300_000, 1_000_000, 16)]
-    for i, size in enumerate(sizes):
-        (src / f"{i:03d}.bin").write_bytes(rng.integers(0, 256, size, dtype=np.uint8).tobytes())
+    src, sizes = write_large_files(tmp_path, seed=2)
     emulator = pfs(src)
     cat = prestage.Catalog.from_folder(emulator.mountpoint, extensions=[".bin"])
     time.sleep(1.2)
@@ -152,12 +158,7 @@ def test_a_large_file_stage_3_reads_from_the_pfs_is_read_in_the_fewest_requests(
     # copy has started from the PFS itself (stage_expedited), whole. Files of 300 KB to 1 MB: through
     # the page cache FUSE would get 2 to 4 requests for each (one per read-ahead window); stage 3
     # reads them with O_DIRECT where stage 2 does, in one request of up to 1 MiB each.
-    src = tmp_path / "src"
-    src.mkdir()
-    rng = np.random.default_rng(5)
-    sizes = [int(s) for s in rng.integers(300_000, 1_000_000, 16)]
-    for i, size in enumerate(sizes):
-        (src / f"{i:03d}.bin").write_bytes(rng.integers(0, 256, size, dtype=np.uint8).tobytes())
+    src, sizes = write_large_files(tmp_path, seed=5)
     emulator = pfs(src, open_ms=80, read_ms=0, getattr_ms=0, max_ops=1)
     cat = prestage.Catalog.from_folder(emulator.mountpoint, extensions=[".bin"])
     time.sleep(1.2)
