@@ -1,6 +1,7 @@
 #include "tiers/peers.hpp"
 
 #include <doctest/doctest.h>
+#include <zstd.h>
 
 #include <chrono>
 #include <cstdlib>
@@ -885,4 +886,70 @@ TEST_CASE(
       sum([](const ReadEvent& e) { return e.purpose == Purpose::kReadAhead; });
   CHECK(stats.read_ahead == ahead_read.all_reads());
   CHECK(stats.read_ahead_bytes == ahead_read.all_bytes());
+}
+
+namespace {
+
+// A tar member: a ustar header with its checksum, then `data` padded to 512-byte blocks.
+std::string tar_member(const std::string& name, const std::string& data) {
+  std::string h(512, '\0');
+  std::memcpy(h.data(), name.data(), std::min<size_t>(name.size(), 100));
+  std::memcpy(h.data() + 100, "0000644", 7);
+  std::snprintf(h.data() + 124, 12, "%011llo", static_cast<unsigned long long>(data.size()));
+  std::memcpy(h.data() + 136, "00000000000", 11);
+  h[156] = '0';
+  std::memcpy(h.data() + 257, "ustar", 6);
+  std::memcpy(h.data() + 263, "00", 2);
+  std::memset(h.data() + 148, ' ', 8);
+  unsigned sum = 0;
+  for (const unsigned char c : h) sum += c;
+  std::snprintf(h.data() + 148, 8, "%06o", sum);
+  return h + data + std::string((512 - data.size() % 512) % 512, '\0');
+}
+
+}  // namespace
+
+TEST_CASE(
+    "source model: a copy of a compressed file read from the source is learned from its stored "
+    "bytes, not its decompressed ones") {
+  prestage::test::TempDir dir;
+  // A WebDataset shard compressed whole, of members that compress well: its stream on the source
+  // is a small part of its decompressed bytes.
+  std::string tar;
+  for (int k = 0; k < 4; ++k) {
+    tar += tar_member("s" + std::to_string(k) + ".jpg",
+                      std::string(20000, static_cast<char>('a' + k)));
+    tar += tar_member("s" + std::to_string(k) + ".cls", std::to_string(k));
+  }
+  tar += std::string(1024, '\0');
+  std::vector<unsigned char> stream(ZSTD_compressBound(tar.size()));
+  const size_t n = ZSTD_compress(stream.data(), stream.size(), tar.data(), tar.size(), 3);
+  REQUIRE_FALSE(ZSTD_isError(n));
+  stream.resize(n);
+  const std::filesystem::path shard = dir / "set" / "s.tar.zst";
+  prestage::test::write_file(shard, stream);
+  const Catalog catalog = Catalog::from_webdataset({shard.string()});
+  REQUIRE(catalog.size() == 4);
+  REQUIRE(catalog.file_codec(0) == Catalog::Codec::kZstd);
+  REQUIRE(catalog.file_stored_size(0) == n);
+  REQUIRE(catalog.file_size(0) == tar.size());
+
+  // Two ranks, so that the tier is on and the router's model learns the PFS from stage 2's copies.
+  // Rank 0 owns the one file (its first use is rank 0's first batch): its copy is read from the
+  // source.
+  LoopNodes nodes(catalog, dir / "stage", 2);
+  prestage::detail::Tiers tiers(catalog, nodes.stage[0].get(), uint64_t{1} << 30);
+  tiers.set_peers(nodes.peers[0].get());
+  std::vector<std::byte> buffer;
+  int64_t mtime_ns = 0;
+  tiers.fetch_file(0, buffer, mtime_ns);
+  CHECK(buffer.size() == tar.size());
+  const auto source = static_cast<size_t>(prestage::detail::Tier::kSource);
+  CHECK(tiers.fetched().reads[source] == 1);
+  CHECK(tiers.fetched().bytes[source] == n);  // the ledger: the bytes read from the source
+  const auto pfs = model_row(*tiers.source_model(), "pfs");
+  CHECK(pfs.reads == 1);
+  CHECK(pfs.samples == 1);
+  CHECK(pfs.bytes == n);  // the model: the same bytes, not the decompressed ones
+  tiers.stop_probes();
 }

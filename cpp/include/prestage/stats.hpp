@@ -113,8 +113,9 @@ struct SkippedSample {
 struct SourceStats {
   std::string name;  // "stage", "pfs", "node <its lowest rank>"
   // The reads the model queued there or learned from (stage 2's copies and read-ahead, stage 3's
-  // reads it sent to the PFS, probes, reads that failed), and their bytes: the model's own
-  // observations, not a count of the reads served (source_reads, peer_reads).
+  // reads it sent to the PFS, probes, reads that failed), and their bytes as the source moves them
+  // (the PFS: a compressed file's stored bytes): the model's own observations, not a count of the
+  // reads served (source_reads, peer_reads).
   uint64_t reads = 0, bytes = 0;
   uint64_t samples = 0;   // reads the estimates are learned from
   double latency_ms = 0;  // estimated per read

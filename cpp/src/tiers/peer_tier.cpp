@@ -37,7 +37,7 @@ std::optional<Served> PeerTier::serve(const Want& want, Delivery& to) {
       std::vector<std::byte>& buffer = to.landing();
       const Tier tier = fetch_home(want.loc, want.size, buffer, to.pfs_chosen);
       // Stage 3's reads of the source are not timed: the model's choice of it is not learned from.
-      if (to.pfs_chosen) router_->pfs_unqueued(want.size);
+      if (to.pfs_chosen) router_->pfs_unqueued(want.loc, want.size);
       to.pfs_chosen = false;
       if (tier == Tier::kSource) return std::nullopt;
       return use_bytes(tier, MemorySource(buffer, want.path), want, to);

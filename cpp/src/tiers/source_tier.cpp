@@ -129,13 +129,13 @@ std::optional<Served> SourceTier::serve(const Want& want, Delivery& to) {
 Served SourceTier::read_ahead(const Want& want, Delivery& to) {
   const uint64_t size = want.size;
   if (catalog_.file_codec(want.loc.file) != Catalog::Codec::kNone) {
-    if (to.pfs_chosen && router_ != nullptr) router_->pfs_unqueued(size);
+    if (to.pfs_chosen && router_ != nullptr) router_->pfs_unqueued(want.loc, size);
     throw IoError(want.path, EINVAL,
                   "a sample of a compressed file is not read ahead from the source");
   }
   // A loader that closes reads nothing more for batches it will not deliver.
   if (router_ != nullptr && router_->peers().closing()) {
-    if (to.pfs_chosen) router_->pfs_unqueued(size);
+    if (to.pfs_chosen) router_->pfs_unqueued(want.loc, size);
     throw IoError(want.path, ECANCELED, "the loader is closing");
   }
   TimedRead timed(model(), SourceModel::kPfs, size, to.pfs_chosen);
@@ -151,7 +151,10 @@ Served SourceTier::copy(const Want& want, Delivery& to) {
   const int64_t mtime = catalog_.file_mtime(file);
   std::vector<std::byte>& buffer = *to.buffer;
   const FileRef source = source_file(catalog_, want.path);
-  TimedRead timed(model(), SourceModel::kPfs, size == Catalog::kUnknownSize ? 0 : size,
+  // Timed by the bytes it reads from the source (a compressed file's stored bytes), as the router
+  // queued it.
+  TimedRead timed(model(), SourceModel::kPfs,
+                  size == Catalog::kUnknownSize ? 0 : source_bytes(catalog_, want.loc, size),
                   to.pfs_chosen);
   if (catalog_.file_codec(file) != Catalog::Codec::kNone) {
     stalled_if_timed_out(
