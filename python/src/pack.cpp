@@ -1,7 +1,6 @@
 // What `prestage pack` needs from the core: a shard's samples are checksummed with the stage
 // index's CRC-32C and optionally compressed as zstd frames (which every decode mode but "raw"
 // decompresses). Both release the GIL, so pack's threads run them in parallel.
-#include <zstd.h>
 
 #include <span>
 #include <string>
@@ -9,6 +8,7 @@
 #include "bindings.hpp"
 #include "prestage/error.hpp"
 #include "util/crc32c.hpp"
+#include "util/zstd_stream.hpp"
 
 namespace py = pybind11;
 
@@ -36,19 +36,10 @@ void register_pack(py::module_& m) {
       "zstd_compress",
       [](const py::buffer& data, int level) {
         const py::buffer_info info = data.request();
-        if (level < ZSTD_minCLevel() || level > ZSTD_maxCLevel()) {
-          throw ConfigError("zstd level " + std::to_string(level) + " is outside " +
-                            std::to_string(ZSTD_minCLevel()) + ".." +
-                            std::to_string(ZSTD_maxCLevel()));
-        }
-        const auto in = bytes_of(info);
         std::string out;
         {
           py::gil_scoped_release release;
-          out.resize(ZSTD_compressBound(in.size()));
-          const size_t n = ZSTD_compress(out.data(), out.size(), in.data(), in.size(), level);
-          if (ZSTD_isError(n)) throw Error(std::string("zstd: ") + ZSTD_getErrorName(n));
-          out.resize(n);
+          out = detail::zstd_compress(bytes_of(info), level);
         }
         return py::bytes(out);
       },

@@ -34,6 +34,17 @@ static_assert(LoaderOptions::kWaitForStaging == LoaderStagingOptions::kWaitForSt
 
 int g_comm = 0;  // stands for an MPI_Comm: never read with the peer tier off
 
+// The catalog every_part_given() is made for: 16 images of two classes, in a folder of its own.
+struct SixteenImages {
+  TempDir dir;
+  Catalog catalog = make(dir);
+
+  static Catalog make(const TempDir& dir) {
+    prestage::test::make_image_folder(dir / "data", 2, 8);
+    return Catalog::from_folder(dir / "data");
+  }
+};
+
 // Options with a value other than the default in each part (the knobs `auto_knobs` left to the
 // machine), for a catalog of 16 images of two classes.
 LoaderOptions every_part_given(const TempDir& dir, bool auto_knobs) {
@@ -96,11 +107,9 @@ void check_same(const LoaderOptions& got, const LoaderOptions& want) {
 }  // namespace
 
 TEST_CASE("options: Loader::options() is what was given, plus the machine's values for kAuto") {
-  TempDir dir;
-  prestage::test::make_image_folder(dir / "data", 2, 8);
-  const Catalog cat = Catalog::from_folder(dir / "data");
-  const LoaderOptions given = every_part_given(dir, true);
-  Loader loader(cat, given);
+  const SixteenImages set;
+  const LoaderOptions given = every_part_given(set.dir, true);
+  Loader loader(set.catalog, given);
   const LoaderOptions& got = loader.options();
   // The machine sizing filled the knobs left to it, and only those.
   CHECK(got.prefetchers != LoaderOptions::kAuto);
@@ -119,11 +128,9 @@ TEST_CASE("options: Loader::options() is what was given, plus the machine's valu
 }
 
 TEST_CASE("options: with every knob given, Loader::options() is exactly what was given") {
-  TempDir dir;
-  prestage::test::make_image_folder(dir / "data", 2, 8);
-  const Catalog cat = Catalog::from_folder(dir / "data");
-  const LoaderOptions given = every_part_given(dir, false);
-  Loader loader(cat, given);
+  const SixteenImages set;
+  const LoaderOptions given = every_part_given(set.dir, false);
+  Loader loader(set.catalog, given);
   check_same(loader.options(), given);
   run_epoch(loader, 0);
   check_same(loader.options(), given);

@@ -449,7 +449,7 @@ TEST_CASE(
   std::filesystem::remove(source);
   int64_t mtime_ns = 0;
   TierTally tally;
-  tiers.fetch_file(theirs, buffer, mtime_ns, &tally);  // a link never measured: tried first
+  tiers.open(FileCopy{theirs, buffer, mtime_ns}, &tally);  // a link never measured: tried first
   CHECK(buffer == expected);
   CHECK(mtime_ns == job.catalog.file_mtime(theirs));  // recorded as a copy from the source would be
   const TierCounts fetched = tiers.fetched();
@@ -464,7 +464,7 @@ TEST_CASE(
   };
   CHECK(peer_reads() == 1);
   // A copy of this node's own home copy is read from the source: this node is the one making it.
-  tiers.fetch_file(job.owned[job.me][1], buffer, mtime_ns);
+  tiers.open(FileCopy{job.owned[job.me][1], buffer, mtime_ns}, nullptr);
   CHECK(tiers.fetched().reads[static_cast<size_t>(Tier::kSource)] == 1);
   CHECK(peer_reads() == 1);
   job.end_together(1);
@@ -488,7 +488,7 @@ TEST_CASE("peers over MPI: a slow link is probed beside stage 2's copy, which th
   const std::string link = "node " + std::to_string(other);
   // This node's home copies are made from the source: the source's estimate is learned.
   for (int k = 0; k < 2; ++k) job.make_home_copy(owned[me][k]);
-  tiers.fetch_file(owned[me][2], buffer, mtime_ns);
+  tiers.open(FileCopy{owned[me][2], buffer, mtime_ns}, nullptr);
   REQUIRE(row("pfs").samples >= 1);
 
   // The other node's copies: the link is not learned yet. The source serves each read; the link
@@ -498,7 +498,7 @@ TEST_CASE("peers over MPI: a slow link is probed beside stage 2's copy, which th
     CAPTURE(k);
     std::vector<std::byte> expected;
     read_file(FileRef(tiers.source_path(owned[other][k], path)), expected);
-    tiers.fetch_file(owned[other][k], buffer, mtime_ns);
+    tiers.open(FileCopy{owned[other][k], buffer, mtime_ns}, nullptr);
     CHECK(buffer == expected);
     CHECK(row(link).probes == k + 1);
     CHECK(row(link).reads == k);  // this one not yet done
@@ -517,7 +517,7 @@ TEST_CASE("peers over MPI: a slow link is probed beside stage 2's copy, which th
   CHECK(learned.latency_s + file_bytes / learned.bytes_per_s > 0.5);
   CHECK(tiers.ledger().all().reads[static_cast<size_t>(Tier::kPeer)] == 0);
   // Learned, and slower: the next copy of the other node's goes to the source, no probe due yet.
-  tiers.fetch_file(owned[other][2], buffer, mtime_ns);
+  tiers.open(FileCopy{owned[other][2], buffer, mtime_ns}, nullptr);
   CHECK(row(link).probes == 2);
   CHECK(tiers.fetched().reads[static_cast<size_t>(Tier::kSource)] == 4);
 

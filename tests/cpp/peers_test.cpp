@@ -176,12 +176,16 @@ TEST_CASE("peers: a peer timeout of zero is refused") {
 namespace {
 
 using prestage::Catalog;
+using prestage::detail::FileCopy;
+using prestage::detail::Look;
 using prestage::detail::PeerAnswer;
 using prestage::detail::PeerCheck;
 using prestage::detail::PeerRange;
 using prestage::detail::Peers;
 using prestage::detail::PeerServe;
+using prestage::detail::Prefetch;
 using prestage::detail::RequestEnd;
+using prestage::detail::SampleBytes;
 using prestage::detail::StageDirectory;
 using prestage::detail::Transport;
 using prestage::detail::TransportConfig;
@@ -599,14 +603,14 @@ TEST_CASE(
   std::vector<std::byte> buffer;
   int64_t mtime_ns = 0;
   // The source is learned from the reads of this node's own file; no link is known.
-  for (int k = 0; k < 3; ++k) tiers.fetch_file(own[0], buffer, mtime_ns);
+  for (int k = 0; k < 3; ++k) tiers.open(FileCopy{own[0], buffer, mtime_ns}, nullptr);
   REQUIRE(row("pfs").samples >= 2);
   // Node 1's link, learned by probes (the tiers' early ones, then beside reads): not quiet while
   // it is known from fewer than 2. (The transport's record is read first: the model learns from a
   // probe before the quiet it implies is set.)
   const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(30);
   while (row("node 1").samples < 2 && std::chrono::steady_clock::now() < until) {
-    tiers.fetch_file(own[1], buffer, mtime_ns);
+    tiers.open(FileCopy{own[1], buffer, mtime_ns}, nullptr);
     const std::vector<bool> quiet = loop_quiet(0);
     if (row("node 1").samples < 2) CHECK(quiet.empty());
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
@@ -620,7 +624,7 @@ TEST_CASE(
   // Node 2's link starts from the slow estimate of node 1's (links are alike), so its reads go to
   // the source and it is probed when due; its second probe finds it faster: no longer quiet.
   for (int k = 0; k < 500 && row("node 2").samples < 2; ++k) {
-    tiers.fetch_file(own[2], buffer, mtime_ns);
+    tiers.open(FileCopy{own[2], buffer, mtime_ns}, nullptr);
     if (row("node 2").probes > row("node 2").samples) {
       REQUIRE(wait_for([&] { return row("node 2").samples == row("node 2").probes; }));
     }
@@ -670,7 +674,7 @@ TEST_CASE(
   const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(30);
   while (link().probes < budget && std::chrono::steady_clock::now() < until) {
     const auto start = std::chrono::steady_clock::now();
-    tiers.fetch_file(own, buffer, mtime_ns);
+    tiers.open(FileCopy{own, buffer, mtime_ns}, nullptr);
     // The read is the source's, whatever the probe beside it does (the loop double answers at
     // once; a read that waited on a probe would take the peer timeout, 5 s).
     CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(2));
@@ -679,7 +683,7 @@ TEST_CASE(
   CHECK(link().probes == budget);
   // Spent: however many reads follow, no early probe more, and the link is still not known.
   for (int k = 0; k < 50; ++k) {
-    tiers.fetch_file(own, buffer, mtime_ns);
+    tiers.open(FileCopy{own, buffer, mtime_ns}, nullptr);
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
   CHECK(link().probes == budget);
@@ -791,24 +795,25 @@ TEST_CASE(
     CHECK(e.batch == batch);
   };
   // Stage 3's reads and looks.
-  one("decode, memory", Tier::kMemory, Purpose::kDecode, held.size(), &decoding,
-      [&] { tiers.read(plain, std::span<const std::byte>(held), buffer, scratch, &decoding); });
+  one("decode, memory", Tier::kMemory, Purpose::kDecode, held.size(), &decoding, [&] {
+    tiers.open(SampleBytes{plain, std::span<const std::byte>(held), buffer, scratch}, &decoding);
+  });
   one("decode, stage directory", Tier::kStage, Purpose::kDecode, size(mine), &decoding,
-      [&] { tiers.read(mine, std::nullopt, buffer, scratch, &decoding); });
+      [&] { tiers.open(SampleBytes{mine, std::nullopt, buffer, scratch}, &decoding); });
   one("decode, peer", Tier::kPeer, Purpose::kDecode, size(job.theirs), &decoding, [&] {
-    CHECK(tiers.read(job.theirs, std::nullopt, buffer, scratch, &decoding).size() ==
-          job.source.size());
+    CHECK(tiers.open(SampleBytes{job.theirs, std::nullopt, buffer, scratch}, &decoding)
+              .bytes.size() == job.source.size());
   });
   one("decode, source", Tier::kSource, Purpose::kDecode, size(plain), &decoding,
-      [&] { tiers.read(plain, std::nullopt, buffer, scratch, &decoding); });
+      [&] { tiers.open(SampleBytes{plain, std::nullopt, buffer, scratch}, &decoding); });
   one("locate, stage directory", Tier::kStage, Purpose::kLocate, size(mine), &decoding,
-      [&] { CHECK(tiers.locate(mine, &decoding) == Tier::kStage); });
+      [&] { CHECK(tiers.open(Look{mine}, &decoding).tier == Tier::kStage); });
   one("locate, source", Tier::kSource, Purpose::kLocate, size(plain), &decoding,
-      [&] { CHECK(tiers.locate(plain, &decoding) == Tier::kSource); });
+      [&] { CHECK(tiers.open(Look{plain}, &decoding).tier == Tier::kSource); });
   // Stage 2's.
   const auto ahead = [&](uint64_t f) {
     std::vector<std::byte> out(size(f));
-    tiers.fetch_sample(f, out, fetched, &staging);
+    tiers.open(Prefetch{f, out, fetched}, &staging);
   };
   one("read-ahead, stage directory", Tier::kStage, Purpose::kReadAhead, size(mine), &staging,
       [&] { ahead(mine); });
@@ -817,12 +822,12 @@ TEST_CASE(
   one("read-ahead, source", Tier::kSource, Purpose::kReadAhead, size(plain), &staging,
       [&] { ahead(plain); });
   one("copy, peer", Tier::kPeer, Purpose::kCopy, size(job.theirs), &staging,
-      [&] { tiers.fetch_file(job.theirs, buffer, mtime_ns, &staging); });
+      [&] { tiers.open(FileCopy{job.theirs, buffer, mtime_ns}, &staging); });
   one("copy, source", Tier::kSource, Purpose::kCopy, size(plain), &staging,
-      [&] { tiers.fetch_file(plain, buffer, mtime_ns, &staging); });
+      [&] { tiers.open(FileCopy{plain, buffer, mtime_ns}, &staging); });
   // A look at the set (no batch) is no read of an epoch's sample: no event.
   const size_t reads = events.seen.size();
-  tiers.read(plain, std::nullopt, buffer, scratch, nullptr);
+  tiers.open(SampleBytes{plain, std::nullopt, buffer, scratch}, nullptr);
   CHECK(events.seen.size() == reads);
   tiers.stop_probes();
 
@@ -942,7 +947,7 @@ TEST_CASE(
   tiers.set_peers(nodes.peers[0].get());
   std::vector<std::byte> buffer;
   int64_t mtime_ns = 0;
-  tiers.fetch_file(0, buffer, mtime_ns);
+  tiers.open(FileCopy{0, buffer, mtime_ns}, nullptr);
   CHECK(buffer.size() == tar.size());
   const auto source = static_cast<size_t>(prestage::detail::Tier::kSource);
   CHECK(tiers.fetched().reads[source] == 1);

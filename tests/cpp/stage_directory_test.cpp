@@ -782,6 +782,38 @@ TEST_CASE("stage directory: a read that found a copy corrupt removes that copy, 
   }
   stage.reject_read(0, again);
   CHECK(stage.corrupt() == 3);
+  // A `.part` that is no lock file, planted in the area. A link: nothing is removed, and what it
+  // points at is neither created nor changed. A folder or a FIFO (which no copier can lock either):
+  // the copy read is removed as on a disk too full for the lock file, and nothing waits on the
+  // FIFO's other end.
+  const std::filesystem::path theirs = dir / "theirs";
+  write(theirs, "theirs");
+  const std::string part = stage.staged_path(0) + ".part";
+  for (const char* planted_as : {"link", "folder", "fifo"}) {
+    CAPTURE(planted_as);
+    const std::string kind = planted_as;
+    stage_anew();
+    const struct stat planted = corrupt();
+    if (kind == "link") {
+      REQUIRE(::symlink(theirs.c_str(), part.c_str()) == 0);
+    } else if (kind == "folder") {
+      REQUIRE(::mkdir(part.c_str(), 0700) == 0);
+    } else {
+      REQUIRE(::mkfifo(part.c_str(), 0600) == 0);
+    }
+    const uint64_t counted = stage.corrupt();
+    stage.reject_read(0, planted);
+    if (kind == "link") {
+      CHECK(stage.corrupt() == counted);
+      CHECK(std::filesystem::exists(stage.staged_path(0)));
+      CHECK(read_text(theirs.string()) == "theirs");
+      std::filesystem::remove(part);
+      stage.reject_read(0, planted);  // the lock file made anew: the copy read goes
+    }
+    CHECK(stage.corrupt() == counted + 1);
+    CHECK_FALSE(std::filesystem::exists(stage.staged_path(0)));
+    std::filesystem::remove(part);
+  }
 }
 
 TEST_CASE(
@@ -965,6 +997,51 @@ TEST_CASE("stage directory: a link in the area is refused, never followed") {
     }
     CHECK(read_text((dir / "victim").string()) == "the user's own file");
   }
+}
+
+TEST_CASE("stage directory: a FIFO in the area is refused, never waited on") {
+  // Opened as a file, a FIFO holds the open until someone opens its other end: a FIFO planted
+  // under one of the area's names must be refused at once, as a link is.
+  TempDir dir;
+  write(dir / "src/a", "alpha");
+  const Catalog cat = Catalog::from_paths(dir / "src", {"a"});
+  const auto area = StageDirectory::area_of(dir / "stage", cat);
+  std::vector<std::byte> buffer;
+  const auto made_with_a_copy = [&] {
+    std::filesystem::remove_all(dir / "stage");
+    StageDirectory made(dir / "stage", cat);
+    REQUIRE(made.try_claim(0));
+    REQUIRE(made.stage(0, cat.file_source_path(0).string(), buffer) == Outcome::kStaged);
+  };
+  for (const char* name : {"node.table", "index.log", "start.lock"}) {
+    made_with_a_copy();
+    std::filesystem::remove(area / name);
+    REQUIRE(::mkfifo((area / name).c_str(), 0600) == 0);
+    const std::string named = name;
+    CAPTURE(named);
+    try {
+      StageDirectory stage(dir / "stage", cat);
+      FAIL("a FIFO in the area was not refused");
+    } catch (const prestage::detail::UnsafePath& e) {
+      CHECK(e.path() == (area / name).string());
+    }
+  }
+  // Where a copy belongs: no copy there, to check or to read.
+  made_with_a_copy();
+  std::filesystem::remove(area / "00/0");
+  REQUIRE(::mkfifo((area / "00/0").c_str(), 0600) == 0);
+  {
+    StageDirectory stage(dir / "stage", cat);
+    CHECK_FALSE(stage.is_staged(0));  // the start-up scan takes no FIFO for a copy
+    CHECK_FALSE(stage.unchanged(0, buffer));
+  }
+  // A copy's lock file: the copy fails with an error, and gives its claim back.
+  std::filesystem::remove_all(dir / "stage");
+  StageDirectory stage(dir / "stage", cat);
+  REQUIRE(::mkfifo((stage.staged_path(0) + ".part").c_str(), 0600) == 0);
+  REQUIRE(stage.try_claim(0));
+  CHECK_THROWS_AS(stage.stage(0, cat.file_source_path(0).string(), buffer), prestage::IoError);
+  CHECK(stage.is_absent(0));
 }
 
 TEST_CASE(

@@ -19,6 +19,11 @@
 
 using prestage::Catalog;
 using prestage::detail::Access;
+using prestage::detail::DecodeRead;
+using prestage::detail::FileCopy;
+using prestage::detail::Look;
+using prestage::detail::Prefetch;
+using prestage::detail::SampleBytes;
 using prestage::detail::StageDirectory;
 using prestage::detail::Tier;
 using prestage::detail::Tiers;
@@ -69,11 +74,11 @@ TEST_CASE("tiers: memory, then the stage directory, then the source, each counte
   std::vector<std::byte> held(held_text.size());
   std::memcpy(held.data(), held_text.data(), held.size());
   TierTally batch;  // one batch's reads, counted besides the tiers' own
-  CHECK(text(tiers.read(0, std::span<const std::byte>(held), buffer, scratch, &batch)) ==
-        "held!");  // memory first
-  CHECK(text(tiers.read(1, std::nullopt, buffer, scratch, &batch)) == "bravo!");
-  CHECK(text(tiers.read(0, std::nullopt, buffer, scratch, &batch)) == "alpha");
-  CHECK(text(tiers.read(0, std::nullopt, buffer, scratch, nullptr)) ==
+  CHECK(text(tiers.open(SampleBytes{0, std::span<const std::byte>(held), buffer, scratch}, &batch)
+                 .bytes) == "held!");  // memory first
+  CHECK(text(tiers.open(SampleBytes{1, std::nullopt, buffer, scratch}, &batch).bytes) == "bravo!");
+  CHECK(text(tiers.open(SampleBytes{0, std::nullopt, buffer, scratch}, &batch).bytes) == "alpha");
+  CHECK(text(tiers.open(SampleBytes{0, std::nullopt, buffer, scratch}, nullptr).bytes) ==
         "alpha");  // a look: uncounted
 
   const auto served = tiers.served();
@@ -98,7 +103,7 @@ TEST_CASE("tiers: a staged copy that vanished is read from the source") {
   TierScratch scratch;
   TierTally tally;
   std::vector<std::byte> buffer;
-  CHECK(text(tiers.read(1, std::nullopt, buffer, scratch, &tally)) == "bravo!");
+  CHECK(text(tiers.open(SampleBytes{1, std::nullopt, buffer, scratch}, &tally).bytes) == "bravo!");
   CHECK(tiers.served().reads[at(Tier::kStage)] == 0);
   CHECK(tiers.served().reads[at(Tier::kSource)] == 1);
 }
@@ -120,12 +125,12 @@ TEST_CASE("tiers: a copy left by an earlier run is not served until it is checke
   TierScratch scratch;
   TierTally tally;
   std::vector<std::byte> buffer;
-  CHECK(text(tiers.read(1, std::nullopt, buffer, scratch, &tally)) == "bravo!");
+  CHECK(text(tiers.open(SampleBytes{1, std::nullopt, buffer, scratch}, &tally).bytes) == "bravo!");
   CHECK(tiers.served().reads[at(Tier::kStage)] == 0);
   CHECK(tiers.served().reads[at(Tier::kSource)] == 1);
   // Checked, it fails its record and is gone; the next read is the source's again.
   CHECK_FALSE(stage.verify(1, buffer));
-  CHECK(text(tiers.read(1, std::nullopt, buffer, scratch, &tally)) == "bravo!");
+  CHECK(text(tiers.open(SampleBytes{1, std::nullopt, buffer, scratch}, &tally).bytes) == "bravo!");
 }
 
 TEST_CASE("tiers: serve starts at the tier a first look chose and counts only when asked") {
@@ -140,19 +145,27 @@ TEST_CASE("tiers: serve starts at the tier a first look chose and counts only wh
     file = sample.file()->path();
     return 6;
   };
-  CHECK(tiers.serve(1, Tier::kStage, std::nullopt, scratch, nullptr, Access::kLook, look) ==
-        Tier::kStage);
+  CHECK(tiers
+            .open(DecodeRead{1, Access::kLook, look, scratch, std::nullopt, nullptr, Tier::kStage},
+                  nullptr)
+            .tier == Tier::kStage);
   CHECK(file == stage.staged_path(1));
-  CHECK(tiers.serve(1, Tier::kSource, std::nullopt, scratch, &tally, Access::kLook, look) ==
-        Tier::kSource);
+  CHECK(tiers
+            .open(DecodeRead{1, Access::kLook, look, scratch, std::nullopt, nullptr, Tier::kSource},
+                  &tally)
+            .tier == Tier::kSource);
   CHECK(file == set.catalog.file_source_path(1).string());
   CHECK(tiers.served().reads[at(Tier::kStage)] == 0);
   CHECK(tiers.served().reads[at(Tier::kSource)] == 1);
   // An error other than a vanished copy is the sample's: it is not hidden by the next tier.
-  CHECK_THROWS_AS(tiers.serve(1, Tier::kStage, std::nullopt, scratch, &tally, Access::kLook,
-                              [](const prestage::detail::ByteSource& s) -> uint64_t {
-                                throw prestage::DecodeError(s.path(), "bad");
-                              }),
+  CHECK_THROWS_AS(tiers
+                      .open(DecodeRead{1, Access::kLook,
+                                       [](const prestage::detail::ByteSource& s) -> uint64_t {
+                                         throw prestage::DecodeError(s.path(), "bad");
+                                       },
+                                       scratch, std::nullopt, nullptr, Tier::kStage},
+                            &tally)
+                      .tier,
                   prestage::DecodeError);
 }
 
@@ -164,7 +177,7 @@ TEST_CASE("tiers: stage 2's fetches read below the stage directory and are count
   std::vector<std::byte> buffer;
   int64_t mtime = 0;
   TierTally batch;
-  tiers.fetch_file(0, buffer, mtime, &batch);  // staged, yet fetched from the source: a copy
+  tiers.open(FileCopy{0, buffer, mtime}, &batch);  // staged, yet fetched from the source: a copy
   CHECK(text(buffer) == "alpha");
   CHECK(mtime > 0);  // the source's, from the same open
   CHECK(tiers.fetched().reads[at(Tier::kSource)] == 1);
@@ -174,10 +187,10 @@ TEST_CASE("tiers: stage 2's fetches read below the stage directory and are count
       Catalog::from_ranges(set.dir / "src", {"a", "c"}, {{0, 1, 3}, {1, 0, 100}});
   Tiers ahead(ranges, nullptr, 1 << 20);
   std::vector<std::byte> place(100), fetched;
-  ahead.fetch_sample(1, place, fetched, &batch);
+  ahead.open(Prefetch{1, place, fetched}, &batch);
   CHECK(text(place) == std::string(100, 'c'));
   std::vector<std::byte> part(3);
-  ahead.fetch_sample(0, part, fetched);  // no tally: counted in the tiers' own only
+  ahead.open(Prefetch{0, part, fetched}, nullptr);  // no tally: counted in the tiers' own only
   CHECK(text(part) == "lph");
   CHECK(ahead.fetched().reads[at(Tier::kSource)] == 2);
   CHECK(ahead.fetched().bytes[at(Tier::kSource)] == 103);
@@ -185,7 +198,7 @@ TEST_CASE("tiers: stage 2's fetches read below the stage directory and are count
   CHECK(batch.counts().bytes[at(Tier::kSource)] == 105);
   CHECK(ahead.served().reads[at(Tier::kSource)] == 0);
   // A place of another size than the sample's is a broken invariant, never a short read.
-  CHECK_THROWS_AS(ahead.fetch_sample(0, place, fetched), std::logic_error);
+  CHECK_THROWS_AS(ahead.open(Prefetch{0, place, fetched}, nullptr), std::logic_error);
 }
 
 TEST_CASE("tiers: a sample over the limit is refused, unread when its size is known") {
@@ -200,16 +213,19 @@ TEST_CASE("tiers: a sample over the limit is refused, unread when its size is kn
   TierScratch scratch;
   TierTally tally;
   std::vector<std::byte> buffer;
-  CHECK_THROWS_AS(known.read(big, std::nullopt, buffer, scratch, &tally), prestage::DecodeError);
+  CHECK_THROWS_AS(known.open(SampleBytes{big, std::nullopt, buffer, scratch}, &tally).bytes,
+                  prestage::DecodeError);
   std::vector<std::byte> place(100);
-  CHECK_THROWS_AS(known.fetch_sample(big, place, buffer), prestage::DecodeError);
+  CHECK_THROWS_AS(known.open(Prefetch{big, place, buffer}, nullptr), prestage::DecodeError);
   CHECK(buffer.capacity() == 0);
-  CHECK(text(known.read(1 - big, std::nullopt, buffer, scratch, &tally)) == "small");
+  CHECK(text(known.open(SampleBytes{1 - big, std::nullopt, buffer, scratch}, &tally).bytes) ==
+        "small");
   // A list without sizes: refused once read.
   Tiers unknown(set.catalog, nullptr, 10);
-  CHECK_THROWS_AS(unknown.read(2, std::nullopt, buffer, scratch, &tally), prestage::DecodeError);
+  CHECK_THROWS_AS(unknown.open(SampleBytes{2, std::nullopt, buffer, scratch}, &tally).bytes,
+                  prestage::DecodeError);
   // Nothing of unknown size is read ahead: a place of any size is refused.
-  CHECK_THROWS_AS(unknown.fetch_sample(2, place, buffer), std::logic_error);
+  CHECK_THROWS_AS(unknown.open(Prefetch{2, place, buffer}, nullptr), std::logic_error);
 }
 
 TEST_CASE(
@@ -223,13 +239,13 @@ TEST_CASE(
   TierScratch scratch;
   TierTally tally;
   std::vector<std::byte> buffer;
-  CHECK(text(tiers.read(1, std::nullopt, buffer, scratch, &tally)) == "bravo!");
+  CHECK(text(tiers.open(SampleBytes{1, std::nullopt, buffer, scratch}, &tally).bytes) == "bravo!");
   CHECK(tiers.served().reads[at(Tier::kStage)] == 1);
   // Overwritten in place (same size, other bytes: a failing disk, a stray job), during the run.
   prestage::test::write_file(stage.staged_path(1), bytes_of("BRAVO!"));
   prestage::test::write_file(stage.staged_path(2), bytes_of(std::string(100, 'C')));
   // Read whole: its CRC fails, the copy goes, the source serves.
-  CHECK(text(tiers.read(1, std::nullopt, buffer, scratch, &tally)) == "bravo!");
+  CHECK(text(tiers.open(SampleBytes{1, std::nullopt, buffer, scratch}, &tally).bytes) == "bravo!");
   CHECK(tiers.served().reads[at(Tier::kStage)] == 1);
   CHECK(tiers.served().reads[at(Tier::kSource)] == 1);
   CHECK(stage.corrupt() == 1);
@@ -242,16 +258,18 @@ TEST_CASE(
     served_from = at.file()->path();
     return 10;
   };
-  CHECK(tiers.serve(2, Tier::kStage, std::nullopt, scratch, &tally, Access::kFile, part) ==
-        Tier::kSource);
+  CHECK(tiers
+            .open(DecodeRead{2, Access::kFile, part, scratch, std::nullopt, nullptr, Tier::kStage},
+                  &tally)
+            .tier == Tier::kSource);
   CHECK(served_from == set.catalog.file_source_path(2).string());
   CHECK(stage.corrupt() == 2);
   CHECK_FALSE(stage.is_staged(2));
   // decode=locate points at the source for a copy that fails.
   stage_file(stage, set.catalog, 2);
-  CHECK(tiers.locate(2, nullptr) == Tier::kStage);
+  CHECK(tiers.open(Look{2}, nullptr).tier == Tier::kStage);
   prestage::test::write_file(stage.staged_path(2), bytes_of(std::string(100, 'D')));
-  CHECK(tiers.locate(2, nullptr) == Tier::kSource);
+  CHECK(tiers.open(Look{2}, nullptr).tier == Tier::kSource);
   CHECK(stage.corrupt() == 3);
 }
 
@@ -266,26 +284,35 @@ TEST_CASE(
   // Younger than the file times' tick: a write in it would not show, so each read checks it whole.
   for (int i = 0; i < 2; ++i) {
     scratch.check.clear();
-    CHECK(tiers.serve(2, Tier::kStage, std::nullopt, scratch, nullptr, Access::kFile, part) ==
-          Tier::kStage);
+    CHECK(
+        tiers
+            .open(DecodeRead{2, Access::kFile, part, scratch, std::nullopt, nullptr, Tier::kStage},
+                  nullptr)
+            .tier == Tier::kStage);
     CHECK(scratch.check.size() == 100);
   }
   // Settled: checked whole once more, then trusted while its identity holds.
   stage.set_settle_time(std::chrono::nanoseconds(0));
   scratch.check.clear();
-  CHECK(tiers.serve(2, Tier::kStage, std::nullopt, scratch, nullptr, Access::kFile, part) ==
-        Tier::kStage);
+  CHECK(tiers
+            .open(DecodeRead{2, Access::kFile, part, scratch, std::nullopt, nullptr, Tier::kStage},
+                  nullptr)
+            .tier == Tier::kStage);
   CHECK(scratch.check.size() == 100);
   scratch.check.clear();
-  CHECK(tiers.serve(2, Tier::kStage, std::nullopt, scratch, nullptr, Access::kFile, part) ==
-        Tier::kStage);
+  CHECK(tiers
+            .open(DecodeRead{2, Access::kFile, part, scratch, std::nullopt, nullptr, Tier::kStage},
+                  nullptr)
+            .tier == Tier::kStage);
   CHECK(scratch.check.empty());
   CHECK(stage.corrupt() == 0);
   // Any write changes its identity (a tick later at most): checked whole again, and caught.
   std::this_thread::sleep_for(std::chrono::milliseconds(20));
   prestage::test::write_file(stage.staged_path(2), bytes_of(std::string(100, 'X')));
-  CHECK(tiers.serve(2, Tier::kStage, std::nullopt, scratch, nullptr, Access::kFile, part) ==
-        Tier::kSource);
+  CHECK(tiers
+            .open(DecodeRead{2, Access::kFile, part, scratch, std::nullopt, nullptr, Tier::kStage},
+                  nullptr)
+            .tier == Tier::kSource);
   CHECK(stage.corrupt() == 1);
 }
 
@@ -295,9 +322,14 @@ TEST_CASE("tiers: a use that reads a whole staged copy must check it") {
   stage_file(stage, set.catalog, 1);
   Tiers tiers(set.catalog, &stage, 1 << 20);
   TierScratch scratch;
-  CHECK_THROWS_AS(tiers.serve(1, Tier::kStage, std::nullopt, scratch, nullptr, Access::kBytes,
-                              [](const prestage::detail::ByteSource&) -> uint64_t { return 6; }),
-                  std::logic_error);
+  CHECK_THROWS_AS(
+      tiers
+          .open(DecodeRead{1, Access::kBytes,
+                           [](const prestage::detail::ByteSource&) -> uint64_t { return 6; },
+                           scratch, std::nullopt, nullptr, Tier::kStage},
+                nullptr)
+          .tier,
+      std::logic_error);
 }
 
 namespace {
@@ -345,14 +377,16 @@ TEST_CASE("tiers: a whole file read from the source is staged as stage 2 would s
       TierScratch scratch;
       TierTally tally;
       std::vector<std::byte> buffer;
-      CHECK(text(tiers.read(1, std::nullopt, buffer, scratch, &tally)) == Recorded::content(1));
+      CHECK(text(tiers.open(SampleBytes{1, std::nullopt, buffer, scratch}, &tally).bytes) ==
+            Recorded::content(1));
       CHECK(tiers.served().reads[at(Tier::kSource)] == 1);
       CHECK(tiers.misses_staged() == 1);
       REQUIRE(stage.servable(1));
       CHECK(file_text(stage.staged_path(1)) == Recorded::content(1));
       CHECK(stage.node().used() == Recorded::kSize);  // its bytes, counted once
       // The next read is the copy's: the source is read once.
-      CHECK(text(tiers.read(1, std::nullopt, buffer, scratch, &tally)) == Recorded::content(1));
+      CHECK(text(tiers.open(SampleBytes{1, std::nullopt, buffer, scratch}, &tally).bytes) ==
+            Recorded::content(1));
       CHECK(tiers.served().reads[at(Tier::kStage)] == 1);
       CHECK(tiers.served().reads[at(Tier::kSource)] == 1);
       CHECK(tiers.misses_staged() == 1);
@@ -361,9 +395,10 @@ TEST_CASE("tiers: a whole file read from the source is staged as stage 2 would s
       Tiers copier(set.catalog, &other, 1 << 20);
       REQUIRE(other.try_claim(1));
       CHECK(other.stage(1,
-                        StageDirectory::Stream(
-                            [&](const StageDirectory::Sink& write, std::vector<std::byte>& out,
-                                int64_t& mtime_ns) { copier.copy_file(1, write, out, mtime_ns); }),
+                        StageDirectory::Stream([&](const StageDirectory::Sink& write,
+                                                   std::vector<std::byte>& out, int64_t& mtime_ns) {
+                          copier.open(FileCopy{1, out, mtime_ns, &write}, nullptr);
+                        }),
                         buffer) == StageDirectory::Outcome::kStaged);
       CHECK(stage.staged_size(1) == other.staged_size(1));
       CHECK(stage.staged_crc(1) == other.staged_crc(1));
@@ -391,9 +426,11 @@ TEST_CASE("tiers: a miss with no room in the bound leaves nothing staged") {
   TierScratch scratch;
   TierTally tally;
   std::vector<std::byte> buffer;
-  CHECK(text(tiers.read(0, std::nullopt, buffer, scratch, &tally)) == Recorded::content(0));
+  CHECK(text(tiers.open(SampleBytes{0, std::nullopt, buffer, scratch}, &tally).bytes) ==
+        Recorded::content(0));
   CHECK(stage.servable(0));
-  CHECK(text(tiers.read(2, std::nullopt, buffer, scratch, &tally)) == Recorded::content(2));
+  CHECK(text(tiers.open(SampleBytes{2, std::nullopt, buffer, scratch}, &tally).bytes) ==
+        Recorded::content(2));
   CHECK(stage.is_absent(2));
   CHECK_FALSE(stage.node().claimed(2));
   CHECK_FALSE(std::filesystem::exists(stage.staged_path(2)));
@@ -401,7 +438,8 @@ TEST_CASE("tiers: a miss with no room in the bound leaves nothing staged") {
   CHECK(stage.node().used() == Recorded::kSize);
   CHECK(tiers.misses_staged() == 1);
   // Still read from the source, and still not staged.
-  CHECK(text(tiers.read(2, std::nullopt, buffer, scratch, &tally)) == Recorded::content(2));
+  CHECK(text(tiers.open(SampleBytes{2, std::nullopt, buffer, scratch}, &tally).bytes) ==
+        Recorded::content(2));
   CHECK(tiers.served().reads[at(Tier::kSource)] == 3);
   CHECK(stage.is_absent(2));
 }
@@ -419,7 +457,8 @@ TEST_CASE(
   // Stage 1 claimed file 3 for a later batch (reserved, then claimed); its copy has not begun.
   REQUIRE(stage.reserve(3, Recorded::kSize, bound));
   REQUIRE(stage.try_claim(3));
-  CHECK(text(tiers.read(3, std::nullopt, buffer, scratch, &tally)) == Recorded::content(3));
+  CHECK(text(tiers.open(SampleBytes{3, std::nullopt, buffer, scratch}, &tally).bytes) ==
+        Recorded::content(3));
   CHECK(stage.servable(3));
   CHECK(stage.node().used() == Recorded::kSize);  // the claim's reservation, not a second one
   CHECK_FALSE(stage.node().claimed(3));
@@ -435,16 +474,19 @@ TEST_CASE(
   REQUIRE(stage.try_claim(2));
   TierScratch reader;
   std::vector<std::byte> read_bytes;
-  CHECK(stage.stage(2,
-                    StageDirectory::Stream([&](const StageDirectory::Sink& write,
-                                               std::vector<std::byte>& out, int64_t& mtime_ns) {
-                      CHECK(stage.state(2) == StageDirectory::kCopying);
-                      CHECK(text(tiers.read(2, std::nullopt, read_bytes, reader, &tally)) ==
-                            Recorded::content(2));
-                      CHECK(tiers.misses_staged() == 1);
-                      tiers.copy_file(2, write, out, mtime_ns);
-                    }),
-                    buffer) == StageDirectory::Outcome::kStaged);
+  CHECK(
+      stage.stage(
+          2,
+          StageDirectory::Stream([&](const StageDirectory::Sink& write, std::vector<std::byte>& out,
+                                     int64_t& mtime_ns) {
+            CHECK(stage.state(2) == StageDirectory::kCopying);
+            CHECK(
+                text(tiers.open(SampleBytes{2, std::nullopt, read_bytes, reader}, &tally).bytes) ==
+                Recorded::content(2));
+            CHECK(tiers.misses_staged() == 1);
+            tiers.open(FileCopy{2, out, mtime_ns, &write}, nullptr);
+          }),
+          buffer) == StageDirectory::Outcome::kStaged);
   CHECK(stage.servable(2));
   CHECK(stage.node().used() == 2 * Recorded::kSize);
 }
@@ -465,7 +507,8 @@ TEST_CASE("tiers: misses that are not a whole file of a recorded size and time a
     TierScratch scratch;
     TierTally tally;
     std::vector<std::byte> buffer;
-    for (uint64_t id = 0; id < 2; ++id) tiers.read(id, std::nullopt, buffer, scratch, &tally);
+    for (uint64_t id = 0; id < 2; ++id)
+      tiers.open(SampleBytes{id, std::nullopt, buffer, scratch}, &tally);
     CHECK(tiers.served().reads[at(Tier::kSource)] == 2);
     CHECK(tiers.misses_staged() == 0);
     CHECK(stage.is_absent(0));
@@ -476,6 +519,6 @@ TEST_CASE("tiers: misses that are not a whole file of a recorded size and time a
   Tiers tiers(set.catalog, &stage, 1 << 20);
   TierScratch scratch;
   std::vector<std::byte> buffer;
-  tiers.read(0, std::nullopt, buffer, scratch, nullptr);
+  tiers.open(SampleBytes{0, std::nullopt, buffer, scratch}, nullptr);
   CHECK(stage.is_absent(0));
 }

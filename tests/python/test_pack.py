@@ -225,4 +225,4 @@ def test_cli(tmp_path, capsys):
     run = subprocess.run([sys.executable, "-m", "prestage", "pack", str(tmp_path / "src"),
                           str(tmp_path / "out3")], capture_output=True, text=True)
     assert run.returncode == 0, run.stderr
-    assert "packed 21 files into" in run.stdout
+    assert "packed 21 samples into" in run.stdout

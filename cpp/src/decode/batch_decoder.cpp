@@ -105,9 +105,10 @@ class BatchDecoder::Run : public BatchRun {
   // batch is laid out).
   ImageSize read_image(size_t i, uint64_t id) {
     Reader& r = reader();
-    const auto bytes = d_.tiers_.read(id, held(i, id), s_.bytes[i], r.paths, b_.tally);
+    const auto bytes =
+        d_.tiers_.open(SampleBytes{id, held(i, id), s_.bytes[i], r.paths}, b_.tally).bytes;
     d_.bytes_read_.fetch_add(bytes.size(), std::memory_order_relaxed);
-    const std::string& path = r.paths.source;  // the sample's source path, as read() left it
+    const std::string& path = r.paths.source;  // the sample's source path, as the read left it
     SampleDecoder& decoder = r.codec(d_.codec_);
     s_.jpegs[i] = decoder.image_payload(bytes, path, s_.unpacked[i]);
     const ImageHeader header = decoder.image.header(s_.jpegs[i], path);
@@ -144,7 +145,8 @@ class BatchDecoder::Run : public BatchRun {
     Reader& r = reader();
     if (!codec.arrays()) {
       // Raw files: the file's (or byte range's) bytes as one array (Codec::raw_array).
-      const auto bytes = d_.tiers_.read(id, held(i, id), s_.bytes[i], r.paths, b_.tally);
+      const auto bytes =
+          d_.tiers_.open(SampleBytes{id, held(i, id), s_.bytes[i], r.paths}, b_.tally).bytes;
       s_.jpegs[i] = bytes;
       s_.tiers[i] = Tier::kMemory;
       const uint64_t n = bytes.size();
@@ -156,16 +158,18 @@ class BatchDecoder::Run : public BatchRun {
     // for step 3 and counted here; a copy on disk is opened again by step 3, which counts it.
     s_.in_memory[i] = 0;
     const Catalog::Locator loc = d_.tiers_.catalog().locator(id);
-    s_.tiers[i] = d_.tiers_.serve(
-        id, Tier::kMemory, held(i, id), r.paths, b_.tally, Access::kFile,
-        [&](const ByteSource& at) -> uint64_t {
-          r.codec(codec).probe(at, loc, s_.probes[i]);
-          if (at.file() != nullptr) return 0;
-          s_.in_memory[i] = 1;
-          s_.memory[i] = at.memory();
-          return at.size();
-        },
-        &s_.bytes[i]);
+    const auto probe = [&](const ByteSource& at) -> uint64_t {
+      r.codec(codec).probe(at, loc, s_.probes[i]);
+      if (at.file() != nullptr) return 0;
+      s_.in_memory[i] = 1;
+      s_.memory[i] = at.memory();
+      return at.size();
+    };
+    s_.tiers[i] =
+        d_.tiers_
+            .open(DecodeRead{id, Access::kFile, probe, r.paths, held(i, id), &s_.bytes[i]},
+                  b_.tally)
+            .tier;
   }
 
   // Step 3: sample i's data into its place (from catalog sample `id`).
@@ -193,11 +197,13 @@ class BatchDecoder::Run : public BatchRun {
       r.codec(codec).fill(MemorySource(s_.memory[i], path), loc, s_.probes[i], out);
     } else {
       const Catalog::Locator loc = d_.tiers_.catalog().locator(id);
-      d_.tiers_.serve(id, s_.tiers[i], std::nullopt, r.paths, b_.tally, Access::kFile,
-                      [&](const ByteSource& at) -> uint64_t {
-                        r.codec(codec).fill(at, loc, s_.probes[i], out);
-                        return out.size();
-                      });
+      const auto fill = [&](const ByteSource& at) -> uint64_t {
+        r.codec(codec).fill(at, loc, s_.probes[i], out);
+        return out.size();
+      };
+      d_.tiers_.open(
+          DecodeRead{id, Access::kFile, fill, r.paths, std::nullopt, nullptr, s_.tiers[i]},
+          b_.tally);
     }
     // Decoded bytes: what a compressed sample took on disk is not tracked per read.
     d_.bytes_read_.fetch_add(out.size(), std::memory_order_relaxed);
@@ -232,9 +238,10 @@ class BatchDecoder::Run : public BatchRun {
   void fill_resized(size_t i, uint64_t id, Reader& r, SampleDecoder& decoder, ImageSize size,
                     std::span<std::byte> rgb) {
     const LoaderDecodeOptions& o = d_.options_;
-    const auto bytes = d_.tiers_.read(id, held(i, id), r.buffer, r.paths, b_.tally);
+    const auto bytes =
+        d_.tiers_.open(SampleBytes{id, held(i, id), r.buffer, r.paths}, b_.tally).bytes;
     d_.bytes_read_.fetch_add(bytes.size(), std::memory_order_relaxed);
-    const std::string& path = r.paths.source;  // the sample's source path, as read() left it
+    const std::string& path = r.paths.source;  // the sample's source path, as the read left it
     const auto jpeg = decoder.image_payload(bytes, path);
     if (o.transform == Transform::kRandomResizedCrop) {
       decoder.image.decode_random_crop(jpeg, size, d_.seed_, b_.epoch, id, rgb, path);
@@ -379,11 +386,12 @@ const std::string* BatchDecoder::data_set_dtype(const std::atomic<bool>& stoppin
   for (uint64_t j = 0; j < k; ++j) {
     const uint64_t id = j * n / k;
     try {
-      tiers_.serve(id, Tier::kStage, std::nullopt, paths, nullptr, Access::kFile,
-                   [&](const ByteSource& at) -> uint64_t {
-                     decoder.probe(at, catalog.locator(id), probe);
-                     return 0;
-                   });
+      const auto look = [&](const ByteSource& at) -> uint64_t {
+        decoder.probe(at, catalog.locator(id), probe);
+        return 0;
+      };
+      tiers_.open(DecodeRead{id, Access::kFile, look, paths, std::nullopt, nullptr, Tier::kStage},
+                  nullptr);
       found.push_back(probe.info.dtype);
     } catch (const Error&) {
       // Unreadable or undecodable: its batch reports it; the others decide.
@@ -441,7 +449,7 @@ void BatchDecoder::locate(const BatchSamples& batch, Slot& slot) {
     return;
   }
   for (size_t i = 0; i < n; ++i) {
-    slot.data.data()[i] = static_cast<std::byte>(tiers_.locate(batch.ids[i], batch.tally));
+    slot.data.data()[i] = static_cast<std::byte>(tiers_.open(Look{batch.ids[i]}, batch.tally).tier);
   }
   slot.data_bytes = n;
   decoded_.fetch_add(n, std::memory_order_relaxed);

@@ -145,7 +145,7 @@ class BatchDecoder {
   struct Reader;  // batch_run.hpp
   class Run;      // the CPU backend's run of one batch
 
-  // decode=locate: one byte per sample, the tier that holds its bytes now (Tiers::locate).
+  // decode=locate: one byte per sample, the tier that holds its bytes now (a Look, Tiers::open).
   void locate(const BatchSamples& batch, Slot& slot);
   const LoaderDecodeOptions& options_;
   const uint64_t batch_size_;

@@ -195,9 +195,10 @@ class GpuRun : public BatchRun {
   // decode_device=cuda: reads sample i (catalog sample `id`) and keeps its JPEG and its path.
   void read_jpeg(size_t i, uint64_t id) {
     Reader& r = reader();
-    const auto bytes = tiers().read(id, held(i, id), s_.bytes[i], r.paths, b_.tally);
+    const auto bytes =
+        tiers().open(SampleBytes{id, held(i, id), s_.bytes[i], r.paths}, b_.tally).bytes;
     count_read(bytes.size());
-    s_.paths[i] = r.paths.source;  // the sample's source path, as read() left it
+    s_.paths[i] = r.paths.source;  // the sample's source path, as the read left it
     s_.jpegs[i] = r.codec(codec()).image_payload(bytes, s_.paths[i], s_.unpacked[i]);
   }
 

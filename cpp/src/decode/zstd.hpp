@@ -1,5 +1,5 @@
 // Stage 3, zstd frames: a sample stored as a zstd frame (.zst) of any format is decompressed before
-// its codec runs. The only file that includes zstd.h is zstd.cpp.
+// its codec runs, through util/zstd_stream.hpp (the only file that includes zstd.h).
 #pragma once
 
 #include <cstddef>

@@ -1,13 +1,13 @@
 #include "formats/compressed.hpp"
 
-#include <zlib.h>
-#include <zstd.h>
-
 #include <algorithm>
 #include <cstring>
+#include <optional>
 
 #include "prestage/error.hpp"
 #include "util/crc32c.hpp"
+#include "util/inflate.hpp"
+#include "util/zstd_stream.hpp"
 
 namespace prestage::detail {
 
@@ -42,16 +42,11 @@ struct Decompressor::State {
   size_t in_pos = 0, in_end = 0;
   bool ended = false;   // the stream's last member or frame ended with the file
   bool between = true;  // at the start of a member or frame (nothing of it decoded yet)
-  z_stream z{};
-  bool z_open = false;
-  ZSTD_DCtx* zstd = nullptr;
+  std::optional<Inflater> gzip_stream;
+  std::optional<ZstdStream> zstd;
 
   State(const FileRef& f, Catalog::Codec c, const std::string& p)
       : path(p), codec(c), file(f), size(file.size()) {}
-  ~State() {
-    if (z_open) inflateEnd(&z);
-    if (zstd != nullptr) ZSTD_freeDCtx(zstd);
-  }
 
   uint64_t at() const { return read_at - (in_end - in_pos); }  // the compressed byte reached
 
@@ -91,38 +86,25 @@ struct Decompressor::State {
         if (!magic) {
           fail("bytes after the last gzip member are not another member");
         }
-        if (!z_open) {
-          if (inflateInit2(&z, 15 + 16) != Z_OK) throw Error("cannot start zlib's inflate");
-          z_open = true;
-        } else if (inflateReset(&z) != Z_OK) {
-          throw Error("cannot reset zlib's inflate");
-        }
+        if (!gzip_stream) gzip_stream.emplace(Inflater::Wrapping::kGzip);
+        if (!gzip_stream->restart()) throw Error("cannot start zlib's inflate");
         between = false;
       }
-      z.next_in = reinterpret_cast<Bytef*>(in.data() + in_pos);
-      z.avail_in = static_cast<uInt>(in_end - in_pos);
-      z.next_out = reinterpret_cast<Bytef*>(out.data() + done);
-      z.avail_out = static_cast<uInt>(std::min<size_t>(out.size() - done, UINT32_MAX));
-      const uInt before_out = z.avail_out;
-      const int rc = inflate(&z, Z_NO_FLUSH);
-      in_pos = in_end - z.avail_in;
-      done += before_out - z.avail_out;
-      if (rc == Z_STREAM_END) {
+      gzip_stream->feed(std::span<const std::byte>(in.data() + in_pos, in_end - in_pos));
+      const char* error = nullptr;
+      const Inflater::Status status = gzip_stream->inflate(out, done, &error);
+      in_pos = in_end - gzip_stream->input_left();
+      if (status == Inflater::Status::kEnded) {
         between = true;
-      } else if (rc == Z_BUF_ERROR) {
-        continue;  // needs more input (refilled above) or more room (the loop ends)
-      } else if (rc != Z_OK) {
-        fail(z.msg != nullptr ? z.msg : "corrupt data (zlib error " + std::to_string(rc) + ")");
-      }
+      } else if (status == Inflater::Status::kCorrupt) {
+        fail(error);
+      }  // else out of room (the loop ends) or of input (refilled above)
     }
     return done;
   }
 
   size_t zstd_read(std::span<std::byte> out) {
-    if (zstd == nullptr) {
-      zstd = ZSTD_createDCtx();
-      if (zstd == nullptr) throw Error("cannot create a zstd decompression context");
-    }
+    if (!zstd) zstd.emplace();
     size_t done = 0;
     while (done < out.size()) {
       if (!refill()) {
@@ -130,13 +112,11 @@ struct Decompressor::State {
         ended = true;
         break;
       }
-      ZSTD_inBuffer zin{in.data() + in_pos, in_end - in_pos, 0};
-      ZSTD_outBuffer zout{out.data() + done, out.size() - done, 0};
-      const size_t rc = ZSTD_decompressStream(zstd, &zout, &zin);
-      if (ZSTD_isError(rc)) fail(std::string("corrupt frame: ") + ZSTD_getErrorName(rc));
-      in_pos += zin.pos;
-      done += zout.pos;
-      between = rc == 0;  // a frame ended exactly here
+      const char* error = nullptr;
+      const size_t hint =
+          zstd->step(std::span<const std::byte>(in.data(), in_end), in_pos, out, done, &error);
+      if (error != nullptr) fail(std::string("corrupt frame: ") + error);
+      between = hint == 0;  // a frame ended exactly here
     }
     return done;
   }

@@ -263,7 +263,7 @@ Open& open_dataset(State& s, const FileRef& file, const std::string& dataset,
 // `dataset` of the HDF5 file whose bytes are `image` (a copy the tiers hold in memory), opened
 // through HDF5's core driver, which copies the image. Not cached: the image is the caller's, for
 // one call; each use costs a copy of the file, which is why only files within max_sample_bytes are
-// served so (Tiers::serve).
+// served so (a DecodeRead, Tiers::open).
 Open open_image(State& s, std::span<const std::byte> image, const std::string& dataset,
                 const std::string& path) {
   quiet(s);

@@ -1,15 +1,13 @@
 #include "formats/npz.hpp"
 
-#include <zlib.h>
-
 #include <algorithm>
-#include <climits>
 #include <cstring>
 #include <stdexcept>
 
 #include "formats/npy.hpp"
 #include "formats/zstd_frame.hpp"
 #include "prestage/error.hpp"
+#include "util/inflate.hpp"
 
 namespace prestage::detail {
 namespace {
@@ -55,18 +53,6 @@ class RangeSource final : public ByteSource {
   uint64_t length_;
 };
 
-uint32_t crc32_of(uint32_t crc, std::span<const std::byte> bytes) {
-  auto* p = reinterpret_cast<const Bytef*>(bytes.data());
-  size_t left = bytes.size();
-  while (left > 0) {
-    const uInt chunk = static_cast<uInt>(std::min<size_t>(left, UINT_MAX));
-    crc = static_cast<uint32_t>(::crc32(crc, p, chunk));
-    p += chunk;
-    left -= chunk;
-  }
-  return crc;
-}
-
 }  // namespace
 
 bool is_zip(std::span<const std::byte> bytes) {
@@ -74,8 +60,7 @@ bool is_zip(std::span<const std::byte> bytes) {
 }
 
 struct NpzDecoder::Impl {
-  z_stream stream{};
-  bool stream_ready = false;
+  Inflater inflater{Inflater::Wrapping::kRaw};
   std::vector<std::byte> scratch;   // compressed data, directory, prefixes
   std::vector<std::byte> header;    // an inflated .npy header
   std::vector<std::byte> unpacked;  // a Fortran-order member, inflated
@@ -84,32 +69,22 @@ struct NpzDecoder::Impl {
     throw DecodeError(source.path(), "npz: " + why);
   }
 
-  void reset(const ByteSource& source) {
-    const int rc = stream_ready ? inflateReset(&stream) : inflateInit2(&stream, -MAX_WBITS);
-    if (rc != Z_OK) fail(source, "cannot start inflating");
-    stream_ready = true;
+  // A new deflate stream to inflate from `in`.
+  void start(const ByteSource& source, std::span<const std::byte> in) {
+    if (!inflater.restart()) fail(source, "cannot start inflating");
+    inflater.feed(in);
   }
 
-  // Inflates from stream.next_in into [out, out + size). Returns the bytes written; stops early
-  // only at the end of the deflate stream (`*ended`).
+  // Inflates into [out, out + size). Returns the bytes written; stops early only at the end of the
+  // deflate stream (`*ended`) or of the input.
   size_t inflate_to(const ByteSource& source, std::byte* out, size_t size, bool* ended) {
-    *ended = false;
     size_t written = 0;
-    while (written < size) {
-      const uInt chunk = static_cast<uInt>(std::min<size_t>(size - written, UINT_MAX));
-      stream.next_out = reinterpret_cast<Bytef*>(out + written);
-      stream.avail_out = chunk;
-      const int rc = ::inflate(&stream, Z_NO_FLUSH);
-      written += chunk - stream.avail_out;
-      if (rc == Z_STREAM_END) {
-        *ended = true;
-        return written;
-      }
-      if (rc == Z_BUF_ERROR && stream.avail_in == 0) return written;  // input exhausted
-      if (rc != Z_OK) {
-        fail(source, std::string("corrupt deflate data: ") + (stream.msg ? stream.msg : "error"));
-      }
+    const char* error = nullptr;
+    const Inflater::Status status = inflater.inflate(std::span(out, size), written, &error);
+    if (status == Inflater::Status::kCorrupt) {
+      fail(source, std::string("corrupt deflate data: ") + error);
     }
+    *ended = status == Inflater::Status::kEnded;
     return written;
   }
 
@@ -221,9 +196,7 @@ struct NpzDecoder::Impl {
 
 NpzDecoder::NpzDecoder() : impl_(std::make_unique<Impl>()) {}
 
-NpzDecoder::~NpzDecoder() {
-  if (impl_ && impl_->stream_ready) inflateEnd(&impl_->stream);
-}
+NpzDecoder::~NpzDecoder() = default;
 
 NpzMember NpzDecoder::probe(const ByteSource& archive, const std::string& name, ArrayInfo& info,
                             uint64_t max_bytes) {
@@ -262,9 +235,7 @@ NpzMember NpzDecoder::probe(const ByteSource& archive, const std::string& name, 
   while (true) {
     const uint64_t take = std::min(want, member.compressed);
     const auto in = read_span(archive, member.data_start, take, m.scratch);
-    m.reset(archive);
-    m.stream.next_in = reinterpret_cast<Bytef*>(const_cast<std::byte*>(in.data()));
-    m.stream.avail_in = static_cast<uInt>(std::min<uint64_t>(in.size(), UINT_MAX));
+    m.start(archive, in);
     const size_t header_bytes = static_cast<size_t>(std::min<uint64_t>(want, member.uncompressed));
     if (m.header.size() < header_bytes) m.header.resize(header_bytes);
     bool ended = false;
@@ -297,36 +268,24 @@ void NpzDecoder::decode(const ByteSource& archive, const NpzMember& member, cons
   if (!member.deflated) {
     const RangeSource data(archive, member.data_start, member.compressed);
     const auto header = read_span(data, 0, member.npy_offset, m.header);
-    uint32_t crc = crc32_of(0, header);
+    uint32_t crc = zlib_crc32(0, header);
     if (!info.fortran || info.ndim <= 1) {
       data.read(member.npy_offset, out);
-      crc = crc32_of(crc, out);
+      crc = zlib_crc32(crc, out);
     } else {
       const auto bytes = read_span(data, member.npy_offset, info.bytes, m.unpacked);
-      crc = crc32_of(crc, bytes);
+      crc = zlib_crc32(crc, bytes);
       fortran_to_c(bytes.data(), out.data(), info);
     }
     if (crc != member.crc) Impl::fail(archive, "CRC mismatch in member data");
     return;
   }
   const auto in = read_span(archive, member.data_start, member.compressed, m.scratch);
-  m.reset(archive);
-  m.stream.next_in = reinterpret_cast<Bytef*>(const_cast<std::byte*>(in.data()));
-  m.stream.avail_in = static_cast<uInt>(std::min<uint64_t>(in.size(), UINT_MAX));
-  // zlib counts input in uInt: members over 4 GiB compressed are fed in pieces.
-  uint64_t fed = m.stream.avail_in;
-  auto refill = [&] {
-    if (m.stream.avail_in == 0 && fed < in.size()) {
-      const uint64_t chunk = std::min<uint64_t>(in.size() - fed, UINT_MAX);
-      m.stream.next_in = reinterpret_cast<Bytef*>(const_cast<std::byte*>(in.data() + fed));
-      m.stream.avail_in = static_cast<uInt>(chunk);
-      fed += chunk;
-    }
-  };
+  m.start(archive, in);
   bool ended = false;
   if (m.header.size() < member.npy_offset) m.header.resize(member.npy_offset);
   size_t got = m.inflate_to(archive, m.header.data(), member.npy_offset, &ended);
-  uint32_t crc = crc32_of(0, std::span(m.header.data(), got));
+  uint32_t crc = zlib_crc32(0, std::span(m.header.data(), got));
   const bool transpose = info.fortran && info.ndim > 1;
   std::byte* target = out.data();
   if (transpose) {
@@ -334,23 +293,18 @@ void NpzDecoder::decode(const ByteSource& archive, const NpzMember& member, cons
     target = m.unpacked.data();
   }
   uint64_t written = 0;
-  while (!ended && written < info.bytes) {
-    refill();
-    const size_t n =
-        m.inflate_to(archive, target + written, static_cast<size_t>(info.bytes - written), &ended);
-    if (n == 0 && m.stream.avail_in == 0 && fed == in.size()) break;
-    written += n;
+  if (!ended) {
+    written = m.inflate_to(archive, target, static_cast<size_t>(info.bytes), &ended);
   }
   if (got != member.npy_offset || written != info.bytes)
     Impl::fail(archive, "truncated deflate data");
   // The stream must end exactly here.
   std::byte probe[1];
-  refill();
   if (!ended && m.inflate_to(archive, probe, 1, &ended) != 0) {
     Impl::fail(archive, "member holds more data than its header describes");
   }
   if (!ended) Impl::fail(archive, "truncated deflate data");
-  crc = crc32_of(crc, std::span<const std::byte>(target, info.bytes));
+  crc = zlib_crc32(crc, std::span<const std::byte>(target, info.bytes));
   if (crc != member.crc) Impl::fail(archive, "CRC mismatch in member data");
   if (transpose) fortran_to_c(target, out.data(), info);
 }

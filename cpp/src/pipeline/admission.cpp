@@ -47,7 +47,7 @@ void Admitter::plan_read_ahead(const uint64_t* ids, size_t count, BatchAdmission
   // a byte range (a TFRecord record, a packed sample). Not slices of an array (from_arrays,
   // from_hdf5): the bytes of one are its file's (its header, and HDF5's layout, lie there), shared
   // by many samples, which stage 3 reads from the node's copy, or as a whole home copy through the
-  // peer tier, or in part from the source (Tiers::serve). With decode=locate nothing is read here
+  // peer tier, or in part from the source (a DecodeRead). With decode=locate nothing is read here
   // (the consumer reads what it was told where to find).
   const Catalog::Kind kind = shared_.codec.kind;
   const bool slices = kind == Catalog::Kind::kArrays || kind == Catalog::Kind::kHdf5;

@@ -164,7 +164,7 @@ void Stager::read_one(StageTask& task, size_t j, std::vector<std::byte>& buffer)
   ReadAhead& ahead = *task.read_ahead;
   const std::span<std::byte> out = ahead.fill(j);
   try {
-    tiers_.fetch_sample(ahead.id(j), out, buffer, task.reads);
+    tiers_.open(Prefetch{ahead.id(j), out, buffer}, task.reads);
   } catch (const Error&) {
     return;  // stage 3 reads it again and reports the error at the sample's batch
   }
@@ -184,7 +184,7 @@ void Stager::stage_one(StageTask& task, uint64_t id, std::vector<std::byte>& buf
       // Written as it is read: a compressed file is decompressed a piece at a time.
       const StageDirectory::Stream fetch = [&](const StageDirectory::Sink& write,
                                                std::vector<std::byte>& out, int64_t& mtime_ns) {
-        tiers_.copy_file(id, write, out, mtime_ns, task.reads);
+        tiers_.open(FileCopy{id, out, mtime_ns, &write}, task.reads);
       };
       switch (directory_->stage(id, fetch, buffer, neighbour_wait_)) {
         case StageDirectory::Outcome::kStaged:
@@ -240,8 +240,8 @@ void Stager::add_to(Stats& stats) const {
   stats.adopted_files = adopted_.load() + (directory_ != nullptr ? directory_->taken_over() : 0);
   stats.stage_failures = failures_.load();
   stats.stage_expedited = expedited_.load();
-  // Its reads into memory, as the ledger of the tiers it reads through counts them (fetch_sample,
-  // which stage 2 alone calls).
+  // Its reads into memory, as the ledger of the tiers it reads through counts them (Prefetch
+  // requests, which stage 2 alone makes).
   const TierCounts ahead = tiers_.ledger().totals(Purpose::kReadAhead);
   stats.read_ahead = ahead.all_reads();
   stats.read_ahead_bytes = ahead.all_bytes();

@@ -33,7 +33,7 @@ struct StageTask {
   size_t count = 0;
   // Samples not staged (the stage directory declined them: no room without evicting files needed
   // sooner; or it cannot be used), of those the pipeline chose (whole files and byte ranges, not
-  // array slices, up to a budget per batch): read into memory through Tiers::fetch_sample (a
+  // array slices, up to a budget per batch): read into memory through Tiers::open (a Prefetch: a
   // peer's home copy, else the source) instead, so that stage 3 does not read them through the
   // PFS's latency itself. A read that fails leaves its item unread: stage 3 reads the sample again
   // and reports the error. Null: none.

@@ -1,7 +1,7 @@
 // The peers as a tier: a sample's or a file's home copy (tiers/peers.hpp: from its owner node over
 // the transport, or from this node's stage directory once a neighbour has published it), through
 // the router (tiers/router.hpp), which declines it when it expects the source to finish the read
-// first (and then queues that read in its model: Delivery::pfs_chosen, for the source tier).
+// first (and then queues that read in its model: Want::pfs_chosen, for the source tier).
 #pragma once
 
 #include <memory>
@@ -22,7 +22,10 @@ class PeerTier final : public TierReader {
   PeerTier(const Catalog& catalog, const std::unique_ptr<Router>& router, uint64_t max_read_bytes)
       : catalog_(catalog), router_(router), max_read_bytes_(max_read_bytes) {}
 
-  std::optional<Served> serve(const Want& want, Delivery& to) override;
+  using TierReader::serve;
+  std::optional<Served> serve(Want& want, const DecodeRead& read) override;
+  std::optional<Served> serve(Want& want, const Prefetch& read) override;
+  std::optional<Served> serve(Want& want, const FileCopy& copy) override;
 
  private:
   // The router's fetch_home() as the tier that served: kPeer, kStage (this node's home copy,

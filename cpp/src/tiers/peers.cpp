@@ -342,11 +342,11 @@ Peers::Fetched Peers::local(const Catalog::Locator& loc, std::vector<std::byte>&
       waited = std::chrono::duration_cast<std::chrono::microseconds>(
           std::chrono::steady_clock::now() - asked);
       // A copy left by an earlier run is served only once it is checked against its record, as
-      // Tiers::serve() serves one: checked here by stage 2's own check (StageDirectory::verify,
+      // a DecodeRead serves one: checked here by stage 2's own check (StageDirectory::verify,
       // which marks it checked for every reader of the node) rather than waited for.
       std::vector<std::byte> check;
       if (stage_->unverified(loc.file) && !stage_->verify(loc.file, check)) return Fetched::kNone;
-      // Then checked as Tiers::serve() checks a staged copy: a whole copy by its CRC, a part of one
+      // Then checked as a DecodeRead checks a staged copy: a whole copy by its CRC, a part of one
       // by the copy's identity. A copy that fails is removed; the caller reads the source.
       const bool whole = loc.length == Catalog::kWholeFile;
       if (!whole && !stage_->unchanged(loc.file, check)) return Fetched::kNone;
@@ -394,7 +394,7 @@ PeerAnswer Peers::serve(const PeerRange& range, std::vector<std::byte>& bytes, P
   }
   check.file_size = size;
   // Never a wrong byte: the copy is checked against its record before any of it is sent, as the
-  // node's own readers are served one (Tiers::serve, local()). A copy that changed on this node's
+  // node's own readers are served one (a DecodeRead, local()). A copy that changed on this node's
   // SSD is removed here too, not only refused by the asker.
   if (stage_->unverified(file)) {
     // A copy left by an earlier run: by stage 2's own check (which reads it whole into `bytes` and

@@ -17,11 +17,11 @@
 //    the asker reads the source.
 //  - later, a rank reads a sample from its node's stage directory if there, else (a home copy of
 //    another node) from that copy's owner rank over MPI, else from the source: stage 2 copies it
-//    to the node's stage directory (Tiers::fetch_file) where the node's own policy admits it, so a
-//    fetched sample the node uses again is read locally next time; it reads it ahead into memory
-//    (fetch_sample) or stage 3 reads it (serve) where not. Where a home copy exists, the read goes
-//    to it or to the source, whichever the source model (tiers/source_model.hpp, applied by
-//    the peer tier, tiers/peer_tier.hpp, for every reader) expects to finish it first.
+//    to the node's stage directory (a FileCopy, Tiers::open) where the node's own policy admits it,
+//    so a fetched sample the node uses again is read locally next time; it reads it ahead into
+//    memory (a Prefetch) or stage 3 reads it (a DecodeRead) where not. Where a home copy exists,
+//    the read goes to it or to the source, whichever the source model (tiers/source_model.hpp,
+//    applied by the peer tier, tiers/peer_tier.hpp, for every reader) expects to finish it first.
 //  - a request names the sample's byte range (or the whole file: stage 2's copies, and samples
 //    that are whole files or slices of one), and the owner sends only those bytes. It checks its
 //    copy against its stage index before it sends any of it: a copy left by an earlier run whole

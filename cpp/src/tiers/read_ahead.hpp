@@ -1,5 +1,5 @@
 // The bytes stage 2 reads ahead into memory for one batch: the samples the stage directory
-// declined, chosen by stage 1 within a byte budget, read by stage 2 through Tiers::fetch_sample,
+// declined, chosen by stage 1 within a byte budget, read by stage 2 through Tiers::open (Prefetch),
 // handed to stage 3 by batch position (the memory tier, tiers/memory_tier.hpp).
 #pragma once
 

@@ -102,68 +102,61 @@ void SourceTier::read_compressed(const Catalog::Locator& loc, std::vector<std::b
   stalled_if_timed_out(loc.file, [&] { read_compressed_sample(catalog_, loc, path, out); });
 }
 
-std::optional<Served> SourceTier::serve(const Want& want, Delivery& to) {
-  switch (want.purpose) {
-    case Purpose::kDecode:
-      if (want.access != Access::kLook) refuse_if_stalled(want.loc.file, want.path);
-      if (catalog_.file_codec(want.loc.file) != Catalog::Codec::kNone) {
-        // The sample's bytes, decompressed from the whole stream into memory, checked.
-        std::vector<std::byte>& buffer = to.landing();
-        read_compressed(want.loc, buffer);
-        return use_bytes(Tier::kSource, MemorySource(buffer, want.path), want, to);
-      }
-      return use_bytes(
-          Tier::kSource,
-          FileSource::sample(source_file(catalog_, want.path), want.loc, want.size, want.path),
-          want, to);
-    case Purpose::kLocate:
-      return Served{Tier::kSource, want.size == Catalog::kUnknownSize ? 0 : want.size};
-    case Purpose::kReadAhead:
-      return read_ahead(want, to);
-    case Purpose::kCopy:
-      return copy(want, to);
+std::optional<Served> SourceTier::serve(Want& want, const DecodeRead& read) {
+  if (read.access != Access::kLook) refuse_if_stalled(want.loc.file, want.path);
+  if (catalog_.file_codec(want.loc.file) != Catalog::Codec::kNone) {
+    // The sample's bytes, decompressed from the whole stream into memory, checked.
+    std::vector<std::byte>& buffer = read.landing();
+    read_compressed(want.loc, buffer);
+    return use_bytes(Tier::kSource, MemorySource(buffer, want.path), read);
   }
-  return std::nullopt;
+  return use_bytes(
+      Tier::kSource,
+      FileSource::sample(source_file(catalog_, want.path), want.loc, want.size, want.path), read);
 }
 
-Served SourceTier::read_ahead(const Want& want, Delivery& to) {
+std::optional<Served> SourceTier::serve(Want& want, const Look&) {
+  return Served{Tier::kSource, want.size == Catalog::kUnknownSize ? 0 : want.size};
+}
+
+std::optional<Served> SourceTier::serve(Want& want, const Prefetch& read) {
   const uint64_t size = want.size;
   if (catalog_.file_codec(want.loc.file) != Catalog::Codec::kNone) {
-    if (to.pfs_chosen && router_ != nullptr) router_->pfs_unqueued(want.loc, size);
+    if (want.pfs_chosen && router_ != nullptr) router_->pfs_unqueued(want.loc, size);
     throw IoError(want.path, EINVAL,
                   "a sample of a compressed file is not read ahead from the source");
   }
   // A loader that closes reads nothing more for batches it will not deliver.
   if (router_ != nullptr && router_->peers().closing()) {
-    if (to.pfs_chosen) router_->pfs_unqueued(want.loc, size);
+    if (want.pfs_chosen) router_->pfs_unqueued(want.loc, size);
     throw IoError(want.path, ECANCELED, "the loader is closing");
   }
-  TimedRead timed(model(), SourceModel::kPfs, size, to.pfs_chosen);
+  TimedRead timed(model(), SourceModel::kPfs, size, want.pfs_chosen);
   const FileRef source = source_file(catalog_, want.path);
-  stalled_if_timed_out(want.loc.file, [&] { read_located(source, want.loc, to.out); });
+  stalled_if_timed_out(want.loc.file, [&] { read_located(source, want.loc, read.out); });
   timed.end(true);
-  return {Tier::kSource, size};
+  return Served{Tier::kSource, size};
 }
 
-Served SourceTier::copy(const Want& want, Delivery& to) {
+std::optional<Served> SourceTier::serve(Want& want, const FileCopy& copy) {
   const uint64_t file = want.loc.file;
   const uint64_t size = want.size;
   const int64_t mtime = catalog_.file_mtime(file);
-  std::vector<std::byte>& buffer = *to.buffer;
+  std::vector<std::byte>& buffer = copy.buffer;
   const FileRef source = source_file(catalog_, want.path);
   // Timed by the bytes it reads from the source (a compressed file's stored bytes), as the router
   // queued it.
   TimedRead timed(model(), SourceModel::kPfs,
                   size == Catalog::kUnknownSize ? 0 : source_bytes(catalog_, want.loc, size),
-                  to.pfs_chosen);
+                  want.pfs_chosen);
   if (catalog_.file_codec(file) != Catalog::Codec::kNone) {
     stalled_if_timed_out(
-        file, [&] { decompress_file(catalog_, file, source, want.path, buffer, to.write); });
-    *to.mtime_ns = mtime;
-    to.written = to.write != nullptr;
+        file, [&] { decompress_file(catalog_, file, source, want.path, buffer, copy.write); });
+    copy.mtime_ns = mtime;
+    want.written = copy.write != nullptr;
     timed.end(size != Catalog::kUnknownSize);
     // What was read from the source: the compressed bytes.
-    return {Tier::kSource, catalog_.file_stored_size(file)};
+    return Served{Tier::kSource, catalog_.file_stored_size(file)};
   }
   if (size != Catalog::kUnknownSize && mtime != Catalog::kUnknownMtime) {
     // One open and one read, no stat: a file of another size than the catalog's is an IoError
@@ -172,12 +165,12 @@ Served SourceTier::copy(const Want& want, Delivery& to) {
     // seen here, as it is not by a direct read.
     buffer.resize(size);
     stalled_if_timed_out(file, [&] { read_file_exact(source, buffer); });
-    *to.mtime_ns = mtime;
+    copy.mtime_ns = mtime;
   } else {
-    stalled_if_timed_out(file, [&] { read_file(source, buffer, to.mtime_ns); });
+    stalled_if_timed_out(file, [&] { read_file(source, buffer, &copy.mtime_ns); });
   }
   timed.end(size != Catalog::kUnknownSize);
-  return {Tier::kSource, buffer.size()};
+  return Served{Tier::kSource, buffer.size()};
 }
 
 }  // namespace prestage::detail

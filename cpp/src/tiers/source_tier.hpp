@@ -3,7 +3,7 @@
 // stream, decompressed and checked against the catalog's size and CRC-32C (never a byte range of
 // it); a file whose read of stage 2's ran past io_timeout is marked stalled, and the next read of
 // it (stage 3's, of the same batch) fails at once instead of waiting out the limit again; stage 2's
-// reads are timed for the router's model when it chose the source (Delivery::pfs_chosen).
+// reads are timed for the router's model when it chose the source (Want::pfs_chosen).
 #pragma once
 
 #include <atomic>
@@ -35,7 +35,11 @@ class SourceTier final : public TierReader {
         router_(router),
         stalled_(new std::atomic<uint8_t>[catalog.num_files()]()) {}
 
-  std::optional<Served> serve(const Want& want, Delivery& to) override;
+  using TierReader::serve;
+  std::optional<Served> serve(Want& want, const DecodeRead& read) override;
+  std::optional<Served> serve(Want& want, const Look& look) override;
+  std::optional<Served> serve(Want& want, const Prefetch& read) override;
+  std::optional<Served> serve(Want& want, const FileCopy& copy) override;
 
   // The bytes of `loc`, a sample of a compressed file, decompressed from the source into `out`:
   // the whole stream is read (its size and CRC checked against the catalog's: never a wrong
@@ -53,8 +57,6 @@ class SourceTier final : public TierReader {
     }
   }
   void refuse_if_stalled(uint64_t file, const std::string& path);
-  Served copy(const Want& want, Delivery& to);
-  Served read_ahead(const Want& want, Delivery& to);
   SourceModel* model() const noexcept { return router_ != nullptr ? router_->model() : nullptr; }
 
   const Catalog& catalog_;

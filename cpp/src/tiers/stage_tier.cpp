@@ -19,49 +19,41 @@ std::span<const std::byte> CheckedCopy::all(std::vector<std::byte>& buffer) cons
   return bytes;
 }
 
-std::optional<Served> StageTier::serve(const Want& want, Delivery& to) {
-  switch (want.purpose) {
-    case Purpose::kDecode:
-      return serve_copy(want, to);
-    case Purpose::kLocate: {
-      // The consumer reads what it is told to: a staged copy is checked first, as a decode checks
-      // one that is read in part.
-      const uint64_t file = want.loc.file;
-      const Served here{Tier::kStage, want.size == Catalog::kUnknownSize ? 0 : want.size};
-      if (stage_ != nullptr && stage_->servable(file) && stage_->unchanged(file, *to.buffer)) {
-        return here;
-      }
-      // Its consumer reads its decompressed copy; without one (no room for it within the bound),
-      // it decompresses the sample from the source (read_compressed_sample()).
-      if (catalog_.file_codec(file) != Catalog::Codec::kNone &&
-          stage_compressed(file, *to.buffer)) {
-        return here;
-      }
-      return std::nullopt;
-    }
-    case Purpose::kReadAhead:
-    case Purpose::kCopy:
-      break;
-  }
-  return std::nullopt;  // stage 2 reads below the stage directory
+std::optional<Served> StageTier::serve(Want& want, const DecodeRead& read) {
+  return serve_copy(want, read);
 }
 
-std::optional<Served> StageTier::serve_copy(const Want& want, Delivery& to) {
+std::optional<Served> StageTier::serve(Want& want, const Look&) {
+  // The consumer reads what it is told to: a staged copy is checked first, as a decode checks one
+  // that is read in part.
+  const uint64_t file = want.loc.file;
+  const Served here{Tier::kStage, want.size == Catalog::kUnknownSize ? 0 : want.size};
+  std::vector<std::byte> check;
+  if (stage_ != nullptr && stage_->servable(file) && stage_->unchanged(file, check)) return here;
+  // Its consumer reads its decompressed copy; without one (no room for it within the bound), it
+  // decompresses the sample from the source (read_compressed_sample()).
+  if (catalog_.file_codec(file) != Catalog::Codec::kNone && stage_compressed(file, check)) {
+    return here;
+  }
+  return std::nullopt;
+}
+
+std::optional<Served> StageTier::serve_copy(const Want& want, const DecodeRead& read) {
   const uint64_t file = want.loc.file;
   // A copy left by an earlier run is served only once stage 2 has checked it against its record.
   if (stage_ == nullptr || !stage_->servable(file)) return std::nullopt;
-  TierScratch& scratch = *to.scratch;
-  const bool whole = want.access == Access::kBytes && want.loc.length == Catalog::kWholeFile;
-  if (!whole && want.access != Access::kLook && !stage_->unchanged(file, scratch.check)) {
+  TierScratch& scratch = read.scratch;
+  const bool whole = read.access == Access::kBytes && want.loc.length == Catalog::kWholeFile;
+  if (!whole && read.access != Access::kLook && !stage_->unchanged(file, scratch.check)) {
     return std::nullopt;
   }
   scratch.staged = stage_->staged_path(file);
   const FileSource copy =
       FileSource::sample(FileRef(scratch.staged), want.loc, want.size, want.path);
   try {
-    if (!whole) return use_bytes(Tier::kStage, copy, want, to);
+    if (!whole) return use_bytes(Tier::kStage, copy, read);
     const CheckedCopy checked(copy, *stage_, file);
-    const Served served = use_bytes(Tier::kStage, checked, want, to);
+    const Served served = use_bytes(Tier::kStage, checked, read);
     if (!checked.checked()) throw std::logic_error("tiers: a staged copy was read unchecked");
     return served;
   } catch (const IoError&) {
@@ -72,15 +64,12 @@ std::optional<Served> StageTier::serve_copy(const Want& want, Delivery& to) {
   return std::nullopt;
 }
 
-std::optional<Served> StageTier::serve_awaited(const Want& want, Delivery& to) {
+std::optional<Served> StageTier::serve_awaited(const Want& want, const DecodeRead& read) {
   // Never a byte range of a compressed source: a copy under way is waited for; without one (stage
   // 1 declined it for want of room, or its copy failed), the source decompresses the sample.
-  if (want.purpose != Purpose::kDecode ||
-      catalog_.file_codec(want.loc.file) == Catalog::Codec::kNone) {
-    return std::nullopt;
-  }
-  while (wait_for_copy(want.loc.file, to.scratch->check, copies_here_)) {
-    if (auto served = serve_copy(want, to)) return served;
+  if (catalog_.file_codec(want.loc.file) == Catalog::Codec::kNone) return std::nullopt;
+  while (wait_for_copy(want.loc.file, read.scratch.check, copies_here_)) {
+    if (auto served = serve_copy(want, read)) return served;
   }
   return std::nullopt;
 }

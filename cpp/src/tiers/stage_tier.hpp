@@ -48,13 +48,16 @@ class CheckedCopy final : public ByteSource {
 // it.
 class StageTier final : public TierReader {
  public:
-  // How a copy of a whole file is made through the chain's kCopy (Tiers::copy_file).
+  // How a copy of a whole file is made through the chain's kCopy (Tiers::open of a FileCopy that
+  // writes as it reads).
   using Copy = std::function<void(uint64_t file, const StageDirectory::Sink& write,
                                   std::vector<std::byte>& buffer, int64_t& mtime_ns)>;
   StageTier(const Catalog& catalog, StageDirectory* stage, Copy copy)
       : catalog_(catalog), stage_(stage), copy_(std::move(copy)) {}
 
-  std::optional<Served> serve(const Want& want, Delivery& to) override;
+  using TierReader::serve;
+  std::optional<Served> serve(Want& want, const DecodeRead& read) override;
+  std::optional<Served> serve(Want& want, const Look& look) override;
 
   // The node's bound on the stage directory's copies (0: none), within which stage 3 makes copies
   // of its own; set before the first read. Without it, stage 3 makes none for a decode.
@@ -66,10 +69,11 @@ class StageTier final : public TierReader {
   // A decode of a sample of a compressed file that the stage directory did not serve: its copy,
   // once a copy under way (or one made here, see wait_for_copy) may be served; nullopt when none
   // is coming (the source decompresses the sample).
-  std::optional<Served> serve_awaited(const Want& want, Delivery& to);
+  std::optional<Served> serve_awaited(const Want& want, const DecodeRead& read);
 
-  // Tiers::read()'s publication of a miss: `bytes`, the whole of file `file`, read from the source
-  // (see Tiers::misses_staged()). `peers_on`: the peer tier is on (its owner makes the copy).
+  // The publication of a miss of a SampleBytes read: `bytes`, the whole of file `file`, read from
+  // the source (see Tiers::misses_staged()). `peers_on`: the peer tier is on (its owner makes the
+  // copy).
   void stage_miss(uint64_t file, std::span<const std::byte> bytes, std::vector<std::byte>& buffer,
                   bool peers_on);
   uint64_t misses_staged() const noexcept { return misses_staged_.load(std::memory_order_relaxed); }
@@ -104,7 +108,7 @@ class StageTier final : public TierReader {
   };
 
  private:
-  std::optional<Served> serve_copy(const Want& want, Delivery& to);
+  std::optional<Served> serve_copy(const Want& want, const DecodeRead& read);
 
   const Catalog& catalog_;
   StageDirectory* stage_;
@@ -120,8 +124,9 @@ class StageTier final : public TierReader {
 class AwaitedCopyTier final : public TierReader {
  public:
   explicit AwaitedCopyTier(StageTier& stage) : stage_(stage) {}
-  std::optional<Served> serve(const Want& want, Delivery& to) override {
-    return stage_.serve_awaited(want, to);
+  using TierReader::serve;
+  std::optional<Served> serve(Want& want, const DecodeRead& read) override {
+    return stage_.serve_awaited(want, read);
   }
 
  private:

@@ -176,7 +176,11 @@ UniqueFd open_private_dir(int parent, const std::string& name, const std::string
 
 int open_in(int dir, const char* name, int flags, const std::string& shown,
             const StageAccess& access) {
-  const int fd = ::openat(dir, name, flags | O_NOFOLLOW | O_CLOEXEC, access.file_mode() & 0777);
+  // O_NONBLOCK: a FIFO planted under the name would otherwise hold the open until someone opened
+  // its other end (for ever); it is refused below as any file but a regular one. Cleared once the
+  // file is known to be regular.
+  const int fd =
+      ::openat(dir, name, flags | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK, access.file_mode() & 0777);
   if (fd < 0) {
     const int err = errno;
     struct stat st{};
@@ -191,6 +195,15 @@ int open_in(int dir, const char* name, int flags, const std::string& shown,
   if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
     ::close(fd);
     refuse(shown, st, "it is not a regular file");
+  }
+  if ((flags & O_NONBLOCK) == 0) {
+    const int now = ::fcntl(fd, F_GETFL);
+    if (now == -1 || ::fcntl(fd, F_SETFL, now & ~O_NONBLOCK) == -1) {
+      const int err = errno;
+      ::close(fd);
+      errno = err;
+      return -1;
+    }
   }
   if ((flags & O_CREAT) != 0 && st.st_uid == ::geteuid() &&
       ((st.st_mode & 07777) != access.file_mode() ||

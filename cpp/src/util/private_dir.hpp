@@ -76,8 +76,9 @@ UniqueFd open_private_dir(int parent, const std::string& name, const std::string
 
 // File `name` in the checked directory `dir`, opened with `flags` | O_NOFOLLOW | O_CLOEXEC (and
 // access.file_mode() when O_CREAT creates it, whatever the umask). A link is refused (UnsafePath,
-// ELOOP, naming `shown`), as is anything but a regular file. Returns -1 with errno set when it
-// cannot be opened for any other reason, as open() does.
+// ELOOP, naming `shown`), as is anything but a regular file, without waiting on it (a FIFO: opened
+// without blocking, then refused; one opened only to write fails with ENXIO). Returns -1 with errno
+// set when it cannot be opened for any other reason, as open() does.
 int open_in(int dir, const char* name, int flags, const std::string& shown,
             const StageAccess& access);
 

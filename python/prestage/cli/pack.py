@@ -69,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return 130
     if not args.quiet:
-        print(f"packed {summary['samples']} files into {summary['shards']} shards "
+        print(f"packed {summary['samples']} samples into {summary['shards']} shards "
               f"({summary['bytes'] / 1e6:.1f} MB) in {args.out}: "
               f"prestage.Catalog.from_shards({str(args.out)!r})")
     return 0
