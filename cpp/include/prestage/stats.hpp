@@ -31,7 +31,10 @@ struct StageStats {
   double busy_s = 0;   // summed over the stage's threads
   double idle_s = 0;   // threads x wall time - busy
   uint64_t items = 0;  // samples dealt with
-  uint64_t bytes = 0;  // bytes read (stage 3) or copied (stage 2)
+  // Stage 3: the bytes its samples were decoded from (an image's as read, an array's data as it
+  // was placed in its batch, decompressed). Stage 2: the bytes of the copies it wrote. Not counts
+  // of reads, which are hits, misses, read_ahead, source_reads and the peer_reads below.
+  uint64_t bytes = 0;
 
   static constexpr auto fields() {
     using S = StageStats;
@@ -108,13 +111,17 @@ struct SkippedSample {
 // link, the PFS) as the source model sees it: the reads it served and what it has learned of it
 // (see Stats::sources).
 struct SourceStats {
-  std::string name;               // "stage", "pfs", "node <its lowest rank>"
-  uint64_t reads = 0, bytes = 0;  // stage 2's reads there (the PFS: its copies and read-ahead)
-  uint64_t samples = 0;           // reads the estimates are learned from
-  double latency_ms = 0;          // estimated per read
-  double mbs = 0;                 // estimated bandwidth, MB/s (0: not learned yet)
-  bool down = false;              // a peer marked down: never chosen
-  uint64_t probes = 0;            // of the reads, probes: made to measure it, off the batch path
+  std::string name;  // "stage", "pfs", "node <its lowest rank>"
+  // The reads the model queued there or learned from (stage 2's copies and read-ahead, stage 3's
+  // reads it sent to the PFS, probes, reads that failed), and their bytes as the source moves them
+  // (the PFS: a compressed file's stored bytes): the model's own observations, not a count of the
+  // reads served (source_reads, peer_reads).
+  uint64_t reads = 0, bytes = 0;
+  uint64_t samples = 0;   // reads the estimates are learned from
+  double latency_ms = 0;  // estimated per read
+  double mbs = 0;         // estimated bandwidth, MB/s (0: not learned yet)
+  bool down = false;      // a peer marked down: never chosen
+  uint64_t probes = 0;    // of the reads, probes: made to measure it, off the batch path
 
   static constexpr auto fields() {
     using S = SourceStats;
@@ -307,7 +314,7 @@ struct Stats {
   // bytes_from_stage, from the source source_bytes; from peers:
   bool peer_tier = false;
   std::string peer_tier_why;
-  uint64_t peer_reads = 0;  // samples fetched from another node's home copy, used here
+  uint64_t peer_reads = 0;  // samples and files fetched from another node's home copy, used here
   uint64_t peer_bytes = 0;
   uint64_t peer_probes = 0;  // answers with bytes fetched from another node only to measure its
   uint64_t peer_probe_bytes = 0;  // link (the source model's probes): their bytes are dropped
@@ -318,8 +325,9 @@ struct Stats {
                                // the source each time)
   // Requests of other ranks this rank answered with bytes: their reads and probes alike. A job's
   // peer_served is the sum of its ranks' peer_reads, peer_probes and peer_corrupt, plus answers
-  // that reached a rank no longer waiting for them (past peer_timeout, or its loader closed); its
-  // peer_served_bytes the sum of peer_bytes and peer_probe_bytes plus those answers' bytes.
+  // that reached a rank no longer waiting for them (past peer_timeout, or its loader closed) or
+  // that it fetched for a sample whose header its codec then refused (no read, as from any tier);
+  // its peer_served_bytes the sum of peer_bytes and peer_probe_bytes plus those answers' bytes.
   uint64_t peer_served = 0;
   uint64_t peer_served_bytes = 0;
   uint64_t peers_down = 0;  // peers marked down (no answer within peer_timeout: stalled, dead):

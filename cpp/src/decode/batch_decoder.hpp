@@ -131,6 +131,11 @@ class BatchDecoder {
   // Counters, read from any thread.
   uint64_t busy_ns() const noexcept { return busy_ns_.load(std::memory_order_relaxed); }
   uint64_t decoded() const noexcept { return decoded_.load(std::memory_order_relaxed); }
+  // The bytes its samples were decoded from (Stats::decode.bytes): an image's bytes as read, an
+  // array's data as placed in its batch (decompressed, its header left out), a raw file's bytes
+  // once placed. A figure of the decoder's work, not a count of reads: the reads are the tiers'
+  // ledger's (Tiers::served()), which counts an array's header read in memory, a sample of a batch
+  // that failed before its data was placed, and decode=locate's looks, and this does not.
   uint64_t bytes_read() const noexcept { return bytes_read_.load(std::memory_order_relaxed); }
   // decode_device=cuda: the GPU decoders' counters, summed (on is false otherwise).
   Stats::GpuDecode gpu_stats() const;

@@ -150,7 +150,7 @@ class BatchRun {
   const Codec& codec() const { return d_.codec_; }
   Tiers& tiers() const { return d_.tiers_; }
   ImageSize image_size() const { return d_.image_size_; }
-  // Counts `bytes` read for a sample (BatchDecoder::bytes_read()).
+  // Counts `bytes` a sample is decoded from (BatchDecoder::bytes_read(): not a count of reads).
   void count_read(uint64_t bytes) { d_.bytes_read_.fetch_add(bytes, std::memory_order_relaxed); }
 
   BatchDecoder& d_;

@@ -79,20 +79,7 @@ Stats Loader::Impl::stats() const {
   s.pinned_why = std::move(pinning.why);
   if (shared->stage_dir) s.stage_corrupt = shared->stage_dir->corrupt();
   if (shared->peers) {
-    s.peer_tier = shared->peers->on();
-    s.peer_tier_why = shared->peers->why_off();
-    const detail::PeerCounts p = shared->peers->counts();
-    s.peer_reads = p.reads;
-    s.peer_bytes = p.bytes;
-    s.peer_probes = p.probes;
-    s.peer_probe_bytes = p.probe_bytes;
-    s.peer_fallbacks = p.fallbacks;
-    s.peer_corrupt = p.corrupt;
-    s.beyond_budget = p.beyond_budget;
-    s.peer_served = p.served;
-    s.peer_served_bytes = p.served_bytes;
-    s.peers_down = p.down;
-    s.peers_closed = p.closed;
+    shared->peers->add_to(s, shared->tiers->ledger());
     if (const detail::SourceModel* model = shared->tiers->source_model(); model != nullptr) {
       s.peer_reads_to_pfs = model->moved_to_pfs();
       for (const detail::SourceModel::Row& r : model->rows()) {

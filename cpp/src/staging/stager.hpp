@@ -134,6 +134,10 @@ class Stager {
   std::atomic<bool> disabled_{false};
   std::string disabled_reason_;  // guarded by mutex_
 
+  // bytes_: of the copies this stager wrote and published (Outcome::kStaged), their bytes on the
+  // SSD (a compressed file's decompressed bytes): a count of copies written, not of reads. Its
+  // reads, those of copies not staged in the end too, are the tiers' ledger's (Purpose::kCopy, the
+  // bytes as read: a compressed file's stored bytes from the source).
   std::atomic<uint64_t> busy_ns_{0}, items_{0}, bytes_{0};
   std::atomic<uint64_t> staged_files_{0}, adopted_{0}, failures_{0}, expedited_{0};
   std::vector<std::thread> threads_;

@@ -64,4 +64,10 @@ TierCounts Ledger::fetched() const noexcept {
   return counts;
 }
 
+TierCounts Ledger::all() const noexcept {
+  TierCounts counts = served();
+  counts += fetched();
+  return counts;
+}
+
 }  // namespace prestage::detail

@@ -1,13 +1,15 @@
 // The ledger of reads: every read of a sample's or a file's bytes is one ReadEvent, recorded here
 // and nowhere else (Tiers counts each read it serves with Ledger::record). Its consumers:
 //  - the run's totals, by purpose and by the tier that served (Tiers::served() and fetched(), the
-//    Stager's read-ahead figures);
+//    Stager's read-ahead figures, the peer tier's peer_reads and peer_bytes: Peers::add_to);
 //  - the figures of the read's batch, and so of its epoch (ReadEvent::batch: a TierTally the
 //    pipeline adds to the epoch's figures once the batch's stage is done);
 //  - the I/O trace (util/io_trace.hpp), one record per read but decode=locate's looks;
 //  - an observer, for tests that see each event.
-// Counters of other things (a peer's probes and fallbacks, answers served to other ranks, files
-// staged or adopted, bytes decoded) stay with their units.
+// Counters of other things stay with their units, each saying how it differs from a read: a peer's
+// probes, fallbacks and answers served to other ranks (tiers/peers.hpp), the source model's
+// observations (tiers/source_model.hpp), the bytes of the copies stage 2 wrote
+// (staging/stager.hpp), the bytes stage 3 decoded its samples from (decode/batch_decoder.hpp).
 #pragma once
 
 #include <array>
@@ -100,6 +102,7 @@ class Ledger {
   }
   TierCounts served() const noexcept;   // stage 3's: kDecode and kLocate
   TierCounts fetched() const noexcept;  // stage 2's: kReadAhead and kCopy
+  TierCounts all() const noexcept;      // every purpose's: served() and fetched() together
 
  private:
   std::array<TierTally, kPurposeCount> totals_;

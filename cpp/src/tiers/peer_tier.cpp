@@ -35,7 +35,7 @@ std::optional<Served> PeerTier::serve(Want& want, const DecodeRead& read) {
   std::vector<std::byte>& buffer = read.landing();
   const Tier tier = fetch_home(want.loc, want.size, buffer, want.pfs_chosen);
   // Stage 3's reads of the source are not timed: the model's choice of it is not learned from.
-  if (want.pfs_chosen) router_->pfs_unqueued(want.size);
+  if (want.pfs_chosen) router_->pfs_unqueued(want.loc, want.size);
   want.pfs_chosen = false;
   if (tier == Tier::kSource) return std::nullopt;
   return use_bytes(tier, MemorySource(buffer, want.path), read);

@@ -326,11 +326,8 @@ Peers::Fetched Peers::fetch(const Catalog::Locator& loc, std::vector<std::byte>&
       bytes.size() != (whole ? check.file_size : loc.length) || crc32c(bytes) != check.crc) {
     return fall_back(true);
   }
+  // A read, counted by the tiers' ledger once a reader has its bytes (PeerCounts).
   out = std::move(bytes);
-  if (counted) {
-    reads_.fetch_add(1, std::memory_order_relaxed);
-    bytes_.fetch_add(out.size(), std::memory_order_relaxed);
-  }
   return Fetched::kPeer;
 }
 
@@ -442,8 +439,6 @@ PeerAnswer Peers::serve(const PeerRange& range, std::vector<std::byte>& bytes, P
 
 PeerCounts Peers::counts() const {
   PeerCounts c;
-  c.reads = reads_.load(std::memory_order_relaxed);
-  c.bytes = bytes_.load(std::memory_order_relaxed);
   c.probes = probes_.load(std::memory_order_relaxed);
   c.probe_bytes = probe_bytes_.load(std::memory_order_relaxed);
   c.fallbacks = fallbacks_.load(std::memory_order_relaxed);
@@ -454,6 +449,24 @@ PeerCounts Peers::counts() const {
   c.down = down_count_.load(std::memory_order_relaxed);
   c.closed = closed_count_.load(std::memory_order_relaxed);
   return c;
+}
+
+void Peers::add_to(Stats& stats, const Ledger& ledger) const {
+  stats.peer_tier = on();
+  stats.peer_tier_why = why_off();
+  const TierCounts reads = ledger.all();
+  stats.peer_reads = reads.reads[static_cast<size_t>(Tier::kPeer)];
+  stats.peer_bytes = reads.bytes[static_cast<size_t>(Tier::kPeer)];
+  const PeerCounts c = counts();
+  stats.peer_probes = c.probes;
+  stats.peer_probe_bytes = c.probe_bytes;
+  stats.peer_fallbacks = c.fallbacks;
+  stats.peer_corrupt = c.corrupt;
+  stats.beyond_budget = c.beyond_budget;
+  stats.peer_served = c.served;
+  stats.peer_served_bytes = c.served_bytes;
+  stats.peers_down = c.down;
+  stats.peers_closed = c.closed;
 }
 
 }  // namespace prestage::detail

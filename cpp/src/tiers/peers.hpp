@@ -52,6 +52,8 @@
 
 #include "prestage/catalog.hpp"
 #include "prestage/plan.hpp"
+#include "prestage/stats.hpp"
+#include "tiers/ledger.hpp"
 #include "tiers/stage_directory.hpp"
 #include "tiers/transport.hpp"
 
@@ -79,15 +81,20 @@ struct PeerOptions {
   TransportStart start = nullptr;  // the transport's start (tests: a double); null: plugin()'s
 };
 
+// The peer tier's own counters: of what is not a read of a sample's bytes that this rank used. Its
+// reads (a home copy fetched from another node and served to a reader of this rank) are counted
+// once, where every read is: in the ledger of the tiers that read through it, as served by
+// Tier::kPeer (tiers/ledger.hpp; add_to() gives them as peer_reads and peer_bytes).
 struct PeerCounts {
-  uint64_t reads = 0, bytes = 0;         // samples and bytes fetched from peers, used by this rank
   uint64_t probes = 0, probe_bytes = 0;  // answers with bytes fetched only to measure a link
   uint64_t fallbacks = 0;                // fetches that ended in a read of the source
   uint64_t corrupt = 0;                  // of those, replies whose sizes or CRC did not match
   uint64_t beyond_budget = 0;            // uses of samples beyond their owner node's home budget
   // Answers this rank sent with bytes (the ranges asked), to reads and probes alike. Over a job,
-  // the served answers are the askers' reads + probes + corrupt, and those that reached an asker
-  // no longer waiting (past its timeout, or its loader closed), which it drops uncounted.
+  // the served answers are the askers' reads (the ledgers' kPeer reads) + probes + corrupt, and
+  // those that reached an asker no longer waiting (past its timeout, or its loader closed), which
+  // it drops uncounted, or whose bytes the asker fetched and did not use (a decode whose codec
+  // refused the sample's header: no read, as from any tier).
   uint64_t served = 0, served_bytes = 0;
   uint64_t down = 0;    // peers marked down: no answer within the timeout (stalled, dead)
   uint64_t closed = 0;  // peers that said goodbye (closed their loader: skipped from then on too)
@@ -152,6 +159,10 @@ class Peers {
   uint64_t node_of(uint64_t rank) const { return node_of_[rank]; }
 
   PeerCounts counts() const;
+  // The tier's figures in `stats` (peer_tier, peer_tier_why, peer_* and beyond_budget, peers_down,
+  // peers_closed): counts(), and its reads, peer_reads and peer_bytes, from `ledger` (that of the
+  // tiers reading through this one): every purpose's reads that Tier::kPeer served.
+  void add_to(Stats& stats, const Ledger& ledger) const;
   // The loader closes: fetches from now on fail at once and closing() says so, so that a batch that
   // will never be delivered costs no read of the source. This rank still answers others.
   void close() noexcept { closing_.store(true, std::memory_order_release); }
@@ -196,8 +207,8 @@ class Peers {
   double link_latency_s_ = 0, link_bytes_per_s_ = 0;  // PRESTAGE_PEER_LINK; 0: not emulated
   std::mutex link_mutex_;
   std::chrono::steady_clock::time_point link_free_;  // guarded by link_mutex_
-  std::atomic<uint64_t> reads_{0}, bytes_{0}, probes_{0}, probe_bytes_{0}, fallbacks_{0},
-      corrupt_{0}, beyond_{0}, served_{0}, served_bytes_{0}, down_count_{0}, closed_count_{0};
+  std::atomic<uint64_t> probes_{0}, probe_bytes_{0}, fallbacks_{0}, corrupt_{0}, beyond_{0},
+      served_{0}, served_bytes_{0}, down_count_{0}, closed_count_{0};
 };
 
 }  // namespace prestage::detail

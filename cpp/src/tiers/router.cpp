@@ -175,11 +175,12 @@ Peers::Fetched Router::fetch_home(const Catalog::Locator& loc, uint64_t sample_b
   if (home == Peers::Fetched::kNone || peers_.down(owner) || model_ == nullptr) {
     fetched = peers_.fetch(loc, buffer);  // counts what it must (beyond budget, a peer down)
   } else {
-    // A read moves the sample's bytes from each: a peer sends only them (a range of its copy).
+    // A read moves the sample's bytes from a home copy (a peer sends only them: a range of its
+    // copy), and from the PFS what it reads of the file (a compressed file: its whole stream).
     const size_t near = home == Peers::Fetched::kPeer ? SourceModel::kPeer0 + peers_.node_of(owner)
                                                       : SourceModel::kStage;
     const std::array<size_t, 2> sources{near, SourceModel::kPfs};
-    const std::array<uint64_t, 2> bytes{sample_bytes, sample_bytes};
+    const std::array<uint64_t, 2> bytes{sample_bytes, source_bytes(catalog_, loc, sample_bytes)};
     // While the links are faster, a home copy on another node is read there, and learned from
     // (see home_first()).
     const bool to_home =
@@ -206,8 +207,9 @@ Peers::Fetched Router::fetch_home(const Catalog::Locator& loc, uint64_t sample_b
   return fetched;
 }
 
-void Router::pfs_unqueued(uint64_t bytes) {
-  if (model_ != nullptr) model_->done(SourceModel::kPfs, bytes, 0, false);
+void Router::pfs_unqueued(const Catalog::Locator& loc, uint64_t bytes) {
+  if (model_ != nullptr)
+    model_->done(SourceModel::kPfs, source_bytes(catalog_, loc, bytes), 0, false);
 }
 
 }  // namespace prestage::detail

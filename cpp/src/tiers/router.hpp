@@ -28,6 +28,17 @@ inline uint64_t catalog_sample_size(const Catalog& catalog, uint64_t id) {
   return loc.length != Catalog::kWholeFile ? loc.length : catalog.file_size(loc.file);
 }
 
+// What a read of `bytes` of `loc` (the catalog's size of what is wanted: a sample's, or a whole
+// file's) moves from the source: those bytes, but for a file compressed whole
+// (Catalog::file_codec), which is read only as its whole stream, its stored bytes
+// (Catalog::file_stored_size). A read of the PFS is queued in the source model, and learned from,
+// by these bytes: by the decompressed ones, a compressed file would seem to come off the PFS
+// faster than it does.
+inline uint64_t source_bytes(const Catalog& catalog, const Catalog::Locator& loc, uint64_t bytes) {
+  return catalog.file_codec(loc.file) != Catalog::Codec::kNone ? catalog.file_stored_size(loc.file)
+                                                               : bytes;
+}
+
 // A read of a source the model tracks: queued there (by the model's choice, or by begin()), and on
 // its end, however it ends, dequeued and (if it delivered) learned from. A null model: nothing.
 class TimedRead {
@@ -91,7 +102,8 @@ class Router {
   static constexpr double kHomeFirstBy = 2.0;
   bool home_first() const;
 
-  // Sample `loc`'s bytes (`sample_bytes` of them, 0: unknown) from its home copy through the peer
+  // Sample `loc`'s bytes (`sample_bytes` of them, 0: unknown; the PFS's read of them moves
+  // source_bytes()) from its home copy through the peer
   // tier into `buffer`, or from wherever the model expects the read to finish first: kPeer, kLocal
   // (this node's home copy, published late), or kNone (none fetched: the caller reads the source;
   // `pfs_chosen` says the model chose it over a home copy and queued the read, which the caller
@@ -102,8 +114,9 @@ class Router {
   Peers::Fetched fetch_home(const Catalog::Locator& loc, uint64_t sample_bytes,
                             std::vector<std::byte>& buffer, bool& pfs_chosen,
                             Home where = Home::kAny);
-  // The model's queued read of the source (fetch_home's pfs_chosen) ended unlearned from.
-  void pfs_unqueued(uint64_t bytes);
+  // The model's queued read of the source (fetch_home's pfs_chosen) of `bytes` of `loc` (as given
+  // to fetch_home) ended unlearned from.
+  void pfs_unqueued(const Catalog::Locator& loc, uint64_t bytes);
 
  private:
   // While the model knows no link, probes one with a sample another node stages first

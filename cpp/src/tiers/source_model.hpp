@@ -5,7 +5,8 @@
 // share it), the source (the PFS).
 //
 // A read's cost is modelled as latency + bytes / bandwidth, with the bytes that source must move
-// (a peer, this node's copy and the PFS alike move the sample's byte range). A source keeps
+// (a peer, this node's copy and the PFS alike move the sample's byte range, but the PFS moves the
+// whole stored stream of a file compressed whole: tiers/router.hpp, source_bytes). A source keeps
 // `queued_bytes` of reads chosen and not yet done; a new read there is expected to end after them.
 //
 // A source no other read measures (a peer's link, this node's home copies) is learned by probes:
@@ -117,9 +118,12 @@ class SourceModel {
   bool learned(size_t source) const;
 
   struct Row {
-    std::string name;               // "stage", "pfs", "node <lowest rank of the node>"
-    uint64_t reads = 0, bytes = 0;  // reads chosen or learned from there, and their bytes
-    uint64_t probes = 0;            // of them, probes
+    std::string name;  // "stage", "pfs", "node <lowest rank of the node>"
+    // Reads chosen or learned from there, and their bytes: the model's observations (probes, reads
+    // that failed, and stage 3's reads it sent to the PFS, dequeued unlearned, included), not the
+    // tiers' count of the reads served (their ledger, tiers/ledger.hpp).
+    uint64_t reads = 0, bytes = 0;
+    uint64_t probes = 0;  // of them, probes
     uint64_t samples = 0;
     double latency_s = 0, bytes_per_s = 0;
     bool down = false;

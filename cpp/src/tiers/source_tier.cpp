@@ -122,13 +122,13 @@ std::optional<Served> SourceTier::serve(Want& want, const Look&) {
 std::optional<Served> SourceTier::serve(Want& want, const Prefetch& read) {
   const uint64_t size = want.size;
   if (catalog_.file_codec(want.loc.file) != Catalog::Codec::kNone) {
-    if (want.pfs_chosen && router_ != nullptr) router_->pfs_unqueued(size);
+    if (want.pfs_chosen && router_ != nullptr) router_->pfs_unqueued(want.loc, size);
     throw IoError(want.path, EINVAL,
                   "a sample of a compressed file is not read ahead from the source");
   }
   // A loader that closes reads nothing more for batches it will not deliver.
   if (router_ != nullptr && router_->peers().closing()) {
-    if (want.pfs_chosen) router_->pfs_unqueued(size);
+    if (want.pfs_chosen) router_->pfs_unqueued(want.loc, size);
     throw IoError(want.path, ECANCELED, "the loader is closing");
   }
   TimedRead timed(model(), SourceModel::kPfs, size, want.pfs_chosen);
@@ -144,7 +144,10 @@ std::optional<Served> SourceTier::serve(Want& want, const FileCopy& copy) {
   const int64_t mtime = catalog_.file_mtime(file);
   std::vector<std::byte>& buffer = copy.buffer;
   const FileRef source = source_file(catalog_, want.path);
-  TimedRead timed(model(), SourceModel::kPfs, size == Catalog::kUnknownSize ? 0 : size,
+  // Timed by the bytes it reads from the source (a compressed file's stored bytes), as the router
+  // queued it.
+  TimedRead timed(model(), SourceModel::kPfs,
+                  size == Catalog::kUnknownSize ? 0 : source_bytes(catalog_, want.loc, size),
                   want.pfs_chosen);
   if (catalog_.file_codec(file) != Catalog::Codec::kNone) {
     stalled_if_timed_out(

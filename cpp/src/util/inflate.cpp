@@ -14,7 +14,8 @@ struct Inflater::Impl {
   // The input not yet handed to zlib, which counts input in uInt: more than 4 GiB goes in pieces.
   std::span<const std::byte> pending;
 
-  explicit Impl(Wrapping wrapping) : window_bits(wrapping == Wrapping::kRaw ? -MAX_WBITS : 15 + 16) {}
+  explicit Impl(Wrapping wrapping)
+      : window_bits(wrapping == Wrapping::kRaw ? -MAX_WBITS : 15 + 16) {}
   ~Impl() {
     if (open) inflateEnd(&z);
   }
