@@ -96,7 +96,18 @@ debian_sources() {
   apt-get "${apt_opts[@]}" update -qq 2>&1 | grep -v 'unsandboxed as root' >&2 || true
   (cd "$work" && apt-get "${apt_opts[@]}" source --download-only -qq "$@" 2>&1 |
      grep -v 'unsandboxed as root' >&2 || true)
-  local name
+  local name v
+  for name in "$@"; do
+    # A mirror can list a version whose files it does not hold yet (a security update not yet
+    # mirrored: 404): then the other versions the release lists, newest first.
+    ls "$work/${name}"_*.orig.tar.* >/dev/null 2>&1 && continue
+    for v in $(apt-cache "${apt_opts[@]}" showsrc "$name" 2>/dev/null | sed -n 's/^Version: //p' |
+               sort -rV); do
+      (cd "$work" && apt-get "${apt_opts[@]}" source --download-only -qq "$name=$v" 2>&1 |
+         grep -v 'unsandboxed as root' >&2 || true)
+      ls "$work/${name}"_*.orig.tar.* >/dev/null 2>&1 && break
+    done
+  done
   for name in "$@"; do
     tar -xf "$(ls "$work/${name}"_*.orig.tar.* | grep -v '\.asc$' | head -n 1)" -C "$work"
   done
