@@ -96,6 +96,77 @@ TEST_CASE("stage directory: a second run finds the copies of the first and check
   CHECK(other.found_at_start() == 0);
 }
 
+TEST_CASE(
+    "stage directory: a checked read of a copy gives its bytes or nothing, never a wrong one") {
+  TempDir dir;
+  write(dir / "src/a", "0123456789");
+  write(dir / "src/b", "other");
+  const Catalog cat = Catalog::from_paths(dir / "src", {"a", "b"});
+  constexpr uint64_t kWhole = StageDirectory::kWholeCopy;
+  std::vector<std::byte> buffer, out, scratch;
+  const auto text = [](const std::vector<std::byte>& b) {
+    return std::string(reinterpret_cast<const char*>(b.data()), b.size());
+  };
+  const auto stage_anew = [&](StageDirectory& stage) {
+    REQUIRE(stage.try_claim(0));
+    REQUIRE(stage.stage(0, cat.file_source_path(0).string(), buffer) == Outcome::kStaged);
+  };
+  const auto corrupt = [](const std::string& path) {  // in place, same size, as a failing disk
+    std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(3);
+    f.put('X');
+  };
+  {
+    StageDirectory stage(dir / "stage", cat);
+    stage.set_settle_time(std::chrono::nanoseconds(0));  // a copy's identity is kept at once
+    CHECK_FALSE(stage.read_checked(0, 0, kWhole, out, scratch));  // not staged
+    stage_anew(stage);
+    REQUIRE(stage.read_checked(0, 0, kWhole, out, scratch));
+    CHECK(text(out) == "0123456789");
+    // A part: the first read checks the copy whole and keeps its identity; the next reads the
+    // range alone, and stale bytes of the copy's size in `scratch` are never taken for the copy's.
+    REQUIRE(stage.read_checked(0, 2, 3, out, scratch));
+    CHECK(text(out) == "234");
+    scratch.assign(10, std::byte{'Z'});
+    REQUIRE(stage.read_checked(0, 5, 3, out, scratch));
+    CHECK(text(out) == "567");
+    REQUIRE(stage.read_checked(0, 10, 0, out, scratch));
+    CHECK(out.empty());
+    // A range the copy does not hold is refused, and the copy is left alone.
+    CHECK_FALSE(stage.read_checked(0, 8, 5, out, scratch));
+    CHECK_FALSE(stage.read_checked(0, 11, 0, out, scratch));
+    CHECK(stage.servable(0));
+    // A copy changed on the SSD: refused, removed and counted, for a whole read and for a part.
+    corrupt(stage.staged_path(0));
+    CHECK_FALSE(stage.read_checked(0, 0, kWhole, out, scratch));
+    CHECK(stage.corrupt() == 1);
+    CHECK(stage.is_absent(0));
+    stage_anew(stage);
+    REQUIRE(stage.read_checked(0, 4, 2, out, scratch));
+    CHECK(text(out) == "45");
+    corrupt(stage.staged_path(0));
+    CHECK_FALSE(stage.read_checked(0, 4, 2, out, scratch));
+    CHECK(stage.corrupt() == 2);
+    CHECK(stage.is_absent(0));
+    stage_anew(stage);
+  }
+  // A copy an earlier run left is checked by stage 2's check first, for every reader from then on.
+  {
+    StageDirectory again(dir / "stage", cat);
+    REQUIRE(again.unverified(0));
+    REQUIRE(again.read_checked(0, 7, 3, out, scratch));
+    CHECK(text(out) == "789");
+    CHECK_FALSE(again.unverified(0));
+  }
+  {
+    StageDirectory again(dir / "stage", cat);
+    REQUIRE(again.unverified(0));
+    corrupt(again.staged_path(0));
+    CHECK_FALSE(again.read_checked(0, 0, kWhole, out, scratch));
+    CHECK(again.is_absent(0));
+  }
+}
+
 TEST_CASE("stage directory: a copy nobody vouched for, or a dead writer's part file, is removed") {
   TempDir dir;
   write(dir / "src/a", "aaaa");

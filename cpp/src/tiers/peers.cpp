@@ -341,22 +341,14 @@ Peers::Fetched Peers::local(const Catalog::Locator& loc, std::vector<std::byte>&
     if (stage_->is_staged(loc.file)) {
       waited = std::chrono::duration_cast<std::chrono::microseconds>(
           std::chrono::steady_clock::now() - asked);
-      // A copy left by an earlier run is served only once it is checked against its record, as
-      // a DecodeRead serves one: checked here by stage 2's own check (StageDirectory::verify,
-      // which marks it checked for every reader of the node) rather than waited for.
-      std::vector<std::byte> check;
-      if (stage_->unverified(loc.file) && !stage_->verify(loc.file, check)) return Fetched::kNone;
-      // Then checked as a DecodeRead checks a staged copy: a whole copy by its CRC, a part of one
-      // by the copy's identity. A copy that fails is removed; the caller reads the source.
+      // Read as the stage directory serves a copy to a reader of its bytes: a copy that fails is
+      // removed, and the caller reads the source.
       const bool whole = loc.length == Catalog::kWholeFile;
-      if (!whole && !stage_->unchanged(loc.file, check)) return Fetched::kNone;
-      try {
-        read_located(FileRef(stage_->staged_path(loc.file)), loc, out);
-      } catch (const IoError&) {
-        return Fetched::kNone;
-      }
-      if (whole && !stage_->intact(loc.file, out)) return Fetched::kNone;
-      return Fetched::kLocal;
+      std::vector<std::byte> copy;
+      return stage_->read_checked(loc.file, whole ? 0 : loc.offset,
+                                  whole ? StageDirectory::kWholeCopy : loc.length, out, copy)
+                 ? Fetched::kLocal
+                 : Fetched::kNone;
     }
     // The wait is for a home copy that is coming (the start epoch's first copy). One that was on
     // the node and is gone (evicted, found corrupt), or that this process declined to copy, is
@@ -386,49 +378,16 @@ PeerAnswer Peers::serve(const PeerRange& range, std::vector<std::byte>& bytes, P
     // node declined it (no room under its own uses): then none is.
     return not_here(file) ? PeerAnswer::kAbsent : PeerAnswer::kLater;
   }
-  const uint64_t size = stage_->staged_size(file);
+  check.file_size = stage_->staged_size(file);
   const bool whole = range.length == PeerRange::kWhole;
-  // A range the copy does not hold (a locator that does not fit its file) is none of this copy's.
-  if (!whole && (range.offset > size || range.length > size - range.offset)) {
-    return PeerAnswer::kAbsent;
-  }
-  check.file_size = size;
   // Never a wrong byte: the copy is checked against its record before any of it is sent, as the
-  // node's own readers are served one (a DecodeRead, local()). A copy that changed on this node's
-  // SSD is removed here too, not only refused by the asker.
-  if (stage_->unverified(file)) {
-    // A copy left by an earlier run: by stage 2's own check (which reads it whole into `bytes` and
-    // marks it checked for the node).
-    if (!stage_->verify(file, bytes)) return PeerAnswer::kAbsent;
-    if (!whole) {
-      if (bytes.size() != size) return PeerAnswer::kAbsent;  // copied anew meanwhile
-      std::memmove(bytes.data(), bytes.data() + range.offset, range.length);
-      bytes.resize(range.length);
-    }
-  } else if (whole) {
-    try {
-      read_file(FileRef(stage_->staged_path(file)), bytes);
-    } catch (const IoError&) {
-      return PeerAnswer::kAbsent;
-    }
-    if (!stage_->intact(file, bytes)) return PeerAnswer::kAbsent;
-  } else {
-    // A range: the copy is checked whole when its identity is new to this process (any write to
-    // it changes it; a copy younger than a file-time tick is checked at each read), so most ranges
-    // cost a stat and their own read, not a read of the whole copy.
-    std::vector<std::byte> copy;  // read (and checked) only where the copy is checked whole
-    if (!stage_->unchanged(file, copy)) return PeerAnswer::kAbsent;
-    if (copy.size() == size && size != 0) {  // the bytes just checked
-      const auto first = copy.begin() + static_cast<std::ptrdiff_t>(range.offset);
-      bytes.assign(first, first + static_cast<std::ptrdiff_t>(range.length));
-    } else {
-      bytes.resize(range.length);
-      try {
-        read_range(FileRef(stage_->staged_path(file)), range.offset, bytes);
-      } catch (const IoError&) {
-        return PeerAnswer::kAbsent;
-      }
-    }
+  // node's own readers are served one. A copy that changed on this node's SSD is removed here too,
+  // not only refused by the asker. A range the copy does not hold (a locator that does not fit its
+  // file) is none of this copy's.
+  std::vector<std::byte> copy;  // read (and checked) only where the copy is checked whole
+  if (!stage_->read_checked(file, range.offset, whole ? StageDirectory::kWholeCopy : range.length,
+                            bytes, copy)) {
+    return PeerAnswer::kAbsent;
   }
   // The CRC-32C of the bytes sent (for a whole copy, the one its record holds, checked above).
   check.crc = whole ? stage_->staged_crc(file) : crc32c(bytes);

@@ -178,6 +178,8 @@ class Peers {
 
  private:
   PeerAnswer serve(const PeerRange& range, std::vector<std::byte>& bytes, PeerCheck& check);
+  // fetch() of a home copy of this node's: waited for while it is coming, then read by the stage
+  // directory's checked read (StageDirectory::read_checked), as every holder of a copy's bytes is.
   Fetched local(const Catalog::Locator& loc, std::vector<std::byte>& out,
                 std::chrono::microseconds& waited);
   // PRESTAGE_PEER_LINK="LATENCY_MS,MBS" (benchmarks and tests): each fetch from a peer takes at

@@ -905,6 +905,45 @@ bool StageDirectory::intact(uint64_t id, std::span<const std::byte> bytes) noexc
   return false;
 }
 
+bool StageDirectory::read_checked(uint64_t id, uint64_t offset, uint64_t length,
+                                  std::vector<std::byte>& out, std::vector<std::byte>& scratch) {
+  if (!is_staged(id)) return false;
+  const uint64_t size = staged_size(id);
+  const bool whole = length == kWholeCopy;
+  if (!whole && (offset > size || length > size - offset)) return false;
+  // Where a read of the whole copy lands: `out` when the whole is wanted.
+  std::vector<std::byte>& copy = whole ? out : scratch;
+  copy.clear();
+  if (unverified(id)) {
+    // By stage 2's own check, which reads it whole and marks it checked for every reader.
+    if (!verify(id, copy)) return false;
+    if (whole) return true;
+    if (copy.size() != size) return false;  // copied anew meanwhile
+  } else if (whole) {
+    try {
+      read_file(FileRef(staged_path(id)), out);
+    } catch (const IoError&) {
+      return false;
+    }
+    return intact(id, out);
+  } else {
+    if (!unchanged(id, copy)) return false;
+    if (copy.size() != size || size == 0) {
+      // Its identity was known: the range alone is read.
+      out.resize(length);
+      try {
+        read_range(FileRef(staged_path(id)), offset, out);
+      } catch (const IoError&) {
+        return false;
+      }
+      return true;
+    }
+  }
+  const auto first = copy.begin() + static_cast<std::ptrdiff_t>(offset);
+  out.assign(first, first + static_cast<std::ptrdiff_t>(length));
+  return true;
+}
+
 void StageDirectory::reject_read(uint64_t id, const struct stat& read) noexcept {
   int fd = -1;
   if (!read_only_) {

@@ -240,6 +240,16 @@ class StageDirectory {
   // corrupt(); the caller reads the source instead.
   bool intact(uint64_t id, std::span<const std::byte> bytes) noexcept;
   bool unchanged(uint64_t id, std::vector<std::byte>& buffer);
+  // Bytes `offset` to `offset + length` of copy `id` (kWholeCopy: all of it) into `out`, checked as
+  // above: a copy left by an earlier run by verify() first, whose bytes are then used; a whole copy
+  // by intact(); a part by unchanged() (and from the bytes it read, when it read the copy whole).
+  // False when the copy is not staged, the range lies beyond it, or the copy vanished or failed its
+  // check (removed and counted). `scratch` holds a copy read whole to check a part of it. For a
+  // reader that holds its bytes in memory (a home copy fetched by a peer or a neighbour rank);
+  // stage 3 reads a copy through a FileSource with the same checks (tiers/stage_tier.hpp).
+  static constexpr uint64_t kWholeCopy = UINT64_MAX;
+  bool read_checked(uint64_t id, uint64_t offset, uint64_t length, std::vector<std::byte>& out,
+                    std::vector<std::byte>& scratch);
   // unchanged()'s removal of a copy it read through a descriptor whose file was `read` (its fstat)
   // and found corrupt: removed and counted only while that file is still the copy on disk, looked
   // at under the copy's lock (as evict() takes it), so that no new copy is published meanwhile.
