@@ -54,16 +54,11 @@ class BatchDecoder::Run : public BatchRun {
   void operator()() {
     s_.tiers.assign(b_.count, Tier::kMemory);
     s_.probes.resize(b_.count);
-    if (keeps_bytes()) {
+    if (keeps_bytes() || d_.codec_.arrays()) {
       // Only grown: the buffers keep their capacity for the next batches.
       if (s_.bytes.size() < b_.count) s_.bytes.resize(b_.count);
-      if (s_.unpacked.size() < b_.count) s_.unpacked.resize(b_.count);
-      s_.jpegs.resize(b_.count);
-    }
-    if (d_.codec_.arrays()) {
-      if (s_.bytes.size() < b_.count) s_.bytes.resize(b_.count);
-      s_.in_memory.assign(b_.count, 0);
-      s_.memory.resize(b_.count);
+      if (keeps_bytes() && s_.unpacked.size() < b_.count) s_.unpacked.resize(b_.count);
+      s_.kept.assign(b_.count, std::nullopt);
     }
     each([&](size_t i) { size(i, b_.ids[i]); }, [&](size_t i, uint64_t id) { size(i, id); });
     if ((slot_.error = first_error_.get())) return;
@@ -110,8 +105,9 @@ class BatchDecoder::Run : public BatchRun {
     d_.bytes_read_.fetch_add(bytes.size(), std::memory_order_relaxed);
     const std::string& path = r.paths.source;  // the sample's source path, as the read left it
     SampleDecoder& decoder = r.codec(d_.codec_);
-    s_.jpegs[i] = decoder.image_payload(bytes, path, s_.unpacked[i]);
-    const ImageHeader header = decoder.image.header(s_.jpegs[i], path);
+    const std::span<const std::byte> jpeg = decoder.image_payload(bytes, path, s_.unpacked[i]);
+    s_.kept[i] = jpeg;
+    const ImageHeader header = decoder.image.header(jpeg, path);
     return {static_cast<uint32_t>(header.height), static_cast<uint32_t>(header.width)};
   }
 
@@ -147,7 +143,7 @@ class BatchDecoder::Run : public BatchRun {
       // Raw files: the file's (or byte range's) bytes as one array (Codec::raw_array).
       const auto bytes =
           d_.tiers_.open(SampleBytes{id, held(i, id), s_.bytes[i], r.paths}, b_.tally).bytes;
-      s_.jpegs[i] = bytes;
+      s_.kept[i] = bytes;
       s_.tiers[i] = Tier::kMemory;
       const uint64_t n = bytes.size();
       d_.tiers_.check_size(id, n);
@@ -156,13 +152,12 @@ class BatchDecoder::Run : public BatchRun {
     }
     // Bytes in memory (stage 2's, or a home copy the peer tier sent into s_.bytes[i]) are kept
     // for step 3 and counted here; a copy on disk is opened again by step 3, which counts it.
-    s_.in_memory[i] = 0;
+    s_.kept[i].reset();
     const Catalog::Locator loc = d_.tiers_.catalog().locator(id);
     const auto probe = [&](const ByteSource& at) -> uint64_t {
       r.codec(codec).probe(at, loc, s_.probes[i]);
       if (at.file() != nullptr) return 0;
-      s_.in_memory[i] = 1;
-      s_.memory[i] = at.memory();
+      s_.kept[i] = at.memory();
       return at.size();
     };
     s_.tiers[i] =
@@ -184,17 +179,17 @@ class BatchDecoder::Run : public BatchRun {
     }
     if (!codec.arrays()) {
       // Step 1 read it (and counted the read).
-      const std::span<const std::byte> bytes = s_.jpegs[i];
+      const std::span<const std::byte> bytes = *s_.kept[i];
       if (bytes.size() != out.size()) {
         throw DecodeError(d_.tiers_.catalog().source_path(id).string(),
                           "its size differs from the failed sample's");
       }
       std::copy(bytes.begin(), bytes.end(), out.begin());
-    } else if (s_.in_memory[i] != 0) {
+    } else if (s_.kept[i]) {
       // Step 1 took its bytes from memory (and counted the read).
       const Catalog::Locator loc = d_.tiers_.catalog().locator(id);
       const std::string& path = d_.tiers_.source_path(loc.file, r.paths.source);
-      r.codec(codec).fill(MemorySource(s_.memory[i], path), loc, s_.probes[i], out);
+      r.codec(codec).fill(MemorySource(*s_.kept[i], path), loc, s_.probes[i], out);
     } else {
       const Catalog::Locator loc = d_.tiers_.catalog().locator(id);
       const auto fill = [&](const ByteSource& at) -> uint64_t {
@@ -224,7 +219,7 @@ class BatchDecoder::Run : public BatchRun {
       // Step 1 read the sample and found its JPEG.
       const std::string& path =
           d_.tiers_.source_path(d_.tiers_.catalog().locator(id).file, r.paths.source);
-      decoder.image.decode_exact(s_.jpegs[i], size, rgb, path);
+      decoder.image.decode_exact(*s_.kept[i], size, rgb, path);
     } else {
       fill_resized(i, id, r, decoder, size, rgb);
     }

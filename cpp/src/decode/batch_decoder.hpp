@@ -50,18 +50,16 @@ struct BatchSamples {
 struct BatchScratch {
   std::vector<Tier> tiers;         // per sample: the tier its size was taken from
   std::vector<ArrayProbe> probes;  // per sample: its size, type and shape (arrays: its header)
-  // JPEGs without an image_size and raw files, per sample: its bytes as step 1 read them to learn
-  // its size, kept for step 3 so that no sample is read twice; in `jpegs`, the JPEG in them (in
-  // `bytes`, in stage 2's read-ahead, or in `unpacked` when it came in a zstd frame), or the raw
-  // file's bytes. Kept for the next batches, but trimmed after each (trim()).
+  // Per sample, the buffers its bytes are read into (`bytes`) and a zstd frame's JPEG is
+  // decompressed into (`unpacked`). Kept for the next batches, but trimmed after each (trim()).
   std::vector<std::vector<std::byte>> bytes;
   std::vector<std::vector<std::byte>> unpacked;
-  std::vector<std::span<const std::byte>> jpegs;
-  // Arrays, per sample: 1 where step 1 took its bytes from memory (stage 2's read-ahead, or a home
-  // copy fetched through the peer tier into `bytes`), which step 3 decodes again without a read;
-  // those bytes in `memory`.
-  std::vector<uint8_t> in_memory;
-  std::vector<std::span<const std::byte>> memory;
+  // Per sample, the bytes step 1 took and keeps for step 3, so that no sample is read twice: an
+  // image's JPEG where step 1 reads images (no image_size, or decode_device=cuda), in `bytes`, in
+  // stage 2's read-ahead or in `unpacked`; a raw file's bytes; an array's bytes where they were in
+  // memory (stage 2's read-ahead, or a home copy fetched through the peer tier into `bytes`). None
+  // where step 3 reads the sample itself (an array on disk).
+  std::vector<std::optional<std::span<const std::byte>>> kept;
   std::mutex skip_mutex;  // guards the slot's `skipped` while the batch decodes
   // decode_device=cuda: per sample, its source path (for the CPU path's errors), and what the GPU
   // decoder takes and gives back.

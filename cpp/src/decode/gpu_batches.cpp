@@ -78,13 +78,13 @@ class GpuRun : public BatchRun {
     if (s_.bytes.size() < n) s_.bytes.resize(n);
     if (s_.unpacked.size() < n) s_.unpacked.resize(n);
     if (s_.paths.size() < n) s_.paths.resize(n);
-    s_.jpegs.resize(n);
+    s_.kept.assign(n, std::nullopt);
     each([&](size_t i) { read_jpeg(i, b_.ids[i]); },
          [&](size_t i, uint64_t id) { read_jpeg(i, id); });
     if ((slot_.error = first_error_.get())) return;
 
     const auto gpu_sample = [&](size_t i) {
-      return GpuJpegDecoder::Sample{s_.jpegs[i], b_.epoch, static_cast<uint64_t>(slot_.indices[i]),
+      return GpuJpegDecoder::Sample{*s_.kept[i], b_.epoch, static_cast<uint64_t>(slot_.indices[i]),
                                     &s_.paths[i]};
     };
     // The CPU's share (the batch's last samples, as GpuJpegDecoder would take them), sized so
@@ -139,10 +139,10 @@ class GpuRun : public BatchRun {
             ImageDecoder& jpeg = r.codec(codec()).image;
             try {
               if (options().transform == Transform::kRandomResizedCrop) {
-                jpeg.decode_random_crop(s_.jpegs[i], size, seed(), b_.epoch, id, place,
+                jpeg.decode_random_crop(*s_.kept[i], size, seed(), b_.epoch, id, place,
                                         s_.paths[i]);
               } else {
-                jpeg.decode_resized(s_.jpegs[i], size, place, s_.paths[i]);
+                jpeg.decode_resized(*s_.kept[i], size, place, s_.paths[i]);
               }
             } catch (...) {
               s_.share_errors[i] = std::current_exception();  // replaced below, as the GPU's
@@ -177,7 +177,7 @@ class GpuRun : public BatchRun {
         if (s_.gpu_errors[i] == nullptr) continue;
         replace_or_fail(i, s_.gpu_errors[i], [&](size_t j, uint64_t id) {
           read_jpeg(j, id);
-          const GpuJpegDecoder::Sample replacement{s_.jpegs[j], b_.epoch, id, &s_.paths[j]};
+          const GpuJpegDecoder::Sample replacement{*s_.kept[j], b_.epoch, id, &s_.paths[j]};
           gpu.decode_on_cpu(replacement, 0, j);
           g_.replacements_.fetch_add(1, std::memory_order_relaxed);
         });
@@ -199,7 +199,7 @@ class GpuRun : public BatchRun {
         tiers().open(SampleBytes{id, held(i, id), s_.bytes[i], r.paths}, b_.tally).bytes;
     count_read(bytes.size());
     s_.paths[i] = r.paths.source;  // the sample's source path, as the read left it
-    s_.jpegs[i] = r.codec(codec()).image_payload(bytes, s_.paths[i], s_.unpacked[i]);
+    s_.kept[i] = r.codec(codec()).image_payload(bytes, s_.paths[i], s_.unpacked[i]);
   }
 
   GpuBatches& g_;
@@ -258,6 +258,7 @@ void GpuBatches::measure(SlotDecoder& gpu) {
 
 void GpuBatches::count(const GpuJpegDecoder::Counters& before,
                        const GpuJpegDecoder::Counters& after, uint64_t cpu_share) {
+  // The CPU's share is the readers' (GpuRun): the decoders' own is off (options_.cpu_share 0).
   cpu_share_.fetch_add(cpu_share, std::memory_order_relaxed);
   const auto add = [](std::atomic<uint64_t>& to, uint64_t a, uint64_t b) {
     to.fetch_add(b - a, std::memory_order_relaxed);
@@ -265,7 +266,6 @@ void GpuBatches::count(const GpuJpegDecoder::Counters& before,
   add(batches_, before.batches, after.batches);
   add(hardware_, before.hardware, after.hardware);
   add(gpu_, before.gpu, after.gpu);
-  add(cpu_share_, before.cpu_share, after.cpu_share);
   add(cpu_unsupported_, before.cpu_unsupported, after.cpu_unsupported);
   add(cpu_failed_, before.cpu_gpu_failed, after.cpu_gpu_failed);
   add(growths_, before.buffer_growths, after.buffer_growths);
