@@ -3,15 +3,15 @@
 // its ledger (tiers/ledger.hpp: the per-tier figures and the I/O trace). Each purpose has its
 // request type (tiers/tier.hpp), and open() is the one read method. The table (tiers.cpp):
 //  - stage 3's decode (DecodeRead, SampleBytes): memory (the bytes stage 2 read ahead for its
-//  batch), the
-//    stage directory (a copy it may serve), the peers (the sample's home copy, for every format: a
-//    sample stage 2 did not read ahead, an array's header, a slice's file), the stage directory
-//    again for a compressed file (its copy, awaited or made now), the source (the PFS);
+//    batch), the stage directory (a copy it may serve), the peers (the sample's home copy, for
+//    every format: a sample stage 2 did not read ahead, an array's header, a slice's file), the
+//    stage directory again for a compressed file (its copy, awaited or made now), the source (the
+//    PFS);
 //  - decode=locate's look (Look): the stage directory, the source;
 //  - stage 2's read-ahead (Prefetch): the peers, the source, whichever the router
 //    (tiers/router.hpp) expects to finish the read first;
-//  - stage 2's copies (FileCopy): another node's home copy through the peers, or
-//    the source, chosen as for the read-ahead.
+//  - stage 2's copies (FileCopy): another node's home copy through the peers, or the source, chosen
+//    as for the read-ahead.
 // Stages 2 and 3 read samples through this unit alone (but for stage 2's check of an earlier run's
 // copies, StageDirectory::verify), so that a new tier changes it and nothing in stages 1 and 3.
 #pragma once
